@@ -1,0 +1,7 @@
+"""``python -m robustest`` runs the command-line interface."""
+
+import sys
+
+from robustest.cli import main
+
+sys.exit(main())

@@ -1,0 +1,87 @@
+"""The ``robustest`` command.
+
+Each verb lives in its own module of this package and exposes ``add_parser(subparsers)``, which
+registers an argparse sub-parser whose ``func(args) -> int`` runs the verb. Verbs are discovered
+automatically, so adding one is adding one module. Every user error (:class:`robustest.RobustestError`,
+a missing file, a bad argument) is printed as one line on stderr with exit status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+from robustest import __version__
+from robustest.errors import RobustestError
+
+EXIT_USAGE = 2
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """ArgumentParser whose errors are a single line naming the verb and pointing to --help."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.exit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="robustest",
+        description="Test deep-learning classifiers for robustness and make them more robust.",
+    )
+    parser.add_argument("--version", action="version", version=f"robustest {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=OneLineParser)
+    verbs = []
+    for mod in pkgutil.iter_modules(__path__):
+        if mod.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{mod.name}")
+        if hasattr(module, "add_parser"):
+            verbs.append((getattr(module, "ORDER", 100), mod.name, module))
+    for _, _, module in sorted(verbs, key=lambda t: (t[0], t[1])):
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``robustest`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        sys.stderr.write("robustest: interrupted\n")
+        return 130
+    except RobustestError as exc:
+        if args.debug:
+            raise
+        sys.stderr.write(f"robustest {args.verb}: error: {_one_line(exc)}\n")
+        return EXIT_USAGE
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        if args.debug:
+            raise
+        sys.stderr.write(f"robustest {args.verb}: error: {exc.strerror or exc}: {exc.filename}\n")
+        return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - last resort: never a bare traceback
+        if args.debug:
+            raise
+        sys.stderr.write(f"robustest {args.verb}: internal error: {type(exc).__name__}: {_one_line(exc)} "
+                         "(rerun with --debug for the traceback)\n")
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

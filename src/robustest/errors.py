@@ -1,0 +1,23 @@
+"""Exceptions raised by robustest.
+
+Every error a user can cause (bad data, bad arguments, bad files) is a :class:`RobustestError`; the CLI
+prints its message as one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+
+class RobustestError(Exception):
+    """Base class of all user-facing robustest errors (message is one line, names problem and fix)."""
+
+
+class DataError(RobustestError, ValueError):
+    """A data set is missing, malformed or inconsistent (shape, range, dtype, labels, truncation)."""
+
+
+class CheckpointError(RobustestError, ValueError):
+    """A file is not a loadable robustest checkpoint."""
+
+
+class ConfigError(RobustestError, ValueError):
+    """An argument or configuration value is invalid."""

@@ -1,0 +1,344 @@
+"""Runtime helpers every other module uses: seeding, devices, batching, model modes, atomic writes,
+input validation and progress bars.
+
+One place for these so that the data contract (float32 N x C x H x W in [0, 1], int64 labels, device
+taken from the model, modes restored after use) is enforced the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from robustest.errors import ConfigError, DataError
+
+DataLike = Any  # (x, y) tensor pair, a bare x tensor, a Dataset or a DataLoader
+
+__all__ = [
+    "Shard",
+    "as_tensors",
+    "atomic_save",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "check_images",
+    "check_labels",
+    "eval_mode",
+    "frozen_params",
+    "iter_batches",
+    "make_generator",
+    "model_device",
+    "progress",
+    "resolve_device",
+    "seed_everything",
+]
+
+
+# ----------------------------------------------------------------------------------------------- seeding
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and PyTorch's global generators (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def make_generator(seed: int | None, device: torch.device | str | None = None) -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded with ``seed`` (a fresh random seed when None)."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    gen = torch.Generator(device=dev)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(int(seed))
+    return gen
+
+
+# ------------------------------------------------------------------------------------------------ device
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (or buffer); CPU for a parameter-free model."""
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+def resolve_device(model: nn.Module | None = None, device: torch.device | str | None = None) -> torch.device:
+    """An explicit ``device`` wins; else the model's device; else CPU. Never a silent ``cuda:0``.
+
+    ``device="auto"`` picks CUDA when available, else CPU.
+    """
+    if device is not None:
+        if isinstance(device, str) and device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ConfigError(f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' or 'auto'") from exc
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device {device!r} requested but CUDA is not available: use --device cpu")
+        return dev
+    if model is not None:
+        return model_device(model)
+    return torch.device("cpu")
+
+
+# ----------------------------------------------------------------------------------------------- modes
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put ``model`` (and every sub-module) in eval mode; restore each module's previous mode on exit."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, was_training in modes:
+            m.training = was_training
+
+
+@contextlib.contextmanager
+def frozen_params(model: nn.Module) -> Iterator[nn.Module]:
+    """Switch off ``requires_grad`` on the model's parameters (gradients w.r.t. inputs only); restore."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield model
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+# ------------------------------------------------------------------------------------------- validation
+def check_images(x: Any, name: str = "x", *, allow_3d: bool = False) -> torch.Tensor:
+    """Validate an image batch: a floating tensor N x C x H x W, finite, values in [0, 1].
+
+    Returns the tensor (unchanged). Raises :class:`DataError` with a one-line message otherwise.
+    ``allow_3d`` accepts a single C x H x W image and returns it with a batch axis added.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise DataError(f"{name} must be a torch.Tensor, got {type(x).__name__}: convert with torch.as_tensor")
+    if allow_3d and x.dim() == 3:
+        x = x.unsqueeze(0)
+    if x.dim() != 4:
+        raise DataError(
+            f"{name} must have shape N x C x H x W, got {tuple(x.shape)}: add a channel axis with x[:, None]"
+        )
+    if not x.is_floating_point():
+        raise DataError(f"{name} has dtype {x.dtype}; images must be floating point in [0, 1]: use x.float() / 255")
+    if x.numel() == 0:
+        return x
+    if not bool(torch.isfinite(x).all()):
+        raise DataError(f"{name} contains NaN or infinite values: clean the input before testing")
+    lo, hi = float(x.min()), float(x.max())
+    if lo < 0.0 or hi > 1.0:
+        raise DataError(
+            f"{name} values lie in [{lo:.4g}, {hi:.4g}] but must lie in [0, 1]: "
+            "rescale (e.g. x / 255) and keep normalisation inside the model"
+        )
+    return x
+
+
+def check_labels(y: Any, n: int, num_classes: int | None = None, name: str = "y") -> torch.Tensor:
+    """Validate labels: an integer tensor of shape [n] with values in [0, num_classes)."""
+    if not isinstance(y, torch.Tensor):
+        raise DataError(f"{name} must be a torch.Tensor of class indices, got {type(y).__name__}")
+    if y.dim() != 1 or y.shape[0] != n:
+        raise DataError(
+            f"{name} must have shape [{n}] (class indices, not one-hot), got {tuple(y.shape)}"
+        )
+    if y.is_floating_point() or y.dtype == torch.bool:
+        raise DataError(f"{name} has dtype {y.dtype}; labels must be integer class indices: use y.long()")
+    if n and num_classes is not None:
+        lo, hi = int(y.min()), int(y.max())
+        if lo < 0 or hi >= num_classes:
+            raise DataError(f"{name} has labels in [{lo}, {hi}] but the model has {num_classes} classes [0, {num_classes})")
+    return y
+
+
+# --------------------------------------------------------------------------------------------- batching
+@dataclass(frozen=True)
+class Shard:
+    """Which part of a data set this process handles: ``rank`` of ``world_size`` contiguous parts.
+
+    ``Shard.current()`` is the single place that decides it. It returns the whole data set today; making it
+    read ``torch.distributed`` ranks shards every caller of :func:`iter_batches` without touching them.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+
+    @staticmethod
+    def current() -> Shard:
+        return Shard()
+
+    def bounds(self, n: int) -> tuple[int, int]:
+        per = -(-n // self.world_size)
+        return min(n, self.rank * per), min(n, (self.rank + 1) * per)
+
+
+def as_tensors(data: DataLike) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Materialise any data-like object as full tensors ``(x, y)`` (``y`` None for a bare x tensor)."""
+    if isinstance(data, torch.Tensor):
+        return data, None
+    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], torch.Tensor):
+        y = data[1]
+        if y is not None and not isinstance(y, torch.Tensor):
+            y = torch.as_tensor(y)
+        return data[0], y
+    if isinstance(data, TensorDataset) and len(data.tensors) >= 2:
+        return data.tensors[0], data.tensors[1]
+    xs, ys = [], []
+    for x, y in iter_batches(data, batch_size=1024):
+        xs.append(x)
+        ys.append(y)
+    if not xs:
+        raise DataError("the data set is empty: check the split and the path")
+    return torch.cat(xs), (torch.cat(ys) if ys[0] is not None else None)
+
+
+def iter_batches(
+    data: DataLike,
+    batch_size: int = 256,
+    device: torch.device | str | None = None,
+    *,
+    with_index: bool = False,
+    shard: Shard | None = None,
+) -> Iterator[Any]:
+    """Iterate over ``data`` in order, yielding ``(x, y)`` batches on ``device``.
+
+    ``data`` may be an ``(x, y)`` tensor pair, a bare ``x`` tensor (``y`` is None), a ``Dataset`` or a
+    ``DataLoader`` (whose own batching is kept). With ``with_index=True`` yields ``(idx, x, y)`` where
+    ``idx`` is the int64 positions of the batch in the data set. Tensor data is sliced, never copied
+    sample by sample.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    dev = torch.device(device) if device is not None else None
+    shard = shard or Shard.current()
+
+    def move(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None or dev is None:
+            return t
+        return t.to(dev, non_blocking=True)
+
+    if isinstance(data, DataLoader):
+        start = 0
+        for batch in data:
+            x, y = (batch[0], batch[1]) if isinstance(batch, (tuple, list)) else (batch, None)
+            idx = torch.arange(start, start + len(x))
+            start += len(x)
+            yield (idx, move(x), move(y)) if with_index else (move(x), move(y))
+        return
+
+    if isinstance(data, Dataset) and not isinstance(data, TensorDataset):
+        n = len(data)  # type: ignore[arg-type]
+        lo, hi = shard.bounds(n)
+        subset = torch.utils.data.Subset(data, range(lo, hi))
+        start = lo
+        for batch in DataLoader(subset, batch_size=batch_size, shuffle=False):
+            x, y = (batch[0], batch[1]) if isinstance(batch, (tuple, list)) else (batch, None)
+            idx = torch.arange(start, start + len(x))
+            start += len(x)
+            yield (idx, move(x), move(y)) if with_index else (move(x), move(y))
+        return
+
+    x, y = as_tensors(data)
+    n = x.shape[0]
+    if y is not None and y.shape[0] != n:
+        raise DataError(f"x has {n} samples but y has {y.shape[0]}: give one label per image")
+    lo, hi = shard.bounds(n)
+    for s in range(lo, hi, batch_size):
+        e = min(s + batch_size, hi)
+        xb, yb = move(x[s:e]), move(y[s:e] if y is not None else None)
+        yield (torch.arange(s, e), xb, yb) if with_index else (xb, yb)
+
+
+def num_samples(data: DataLike) -> int:
+    """Number of samples in any data-like object."""
+    if isinstance(data, torch.Tensor):
+        return int(data.shape[0])
+    if isinstance(data, (tuple, list)) and isinstance(data[0], torch.Tensor):
+        return int(data[0].shape[0])
+    if isinstance(data, DataLoader):
+        return len(data.dataset)  # type: ignore[arg-type]
+    return len(data)
+
+
+# ---------------------------------------------------------------------------------------- atomic writes
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write UTF-8 text to ``path`` atomically."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
+    """Write ``obj`` as indented JSON to ``path`` atomically (NaN written as null)."""
+    return atomic_write_text(path, json.dumps(_json_safe(obj), indent=2, sort_keys=False) + "\n")
+
+
+def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
+    """``torch.save`` ``obj`` to ``path`` atomically."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return _json_safe(obj.detach().cpu().tolist())
+    if isinstance(obj, np.ndarray):
+        return _json_safe(obj.tolist())
+    if isinstance(obj, np.generic):
+        return _json_safe(obj.item())
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------- progress
+def progress(iterable: Iterable[Any], *, enabled: bool = True, desc: str | None = None,
+             total: int | None = None, unit: str = "it") -> Iterable[Any]:
+    """Wrap ``iterable`` in a tqdm progress bar on stderr when ``enabled``."""
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, unit=unit, leave=False, dynamic_ncols=True)

@@ -1,0 +1,283 @@
+"""Training, evaluation and safe checkpoints.
+
+* :func:`fit` trains a classifier with Adam or SGD, optional LR schedule and validation, seeded.
+* :func:`accuracy` / :func:`predict` evaluate in batches on the model's device, restoring its mode.
+* :func:`save_checkpoint` / :func:`load_checkpoint` store weights + model spec + metadata in one file and
+  load it with ``torch.load(weights_only=True)``; anything else (a whole pickled model, a random file) is
+  refused. TorchScript archives load only when asked for explicitly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from robustest import models as zoo
+from robustest.errors import CheckpointError, ConfigError
+from robustest.runtime import (
+    DataLike,
+    as_tensors,
+    atomic_save,
+    eval_mode,
+    iter_batches,
+    make_generator,
+    progress as progress_bar,
+    resolve_device,
+    seed_everything,
+)
+
+__all__ = ["EpochStats", "History", "accuracy", "evaluate", "fit", "load_checkpoint", "predict", "save_checkpoint"]
+
+CHECKPOINT_FORMAT = "robustest-checkpoint"
+CHECKPOINT_VERSION = 1
+
+
+@dataclass
+class EpochStats:
+    """Figures of one training epoch (val_* are None without validation data)."""
+
+    epoch: int
+    loss: float
+    accuracy: float
+    lr: float
+    seconds: float
+    val_loss: float | None = None
+    val_accuracy: float | None = None
+
+
+@dataclass
+class History:
+    """Per-epoch statistics of a :func:`fit` run; ``best_epoch`` is set when weights were restored."""
+
+    epochs: list[EpochStats] = field(default_factory=list)
+    best_epoch: int | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epochs": [asdict(e) for e in self.epochs], "best_epoch": self.best_epoch, "seconds": self.seconds}
+
+    @property
+    def last(self) -> EpochStats:
+        return self.epochs[-1]
+
+
+def _make_optimizer(model: nn.Module, optimizer: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay, nesterov=True)
+    raise ConfigError(f"unknown optimizer {optimizer!r}: use 'adam' or 'sgd'")
+
+
+def _make_schedule(opt: torch.optim.Optimizer, schedule: str | None, epochs: int, steps_per_epoch: int):
+    if schedule in (None, "none", "constant"):
+        return None
+    total = max(1, epochs * steps_per_epoch)
+    if schedule == "cosine":
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+    if schedule == "step":  # x0.1 at 50% and 75% of training
+        return torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: 0.1 ** ((s >= 0.5 * total) + (s >= 0.75 * total)))
+    raise ConfigError(f"unknown schedule {schedule!r}: use None, 'cosine' or 'step'")
+
+
+def fit(
+    model: nn.Module,
+    train: DataLike,
+    epochs: int,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    optimizer: str = "adam",
+    weight_decay: float = 0.0,
+    schedule: str | None = None,
+    val: DataLike | None = None,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    progress: bool = True,
+    restore_best: bool = False,
+) -> History:
+    """Train ``model`` in place on ``train`` ((x, y) pair, Dataset or DataLoader) for ``epochs`` epochs.
+
+    Shuffling, dropout and initial randomness come from ``seed``. With ``val`` given, each epoch records
+    validation loss/accuracy, and ``restore_best=True`` restores the weights of the epoch with the best
+    validation accuracy (the last epoch's figures stay in the history). The model ends in eval mode.
+    Returns the :class:`History`.
+    """
+    if epochs < 0:
+        raise ConfigError(f"epochs must be >= 0, got {epochs}")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    if lr <= 0:
+        raise ConfigError(f"lr must be positive, got {lr}")
+    if restore_best and val is None:
+        raise ConfigError("restore_best needs validation data (val=...)")
+    dev = resolve_device(model, device)
+    model.to(dev)
+    seed_everything(seed)
+    x, y = as_tensors(train)
+    if y is None:
+        raise ConfigError("training data needs labels: pass (x, y) or a labelled Dataset")
+    n = x.shape[0]
+    steps = math.ceil(n / batch_size)
+    opt = _make_optimizer(model, optimizer, lr, weight_decay)
+    sched = _make_schedule(opt, schedule, epochs, steps)
+    gen = make_generator(seed)
+    history = History()
+    best_acc, best_state = -1.0, None
+    t_start = time.perf_counter()
+    for epoch in progress_bar(range(1, epochs + 1), enabled=progress, desc="train", unit="epoch"):
+        t0 = time.perf_counter()
+        model.train()
+        perm = torch.randperm(n, generator=gen)
+        total_loss, correct = 0.0, 0
+        for s in range(0, n, batch_size):
+            idx = perm[s:s + batch_size]
+            xb, yb = x[idx].to(dev, non_blocking=True), y[idx].to(dev, non_blocking=True)
+            logits = model(xb)
+            loss = F.cross_entropy(logits, yb)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if sched is not None:
+                sched.step()
+            total_loss += float(loss.detach()) * len(idx)
+            correct += int((logits.detach().argmax(1) == yb).sum())
+        stats = EpochStats(epoch=epoch, loss=total_loss / n, accuracy=correct / n,
+                           lr=opt.param_groups[0]["lr"], seconds=0.0)
+        if val is not None:
+            stats.val_loss, stats.val_accuracy = evaluate(model, val, batch_size=max(256, batch_size))
+            if restore_best and stats.val_accuracy > best_acc:
+                best_acc = stats.val_accuracy
+                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                history.best_epoch = epoch
+        stats.seconds = time.perf_counter() - t0
+        history.epochs.append(stats)
+    if restore_best and best_state is not None:
+        model.load_state_dict(best_state)
+    model.eval()
+    history.seconds = time.perf_counter() - t_start
+    return history
+
+
+@torch.no_grad()
+def predict(model: nn.Module, data: DataLike, batch_size: int = 512, device: torch.device | str | None = None
+            ) -> torch.Tensor:
+    """Logits of ``model`` on ``data`` (N x K, on CPU), computed in eval mode (mode restored)."""
+    dev = resolve_device(model, device)
+    outs = []
+    with eval_mode(model):
+        for xb, _ in iter_batches(data, batch_size, dev):
+            outs.append(model(xb).float().cpu())
+    return torch.cat(outs) if outs else torch.empty(0)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: DataLike, batch_size: int = 512, device: torch.device | str | None = None
+             ) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of ``model`` on labelled ``data``, in eval mode (mode restored)."""
+    dev = resolve_device(model, device)
+    total, correct, n = 0.0, 0, 0
+    with eval_mode(model):
+        for xb, yb in iter_batches(data, batch_size, dev):
+            if yb is None:
+                raise ConfigError("evaluation needs labels: pass (x, y) or a labelled Dataset")
+            logits = model(xb)
+            total += float(F.cross_entropy(logits, yb, reduction="sum"))
+            correct += int((logits.argmax(1) == yb).sum())
+            n += len(yb)
+    if n == 0:
+        raise ConfigError("cannot evaluate on an empty data set")
+    return total / n, correct / n
+
+
+def accuracy(model: nn.Module, data: DataLike, batch_size: int = 512, device: torch.device | str | None = None
+             ) -> float:
+    """Top-1 accuracy in [0, 1] of ``model`` on labelled ``data``."""
+    return evaluate(model, data, batch_size, device)[1]
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+def save_checkpoint(path: str | os.PathLike[str], model: nn.Module, spec: dict[str, Any] | None = None,
+                    metadata: dict[str, Any] | None = None) -> Path:
+    """Atomically write weights + model spec + metadata to ``path`` (a ``torch.save`` of plain data).
+
+    ``spec`` defaults to the spec of a zoo model (``robustest.models.spec_of``). Metadata must be plain
+    data (numbers, strings, lists, dicts) so the file loads with ``weights_only=True``.
+    """
+    spec = dict(spec) if spec is not None else zoo.spec_of(model)
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "spec": spec,
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "metadata": dict(metadata or {}),
+    }
+    return atomic_save(payload, path)
+
+
+def _is_torchscript(path: Path) -> bool:
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as zf:
+        names = zf.namelist()
+    return any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
+
+
+def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.device = "cpu",
+                    torchscript: bool = False) -> nn.Module:
+    """Load a robustest checkpoint and return the rebuilt model in eval mode.
+
+    The file is read with ``torch.load(weights_only=True)``: only tensors and plain data are accepted,
+    never arbitrary pickled objects. ``model.robustest_metadata`` holds the stored metadata. With
+    ``torchscript=True`` a TorchScript archive is loaded with ``torch.jit.load`` instead (trusted files
+    only). Raises :class:`CheckpointError` for anything that is not a robustest checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist: pass the model.pt written by 'robustest train'")
+    if _is_torchscript(path):
+        if not torchscript:
+            raise CheckpointError(f"{path} is a TorchScript archive: load it explicitly with torchscript=True "
+                                  "(--torchscript), only if you trust its source")
+        model = torch.jit.load(str(path), map_location=map_location)
+        model.robustest_metadata = {}  # type: ignore[attr-defined]
+        return model.eval()
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - every failure is a refused file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "weights_only" in str(exc) or "Unsupported global" in str(exc) or "WeightsUnpickler" in str(exc):
+            raise CheckpointError(
+                f"{path} holds pickled Python objects (a whole saved model?), which are refused for safety: "
+                "save a robustest checkpoint with save_checkpoint/'robustest train'"
+            ) from exc
+        raise CheckpointError(f"{path} is not a robustest checkpoint (cannot be read: {first[:120]})") from exc
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} is not a robustest checkpoint (a bare state_dict or another format): "
+                              "save one with save_checkpoint/'robustest train'")
+    if int(payload.get("version", 0)) > CHECKPOINT_VERSION:
+        raise CheckpointError(f"{path} was written by a newer robustest (format {payload['version']}): upgrade")
+    spec = payload.get("spec")
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise CheckpointError(f"{path}: checkpoint has no model spec")
+    kwargs = {k: spec[k] for k in ("num_classes", "in_channels", "input_size", "mean", "std") if k in spec}
+    try:
+        model = zoo.create(spec["name"], **kwargs)
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: cannot rebuild model: {exc}") from exc
+    try:
+        model.load_state_dict(payload["state_dict"])
+    except (RuntimeError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path}: weights do not fit model {spec['name']!r} (corrupt checkpoint?)") from exc
+    model.robustest_metadata = dict(payload.get("metadata") or {})  # type: ignore[assignment]
+    return model.to(map_location).eval()
