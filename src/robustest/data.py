@@ -435,3 +435,56 @@ def _load_folder(root: Path | None, split: str) -> TensorDataset:
     x = np.stack(arrs)
     y = np.array([lab for _, lab in files], dtype=np.int64)
     return arrays_to_dataset(x, y, f"folder {base.name}")
+
+
+# ------------------------------------------------------------------------------------------- tests files
+TESTS_FORMAT = "robustest-tests"
+
+
+def save_tests(path: str | os.PathLike[str], x: torch.Tensor, y: torch.Tensor, x0_index: torch.Tensor,
+               method: str, fol: torch.Tensor | None = None, extra: dict | None = None) -> Path:
+    """Atomically write generated tests: images ``x`` (N x C x H x W in [0,1]), labels ``y`` (int64 [N]),
+    the index of each test's seed in its source data set ``x0_index`` (int64 [N]), the generating
+    ``method``, optional FOL values ``fol`` (float [N]) and ``extra`` plain data (tensors or JSON-like).
+
+    The file is a ``torch.save`` of plain data and loads with ``weights_only=True`` (:func:`load_tests`).
+    """
+    from robustest.runtime import atomic_save
+
+    n = x.shape[0]
+    if y.shape != (n,) or x0_index.shape != (n,) or (fol is not None and fol.shape != (n,)):
+        raise DataError(f"tests file: x has {n} tests but y/x0_index/fol have shapes "
+                        f"{tuple(y.shape)}/{tuple(x0_index.shape)}/{None if fol is None else tuple(fol.shape)}")
+    payload = {
+        "format": TESTS_FORMAT, "version": 1, "method": str(method),
+        "x": x.detach().float().cpu(), "y": y.detach().long().cpu(), "x0_index": x0_index.detach().long().cpu(),
+        "fol": None if fol is None else fol.detach().float().cpu(), "extra": dict(extra or {}),
+    }
+    return atomic_save(payload, path)
+
+
+def load_tests(path: str | os.PathLike[str]) -> dict:
+    """Read a tests file written by :func:`save_tests` (``torch.load(weights_only=True)``).
+
+    Returns a dict with ``x``, ``y``, ``x0_index``, ``method``, ``fol`` (or None) and ``extra``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"tests file {str(path)!r} does not exist: pass the tests.pt written by 'robustest generate'")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure means the file is refused
+        raise DataError(f"{path} is not a robustest tests file (cannot be read safely: {type(exc).__name__})") from exc
+    if not isinstance(payload, dict) or payload.get("format") != TESTS_FORMAT:
+        raise DataError(f"{path} is not a robustest tests file: write one with 'robustest generate'")
+    x = payload["x"]
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        raise DataError(f"{path}: tests file holds no N x C x H x W image tensor")
+    return payload
+
+
+@_register(DatasetInfo("tests", "a tests file (tests.pt) written by 'robustest generate'", True, None, None))
+def _load_tests_ds(root: Path | None, split: str) -> TensorDataset:
+    assert root is not None
+    t = load_tests(root)
+    return TensorDataset(t["x"].float(), t["y"].long())

@@ -125,7 +125,7 @@ def _flat_size(features: nn.Module, in_channels: int, input_size: int) -> int:
     return int(out.numel())
 
 
-def _with_head(features: "OrderedDict[str, nn.Module]", head: "OrderedDict[str, nn.Module]",
+def _with_head(features: OrderedDict[str, nn.Module], head: OrderedDict[str, nn.Module],
                in_channels: int, input_size: int, first_fc: str) -> nn.Sequential:
     feat = nn.Sequential(features)
     flat = _flat_size(feat, in_channels, input_size)

@@ -30,9 +30,11 @@ from robustest.runtime import (
     eval_mode,
     iter_batches,
     make_generator,
-    progress as progress_bar,
     resolve_device,
     seed_everything,
+)
+from robustest.runtime import (
+    progress as progress_bar,
 )
 
 __all__ = ["EpochStats", "History", "accuracy", "evaluate", "fit", "load_checkpoint", "predict", "save_checkpoint"]
