@@ -212,7 +212,8 @@ class HtmlReport:
     def image(self, png: bytes, caption: str = "") -> HtmlReport:
         data = base64.b64encode(png).decode("ascii")
         cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
-        self._parts.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">{cap}</figure>')
+        alt = html.escape(caption)
+        self._parts.append(f'<figure><img src="data:image/png;base64,{data}" alt="{alt}">{cap}</figure>')
         return self
 
     def render(self) -> str:

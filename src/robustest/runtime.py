@@ -40,6 +40,7 @@ __all__ = [
     "iter_batches",
     "make_generator",
     "model_device",
+    "num_samples",
     "progress",
     "resolve_device",
     "seed_everything",
@@ -164,7 +165,7 @@ def check_labels(y: Any, n: int, num_classes: int | None = None, name: str = "y"
     if n and num_classes is not None:
         lo, hi = int(y.min()), int(y.max())
         if lo < 0 or hi >= num_classes:
-            raise DataError(f"{name} has labels in [{lo}, {hi}] but the model has {num_classes} classes [0, {num_classes})")
+            raise DataError(f"{name} has labels in [{lo}, {hi}] outside [0, {num_classes}): check the label encoding")
     return y
 
 

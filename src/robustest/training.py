@@ -246,7 +246,7 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.devi
     """
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist: pass the model.pt written by 'robustest train'")
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist: pass a model.pt from 'robustest train'")
     if _is_torchscript(path):
         if not torchscript:
             raise CheckpointError(f"{path} is a TorchScript archive: load it explicitly with torchscript=True "
