@@ -107,12 +107,14 @@ def fit(
     device: torch.device | str | None = None,
     progress: bool = True,
     restore_best: bool = False,
+    on_epoch_end: Any = None,
 ) -> History:
     """Train ``model`` in place on ``train`` ((x, y) pair, Dataset or DataLoader) for ``epochs`` epochs.
 
     Shuffling, dropout and initial randomness come from ``seed``. With ``val`` given, each epoch records
     validation loss/accuracy, and ``restore_best=True`` restores the weights of the epoch with the best
     validation accuracy (the last epoch's figures stay in the history). The model ends in eval mode.
+    ``on_epoch_end(epoch, model, stats)``, when given, is called after every epoch (model in train mode).
     Returns the :class:`History`.
     """
     if epochs < 0:
@@ -164,6 +166,8 @@ def fit(
                 history.best_epoch = epoch
         stats.seconds = time.perf_counter() - t0
         history.epochs.append(stats)
+        if on_epoch_end is not None:  # e.g. keep the last epoch's weights when restore_best is used
+            on_epoch_end(epoch, model, stats)
     if restore_best and best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
