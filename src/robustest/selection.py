@@ -1,0 +1,245 @@
+"""Test selection: pick ``n`` inputs from a scored pool.
+
+``select(scores, n, strategy, *, k=4, seed=0)`` returns int64 indices into the pool (CPU tensor, all
+distinct, exactly ``min(n, N)`` of them). Strategies:
+
+* ``best`` (RobOT BE-ST): the ``n // 2`` lowest and the ``n - n // 2`` highest scores. Order: lowest first
+  (ascending), then highest (descending).
+* ``kmst`` (RobOT KM-ST): the score range ``[min, max]`` is split into ``k`` equal-width sections; each
+  non-empty section gets an equal share of ``n`` drawn uniformly at random from it. Sections holding fewer
+  inputs than their share give all they have and the shortfall is spread evenly over the others (water
+  filling), so exactly ``n`` distinct inputs come back even for skewed or constant scores. Leftover units
+  of an uneven split go to randomly chosen sections (seeded). Order: section by section, random within.
+* ``top`` / ``bottom``: the ``n`` highest / lowest scores in rank order (ties: lower index first). Use
+  ``top`` for DeepGini, entropy, LSA/DSA, FOL; ``bottom`` for margin or max probability.
+* ``random``: ``n`` inputs uniformly at random (seeded).
+* ``coverage``: greedy additional coverage. ``scores`` is a ``BoolTensor[N, F]`` saying which coverage cells
+  (e.g. KMNC sections, NC neurons; :meth:`robustest.metrics.coverage.CoverageProfile.bits`) each input
+  covers. Each step picks the input that covers the most cells not yet covered (ties: lower index). Once no
+  input adds coverage, the rest is filled by ``fill``: ``"total"`` (default; most cells covered, ties lower
+  index) or ``"random"`` (seeded).
+
+Errors are :class:`robustest.errors.ConfigError` with a one-line message; ``n`` larger than the pool returns
+the whole pool with a :class:`UserWarning`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+from robustest.errors import ConfigError
+
+__all__ = ["STRATEGIES", "describe", "names", "sections", "select"]
+
+STRATEGIES: dict[str, str] = {
+    "best": "BE-ST: n//2 lowest and n - n//2 highest scores (RobOT)",
+    "kmst": "KM-ST: k equal-width sections of the score range, an equal random share from each (RobOT)",
+    "top": "the n highest scores (e.g. DeepGini's most uncertain first)",
+    "bottom": "the n lowest scores (e.g. smallest margin first)",
+    "random": "n inputs uniformly at random",
+    "coverage": "greedy additional coverage over a BoolTensor[N, F] of covered cells",
+}
+
+FILLS = ("total", "random")
+
+
+def names() -> list[str]:
+    """Names of the selection strategies."""
+    return list(STRATEGIES)
+
+
+def describe(name: str) -> str:
+    """One line describing strategy ``name``."""
+    if name not in STRATEGIES:
+        raise ConfigError(f"unknown selection strategy {name!r}: choose one of {', '.join(STRATEGIES)}")
+    return f"{name}: {STRATEGIES[name]}"
+
+
+# ------------------------------------------------------------------------------------------ validation
+def _as_tensor(scores: Any) -> torch.Tensor:
+    if isinstance(scores, torch.Tensor):
+        return scores.detach().cpu()
+    try:
+        return torch.as_tensor(np.asarray(scores))
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"scores must be a tensor or array of numbers, got {type(scores).__name__}") from exc
+
+
+def _check_scores(scores: Any) -> torch.Tensor:
+    s = _as_tensor(scores)
+    if s.dim() != 1:
+        raise ConfigError(f"scores must be a 1-D tensor [N] (one score per input), got shape {tuple(s.shape)}")
+    if s.dtype == torch.bool or s.is_complex():
+        raise ConfigError(f"scores must be real numbers, got dtype {s.dtype}")
+    s = s.to(torch.float64)
+    if bool(torch.isnan(s).any()):
+        raise ConfigError(f"scores contain {int(torch.isnan(s).sum())} NaN values: drop or recompute them first")
+    if bool(torch.isinf(s).any()):
+        raise ConfigError("scores contain infinite values: clip or drop them first")
+    return s
+
+
+def _check_bits(bits: Any) -> torch.Tensor:
+    b = _as_tensor(bits)
+    if b.dim() != 2:
+        raise ConfigError(
+            f"strategy 'coverage' needs a BoolTensor [N, F] of covered cells (profile.bits), got shape {tuple(b.shape)}"
+        )
+    if b.dtype != torch.bool:
+        if b.is_floating_point() and bool(torch.isnan(b).any()):
+            raise ConfigError("coverage cells contain NaN: pass a BoolTensor [N, F] from profile.bits")
+        if not bool(((b == 0) | (b == 1)).all()):
+            raise ConfigError("strategy 'coverage' needs 0/1 (boolean) coverage cells [N, F], got other values")
+        b = b.bool()
+    return b
+
+
+def _check_n(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise ConfigError(f"n must be a non-negative integer, got {n!r}")
+    n = int(n)
+    if n < 0:
+        raise ConfigError(f"n must be >= 0, got {n}")
+    return n
+
+
+# ------------------------------------------------------------------------------------------- strategies
+def sections(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """KM-ST section of each score ``[N]`` -> int64 ``[N]`` in ``[0, k)``.
+
+    Sections are ``k`` equal-width bins of ``[min, max]`` (the maximum falls in the last one); constant
+    scores all fall in section 0.
+    """
+    s = _check_scores(scores)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ConfigError(f"k must be a positive integer, got {k!r}")
+    if s.numel() == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    lo, hi = s.min(), s.max()
+    if not bool(hi > lo):
+        return torch.zeros(s.shape[0], dtype=torch.int64)
+    sec = torch.floor((s - lo) / (hi - lo) * int(k)).to(torch.int64)
+    return sec.clamp_(0, int(k) - 1)
+
+
+def _water_fill(counts: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
+    """Split ``n`` (<= counts.sum()) over sections as evenly as their ``counts`` allow."""
+    alloc = torch.zeros_like(counts)
+    remaining = n
+    while remaining > 0:
+        room = counts - alloc
+        open_ = torch.nonzero(room > 0).flatten()
+        share = remaining // len(open_)
+        if share > 0:
+            add = torch.minimum(room[open_], torch.tensor(share))
+            alloc[open_] += add
+            remaining -= int(add.sum())
+        else:  # fewer units than open sections: one each to randomly chosen sections
+            pick = open_[torch.randperm(len(open_), generator=gen)[:remaining]]
+            alloc[pick] += 1
+            remaining = 0
+    return alloc
+
+
+def _kmst(s: torch.Tensor, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    sec = sections(s, k)
+    counts = torch.bincount(sec, minlength=k)
+    alloc = _water_fill(counts, n, gen)
+    # random order within each section, vectorised: shuffle, then stable sort by section
+    perm = torch.randperm(s.shape[0], generator=gen)
+    order = perm[torch.sort(sec[perm], stable=True).indices]
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(s.shape[0]) - starts[sec[order]]
+    return order[rank < alloc[sec[order]]]
+
+
+def _greedy_coverage(bits: torch.Tensor, n: int, fill: str, gen: torch.Generator) -> torch.Tensor:
+    num = bits.shape[0]
+    bf = bits.to(torch.float32)
+    gains = bf.sum(dim=1)
+    total = gains.clone()
+    covered = torch.zeros(bits.shape[1], dtype=torch.bool)
+    taken = torch.zeros(num, dtype=torch.bool)
+    picked: list[int] = []
+    while len(picked) < n:
+        g = gains.masked_fill(taken, -1.0)
+        i = int(torch.argmax(g))  # first maximum: ties go to the lower index
+        if g[i] <= 0:
+            break
+        picked.append(i)
+        taken[i] = True
+        new = bits[i] & ~covered
+        covered |= new
+        # the cells input i adds are now covered: nobody gains them any more (O(N * new cells))
+        gains -= bf[:, new].sum(dim=1)
+    rest = n - len(picked)
+    if rest > 0:
+        left = torch.nonzero(~taken).flatten()
+        if fill == "total":
+            order = torch.sort(-total[left], stable=True).indices
+        else:
+            order = torch.randperm(len(left), generator=gen)
+        picked.extend(left[order[:rest]].tolist())
+    return torch.tensor(picked, dtype=torch.int64)
+
+
+def select(
+    scores: Any,
+    n: int,
+    strategy: str,
+    *,
+    k: int = 4,
+    seed: int | None = 0,
+    fill: str = "total",
+) -> torch.Tensor:
+    """Select ``n`` inputs from a scored pool.
+
+    Args:
+        scores: ``[N]`` real scores (tensor, array or list), or for ``strategy="coverage"`` a
+            ``BoolTensor[N, F]`` of covered coverage cells.
+        n: how many to select (>= 0); more than ``N`` returns the whole pool with a warning.
+        strategy: ``best``, ``kmst``, ``top``, ``bottom``, ``random`` or ``coverage`` (see module docstring).
+        k: number of KM-ST sections (``kmst`` only).
+        seed: seed of the random draws (``kmst``, ``random``, ``coverage`` with ``fill="random"``).
+        fill: how ``coverage`` completes the selection once nothing adds coverage: ``total`` or ``random``.
+
+    Returns:
+        int64 CPU tensor of ``min(n, N)`` distinct indices into the pool.
+    """
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"unknown selection strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    n = _check_n(n)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ConfigError(f"k must be a positive integer, got {k!r}")
+    if fill not in FILLS:
+        raise ConfigError(f"fill must be 'total' or 'random', got {fill!r}")
+    s = _check_bits(scores) if strategy == "coverage" else _check_scores(scores)
+    pool = s.shape[0]
+    if n > pool:
+        warnings.warn(f"asked for {n} inputs but the pool holds only {pool}: returning the whole pool",
+                      UserWarning, stacklevel=2)
+        n = pool
+    gen = torch.Generator().manual_seed(int(seed)) if seed is not None else torch.Generator()
+    if seed is None:
+        gen.seed()
+    if n == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    if strategy == "top":
+        out = torch.sort(-s, stable=True).indices[:n]
+    elif strategy == "bottom":
+        out = torch.sort(s, stable=True).indices[:n]
+    elif strategy == "best":
+        asc = torch.sort(s, stable=True).indices
+        lo, hi = n // 2, n - n // 2
+        out = torch.cat([asc[:lo], asc[pool - hi:].flip(0)])
+    elif strategy == "random":
+        out = torch.randperm(pool, generator=gen)[:n]
+    elif strategy == "kmst":
+        out = _kmst(s, n, int(k), gen)
+    else:
+        out = _greedy_coverage(s, n, fill, gen)
+    return out.to(torch.int64)
