@@ -40,6 +40,18 @@ from robustest.errors import DataError
 __all__ = ["DatasetInfo", "arrays_to_dataset", "info", "load", "names", "num_classes_of"]
 
 SPLITS = ("train", "test")
+_EXPECTED_LAYOUT = {  # what a missing path should have held, named in the error message
+    "mnist": "a folder with train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
+             "t10k-labels-idx1-ubyte (or train-images.idx3-ubyte names; plain or .gz; also under raw/ or "
+             "MNIST/raw/) or a Keras-style mnist.npz",
+    "fashion-mnist": "a folder with train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
+                     "t10k-labels-idx1-ubyte (plain or .gz; also under raw/ or FashionMNIST/raw/) or a Keras-style "
+                     "fashion-mnist.npz",
+    "cifar10": "a folder with cifar-10-batches-py/data_batch_1..5 and test_batch, or a Keras-style cifar10.npz",
+    "npz": "a .npz file with x/y (or x_train/y_train, x_test/y_test) arrays",
+    "folder": "a folder with one subfolder of PNG/JPEG images per class",
+    "tests": "a tests.pt file written by 'robustest generate'",
+}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
 
@@ -109,7 +121,8 @@ def load(name: str, root: str | os.PathLike[str] | None = None, split: str = "tr
         if path is None:
             raise DataError(f"data set {key!r} needs files: pass root=/--data-dir or set ROBUSTEST_DATA")
         if not path.exists():
-            raise DataError(f"data path {str(path)!r} does not exist: pass the folder holding the {key} files")
+            raise DataError(f"data path {str(path)!r} does not exist: pass the {key} data, i.e. "
+                            f"{_EXPECTED_LAYOUT.get(key, info_.description)}")
     ds = fn(path, split)
     _validate(ds, key, info_.num_classes)
     return ds
@@ -291,10 +304,11 @@ def _mnist_like(root: Path, split: str, npz_names: tuple[str, ...], subdirs: tup
     for name in npz_names:
         if (root / name).is_file():
             return _load_keras_npz(root / name, split, 10, label)
-    missing = [t for t in (tried_i if img is None else []) + (tried_l if lab is None else [])]
-    first = sorted({m.split("/")[-1] for m in missing})[:4]
+    missing = sorted({stem for kind, found in (("images", img), ("labels", lab)) if found is None
+                      for stem in _MNIST_STEMS[(split, kind)]})
     raise DataError(
-        f"no {label} {split} data in {root}: looked for IDX files {', '.join(first)} (also .gz, under "
+        f"no {label} {split} data in {root}: looked for IDX files {', '.join(missing)} (also .gz, in the folder and "
+        f"under "
         f"{', '.join(s + '/' for s in subdirs if s)}) and npz {', '.join(npz_names)}"
     )
 

@@ -1,0 +1,92 @@
+"""Shared fixtures: small, cheap data and models in the robustest contract.
+
+Keep fixtures generic (any test module may use them) and cheap (the machine has two cores). Session-scoped
+objects are never handed out directly when a test could mutate them: fixtures return copies.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+SHARED_DATA = Path(os.environ.get("ROBUSTEST_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+MNIST_NPZ = SHARED_DATA / "mnist.npz"
+
+
+@pytest.fixture(scope="session")
+def _digits_train_session() -> TensorDataset:
+    from robustest import data
+
+    return data.load("digits", split="train")
+
+
+@pytest.fixture(scope="session")
+def _digits_test_session() -> TensorDataset:
+    from robustest import data
+
+    return data.load("digits", split="test")
+
+
+@pytest.fixture
+def digits_train(_digits_train_session: TensorDataset) -> TensorDataset:
+    """The digits train split (1437 x 1 x 8 x 8 float32 in [0, 1], int64 labels); tensors are copies."""
+    return TensorDataset(*(t.clone() for t in _digits_train_session.tensors))
+
+
+@pytest.fixture
+def digits_test(_digits_test_session: TensorDataset) -> TensorDataset:
+    """The digits test split (360 x 1 x 8 x 8); tensors are copies."""
+    return TensorDataset(*(t.clone() for t in _digits_test_session.tensors))
+
+
+@pytest.fixture
+def digits_model() -> torch.nn.Module:
+    """A fresh, untrained ``digits_cnn`` for 1 x 8 x 8 inputs (seeded), in eval mode."""
+    from robustest import models
+
+    torch.manual_seed(0)
+    return models.create("digits_cnn", num_classes=10, in_channels=1, input_size=8).eval()
+
+
+@pytest.fixture(scope="session")
+def _trained_digits_session(_digits_train_session: TensorDataset) -> torch.nn.Module:
+    from robustest import models, training
+
+    torch.manual_seed(0)
+    model = models.create("digits_cnn", num_classes=10, in_channels=1, input_size=8)
+    training.fit(model, _digits_train_session, epochs=8, batch_size=64, lr=2e-3, seed=0, progress=False)
+    return model.eval()
+
+
+@pytest.fixture
+def trained_digits_model(_trained_digits_session: torch.nn.Module) -> torch.nn.Module:
+    """A ``digits_cnn`` trained for a few epochs on digits (about 95 % test accuracy); a deep copy per test."""
+    return copy.deepcopy(_trained_digits_session).eval()
+
+
+@pytest.fixture
+def tiny_images() -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y): 12 random 1 x 8 x 8 images in [0, 1] with int64 labels 0..9 (seeded)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(12, 1, 8, 8, generator=gen)
+    y = torch.arange(12) % 10
+    return x, y
+
+
+@pytest.fixture
+def mnist_root() -> Path:
+    """Folder holding the real ``mnist.npz``; the test is skipped when the file is absent."""
+    if not MNIST_NPZ.is_file():
+        pytest.skip(f"real MNIST not found at {MNIST_NPZ}")
+    return SHARED_DATA
+
+
+@pytest.fixture
+def no_data_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset ROBUSTEST_DATA so loaders see only what the test passes."""
+    monkeypatch.delenv("ROBUSTEST_DATA", raising=False)
