@@ -1,0 +1,11 @@
+"""Test generation by fuzzing: FOL-guided (RobOT) and coverage-guided (DeepHunter-style), with batched
+image mutations.
+
+- :func:`fol_fuzz` -> :class:`FuzzResult`
+- :func:`coverage_fuzz` -> :class:`CoverageFuzzResult`
+- :mod:`robustest.fuzzing.mutations`: batched affine and pixel-value mutations with DeepHunter's validity rule
+"""
+
+from robustest.fuzzing.fol import FOL_VARIANTS, FuzzResult, fol_fuzz
+
+__all__ = ["FOL_VARIANTS", "FuzzResult", "fol_fuzz"]
