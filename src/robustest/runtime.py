@@ -201,6 +201,11 @@ def as_tensors(data: DataLike) -> tuple[torch.Tensor, torch.Tensor | None]:
         return data[0], y
     if isinstance(data, TensorDataset) and len(data.tensors) >= 2:
         return data.tensors[0], data.tensors[1]
+    if isinstance(data, TensorDataset) and len(data.tensors) == 1:
+        return data.tensors[0], None
+    if not isinstance(data, (Dataset, DataLoader)):  # anything else would recurse via iter_batches
+        raise DataError(f"unsupported data of type {type(data).__name__}: pass an (x, y) pair of torch tensors, "
+                        "an x tensor, a Dataset or a DataLoader")
     xs, ys = [], []
     for x, y in iter_batches(data, batch_size=1024):
         xs.append(x)
