@@ -290,6 +290,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        if hasattr(os, "fchmod"):  # mkstemp creates 0600; give the mode open() would (0666 minus the umask)
+            os.fchmod(fd, 0o666 & ~_current_umask())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -300,6 +302,20 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def _current_umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux), else via os.umask."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
