@@ -1,0 +1,486 @@
+"""White-box adversarial attacks, batched, seeded, behind one registry.
+
+Every attack takes a classifier returning logits, images ``x`` (float N x C x H x W in [0, 1]) and labels ``y``
+(int64 [N]) and returns the adversarial batch ``x_adv`` of the same shape, on ``x``'s device, inside the threat
+model's ball around ``x`` (L-inf or L2 radius ``eps``) and inside [0, 1]:
+
+=========  ==========================================================================================
+fgsm       Fast Gradient Sign Method (Goodfellow et al. 2015), optional uniform random start.
+pgd        Projected Gradient Descent (Madry et al. 2018), L-inf or L2, random start, restarts.
+bim        Basic Iterative Method (Kurakin et al. 2017): L-inf PGD from the clean input.
+rfgsm      R+FGSM (Tramer et al. 2018): a random sign step of ``alpha`` then gradient sign steps.
+mifgsm     Momentum Iterative FGSM (Dong et al. 2018).
+cw_l2      Carlini & Wagner L2 (2017) with a per-sample binary search over the constant c.
+apgd       APGD-CE (Croce & Hein 2020): parameter-free step size schedule, L-inf or L2.
+=========  ==========================================================================================
+
+:func:`attack` runs any of them by name over a data set in batches and returns an :class:`AttackResult` with the
+adversarial images, per-sample success (prediction on the adversarial image differs from the label), clean
+correctness and perturbation norms, so callers never recompute them.
+
+The model's train/eval mode and its parameters' ``requires_grad`` flags are restored after every call; attacks
+run the model in eval mode and take gradients with respect to the input only. Randomness comes from a
+``torch.Generator`` on the model's device seeded with ``seed``: the same seed (and batch size) gives the same
+result. The loss is the summed per-sample cross-entropy, so a sample's gradient does not depend on the batch it
+is in.
+
+Float note: projections are computed as ``min(max(x_adv, x - eps), x + eps)``, so ``|x_adv - x|`` may exceed
+``eps`` by one float rounding (about 6e-8 for values in [0, 1]).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from robustest.errors import ConfigError, DataError
+from robustest.runtime import (
+    DataLike,
+    as_tensors,
+    check_images,
+    check_labels,
+    eval_mode,
+    frozen_params,
+    make_generator,
+    resolve_device,
+)
+
+__all__ = [
+    "AttackResult",
+    "attack",
+    "bim",
+    "describe",
+    "fgsm",
+    "mifgsm",
+    "names",
+    "pgd",
+    "rfgsm",
+]
+
+NORMS = ("linf", "l2")
+_DEFAULT_CHUNK = 512
+
+
+# ------------------------------------------------------------------------------------------ validation
+def _check_eps(eps: Any, name: str = "eps") -> float:
+    try:
+        v = float(eps)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {eps!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise ConfigError(f"{name} must be a finite number >= 0, got {eps!r}")
+    return v
+
+
+def _check_steps(steps: Any, name: str = "steps") -> int:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {steps!r}")
+    return steps
+
+
+def _check_norm(norm: str) -> str:
+    n = str(norm).lower().replace("-", "")
+    if n in ("inf", "linf"):
+        return "linf"
+    if n == "l2":
+        return "l2"
+    raise ConfigError(f"unknown norm {norm!r}: use 'linf' or 'l2'")
+
+
+def _num_classes(model: nn.Module) -> int | None:
+    spec = getattr(model, "robustest_spec", None)
+    return spec.get("num_classes") if isinstance(spec, dict) else None
+
+
+def _prepare(model: nn.Module, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    x = check_images(x)
+    if y is None:
+        raise DataError("labels y are required: pass the true labels (or the model's predictions)")
+    y = check_labels(y, x.shape[0], _num_classes(model))
+    return x, y
+
+
+# ------------------------------------------------------------------------------------------ primitives
+def _flat_norm(t: torch.Tensor) -> torch.Tensor:
+    """Per-sample L2 norm of t (N x ...), shaped N x 1 x 1 x 1 for broadcasting."""
+    return t.flatten(1).norm(p=2, dim=1).view(-1, *([1] * (t.dim() - 1)))
+
+
+def _grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_x of the summed cross-entropy at x, logits at x (detached))."""
+    x = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        logits = model(x)
+        loss = F.cross_entropy(logits, y, reduction="sum")
+        (g,) = torch.autograd.grad(loss, x)
+    return g, logits.detach()
+
+
+def _project(x_adv: torch.Tensor, x: torch.Tensor, eps: float, norm: str,
+             lo: torch.Tensor | None = None, hi: torch.Tensor | None = None) -> torch.Tensor:
+    """Project x_adv into the eps-ball around x and into [0, 1]."""
+    if norm == "linf":
+        if lo is None or hi is None:
+            lo, hi = (x - eps).clamp_(min=0.0), (x + eps).clamp_(max=1.0)
+        return torch.min(torch.max(x_adv, lo), hi)
+    delta = x_adv - x
+    n = _flat_norm(delta)
+    delta = delta * torch.clamp(eps / n.clamp_min(1e-12), max=1.0)
+    # clipping to [0, 1] moves every coordinate towards x, so the result stays inside the ball
+    return (x + delta).clamp_(0.0, 1.0)
+
+
+def _random_start(x: torch.Tensor, eps: float, norm: str, gen: torch.Generator) -> torch.Tensor:
+    """A random point in the eps-ball around x (uniform per coordinate for L-inf; a uniformly scaled random
+    direction for L2, as in torchattacks' PGDL2), clipped to [0, 1]."""
+    if norm == "linf":
+        noise = torch.rand(x.shape, generator=gen, device=x.device, dtype=x.dtype).mul_(2 * eps).sub_(eps)
+        return (x + noise).clamp_(0.0, 1.0)
+    d = torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype)
+    r = torch.rand((x.shape[0],) + (1,) * (x.dim() - 1), generator=gen, device=x.device, dtype=x.dtype)
+    d = d / _flat_norm(d).clamp_min(1e-12) * r * eps
+    return (x + d).clamp_(0.0, 1.0)
+
+
+def _step_direction(g: torch.Tensor, norm: str) -> torch.Tensor:
+    if norm == "linf":
+        return g.sign()
+    return g / _flat_norm(g).clamp_min(1e-12)
+
+
+def _per_sample_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per-sample cross-entropy, success = prediction != y) at x, one forward pass without gradients."""
+    with torch.no_grad():
+        logits = model(x)
+    return F.cross_entropy(logits, y, reduction="none"), logits.argmax(1) != y
+
+
+def _keep_stronger(best: torch.Tensor, best_loss: torch.Tensor, best_succ: torch.Tensor,
+                   cand: torch.Tensor, cand_loss: torch.Tensor, cand_succ: torch.Tensor) -> None:
+    """In place: per sample, replace ``best`` by ``cand`` where the candidate is stronger
+    (successful beats unsuccessful; otherwise the higher loss wins)."""
+    better = (cand_succ & ~best_succ) | ((cand_succ == best_succ) & (cand_loss > best_loss))
+    best[better] = cand[better]
+    best_loss[better] = cand_loss[better]
+    best_succ[better] = cand_succ[better]
+
+
+# ------------------------------------------------------------------------------------------- core loops
+def _fgsm_core(model, x, y, gen, *, eps, random_start):
+    start = _random_start(x, eps, "linf", gen) if random_start else x
+    g, _ = _grad(model, start, y)
+    adv = start + eps * g.sign()
+    if random_start:
+        return _project(adv, x, eps, "linf")
+    return adv.clamp_(0.0, 1.0)
+
+
+def _pgd_core(model, x, y, gen, *, eps, alpha, steps, norm, random_start, restarts):
+    lo = hi = None
+    if norm == "linf":
+        lo, hi = (x - eps).clamp_(min=0.0), (x + eps).clamp_(max=1.0)
+    best = best_loss = best_succ = None
+    for _ in range(restarts):
+        adv = _random_start(x, eps, norm, gen) if random_start else x.clone()
+        for _ in range(steps):
+            g, _ = _grad(model, adv, y)
+            if norm == "linf":
+                adv = torch.min(torch.max(adv.add_(g.sign_(), alpha=alpha), lo), hi)
+            else:
+                adv = _project(adv.add_(_step_direction(g, norm), alpha=alpha), x, eps, norm)
+        if restarts == 1:
+            return adv
+        loss, succ = _per_sample_loss(model, adv, y)
+        if best is None:
+            best, best_loss, best_succ = adv, loss, succ
+        else:
+            _keep_stronger(best, best_loss, best_succ, adv, loss, succ)
+    return best
+
+
+def _rfgsm_core(model, x, y, gen, *, eps, alpha, steps):
+    lo, hi = (x - eps).clamp_(min=0.0), (x + eps).clamp_(max=1.0)
+    noise = torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype).sign_()
+    adv = (x + alpha * noise).clamp_(0.0, 1.0)
+    step = (eps - alpha) / steps if steps > 1 else (eps - alpha)
+    for _ in range(steps):
+        g, _ = _grad(model, adv, y)
+        adv = torch.min(torch.max(adv.add_(g.sign_(), alpha=step), lo), hi)
+    return adv
+
+
+def _mifgsm_core(model, x, y, gen, *, eps, alpha, steps, decay):
+    lo, hi = (x - eps).clamp_(min=0.0), (x + eps).clamp_(max=1.0)
+    adv = x.clone()
+    momentum = torch.zeros_like(x)
+    dims = tuple(range(1, x.dim()))
+    for _ in range(steps):
+        g, _ = _grad(model, adv, y)
+        g = g / g.abs().mean(dim=dims, keepdim=True).clamp_min(1e-12)
+        momentum = momentum.mul_(decay).add_(g)
+        adv = torch.min(torch.max(adv.add_(momentum.sign(), alpha=alpha), lo), hi)
+    return adv
+
+
+# ------------------------------------------------------------------------------------------ chunked runner
+def _run(core: Callable[..., torch.Tensor], model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+         seed: int | None, batch_size: int | None, gen: torch.Generator | None = None,
+         **kw: Any) -> torch.Tensor:
+    """Run ``core`` over x in chunks on the model's device, in eval mode with frozen parameters."""
+    device = resolve_device(model)
+    if gen is None:
+        gen = make_generator(seed, device)
+    n = x.shape[0]
+    if n == 0:
+        return x.clone()
+    bs = n if batch_size is None else int(batch_size)
+    if bs < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    out = torch.empty_like(x)
+    with eval_mode(model), frozen_params(model):
+        for s in range(0, n, bs):
+            e = min(s + bs, n)
+            xb = x[s:e].to(device, torch.float32).detach()
+            yb = y[s:e].to(device, torch.long)
+            out[s:e] = core(model, xb, yb, gen, **kw).detach().to(out.device, out.dtype)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ public attacks
+def fgsm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, random_start: bool = False,
+         seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK) -> torch.Tensor:
+    """Fast Gradient Sign Method: ``clip(x + eps * sign(grad_x CE(f(x), y)), 0, 1)``.
+
+    With ``random_start`` the gradient is taken at a uniform random point of the L-inf eps-ball (the RobOT
+    reference setting) and the step is projected back into the ball. x: N x C x H x W in [0, 1]; y: int64 [N].
+    Returns N x C x H x W on x's device. ``batch_size`` bounds how many images go through the model at once.
+    """
+    x, y = _prepare(model, x, y)
+    eps = _check_eps(eps)
+    return _run(_fgsm_core, model, x, y, seed, batch_size, eps=eps, random_start=bool(random_start))
+
+
+def pgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: float | None = None,
+        steps: int = 10, norm: str = "linf", random_start: bool = True, restarts: int = 1,
+        seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK) -> torch.Tensor:
+    """Projected Gradient Descent on the cross-entropy (Madry et al. 2018), L-inf or L2 threat model.
+
+    Each step moves by ``alpha`` along sign(grad) (L-inf) or grad / ||grad||_2 (L2), then projects into the
+    eps-ball around x and into [0, 1]. ``alpha`` defaults to ``2.5 * eps / steps`` (Madry et al.'s rule).
+    ``random_start`` starts from a random point of the ball. With ``restarts > 1`` the attack runs that many
+    times and keeps, per sample, the strongest final point: a successful one (prediction != y) if any, else the
+    one with the highest loss (one extra forward pass per restart). x: N x C x H x W in [0, 1]; y: int64 [N].
+    Returns N x C x H x W on x's device.
+    """
+    x, y = _prepare(model, x, y)
+    eps = _check_eps(eps)
+    steps = _check_steps(steps)
+    restarts = _check_steps(restarts, "restarts")
+    norm = _check_norm(norm)
+    alpha = 2.5 * eps / steps if alpha is None else _check_eps(alpha, "alpha")
+    return _run(_pgd_core, model, x, y, seed, batch_size, eps=eps, alpha=alpha, steps=steps, norm=norm,
+                random_start=bool(random_start), restarts=restarts)
+
+
+def bim(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: float | None = None,
+        steps: int = 10, seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK) -> torch.Tensor:
+    """Basic Iterative Method (Kurakin et al. 2017): L-inf PGD started from the clean input (no random start).
+
+    ``alpha`` defaults to ``eps / steps * 1.25`` (so the steps can reach the boundary of the ball with some
+    slack, as in Kurakin et al.'s min(eps + 4/255, 1.25 eps) budget). Returns N x C x H x W on x's device.
+    """
+    x, y = _prepare(model, x, y)
+    eps = _check_eps(eps)
+    steps = _check_steps(steps)
+    alpha = 1.25 * eps / steps if alpha is None else _check_eps(alpha, "alpha")
+    return _run(_pgd_core, model, x, y, seed, batch_size, eps=eps, alpha=alpha, steps=steps, norm="linf",
+                random_start=False, restarts=1)
+
+
+def rfgsm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: float | None = None,
+          steps: int = 1, seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK) -> torch.Tensor:
+    """R+FGSM (Tramer et al. 2018): ``x' = clip(x + alpha * sign(N(0, I)))`` then ``steps`` gradient sign steps
+    of ``(eps - alpha) / steps`` each, projected into the L-inf eps-ball and [0, 1].
+
+    ``alpha`` defaults to ``eps / 2`` and must not exceed ``eps``. Returns N x C x H x W on x's device.
+    """
+    x, y = _prepare(model, x, y)
+    eps = _check_eps(eps)
+    steps = _check_steps(steps)
+    alpha = eps / 2 if alpha is None else _check_eps(alpha, "alpha")
+    if alpha > eps:
+        raise ConfigError(f"rfgsm needs alpha <= eps, got alpha={alpha} > eps={eps}")
+    return _run(_rfgsm_core, model, x, y, seed, batch_size, eps=eps, alpha=alpha, steps=steps)
+
+
+def mifgsm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: float | None = None,
+           steps: int = 10, decay: float = 1.0, seed: int | None = None, *,
+           batch_size: int | None = _DEFAULT_CHUNK) -> torch.Tensor:
+    """Momentum Iterative FGSM (Dong et al. 2018): ``g <- decay * g + grad / mean|grad|``, step ``alpha * sign(g)``,
+    projected into the L-inf eps-ball and [0, 1], from the clean input. ``alpha`` defaults to ``eps / steps``
+    (the paper's setting). Returns N x C x H x W on x's device.
+    """
+    x, y = _prepare(model, x, y)
+    eps = _check_eps(eps)
+    steps = _check_steps(steps)
+    alpha = eps / steps if alpha is None else _check_eps(alpha, "alpha")
+    decay = _check_eps(decay, "decay")
+    return _run(_mifgsm_core, model, x, y, seed, batch_size, eps=eps, alpha=alpha, steps=steps, decay=decay)
+
+
+# ------------------------------------------------------------------------------------------------- registry
+@dataclass(frozen=True)
+class _Entry:
+    fn: Callable[..., torch.Tensor]
+    description: str
+    norm_bounded: bool = True
+
+
+_REGISTRY: dict[str, _Entry] = {
+    "fgsm": _Entry(fgsm, "Fast Gradient Sign Method (L-inf, one step; optional random start)"),
+    "pgd": _Entry(pgd, "Projected Gradient Descent (L-inf or L2; random start; restarts keep the strongest)"),
+    "bim": _Entry(bim, "Basic Iterative Method (L-inf PGD from the clean input)"),
+    "rfgsm": _Entry(rfgsm, "R+FGSM: random sign step then gradient sign steps (L-inf)"),
+    "mifgsm": _Entry(mifgsm, "Momentum Iterative FGSM (L-inf)"),
+}
+
+
+def names() -> list[str]:
+    """Names of the registered attacks."""
+    return sorted(_REGISTRY)
+
+
+def describe(name: str) -> str:
+    """One-line description of attack ``name``."""
+    return _entry(name).description
+
+
+def _entry(name: str) -> _Entry:
+    key = str(name).lower().replace("-", "_")
+    key = {"cw": "cw_l2", "apgd_ce": "apgd", "mi_fgsm": "mifgsm", "r_fgsm": "rfgsm"}.get(key, key)
+    if key not in _REGISTRY:
+        raise ConfigError(f"unknown attack {name!r}: choose one of {', '.join(names())}")
+    return _REGISTRY[key]
+
+
+# --------------------------------------------------------------------------------------------- attack()
+@dataclass
+class AttackResult:
+    """Outcome of :func:`attack` on N samples (all per-sample tensors are 1-D of length N, on the CPU).
+
+    adv: adversarial images N x C x H x W (the clipped, valid images; on the input's device).
+    y: the labels attacked. clean_pred / adv_pred: the model's predictions on x and adv.
+    success: adv_pred != y. clean_correct: clean_pred == y.
+    linf / l2: per-sample L-inf and L2 norms of adv - x.
+    """
+
+    name: str
+    adv: torch.Tensor
+    y: torch.Tensor
+    success: torch.Tensor
+    clean_correct: torch.Tensor
+    clean_pred: torch.Tensor
+    adv_pred: torch.Tensor
+    linf: torch.Tensor
+    l2: torch.Tensor
+    params: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def __len__(self) -> int:
+        return int(self.success.shape[0])
+
+    @property
+    def success_rate(self) -> float:
+        """Fraction of samples whose prediction on adv differs from y (misclassified clean samples count)."""
+        return float(self.success.float().mean()) if len(self) else float("nan")
+
+    @property
+    def robust_accuracy(self) -> float:
+        """Fraction of samples still classified correctly on adv."""
+        return 1.0 - self.success_rate if len(self) else float("nan")
+
+    @property
+    def clean_accuracy(self) -> float:
+        return float(self.clean_correct.float().mean()) if len(self) else float("nan")
+
+    @property
+    def fooled(self) -> torch.Tensor:
+        """Samples classified correctly clean and wrongly on adv (BoolTensor[N])."""
+        return self.success & self.clean_correct
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly summary (no tensors)."""
+        def q(t: torch.Tensor) -> dict[str, float]:
+            if t.numel() == 0:
+                return {}
+            t = t.float()
+            return {"mean": float(t.mean()), "min": float(t.min()), "median": float(t.median()),
+                    "max": float(t.max())}
+
+        s = self.success
+        return {
+            "attack": self.name, "params": dict(self.params), "n": len(self),
+            "clean_accuracy": self.clean_accuracy, "robust_accuracy": self.robust_accuracy,
+            "success_rate": self.success_rate,
+            "success_rate_on_correct": (float(self.fooled.sum()) / max(1, int(self.clean_correct.sum()))),
+            "linf": q(self.linf), "l2": q(self.l2),
+            "linf_successful": q(self.linf[s]), "l2_successful": q(self.l2[s]),
+            "seconds": self.seconds,
+        }
+
+
+def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | None = None, *,
+           batch_size: int = 256, seed: int | None = 0, **kw: Any) -> AttackResult:
+    """Run attack ``name`` (see :func:`names`) on images or a data set, in batches of ``batch_size``.
+
+    ``x_or_data``: an image tensor N x C x H x W in [0, 1] (then ``y`` int64 [N]; when ``y`` is None the model's
+    own predictions are attacked), an ``(x, y)`` pair, a ``Dataset`` or a ``DataLoader``. ``kw`` are the attack's
+    parameters (eps, steps, alpha, norm, restarts, ...). One random generator seeded with ``seed`` serves all
+    batches. Returns an :class:`AttackResult`.
+    """
+    entry = _entry(name)
+    x, y_data = as_tensors(x_or_data)
+    y = y if y is not None else y_data
+    x = check_images(x)
+    device = resolve_device(model)
+    t0 = time.perf_counter()
+    with eval_mode(model), torch.no_grad():
+        clean_pred = torch.cat([model(x[s:s + batch_size].to(device)).argmax(1).cpu()
+                                for s in range(0, x.shape[0], batch_size)]) if x.shape[0] else \
+            torch.empty(0, dtype=torch.long)
+    if y is None:
+        y = clean_pred.clone()
+    else:
+        if not isinstance(y, torch.Tensor):
+            y = torch.as_tensor(y)
+        y = check_labels(y, x.shape[0], _num_classes(model))
+    y_cpu = y.detach().cpu().long()
+    kw = dict(kw)
+    if "seed" in kw:
+        raise ConfigError("pass seed to attack() itself, not twice")
+    adv = entry.fn(model, x, y, seed=seed, batch_size=batch_size, **kw)
+    with eval_mode(model), torch.no_grad():
+        adv_pred = torch.cat([model(adv[s:s + batch_size].to(device)).argmax(1).cpu()
+                              for s in range(0, adv.shape[0], batch_size)]) if adv.shape[0] else \
+            torch.empty(0, dtype=torch.long)
+    delta = (adv.detach().cpu() - x.detach().cpu()).flatten(1)
+    return AttackResult(
+        name=_canonical_name(name), adv=adv, y=y_cpu, success=adv_pred != y_cpu, clean_correct=clean_pred == y_cpu,
+        clean_pred=clean_pred, adv_pred=adv_pred, linf=delta.abs().amax(1) if delta.shape[1] else delta.sum(1),
+        l2=delta.norm(p=2, dim=1), params={**kw, "seed": seed, "batch_size": batch_size},
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _canonical_name(name: str) -> str:
+    entry = _entry(name)
+    return next(k for k, v in _REGISTRY.items() if v is entry)
