@@ -6,6 +6,8 @@ image mutations.
 - :mod:`robustest.fuzzing.mutations`: batched affine and pixel-value mutations with DeepHunter's validity rule
 """
 
+from robustest.fuzzing import mutations
+from robustest.fuzzing.coverage import CoverageFuzzResult, coverage_fuzz
 from robustest.fuzzing.fol import FOL_VARIANTS, FuzzResult, fol_fuzz
 
-__all__ = ["FOL_VARIANTS", "FuzzResult", "fol_fuzz"]
+__all__ = ["FOL_VARIANTS", "CoverageFuzzResult", "FuzzResult", "coverage_fuzz", "fol_fuzz", "mutations"]
