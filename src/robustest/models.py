@@ -43,6 +43,8 @@ def names() -> list[str]:
 
 def describe(name: str) -> str:
     """One-line description of a registered model."""
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(names())}")
     return _REGISTRY[name][1]
 
 
