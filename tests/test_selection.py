@@ -1,0 +1,189 @@
+"""Selection strategies: property-based tests of counts, distinctness, ends, sections and seeding."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from robustest import selection
+from robustest.errors import ConfigError
+from robustest.selection import select
+
+finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False, width=32)
+pools = st.one_of(
+    st.lists(finite, min_size=1, max_size=200),
+    # skewed: almost everything in one place, a few outliers
+    st.tuples(st.integers(1, 150), st.lists(finite, min_size=0, max_size=3)).map(lambda t: [0.0] * t[0] + t[1]),
+    # constant
+    st.tuples(st.integers(1, 100), finite).map(lambda t: [t[1]] * t[0]),
+    # many ties on a few values
+    st.lists(st.sampled_from([0.0, 1.0, 2.0, 10.0]), min_size=1, max_size=120),
+)
+SCORE_STRATEGIES = ["best", "kmst", "top", "bottom", "random"]
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(scores=pools, frac=st.floats(0, 1), strategy=st.sampled_from(SCORE_STRATEGIES), k=st.integers(1, 12),
+       seed=st.integers(0, 2**31 - 1))
+def test_exact_count_distinct_in_range_and_deterministic(scores, frac, strategy, k, seed):
+    n = int(round(frac * len(scores)))
+    idx = select(scores, n, strategy, k=k, seed=seed)
+    assert idx.dtype == torch.int64
+    assert idx.shape == (n,)
+    assert len(set(idx.tolist())) == n
+    assert n == 0 or (int(idx.min()) >= 0 and int(idx.max()) < len(scores))
+    assert torch.equal(idx, select(scores, n, strategy, k=k, seed=seed))
+
+
+@SETTINGS
+@given(scores=pools, frac=st.floats(0, 1))
+def test_best_takes_both_ends(scores, frac):
+    s = np.asarray(scores, dtype=np.float64)
+    n = int(round(frac * len(s)))
+    idx = select(scores, n, "best").numpy()
+    lo, hi = n // 2, n - n // 2
+    chosen = s[idx]
+    srt = np.sort(s)
+    # the lowest n//2 chosen values are the n//2 smallest in the pool, the rest are the largest
+    np.testing.assert_array_equal(np.sort(chosen[:lo]), srt[:lo])
+    np.testing.assert_array_equal(np.sort(chosen[lo:]), srt[len(s) - hi:])
+
+
+@SETTINGS
+@given(scores=pools, k=st.integers(1, 12), seed=st.integers(0, 1000), data=st.data())
+def test_kmst_draws_from_every_non_empty_section(scores, k, seed, data):
+    sec = selection.sections(torch.tensor(scores, dtype=torch.float64), k)
+    counts = torch.bincount(sec, minlength=k)
+    nonempty = int((counts > 0).sum())
+    n = data.draw(st.integers(min(nonempty, len(scores)), len(scores)))
+    idx = select(scores, n, "kmst", k=k, seed=seed)
+    got = torch.bincount(sec[idx], minlength=k)
+    assert bool((got[counts > 0] >= 1).all())
+    # shares are as even as the section sizes allow: a section below the fair share is exhausted
+    short = got < got.max() - 1
+    assert bool((got[short] == counts[short]).all())
+    assert bool((got <= counts).all())
+
+
+def test_kmst_equal_shares_on_uniform_scores():
+    scores = torch.arange(400, dtype=torch.float32)
+    idx = select(scores, 40, "kmst", k=4, seed=3)
+    got = torch.bincount(selection.sections(scores, 4)[idx], minlength=4)
+    assert got.tolist() == [10, 10, 10, 10]
+
+
+def test_kmst_skewed_redistributes_shortfall():
+    scores = torch.cat([torch.zeros(100), torch.tensor([50.0, 100.0])])
+    idx = select(scores, 20, "kmst", k=4, seed=0)
+    assert len(set(idx.tolist())) == 20
+    assert {100, 101} <= set(idx.tolist())  # both thin sections contribute all they have
+    assert select(torch.full((30,), 7.0), 12, "kmst", k=10).shape == (12,)
+
+
+def test_sections_match_numpy_histogram():
+    rng = np.random.default_rng(0)
+    s = rng.normal(size=5000)
+    counts = torch.bincount(selection.sections(torch.tensor(s), 7), minlength=7).numpy()
+    np.testing.assert_array_equal(counts, np.histogram(s, bins=7)[0])
+
+
+def test_different_seeds_differ_for_random_draws():
+    s = torch.rand(1000)
+    assert not torch.equal(select(s, 50, "random", seed=0), select(s, 50, "random", seed=1))
+    assert not torch.equal(select(s, 50, "kmst", seed=0), select(s, 50, "kmst", seed=1))
+
+
+def test_top_bottom_rank_order_and_ties():
+    s = torch.tensor([0.5, 0.9, 0.1, 0.9, 0.3])
+    assert select(s, 3, "top").tolist() == [1, 3, 0]
+    assert select(s, 2, "bottom").tolist() == [2, 4]
+    assert select(s.numpy(), 2, "top").tolist() == [1, 3]  # arrays accepted
+    assert select([0.2, 0.1], 1, "top").tolist() == [0]
+
+
+def test_coverage_greedy_hand_example():
+    bits = torch.tensor([
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [0, 0, 0, 1, 1],
+        [0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 0],
+    ], dtype=torch.bool)
+    # step 1: input 1 (3 cells); step 2: input 2 (2 new cells); then nothing adds coverage: fill by total
+    assert select(bits, 2, "coverage").tolist() == [1, 2]
+    assert select(bits, 4, "coverage").tolist() == [1, 2, 0, 3]
+    assert select(bits, 5, "coverage").tolist() == [1, 2, 0, 3, 4]
+    rnd = select(bits, 4, "coverage", fill="random", seed=5)
+    assert rnd[:2].tolist() == [1, 2] and len(set(rnd.tolist())) == 4
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_in=st.integers(1, 40), n_cells=st.integers(1, 30), p=st.floats(0.0, 1.0), seed=st.integers(0, 99),
+       frac=st.floats(0, 1))
+def test_coverage_greedy_is_the_naive_greedy(n_in, n_cells, p, seed, frac):
+    g = torch.Generator().manual_seed(seed)
+    bits = torch.rand(n_in, n_cells, generator=g) < p
+    n = int(round(frac * n_in))
+    idx = select(bits, n, "coverage").tolist()
+    assert len(idx) == n and len(set(idx)) == n
+    covered = torch.zeros(n_cells, dtype=torch.bool)
+    for step, i in enumerate(idx):
+        gains = [int((bits[j] & ~covered).sum()) if j not in idx[:step] else -1 for j in range(n_in)]
+        best = max(gains)
+        if best > 0:
+            assert i == gains.index(best)
+        else:  # filling phase: most cells covered first, ties lower index
+            rest = [j for j in range(n_in) if j not in idx[:step]]
+            assert i == min(rest, key=lambda j: (-int(bits[j].sum()), j))
+        covered |= bits[i]
+
+
+def test_n_larger_than_pool_warns_and_returns_pool():
+    with pytest.warns(UserWarning, match="whole pool"):
+        idx = select(torch.rand(5), 9, "kmst")
+    assert sorted(idx.tolist()) == [0, 1, 2, 3, 4]
+    with pytest.warns(UserWarning):
+        assert select(torch.zeros(3, 4, dtype=torch.bool), 10, "coverage").shape == (3,)
+
+
+def test_zero_and_empty():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert select(torch.rand(5), 0, "best").shape == (0,)
+    assert select(torch.zeros(0), 0, "kmst").shape == (0,)
+
+
+def test_errors():
+    with pytest.raises(ConfigError, match="n must be >= 0"):
+        select(torch.rand(5), -1, "top")
+    with pytest.raises(ConfigError, match="NaN"):
+        select(torch.tensor([0.1, float("nan")]), 1, "best")
+    with pytest.raises(ConfigError, match="infinite"):
+        select(torch.tensor([0.1, float("inf")]), 1, "kmst")
+    with pytest.raises(ConfigError, match="unknown selection strategy"):
+        select(torch.rand(5), 1, "gini")
+    with pytest.raises(ConfigError, match="1-D"):
+        select(torch.rand(5, 2), 1, "top")
+    with pytest.raises(ConfigError, match=r"\[N, F\]"):
+        select(torch.rand(5), 1, "coverage")
+    with pytest.raises(ConfigError, match="0/1"):
+        select(torch.rand(5, 3), 1, "coverage")
+    with pytest.raises(ConfigError, match="k must"):
+        select(torch.rand(5), 1, "kmst", k=0)
+    with pytest.raises(ConfigError, match="non-negative integer"):
+        select(torch.rand(5), 1.5, "top")
+    with pytest.raises(ConfigError, match="fill"):
+        select(torch.zeros(2, 2, dtype=torch.bool), 1, "coverage", fill="x")
+
+
+def test_names_and_describe():
+    assert selection.names() == ["best", "kmst", "top", "bottom", "random", "coverage"]
+    assert "BE-ST" in selection.describe("best")
+    with pytest.raises(ConfigError):
+        selection.describe("nope")
