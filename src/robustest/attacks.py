@@ -54,8 +54,10 @@ from robustest.runtime import (
 
 __all__ = [
     "AttackResult",
+    "apgd",
     "attack",
     "bim",
+    "cw_l2",
     "describe",
     "fgsm",
     "mifgsm",
@@ -231,6 +233,141 @@ def _mifgsm_core(model, x, y, gen, *, eps, alpha, steps, decay):
     return adv
 
 
+def _apgd_core(model, x, y, gen, *, eps, steps, norm, restarts, rho):
+    best = best_loss = best_succ = None
+    for _ in range(restarts):
+        adv, loss, succ = _apgd_run(model, x, y, gen, eps=eps, steps=steps, norm=norm, rho=rho)
+        if best is None:
+            best, best_loss, best_succ = adv, loss, succ
+        else:
+            _keep_stronger(best, best_loss, best_succ, adv, loss, succ)
+    return best
+
+
+def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho):
+    """One run of APGD-CE, following Croce & Hein (2020) and AutoAttack's reference ``attack_single_run``.
+
+    Returns (x_out, loss_best, success): x_out is the last misclassified iterate for successful samples, else the
+    highest-loss iterate. Difference from the reference code: the oscillation count of the first checkpoint
+    compares the first step with the loss at the starting point (the paper's definition) instead of with an
+    unfilled (zero) entry of the loss history.
+    """
+    n = x.shape[0]
+    dims = tuple(range(1, x.dim()))
+    bshape = (n,) + (1,) * (x.dim() - 1)
+    n_iter_2, n_iter_min, size_decr = max(int(0.22 * steps), 1), max(int(0.06 * steps), 1), max(int(0.03 * steps), 1)
+    lo = hi = None
+    if norm == "linf":
+        lo, hi = (x - eps).clamp_(min=0.0), (x + eps).clamp_(max=1.0)
+        t = torch.rand(x.shape, generator=gen, device=x.device, dtype=x.dtype).mul_(2).sub_(1)
+        x_adv = x + eps * t / t.abs().amax(dim=dims, keepdim=True).clamp_min(1e-12)
+    else:
+        t = torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype)
+        x_adv = x + eps * t / _flat_norm(t).clamp_min(1e-12)
+    x_adv = x_adv.clamp_(0.0, 1.0)
+
+    def proj(z: torch.Tensor) -> torch.Tensor:
+        return torch.min(torch.max(z, lo), hi) if norm == "linf" else _project(z, x, eps, "l2")
+
+    x_best = x_adv.clone()
+    x_best_adv = x_adv.clone()
+    loss_steps = torch.zeros(steps + 1, n, device=x.device)
+    g, logits = _grad(model, x_adv, y)
+    loss = F.cross_entropy(logits, y, reduction="none")
+    loss_steps[0] = loss
+    robust = logits.argmax(1) == y
+    loss_best = loss.clone()
+    grad_best = g.clone()
+    step_size = torch.full(bshape, 2.0 * eps, device=x.device, dtype=x.dtype)
+    x_adv_old = x_adv.clone()
+    k = n_iter_2
+    counter = 0
+    loss_best_last_check = loss_best.clone()
+    reduced_last_check = torch.ones(n, dtype=torch.bool, device=x.device)
+    for i in range(steps):
+        with torch.no_grad():
+            momentum = x_adv - x_adv_old
+            x_adv_old = x_adv
+            a = 0.75 if i > 0 else 1.0
+            z = proj(x_adv + step_size * _step_direction(g, norm))
+            x_adv = proj(x_adv + (z - x_adv) * a + momentum * (1 - a))
+        g, logits = _grad(model, x_adv, y)
+        with torch.no_grad():
+            loss = F.cross_entropy(logits, y, reduction="none")
+            pred_ok = logits.argmax(1) == y
+            fooled = ~pred_ok
+            x_best_adv[fooled] = x_adv[fooled]
+            robust &= pred_ok
+            loss_steps[i + 1] = loss
+            improved = loss > loss_best
+            x_best[improved] = x_adv[improved]
+            grad_best[improved] = g[improved]
+            loss_best[improved] = loss[improved]
+            counter += 1
+            if counter == k:
+                increases = (loss_steps[i + 2 - k:i + 2] > loss_steps[i + 1 - k:i + 1]).sum(0)
+                cond1 = increases <= k * rho
+                cond2 = ~reduced_last_check & (loss_best_last_check >= loss_best)
+                reduce = cond1 | cond2
+                reduced_last_check = reduce
+                loss_best_last_check = loss_best.clone()
+                if bool(reduce.any()):
+                    step_size[reduce] /= 2.0
+                    x_adv = x_adv.clone()
+                    x_adv[reduce] = x_best[reduce]
+                    g[reduce] = grad_best[reduce]
+                k = max(k - size_decr, n_iter_min)
+                counter = 0
+    success = ~robust
+    out = torch.where(success.view(bshape), x_best_adv, x_best)
+    return out, loss_best, success
+
+
+def _cw_core(model, x, y, gen, *, eps, c, kappa, steps, lr, binary_steps, abort_early):
+    n = x.shape[0]
+    w0 = torch.atanh((x * 2 - 1).clamp(-1 + 1e-6, 1 - 1e-6))
+    lower = torch.zeros(n, device=x.device)
+    upper = torch.full((n,), 1e10, device=x.device)
+    const = torch.full((n,), float(c), device=x.device)
+    best_l2 = torch.full((n,), float("inf"), device=x.device)
+    best_adv = x.clone()
+    bound = float("inf") if eps is None else float(eps)
+    check_every = max(steps // 10, 1)
+    for _ in range(binary_steps):
+        w = w0.clone().requires_grad_(True)
+        opt = torch.optim.Adam([w], lr=lr)
+        found = torch.zeros(n, dtype=torch.bool, device=x.device)
+        prev = float("inf")
+        for it in range(steps):
+            with torch.enable_grad():
+                adv = 0.5 * (torch.tanh(w) + 1)
+                logits = model(adv)
+                l2sq = (adv - x).flatten(1).pow(2).sum(1)
+                real = logits.gather(1, y[:, None]).squeeze(1)
+                other = logits.scatter(1, y[:, None], float("-inf")).amax(1)
+                f = torch.clamp(real - other, min=-kappa)
+                loss = (l2sq + const * f).sum()
+                (gw,) = torch.autograd.grad(loss, w)
+            with torch.no_grad():
+                succ = (other - real) > kappa if kappa > 0 else logits.argmax(1) != y
+                l2 = l2sq.sqrt()
+                improve = succ & (l2 < best_l2) & (l2 <= bound)
+                best_l2[improve] = l2[improve]
+                best_adv[improve] = adv.detach()[improve]
+                found |= succ
+            w.grad = gw
+            opt.step()
+            if abort_early and it % check_every == 0:
+                cur = float(loss.detach())
+                if cur > prev * 0.9999:
+                    break
+                prev = cur
+        upper = torch.where(found, torch.minimum(upper, const), upper)
+        lower = torch.where(found, lower, torch.maximum(lower, const))
+        const = torch.where(upper < 1e9, (lower + upper) / 2, const * 10)
+    return best_adv
+
+
 # ------------------------------------------------------------------------------------------ chunked runner
 def _run(core: Callable[..., torch.Tensor], model: nn.Module, x: torch.Tensor, y: torch.Tensor,
          seed: int | None, batch_size: int | None, gen: torch.Generator | None = None,
@@ -337,6 +474,54 @@ def mifgsm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha
     return _run(_mifgsm_core, model, x, y, seed, batch_size, eps=eps, alpha=alpha, steps=steps, decay=decay)
 
 
+def cw_l2(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float | None = None, c: float = 1.0,
+          kappa: float = 0.0, steps: int = 100, lr: float = 0.01, binary_steps: int = 5, abort_early: bool = True,
+          seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK) -> torch.Tensor:
+    """Carlini & Wagner L2 (2017): minimise ``||x' - x||_2^2 + c * max(Z_y - max_{i!=y} Z_i, -kappa)`` over
+    ``x' = (tanh(w) + 1) / 2`` with Adam (``lr``, ``steps`` per search step), with a batched per-sample binary
+    search over ``c`` (``binary_steps`` rounds, starting at ``c``; x10 while no upper bound is known).
+
+    Returns, per sample, the smallest-L2 adversarial image found; samples where none was found are returned
+    unchanged (CW is a minimal-norm attack, it has no eps-ball). With ``eps`` given, only adversarial images with
+    ``||x' - x||_2 <= eps`` are kept. ``abort_early`` stops a search step when the total loss has not decreased
+    by 0.01% over ``steps // 10`` iterations. x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W.
+    """
+    x, y = _prepare(model, x, y)
+    eps = None if eps is None else _check_eps(eps)
+    c = _check_eps(c, "c")
+    if c == 0:
+        raise ConfigError("c must be > 0")
+    kappa = _check_eps(kappa, "kappa")
+    steps = _check_steps(steps)
+    binary_steps = _check_steps(binary_steps, "binary_steps")
+    lr = _check_eps(lr, "lr")
+    return _run(_cw_core, model, x, y, seed, batch_size, eps=eps, c=c, kappa=kappa, steps=steps, lr=lr,
+                binary_steps=binary_steps, abort_early=bool(abort_early))
+
+
+def apgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100, norm: str = "linf",
+         restarts: int = 1, rho: float = 0.75, seed: int | None = None, *,
+         batch_size: int | None = _DEFAULT_CHUNK) -> torch.Tensor:
+    """APGD-CE (Croce & Hein 2020): PGD on the cross-entropy with momentum 0.75 and a step size that starts at
+    ``2 * eps`` and is halved at checkpoints (after 22%, then shrinking intervals of at least 6% of the steps)
+    where the loss increased in at most a fraction ``rho`` of the steps since the last checkpoint, or where the
+    best loss did not improve and the step was not halved at the last checkpoint; a halving restarts from the
+    best point. Follows AutoAttack's reference implementation; L-inf or L2.
+
+    Returns, per sample, the last misclassified iterate if the attack succeeded, else the highest-loss iterate;
+    with ``restarts > 1`` the strongest of the runs (successful first, else highest loss).
+    x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W on x's device.
+    """
+    x, y = _prepare(model, x, y)
+    eps = _check_eps(eps)
+    steps = _check_steps(steps)
+    restarts = _check_steps(restarts, "restarts")
+    norm = _check_norm(norm)
+    rho = _check_eps(rho, "rho")
+    return _run(_apgd_core, model, x, y, seed, batch_size, eps=eps, steps=steps, norm=norm, restarts=restarts,
+                rho=rho)
+
+
 # ------------------------------------------------------------------------------------------------- registry
 @dataclass(frozen=True)
 class _Entry:
@@ -351,6 +536,8 @@ _REGISTRY: dict[str, _Entry] = {
     "bim": _Entry(bim, "Basic Iterative Method (L-inf PGD from the clean input)"),
     "rfgsm": _Entry(rfgsm, "R+FGSM: random sign step then gradient sign steps (L-inf)"),
     "mifgsm": _Entry(mifgsm, "Momentum Iterative FGSM (L-inf)"),
+    "cw_l2": _Entry(cw_l2, "Carlini & Wagner L2 with a binary search over c (minimal-norm; no eps-ball)", False),
+    "apgd": _Entry(apgd, "APGD-CE: parameter-free step size schedule (L-inf or L2; restarts)"),
 }
 
 
