@@ -55,7 +55,9 @@ class CoverageFuzzResult:
     position of the original seed in the input; coverage_history: list of (iteration, seconds, coverage in
     [0, 1]) with iteration 0 = the seeds alone; stats: plain-data run statistics; pred: int64 [T] the model's
     prediction on each test; iteration: int64 [T] the iteration that found it; op: int64 [T] index into
-    :data:`robustest.fuzzing.mutations.OPS` of the last mutation applied.
+    :data:`robustest.fuzzing.mutations.OPS` of the last mutation applied; corpus: the mutants that joined the
+    queue (valid, correctly classified, new coverage) and corpus_seed_index their seeds, so that the seeds,
+    the corpus and the failing tests together reach the final coverage.
     """
 
     x: torch.Tensor
@@ -66,6 +68,8 @@ class CoverageFuzzResult:
     pred: torch.Tensor | None = None
     iteration: torch.Tensor | None = None
     op: torch.Tensor | None = None
+    corpus: torch.Tensor | None = None
+    corpus_seed_index: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
@@ -188,6 +192,7 @@ def coverage_fuzz(
         n_cells = int(covered.numel())
         correct = (seed_pred == ys).nonzero().squeeze(1)
         queue = _Queue(xs[correct], correct, ys[correct])
+        n_start = queue.n
         history: list[tuple[int, float, float]] = [(0, time.perf_counter() - t_start,
                                                     float(covered.sum()) / max(n_cells, 1))]
         cov_seeds = history[0][2]
@@ -274,4 +279,5 @@ def coverage_fuzz(
     return CoverageFuzzResult(
         x=tx.to(out_device), y=ty.to(out_device), seed_index=tseed.to(out_device), coverage_history=history,
         stats=stats, pred=tpred.to(out_device), iteration=tit.to(out_device), op=top.to(out_device),
+        corpus=queue.x[n_start:queue.n].to(out_device), corpus_seed_index=queue.seed[n_start:queue.n].to(out_device),
     )
