@@ -304,16 +304,16 @@ def whitebox_accuracy(model: _RAny, data: _RAny, eps: float, *, pgd_steps: int =
     res = _atk.attack("pgd", model, (x, y), batch_size=batch_size, eps=eps, alpha=eps / 4, steps=pgd_steps,
                       random_start=True, restarts=pgd_restarts, seed=seed)
     ok_pgd = ~res.success.cpu()
-    out: dict[str, _RAny] = {"pgd": float(ok_pgd.float().mean())}
+    out: dict[str, _RAny] = {"pgd": int(ok_pgd.sum()) / n}
     robust = correct & ok_pgd
     if apgd_steps > 0:
         res2 = _atk.attack("apgd", model, (x, y), batch_size=batch_size, eps=eps, steps=apgd_steps, seed=seed + 1)
         ok_apgd = ~res2.success.cpu()
-        out["apgd"] = float(ok_apgd.float().mean())
+        out["apgd"] = int(ok_apgd.sum()) / n
         robust &= ok_apgd
     else:
         out["apgd"] = None
-    out["worst"] = float(robust.float().mean())
+    out["worst"] = int(robust.sum()) / n
     return out
 
 
