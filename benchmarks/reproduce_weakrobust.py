@@ -1,0 +1,370 @@
+"""Evidence experiment for weak-robust validation (METHODS.md part B) on MNIST, sized for a few CPU cores.
+
+Part ``family``: a family of MNIST models that differ in robustness (architecture, epochs, noise
+augmentation, AugMix, adversarial fine-tuning), all trained on the same training subset. For each model:
+local robustness analysis of the training subset, the weak-robust set (top-K by mean misprediction score),
+and the error under every perturbation type (gradient attacks at an eps grid, common corruptions at
+severities 1-5) on
+
+* the weak-robust set (sizes K in --sizes: the K weakest),
+* random training subsets of the same size (--draws draws from a fixed random pool of the training subset),
+* the test subset (the target: test-set robustness).
+
+Then, across models, the Spearman rank correlation (scipy.stats.spearmanr) between each validation signal
+(weak set / random subset) and the test error, per perturbation family (mean adversarial error, mean
+corruption error) and averaged over the individual perturbation types.
+
+Part ``enhance``: a standard LeNet-5, then the same fine-tuning budget four ways (plain, AugMix only,
+adversarial only, targeted = AugMix + JSD + PGD copy with the measured corruption weaknesses added to the
+pool); accuracy on the test subset under corruptions held out from every training pool and under white-box
+attacks on the fine-tuned model itself.
+
+Corrupted images are computed once per (corruption, severity) for every image that needs them (training
+images are cached by index, so every model sees the same corrupted version of a given sample).
+
+    python benchmarks/reproduce_weakrobust.py --data-dir /work/shared/data --part family --out /tmp/wr_family
+    python benchmarks/reproduce_weakrobust.py --data-dir /work/shared/data --part enhance --out /tmp/wr_enhance
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.stats import spearmanr
+
+from robustest import corruptions as corr
+from robustest import data as datasets
+from robustest import models as zoo
+from robustest import training
+from robustest import weakrobust as wr
+from robustest.runtime import atomic_write_json, eval_mode
+
+SLOW_CORRUPTIONS = ("frost", "snow", "spatter")  # slowest on the CPU; --all-corruptions includes them
+
+
+def log(*a) -> None:
+    print(time.strftime("%H:%M:%S"), *a, flush=True)
+
+
+class CorruptionCache:
+    """Corrupted copies of images keyed by (pool, index, corruption, severity); one corrupt() call per miss
+    batch, seeded by (corruption, severity) and the pool, so a sample's corrupted version never depends on
+    which model asks."""
+
+    def __init__(self, x: torch.Tensor, names: list[str], severities: tuple[int, ...], seed: int) -> None:
+        self.x, self.names, self.sev, self.seed = x, names, severities, seed
+        self.have = torch.zeros(x.shape[0], dtype=torch.bool)
+        self.store: dict[tuple[str, int], torch.Tensor] = {
+            (n, s): torch.zeros(0) for n in names for s in severities}
+
+    def ensure(self, idx: torch.Tensor) -> None:
+        miss = idx[~self.have[idx]].unique()
+        if miss.numel() == 0:
+            return
+        for (n, s), t in self.store.items():
+            if t.numel() == 0:  # stored as uint8 levels, like the -C benchmark files
+                t = torch.zeros(self.x.shape, dtype=torch.uint8)
+                self.store[(n, s)] = t
+            for b in range(0, miss.numel(), 256):
+                ib = miss[b:b + 256]
+                # seed from the first index of the batch: deterministic for a given call sequence
+                c = corr.corrupt(self.x[ib], n, s, seed=self.seed + 7919 * int(ib[0]) + 31 * s)
+                t[ib] = (c * 255).round().to(torch.uint8)
+        self.have[miss] = True
+
+    def wrong(self, model: torch.nn.Module, idx: torch.Tensor, y: torch.Tensor) -> dict[tuple[str, int], torch.Tensor]:
+        self.ensure(idx)
+        out = {}
+        with torch.no_grad(), eval_mode(model):
+            for key, t in self.store.items():
+                out[key] = torch.cat([(model(t[idx[b:b + 1024]].float() / 255).argmax(1) != y[b:b + 1024])
+                                      for b in range(0, idx.numel(), 1024)])
+        return out
+
+
+def per_type_errors(attack_res: wr.ValidationResult, attack_pos: torch.Tensor,
+                    corr_wrong: dict[tuple[str, int], torch.Tensor], corr_pos: torch.Tensor) -> dict[str, float]:
+    """type -> error averaged over levels, for the samples at the given positions."""
+    out = {t: e for t, (f, e) in attack_res.subset(attack_pos).per_type().items() if f == "attack"}
+    acc: dict[str, list[float]] = {}
+    for (n, _s), w in corr_wrong.items():
+        acc.setdefault(n, []).append(float(w[corr_pos].float().mean()))
+    out.update({n: float(np.mean(v)) for n, v in acc.items()})
+    return out
+
+
+def family_signal(errs: dict[str, float], attacks: list[str], corrs: list[str]) -> dict[str, float]:
+    return {"adversarial": float(np.mean([errs[a] for a in attacks])),
+            "corruption": float(np.mean([errs[c] for c in corrs]))}
+
+
+# --------------------------------------------------------------------------------------- model family
+def build_model(cfg: dict, x: torch.Tensor, y: torch.Tensor, mean: float, std: float, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    m = zoo.create(cfg["arch"], num_classes=10, in_channels=1, input_size=28, mean=[mean], std=[std])
+    xt, yt = x, y
+    if cfg.get("noise_aug"):
+        g = torch.Generator().manual_seed(seed + 1)
+        xn = (x + (torch.rand(x.shape, generator=g) - 0.5) * cfg["noise_aug"]).clamp(0, 1)
+        xt, yt = torch.cat([x, xn]), torch.cat([y, y])
+    training.fit(m, (xt, yt), epochs=cfg["epochs"], batch_size=64, lr=1e-3, seed=seed, progress=False)
+    if cfg.get("adv_ft"):
+        wr.enhance(m, (x, y), (), epochs=cfg["adv_ft"], augmix=False, adversarial=True, adv_eps=0.15,
+                   adv_steps=5, seed=seed)
+    if cfg.get("augmix_ft"):
+        wr.enhance(m, (x, y), (), epochs=cfg["augmix_ft"], augmix=True, adversarial=False, seed=seed)
+    return m
+
+
+FAMILY = [
+    {"name": "mlp-1ep", "arch": "mlp", "epochs": 1},
+    {"name": "mlp-4ep", "arch": "mlp", "epochs": 4},
+    {"name": "lenet1-1ep", "arch": "lenet1", "epochs": 1},
+    {"name": "lenet1-4ep", "arch": "lenet1", "epochs": 4},
+    {"name": "lenet5-1ep", "arch": "lenet5", "epochs": 1},
+    {"name": "lenet5-4ep", "arch": "lenet5", "epochs": 4},
+    {"name": "lenet5-4ep-noiseaug", "arch": "lenet5", "epochs": 4, "noise_aug": 0.6},
+    {"name": "lenet5-3ep+advft", "arch": "lenet5", "epochs": 3, "adv_ft": 1},
+    {"name": "lenet5-3ep+augmix", "arch": "lenet5", "epochs": 3, "augmix_ft": 1},
+]
+
+
+def run_family(args: argparse.Namespace, out: Path) -> dict:
+    train = datasets.load("mnist", root=args.data_dir, split="train")
+    test = datasets.load("mnist", root=args.data_dir, split="test")
+    g = torch.Generator().manual_seed(args.seed)
+    tr_idx = torch.randperm(len(train), generator=g)[: args.train_size]
+    x, y = train.tensors[0][tr_idx], train.tensors[1][tr_idx].long()
+    xt, yt = test.tensors[0][: args.test_size], test.tensors[1][: args.test_size].long()
+    mean, std = float(x.mean()), float(x.std())
+    pool = torch.randperm(args.train_size, generator=g)[: args.random_pool]
+    attacks = list(wr.ATTACKS)
+    corrs = [c for c in corr.names() if args.all_corruptions or c not in SLOW_CORRUPTIONS]
+    sev = (1, 2, 3, 4, 5)
+    kw = {a: {"steps": args.attack_steps} for a in ("pgd", "bim", "mifgsm")}
+    ctrain = CorruptionCache(x, corrs, sev, args.seed)
+    ctest = CorruptionCache(xt, corrs, sev, args.seed + 1)
+    t0 = time.perf_counter()
+    ctest.ensure(torch.arange(xt.shape[0]))
+    ctrain.ensure(pool)
+    log(f"corrupted test + random pool in {time.perf_counter() - t0:.0f}s")
+    kmax = max(args.sizes)
+    rng = np.random.default_rng(args.seed)
+    draws = {k: [torch.as_tensor(rng.choice(args.random_pool, k, replace=False)) for _ in range(args.draws)]
+             for k in args.sizes}
+    results = {"config": {k: v for k, v in vars(args).items() if k != "func"}, "corruptions": corrs,
+               "attacks": attacks, "models": []}
+    for cfg in FAMILY[: args.max_models]:
+        tm = time.perf_counter()
+        model = build_model(cfg, x, y, mean, std, args.seed)
+        t_train = time.perf_counter() - tm
+        clean_test = training.accuracy(model, (xt, yt))
+        ta = time.perf_counter()
+        an = wr.analyze(model, (x, y), n_neighbors=args.neighbors, eps=args.eps, seed=args.seed)
+        t_an = time.perf_counter() - ta
+        ws = wr.select_weak(an, k=kmax)
+        weak_idx = ws.indices
+        # attacks on weak + pool + test in one validate() call
+        xe = torch.cat([x[weak_idx], x[pool], xt])
+        ye = torch.cat([y[weak_idx], y[pool], yt])
+        tv = time.perf_counter()
+        res = wr.validate(model, (xe, ye), None, perturbations="attacks", eps=args.eps_grid, attack_kwargs=kw,
+                          seed=args.seed)
+        nw, npool = weak_idx.numel(), pool.numel()
+        cw_weak = ctrain.wrong(model, weak_idx, y[weak_idx])
+        cw_pool = ctrain.wrong(model, pool, y[pool])
+        cw_test = ctest.wrong(model, torch.arange(xt.shape[0]), yt)
+        t_val = time.perf_counter() - tv
+        test_err = per_type_errors(res, torch.arange(nw + npool, xe.shape[0]), cw_test, torch.arange(xt.shape[0]))
+        rec = {"name": cfg["name"], "cfg": cfg, "clean_test_acc": clean_test, "test": test_err,
+               "test_family": family_signal(test_err, attacks, corrs),
+               "weak": {}, "random": {}, "weak_frac_most_wrong": float((an.frac_misclassified > 0.5).float().mean()),
+               "seconds": {"train": t_train, "analyze": t_an, "validate": t_val}}
+        for k in args.sizes:
+            e = per_type_errors(res, torch.arange(k), cw_weak, torch.arange(k))
+            rec["weak"][k] = {"types": e, "family": family_signal(e, attacks, corrs)}
+            rec["random"][k] = []
+            for d in draws[k]:
+                e = per_type_errors(res, nw + d, cw_pool, d)
+                rec["random"][k].append({"types": e, "family": family_signal(e, attacks, corrs)})
+        results["models"].append(rec)
+        atomic_write_json(out / "family.json", results)
+        log(f"{cfg['name']}: clean test acc {clean_test:.3f}, test adv err {rec['test_family']['adversarial']:.3f}, "
+            f"test corr err {rec['test_family']['corruption']:.3f}, weak({kmax}) adv err "
+            f"{rec['weak'][kmax]['family']['adversarial']:.3f}, train {t_train:.0f}s analyze {t_an:.0f}s "
+            f"validate {t_val:.0f}s")
+    results["correlations"] = correlations(results, args.sizes, attacks, corrs)
+    atomic_write_json(out / "family.json", results)
+    print(markdown_family(results, args.sizes))
+    return results
+
+
+def _rho(a: list[float], b: list[float]) -> float:
+    if np.std(a) == 0 or np.std(b) == 0:
+        return float("nan")
+    return float(spearmanr(a, b).statistic)
+
+
+def correlations(results: dict, sizes: list[int], attacks: list[str], corrs: list[str]) -> dict:
+    ms = results["models"]
+    out = {}
+    for k in sizes:
+        row = {}
+        for fam, types in (("adversarial", attacks), ("corruption", corrs)):
+            test = [m["test_family"][fam] for m in ms]
+            weak = [m["weak"][k]["family"][fam] for m in ms]
+            rho_w = _rho(weak, test)
+            nd = len(ms[0]["random"][k])
+            rho_r = [_rho([m["random"][k][d]["family"][fam] for m in ms], test) for d in range(nd)]
+            # per-type: average of the per-type Spearman rho over the family's types
+            pt_w = np.nanmean([_rho([m["weak"][k]["types"][t] for m in ms], [m["test"][t] for m in ms])
+                               for t in types])
+            pt_r = np.nanmean([np.nanmean([_rho([m["random"][k][d]["types"][t] for m in ms],
+                                                [m["test"][t] for m in ms]) for t in types]) for d in range(nd)])
+            rr = np.array(rho_r, dtype=float)
+            row[fam] = {"rho_weak": rho_w, "rho_random_mean": float(np.nanmean(rr)),
+                        "rho_random_sd": float(np.nanstd(rr)),
+                        "frac_random_draws_ge_weak": float(np.mean(rr[~np.isnan(rr)] >= rho_w))
+                        if not np.isnan(rho_w) and (~np.isnan(rr)).any() else float("nan"),
+                        "per_type_rho_weak": float(pt_w), "per_type_rho_random": float(pt_r)}
+        out[k] = row
+    return out
+
+
+def markdown_family(results: dict, sizes: list[int]) -> str:
+    lines = ["| model | clean test acc | test adv err | test mCE | weak adv err (K={0}) | weak mCE (K={0}) | "
+             "random adv err (K={0}) | random mCE (K={0}) |".format(max(sizes)),
+             "|---|---|---|---|---|---|---|---|"]
+    k = max(sizes)
+    for m in results["models"]:
+        ra = np.mean([d["family"]["adversarial"] for d in m["random"][k]])
+        rc = np.mean([d["family"]["corruption"] for d in m["random"][k]])
+        lines.append(f"| {m['name']} | {m['clean_test_acc']:.3f} | {m['test_family']['adversarial']:.3f} | "
+                     f"{m['test_family']['corruption']:.3f} | {m['weak'][k]['family']['adversarial']:.3f} | "
+                     f"{m['weak'][k]['family']['corruption']:.3f} | {ra:.3f} | {rc:.3f} |")
+    lines += ["", "| K | family | rho weak vs test | rho random vs test (mean +- sd over draws) | "
+              "share of random draws >= weak | per-type rho weak | per-type rho random |",
+              "|---|---|---|---|---|---|---|"]
+    for k in sizes:
+        for fam, r in results["correlations"][k].items():
+            lines.append(f"| {k} | {fam} | {r['rho_weak']:.3f} | {r['rho_random_mean']:.3f} +- {r['rho_random_sd']:.3f}"
+                         f" | {r['frac_random_draws_ge_weak']:.2f} | {r['per_type_rho_weak']:.3f} | "
+                         f"{r['per_type_rho_random']:.3f} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------- enhancement
+def run_enhance(args: argparse.Namespace, out: Path) -> dict:
+    import copy
+
+    from robustest import attacks as atk
+
+    train = datasets.load("mnist", root=args.data_dir, split="train")
+    test = datasets.load("mnist", root=args.data_dir, split="test")
+    g = torch.Generator().manual_seed(args.seed)
+    tr_idx = torch.randperm(len(train), generator=g)[: args.train_size]
+    x, y = train.tensors[0][tr_idx], train.tensors[1][tr_idx].long()
+    xt, yt = test.tensors[0][: args.test_size], test.tensors[1][: args.test_size].long()
+    mean, std = float(x.mean()), float(x.std())
+    t0 = time.perf_counter()
+    base = build_model({"arch": "lenet5", "epochs": args.base_epochs}, x, y, mean, std, args.seed)
+    log(f"base lenet5 trained in {time.perf_counter() - t0:.0f}s, test acc {training.accuracy(base, (xt, yt)):.3f}")
+    # weaknesses from the weak-robust validation set of the base model (corruptions only; training pool)
+    an = wr.analyze(base, (x, y), n_neighbors=args.neighbors, eps=args.eps, seed=args.seed)
+    ws = wr.select_weak(an, k=max(args.sizes))
+    cand = [c for c in corr.names() if c not in SLOW_CORRUPTIONS]
+    val = wr.validate(base, (x, y), ws, perturbations=["attacks"] + cand, eps=args.eps_grid,
+                      attack_kwargs={a: {"steps": args.attack_steps} for a in ("pgd", "bim", "mifgsm")},
+                      seed=args.seed)
+    weak_all = val.weaknesses()
+    weak_corr = [w for w in weak_all if w in cand][: args.max_weaknesses]
+    held_out = [c for c in corr.names() if c not in weak_corr]
+    log(f"weaknesses on the weak set: {weak_all}; training pool adds {weak_corr}; held out: {held_out}")
+    variants = {
+        "standard (plain fine-tune)": {"augmix": False, "adversarial": False, "weak": []},
+        "AugMix only": {"augmix": True, "adversarial": False, "weak": []},
+        "adversarial fine-tuning only": {"augmix": False, "adversarial": True, "weak": []},
+        "targeted (AugMix+JSD+PGD+weaknesses)": {"augmix": True, "adversarial": True, "weak": weak_corr},
+    }
+    ct = CorruptionCache(xt, held_out, (1, 2, 3, 4, 5), args.seed + 1)
+    ct.ensure(torch.arange(xt.shape[0]))
+    rows = []
+    for name, v in variants.items():
+        m = copy.deepcopy(base)
+        te = time.perf_counter()
+        res = wr.enhance(m, (x, y), v["weak"], epochs=args.ft_epochs, augmix=v["augmix"],
+                         adversarial=v["adversarial"], adv_eps=args.adv_eps, adv_steps=args.attack_steps,
+                         jsd_weight=args.jsd_weight, lr=5e-4, seed=args.seed)
+        t_ft = time.perf_counter() - te
+        clean = training.accuracy(m, (xt, yt))
+        cw = ct.wrong(m, torch.arange(xt.shape[0]), yt)
+        per_c = {}
+        for (n, _s), w in cw.items():
+            per_c.setdefault(n, []).append(1 - float(w.float().mean()))
+        row = {"variant": name, "clean": clean, "held_out_corruption_acc": float(np.mean([np.mean(a) for a in
+                                                                                      per_c.values()])),
+               "per_corruption": {n: float(np.mean(a)) for n, a in per_c.items()}, "finetune_s": t_ft,
+               "pool": res.pool}
+        for e in args.eps_grid:
+            for a, kw in (("fgsm", {}), ("pgd", {"steps": 20, "restarts": 1}), ("bim", {"steps": 10})):
+                r = atk.attack(a, m, (xt, yt), eps=e, seed=args.seed, **kw)
+                row[f"{a}@{e:g}"] = r.robust_accuracy
+        # transferred from the base model (the reference code's evaluation), for comparison
+        for e in args.eps_grid:
+            adv = atk.pgd(base, xt, yt, eps=e, steps=20, seed=args.seed)
+            row[f"pgd-transfer@{e:g}"] = training.accuracy(m, (adv, yt))
+        rows.append(row)
+        log(f"{name}: {json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k not in ('per_corruption', 'pool')})}")  # noqa: E501
+        atomic_write_json(out / "enhance.json", {"weaknesses": weak_all, "pool_added": weak_corr, "held_out": held_out,
+                                                 "rows": rows, "config": {k: v for k, v in vars(args).items()}})
+    cols = ["variant", "clean", "held_out_corruption_acc"] + [k for k in rows[0] if "@" in k]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(r[c] if isinstance(r[c], str) else f"{r[c]:.3f}" for c in cols) + " |")
+    print("\n".join(lines))
+    return {"rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", default="/work/shared/data")
+    p.add_argument("--part", choices=("family", "enhance"), required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--train-size", type=int, default=2000)
+    p.add_argument("--test-size", type=int, default=500)
+    p.add_argument("--random-pool", type=int, default=200)
+    p.add_argument("--sizes", type=int, nargs="+", default=[25, 50, 100])
+    p.add_argument("--draws", type=int, default=20)
+    p.add_argument("--neighbors", type=int, default=20)
+    p.add_argument("--eps", type=float, default=0.5, help="neighbour noise width (U[-eps/2, eps/2])")
+    p.add_argument("--eps-grid", type=float, nargs="+", default=[0.1, 0.2])
+    p.add_argument("--attack-steps", type=int, default=5)
+    p.add_argument("--all-corruptions", action="store_true")
+    p.add_argument("--max-models", type=int, default=len(FAMILY))
+    p.add_argument("--base-epochs", type=int, default=3)
+    p.add_argument("--ft-epochs", type=int, default=2)
+    p.add_argument("--adv-eps", type=float, default=0.15)
+    p.add_argument("--jsd-weight", type=float, default=6.0)
+    p.add_argument("--max-weaknesses", type=int, default=4)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log(" ".join(sys.argv))
+    if args.part == "family":
+        run_family(args, out)
+    else:
+        run_enhance(args, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
