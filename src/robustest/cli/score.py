@@ -1,0 +1,278 @@
+"""``robustest score``: score every input of a data set (or of a tests file) with one test metric.
+
+Metrics: zol, fol, fol_gradnorm (loss; need labels), gini, entropy, margin, max_prob (uncertainty),
+nc, kmnc, nbc, snac, tknc (neuron coverage) and lsa, dsa (surprise adequacy). Coverage and surprise
+metrics build their reference from training data: the train split of --dataset, or --train-dataset.
+
+Writes to --out:
+  scores.pt       dict of plain tensors (loads with torch.load(weights_only=True)): "scores" [N] float32,
+                  "index" [N] (position in the scored set), "labels" [N] (when known), "x0_index" [N]
+                  (tests files), "bits" BoolTensor[N, cells] (coverage metrics; input of
+                  'robustest select --strategy coverage'), plus "metric" and "options"
+  scores.csv      index,score[,label][,x0_index]
+  summary.json    count, mean, std, min, max, quantiles, options, timings (and set coverage for coverage)
+  scores_hist.png histogram of the scores
+
+Tests files (--dataset tests --data-dir tests.pt from 'robustest generate'): FOL measures each test x'
+against its seed x0 = SEEDS[x0_index], where SEEDS is --seeds-dataset/--seeds-data-dir/--seeds-split (the
+data set the tests were generated from). Without --seeds-dataset each test is its own seed (x0 = x'),
+i.e. FOL = eps * ||g||_q.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+
+from robustest import data as datasets
+from robustest import metrics
+from robustest.cli._common import (
+    add_checkpoint_arg,
+    add_data_args,
+    add_run_args,
+    check_fits,
+    load_data,
+    load_model,
+    out_dir,
+    peak_rss_mib,
+    positive_float,
+    positive_int,
+)
+from robustest.errors import ConfigError, DataError
+from robustest.runtime import atomic_save, atomic_write_json, model_device
+
+ORDER = 30
+QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("score", help="score inputs with a test metric (FOL, ZOL, DeepGini, coverage, SA, ...)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_checkpoint_arg(p)
+    add_data_args(p, split="test")
+    p.add_argument("--metric", required=True, choices=metrics.names(), help="metric to compute")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="batch size (default: 256)")
+    g = p.add_argument_group("loss metrics (fol, zol, fol_gradnorm)")
+    g.add_argument("--eps", type=positive_float, default=0.3, help="FOL ball radius (default: 0.3)")
+    g.add_argument("--norm", choices=("linf", "l2", "l1"), default="linf",
+                   help="FOL perturbation norm; the gradient is measured in its dual (default: linf)")
+    g.add_argument("--label", choices=("true", "pred"), default="true",
+                   help="labels for the loss: the data's ('true') or the model's prediction on the seed ('pred')")
+    g.add_argument("--seeds-dataset", metavar="NAME", default=None,
+                   help="tests files: data set the tests were generated from (x0 = its images at x0_index)")
+    g.add_argument("--seeds-data-dir", metavar="DIR", default=None, help="folder or file of --seeds-dataset")
+    g.add_argument("--seeds-split", choices=datasets.SPLITS, default=None,
+                   help="split of --seeds-dataset (default: the split recorded in the tests file)")
+    c = p.add_argument_group("coverage and surprise metrics")
+    c.add_argument("--train-dataset", metavar="NAME", default=None,
+                   help="training data for the profile (default: --dataset, or --seeds-dataset for tests files)")
+    c.add_argument("--train-data-dir", metavar="DIR", default=None, help="folder or file of --train-dataset")
+    c.add_argument("--train-limit", type=positive_int, default=None, metavar="N",
+                   help="use only the first N training images for the profile")
+    c.add_argument("--layers", default=None, metavar="A,B",
+                   help="comma-separated module names to trace (default: every activation module; SA: the last)")
+    c.add_argument("--k", type=positive_int, default=None, help="kmnc sections per neuron (default: 10)")
+    c.add_argument("--threshold", type=float, default=None, help="nc activation threshold (default: 0.5)")
+    c.add_argument("--top-k", type=positive_int, default=None, help="tknc neurons per layer (default: 1)")
+    c.add_argument("--scale", type=float, default=None, help="nbc/snac margin in training std (default: 0)")
+    add_run_args(p)
+    p.set_defaults(func=run)
+
+
+# --------------------------------------------------------------------------------------------- inputs
+def _is_tests(name: str) -> bool:
+    return name.strip().lower() == "tests"
+
+
+def _load_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """x, y, x0 (or None) and x0_index (tests files) of the set to score."""
+    if not _is_tests(args.dataset):
+        ds = load_data(args)
+        x, y = ds.tensors
+        return {"x": x, "y": y, "x0": None, "x0_index": None, "source": f"{args.dataset}:{args.split}"}
+    if args.data_dir is None:
+        raise ConfigError("--dataset tests needs --data-dir pointing to the tests.pt file")
+    t = datasets.load_tests(args.data_dir)
+    x, y, x0_index = t["x"].float(), t["y"].long(), t["x0_index"].long()
+    if args.limit is not None:
+        x, y, x0_index = x[: args.limit], y[: args.limit], x0_index[: args.limit]
+    x0 = None
+    if args.seeds_dataset is not None:
+        extra = t.get("extra") or {}
+        split = args.seeds_split or extra.get("split")
+        if split not in datasets.SPLITS:
+            raise ConfigError("the tests file does not record its seeds' split: pass --seeds-split train|test")
+        seeds = datasets.load(args.seeds_dataset, root=args.seeds_data_dir, split=split).tensors[0]
+        if len(x0_index) and (int(x0_index.min()) < 0 or int(x0_index.max()) >= len(seeds)):
+            raise DataError(f"x0_index of the tests reaches {int(x0_index.max())} but {args.seeds_dataset}:{split} "
+                            f"has {len(seeds)} images: pass the data set the tests were generated from")
+        x0 = seeds[x0_index]
+        if x0.shape != x.shape:
+            raise DataError(f"seed images have shape {tuple(x0.shape[1:])} but the tests {tuple(x.shape[1:])}: "
+                            "pass the data set the tests were generated from")
+    return {"x": x, "y": y, "x0": x0, "x0_index": x0_index, "source": f"tests:{args.data_dir}"}
+
+
+def _load_train(args: argparse.Namespace) -> Any:
+    if args.train_dataset is not None:
+        name, root = args.train_dataset, args.train_data_dir
+    elif not _is_tests(args.dataset):
+        name, root = args.dataset, args.data_dir
+    elif args.seeds_dataset is not None:
+        name, root = args.seeds_dataset, args.seeds_data_dir
+    else:
+        raise ConfigError(f"--metric {args.metric} on a tests file needs training data: pass --train-dataset "
+                          "(and --train-data-dir)")
+    ds = datasets.load(name, root=root, split="train")
+    x, y = ds.tensors
+    if args.train_limit is not None:
+        x, y = x[: args.train_limit], y[: args.train_limit]
+    return x, y
+
+
+def _metric_options(args: argparse.Namespace) -> dict[str, Any]:
+    m = args.metric
+    if m == "fol":
+        return {"eps": args.eps, "norm": args.norm, "label": args.label}
+    if m == "fol_gradnorm":
+        return {"label": args.label}
+    opts: dict[str, Any] = {}
+    if m in ("kmnc",) and args.k is not None:
+        opts["k"] = args.k
+    if m == "nc" and args.threshold is not None:
+        opts["threshold"] = args.threshold
+    if m == "tknc" and args.top_k is not None:
+        opts["top_k"] = args.top_k
+    if m in ("nbc", "snac") and args.scale is not None:
+        opts["scale"] = args.scale
+    return opts
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse options that the chosen metric would silently ignore."""
+    m = args.metric
+    kind = metrics.info(m).kind
+    given = {
+        "--k": args.k is not None and m != "kmnc",
+        "--threshold": args.threshold is not None and m != "nc",
+        "--top-k": args.top_k is not None and m != "tknc",
+        "--scale": args.scale is not None and m not in ("nbc", "snac"),
+        "--layers": args.layers is not None and kind not in ("coverage", "surprise"),
+        "--train-dataset": args.train_dataset is not None and kind not in ("coverage", "surprise"),
+    }
+    bad = [k for k, v in given.items() if v]
+    if bad:
+        raise ConfigError(f"{', '.join(bad)} does not apply to --metric {m}: drop it")
+
+
+# ---------------------------------------------------------------------------------------------- run
+def summarize(scores: torch.Tensor) -> dict[str, Any]:
+    """count, mean, std, min, max and quantiles of a 1-D score tensor (NaN-free)."""
+    s = scores.detach().double().cpu()
+    if s.numel() == 0:
+        return {"count": 0}
+    qs = torch.quantile(s, torch.tensor(QUANTILES, dtype=torch.float64)).tolist()
+    return {
+        "count": int(s.numel()),
+        "mean": float(s.mean()),
+        "std": float(s.std()) if s.numel() > 1 else 0.0,
+        "min": float(s.min()),
+        "max": float(s.max()),
+        "quantiles": {f"q{int(round(q * 100)):02d}": v for q, v in zip(QUANTILES, qs)},
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_options(args)
+    out = out_dir(args)
+    t0 = time.perf_counter()
+    model = load_model(args)
+    inputs = _load_inputs(args)
+    x, y = inputs["x"], inputs["y"]
+    if len(x) == 0:
+        raise DataError("nothing to score: the data set is empty")
+    check_fits(model, torch.utils.data.TensorDataset(x, y))
+    info = metrics.info(args.metric)
+    opts = _metric_options(args)
+    layers = [s.strip() for s in args.layers.split(",") if s.strip()] if args.layers else None
+    device = model_device(model)
+    x = x.to(device)
+    t_load = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    extra: dict[str, Any] = {}
+    payload: dict[str, Any] = {}
+    if info.kind == "coverage":
+        from robustest.metrics.coverage import CoverageProfile
+
+        train = _load_train(args)
+        profile = CoverageProfile.build(model, train, layers=layers, batch_size=args.batch_size)
+        acts = profile.activations(x, batch_size=args.batch_size)
+        scores = profile.per_input_from_activations(acts, args.metric, **opts)
+        payload["bits"] = profile.bits_from_activations(acts, args.metric, **opts).cpu()
+        extra = {"set_coverage": profile.set_coverage_from_activations(acts, args.metric, **opts),
+                 "num_cells": int(payload["bits"].shape[1]), "layers": profile.layers}
+    elif info.kind == "surprise":
+        train = _load_train(args)
+        scores = metrics.compute(args.metric, model, x, train=train, layers=layers, batch_size=args.batch_size)
+    else:
+        x0 = inputs["x0"].to(device) if inputs["x0"] is not None else None
+        scores = metrics.compute(args.metric, model, x, y.to(device), x0=x0, batch_size=args.batch_size, **opts)
+    t_score = time.perf_counter() - t1
+    scores = scores.detach().float().cpu()
+    n = len(scores)
+    index = torch.arange(n)
+    payload.update({"metric": args.metric, "scores": scores, "index": index, "labels": y.long().cpu(),
+                    "options": {k: v for k, v in opts.items()}})
+    if inputs["x0_index"] is not None:
+        payload["x0_index"] = inputs["x0_index"]
+    atomic_save(payload, out / "scores.pt")
+    _write_csv(out / "scores.csv", index, scores, y, inputs["x0_index"])
+    from robustest.report import save_histogram
+
+    save_histogram(scores, out / "scores_hist.png", title=f"{args.metric} on {inputs['source']} (n={n})",
+                   xlabel=args.metric)
+    nonfinite = int((~torch.isfinite(scores)).sum())
+    summary = {
+        "metric": args.metric,
+        "description": metrics.describe(args.metric),
+        "source": inputs["source"],
+        "checkpoint": str(args.checkpoint),
+        "options": opts,
+        "fol_seed": ("x0 = seeds at x0_index" if inputs["x0"] is not None else "x0 = x' (own seed)")
+        if args.metric == "fol" else None,
+        **summarize(scores[torch.isfinite(scores)]),
+        "non_finite": nonfinite,
+        **extra,
+        "timings": {"load_s": t_load, "score_s": t_score, "per_input_ms": 1000 * t_score / n},
+        "peak_rss_mib": peak_rss_mib(),
+        "device": str(device),
+    }
+    atomic_write_json(out / "summary.json", summary)
+    s = summary
+    print(f"{args.metric} on {n} inputs from {inputs['source']}: mean {s.get('mean', float('nan')):.4g}, "
+          f"median {s.get('quantiles', {}).get('q50', float('nan')):.4g}, "
+          f"min {s.get('min', float('nan')):.4g}, max {s.get('max', float('nan')):.4g} ({t_score:.2f}s)")
+    if "set_coverage" in extra:
+        print(f"set coverage: {extra['set_coverage']:.4f} of {extra['num_cells']} cells")
+    print(f"wrote {out / 'scores.pt'}, scores.csv, summary.json and scores_hist.png")
+    return 0
+
+
+def _write_csv(path, index: torch.Tensor, scores: torch.Tensor, y: torch.Tensor | None,
+               x0_index: torch.Tensor | None) -> None:
+    """index,score[,label][,x0_index] as CSV, written atomically in one go."""
+    from robustest.runtime import atomic_write_text
+
+    cols = [index.tolist(), [repr(float(v)) for v in scores.tolist()]]
+    header = ["index", "score"]
+    if y is not None:
+        cols.append(y.tolist())
+        header.append("label")
+    if x0_index is not None:
+        cols.append(x0_index.tolist())
+        header.append("x0_index")
+    lines = [",".join(header)] + [",".join(str(c) for c in row) for row in zip(*cols)]
+    atomic_write_text(path, "\n".join(lines) + "\n")

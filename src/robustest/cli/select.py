@@ -1,0 +1,182 @@
+"""``robustest select``: choose a budget of inputs from a scored pool (output of 'robustest score').
+
+Strategies: best (BE-ST: half lowest, half highest), kmst (KM-ST: equal random shares of k equal-width
+score sections), top, bottom, random, coverage (greedy additional coverage; needs a scores.pt of a
+coverage metric, which holds the covered cells). The budget is --n inputs or --fraction of the pool.
+
+--scores takes the scores.pt written by 'robustest score' (or a scores.csv with an index,score header).
+With --tests TESTS.pt (the tests file that was scored) the selected tests are also written as
+OUT/selected_tests.pt in the same format, ready for retraining.
+
+Writes to --out: selected.pt (dict of plain tensors: "indices" [n] int64 positions in the scored pool,
+"scores" [n], plus "strategy", "metric"), selected.csv (rank,index,score) and select.json (summary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from robustest import selection
+from robustest.cli._common import out_dir, positive_int
+from robustest.errors import ConfigError, DataError
+from robustest.runtime import atomic_save, atomic_write_json, atomic_write_text
+
+ORDER = 31
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {v}")
+    return v
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {v}")
+    return v
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("select", help="select a budget of inputs from scores (BE-ST, KM-ST, top, coverage, ...)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scores", required=True, metavar="FILE", help="scores.pt (or scores.csv) from 'robustest score'")
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--n", type=_non_negative_int, metavar="N", help="number of inputs to select")
+    budget.add_argument("--fraction", type=_fraction, metavar="F", help="fraction of the pool to select (0, 1]")
+    p.add_argument("--strategy", required=True, choices=selection.names(),
+                   help="; ".join(selection.describe(s) for s in selection.names()))
+    p.add_argument("--k", type=positive_int, default=4, help="KM-ST sections (default: 4)")
+    p.add_argument("--fill", choices=("total", "random"), default="total",
+                   help="coverage: how to complete once no input adds coverage (default: total)")
+    p.add_argument("--tests", metavar="FILE", default=None,
+                   help="the tests file that was scored: also write the selected tests to OUT/selected_tests.pt")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.set_defaults(func=run)
+
+
+def read_scores(path: str | Path) -> dict[str, Any]:
+    """Read a scores.pt (weights_only) or a scores.csv with an ``index,score`` header into a dict."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"scores file {str(path)!r} does not exist: write one with 'robustest score'")
+    if path.suffix.lower() == ".csv":
+        with path.open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        if not rows or "score" not in rows[0]:
+            raise DataError(f"{path} has no 'score' column: pass a scores.csv written by 'robustest score'")
+        try:
+            scores = torch.tensor([float(r["score"]) for r in rows], dtype=torch.float64)
+            index = torch.tensor([int(r["index"]) for r in rows]) if "index" in rows[0] else torch.arange(len(rows))
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"{path}: unreadable score or index value ({exc})") from None
+        return {"scores": scores, "index": index, "metric": None}
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure means the file is refused
+        raise DataError(f"{path} is not a readable scores file ({type(exc).__name__}): "
+                        "pass the scores.pt written by 'robustest score'") from exc
+    if isinstance(payload, torch.Tensor):
+        payload = {"scores": payload}
+    if not isinstance(payload, dict) or not isinstance(payload.get("scores"), torch.Tensor):
+        raise DataError(f"{path} holds no 'scores' tensor: pass the scores.pt written by 'robustest score'")
+    s = payload["scores"]
+    if s.dim() != 1:
+        raise DataError(f"{path}: scores must be 1-D, got shape {tuple(s.shape)}")
+    payload.setdefault("index", torch.arange(len(s)))
+    return payload
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    data = read_scores(args.scores)
+    scores = data["scores"]
+    pool = len(scores)
+    n = args.n if args.n is not None else int(math.ceil(args.fraction * pool))
+    if args.strategy == "coverage":
+        bits = data.get("bits")
+        if not isinstance(bits, torch.Tensor):
+            raise ConfigError("--strategy coverage needs covered cells: score with --metric nc|kmnc|nbc|snac|tknc "
+                              "and pass that scores.pt")
+        source: Any = bits
+    else:
+        if not bool(torch.isfinite(scores).all()):
+            bad = int((~torch.isfinite(scores)).sum())
+            raise ConfigError(f"{bad} of {pool} scores are NaN or infinite: rescore or drop them before selecting")
+        source = scores
+    out = out_dir(args)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        idx = selection.select(source, n, args.strategy, k=args.k, seed=args.seed, fill=args.fill)
+    notes = [str(w.message) for w in caught]
+    for note in notes:
+        print(f"warning: {note}")
+    chosen = scores[idx].float()
+    pos = data["index"][idx].long()
+    payload: dict[str, Any] = {"indices": pos, "scores": chosen, "strategy": args.strategy,
+                               "metric": data.get("metric"), "pool_size": pool}
+    if isinstance(data.get("x0_index"), torch.Tensor):
+        payload["x0_index"] = data["x0_index"][idx]
+    atomic_save(payload, out / "selected.pt")
+    lines = ["rank,index,score"] + [f"{r},{i},{repr(float(v))}" for r, (i, v) in
+                                    enumerate(zip(pos.tolist(), chosen.tolist()))]
+    atomic_write_text(out / "selected.csv", "\n".join(lines) + "\n")
+    if args.tests is not None:
+        _write_tests(args.tests, pos, pool, out / "selected_tests.pt", args.strategy)
+    summary: dict[str, Any] = {
+        "scores_file": str(args.scores), "metric": data.get("metric"), "strategy": args.strategy,
+        "description": selection.describe(args.strategy), "k": args.k if args.strategy == "kmst" else None,
+        "seed": args.seed, "requested": n, "selected": len(idx), "pool_size": pool, "warnings": notes,
+        "pool_scores": _stats(scores), "selected_scores": _stats(chosen),
+        "seconds": time.perf_counter() - t0,
+    }
+    if args.strategy == "coverage":
+        bits = data["bits"]
+        summary["cells"] = int(bits.shape[1])
+        summary["cells_covered_by_pool"] = int(bits.any(0).sum())
+        summary["cells_covered_by_selection"] = int(bits[idx].any(0).sum()) if len(idx) else 0
+    atomic_write_json(out / "select.json", summary)
+    print(f"selected {len(idx)} of {pool} inputs with {args.strategy}: selected scores mean "
+          f"{summary['selected_scores'].get('mean', float('nan')):.4g} (pool "
+          f"{summary['pool_scores'].get('mean', float('nan')):.4g})")
+    print(f"wrote {out / 'selected.pt'}, selected.csv and select.json"
+          + (" and selected_tests.pt" if args.tests else ""))
+    return 0
+
+
+def _stats(s: torch.Tensor) -> dict[str, Any]:
+    s = s.double()
+    s = s[torch.isfinite(s)]
+    if s.numel() == 0:
+        return {"count": 0}
+    return {"count": int(s.numel()), "mean": float(s.mean()), "min": float(s.min()), "max": float(s.max()),
+            "median": float(s.median())}
+
+
+def _write_tests(path: str, pos: torch.Tensor, pool: int, dest: Path, strategy: str) -> None:
+    from robustest import data as datasets
+
+    t = datasets.load_tests(path)
+    if t["x"].shape[0] < pool:
+        raise DataError(f"{path} holds {t['x'].shape[0]} tests but the scores cover {pool}: pass the scored file")
+    fol = t.get("fol")
+    extra = dict(t.get("extra") or {})
+    extra["selected_by"] = strategy
+    datasets.save_tests(dest, t["x"][pos], t["y"][pos], t["x0_index"][pos], t["method"],
+                        fol=fol[pos] if isinstance(fol, torch.Tensor) else None, extra=extra)
