@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,8 @@ from torch import nn
 from robustest import metrics
 from robustest.errors import ConfigError, DataError
 
-MNIST = Path("/work/shared/data/mnist.npz")
+SHARED_DATA = Path(os.environ.get("ROBUSTEST_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+MNIST = SHARED_DATA / "mnist.npz"
 DUAL = {"linf": 1.0, "l2": 2.0, "l1": float("inf")}
 
 

@@ -1,0 +1,198 @@
+"""``robustest score`` and ``robustest select`` on digits with a small trained model."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from robustest import data, metrics, selection
+from robustest.cli import main
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory, _trained_digits_session) -> Path:
+    from robustest.training import save_checkpoint
+
+    path = tmp_path_factory.mktemp("model") / "model.pt"
+    save_checkpoint(path, _trained_digits_session)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(ckpt):
+    from robustest.training import load_checkpoint
+
+    return load_checkpoint(ckpt)
+
+
+@pytest.fixture(scope="module")
+def test_split():
+    return data.load("digits", split="test").tensors
+
+
+def _score(ckpt, out, *extra) -> int:
+    return main(["score", "--checkpoint", str(ckpt), "--dataset", "digits", "--out", str(out), "--no-progress",
+                 *extra])
+
+
+def _err(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_score_fol_writes_all_files_matching_the_library(ckpt, model, test_split, tmp_path):
+    out = tmp_path / "fol"
+    assert _score(ckpt, out, "--metric", "fol", "--limit", "100", "--eps", "0.1", "--norm", "l2") == 0
+    x, y = test_split
+    expected = metrics.fol(model, x[:100], y[:100], eps=0.1, norm="l2")
+    payload = torch.load(out / "scores.pt", weights_only=True)
+    assert payload["metric"] == "fol" and payload["options"] == {"eps": 0.1, "norm": "l2", "label": "true"}
+    torch.testing.assert_close(payload["scores"], expected)
+    assert torch.equal(payload["labels"], y[:100]) and torch.equal(payload["index"], torch.arange(100))
+    rows = list(csv.DictReader((out / "scores.csv").open()))
+    assert len(rows) == 100 and list(rows[0]) == ["index", "score", "label"]
+    assert float(rows[7]["score"]) == pytest.approx(float(expected[7]), rel=1e-6)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["count"] == 100 and summary["mean"] == pytest.approx(float(expected.double().mean()), rel=1e-6)
+    assert summary["quantiles"]["q50"] == pytest.approx(float(torch.quantile(expected.double(), 0.5)), rel=1e-9)
+    assert summary["min"] <= summary["quantiles"]["q05"] <= summary["quantiles"]["q95"] <= summary["max"]
+    assert (out / "scores_hist.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("name", ["zol", "gini", "entropy", "margin", "max_prob", "fol_gradnorm"])
+def test_score_other_metrics_match_the_library(ckpt, model, test_split, tmp_path, name):
+    assert _score(ckpt, tmp_path, "--metric", name, "--limit", "60") == 0
+    x, y = test_split
+    got = torch.load(tmp_path / "scores.pt", weights_only=True)["scores"]
+    torch.testing.assert_close(got, metrics.compute(name, model, x[:60], y[:60]))
+
+
+def test_score_kmnc_and_select_coverage(ckpt, model, test_split, tmp_path):
+    out = tmp_path / "kmnc"
+    assert _score(ckpt, out, "--metric", "kmnc", "--k", "5", "--limit", "80", "--train-limit", "300") == 0
+    payload = torch.load(out / "scores.pt", weights_only=True)
+    bits = payload["bits"]
+    assert bits.dtype == torch.bool and bits.shape[0] == 80
+    torch.testing.assert_close(payload["scores"], bits.float().sum(1) / bits.shape[1])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["set_coverage"] == pytest.approx(float(bits.any(0).float().mean()))
+    sel = tmp_path / "sel"
+    assert main(["select", "--scores", str(out / "scores.pt"), "--n", "10", "--strategy", "coverage",
+                 "--out", str(sel)]) == 0
+    chosen = torch.load(sel / "selected.pt", weights_only=True)["indices"]
+    assert torch.equal(chosen, selection.select(bits, 10, "coverage"))
+    info = json.loads((sel / "select.json").read_text())
+    assert info["cells_covered_by_selection"] == int(bits[chosen].any(0).sum())
+
+
+def test_score_surprise(ckpt, tmp_path):
+    pytest.importorskip("robustest.metrics.surprise")
+    assert _score(ckpt, tmp_path, "--metric", "dsa", "--limit", "40", "--train-limit", "300") == 0
+    s = torch.load(tmp_path / "scores.pt", weights_only=True)["scores"]
+    assert s.shape == (40,) and bool(torch.isfinite(s).all()) and bool((s > 0).all())
+
+
+def _tests_file(path: Path, test_split) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x, y = test_split
+    x0_index = torch.arange(30) * 3
+    g = torch.Generator().manual_seed(1)
+    xt = (x[x0_index] + 0.1 * (torch.rand(x[x0_index].shape, generator=g) * 2 - 1)).clamp(0, 1)
+    data.save_tests(path, xt, y[x0_index], x0_index, "test")
+    return xt, y[x0_index], x0_index
+
+
+def test_score_tests_file_against_seeds(ckpt, model, test_split, tmp_path, capsys):
+    tf = tmp_path / "tests.pt"
+    xt, yt, x0_index = _tests_file(tf, test_split)
+    base = ["--checkpoint", str(ckpt), "--dataset", "tests", "--data-dir", str(tf), "--metric", "fol"]
+    assert main(["score", *base, "--seeds-dataset", "digits", "--seeds-split", "test",
+                 "--out", str(tmp_path / "a")]) == 0
+    payload = torch.load(tmp_path / "a" / "scores.pt", weights_only=True)
+    x0 = test_split[0][x0_index]
+    torch.testing.assert_close(payload["scores"], metrics.fol(model, xt, yt, x0=x0))
+    assert torch.equal(payload["x0_index"], x0_index)
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["fol_seed"].startswith("x0 = seeds")
+    # without the seeds data set each test is its own seed
+    assert main(["score", *base, "--out", str(tmp_path / "b")]) == 0
+    own = torch.load(tmp_path / "b" / "scores.pt", weights_only=True)["scores"]
+    torch.testing.assert_close(own, metrics.fol(model, xt, yt))
+    assert not torch.allclose(own, payload["scores"])
+    # the tests file does not record the seeds' split: it must be given
+    assert main(["score", *base, "--seeds-dataset", "digits", "--out", str(tmp_path / "c")]) == 2
+    assert "--seeds-split" in _err(capsys)
+    # selecting with --tests writes the chosen tests
+    sel = tmp_path / "sel"
+    assert main(["select", "--scores", str(tmp_path / "a" / "scores.pt"), "--n", "6", "--strategy", "best",
+                 "--tests", str(tf), "--out", str(sel)]) == 0
+    chosen = torch.load(sel / "selected.pt", weights_only=True)
+    assert torch.equal(chosen["indices"], selection.select(payload["scores"], 6, "best"))
+    picked = data.load_tests(sel / "selected_tests.pt")
+    assert torch.equal(picked["x"], xt[chosen["indices"]]) and torch.equal(picked["x0_index"], chosen["x0_index"])
+
+
+def test_select_strategies_fraction_csv_and_warning(tmp_path, capsys):
+    scores = torch.linspace(0, 1, 40) ** 3
+    torch.save({"scores": scores, "metric": "fol"}, tmp_path / "s.pt")
+    for strategy in selection.names()[:-1]:
+        out = tmp_path / strategy
+        assert main(["select", "--scores", str(tmp_path / "s.pt"), "--fraction", "0.25", "--strategy", strategy,
+                     "--k", "3", "--seed", "4", "--out", str(out)]) == 0
+        got = torch.load(out / "selected.pt", weights_only=True)
+        assert torch.equal(got["indices"], selection.select(scores, 10, strategy, k=3, seed=4))
+        torch.testing.assert_close(got["scores"], scores[got["indices"]])
+        rows = list(csv.DictReader((out / "selected.csv").open()))
+        assert [int(r["index"]) for r in rows] == got["indices"].tolist()
+    # a scores.csv works as input
+    (tmp_path / "s.csv").write_text("index,score\n" + "".join(f"{i},{float(v)}\n" for i, v in enumerate(scores)))
+    assert main(["select", "--scores", str(tmp_path / "s.csv"), "--n", "5", "--strategy", "top",
+                 "--out", str(tmp_path / "csv")]) == 0
+    assert torch.load(tmp_path / "csv" / "selected.pt", weights_only=True)["indices"].tolist() == [39, 38, 37, 36, 35]
+    capsys.readouterr()
+    assert main(["select", "--scores", str(tmp_path / "s.pt"), "--n", "99", "--strategy", "random",
+                 "--out", str(tmp_path / "all")]) == 0
+    assert "whole pool" in capsys.readouterr().out
+    info = json.loads((tmp_path / "all" / "select.json").read_text())
+    assert info["selected"] == 40 and info["warnings"]
+
+
+def test_select_errors(tmp_path, capsys):
+    torch.save({"scores": torch.tensor([0.1, float("nan"), 0.3])}, tmp_path / "nan.pt")
+    torch.save({"scores": torch.rand(5)}, tmp_path / "ok.pt")
+    assert main(["select", "--scores", str(tmp_path / "nan.pt"), "--n", "1", "--strategy", "best",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "NaN" in _err(capsys)
+    assert main(["select", "--scores", str(tmp_path / "ok.pt"), "--n", "1", "--strategy", "coverage",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "covered cells" in _err(capsys)
+    assert main(["select", "--scores", str(tmp_path / "missing.pt"), "--n", "1", "--strategy", "top",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in _err(capsys)
+    (tmp_path / "bad.pt").write_bytes(b"not a torch file")
+    assert main(["select", "--scores", str(tmp_path / "bad.pt"), "--n", "1", "--strategy", "top",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "scores file" in _err(capsys)
+    with pytest.raises(SystemExit) as exc:
+        main(["select", "--scores", str(tmp_path / "ok.pt"), "--n", "-3", "--strategy", "top", "--out", "x"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["select", "--scores", str(tmp_path / "ok.pt"), "--n", "2", "--fraction", "0.5", "--strategy", "top",
+              "--out", "x"])
+
+
+def test_score_errors(ckpt, tmp_path, capsys):
+    assert _score(ckpt, tmp_path, "--metric", "fol", "--k", "3") == 2
+    assert "--k does not apply" in _err(capsys)
+    assert main(["score", "--checkpoint", str(ckpt), "--dataset", "tests", "--metric", "kmnc",
+                 "--out", str(tmp_path)]) == 2
+    assert "--data-dir" in _err(capsys)
+    assert main(["score", "--checkpoint", str(tmp_path / "nope.pt"), "--dataset", "digits", "--metric", "zol",
+                 "--out", str(tmp_path)]) == 2
+    assert "does not exist" in _err(capsys)
+    with pytest.raises(SystemExit) as exc:
+        _score(ckpt, tmp_path, "--metric", "foo")
+    assert exc.value.code == 2
