@@ -1,0 +1,149 @@
+"""Benchmark: FOL-guided fuzzing batched over seeds vs one seed at a time (same algorithm, same run).
+
+Three measurements on the same model (LeNet-5 on MNIST by default) and the same seeds:
+
+1. ``batched``: ``robustest.fuzzing.fol_fuzz`` over ``--seeds`` seeds with ``--batch-size`` seeds at once;
+2. ``single (reference-style)``: the same algorithm written the way the reference code runs it - one seed at a
+   time, a Python list as work list, a second-order autograd pass per step - on the first ``--single-seeds``
+   seeds (timing every seed would take too long; seeds/second is what is compared);
+3. ``single (fol_fuzz, batch_size=1)``: the library itself with one seed per batch, on the same subset.
+
+The step factors u come from the same seeded table in all three, so they fuzz identically up to float
+rounding; the script prints how many tests each produced on the subset. It prints seeds/second, the ratios and
+a markdown table, plus tests per seed of the batched run.
+
+    python benchmarks/bench_fuzzing.py --checkpoint /tmp/lenet5/model.pt --data-dir /work/shared/data
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from robustest import data, models, training
+from robustest.fuzzing import fol_fuzz
+
+
+def fol_fuzz_one_at_a_time(model: torch.nn.Module, x: torch.Tensor, steps: int = 40, lr: float = 0.1,
+                           max_rel_l2: float = 0.5, seed: int = 0, grad_threshold: float = 1e-3) -> dict:
+    """RobOT A3 one seed at a time (the reference code's structure), with fol_fuzz's u table."""
+    n = x.shape[0]
+    n_steps = 2 * (steps // 2)
+    gen = torch.Generator().manual_seed(seed)
+    u_table = (torch.rand(n, n_steps, generator=gen, dtype=torch.float64) + 0.5).to(x.dtype)
+    tests = []
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for i in range(n):
+        x0 = x[i:i + 1]
+        with torch.no_grad():
+            c = model(x0).argmax(1)
+        xg = x0.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(F.cross_entropy(model(xg), c, reduction="sum"), xg)
+        if float(g.norm()) <= grad_threshold:
+            continue
+        x0n = float(x0.norm())
+        work = [x0.clone()]
+        fol_max, it, k = 0.0, 0, 0
+        while work and it < steps // 2:
+            cur = work.pop(0)
+            it += 1
+            for _ in range(2):
+                xg = cur.clone().requires_grad_(True)
+                logits = model(xg)
+                (g,) = torch.autograd.grad(F.cross_entropy(logits, c, reduction="sum"), xg, create_graph=True)
+                obj = g.norm() - logits.softmax(1)[0, c[0]]
+                (d,) = torch.autograd.grad(obj, xg)
+                cur = (cur + lr * u_table[i, k] * d).clamp(0, 1).detach()
+                k += 1
+                xg = cur.clone().requires_grad_(True)
+                logits = model(xg)
+                (g,) = torch.autograd.grad(F.cross_entropy(logits, c, reduction="sum"), xg)
+                fol = float(g.norm())
+                dist = float((cur - x0).norm()) / x0n
+                if fol > fol_max and dist < max_rel_l2:
+                    fol_max = fol
+                    if len(work) < steps // 2 - it:
+                        work.append(cur)
+                if int(logits.argmax(1)) != int(c) and dist < max_rel_l2:
+                    tests.append((i, k, fol))
+    return {"tests": len(tests)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", default=None, help="model.pt (default: train LeNet-5 for 1 epoch on 12k images)")
+    ap.add_argument("--data-dir", default="/work/shared/data")
+    ap.add_argument("--seeds", type=int, default=1000)
+    ap.add_argument("--single-seeds", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    if args.checkpoint:
+        model = training.load_checkpoint(args.checkpoint)
+    else:
+        xtr, ytr = data.load("mnist", root=args.data_dir, split="train").tensors
+        torch.manual_seed(0)
+        model = models.create("lenet5", num_classes=10, in_channels=1, input_size=28)
+        training.fit(model, (xtr[:12000], ytr[:12000]), epochs=1, batch_size=128, lr=2e-3, seed=0, progress=False)
+    model.eval()
+    x, y = data.load("mnist", root=args.data_dir, split="test").tensors
+    x, y = x[: args.seeds], y[: args.seeds]
+    sub = x[: args.single_seeds]
+
+    t = time.perf_counter()
+    full = fol_fuzz(model, x, y, steps=args.steps, batch_size=args.batch_size, seed=0)
+    t_full = time.perf_counter() - t
+    t = time.perf_counter()
+    bsub = fol_fuzz(model, sub, None, steps=args.steps, batch_size=args.batch_size, seed=0)
+    t_bsub = time.perf_counter() - t
+    t = time.perf_counter()
+    ref = fol_fuzz_one_at_a_time(model, sub, steps=args.steps, seed=0)
+    t_ref = time.perf_counter() - t
+    t = time.perf_counter()
+    one = fol_fuzz(model, sub, None, steps=args.steps, batch_size=1, seed=0)
+    t_one = time.perf_counter() - t
+
+    n, m = x.shape[0], sub.shape[0]
+    rate_full, rate_bsub = n / t_full, m / t_bsub
+    rate_ref, rate_one = m / t_ref, m / t_one
+    s = full.stats
+    res = {
+        "seeds": n, "single_seeds": m, "steps": args.steps, "batch_size": args.batch_size, "threads": args.threads,
+        "batched_seconds": t_full, "batched_seeds_per_s": rate_full,
+        "batched_subset_seconds": t_bsub, "batched_subset_seeds_per_s": rate_bsub,
+        "single_ref_seconds": t_ref, "single_ref_seeds_per_s": rate_ref,
+        "single_fol_fuzz_seconds": t_one, "single_fol_fuzz_seeds_per_s": rate_one,
+        "speedup_vs_ref": rate_full / rate_ref, "speedup_vs_batch1": rate_full / rate_one,
+        "tests_subset": {"batched": len(bsub), "single_ref": ref["tests"], "single_fol_fuzz": len(one)},
+        "run_1000": {k: s[k] for k in ("seeds_tried", "seeds_skipped", "tests", "tests_per_seed",
+                                       "tests_per_seed_max", "seeds_with_tests", "iterations", "gradient_steps")},
+    }
+    print(json.dumps(res, indent=2))
+    print()
+    print("| variant | seeds | wall s | seeds/s | ratio (batched / variant) |")
+    print("|---|---:|---:|---:|---:|")
+    print(f"| fol_fuzz batched (batch {args.batch_size}) | {n} | {t_full:.2f} | {rate_full:.1f} | 1.0 |")
+    print(f"| fol_fuzz batched, subset | {m} | {t_bsub:.2f} | {rate_bsub:.1f} | {rate_full / rate_bsub:.2f} |")
+    print(f"| one seed at a time, reference-style | {m} | {t_ref:.2f} | {rate_ref:.2f} | {rate_full / rate_ref:.1f} |")
+    print(f"| fol_fuzz batch_size=1 | {m} | {t_one:.2f} | {rate_one:.2f} | {rate_full / rate_one:.1f} |")
+    print()
+    print(f"tests on the {m}-seed subset: batched {len(bsub)}, reference-style {ref['tests']}, batch_size=1 {len(one)}")
+    print(f"run on {n} seeds: {s['seeds_tried']} tried, {s['seeds_skipped']} skipped (||grad|| <= 1e-3), "
+          f"{s['tests']} tests, {s['tests_per_seed']:.2f} tests per tried seed (max {s['tests_per_seed_max']}), "
+          f"{s['seeds_with_tests']} seeds with >= 1 test")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(res, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
