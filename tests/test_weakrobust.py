@@ -1,0 +1,299 @@
+"""Weak-robust validation: score definitions on hand-made models, selection rules, determinism, validation,
+the PGD radius and enhancement."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from robustest import weakrobust as wr
+from robustest.errors import ConfigError, DataError
+
+
+class Constant(nn.Module):
+    """Logits independent of the input: probabilities (0.2, 0.5, 0.3)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.LazyLinear(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.lin, nn.LazyLinear):
+            self.lin(x.flatten(1))  # materialise, then fix weights 0 and bias log p
+            with torch.no_grad():
+                self.lin.weight.zero_()
+                self.lin.bias.copy_(torch.tensor([0.2, 0.5, 0.3]).log())
+        return self.lin(x.flatten(1))
+
+
+class Threshold(nn.Module):
+    """Two classes on 1 x 1 x 2 images: class 1 iff pixel 0 > 0.5 (steep linear logit)."""
+
+    def __init__(self, steep: float = 200.0) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.tensor([[0.0, 0.0], [steep, 0.0]]))
+            self.lin.bias.copy_(torch.tensor([0.0, -0.5 * steep]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x.flatten(1))
+
+
+def _pixels(v: list[float]) -> torch.Tensor:
+    x = torch.zeros(len(v), 1, 1, 2)
+    x[:, 0, 0, 0] = torch.tensor(v)
+    x[:, 0, 0, 1] = 0.3
+    return x
+
+
+def test_scores_exact_on_constant_model():
+    x = torch.rand(6, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 1, 2, 1, 0, 2])
+    a = wr.analyze(Constant(), (x, y), n_neighbors=7, eps=0.3)
+    exp = torch.tensor([0.5, 0.0, 0.5, 0.0, 0.5, 0.5])
+    assert torch.allclose(a.score, exp, atol=1e-6)
+    assert torch.allclose(a.clean_score, exp, atol=1e-6)
+    assert torch.equal(a.frac_misclassified, (y != 1).float())
+    assert torch.equal(a.clean_correct, y == 1)
+    # top wrong class: largest mean probability among k != y
+    assert torch.equal(a.top_wrong, torch.tensor([1, 2, 1, 2, 1, 1]))
+    assert torch.equal(a.index, torch.arange(6)) and torch.equal(a.label, y)
+
+
+def test_scores_match_recomputed_neighbours_on_linear_model():
+    model = Threshold()
+    x = _pixels([0.45, 0.52, 0.3, 0.6, 0.49, 0.51, 0.2, 0.58] * 3)
+    y = (x[:, 0, 0, 0] > 0.5).long()
+    y[::5] = 1 - y[::5]  # some clean mistakes
+    q, eps = 9, 0.22
+    a = wr.analyze(model, (x, y), n_neighbors=q, eps=eps, batch_size=40)
+    noise = wr._neighbour_noise(torch.arange(len(x)), q, (1, 1, 2), eps, "uniform", 0, torch.device("cpu"))
+    xq = ((x[:, None] + noise).clamp(0, 1) * 255).round() / 255
+    with torch.no_grad():
+        p = model(xq.reshape(-1, 1, 1, 2)).softmax(1).reshape(len(x), q, 2)
+    wrong = p.argmax(2) != y[:, None]
+    ms = torch.where(wrong, p.gather(2, (1 - y)[:, None, None].expand(-1, q, 1)).squeeze(2), torch.zeros(()))
+    assert torch.allclose(a.score, ms.mean(1), atol=1e-6)
+    assert torch.allclose(a.frac_misclassified, wrong.float().mean(1))
+    assert bool((noise.abs() <= eps / 2).all())
+
+
+def test_fraction_misclassified_matches_noise_probability():
+    t = torch.tensor([-0.08, -0.03, 0.0, 0.05, 0.1, 0.2])  # distance of pixel 0 below the 0.5 boundary
+    x = _pixels((0.5 - t).tolist())
+    y = torch.zeros(len(t), dtype=torch.long)  # label 0 = "pixel 0 <= 0.5"
+    eps = 0.22
+    a = wr.analyze(Threshold(steep=1e4), (x, y), n_neighbors=4000, eps=eps, quantize=False)
+    expected = ((eps / 2 - t) / eps).clamp(0, 1)  # P(delta > t), delta ~ U[-eps/2, eps/2]
+    assert torch.allclose(a.frac_misclassified, expected, atol=0.03)
+    assert torch.allclose(a.score, a.frac_misclassified, atol=0.03)  # near one-hot: Ms ~ 1 when wrong
+
+
+def test_neighbours_are_clipped_quantised_and_within_budget():
+    seen = []
+
+    class Rec(nn.Module):
+        def forward(self, x):
+            seen.append(x.clone())
+            return torch.zeros(x.shape[0], 2)
+
+    x = torch.rand(5, 1, 3, 3, generator=torch.Generator().manual_seed(1))
+    x[0] = 0.0
+    x[1] = 1.0
+    wr.analyze(Rec(), (x, torch.zeros(5, dtype=torch.long)), n_neighbors=30, eps=0.4)
+    xin = torch.cat(seen)
+    neigh = xin[: 5 * 30].reshape(5, 30, 1, 3, 3)
+    assert float(neigh.min()) >= 0 and float(neigh.max()) <= 1
+    assert torch.allclose(neigh * 255, (neigh * 255).round(), atol=1e-3)
+    assert float((neigh - x[:, None]).abs().max()) <= 0.2 + 1 / 255
+    assert torch.equal(xin[5 * 30:], x)  # the clean samples go through the same forward pass
+
+
+def test_gaussian_noise_has_the_uniform_noise_std():
+    n = wr._neighbour_noise(torch.arange(16), 200, (1, 8, 8), 0.22, "gaussian", 3, torch.device("cpu"))
+    assert abs(float(n.std()) - 0.22 / (2 * math.sqrt(3))) < 0.002
+    assert abs(float(n.mean())) < 0.002
+
+
+def test_determinism_and_batch_size_independence():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+    x = torch.rand(70, 1, 4, 4, generator=torch.Generator().manual_seed(2))
+    y = torch.randint(0, 3, (70,), generator=torch.Generator().manual_seed(3))
+    runs = [wr.analyze(model, (x, y), n_neighbors=11, eps=0.5, batch_size=b, seed=5) for b in (1, 200, 100_000)]
+    runs.append(wr.analyze(model, TensorDataset(x, y), n_neighbors=11, eps=0.5, batch_size=333, seed=5))
+    for r in runs[1:]:
+        assert torch.allclose(r.score, runs[0].score, atol=1e-6)
+        assert torch.equal(r.frac_misclassified, runs[0].frac_misclassified)
+        assert torch.equal(r.index, torch.arange(70))
+    other = wr.analyze(model, (x, y), n_neighbors=11, eps=0.5, seed=6)
+    assert not torch.equal(other.frac_misclassified, runs[0].frac_misclassified)
+    # the model's mode is restored
+    model.train()
+    wr.analyze(model, (x, y), n_neighbors=2)
+    assert model.training
+
+
+def test_analyze_rejects_bad_input():
+    m = Constant()
+    with pytest.raises(DataError):
+        wr.analyze(m, (torch.rand(3, 1, 2, 2) * 2, torch.zeros(3, dtype=torch.long)))
+    with pytest.raises(DataError):
+        wr.analyze(m, torch.rand(3, 1, 2, 2))  # no labels
+    with pytest.raises(ConfigError):
+        wr.analyze(m, (torch.rand(3, 1, 2, 2), torch.zeros(3, dtype=torch.long)), noise="laplace")
+    with pytest.raises(ConfigError):
+        wr.analyze(m, (torch.rand(3, 1, 2, 2), torch.zeros(3, dtype=torch.long)), n_neighbors=0)
+
+
+def _analysis(scores, fracs, labels) -> wr.Analysis:
+    n = len(scores)
+    return wr.Analysis(score=torch.tensor(scores), frac_misclassified=torch.tensor(fracs),
+                       clean_correct=torch.ones(n, dtype=torch.bool), clean_score=torch.zeros(n),
+                       top_wrong=torch.zeros(n, dtype=torch.long), label=torch.tensor(labels),
+                       index=torch.arange(100, 100 + n), params={"eps": 0.22})
+
+
+def test_select_weak_rules(tmp_path):
+    a = _analysis([0.1, 0.9, 0.5, 0.5, 0.0, 0.7, 0.3, 0.8], [0.2, 1.0, 0.6, 0.4, 0.0, 0.8, 0.3, 0.9],
+                  [0, 0, 0, 0, 1, 1, 1, 2])
+    assert a.order().tolist() == [1, 7, 5, 2, 3, 6, 0, 4]  # ties on score broken by fraction
+    top = wr.select_weak(a, k=3)
+    assert top.indices.tolist() == [101, 107, 105] and torch.allclose(top.scores, torch.tensor([0.9, 0.8, 0.7]))
+    assert wr.select_weak(a, fraction=0.3).indices.tolist() == [101, 107, 105]  # ceil(0.3 * 8) = 3
+    thr = wr.select_weak(a)  # default: more than half of the neighbours misclassified
+    assert thr.indices.tolist() == [101, 107, 105, 102] and thr.rule["rule"] == "threshold"
+    assert wr.select_weak(a, threshold=0.85).indices.tolist() == [101, 107]
+    bal = wr.select_weak(a, k=3, per_class=True)  # one per class, weakest of each, in weakness order
+    assert bal.indices.tolist() == [101, 107, 105] and sorted(bal.labels.tolist()) == [0, 1, 2]
+    bal = wr.select_weak(a, k=5, per_class=True)
+    assert sorted(bal.labels.tolist()) == [0, 0, 1, 1, 2]
+    assert wr.select_weak(a, fraction=0.5, per_class=True).indices.tolist() == [101, 107, 105, 102, 106]
+    with pytest.raises(ConfigError):
+        wr.select_weak(a, k=2, threshold=0.5)
+    with pytest.raises(ConfigError):
+        wr.select_weak(a, fraction=1.5)
+    for name in ("w.pt", "w.json"):
+        top.save(tmp_path / name)
+        back = wr.WeakSet.load(tmp_path / name)
+        assert torch.equal(back.indices, top.indices) and torch.allclose(back.scores, top.scores)
+        assert back.rule["k"] == 3
+    with pytest.raises(DataError):
+        wr.WeakSet.load(tmp_path / "missing.pt")
+
+
+def test_analysis_save_load(tmp_path):
+    a = _analysis([0.1, 0.2], [0.0, 0.5], [1, 0])
+    a.save(tmp_path / "a.pt")
+    b = wr.Analysis.load(tmp_path / "a.pt")
+    assert torch.equal(b.score, a.score) and torch.equal(b.index, a.index) and b.params == a.params
+    torch.save({"x": 1}, tmp_path / "bad.pt")
+    with pytest.raises(DataError):
+        wr.Analysis.load(tmp_path / "bad.pt")
+
+
+def test_adversarial_radius_on_linear_model():
+    t = torch.tensor([0.02, 0.05, 0.1, 0.15, 0.25, -0.05])
+    x = _pixels((0.5 - t).tolist())
+    y = torch.zeros(len(t), dtype=torch.long)
+    r = wr.adversarial_radius(Threshold(steep=50.0), (x, y), eps_max=0.2, steps=10, bisection_steps=10)
+    tol = 0.2 / 2**10 + 1e-4  # the final bracket's width
+    assert torch.allclose(r[:4], t[:4], atol=tol)
+    assert math.isinf(float(r[4]))  # beyond eps_max
+    assert float(r[5]) == 0.0  # misclassified clean
+
+
+def _result(rows, labels=None) -> wr.ValidationResult:
+    keys = [k for k, _ in rows]
+    wrong = torch.tensor([w for _, w in rows], dtype=torch.bool)
+    n = wrong.shape[1]
+    return wr.ValidationResult(keys=keys, wrong=wrong, indices=torch.arange(n),
+                               labels_y=torch.zeros(n, dtype=torch.long))
+
+
+def test_validation_result_aggregates_and_labels():
+    res = _result([(("clean", "clean", 0.0), [0, 0, 0, 1]),
+                   (("attack", "fgsm", 0.1), [1, 1, 0, 1]), (("attack", "fgsm", 0.2), [1, 1, 1, 1]),
+                   (("attack", "pgd", 0.1), [1, 1, 1, 1]), (("attack", "pgd", 0.2), [1, 1, 1, 1]),
+                   (("corruption", "fog", 1.0), [0, 0, 0, 1]), (("corruption", "fog", 2.0), [0, 1, 0, 1]),
+                   (("corruption", "snow", 1.0), [0, 0, 0, 0])])
+    pt = res.per_type()
+    assert pt["fgsm"] == ("attack", 0.875) and pt["fog"] == ("corruption", 0.375) and pt["snow"][1] == 0.0
+    assert res.clean_error == 0.25
+    assert res.mean_adv_error == pytest.approx((0.875 + 1.0) / 2)
+    assert res.mce == pytest.approx(0.375 / 2)
+    assert res.labels() == {"fgsm": "strength", "pgd": "weakness", "fog": "weakness", "snow": "strength"}
+    assert res.labels({"fgsm": 0.5, "pgd": 1.0, "fog": 0.5, "snow": 0.0}) == {
+        "fgsm": "weakness", "pgd": "strength", "fog": "strength", "snow": "strength"}
+    sub = res.subset([0, 2])
+    assert sub.per_type()["fgsm"][1] == 0.75 and len(sub) == 2
+    d = res.to_dict()
+    assert d["per_type"]["pgd"]["label"] == "weakness" and len(d["rows"]) == 8
+
+
+def test_validate_on_constant_model_counts_label_errors():
+    x = torch.rand(10, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([1, 1, 0, 2, 1, 1, 1, 0, 1, 1])
+    ws = wr.WeakSet(indices=torch.tensor([0, 2, 3, 5]), scores=torch.zeros(4), frac_misclassified=torch.zeros(4),
+                    labels=y[[0, 2, 3, 5]])
+    res = wr.validate(Constant(), (x, y), ws, perturbations=["fgsm", "pgd", "gaussian_noise", "contrast"],
+                      eps=(0.1,), severities=(1, 3))
+    # the prediction is always class 1: error = share of labels != 1 (= 0.5 on the weak set) for every type
+    assert all(abs(e - 0.5) < 1e-9 for e in res.errors().values())
+    assert [k for k in res.keys][:3] == [("clean", "clean", 0.0), ("attack", "fgsm", 0.1), ("attack", "pgd", 0.1)]
+    assert len(res.keys) == 1 + 2 + 4 and torch.equal(res.indices, ws.indices)
+    full = wr.validate(Constant(), (x, y), None, perturbations="contrast", severities=(2,))
+    assert full.mce == pytest.approx(0.3)
+    with pytest.raises(ConfigError):
+        wr.validate(Constant(), (x, y), ws, perturbations=["nonsense"])
+    with pytest.raises(DataError):
+        wr.validate(Constant(), (x, y), torch.tensor([3, 99]), perturbations="contrast")
+    with pytest.raises(DataError):
+        wr.validate(Constant(), (x, y), torch.tensor([], dtype=torch.long), perturbations="contrast")
+
+
+def test_validate_on_trained_model_weak_set_is_harder(trained_digits_model, digits_train):
+    digits_model = trained_digits_model
+    x, y = (t[:400] for t in digits_train.tensors)
+    a = wr.analyze(digits_model, (x, y), n_neighbors=10, eps=0.8, seed=0)
+    weak = wr.select_weak(a, k=30)
+    strong = a.order()[-30:]
+    res_w = wr.validate(digits_model, (x, y), weak, perturbations=["fgsm", "gaussian_noise"], eps=(0.1,),
+                        severities=(3,))
+    res_s = wr.validate(digits_model, (x, y), a.index[strong], perturbations=["fgsm", "gaussian_noise"],
+                        eps=(0.1,), severities=(3,))
+    assert res_w.mean_adv_error > res_s.mean_adv_error
+    assert res_w.mce >= res_s.mce
+
+
+def test_augmix_ops_keep_the_contract():
+    x = torch.rand(12, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    for name, op in wr.AUGMIX_OPS.items():
+        out = op(x, np.random.default_rng(0), 3.0)
+        assert out.shape == x.shape and float(out.min()) >= 0 and float(out.max()) <= 1, name
+    a = wr._augmix(x, list(wr.AUGMIX_OPS.values()), np.random.default_rng(1))
+    b = wr._augmix(x, list(wr.AUGMIX_OPS.values()), np.random.default_rng(1))
+    assert torch.equal(a, b) and not torch.equal(a, x)
+    p = torch.softmax(torch.randn(5, 3), 1).log()
+    assert float(wr._jsd([p, p, p])) < 1e-6 and float(wr._jsd([p, p.flip(0), p])) > 0
+
+
+def test_enhance_trains_and_extends_the_pool(digits_model, digits_train):
+    import copy
+
+    x, y = digits_train.tensors
+    x, y = x[:128], y[:128]
+    m = copy.deepcopy(digits_model)
+    before = [p.clone() for p in m.parameters()]
+    res = wr.enhance(m, (x, y), ["gaussian_noise", "pgd"], epochs=1, adv_steps=2, batch_size=64)
+    assert "gaussian_noise" in res.pool and "pgd" not in res.pool and res.weaknesses == ["gaussian_noise", "pgd"]
+    assert res.epochs[0]["jsd"] > 0 and res.epochs[0]["adv"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, m.parameters())) and not m.training
+    with pytest.raises(ConfigError):
+        wr.enhance(copy.deepcopy(digits_model), (x, y), ["not_a_corruption"], epochs=1)
