@@ -228,3 +228,32 @@ def test_empty_input_gives_empty_scores():
     y = torch.zeros(0, dtype=torch.long)
     assert metrics.fol(model, x, y).shape == (0,)
     assert metrics.zol(model, x, y).shape == (0,)
+
+
+def test_input_gradients_are_per_sample_gradients():
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.Tanh(), nn.Flatten(), nn.Linear(3 * 4 * 4, 4)).eval()
+    x = torch.rand(5, 1, 6, 6)
+    y = torch.tensor([0, 1, 2, 3, 0])
+    g = metrics.input_gradients(model, x, y)
+    for i in range(5):
+        xi = x[i : i + 1].clone().requires_grad_(True)
+        (gi,) = torch.autograd.grad(F.cross_entropy(model(xi), y[i : i + 1]), xi)
+        torch.testing.assert_close(g[i : i + 1], gi)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu_and_results_follow_x():
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    x = torch.rand(40, 1, 8, 8)
+    x0 = (x + 0.05).clamp(0, 1)
+    y = torch.randint(0, 5, (40,))
+    cpu = metrics.fol(model, x, y, x0=x0, norm="l2")
+    model_cuda = model.cuda()
+    on_cuda = metrics.fol(model_cuda, x.cuda(), y.cuda(), x0=x0.cuda(), norm="l2")
+    assert on_cuda.device.type == "cuda"
+    torch.testing.assert_close(on_cuda.cpu(), cpu, rtol=1e-4, atol=1e-6)
+    mixed = metrics.fol(model_cuda, x, y, x0=x0, norm="l2")  # CPU tensors, CUDA model: result on CPU
+    assert mixed.device.type == "cpu"
+    assert metrics.gini(model_cuda, x).device.type == "cpu"
