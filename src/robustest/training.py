@@ -22,11 +22,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest import models as zoo
-from robustest.errors import CheckpointError, ConfigError
+from robustest.errors import CheckpointError, ConfigError, DataError
 from robustest.runtime import (
     DataLike,
     as_tensors,
     atomic_save,
+    check_images,
+    check_labels,
     eval_mode,
     iter_batches,
     make_generator,
@@ -131,6 +133,13 @@ def fit(
     x, y = as_tensors(train)
     if y is None:
         raise ConfigError("training data needs labels: pass (x, y) or a labelled Dataset")
+    check_images(x, "training images")
+    check_labels(y, x.shape[0], name="training labels")
+    if x.shape[0] == 0:
+        raise DataError("the training data is empty: check the split, the path and --limit")
+    with torch.no_grad(), eval_mode(model):  # labels must index the model's outputs (else an IndexError)
+        num_classes = model(x[:1].to(dev)).shape[-1]
+    check_labels(y, x.shape[0], num_classes, name="training labels")
     n = x.shape[0]
     steps = math.ceil(n / batch_size)
     opt = _make_optimizer(model, optimizer, lr, weight_decay)
