@@ -235,9 +235,34 @@ def save_checkpoint(path: str | os.PathLike[str], model: nn.Module, spec: dict[s
         "version": CHECKPOINT_VERSION,
         "spec": spec,
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "metadata": dict(metadata or {}),
+        "metadata": _plain_metadata(dict(metadata or {})),
     }
     return atomic_save(payload, path)
+
+
+def _plain_metadata(obj: Any, where: str = "metadata") -> Any:
+    """``obj`` as data that ``torch.load(weights_only=True)`` accepts: NumPy values become Python numbers or
+    lists and paths strings; tensors and plain containers stay; anything else is a :class:`ConfigError`."""
+    import numpy as np
+
+    if obj is None or type(obj) in (bool, int, float, str, bytes) or isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, np.generic):
+        return _plain_metadata(obj.item(), where)
+    if isinstance(obj, np.ndarray):
+        return _plain_metadata(obj.tolist(), where)
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    for plain in (bool, int, float, str):  # subclasses (e.g. enums) would pickle their class
+        if isinstance(obj, plain):
+            return plain(obj)
+    if isinstance(obj, dict):
+        return {_plain_metadata(k, where): _plain_metadata(v, f"{where}[{k!r}]") for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        vals = [_plain_metadata(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return vals if isinstance(obj, list) else tuple(vals)
+    raise ConfigError(f"{where} holds a {type(obj).__name__}, which a safe checkpoint cannot store: "
+                      "use numbers, strings, lists, dicts or tensors")
 
 
 def _is_torchscript(path: Path) -> bool:
