@@ -1,0 +1,281 @@
+"""Tests of robustest.attacks: validity (eps-ball, [0, 1]), agreement with torchattacks, strength ordering,
+seeding, restarts, mode restoration and the attack() result."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from robustest import attacks
+from robustest.errors import ConfigError, DataError
+
+EPS = {"linf": 0.1, "l2": 0.5}
+TOL = 1e-5
+SHARED = Path(os.environ.get("ROBUSTEST_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+MNIST_NPZ = SHARED / "mnist.npz"
+
+
+def _digits_xy(ds, n=120):
+    x, y = ds.tensors
+    return x[:n].clone(), y[:n].clone()
+
+
+def _call(name, model, x, y, norm, seed=0):
+    eps = EPS[norm]
+    if name in ("pgd", "apgd"):
+        return getattr(attacks, name)(model, x, y, eps=eps, steps=5, norm=norm, seed=seed)
+    if name == "cw_l2":
+        return attacks.cw_l2(model, x, y, eps=eps if norm == "l2" else None, steps=10, binary_steps=2, seed=seed)
+    if name == "fgsm":
+        return attacks.fgsm(model, x, y, eps=eps, random_start=True, seed=seed)
+    if name in ("bim", "mifgsm"):
+        return getattr(attacks, name)(model, x, y, eps=eps, steps=5, seed=seed)
+    return getattr(attacks, name)(model, x, y, eps=eps, seed=seed)
+
+
+CASES = [(n, "linf") for n in ("fgsm", "pgd", "bim", "rfgsm", "mifgsm", "apgd")] + [
+    ("pgd", "l2"), ("apgd", "l2"), ("cw_l2", "l2")]
+
+
+@pytest.mark.parametrize(("name", "norm"), CASES)
+def test_inside_ball_and_unit_range(trained_digits_model, digits_test, name, norm):
+    x, y = _digits_xy(digits_test)
+    adv = _call(name, trained_digits_model, x, y, norm)
+    assert adv.shape == x.shape and adv.dtype == x.dtype and adv.device == x.device
+    assert float(adv.min()) >= 0.0 and float(adv.max()) <= 1.0
+    delta = (adv - x).flatten(1)
+    if norm == "linf":
+        assert float(delta.abs().max()) <= EPS[norm] + TOL
+    else:
+        assert float(delta.norm(dim=1).max()) <= EPS[norm] + TOL
+    if name != "cw_l2":  # every gradient attack moves the images
+        assert float(delta.abs().sum()) > 0
+
+
+def test_registry_names_and_describe():
+    assert set(attacks.names()) == {"fgsm", "pgd", "bim", "rfgsm", "mifgsm", "cw_l2", "apgd"}
+    for n in attacks.names():
+        assert isinstance(attacks.describe(n), str) and attacks.describe(n)
+    assert attacks.describe("cw") == attacks.describe("cw_l2")
+    with pytest.raises(ConfigError, match="unknown attack"):
+        attacks.describe("deepfool")
+
+
+@pytest.mark.parametrize("name", ["fgsm", "pgd", "apgd", "cw_l2", "mifgsm"])
+def test_mode_and_requires_grad_restored(trained_digits_model, digits_test, name):
+    model = trained_digits_model.train()
+    params = list(model.parameters())
+    params[0].requires_grad_(False)  # a frozen layer stays frozen, the others stay trainable
+    x, y = _digits_xy(digits_test, 16)
+    _call(name, model, x, y, "linf" if name != "cw_l2" else "l2")
+    assert model.training and all(m.training for m in model.modules())
+    assert params[0].requires_grad is False
+    assert all(p.requires_grad for p in params[1:])
+    assert all(p.grad is None for p in params)
+
+
+def test_fgsm_formula(trained_digits_model, digits_test):
+    x, y = _digits_xy(digits_test, 50)
+    xr = x.clone().requires_grad_(True)
+    F.cross_entropy(trained_digits_model(xr), y).backward()
+    expected = (x + 0.2 * xr.grad.sign()).clamp(0, 1)
+    assert torch.equal(attacks.fgsm(trained_digits_model, x, y, eps=0.2), expected)
+
+
+def test_fgsm_same_as_torchattacks_on_digits(trained_digits_model, digits_test):
+    torchattacks = pytest.importorskip("torchattacks")
+    x, y = digits_test.tensors
+    ours = attacks.fgsm(trained_digits_model, x, y, eps=0.15)
+    theirs = torchattacks.FGSM(trained_digits_model, eps=0.15)(x, y)
+    assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("name", ["pgd", "apgd", "rfgsm", "fgsm"])
+def test_seeded_determinism(trained_digits_model, digits_test, name):
+    x, y = _digits_xy(digits_test, 40)
+    kw = {"eps": 0.1}
+    if name == "fgsm":
+        kw["random_start"] = True
+    if name in ("pgd", "apgd"):
+        kw["steps"] = 3
+    a = getattr(attacks, name)(trained_digits_model, x, y, seed=3, **kw)
+    b = getattr(attacks, name)(trained_digits_model, x, y, seed=3, **kw)
+    c = getattr(attacks, name)(trained_digits_model, x, y, seed=4, **kw)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_chunking_does_not_change_deterministic_attacks(trained_digits_model, digits_test):
+    x, y = _digits_xy(digits_test, 40)
+    a = attacks.bim(trained_digits_model, x, y, eps=0.1, steps=2, batch_size=None)
+    b = attacks.bim(trained_digits_model, x, y, eps=0.1, steps=2, batch_size=16)
+    assert torch.allclose(a, b, atol=1e-6)
+
+
+def _loss_and_success(model, x, y):
+    with torch.no_grad():
+        logits = model(x)
+    return F.cross_entropy(logits, y, reduction="none"), logits.argmax(1) != y
+
+
+@pytest.mark.parametrize("name", ["pgd", "apgd"])
+def test_restarts_keep_per_sample_strongest(trained_digits_model, digits_test, name):
+    model = trained_digits_model
+    x, y = _digits_xy(digits_test, 150)
+    fn = getattr(attacks, name)
+    # the first restart of a seeded multi-restart run is exactly the single run with the same seed
+    one = fn(model, x, y, eps=0.06, steps=2, restarts=1, seed=7)
+    many = fn(model, x, y, eps=0.06, steps=2, restarts=4, seed=7)
+    l1, s1 = _loss_and_success(model, one, y)
+    lm, sm = _loss_and_success(model, many, y)
+    assert bool((sm | ~s1).all()), "a restart lost a successful example"
+    both_fail = ~s1 & ~sm
+    assert bool((lm[both_fail] >= l1[both_fail] - 1e-5).all()), "a restart kept a weaker example"
+    assert int(sm.sum()) > int(s1.sum()) or bool((lm[both_fail] > l1[both_fail] + 1e-6).any())
+
+
+def test_keep_stronger_rule():
+    best = torch.zeros(4, 1, 1, 1)
+    best_loss = torch.tensor([1.0, 1.0, 5.0, 2.0])
+    best_succ = torch.tensor([False, True, False, True])
+    cand = torch.ones(4, 1, 1, 1)
+    cand_loss = torch.tensor([0.5, 9.0, 6.0, 0.1])
+    cand_succ = torch.tensor([True, False, False, True])
+    attacks._keep_stronger(best, best_loss, best_succ, cand, cand_loss, cand_succ)
+    # success beats failure; failure never replaces success; among equals, the higher loss wins
+    assert best.flatten().tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert best_succ.tolist() == [True, True, False, True]
+    assert best_loss.tolist() == [0.5, 1.0, 6.0, 2.0]
+
+
+def test_apgd_at_least_as_strong_as_pgd_on_digits(trained_digits_model, digits_test):
+    x, y = digits_test.tensors
+    kw = {"eps": 0.08, "steps": 10, "batch_size": 512}
+    r_pgd = attacks.attack("pgd", trained_digits_model, x, y, seed=0, **kw)
+    r_apgd = attacks.attack("apgd", trained_digits_model, x, y, seed=0, **kw)
+    assert 0.0 < r_pgd.robust_accuracy < r_pgd.clean_accuracy  # a non-trivial operating point
+    assert r_apgd.robust_accuracy <= r_pgd.robust_accuracy
+
+
+def test_iterative_stronger_than_single_step(trained_digits_model, digits_test):
+    x, y = digits_test.tensors
+    r_fgsm = attacks.attack("fgsm", trained_digits_model, x, y, eps=0.08)
+    r_pgd = attacks.attack("pgd", trained_digits_model, x, y, eps=0.08, steps=5)
+    assert r_fgsm.robust_accuracy < r_fgsm.clean_accuracy
+    assert r_pgd.robust_accuracy < r_fgsm.robust_accuracy
+
+
+def test_cw_finds_small_l2_adversarials(trained_digits_model, digits_test):
+    x, y = _digits_xy(digits_test, 30)
+    r = attacks.attack("cw", trained_digits_model, x, y, steps=25, lr=0.1, binary_steps=2)
+    assert r.name == "cw_l2"
+    fooled = r.fooled
+    assert int(fooled.sum()) >= 0.5 * int(r.clean_correct.sum())
+    # failures come back unchanged
+    failed = ~r.success
+    assert torch.equal(r.adv[failed], x[failed])
+    # with an L2 bound only adversarials inside it are kept
+    bound = float(r.l2[fooled].median())
+    adv_b = attacks.cw_l2(trained_digits_model, x, y, eps=bound, steps=25, lr=0.1, binary_steps=2)
+    assert float((adv_b - x).flatten(1).norm(dim=1).max()) <= bound + TOL
+
+
+def test_attack_result_fields(trained_digits_model, digits_test):
+    x, y = _digits_xy(digits_test, 50)
+    r = attacks.attack("pgd", trained_digits_model, (x, y), eps=0.1, steps=3, batch_size=16, seed=1)
+    assert len(r) == 50 and r.adv.shape == x.shape
+    with torch.no_grad():
+        clean_pred = trained_digits_model(x).argmax(1)
+        adv_pred = trained_digits_model(r.adv).argmax(1)
+    assert torch.equal(r.clean_pred, clean_pred) and torch.equal(r.adv_pred, adv_pred)
+    assert torch.equal(r.success, adv_pred != y) and torch.equal(r.clean_correct, clean_pred == y)
+    d = (r.adv - x).flatten(1)
+    assert torch.allclose(r.linf, d.abs().amax(1)) and torch.allclose(r.l2, d.norm(dim=1))
+    assert r.success.dtype == torch.bool and r.success.shape == (50,)
+    s = r.to_dict()
+    assert s["n"] == 50 and abs(s["robust_accuracy"] + s["success_rate"] - 1) < 1e-9
+    assert s["params"]["eps"] == 0.1
+    # same seed and batch size -> same images; a TensorDataset works like a pair
+    r2 = attacks.attack("pgd", trained_digits_model, torch.utils.data.TensorDataset(x, y), eps=0.1, steps=3,
+                        batch_size=16, seed=1)
+    assert torch.equal(r.adv, r2.adv)
+
+
+def test_attack_without_labels_uses_predictions(trained_digits_model, digits_test):
+    x, _ = _digits_xy(digits_test, 30)
+    r = attacks.attack("fgsm", trained_digits_model, x, eps=0.1)
+    assert torch.equal(r.y, r.clean_pred) and bool(r.clean_correct.all())
+
+
+def test_bad_inputs(trained_digits_model, digits_test):
+    x, y = _digits_xy(digits_test, 8)
+    m = trained_digits_model
+    with pytest.raises(DataError):
+        attacks.pgd(m, x * 2, y, eps=0.1)
+    with pytest.raises(DataError):
+        attacks.pgd(m, x, y.float(), eps=0.1)
+    with pytest.raises(DataError):
+        attacks.pgd(m, x, y[:4], eps=0.1)
+    with pytest.raises(DataError):
+        attacks.fgsm(m, x, y + 20, eps=0.1)
+    with pytest.raises(ConfigError, match="eps"):
+        attacks.pgd(m, x, y, eps=-1)
+    with pytest.raises(ConfigError, match="norm"):
+        attacks.pgd(m, x, y, eps=0.1, norm="l7")
+    with pytest.raises(ConfigError, match="steps"):
+        attacks.apgd(m, x, y, eps=0.1, steps=0)
+    with pytest.raises(ConfigError, match="alpha"):
+        attacks.rfgsm(m, x, y, eps=0.1, alpha=0.2)
+    with pytest.raises(ConfigError, match="unknown attack"):
+        attacks.attack("nope", m, x, y, eps=0.1)
+    empty = attacks.pgd(m, x[:0], y[:0], eps=0.1)
+    assert empty.shape == (0, 1, 8, 8)
+
+
+# ------------------------------------------------------------------------------ LeNet-5 / MNIST comparisons
+@pytest.fixture(scope="module")
+def mnist_lenet():
+    if not MNIST_NPZ.is_file():
+        pytest.skip(f"real MNIST not found at {MNIST_NPZ}")
+    from robustest import data, models, training
+
+    tr = data.load("mnist", root=MNIST_NPZ.parent, split="train")
+    te = data.load("mnist", root=MNIST_NPZ.parent, split="test")
+    torch.manual_seed(0)
+    model = models.create("lenet5", mean=[0.1307], std=[0.3081])
+    x, y = tr.tensors
+    training.fit(model, (x[:3000], y[:3000]), epochs=1, seed=0, progress=False)
+    return model.eval(), te.tensors[0][:500].clone(), te.tensors[1][:500].clone()
+
+
+@pytest.mark.slow
+def test_fgsm_same_images_as_torchattacks_mnist(mnist_lenet):
+    torchattacks = pytest.importorskip("torchattacks")
+    model, x, y = mnist_lenet
+    assert torch.equal(attacks.fgsm(model, x, y, eps=0.3), torchattacks.FGSM(model, eps=0.3)(x, y))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("eps", [0.3, 0.1])
+def test_pgd_robust_accuracy_matches_torchattacks_mnist(mnist_lenet, eps):
+    torchattacks = pytest.importorskip("torchattacks")
+    model, x, y = mnist_lenet
+    steps, alpha = 40, 2.5 * eps / 40
+    ours = attacks.attack("pgd", model, x, y, eps=eps, steps=steps, alpha=alpha, seed=0).robust_accuracy
+    torch.manual_seed(0)
+    adv = torchattacks.PGD(model, eps=eps, alpha=alpha, steps=steps, random_start=True)(x, y)
+    with torch.no_grad():
+        theirs = float((model(adv).argmax(1) == y).float().mean())
+    assert abs(ours - theirs) <= 0.01, (ours, theirs)
+
+
+@pytest.mark.slow
+def test_apgd_at_least_as_strong_as_pgd_mnist(mnist_lenet):
+    model, x, y = mnist_lenet
+    r_pgd = attacks.attack("pgd", model, x, y, eps=0.1, steps=20, seed=0)
+    r_apgd = attacks.attack("apgd", model, x, y, eps=0.1, steps=20, seed=0)
+    assert r_apgd.robust_accuracy <= r_pgd.robust_accuracy
