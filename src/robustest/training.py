@@ -296,12 +296,17 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.devi
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every failure is a refused file
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "weights_only" in str(exc) or "Unsupported global" in str(exc) or "WeightsUnpickler" in str(exc):
+        if "unsupported global" in str(exc).lower():  # a pickled class or function; random bytes fail otherwise
             raise CheckpointError(
                 f"{path} holds pickled Python objects (a whole saved model?), which are refused for safety: "
                 "save a robustest checkpoint with save_checkpoint/'robustest train'"
             ) from exc
-        raise CheckpointError(f"{path} is not a robustest checkpoint (cannot be read: {first[:120]})") from exc
+        if "WeightsUnpickler error:" in str(exc):  # keep torch's detail, drop its advice to disable safety
+            first = str(exc).split("WeightsUnpickler error:", 1)[1].strip().splitlines()[0]
+        elif first.startswith("Weights only load failed"):
+            first = "the safe loader refused its content"
+        raise CheckpointError(f"{path} is not a robustest checkpoint (cannot be read: {first[:120]}); "
+                              "the file is corrupt, truncated or of another format") from exc
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a robustest checkpoint (a bare state_dict or another format): "
                               "save one with save_checkpoint/'robustest train'")
