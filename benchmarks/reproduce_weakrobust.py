@@ -168,36 +168,45 @@ def run_family(args: argparse.Namespace, out: Path) -> dict:
         ta = time.perf_counter()
         an = wr.analyze(model, (x, y), n_neighbors=args.neighbors, eps=args.eps, seed=args.seed)
         t_an = time.perf_counter() - ta
-        ws = wr.select_weak(an, k=kmax)
-        weak_idx = ws.indices
-        # attacks on weak + pool + test in one validate() call
-        xe = torch.cat([x[weak_idx], x[pool], xt])
-        ye = torch.cat([y[weak_idx], y[pool], yt])
+        weak_sets = {"weak": wr.select_weak(an, k=kmax).indices,
+                     "weak_correct": wr.select_weak(an, k=kmax, correct_only=True).indices}
+        # attacks on both weak sets + random pool + test in one validate() call
+        parts = list(weak_sets.values()) + [pool]
+        xe = torch.cat([x[i] for i in parts] + [xt])
+        ye = torch.cat([y[i] for i in parts] + [yt])
         tv = time.perf_counter()
         res = wr.validate(model, (xe, ye), None, perturbations="attacks", eps=args.eps_grid, attack_kwargs=kw,
                           seed=args.seed)
-        nw, npool = weak_idx.numel(), pool.numel()
-        cw_weak = ctrain.wrong(model, weak_idx, y[weak_idx])
+        offs, o = {}, 0
+        for name, i in list(weak_sets.items()) + [("pool", pool)]:
+            offs[name] = o
+            o += i.numel()
+        cw = {name: ctrain.wrong(model, i, y[i]) for name, i in weak_sets.items()}
         cw_pool = ctrain.wrong(model, pool, y[pool])
         cw_test = ctest.wrong(model, torch.arange(xt.shape[0]), yt)
         t_val = time.perf_counter() - tv
-        test_err = per_type_errors(res, torch.arange(nw + npool, xe.shape[0]), cw_test, torch.arange(xt.shape[0]))
+        test_err = per_type_errors(res, torch.arange(o, xe.shape[0]), cw_test, torch.arange(xt.shape[0]))
         rec = {"name": cfg["name"], "cfg": cfg, "clean_test_acc": clean_test, "test": test_err,
-               "test_family": family_signal(test_err, attacks, corrs),
-               "weak": {}, "random": {}, "weak_frac_most_wrong": float((an.frac_misclassified > 0.5).float().mean()),
+               "test_family": family_signal(test_err, attacks, corrs), "random": {},
+               "frac_most_neighbours_wrong": float((an.frac_misclassified > 0.5).float().mean()),
+               "clean_train_acc": float(an.clean_correct.float().mean()),
                "seconds": {"train": t_train, "analyze": t_an, "validate": t_val}}
+        for name in weak_sets:
+            rec[name] = {}
+            for k in args.sizes:
+                e = per_type_errors(res, offs[name] + torch.arange(k), cw[name], torch.arange(k))
+                rec[name][k] = {"types": e, "family": family_signal(e, attacks, corrs)}
         for k in args.sizes:
-            e = per_type_errors(res, torch.arange(k), cw_weak, torch.arange(k))
-            rec["weak"][k] = {"types": e, "family": family_signal(e, attacks, corrs)}
             rec["random"][k] = []
             for d in draws[k]:
-                e = per_type_errors(res, nw + d, cw_pool, d)
+                e = per_type_errors(res, offs["pool"] + d, cw_pool, d)
                 rec["random"][k].append({"types": e, "family": family_signal(e, attacks, corrs)})
         results["models"].append(rec)
         atomic_write_json(out / "family.json", results)
         log(f"{cfg['name']}: clean test acc {clean_test:.3f}, test adv err {rec['test_family']['adversarial']:.3f}, "
             f"test corr err {rec['test_family']['corruption']:.3f}, weak({kmax}) adv err "
-            f"{rec['weak'][kmax]['family']['adversarial']:.3f}, train {t_train:.0f}s analyze {t_an:.0f}s "
+            f"{rec['weak'][kmax]['family']['adversarial']:.3f}, weak-correct({kmax}) adv err "
+            f"{rec['weak_correct'][kmax]['family']['adversarial']:.3f}, train {t_train:.0f}s analyze {t_an:.0f}s "
             f"validate {t_val:.0f}s")
     results["correlations"] = correlations(results, args.sizes, attacks, corrs)
     atomic_write_json(out / "family.json", results)
@@ -218,43 +227,50 @@ def correlations(results: dict, sizes: list[int], attacks: list[str], corrs: lis
         row = {}
         for fam, types in (("adversarial", attacks), ("corruption", corrs)):
             test = [m["test_family"][fam] for m in ms]
-            weak = [m["weak"][k]["family"][fam] for m in ms]
-            rho_w = _rho(weak, test)
             nd = len(ms[0]["random"][k])
             rho_r = [_rho([m["random"][k][d]["family"][fam] for m in ms], test) for d in range(nd)]
+            rr = np.array(rho_r, dtype=float)
             # per-type: average of the per-type Spearman rho over the family's types
-            pt_w = np.nanmean([_rho([m["weak"][k]["types"][t] for m in ms], [m["test"][t] for m in ms])
-                               for t in types])
             pt_r = np.nanmean([np.nanmean([_rho([m["random"][k][d]["types"][t] for m in ms],
                                                 [m["test"][t] for m in ms]) for t in types]) for d in range(nd)])
-            rr = np.array(rho_r, dtype=float)
-            row[fam] = {"rho_weak": rho_w, "rho_random_mean": float(np.nanmean(rr)),
-                        "rho_random_sd": float(np.nanstd(rr)),
-                        "frac_random_draws_ge_weak": float(np.mean(rr[~np.isnan(rr)] >= rho_w))
-                        if not np.isnan(rho_w) and (~np.isnan(rr)).any() else float("nan"),
-                        "per_type_rho_weak": float(pt_w), "per_type_rho_random": float(pt_r)}
+            row[fam] = {"rho_random_mean": float(np.nanmean(rr)), "rho_random_sd": float(np.nanstd(rr)),
+                        "per_type_rho_random": float(pt_r)}
+            for sig in ("weak", "weak_correct"):
+                rho_w = _rho([m[sig][k]["family"][fam] for m in ms], test)
+                pt_w = np.nanmean([_rho([m[sig][k]["types"][t] for m in ms], [m["test"][t] for m in ms])
+                                   for t in types])
+                ok = rr[~np.isnan(rr)]
+                row[fam][f"rho_{sig}"] = rho_w
+                row[fam][f"per_type_rho_{sig}"] = float(pt_w)
+                row[fam][f"frac_random_draws_ge_{sig}"] = (float(np.mean(ok >= rho_w)) if ok.size and
+                                                           not np.isnan(rho_w) else float("nan"))
         out[k] = row
     return out
 
 
 def markdown_family(results: dict, sizes: list[int]) -> str:
-    lines = ["| model | clean test acc | test adv err | test mCE | weak adv err (K={0}) | weak mCE (K={0}) | "
-             "random adv err (K={0}) | random mCE (K={0}) |".format(max(sizes)),
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | clean test acc | test adv err | test mCE | weak adv err | weak mCE | weak-correct adv err | "
+             "weak-correct mCE | random adv err | random mCE |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     k = max(sizes)
+    lines.insert(0, f"Per-model errors at K = {k} (random: mean over draws)\n")
     for m in results["models"]:
         ra = np.mean([d["family"]["adversarial"] for d in m["random"][k]])
         rc = np.mean([d["family"]["corruption"] for d in m["random"][k]])
         lines.append(f"| {m['name']} | {m['clean_test_acc']:.3f} | {m['test_family']['adversarial']:.3f} | "
                      f"{m['test_family']['corruption']:.3f} | {m['weak'][k]['family']['adversarial']:.3f} | "
-                     f"{m['weak'][k]['family']['corruption']:.3f} | {ra:.3f} | {rc:.3f} |")
-    lines += ["", "| K | family | rho weak vs test | rho random vs test (mean +- sd over draws) | "
-              "share of random draws >= weak | per-type rho weak | per-type rho random |",
+                     f"{m['weak'][k]['family']['corruption']:.3f} | "
+                     f"{m['weak_correct'][k]['family']['adversarial']:.3f} | "
+                     f"{m['weak_correct'][k]['family']['corruption']:.3f} | {ra:.3f} | {rc:.3f} |")
+    lines += ["", "| K | family | rho weak | rho weak-correct | rho random (mean +- sd over draws) | "
+              "share of random draws >= weak / weak-correct | per-type rho weak / weak-correct / random |",
               "|---|---|---|---|---|---|---|"]
     for k in sizes:
         for fam, r in results["correlations"][k].items():
-            lines.append(f"| {k} | {fam} | {r['rho_weak']:.3f} | {r['rho_random_mean']:.3f} +- {r['rho_random_sd']:.3f}"
-                         f" | {r['frac_random_draws_ge_weak']:.2f} | {r['per_type_rho_weak']:.3f} | "
+            lines.append(f"| {k} | {fam} | {r['rho_weak']:.3f} | {r['rho_weak_correct']:.3f} | "
+                         f"{r['rho_random_mean']:.3f} +- {r['rho_random_sd']:.3f} | "
+                         f"{r['frac_random_draws_ge_weak']:.2f} / {r['frac_random_draws_ge_weak_correct']:.2f} | "
+                         f"{r['per_type_rho_weak']:.3f} / {r['per_type_rho_weak_correct']:.3f} / "
                          f"{r['per_type_rho_random']:.3f} |")
     return "\n".join(lines)
 

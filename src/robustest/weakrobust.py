@@ -410,6 +410,7 @@ def select_weak(
     fraction: float | None = None,
     threshold: float | None = None,
     per_class: bool = False,
+    correct_only: bool = False,
 ) -> WeakSet:
     """Select the weak-robust samples of an :class:`Analysis` (weakest first).
 
@@ -419,14 +420,18 @@ def select_weak(
     ``per_class``: with ``k``, the K samples are spread evenly over the classes (each class gives its
     weakest); with ``fraction``, each class gives its weakest ``ceil(fraction N_c)``; with ``threshold``, the
     same number of samples the threshold selects is drawn class-balanced from the ranking.
+    ``correct_only``: rank only the samples the model classifies correctly clean (misclassified training
+    samples are wrong under every perturbation, so they carry no robustness signal of their own).
     """
     given = [v is not None for v in (k, fraction, threshold)]
     if sum(given) > 1:
         raise ConfigError("give only one of k, fraction, threshold")
     if not any(given):
         threshold = 0.5
-    n = len(analysis)
     order = analysis.order()
+    if correct_only:
+        order = order[analysis.clean_correct[order]]
+    n = len(order)
     labels = analysis.label
     if k is not None:
         if k < 1:
@@ -455,7 +460,8 @@ def select_weak(
         sel = _balanced_take(order, labels, m) if per_class else order[over]
         rule = {"rule": "threshold", "threshold": float(threshold)}
     rule["per_class"] = bool(per_class)
-    rule["n_analysed"] = n
+    rule["correct_only"] = bool(correct_only)
+    rule["n_analysed"] = len(analysis)
     rule["analysis"] = dict(analysis.params)
     return WeakSet(indices=analysis.index[sel].clone(), scores=analysis.score[sel].clone(),
                    frac_misclassified=analysis.frac_misclassified[sel].clone(), labels=labels[sel].clone(),
