@@ -36,6 +36,7 @@ def fol_fuzz_one_at_a_time(model: torch.nn.Module, x: torch.Tensor, steps: int =
     gen = torch.Generator().manual_seed(seed)
     u_table = (torch.rand(n, n_steps, generator=gen, dtype=torch.float64) + 0.5).to(x.dtype)
     tests = []
+    grad_steps = 0
     for p in model.parameters():
         p.requires_grad_(False)
     for i in range(n):
@@ -60,6 +61,7 @@ def fol_fuzz_one_at_a_time(model: torch.nn.Module, x: torch.Tensor, steps: int =
                 (d,) = torch.autograd.grad(obj, xg)
                 cur = (cur + lr * u_table[i, k] * d).clamp(0, 1).detach()
                 k += 1
+                grad_steps += 1
                 xg = cur.clone().requires_grad_(True)
                 logits = model(xg)
                 (g,) = torch.autograd.grad(F.cross_entropy(logits, c, reduction="sum"), xg)
@@ -71,31 +73,42 @@ def fol_fuzz_one_at_a_time(model: torch.nn.Module, x: torch.Tensor, steps: int =
                         work.append(cur)
                 if int(logits.argmax(1)) != int(c) and dist < max_rel_l2:
                     tests.append((i, k, fol))
-    return {"tests": len(tests)}
+    return {"tests": len(tests), "gradient_steps": grad_steps}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", default=None, help="model.pt (default: train LeNet-5 for 1 epoch on 12k images)")
+    ap.add_argument("--dataset", default="mnist", choices=["mnist", "digits"],
+                    help="seeds from this test split (digits: 8x8, needs no files)")
+    ap.add_argument("--checkpoint", default=None,
+                    help="model.pt (default: LeNet-5 trained 1 epoch on 12k MNIST images / digits_cnn 30 epochs)")
     ap.add_argument("--data-dir", default="/work/shared/data")
     ap.add_argument("--seeds", type=int, default=1000)
     ap.add_argument("--single-seeds", type=int, default=50)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--coverage-iterations", type=int, default=50,
+                    help="coverage_fuzz (KMNC, k=10) iterations on the first 100 seeds (0: skip)")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
+    root = args.data_dir if args.dataset == "mnist" else None
     if args.checkpoint:
         model = training.load_checkpoint(args.checkpoint)
     else:
-        xtr, ytr = data.load("mnist", root=args.data_dir, split="train").tensors
+        xtr, ytr = data.load(args.dataset, root=root, split="train").tensors
         torch.manual_seed(0)
-        model = models.create("lenet5", num_classes=10, in_channels=1, input_size=28)
-        training.fit(model, (xtr[:12000], ytr[:12000]), epochs=1, batch_size=128, lr=2e-3, seed=0, progress=False)
+        if args.dataset == "mnist":
+            model = models.create("lenet5", num_classes=10, in_channels=1, input_size=28)
+            training.fit(model, (xtr[:12000], ytr[:12000]), epochs=1, batch_size=128, lr=2e-3, seed=0,
+                         progress=False)
+        else:
+            model = models.create("digits_cnn", num_classes=10, in_channels=1, input_size=8)
+            training.fit(model, (xtr, ytr), epochs=30, batch_size=64, seed=0, progress=False)
     model.eval()
-    x, y = data.load("mnist", root=args.data_dir, split="test").tensors
+    x, y = data.load(args.dataset, root=root, split="test").tensors
     x, y = x[: args.seeds], y[: args.seeds]
     sub = x[: args.single_seeds]
 
@@ -117,6 +130,7 @@ def main() -> None:
     rate_ref, rate_one = m / t_ref, m / t_one
     s = full.stats
     res = {
+        "dataset": args.dataset,
         "seeds": n, "single_seeds": m, "steps": args.steps, "batch_size": args.batch_size, "threads": args.threads,
         "batched_seconds": t_full, "batched_seeds_per_s": rate_full,
         "batched_subset_seconds": t_bsub, "batched_subset_seeds_per_s": rate_bsub,
@@ -124,22 +138,49 @@ def main() -> None:
         "single_fol_fuzz_seconds": t_one, "single_fol_fuzz_seeds_per_s": rate_one,
         "speedup_vs_ref": rate_full / rate_ref, "speedup_vs_batch1": rate_full / rate_one,
         "tests_subset": {"batched": len(bsub), "single_ref": ref["tests"], "single_fol_fuzz": len(one)},
+        "gradient_steps_per_s": {"batched": full.stats["gradient_steps"] / t_full,
+                                 "batched_subset": bsub.stats["gradient_steps"] / t_bsub,
+                                 "single_ref": ref["gradient_steps"] / t_ref,
+                                 "single_fol_fuzz": one.stats["gradient_steps"] / t_one},
         "run_1000": {k: s[k] for k in ("seeds_tried", "seeds_skipped", "tests", "tests_per_seed",
                                        "tests_per_seed_max", "seeds_with_tests", "iterations", "gradient_steps")},
     }
     print(json.dumps(res, indent=2))
     print()
-    print("| variant | seeds | wall s | seeds/s | ratio (batched / variant) |")
-    print("|---|---:|---:|---:|---:|")
-    print(f"| fol_fuzz batched (batch {args.batch_size}) | {n} | {t_full:.2f} | {rate_full:.1f} | 1.0 |")
-    print(f"| fol_fuzz batched, subset | {m} | {t_bsub:.2f} | {rate_bsub:.1f} | {rate_full / rate_bsub:.2f} |")
-    print(f"| one seed at a time, reference-style | {m} | {t_ref:.2f} | {rate_ref:.2f} | {rate_full / rate_ref:.1f} |")
-    print(f"| fol_fuzz batch_size=1 | {m} | {t_one:.2f} | {rate_one:.2f} | {rate_full / rate_one:.1f} |")
+    gs = res["gradient_steps_per_s"]
+    print("| variant | seeds | wall s | seeds/s | seeds/s ratio | gradient steps/s | steps/s ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    rows = [(f"fol_fuzz batched (batch {args.batch_size})", n, t_full, rate_full, gs["batched"]),
+            ("fol_fuzz batched, subset", m, t_bsub, rate_bsub, gs["batched_subset"]),
+            ("one seed at a time, reference-style", m, t_ref, rate_ref, gs["single_ref"]),
+            ("fol_fuzz batch_size=1", m, t_one, rate_one, gs["single_fol_fuzz"])]
+    for name, k, sec, rate, steps_s in rows:
+        print(f"| {name} | {k} | {sec:.2f} | {rate:.2f} | {rate_full / rate:.1f}x | {steps_s:.0f} | "
+              f"{gs['batched'] / steps_s:.1f}x |")
     print()
     print(f"tests on the {m}-seed subset: batched {len(bsub)}, reference-style {ref['tests']}, batch_size=1 {len(one)}")
     print(f"run on {n} seeds: {s['seeds_tried']} tried, {s['seeds_skipped']} skipped (||grad|| <= 1e-3), "
           f"{s['tests']} tests, {s['tests_per_seed']:.2f} tests per tried seed (max {s['tests_per_seed_max']}), "
           f"{s['seeds_with_tests']} seeds with >= 1 test")
+    if args.coverage_iterations > 0:
+        from robustest.fuzzing import coverage_fuzz
+        from robustest.metrics.coverage import CoverageProfile
+
+        xtr = data.load(args.dataset, root=root, split="train").tensors[0]
+        profile = CoverageProfile.build(model, xtr[:10000])
+        t = time.perf_counter()
+        cov = coverage_fuzz(model, x[:100], y[:100], profile, metric="kmnc", iterations=args.coverage_iterations,
+                            batch_size=64, seed=0)
+        t_cov = time.perf_counter() - t
+        cs = cov.stats
+        res["coverage_fuzz"] = {"seeds": 100, "iterations": cs["iterations"], "seconds": t_cov,
+                                "kmnc_seeds": cs["coverage_seeds"], "kmnc_final": cs["coverage_final"],
+                                "mutants_valid": cs["mutants_valid"], "mutants_generated": cs["mutants_generated"],
+                                "queue_added": cs["queue_added"], "tests": cs["tests"]}
+        print(f"coverage_fuzz on 100 seeds, {cs['iterations']} iterations x 64 mutants: KMNC (k=10) "
+              f"{cs['coverage_seeds']:.4f} (seeds alone) -> {cs['coverage_final']:.4f}, "
+              f"{cs['mutants_valid']}/{cs['mutants_generated']} valid mutants, {cs['queue_added']} queued, "
+              f"{cs['tests']} failing tests, {t_cov:.1f} s")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(res, fh, indent=2)
