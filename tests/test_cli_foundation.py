@@ -1,0 +1,265 @@
+"""The command line: info, train, --help of every verb, one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from robustest import cli, data, models, training
+
+pytestmark = pytest.mark.usefixtures("no_data_env")
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run ``robustest ARGV`` in-process; return (exit code, stdout, stderr). argparse exits are caught."""
+    try:
+        code = cli.main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, err: str) -> str:
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def verbs() -> list[str]:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    return sorted(sub.choices)
+
+
+def write_tiny_mnist(folder: Path, gz: bool = False) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 20), ("t10k", 10)):
+        x = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        y = (np.arange(n) % 10).astype(np.uint8)
+        files = {f"{prefix}-images-idx3-ubyte": struct.pack(">IIII", 2051, n, 28, 28) + x.tobytes(),
+                 f"{prefix}-labels-idx1-ubyte": struct.pack(">II", 2049, n) + y.tobytes()}
+        for name, raw in files.items():
+            if gz:
+                (folder / (name + ".gz")).write_bytes(gzip.compress(raw))
+            else:
+                (folder / name).write_bytes(raw)
+
+
+# ------------------------------------------------------------------------------------------- info, help
+def test_info_lists_data_sets_and_models(capsys):
+    code, out, err = run_cli(capsys, "info")
+    assert code == 0 and err == ""
+    assert out.startswith("robustest ")
+    assert "data sets:" in out and "models:" in out
+    for name in data.names() + models.names():
+        assert f"  {name}" in out
+    assert "LeNet-5" in out  # descriptions shown
+
+
+def test_every_verb_has_help(capsys):
+    names = verbs()
+    assert {"info", "train"} <= set(names)
+    for verb in names:
+        code, out, _ = run_cli(capsys, verb, "--help")
+        assert code == 0, verb
+        assert f"robustest {verb}" in out and "--help" in out
+
+
+def test_top_level_help_version_and_no_verb(capsys):
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0 and "train" in out and "info" in out
+    code, out, _ = run_cli(capsys, "--version")
+    assert code == 0 and out.strip() == f"robustest {__import__('robustest').__version__}"
+    code, _, err = run_cli(capsys)
+    assert code == 2 and "usage" in err
+    code, _, err = run_cli(capsys, "frobnicate")
+    assert_one_line_error(code, err)
+
+
+# -------------------------------------------------------------------------------------------------- train
+def test_train_on_digits_writes_checkpoint_and_report(tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    code, out, err = run_cli(capsys, "train", "--dataset", "digits", "--model", "digits_cnn", "--epochs", "1",
+                             "--batch-size", "32", "--lr", "3e-3", "--seed", "1", "--out", out_dir, "--no-progress")
+    assert code == 0, err
+    assert "test acc" in out and "model.pt" in out
+    assert sorted(os.listdir(out_dir)) == ["model.pt", "train.json"]
+    rep = json.loads((out_dir / "train.json").read_text())
+    assert rep["num_train"] == 1437 and rep["num_test"] == 360
+    assert len(rep["history"]["epochs"]) == 1 and rep["args"]["seed"] == 1
+    assert rep["model"]["name"] == "digits_cnn" and rep["model"]["input_size"] == 8 and rep["model"]["mean"]
+    assert set(rep["timings"]) >= {"load_data_s", "train_s", "eval_s", "total_s"} and rep["peak_rss_mib"] > 0
+    assert 0.7 <= rep["test_accuracy"] <= 1.0
+    model = training.load_checkpoint(out_dir / "model.pt")
+    assert model.robustest_metadata["dataset"] == "digits"
+    assert training.accuracy(model, data.load("digits", split="test")) == pytest.approx(rep["test_accuracy"])
+    torch.load(out_dir / "model.pt", weights_only=True)
+
+
+def test_train_on_idx_folder_with_limit(tmp_path, capsys):
+    write_tiny_mnist(tmp_path / "mnist" / "raw", gz=True)
+    code, out, err = run_cli(capsys, "train", "--dataset", "mnist", "--data-dir", tmp_path / "mnist", "--model",
+                             "lenet1", "--epochs", "1", "--limit", "12", "--out", tmp_path / "o", "--no-progress")
+    assert code == 0, err
+    rep = json.loads((tmp_path / "o" / "train.json").read_text())
+    assert rep["num_train"] == 12 and rep["num_test"] == 10 and rep["model"]["input_size"] == 28
+
+
+# ------------------------------------------------------------------------------------------- bad inputs
+@pytest.mark.parametrize("args, pattern", [
+    (["--dataset", "mnist", "--data-dir", "{tmp}/does-not-exist", "--model", "lenet5"], "does not exist"),
+    (["--dataset", "mnist", "--model", "lenet5"], "ROBUSTEST_DATA"),
+    (["--dataset", "imagenet", "--model", "lenet5"], "unknown data set"),
+    (["--dataset", "digits", "--model", "resnet1000"], "invalid choice"),
+    (["--dataset", "digits", "--model", "lenet5"], "cannot take 1x8x8"),
+    (["--dataset", "digits", "--model", "digits_cnn", "--device", "warp-drive"], "unknown device"),
+    (["--dataset", "digits", "--model", "digits_cnn", "--lr", "-1"], "positive"),
+    (["--dataset", "digits", "--model", "digits_cnn", "--batch-size", "0"], "positive"),
+    (["--dataset", "digits", "--model", "digits_cnn", "--limit", "x"], "positive integer"),
+])
+def test_train_bad_arguments(tmp_path, capsys, args, pattern):
+    argv = ["train", *[a.format(tmp=tmp_path) for a in args], "--out", tmp_path / "out"]
+    if "--epochs" not in args:
+        argv += ["--epochs", "1"]
+    code, out, err = run_cli(capsys, *argv)
+    line = assert_one_line_error(code, err)
+    assert pattern in line
+    assert not (tmp_path / "out" / "model.pt").exists()
+
+
+@pytest.mark.parametrize("epochs", ["-1", "0", "two"])
+def test_train_bad_epochs(tmp_path, capsys, epochs):
+    code, _, err = run_cli(capsys, "train", "--dataset", "digits", "--model", "digits_cnn", "--epochs", epochs,
+                           "--out", tmp_path)
+    assert "--epochs" in assert_one_line_error(code, err)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_train_cuda_without_cuda(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "train", "--dataset", "digits", "--model", "digits_cnn", "--epochs", "1",
+                           "--device", "cuda", "--out", tmp_path / "o")
+    assert "CUDA is not available" in assert_one_line_error(code, err)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_train_truncated_idx(tmp_path, capsys, gz):
+    write_tiny_mnist(tmp_path, gz=gz)
+    p = tmp_path / ("train-images-idx3-ubyte" + (".gz" if gz else ""))
+    p.write_bytes(p.read_bytes()[:-100])
+    code, _, err = run_cli(capsys, "train", "--dataset", "mnist", "--data-dir", tmp_path, "--model", "lenet5",
+                           "--epochs", "1", "--out", tmp_path / "o")
+    line = assert_one_line_error(code, err)
+    assert "truncated" in line and "train-images-idx3-ubyte" in line
+
+
+def test_train_out_is_a_file(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    code, _, err = run_cli(capsys, "train", "--dataset", "digits", "--model", "digits_cnn", "--epochs", "1",
+                           "--out", tmp_path / "f")
+    assert "not a folder" in assert_one_line_error(code, err)
+
+
+def test_debug_flag_shows_the_exception(tmp_path, capsys):
+    with pytest.raises(data.DataError):
+        cli.main(["--debug", "train", "--dataset", "imagenet", "--model", "lenet5", "--epochs", "1",
+                  "--out", str(tmp_path)])
+
+
+def test_internal_errors_are_one_line_exit_1(tmp_path, capsys, monkeypatch):
+    from robustest.cli import train as train_verb
+
+    def boom(*a, **k):
+        raise ZeroDivisionError("unexpected\nsecond line")
+
+    monkeypatch.setattr(train_verb, "load_data", boom)
+    code, _, err = run_cli(capsys, "train", "--dataset", "digits", "--model", "digits_cnn", "--epochs", "1",
+                           "--out", tmp_path)
+    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "internal error" in err and "--debug" in err
+
+
+# ------------------------------------------------------------------------------- unsafe checkpoints
+@pytest.fixture
+def whole_model_file(tmp_path) -> Path:
+    p = tmp_path / "whole.pt"
+    torch.save(models.create("digits_cnn", input_size=8), p)
+    return p
+
+
+def test_load_model_refuses_whole_pickled_model(whole_model_file, capsys):
+    import argparse
+
+    from robustest.cli._common import load_model
+    from robustest.errors import CheckpointError
+
+    args = argparse.Namespace(checkpoint=str(whole_model_file), device=None, torchscript=False)
+    with pytest.raises(CheckpointError, match="pickled Python objects"):
+        load_model(args)
+
+
+def test_verb_with_checkpoint_refuses_whole_pickled_model(whole_model_file, tmp_path, capsys):
+    """Any verb taking --checkpoint: a whole pickled model is a one-line error with exit code 2."""
+    if "score" not in verbs():
+        pytest.skip("no verb taking --checkpoint yet")
+    code, _, err = run_cli(capsys, "score", "--checkpoint", whole_model_file, "--dataset", "digits",
+                           "--metric", "gini", "--out", tmp_path / "o")
+    assert "pickled Python objects" in assert_one_line_error(code, err)
+
+
+# ------------------------------------------------------------------------------------- console script
+def console_script() -> list[str]:
+    exe = shutil.which("robustest") or str(Path(sys.executable).parent / "robustest")
+    return [exe] if Path(exe).exists() else [sys.executable, "-m", "robustest"]
+
+
+def test_console_script_errors_in_a_subprocess(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "ROBUSTEST_DATA"}
+    proc = subprocess.run([*console_script(), "train", "--dataset", "mnist", "--data-dir", str(tmp_path / "nope"),
+                           "--model", "lenet5", "--epochs", "1", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2 and proc.stdout == ""
+    line = assert_one_line_error(proc.returncode, proc.stderr)
+    assert line.startswith("robustest train: error:") and "does not exist" in line
+
+
+# -------------------------------------------------------------------------------------------- slow e2e
+@pytest.fixture
+def all_threads():
+    """End-to-end training runs with every core (the test session defaults to one thread)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_train_digits_cnn_reaches_95_percent(tmp_path, capsys, all_threads):
+    code, out, err = run_cli(capsys, "train", "--dataset", "digits", "--model", "digits_cnn", "--epochs", "30",
+                             "--out", tmp_path, "--no-progress")
+    assert code == 0, err
+    rep = json.loads((tmp_path / "train.json").read_text())
+    assert rep["test_accuracy"] >= 0.95, rep["test_accuracy"]
+
+
+@pytest.mark.slow
+def test_train_lenet5_on_real_mnist_reaches_98_5_percent(tmp_path, capsys, mnist_root, all_threads):
+    code, out, err = run_cli(capsys, "train", "--dataset", "mnist", "--data-dir", mnist_root, "--model", "lenet5",
+                             "--epochs", "3", "--out", tmp_path, "--no-progress")
+    assert code == 0, err
+    rep = json.loads((tmp_path / "train.json").read_text())
+    assert rep["num_train"] == 60000 and rep["num_test"] == 10000
+    assert rep["test_accuracy"] >= 0.985, rep["test_accuracy"]
