@@ -205,6 +205,15 @@ def test_attack_result_fields(trained_digits_model, digits_test):
     assert torch.equal(r.adv, r2.adv)
 
 
+def test_attack_equals_function_with_same_seed_and_batch_size(trained_digits_model, digits_test):
+    x, y = _digits_xy(digits_test, 50)
+    r = attacks.attack("pgd", trained_digits_model, x, y, eps=0.1, steps=2, batch_size=16, seed=5)
+    direct = attacks.pgd(trained_digits_model, x, y, eps=0.1, steps=2, batch_size=16, seed=5)
+    assert torch.equal(r.adv, direct)
+    empty = attacks.attack("fgsm", trained_digits_model, x[:0], y[:0], eps=0.1)
+    assert len(empty) == 0 and empty.adv.shape == (0, 1, 8, 8)
+
+
 def test_attack_without_labels_uses_predictions(trained_digits_model, digits_test):
     x, _ = _digits_xy(digits_test, 30)
     r = attacks.attack("fgsm", trained_digits_model, x, eps=0.1)

@@ -376,6 +376,9 @@ def _run(core: Callable[..., torch.Tensor], model: nn.Module, x: torch.Tensor, y
     device = resolve_device(model)
     if gen is None:
         gen = make_generator(seed, device)
+    elif gen.device.type != device.type:
+        raise ConfigError(f"generator is on {gen.device} but the model is on {device}: create it with "
+                          "robustest.runtime.make_generator(seed, device)")
     n = x.shape[0]
     if n == 0:
         return x.clone()
@@ -394,7 +397,8 @@ def _run(core: Callable[..., torch.Tensor], model: nn.Module, x: torch.Tensor, y
 
 # ------------------------------------------------------------------------------------------ public attacks
 def fgsm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, random_start: bool = False,
-         seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK) -> torch.Tensor:
+         seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK,
+        generator: torch.Generator | None = None) -> torch.Tensor:
     """Fast Gradient Sign Method: ``clip(x + eps * sign(grad_x CE(f(x), y)), 0, 1)``.
 
     With ``random_start`` the gradient is taken at a uniform random point of the L-inf eps-ball (the RobOT
@@ -403,12 +407,13 @@ def fgsm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, random_
     """
     x, y = _prepare(model, x, y)
     eps = _check_eps(eps)
-    return _run(_fgsm_core, model, x, y, seed, batch_size, eps=eps, random_start=bool(random_start))
+    return _run(_fgsm_core, model, x, y, seed, batch_size, generator, eps=eps, random_start=bool(random_start))
 
 
 def pgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: float | None = None,
         steps: int = 10, norm: str = "linf", random_start: bool = True, restarts: int = 1,
-        seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK) -> torch.Tensor:
+        seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK,
+        generator: torch.Generator | None = None) -> torch.Tensor:
     """Projected Gradient Descent on the cross-entropy (Madry et al. 2018), L-inf or L2 threat model.
 
     Each step moves by ``alpha`` along sign(grad) (L-inf) or grad / ||grad||_2 (L2), then projects into the
@@ -424,12 +429,13 @@ def pgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: f
     restarts = _check_steps(restarts, "restarts")
     norm = _check_norm(norm)
     alpha = 2.5 * eps / steps if alpha is None else _check_eps(alpha, "alpha")
-    return _run(_pgd_core, model, x, y, seed, batch_size, eps=eps, alpha=alpha, steps=steps, norm=norm,
+    return _run(_pgd_core, model, x, y, seed, batch_size, generator, eps=eps, alpha=alpha, steps=steps, norm=norm,
                 random_start=bool(random_start), restarts=restarts)
 
 
 def bim(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: float | None = None,
-        steps: int = 10, seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK) -> torch.Tensor:
+        steps: int = 10, seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK,
+        generator: torch.Generator | None = None) -> torch.Tensor:
     """Basic Iterative Method (Kurakin et al. 2017): L-inf PGD started from the clean input (no random start).
 
     ``alpha`` defaults to ``eps / steps * 1.25`` (so the steps can reach the boundary of the ball with some
@@ -439,12 +445,13 @@ def bim(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: f
     eps = _check_eps(eps)
     steps = _check_steps(steps)
     alpha = 1.25 * eps / steps if alpha is None else _check_eps(alpha, "alpha")
-    return _run(_pgd_core, model, x, y, seed, batch_size, eps=eps, alpha=alpha, steps=steps, norm="linf",
+    return _run(_pgd_core, model, x, y, seed, batch_size, generator, eps=eps, alpha=alpha, steps=steps, norm="linf",
                 random_start=False, restarts=1)
 
 
 def rfgsm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: float | None = None,
-          steps: int = 1, seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK) -> torch.Tensor:
+          steps: int = 1, seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK,
+        generator: torch.Generator | None = None) -> torch.Tensor:
     """R+FGSM (Tramer et al. 2018): ``x' = clip(x + alpha * sign(N(0, I)))`` then ``steps`` gradient sign steps
     of ``(eps - alpha) / steps`` each, projected into the L-inf eps-ball and [0, 1].
 
@@ -456,12 +463,12 @@ def rfgsm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha:
     alpha = eps / 2 if alpha is None else _check_eps(alpha, "alpha")
     if alpha > eps:
         raise ConfigError(f"rfgsm needs alpha <= eps, got alpha={alpha} > eps={eps}")
-    return _run(_rfgsm_core, model, x, y, seed, batch_size, eps=eps, alpha=alpha, steps=steps)
+    return _run(_rfgsm_core, model, x, y, seed, batch_size, generator, eps=eps, alpha=alpha, steps=steps)
 
 
 def mifgsm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: float | None = None,
            steps: int = 10, decay: float = 1.0, seed: int | None = None, *,
-           batch_size: int | None = _DEFAULT_CHUNK) -> torch.Tensor:
+           batch_size: int | None = _DEFAULT_CHUNK, generator: torch.Generator | None = None) -> torch.Tensor:
     """Momentum Iterative FGSM (Dong et al. 2018): ``g <- decay * g + grad / mean|grad|``, step ``alpha * sign(g)``,
     projected into the L-inf eps-ball and [0, 1], from the clean input. ``alpha`` defaults to ``eps / steps``
     (the paper's setting). Returns N x C x H x W on x's device.
@@ -471,12 +478,13 @@ def mifgsm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha
     steps = _check_steps(steps)
     alpha = eps / steps if alpha is None else _check_eps(alpha, "alpha")
     decay = _check_eps(decay, "decay")
-    return _run(_mifgsm_core, model, x, y, seed, batch_size, eps=eps, alpha=alpha, steps=steps, decay=decay)
+    return _run(_mifgsm_core, model, x, y, seed, batch_size, generator, eps=eps, alpha=alpha, steps=steps, decay=decay)
 
 
 def cw_l2(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float | None = None, c: float = 1.0,
           kappa: float = 0.0, steps: int = 100, lr: float = 0.01, binary_steps: int = 5, abort_early: bool = True,
-          seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK) -> torch.Tensor:
+          seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK,
+        generator: torch.Generator | None = None) -> torch.Tensor:
     """Carlini & Wagner L2 (2017): minimise ``||x' - x||_2^2 + c * max(Z_y - max_{i!=y} Z_i, -kappa)`` over
     ``x' = (tanh(w) + 1) / 2`` with Adam (``lr``, ``steps`` per search step), with a batched per-sample binary
     search over ``c`` (``binary_steps`` rounds, starting at ``c``; x10 while no upper bound is known).
@@ -495,13 +503,13 @@ def cw_l2(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float | None 
     steps = _check_steps(steps)
     binary_steps = _check_steps(binary_steps, "binary_steps")
     lr = _check_eps(lr, "lr")
-    return _run(_cw_core, model, x, y, seed, batch_size, eps=eps, c=c, kappa=kappa, steps=steps, lr=lr,
+    return _run(_cw_core, model, x, y, seed, batch_size, generator, eps=eps, c=c, kappa=kappa, steps=steps, lr=lr,
                 binary_steps=binary_steps, abort_early=bool(abort_early))
 
 
 def apgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100, norm: str = "linf",
          restarts: int = 1, rho: float = 0.75, seed: int | None = None, *,
-         batch_size: int | None = _DEFAULT_CHUNK) -> torch.Tensor:
+         batch_size: int | None = _DEFAULT_CHUNK, generator: torch.Generator | None = None) -> torch.Tensor:
     """APGD-CE (Croce & Hein 2020): PGD on the cross-entropy with momentum 0.75 and a step size that starts at
     ``2 * eps`` and is halved at checkpoints (after 22%, then shrinking intervals of at least 6% of the steps)
     where the loss increased in at most a fraction ``rho`` of the steps since the last checkpoint, or where the
@@ -518,8 +526,8 @@ def apgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: 
     restarts = _check_steps(restarts, "restarts")
     norm = _check_norm(norm)
     rho = _check_eps(rho, "rho")
-    return _run(_apgd_core, model, x, y, seed, batch_size, eps=eps, steps=steps, norm=norm, restarts=restarts,
-                rho=rho)
+    return _run(_apgd_core, model, x, y, seed, batch_size, generator, eps=eps, steps=steps, norm=norm,
+                restarts=restarts, rho=rho)
 
 
 # ------------------------------------------------------------------------------------------------- registry
@@ -626,45 +634,58 @@ class AttackResult:
 
 
 def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | None = None, *,
-           batch_size: int = 256, seed: int | None = 0, **kw: Any) -> AttackResult:
+           batch_size: int = 256, seed: int | None = 0, progress: bool = False, **kw: Any) -> AttackResult:
     """Run attack ``name`` (see :func:`names`) on images or a data set, in batches of ``batch_size``.
 
     ``x_or_data``: an image tensor N x C x H x W in [0, 1] (then ``y`` int64 [N]; when ``y`` is None the model's
     own predictions are attacked), an ``(x, y)`` pair, a ``Dataset`` or a ``DataLoader``. ``kw`` are the attack's
-    parameters (eps, steps, alpha, norm, restarts, ...). One random generator seeded with ``seed`` serves all
-    batches. Returns an :class:`AttackResult`.
+    parameters (eps, steps, alpha, norm, restarts, ...). One random generator on the model's device seeded with
+    ``seed`` serves all batches in order, so the result equals the attack function's with the same seed and
+    ``batch_size``. ``progress`` shows a progress bar over batches. Returns an :class:`AttackResult`.
     """
     entry = _entry(name)
+    if "generator" in kw or "batch_size" in kw:
+        raise ConfigError("attack() takes seed and batch_size itself; do not pass generator")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
     x, y_data = as_tensors(x_or_data)
     y = y if y is not None else y_data
     x = check_images(x)
+    n = x.shape[0]
     device = resolve_device(model)
-    t0 = time.perf_counter()
-    with eval_mode(model), torch.no_grad():
-        clean_pred = torch.cat([model(x[s:s + batch_size].to(device)).argmax(1).cpu()
-                                for s in range(0, x.shape[0], batch_size)]) if x.shape[0] else \
-            torch.empty(0, dtype=torch.long)
-    if y is None:
-        y = clean_pred.clone()
-    else:
+    if y is not None:
         if not isinstance(y, torch.Tensor):
             y = torch.as_tensor(y)
-        y = check_labels(y, x.shape[0], _num_classes(model))
-    y_cpu = y.detach().cpu().long()
-    kw = dict(kw)
-    if "seed" in kw:
-        raise ConfigError("pass seed to attack() itself, not twice")
-    adv = entry.fn(model, x, y, seed=seed, batch_size=batch_size, **kw)
-    with eval_mode(model), torch.no_grad():
-        adv_pred = torch.cat([model(adv[s:s + batch_size].to(device)).argmax(1).cpu()
-                              for s in range(0, adv.shape[0], batch_size)]) if adv.shape[0] else \
-            torch.empty(0, dtype=torch.long)
-    delta = (adv.detach().cpu() - x.detach().cpu()).flatten(1)
+        y = check_labels(y, n, _num_classes(model))
+    gen = make_generator(seed, device)
+    t0 = time.perf_counter()
+    advs, clean_preds, adv_preds, ys = [], [], [], []
+    starts = range(0, n, batch_size)
+    from robustest.runtime import progress as _progress
+
+    for s in _progress(starts, enabled=progress, desc=_canonical_name(name), total=len(starts), unit="batch"):
+        xb = x[s:s + batch_size].to(device)
+        with eval_mode(model), torch.no_grad():
+            cp = model(xb).argmax(1)
+        yb = cp if y is None else y[s:s + batch_size].to(device)
+        adv = entry.fn(model, xb, yb, batch_size=None, generator=gen, **kw)
+        with eval_mode(model), torch.no_grad():
+            ap = model(adv).argmax(1)
+        advs.append(adv.to(x.device))
+        clean_preds.append(cp.cpu())
+        adv_preds.append(ap.cpu())
+        ys.append(yb.cpu())
+    if n == 0:
+        empty = torch.empty(0, dtype=torch.long)
+        advs, clean_preds, adv_preds, ys = [x.clone()], [empty], [empty], [empty]
+    adv_all = torch.cat(advs)
+    clean_pred, adv_pred, y_cpu = torch.cat(clean_preds), torch.cat(adv_preds), torch.cat(ys).long()
+    delta = (adv_all.detach() - x.detach()).flatten(1).cpu()
     return AttackResult(
-        name=_canonical_name(name), adv=adv, y=y_cpu, success=adv_pred != y_cpu, clean_correct=clean_pred == y_cpu,
-        clean_pred=clean_pred, adv_pred=adv_pred, linf=delta.abs().amax(1) if delta.shape[1] else delta.sum(1),
-        l2=delta.norm(p=2, dim=1), params={**kw, "seed": seed, "batch_size": batch_size},
-        seconds=time.perf_counter() - t0,
+        name=_canonical_name(name), adv=adv_all, y=y_cpu, success=adv_pred != y_cpu,
+        clean_correct=clean_pred == y_cpu, clean_pred=clean_pred, adv_pred=adv_pred,
+        linf=delta.abs().amax(1) if delta.shape[1] else delta.sum(1), l2=delta.norm(p=2, dim=1),
+        params={**kw, "seed": seed, "batch_size": batch_size}, seconds=time.perf_counter() - t0,
     )
 
 
