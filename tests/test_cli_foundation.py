@@ -192,6 +192,31 @@ def test_internal_errors_are_one_line_exit_1(tmp_path, capsys, monkeypatch):
     assert "internal error" in err and "--debug" in err
 
 
+@pytest.mark.parametrize("exc, expected", [
+    (FileNotFoundError(2, "No such file or directory", "/x/y.pt"), "No such file or directory: /x/y.pt"),
+    (FileNotFoundError(2, "No such file or directory"), "No such file or directory"),
+    (PermissionError("not allowed"), "not allowed"),
+])
+def test_os_errors_are_one_line_exit_2(tmp_path, capsys, monkeypatch, exc, expected):
+    """Regression: an OSError without a file name was printed as '...: None'."""
+    from robustest.cli import train as train_verb
+
+    def fail(*a, **k):
+        raise exc
+
+    monkeypatch.setattr(train_verb, "load_data", fail)
+    code, _, err = run_cli(capsys, "train", "--dataset", "digits", "--model", "digits_cnn", "--epochs", "1",
+                           "--out", tmp_path)
+    line = assert_one_line_error(code, err)
+    assert line == f"robustest train: error: {expected}"
+
+
+def test_missing_required_arguments(capsys):
+    code, _, err = run_cli(capsys, "train")
+    line = assert_one_line_error(code, err)
+    assert "required" in line and "--dataset" in line and "--help" in line
+
+
 # ------------------------------------------------------------------------------- unsafe checkpoints
 @pytest.fixture
 def whole_model_file(tmp_path) -> Path:

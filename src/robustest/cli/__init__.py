@@ -68,7 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
         if args.debug:
             raise
-        sys.stderr.write(f"robustest {args.verb}: error: {exc.strerror or exc}: {exc.filename}\n")
+        where = f": {exc.filename}" if exc.filename else ""
+        sys.stderr.write(f"robustest {args.verb}: error: {exc.strerror or _one_line(exc)}{where}\n")
         return EXIT_USAGE
     except Exception as exc:  # noqa: BLE001 - last resort: never a bare traceback
         if args.debug:
