@@ -220,6 +220,10 @@ def test_input_errors():
         metrics.zol(model, x, y, batch_size=0)
     with pytest.raises(DataError):
         metrics.fol(model, x, y, x0=x * 2)
+    with pytest.raises(DataError, match="3 classes"):
+        metrics.fol(model, x, torch.tensor([0, 1, 2, 3]))
+    with pytest.raises(DataError, match="3 classes"):
+        metrics.zol(model, x, torch.tensor([0, 1, 7, 0]))
 
 
 def test_empty_input_gives_empty_scores():

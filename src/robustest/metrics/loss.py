@@ -62,6 +62,12 @@ def _prepare(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, label: s
         check_labels(y, x.shape[0])
 
 
+def _check_range(logits: torch.Tensor, y: torch.Tensor) -> None:
+    if y.numel() and (int(y.max()) >= logits.shape[1] or int(y.min()) < 0):
+        raise DataError(f"labels span [{int(y.min())}, {int(y.max())}] but the model has {logits.shape[1]} classes: "
+                        "check the labels or the model")
+
+
 def _predicted(model: nn.Module, x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Argmax prediction of ``model`` on ``x`` (already on ``device``), no graph."""
     with torch.no_grad():
@@ -86,7 +92,9 @@ def zol(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int |
     with eval_mode(model), torch.no_grad():
         for s, e in _chunks(x.shape[0], batch_size):
             logits = model(x[s:e].to(device))
-            loss = F.cross_entropy(logits.float(), y[s:e].to(device), reduction="none")
+            yb = y[s:e].to(device)
+            _check_range(logits, yb)
+            loss = F.cross_entropy(logits.float(), yb, reduction="none")
             out[s:e] = loss.to(x.device)
     return out
 
@@ -99,6 +107,7 @@ def input_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch
     """
     xb = x.detach().clone().requires_grad_(True)
     logits = model(xb)
+    _check_range(logits, y)
     loss = F.cross_entropy(logits.float(), y, reduction="sum")
     (g,) = torch.autograd.grad(loss, xb)
     return g
