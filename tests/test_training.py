@@ -316,3 +316,12 @@ def test_save_overwrites_atomically(tmp_path, digits_model, trained_digits_model
     loaded = training.load_checkpoint(p)
     assert loaded.robustest_metadata == {"v": 2} and same_weights(loaded, trained_digits_model)
     assert os.listdir(tmp_path) == ["m.pt"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_load_to_missing_cuda_is_a_config_error(tmp_path, digits_model):
+    """Regression: map_location='cuda' without CUDA reported a valid file as 'not a robustest checkpoint'."""
+    p = training.save_checkpoint(tmp_path / "m.pt", digits_model)
+    with pytest.raises(ConfigError, match="CUDA is not available"):
+        training.load_checkpoint(p, map_location="cuda")
+    assert same_weights(training.load_checkpoint(p, map_location="cpu"), digits_model)

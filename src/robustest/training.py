@@ -285,6 +285,8 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.devi
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist: pass a model.pt from 'robustest train'")
+    if isinstance(map_location, (str, torch.device)):  # an unusable device is a ConfigError, not a bad file
+        resolve_device(None, map_location)
     if _is_torchscript(path):
         if not torchscript:
             raise CheckpointError(f"{path} is a TorchScript archive: load it explicitly with torchscript=True "
