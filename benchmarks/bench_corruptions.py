@@ -1,0 +1,151 @@
+"""Throughput of robustest.corruptions against imagecorruptions 1.1.2 on the same images, in one run.
+
+    python benchmarks/bench_corruptions.py [--n 1000] [--size 32] [--severity 3] [--device cpu]
+                                           [--threads T] [--only NAMES] [--json OUT.json]
+
+Images: ``--n`` synthetic colour images (smooth random colour fields plus sharp rectangles, seeded), uint8
+H x W x 3. Each corruption is timed on the whole set: robustest as one batched call (uint8 -> float tensor ->
+corrupt -> uint8, conversions included), imagecorruptions image by image (its API). robustest is timed with
+the ImageNet table (the parameters imagecorruptions uses) and with its default table for the image size.
+Reference corruptions that raise are recorded with their error and left out of the ratio.
+Prints a markdown table and the overall ratio (sum of reference times / sum of robustest times over the
+corruptions both ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import sys
+import time
+import types
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def synthetic_images(n: int, size: int, seed: int = 0) -> np.ndarray:
+    g = torch.Generator().manual_seed(seed)
+    x = F.interpolate(torch.rand(n, 3, 4, 4, generator=g), size=(size, size), mode="bicubic", align_corners=False)
+    for _ in range(3):
+        y0, x0 = torch.randint(0, size - 4, (2,), generator=g).tolist()
+        hh, ww = torch.randint(3, size // 2, (2,), generator=g).tolist()
+        x[:, :, y0:y0 + hh, x0:x0 + ww] = torch.rand(n, 3, 1, 1, generator=g)
+    return (x.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def import_imagecorruptions():
+    """imagecorruptions 1.1.2 imports pkg_resources, which recent setuptools no longer ships: shim it."""
+    if importlib.util.find_spec("imagecorruptions") is None:
+        return None
+    if "pkg_resources" not in sys.modules and importlib.util.find_spec("pkg_resources") is None:
+        shim = types.ModuleType("pkg_resources")
+
+        def resource_filename(package: str, path: str) -> str:
+            spec = importlib.util.find_spec(package.split(".")[0])
+            return os.path.join(os.path.dirname(spec.origin), path)
+
+        shim.resource_filename = resource_filename  # type: ignore[attr-defined]
+        sys.modules["pkg_resources"] = shim
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import imagecorruptions
+
+    return imagecorruptions
+
+
+def time_ours(imgs: np.ndarray, name: str, severity: int, table: str | None, device: torch.device) -> float:
+    from robustest.corruptions import corrupt
+
+    def run(a: np.ndarray) -> np.ndarray:
+        x = torch.from_numpy(a).to(device).permute(0, 3, 1, 2).float() / 255
+        y = corrupt(x, name, severity, seed=0, table=table)
+        out = (y * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+        return out
+
+    run(imgs[:8])  # warm-up (kernels, caches, frost texture)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    run(imgs)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def time_reference(ic, imgs: np.ndarray, name: str, severity: int) -> tuple[float | None, str | None]:
+    np.random.seed(0)
+    try:
+        ic.corrupt(imgs[0], corruption_name=name, severity=severity)  # warm-up / first import costs
+    except Exception as exc:  # noqa: BLE001 - record any failure of the reference
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
+    t0 = time.perf_counter()
+    for img in imgs:
+        ic.corrupt(img, corruption_name=name, severity=severity)
+    return time.perf_counter() - t0, None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--size", type=int, default=32)
+    ap.add_argument("--severity", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--only", default=None, help="comma-separated corruption names (default: all 19)")
+    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from robustest.corruptions import names
+
+    device = torch.device(args.device)
+    imgs = synthetic_images(args.n, args.size)
+    ic = import_imagecorruptions()
+    rows = []
+    selected = names() if not args.only else [n.strip() for n in args.only.split(",")]
+    for name in selected:
+        t_img = time_ours(imgs, name, args.severity, "imagenet", device)
+        t_def = time_ours(imgs, name, args.severity, None, device)
+        t_ref, err = time_reference(ic, imgs, name, args.severity) if ic is not None else (None, "not installed")
+        rows.append({"corruption": name, "ours_imagenet_s": t_img, "ours_default_s": t_def, "reference_s": t_ref,
+                     "reference_error": err, "speedup": (t_ref / t_img) if t_ref else None})
+        print(f"{name:18s} ours {t_img:7.3f}s (default table {t_def:7.3f}s)  reference "
+              f"{'FAILED ' + err if err else f'{t_ref:7.3f}s  x{t_ref / t_img:6.1f}'}", file=sys.stderr, flush=True)
+
+    both = [r for r in rows if r["reference_s"]]
+    ours_both = sum(r["ours_imagenet_s"] for r in both)
+    ref_both = sum(r["reference_s"] for r in both)
+    overall = ref_both / ours_both if both else None
+    ours_all = sum(r["ours_imagenet_s"] for r in rows)
+    print(f"\n{args.n} images {args.size}x{args.size}x3, severity {args.severity}, device {device}, "
+          f"torch {torch.__version__} ({torch.get_num_threads()} threads), numpy {np.__version__}, "
+          f"{platform.processor() or platform.machine()}\n")
+    print("| corruption | robustest, ImageNet table (s) | robustest, default table (s) | imagecorruptions (s) "
+          "| speed-up |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        ref = f"{r['reference_s']:.3f}" if r["reference_s"] else f"fails ({r['reference_error']})"
+        sp = f"{r['speedup']:.1f}x" if r["speedup"] else "-"
+        print(f"| {r['corruption']} | {r['ours_imagenet_s']:.3f} | {r['ours_default_s']:.3f} | {ref} | {sp} |")
+    if overall is not None:
+        print(f"| **total ({len(both)} that both run)** | {ours_both:.3f} | "
+              f"{sum(r['ours_default_s'] for r in both):.3f} | {ref_both:.3f} | **{overall:.1f}x** |")
+    print(f"\nrobustest, all 19 corruptions: {ours_all:.2f} s = {args.n * 19 / ours_all:.0f} corrupted images/s")
+    failed = [r["corruption"] for r in rows if r["reference_error"]]
+    print(f"imagecorruptions failures: {', '.join(failed) if failed else 'none'}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"n": args.n, "size": args.size, "severity": args.severity, "device": str(device),
+                       "threads": torch.get_num_threads(), "rows": rows, "overall_speedup": overall}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
