@@ -34,7 +34,7 @@ def fol_fuzz_one_at_a_time(model: torch.nn.Module, x: torch.Tensor, steps: int =
     n = x.shape[0]
     n_steps = 2 * (steps // 2)
     gen = torch.Generator().manual_seed(seed)
-    u_table = (torch.rand(n, n_steps, generator=gen, dtype=torch.float64) + 0.5).to(x.dtype)
+    u_table = (torch.rand(n, n_steps, generator=gen, dtype=torch.float64) + 0.5).to(x.device, x.dtype)
     tests = []
     grad_steps = 0
     for p in model.parameters():
@@ -88,6 +88,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     ap.add_argument("--coverage-iterations", type=int, default=50,
                     help="coverage_fuzz (KMNC, k=10) iterations on the first 100 seeds (0: skip)")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
@@ -107,11 +108,13 @@ def main() -> None:
         else:
             model = models.create("digits_cnn", num_classes=10, in_channels=1, input_size=8)
             training.fit(model, (xtr, ytr), epochs=30, batch_size=64, seed=0, progress=False)
-    model.eval()
+    model.eval().to(args.device)
     x, y = data.load(args.dataset, root=root, split="test").tensors
-    x, y = x[: args.seeds], y[: args.seeds]
+    x, y = x[: args.seeds].to(args.device), y[: args.seeds].to(args.device)
     sub = x[: args.single_seeds]
 
+    fol_fuzz(model, x[:8], None, steps=4, batch_size=8)  # warm-up (allocator, kernels)
+    fol_fuzz_one_at_a_time(model, x[:2], steps=4)
     t = time.perf_counter()
     full = fol_fuzz(model, x, y, steps=args.steps, batch_size=args.batch_size, seed=0)
     t_full = time.perf_counter() - t
@@ -130,7 +133,7 @@ def main() -> None:
     rate_ref, rate_one = m / t_ref, m / t_one
     s = full.stats
     res = {
-        "dataset": args.dataset,
+        "dataset": args.dataset, "device": args.device,
         "seeds": n, "single_seeds": m, "steps": args.steps, "batch_size": args.batch_size, "threads": args.threads,
         "batched_seconds": t_full, "batched_seeds_per_s": rate_full,
         "batched_subset_seconds": t_bsub, "batched_subset_seeds_per_s": rate_bsub,
@@ -169,15 +172,16 @@ def main() -> None:
         xtr = data.load(args.dataset, root=root, split="train").tensors[0]
         profile = CoverageProfile.build(model, xtr[:10000])
         t = time.perf_counter()
-        cov = coverage_fuzz(model, x[:100], y[:100], profile, metric="kmnc", iterations=args.coverage_iterations,
+        nc = min(100, n)
+        cov = coverage_fuzz(model, x[:nc], y[:nc], profile, metric="kmnc", iterations=args.coverage_iterations,
                             batch_size=64, seed=0)
         t_cov = time.perf_counter() - t
         cs = cov.stats
-        res["coverage_fuzz"] = {"seeds": 100, "iterations": cs["iterations"], "seconds": t_cov,
+        res["coverage_fuzz"] = {"seeds": nc, "iterations": cs["iterations"], "seconds": t_cov,
                                 "kmnc_seeds": cs["coverage_seeds"], "kmnc_final": cs["coverage_final"],
                                 "mutants_valid": cs["mutants_valid"], "mutants_generated": cs["mutants_generated"],
                                 "queue_added": cs["queue_added"], "tests": cs["tests"]}
-        print(f"coverage_fuzz on 100 seeds, {cs['iterations']} iterations x 64 mutants: KMNC (k=10) "
+        print(f"coverage_fuzz on {nc} seeds, {cs['iterations']} iterations x 64 mutants: KMNC (k=10) "
               f"{cs['coverage_seeds']:.4f} (seeds alone) -> {cs['coverage_final']:.4f}, "
               f"{cs['mutants_valid']}/{cs['mutants_generated']} valid mutants, {cs['queue_added']} queued, "
               f"{cs['tests']} failing tests, {t_cov:.1f} s")

@@ -141,6 +141,46 @@ def test_fol_fuzz_is_deterministic_and_independent_of_batch_size(trained_digits_
     assert not (len(other) == len(a) and torch.equal(other.x, a.x))
 
 
+def _reference_fol_fuzz(model, x, steps, lr=0.1, max_rel_l2=0.5, seed=0):
+    """RobOT A3 written plainly, one seed at a time with a Python list as work list (float64 model)."""
+    gen = torch.Generator().manual_seed(seed)
+    u = (torch.rand(x.shape[0], steps, generator=gen, dtype=torch.float64) + 0.5).to(x.dtype)
+    found = []
+    for i in range(x.shape[0]):
+        x0 = x[i:i + 1]
+        c = model(x0).argmax(1)
+        if float(_grad_norm(model, x0, c)[0]) <= 1e-3:
+            continue
+        work, fol_max, it, k = [x0], 0.0, 0, 0
+        while work and it < steps // 2:
+            cur, it = work.pop(0), it + 1
+            for _ in range(2):
+                xg = cur.clone().requires_grad_(True)
+                logits = model(xg)
+                (g,) = torch.autograd.grad(F.cross_entropy(logits, c), xg, create_graph=True)
+                (d,) = torch.autograd.grad(g.norm() - logits.softmax(1)[0, c[0]], xg)
+                cur = (cur + lr * u[i, k] * d).clamp(0, 1).detach()
+                k += 1
+                fol = float(_grad_norm(model, cur, c)[0])
+                dist = float((cur - x0).norm() / x0.norm())
+                if fol > fol_max and dist < max_rel_l2:
+                    fol_max = fol
+                    work.append(cur)
+                if int(model(cur).argmax(1)) != int(c) and dist < max_rel_l2:
+                    found.append((i, k, cur[0]))
+    return found
+
+
+def test_fol_fuzz_matches_a_plain_one_seed_at_a_time_implementation(trained_digits_model, seeds):
+    model = trained_digits_model.double()
+    x = seeds[0][:24].double()
+    ref = _reference_fol_fuzz(model, x, steps=10)
+    r = fol_fuzz(model, x, None, steps=10, batch_size=7)
+    assert len(ref) > 0
+    assert [(i, k) for i, k, _ in ref] == list(zip(r.seed_index.tolist(), r.step.tolist()))
+    torch.testing.assert_close(r.x, torch.stack([t for _, _, t in ref]), rtol=0, atol=1e-9)
+
+
 def test_fol_fuzz_budgets_skipping_and_restored_state(trained_digits_model, seeds):
     model = trained_digits_model.train()
     x, y = seeds
