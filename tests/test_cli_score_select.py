@@ -77,6 +77,7 @@ def test_score_kmnc_and_select_coverage(ckpt, model, test_split, tmp_path):
     assert _score(ckpt, out, "--metric", "kmnc", "--k", "5", "--limit", "80", "--train-limit", "300") == 0
     payload = torch.load(out / "scores.pt", weights_only=True)
     bits = payload["bits"]
+    assert payload["options"] == {"k": 5}
     assert bits.dtype == torch.bool and bits.shape[0] == 80
     torch.testing.assert_close(payload["scores"], bits.float().sum(1) / bits.shape[1])
     summary = json.loads((out / "summary.json").read_text())

@@ -205,13 +205,14 @@ def run(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {}
     payload: dict[str, Any] = {}
     if info.kind == "coverage":
-        from robustest.metrics.coverage import CoverageProfile
+        from robustest.metrics.coverage import DEFAULTS, CoverageProfile
 
         train = _load_train(args)
         profile = CoverageProfile.build(model, train, layers=layers, batch_size=args.batch_size)
         acts = profile.activations(x, batch_size=args.batch_size)
         scores = profile.per_input_from_activations(acts, args.metric, **opts)
         payload["bits"] = profile.bits_from_activations(acts, args.metric, **opts).cpu()
+        opts = {**DEFAULTS[args.metric], **opts}  # record the effective options
         extra = {"set_coverage": profile.set_coverage_from_activations(acts, args.metric, **opts),
                  "num_cells": int(payload["bits"].shape[1]), "layers": profile.layers}
     elif info.kind == "surprise":
