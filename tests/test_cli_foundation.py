@@ -245,6 +245,40 @@ def test_verb_with_checkpoint_refuses_whole_pickled_model(whole_model_file, tmp_
     assert "pickled Python objects" in assert_one_line_error(code, err)
 
 
+# ---------------------------------------------------------------------------------------- _common helpers
+def test_common_helpers(tmp_path, capsys):
+    import argparse
+
+    from robustest.cli import _common
+    from robustest.errors import ConfigError
+
+    assert _common.positive_int("3") == 3 and _common.positive_float("0.5") == 0.5
+    for fn, bad in ((_common.positive_int, "0"), (_common.positive_int, "1.5"), (_common.positive_float, "-2"),
+                    (_common.positive_float, "nan"), (_common.positive_float, "x")):
+        with pytest.raises(argparse.ArgumentTypeError):
+            fn(bad)
+    args = argparse.Namespace(dataset="digits", data_dir=None, split="test", limit=50)
+    ds = _common.load_data(args)
+    assert len(ds) == 50 and len(_common.load_data(args, "train")) == 50
+    model = models.create("digits_cnn", num_classes=10, in_channels=1, input_size=8)
+    _common.check_fits(model, ds)
+    with pytest.raises(ConfigError, match="8x8"):
+        _common.check_fits(models.create("lenet5"), ds)
+    with pytest.raises(ConfigError, match="3-channel"):
+        _common.check_fits(models.create("resnet20", in_channels=3, input_size=32), ds)
+    with pytest.raises(ConfigError, match="5 classes"):
+        _common.check_fits(models.create("digits_cnn", num_classes=5, input_size=8), ds)
+    _common.check_fits(torch.nn.Linear(2, 2), ds)  # no spec: nothing to check
+    out = _common.out_dir(argparse.Namespace(out=str(tmp_path / "a" / "b")))
+    assert out.is_dir()
+    assert _common.peak_rss_mib() > 10
+    _common.print_table([{"name": "x", "acc": 0.5}, {"name": "long-name", "acc": None}], ["name", "acc"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["name", "acc"] and set(lines[1].replace(" ", "")) == {"-"}
+    assert lines[2].split() == ["x", "0.5000"] and lines[3].split() == ["long-name", "-"]
+    assert lines[0].index("acc") == lines[2].index("0.5000") == lines[3].rindex("-")  # aligned columns
+
+
 # ------------------------------------------------------------------------------------- console script
 def console_script() -> list[str]:
     exe = shutil.which("robustest") or str(Path(sys.executable).parent / "robustest")
