@@ -589,3 +589,54 @@ def test_cuda_matches_contract() -> None:
         if name in REFERENCE and name != "jpeg_compression":
             cpu = C.corrupt(x.cpu(), name, 3, seed=1)
             assert float((a.cpu() - cpu).abs().max()) < 1e-4
+
+
+# ------------------------------------------------------------------------------------ corruption accuracy
+def test_corruption_accuracy(trained_digits_model: torch.nn.Module, digits_test) -> None:
+    import json
+
+    from robustest.robustness import CorruptionResult, corruption_accuracy
+    from robustest.training import accuracy
+
+    model = trained_digits_model
+    x, y = digits_test.tensors[0][:120], digits_test.tensors[1][:120]
+    res = corruption_accuracy(model, (x, y), corruptions=["gaussian_noise", "contrast", "fog"],
+                              severities=(1, 3, 5), seed=2, batch_size=50)
+    assert isinstance(res, CorruptionResult)
+    assert res.num_samples == 120 and res.severities == (1, 3, 5) and res.table == "cifar"
+    assert abs(res.clean_accuracy - accuracy(model, (x, y))) < 1e-9
+    assert list(res.accuracy) == ["gaussian_noise", "contrast", "fog"]
+    # every entry is the accuracy on corrupt(batch, name, severity, seed + batch start)
+    with torch.no_grad():
+        hits = sum(int((model(C.corrupt(x[s:s + 50], "fog", 3, seed=2 + s)).argmax(1) == y[s:s + 50]).sum())
+                   for s in range(0, 120, 50))
+    assert res.accuracy["fog"][3] == hits / 120
+    for name, per in res.accuracy.items():
+        for sev, acc in per.items():
+            assert 0.0 <= acc <= 1.0 and res.error[name][sev] == pytest.approx(1 - acc)
+        assert res.mean_error[name] == pytest.approx(1 - sum(per.values()) / 3)
+    assert res.mce == pytest.approx(sum(res.mean_error.values()) / 3)
+    assert res.mean_corruption_accuracy == pytest.approx(1 - res.mce)
+    assert res.accuracy["contrast"][5] < res.clean_accuracy  # contrast 0.15 hurts a digits model
+    d = json.loads(json.dumps(res.to_dict()))
+    assert d["accuracy"]["fog"]["3"] == res.accuracy["fog"][3] and d["mce"] == pytest.approx(res.mce)
+    again = corruption_accuracy(model, (x, y), corruptions=["gaussian_noise", "contrast", "fog"],
+                                severities=(1, 3, 5), seed=2, batch_size=50)
+    assert again.accuracy == res.accuracy
+    assert model.training is False
+
+
+def test_corruption_accuracy_all_and_errors(trained_digits_model: torch.nn.Module, digits_test) -> None:
+    from robustest.robustness import corruption_accuracy
+
+    model = trained_digits_model.train()
+    x, y = digits_test.tensors[0][:16], digits_test.tensors[1][:16]
+    res = corruption_accuracy(model, (x, y), severities=[2])
+    assert list(res.accuracy) == C.names() and all(list(v) == [2] for v in res.accuracy.values())
+    assert model.training is True  # mode restored
+    with pytest.raises(ConfigError):
+        corruption_accuracy(model, (x, y), severities=(0,))
+    with pytest.raises(ConfigError):
+        corruption_accuracy(model, (x, y), corruptions="rain")
+    with pytest.raises(DataError):
+        corruption_accuracy(model, x, corruptions="fog")
