@@ -150,7 +150,9 @@ def fol_fuzz(
         max_tests_per_seed: a seed ends once it has produced this many tests (None: no limit).
         time_budget: stop after this many seconds (seeds not started by then are reported as such).
         seed: seeds the generator of the step factors; same seed, same tests.
-        batch_size: how many seeds are fuzzed at once.
+        batch_size: how many seeds are fuzzed at once. Memory: the work lists hold
+            ``2 * batch_size * (steps // 4 + 2)`` images (each item with its ascent direction; an item that
+            could never be popped within the budget is not stored).
         fol_variant: FOL recorded with each test, one of :data:`FOL_VARIANTS` (the work-list criterion is
             always FOL_L2, as in the reference algorithm).
         fol_eps: eps of the eps-ball FOL variants (default: ``eps`` when given, else 0.3).
