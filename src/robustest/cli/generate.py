@@ -1,0 +1,300 @@
+"""``robustest generate``: generate test inputs for a model with an adversarial attack or a fuzzer.
+
+Methods: fgsm, pgd, bim, rfgsm, mifgsm, cw, apgd (white-box attacks, robustest.attacks) and fol-fuzz
+(FOL-guided fuzzing, RobOT) or cov-fuzz (coverage-guided, DeepHunter-style; its coverage profile is built on
+the train split). Seeds are the --split of --dataset (default: train, as in RobOT's test pool).
+
+Writes to --out:
+  tests.pt       the tests (x, label y, index of the seed in the split, method, FOL of each test); readable by
+                 'robustest score' / 'robustest select' and by robustest.data.load_tests
+  summary.json   success rate, perturbation norms, FOL distribution (quantiles), timings, parameters
+  examples.png   seeds (top row) and tests (bottom row), captioned "label -> prediction"
+  fol_hist.png   histogram of the tests' FOL values
+By default attacks keep only successful adversarial examples (prediction != label, RobOT's pool);
+--keep-all keeps every attacked image. Fuzzers only ever return failing tests.
+FOL is measured with --fol-norm/--fol-eps (default: --norm and --eps; for cw the largest L2 perturbation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+
+from robustest.cli._common import (
+    add_checkpoint_arg,
+    add_data_args,
+    add_run_args,
+    check_fits,
+    load_data,
+    load_model,
+    out_dir,
+    peak_rss_mib,
+    positive_float,
+    positive_int,
+)
+from robustest.errors import ConfigError
+from robustest.runtime import atomic_write_json
+
+ORDER = 30
+
+ATTACKS = ("fgsm", "pgd", "bim", "rfgsm", "mifgsm", "cw", "apgd")
+FUZZERS = ("fol-fuzz", "cov-fuzz")
+DEFAULT_STEPS = {"pgd": 10, "bim": 10, "rfgsm": 1, "mifgsm": 10, "cw": 100, "apgd": 100, "fol-fuzz": 40}
+QUANTILES = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate tests with an attack or a fuzzer", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_checkpoint_arg(p)
+    add_data_args(p, split="train")
+    p.add_argument("--method", required=True, choices=ATTACKS + FUZZERS, help="generation method")
+    g = p.add_argument_group("attack options")
+    g.add_argument("--eps", type=positive_float, default=None,
+                   help="perturbation budget (default: 0.3 for 1-channel data, 8/255 for colour; "
+                        "cw: optional L2 bound)")
+    g.add_argument("--norm", choices=("linf", "l2"), default="linf", help="threat model of pgd/apgd (default: linf)")
+    g.add_argument("--steps", type=positive_int, default=None,
+                   help="iterations (default: pgd/bim/mifgsm 10, rfgsm 1, cw 100 per search step, apgd 100, "
+                        "fol-fuzz 40)")
+    g.add_argument("--alpha", type=positive_float, default=None,
+                   help="step size of pgd/bim/rfgsm/mifgsm (default: the attack's own rule)")
+    g.add_argument("--restarts", type=positive_int, default=1, help="restarts of pgd/apgd (default: 1)")
+    rs = g.add_mutually_exclusive_group()
+    rs.add_argument("--random-start", dest="random_start", action="store_true", default=None,
+                    help="start fgsm/pgd from a random point of the eps-ball (default: pgd yes, fgsm no)")
+    rs.add_argument("--no-random-start", dest="random_start", action="store_false")
+    g.add_argument("--decay", type=float, default=1.0, help="mifgsm momentum decay (default: 1.0)")
+    g.add_argument("--c", type=positive_float, default=1.0, help="cw: initial constant c (default: 1.0)")
+    g.add_argument("--kappa", type=float, default=0.0, help="cw: confidence margin (default: 0)")
+    g.add_argument("--binary-steps", type=positive_int, default=5, help="cw: binary search steps over c (default: 5)")
+    g.add_argument("--keep-all", action="store_true", help="keep unsuccessful adversarial images too")
+    f = p.add_argument_group("fuzzing options")
+    f.add_argument("--lr", type=positive_float, default=None, help="fol-fuzz step size; cw Adam learning rate "
+                   "(default: 0.1 for both)")
+    f.add_argument("--max-rel-l2", type=positive_float, default=0.5,
+                   help="fol-fuzz: bound on ||x - x0||_2 / ||x0||_2 (default: 0.5)")
+    f.add_argument("--fuzz-eps", type=positive_float, default=None,
+                   help="fol-fuzz: optional L-inf bound around each seed (default: none)")
+    f.add_argument("--max-tests-per-seed", type=positive_int, default=None, help="fol-fuzz: tests per seed cap")
+    f.add_argument("--time-budget", type=positive_float, default=None, metavar="S", help="fuzzers: budget in seconds")
+    f.add_argument("--iterations", type=positive_int, default=100, help="cov-fuzz: iterations (default: 100)")
+    f.add_argument("--coverage", choices=("kmnc", "nc", "nbc", "snac", "tknc"), default="kmnc",
+                   help="cov-fuzz: coverage metric of the feedback (default: kmnc)")
+    f.add_argument("--k", type=positive_int, default=None, help="cov-fuzz: KMNC sections (metric default if unset)")
+    f.add_argument("--profile-limit", type=positive_int, default=None, metavar="N",
+                   help="cov-fuzz: build the coverage profile on the first N training images (default: all)")
+    s = p.add_argument_group("FOL of the tests")
+    s.add_argument("--fol-norm", choices=("linf", "l2", "l1", "gradnorm"), default=None,
+                   help="norm of the FOL stored with each test (default: --norm; gradnorm = ||grad||_2)")
+    s.add_argument("--fol-eps", type=positive_float, default=None, help="eps of the FOL (default: --eps)")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="images per batch (default: 256)")
+    p.add_argument("--grid", type=positive_int, default=8, help="examples shown in examples.png (default: 8)")
+    add_run_args(p)
+    p.set_defaults(func=run)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _default_eps(x: torch.Tensor) -> float:
+    return 0.3 if x.shape[1] == 1 else 8 / 255
+
+
+def _attack_kwargs(args: argparse.Namespace, eps: float) -> dict[str, Any]:
+    m = args.method
+    steps = args.steps or DEFAULT_STEPS.get(m)
+    if args.norm == "l2" and m not in ("pgd", "apgd"):
+        raise ConfigError(f"--norm l2 is supported by pgd and apgd, not {m}: drop --norm or pick another method")
+    if args.restarts > 1 and m not in ("pgd", "apgd"):
+        raise ConfigError(f"--restarts applies to pgd and apgd, not {m}")
+    if args.random_start is not None and m not in ("fgsm", "pgd"):
+        raise ConfigError(f"--random-start/--no-random-start apply to fgsm and pgd, not {m}")
+    if args.alpha is not None and m in ("fgsm", "cw", "apgd"):
+        raise ConfigError(f"--alpha does not apply to {m}")
+    if m == "fgsm":
+        return {"eps": eps, "random_start": bool(args.random_start)}
+    if m == "pgd":
+        rs = True if args.random_start is None else args.random_start
+        return {"eps": eps, "alpha": args.alpha, "steps": steps, "norm": args.norm, "random_start": rs,
+                "restarts": args.restarts}
+    if m in ("bim", "rfgsm"):
+        return {"eps": eps, "alpha": args.alpha, "steps": steps}
+    if m == "mifgsm":
+        return {"eps": eps, "alpha": args.alpha, "steps": steps, "decay": args.decay}
+    if m == "cw":
+        return {"eps": args.eps, "c": args.c, "kappa": args.kappa, "steps": steps,
+                "lr": args.lr if args.lr is not None else 0.1, "binary_steps": args.binary_steps}
+    return {"eps": eps, "steps": steps, "norm": args.norm, "restarts": args.restarts}
+
+
+def _quantiles(v: torch.Tensor) -> dict[str, float] | None:
+    v = v.detach().double().cpu()
+    v = v[torch.isfinite(v)]
+    if v.numel() == 0:
+        return None
+    q = torch.quantile(v, torch.tensor(QUANTILES, dtype=torch.float64))
+    out = {("min" if p == 0 else "max" if p == 1 else f"q{int(round(p * 100)):02d}"): float(t)
+           for p, t in zip(QUANTILES, q)}
+    out["mean"] = float(v.mean())
+    return out
+
+
+def _fol(model, x, y, x0, eps: float, norm: str, batch_size: int) -> torch.Tensor:
+    from robustest import metrics
+
+    if x.shape[0] == 0:
+        return torch.empty(0)
+    if norm == "gradnorm":
+        return metrics.fol_gradnorm(model, x, y, batch_size=batch_size)
+    return metrics.fol(model, x, y, x0=x0, eps=eps, norm=norm, batch_size=batch_size)
+
+
+def _predict(model, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    from robustest.runtime import eval_mode, resolve_device
+
+    dev = resolve_device(model)
+    out = []
+    with eval_mode(model), torch.no_grad():
+        for s in range(0, x.shape[0], batch_size):
+            out.append(model(x[s:s + batch_size].to(dev)).argmax(1).cpu())
+    return torch.cat(out) if out else torch.empty(0, dtype=torch.long)
+
+
+# ------------------------------------------------------------------------------------------------- run
+def run(args: argparse.Namespace) -> int:
+    from robustest import attacks, report
+    from robustest.data import save_tests
+
+    t0 = time.perf_counter()
+    out = out_dir(args)
+    model = load_model(args)
+    ds = load_data(args)
+    check_fits(model, ds)
+    x, y = ds.tensors[0], ds.tensors[1].long()
+    n_seeds = int(x.shape[0])
+    if n_seeds == 0:
+        raise ConfigError(f"the {args.split} split of {args.dataset} is empty: check --dataset/--split/--limit")
+    eps = args.eps if args.eps is not None else _default_eps(x)
+    fol_norm = args.fol_norm or ("l2" if args.method == "cw" else args.norm)
+    method = args.method
+    summary: dict[str, Any] = {"method": method, "dataset": args.dataset, "split": args.split,
+                               "checkpoint": str(args.checkpoint), "seeds": n_seeds}
+    progress = not args.no_progress
+    t_gen = time.perf_counter()
+
+    if method in ATTACKS:
+        kw = _attack_kwargs(args, eps)
+        res = attacks.attack(method, model, x, y, batch_size=args.batch_size, seed=args.seed, progress=progress,
+                             **kw)
+        keep = torch.ones(n_seeds, dtype=torch.bool) if args.keep_all else res.success
+        idx = torch.nonzero(keep).flatten()
+        tx, ty, tpred = res.adv[idx], y[idx], res.adv_pred[idx]
+        x0 = x[idx]
+        summary.update({
+            "params": {k: v for k, v in kw.items()}, "clean_accuracy": res.clean_accuracy,
+            "robust_accuracy": res.robust_accuracy, "success_rate": res.success_rate,
+            "success_rate_on_correct": res.to_dict()["success_rate_on_correct"],
+            "kept": "all" if args.keep_all else "successful",
+        })
+        extra: dict[str, Any] = {"pred": tpred, "success": res.success[idx]}
+    elif method == "fol-fuzz":
+        from robustest import fuzzing
+
+        fuzz_fol = fol_norm if fol_norm in fuzzing.FOL_VARIANTS else "gradnorm"
+        fr = fuzzing.fol_fuzz(model, x, y, steps=args.steps or DEFAULT_STEPS["fol-fuzz"],
+                              lr=args.lr if args.lr is not None else 0.1, max_rel_l2=args.max_rel_l2,
+                              eps=args.fuzz_eps, max_tests_per_seed=args.max_tests_per_seed,
+                              time_budget=args.time_budget, seed=args.seed, batch_size=args.batch_size,
+                              fol_variant=fuzz_fol, fol_eps=args.fol_eps or eps, show_progress=progress)
+        idx = fr.seed_index.cpu().long()
+        tx, ty = fr.x.cpu(), fr.y.cpu().long()
+        tpred = fr.pred.cpu() if fr.pred is not None else _predict(model, tx, args.batch_size)
+        x0 = x[idx]
+        per_seed = fr.tests_per_seed(n_seeds)
+        summary.update({"params": {"steps": args.steps or DEFAULT_STEPS["fol-fuzz"], "lr": args.lr or 0.1,
+                                   "max_rel_l2": args.max_rel_l2, "eps": args.fuzz_eps,
+                                   "max_tests_per_seed": args.max_tests_per_seed, "time_budget": args.time_budget},
+                        "fuzz_stats": fr.stats,
+                        "seeds_with_tests": int((per_seed > 0).sum()),
+                        "tests_per_seed": _quantiles(per_seed.float())})
+        extra = {"pred": tpred, "step": fr.step.cpu()}
+        fuzz_fol_values = fr.fol.cpu()
+    else:
+        from robustest import fuzzing
+        from robustest.metrics.coverage import CoverageProfile
+
+        train = _train_for_profile(args)
+        profile = CoverageProfile.build(model, train, batch_size=args.batch_size)
+        opts = {"k": args.k} if (args.k is not None and args.coverage == "kmnc") else {}
+        cr = fuzzing.coverage_fuzz(model, x, y, profile, metric=args.coverage, iterations=args.iterations,
+                                   time_budget=args.time_budget, seed=args.seed, metric_opts=opts,
+                                   show_progress=progress)
+        idx = cr.seed_index.cpu().long()
+        tx, ty = cr.x.cpu(), cr.y.cpu().long()
+        tpred = cr.pred.cpu() if cr.pred is not None else _predict(model, tx, args.batch_size)
+        x0 = x[idx]
+        summary.update({"params": {"coverage": args.coverage, "metric_opts": opts, "iterations": args.iterations,
+                                   "time_budget": args.time_budget, "profile_images": len(train)},
+                        "fuzz_stats": cr.stats,
+                        "coverage_history": [list(h) for h in cr.coverage_history]})
+        extra = {"pred": tpred}
+    t_gen = time.perf_counter() - t_gen
+
+    # FOL of every test, measured against its seed
+    t_fol = time.perf_counter()
+    fol_eps = args.fol_eps or eps
+    if method == "cw" and args.fol_eps is None:
+        fol_eps = float((tx - x0).flatten(1).norm(dim=1).max()) if tx.shape[0] else eps
+        fol_eps = max(fol_eps, 1e-6)
+    if method == "fol-fuzz" and fuzz_fol == fol_norm:
+        fol_values = fuzz_fol_values
+    else:
+        fol_values = _fol(model, tx, ty, x0, fol_eps, fol_norm, args.batch_size).cpu()
+    t_fol = time.perf_counter() - t_fol
+
+    delta = (tx - x0).flatten(1)
+    n_tests = int(tx.shape[0])
+    extra.update({"dataset": args.dataset, "split": args.split, "fol_norm": fol_norm, "fol_eps": fol_eps,
+                  "eps": eps if method != "cw" else args.eps, "params": summary.get("params", {})})
+    save_tests(out / "tests.pt", tx, ty, idx, method, fol=fol_values, extra=extra)
+    summary.update({
+        "tests": n_tests,
+        "tests_changed_prediction": int((tpred != ty).sum()) if n_tests else 0,
+        "perturbation": {"linf": _quantiles(delta.abs().amax(1)) if n_tests else None,
+                         "l2": _quantiles(delta.norm(dim=1)) if n_tests else None},
+        "fol": {"norm": fol_norm, "eps": fol_eps, "quantiles": _quantiles(fol_values) if n_tests else None},
+        "timings": {"generate_s": t_gen, "fol_s": t_fol, "total_s": time.perf_counter() - t0},
+        "peak_rss_mib": peak_rss_mib(),
+        "seed": args.seed,
+        "files": ["tests.pt", "summary.json"],
+    })
+    if n_tests:
+        k = min(args.grid, n_tests)
+        pick = torch.linspace(0, n_tests - 1, k).round().long().unique()
+        seeds_img, tests_img = x0[pick], tx[pick]
+        caps = [f"seed #{int(idx[i])}: {int(ty[i])}" for i in pick] + \
+            [f"{int(ty[i])} -> {int(tpred[i])}" for i in pick]
+        report.save_image_grid(torch.cat([seeds_img, tests_img]), out / "examples.png", captions=caps,
+                               ncols=len(pick), title=f"{method}: seeds (top) and tests (bottom), label -> pred")
+        report.save_histogram(fol_values.numpy(), out / "fol_hist.png", title=f"FOL ({fol_norm}) of {method} tests")
+        summary["files"] += ["examples.png", "fol_hist.png"]
+    atomic_write_json(out / "summary.json", summary)
+    rate = summary.get("success_rate")
+    rate_txt = f", success rate {rate:.4f}" if rate is not None else ""
+    print(f"{method} on {n_seeds} {args.dataset}/{args.split} seeds: {n_tests} tests{rate_txt} "
+          f"({summary['timings']['total_s']:.1f}s)")
+    print(f"wrote {out / 'tests.pt'} and {out / 'summary.json'}")
+    return 0
+
+
+def _train_for_profile(args: argparse.Namespace):
+    from torch.utils.data import TensorDataset
+
+    from robustest import data as datasets
+
+    ds = datasets.load(args.dataset, root=args.data_dir, split="train")
+    if args.profile_limit is not None and args.profile_limit < len(ds):
+        ds = TensorDataset(*(t[:args.profile_limit] for t in ds.tensors))
+    return ds
