@@ -71,6 +71,8 @@ METRICS = ("clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy", "whitebo
            "whitebox_apgd_accuracy")
 # config keys that do not change results (left out of results.json and of the resume check)
 _RUNTIME_KEYS = ("out", "resume", "progress", "verbose", "device")
+# keys a resumed run may change: they decide how many rounds/cells run, not what a finished one contains
+_EXTENDABLE_KEYS = ("rounds", "time_budget", "target", "target_metric", "strategies", "budgets", "seeds", "examples")
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -483,7 +485,8 @@ def _limit(ds: Any, n: int | None) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _fingerprint(cfg: RobotConfig, kind: str) -> str:
-    return hashlib.sha256(json.dumps([kind, cfg.result_dict()], sort_keys=True, default=str).encode()).hexdigest()
+    d = {k: v for k, v in cfg.result_dict().items() if k not in _EXTENDABLE_KEYS}
+    return hashlib.sha256(json.dumps([kind, d], sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _prepare_out(cfg: RobotConfig, kind: str) -> Path:

@@ -1,0 +1,66 @@
+"""``robustest compare``: compare test-selection strategies honestly - ONE pool of tests generated against
+the original model, and the original model fine-tuned once per (budget, strategy, seed); a table of
+robustness (fixed adversarial set and white-box) per strategy and budget with mean and spread over seeds.
+
+Settings as for ``robustest run`` (``--config`` YAML, flags override). Writes OUT/results.json,
+OUT/summary.csv (the table), OUT/report.html and per-cell state in OUT/state/cells/; ``--resume``
+continues without redoing finished cells.
+
+Example:
+    robustest compare --checkpoint model.pt --dataset digits --eps 0.15 --budgets 5%,10% \\
+        --strategies best,kmst,gini,random --seeds 0,1,2 --epochs 5 --out compare-out
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from robustest.cli.run import add_common_args, budget_arg, build_config, print_results
+
+ORDER = 41
+
+
+def _list_of(conv):
+    def parse(text: str) -> list:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("expected a comma-separated list")
+        return [conv(t) for t in items]
+
+    return parse
+
+
+def _strategy(text: str) -> str:
+    from robustest.robot import STRATEGIES
+
+    if text not in STRATEGIES:
+        raise argparse.ArgumentTypeError(f"unknown strategy {text!r}: choose from {', '.join(STRATEGIES)}")
+    return text
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="compare selection strategies on one pool (robustness per strategy/budget)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(p)
+    p.add_argument("--strategies", type=_list_of(_strategy), metavar="LIST",
+                   help="comma-separated strategies (default: best,kmst,gini,random,coverage)")
+    p.add_argument("--budgets", type=_list_of(budget_arg), metavar="LIST",
+                   help="comma-separated budgets, counts or percentages of the pool (default: 5%%)")
+    p.add_argument("--seeds", type=_list_of(_int), metavar="LIST", help="comma-separated seeds (default: 0)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from robustest import robot
+
+    cfg = build_config(args, defaults={"strategies": list(robot.STRATEGIES)})
+    results = robot.compare(cfg)
+    print_results(results, cfg.out)
+    return 0

@@ -1,0 +1,166 @@
+"""``robustest run``: the RobOT loop - generate tests, select them by FOL, fine-tune, measure robustness,
+repeat until the robustness requirement is met, the FOL convergence rule fires, or rounds/time run out.
+
+Settings come from ``--config run.yaml`` (keys of robustest.robot.RobotConfig, see docs/RESULTS_SCHEMA.md)
+and are overridden by the flags given. A config with ``strategies: [...]`` runs the strategy comparison
+(as ``robustest compare``). Writes OUT/results.json, OUT/summary.csv, OUT/report.html, OUT/timings.json
+and the per-round state in OUT/state/; ``--resume`` continues an interrupted run without redoing rounds.
+
+Example:
+    robustest run --checkpoint model.pt --dataset digits --eps 0.15 --strategy best --budget 5% \\
+        --rounds 3 --epochs 5 --out robot-out
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from robustest.cli._common import positive_float, positive_int, print_table
+
+ORDER = 40
+
+
+def budget_arg(text: str) -> int | str:
+    """A budget: a count (``100``) or a percentage of the pool (``5%``)."""
+    from robustest.errors import ConfigError
+    from robustest.robot import parse_budget
+
+    value: int | str = int(text) if text.strip().isdigit() else text.strip()
+    try:
+        parse_budget(value, 100)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    """Flags shared by ``run`` and ``compare`` (each overrides the config file's key of the same name)."""
+    p.add_argument("--config", metavar="FILE", help="YAML file with RobotConfig keys (flags override it)")
+    p.add_argument("--checkpoint", dest="model", metavar="FILE",
+                   help="model.pt from 'robustest train' (default: train --train-model on the data first)")
+    p.add_argument("--train-model", metavar="NAME", help="zoo model trained when no checkpoint is given")
+    p.add_argument("--train-epochs", type=positive_int, metavar="N", help="epochs for that training")
+    p.add_argument("--dataset", metavar="NAME", help="data set name (default: digits)")
+    p.add_argument("--data-dir", metavar="DIR", help="folder or file holding the data; not needed for digits")
+    p.add_argument("--train-limit", type=positive_int, metavar="N", help="use only the first N training images")
+    p.add_argument("--test-limit", type=positive_int, metavar="N", help="use only the first N test images")
+    p.add_argument("--eps", type=positive_float, help="L-inf radius in pixel scale (default: 0.3)")
+    p.add_argument("--pool", choices=("attack", "fol-fuzz", "cov-fuzz"),
+                   help="test generator: FGSM+PGD on the training set (default), FOL or coverage fuzzing")
+    p.add_argument("--pool-limit", type=positive_int, metavar="N", help="generate tests from N training images")
+    p.add_argument("--epochs", type=positive_int, help="fine-tuning epochs (default: 10)")
+    p.add_argument("--batch-size", type=positive_int, help="fine-tuning batch size (default: 64)")
+    p.add_argument("--lr", type=positive_float, help="fine-tuning learning rate, Adam (default: 1e-3)")
+    p.add_argument("--whitebox-limit", type=positive_int, metavar="N",
+                   help="white-box attacks on the first N test images (default: 1000)")
+    p.add_argument("--no-whitebox", dest="whitebox", action="store_const", const=False,
+                   help="skip the white-box measurement")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: robot-out)")
+    p.add_argument("--resume", action="store_const", const=True, help="continue the run saved in --out")
+    p.add_argument("--seed", type=int, help="random seed (default: 0)")
+    p.add_argument("--device", metavar="D", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars and per-round lines")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="the RobOT loop: test, select by FOL, retrain, measure, until converged",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(p)
+    p.add_argument("--strategy", choices=("best", "kmst", "gini", "random", "coverage"),
+                   help="selection strategy (default: best)")
+    p.add_argument("--budget", type=budget_arg, help="tests selected per round: a count or '5%%' of the pool")
+    p.add_argument("--rounds", type=positive_int, help="maximum number of rounds (default: 3)")
+    p.add_argument("--time-budget", type=positive_float, metavar="SECONDS", help="stop starting rounds after this")
+    p.add_argument("--target", type=float, help="stop once --target-metric reaches this accuracy in [0, 1]")
+    p.add_argument("--target-metric", choices=("clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy",
+                                               "whitebox_pgd_accuracy", "whitebox_apgd_accuracy"),
+                   help="robustness figure the requirement is on (default: whitebox_accuracy)")
+    p.add_argument("--convergence-tol", type=float, help="relative change of the median FOL (default: 0.05)")
+    p.add_argument("--convergence-patience", type=positive_int, help="rounds below the tolerance (default: 2)")
+    p.set_defaults(func=run)
+
+
+_FLAG_KEYS = ("model", "train_model", "train_epochs", "dataset", "data_dir", "train_limit", "test_limit", "eps",
+              "pool", "pool_limit", "epochs", "batch_size", "lr", "whitebox_limit", "whitebox", "out", "resume",
+              "seed", "device", "strategy", "budget", "rounds", "time_budget", "target", "target_metric",
+              "convergence_tol", "convergence_patience", "strategies", "budgets", "seeds")
+
+
+def build_config(args: argparse.Namespace, defaults: dict[str, Any] | None = None):
+    """RobotConfig from --config (if any), then ``defaults`` for keys the file does not set, then flags."""
+    from robustest.robot import RobotConfig
+
+    d: dict[str, Any] = {}
+    if args.config:
+        d = RobotConfig.from_yaml(args.config).to_dict()
+        given = set(_yaml_keys(args.config))
+        for k, v in (defaults or {}).items():
+            if k not in given:
+                d[k] = v
+    else:
+        d = dict(defaults or {})
+    for k in _FLAG_KEYS:
+        v = getattr(args, k, None)
+        if v is not None:
+            d[k] = v
+    d["progress"] = not args.no_progress
+    d["verbose"] = not args.no_progress
+    return RobotConfig.from_dict(d)
+
+
+def _yaml_keys(path: str) -> list[str]:
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        raw = yaml.safe_load(fh) or {}
+    return [str(k).replace("-", "_") for k in raw]
+
+
+def print_loop_table(results: dict[str, Any], file=None) -> None:
+    rows = [{"round": 0, "selected": 0, **_figs(results["baseline"]),
+             "median FOL": results["convergence_rule"]["round0"]["fol"]["median"]}]
+    for rec in results["rounds"]:
+        rows.append({"round": rec["round"], "selected": rec["selected"]["n"], **_figs(rec["robustness"]),
+                     "median FOL": rec["convergence"]["statistic"]})
+    print_table(rows, ["round", "selected", "clean", "fixed-set", "white-box", "median FOL"], file=file)
+
+
+def print_compare_table(results: dict[str, Any], file=None) -> None:
+    rows = []
+    def pm(r: dict[str, Any], m: str) -> str:
+        mean, std = r.get(f"{m}_mean"), r.get(f"{m}_std")
+        return "-" if mean is None else f"{mean:.4f} ± {std or 0.0:.4f}"
+
+    for r in results["table"]:
+        rows.append({"strategy": r["strategy"], "budget": f"{r['budget']} ({r['n']})",
+                     "fixed-set before": r["before_fixed_set_accuracy"], "fixed-set after": pm(r, "fixed_set_accuracy"),
+                     "white-box before": r["before_whitebox_accuracy"], "white-box after": pm(r, "whitebox_accuracy"),
+                     "clean before": r["before_clean_accuracy"], "clean after": pm(r, "clean_accuracy")})
+    print_table(rows, ["strategy", "budget", "fixed-set before", "fixed-set after", "white-box before",
+                       "white-box after", "clean before", "clean after"], file=file)
+
+
+def _figs(rob: dict[str, Any]) -> dict[str, Any]:
+    return {"clean": rob.get("clean_accuracy"), "fixed-set": rob.get("fixed_set_accuracy"),
+            "white-box": rob.get("whitebox_accuracy")}
+
+
+def run(args: argparse.Namespace) -> int:
+    from robustest import robot
+
+    cfg = build_config(args)
+    results = robot.run(cfg)
+    print_results(results, cfg.out)
+    return 0
+
+
+def print_results(results: dict[str, Any], out: str, file=None) -> None:
+    file = file or sys.stdout
+    if results["kind"] == "loop":
+        print_loop_table(results, file=file)
+        print(f"stopped: {results['stop_reason']} after {results['rounds_completed']} round(s)", file=file)
+    else:
+        print_compare_table(results, file=file)
+    print(f"wrote {out}/results.json, summary.csv, report.html", file=file)

@@ -1,0 +1,187 @@
+"""The RobOT loop and the strategy comparison (robustest.robot) on tiny digits settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from robustest import data as datasets
+from robustest import models as zoo
+from robustest import robot
+from robustest.errors import ConfigError
+from robustest.training import fit, save_checkpoint
+
+# tiny but complete settings: every stage runs, each in a fraction of a second
+TINY = {
+    "dataset": "digits", "train_limit": 300, "test_limit": 60, "eps": 0.15, "epochs": 1, "batch_size": 64,
+    "whitebox_limit": 30, "whitebox_pgd_steps": 3, "whitebox_restarts": 1, "apgd_steps": 3,
+    "convergence_probe": 40, "pool_pgd_steps": 5, "verbose": False,
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    torch.set_num_threads(1)
+    x, y = datasets.load("digits", split="train").tensors
+    torch.manual_seed(0)
+    model = zoo.create("mlp", num_classes=10, in_channels=1, input_size=8)
+    fit(model, (x[:300], y[:300]), epochs=6, seed=0, progress=False)
+    path = tmp_path_factory.mktemp("model") / "model.pt"
+    save_checkpoint(path, model)
+    return str(path)
+
+
+# ------------------------------------------------------------------------------------------------ config
+def test_config_validation_errors_are_one_line(tmp_path):
+    cases = [
+        ({"epsilon": 0.3}, "unknown config key 'epsilon'"),
+        ({"eps": 0}, "eps must be"),
+        ({"budget": "0%"}, "budget"),
+        ({"budget": -3}, "budget"),
+        ({"strategy": "deepgini"}, "unknown strategy"),
+        ({"strategies": ["best", "best"]}, "twice"),
+        ({"pool": "gan"}, "unknown pool"),
+        ({"rounds": 0}, "rounds must be"),
+        ({"target": 1.5}, "target must be"),
+        ({"seeds": []}, "seeds must be"),
+        ({"dataset": "imagenet"}, "unknown dataset"),
+        ({"target_metric": "speed"}, "target_metric"),
+    ]
+    for d, msg in cases:
+        with pytest.raises(ConfigError, match=msg) as info:
+            robot.RobotConfig.from_dict(d)
+        assert "\n" not in str(info.value)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("eps: [0.3\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        robot.RobotConfig.from_yaml(bad)
+    good = tmp_path / "good.yaml"
+    good.write_text("eps: 0.2\nbudget: 5%\nstrategies: [best, gini]\n")
+    cfg = robot.RobotConfig.from_yaml(good)
+    assert cfg.eps == 0.2 and cfg.budget == "5%" and cfg.strategies == ["best", "gini"]
+    with pytest.raises(ConfigError, match="does not exist"):
+        robot.RobotConfig.from_yaml(tmp_path / "missing.yaml")
+
+
+def test_parse_budget_and_seeds():
+    assert robot.parse_budget("5%", 200) == 10
+    assert robot.parse_budget("0.5%", 100) == 1  # at least one test from a non-empty pool
+    assert robot.parse_budget(7, 200) == 7
+    assert robot.parse_budget(500, 200) == 200
+    assert robot.parse_budget("12", 200) == 12
+    for bad in ("abc", "150%", 0, True, 1.5):
+        with pytest.raises(ConfigError):
+            robot.parse_budget(bad, 100)
+    assert robot.derive_seed(0, "round", 1) == robot.derive_seed(0, "round", 1)
+    assert robot.derive_seed(0, "round", 1) != robot.derive_seed(0, "round", 2)
+
+
+def test_convergence_rule():
+    # relative changes: 0.5, 0.2, 0.04, 0.03 -> streak of 2 below tol 0.05
+    hist = [1.0, 0.5, 0.4, 0.384, 0.37248]
+    r = robot.convergence_update(hist, tol=0.05, patience=2)
+    assert r["converged"] and r["streak"] == 2
+    assert r["rel_change"] == pytest.approx(0.03)
+    assert not robot.convergence_update(hist[:4], tol=0.05, patience=2)["converged"]
+    # a jump resets the streak
+    assert robot.convergence_update([1.0, 1.01, 2.0], tol=0.05, patience=1)["streak"] == 0
+    first = robot.convergence_update([0.7], tol=0.05, patience=1)
+    assert first["rel_change"] is None and not first["converged"]
+    with pytest.raises(ConfigError):
+        robot.convergence_update([], tol=0.1, patience=1)
+
+
+# -------------------------------------------------------------------------------------------- the loop
+def test_loop_on_digits(checkpoint, tmp_path):
+    out = tmp_path / "loop"
+    res = robot.run({**TINY, "model": checkpoint, "budget": 20, "strategy": "best", "rounds": 2,
+                     "convergence_tol": 0.0, "out": str(out)})
+    assert res["kind"] == "loop" and res["stop_reason"] == "rounds" and res["rounds_completed"] == 2
+    assert res["baseline"]["fixed_set_accuracy"] == 0.0
+    for rec in res["rounds"]:
+        assert rec["selected"]["n"] == 20 and rec["pool"]["size"] > 20
+        assert rec["train"]["num_train"] == res["data"]["num_fit"] + 20 * rec["round"]  # tests accumulate
+        assert rec["convergence"]["statistic"] >= 0 and "median" in rec["convergence"]["fol"]
+        assert rec["train"]["best_epoch"] == 1
+    # retraining on adversarial tests moves the model off 0 on the fixed set
+    assert res["rounds"][-1]["robustness"]["fixed_set_accuracy"] > 0.0
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["rounds"][1]["robustness"] == res["rounds"][1]["robustness"]
+    assert "seconds" not in json.dumps(saved["rounds"][0]["train"])  # wall time lives in timings.json
+    assert (out / "timings.json").is_file() and (out / "report.html").stat().st_size > 1000
+    assert (out / "summary.csv").read_text().count("\n") == 4  # header + rounds 0, 1, 2
+    assert (out / "state" / "round002" / "model.pt").is_file()
+    # the same --out again without resume is refused; with resume nothing is redone
+    with pytest.raises(ConfigError, match="--resume"):
+        robot.run({**TINY, "model": checkpoint, "budget": 20, "rounds": 2, "convergence_tol": 0.0, "out": str(out)})
+    again = robot.run({**TINY, "model": checkpoint, "budget": 20, "rounds": 2, "convergence_tol": 0.0,
+                       "out": str(out), "resume": True})
+    assert again == res
+    with pytest.raises(ConfigError, match="different settings"):
+        robot.run({**TINY, "model": checkpoint, "budget": 30, "rounds": 2, "out": str(out), "resume": True})
+
+
+def test_loop_stops_on_requirement_and_convergence(checkpoint, tmp_path):
+    res = robot.run({**TINY, "model": checkpoint, "budget": 10, "rounds": 3, "target": 0.0,
+                     "target_metric": "clean_accuracy", "out": str(tmp_path / "a")})
+    assert res["stop_reason"] == "requirement" and res["rounds_completed"] == 1
+    res = robot.run({**TINY, "model": checkpoint, "budget": 10, "rounds": 3, "convergence_tol": 1e9,
+                     "convergence_patience": 1, "out": str(tmp_path / "b")})
+    assert res["stop_reason"] == "converged" and res["rounds_completed"] == 1
+
+
+def test_compare_on_digits(checkpoint, tmp_path):
+    out = tmp_path / "cmp"
+    res = robot.compare({**TINY, "model": checkpoint, "strategies": ["best", "kmst", "gini", "random"],
+                         "budgets": [15], "seeds": [0, 1], "out": str(out)})
+    assert res["kind"] == "compare" and len(res["cells"]) == 8 and len(res["table"]) == 4
+    for row in res["table"]:
+        assert row["seeds"] == 2 and row["n"] == 15 and row["before_fixed_set_accuracy"] == 0.0
+        assert row["fixed_set_accuracy_std"] is not None and row["fixed_set_accuracy_mean"] >= 0
+    sel = {}
+    for s in ("best", "gini", "random"):
+        sel[s] = torch.load(out / "state" / "cells" / f"{s}_b15_s0" / "selected.pt", weights_only=True)["pool_index"]
+    assert not torch.equal(torch.sort(sel["best"]).values, torch.sort(sel["gini"]).values)
+    csv = (out / "summary.csv").read_text().splitlines()
+    assert len(csv) == 5 and "fixed_set_accuracy_mean" in csv[0]
+    # a second budget is added on resume; the finished cells are reused
+    more = robot.compare({**TINY, "model": checkpoint, "strategies": ["best", "kmst", "gini", "random"],
+                          "budgets": [15, "20%"], "seeds": [0, 1], "out": str(out), "resume": True})
+    assert more["cells"][:8] == res["cells"] and len(more["table"]) == 8
+
+
+# ------------------------------------------------------------------------------- resume after SIGKILL
+@pytest.mark.slow
+def test_resume_after_sigkill_matches_uninterrupted_run(checkpoint, tmp_path):
+    args = ["--checkpoint", checkpoint, "--dataset", "digits", "--train-limit", "300", "--test-limit", "60",
+            "--eps", "0.15", "--epochs", "2", "--budget", "20", "--rounds", "3", "--whitebox-limit", "30",
+            "--convergence-tol", "0", "--seed", "3", "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "robustest", "run", *args]
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    subprocess.run([*cmd, "--out", str(full)], check=True, env=env, capture_output=True, timeout=600)
+    proc = subprocess.Popen([*cmd, "--out", str(killed)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    marker = killed / "state" / "round001" / "round.json"
+    t0 = time.time()
+    while not marker.exists() and proc.poll() is None and time.time() - t0 < 600:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be interrupted"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "results.json").exists()
+    done = subprocess.run([*cmd, "--out", str(killed), "--resume"], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    a = json.loads((full / "results.json").read_text())
+    b = json.loads((killed / "results.json").read_text())
+    assert a == b
+    assert Path(full / "results.json").read_bytes() == Path(killed / "results.json").read_bytes()
