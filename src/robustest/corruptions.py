@@ -17,7 +17,8 @@ Randomness
     the global RNGs are never touched. Same seed, same device, same batch: bit-identical output.
     Each image of a batch gets its own slice of the random stream (independent noise); the severity does
     not enter the seed, so the five severities of one image share their random field and differ only by
-    the parameters (common random numbers).
+    the parameters (common random numbers). An image's draws depend on its position in the batch and
+    on the batch size, so the same images in another batching get other (equally distributed) noise.
 
 Grayscale (C = 1)
     Channel-independent operations apply unchanged. Colour-only operations work on a luminance form:
@@ -59,6 +60,8 @@ from robustest.runtime import check_images
 __all__ = ["TABLES", "corrupt", "default_table", "describe", "names", "parameters", "resolve_names"]
 
 TABLES = ("cifar", "imagenet")
+CPU_CHUNK_VALUES = 3 * 32 * 32 * 64  # on the CPU, multi-pass corruptions run on chunks of about this many values
+_CHUNKED = frozenset({"motion_blur", "spatter", "glass_blur", "elastic_transform", "snow", "frost", "fog"})
 SMALL_IMAGE_MAX = 64  # images with max(H, W) <= this use the CIFAR table by default
 
 _ORDER = (
@@ -229,7 +232,14 @@ def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0, *, table: 
     work_dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
     xw = x.to(work_dtype)
     gen = _generator(seed, name, x.device)
-    out = _FUNCS[name](xw, param, gen, table)
+    fn = _FUNCS[name]
+    per_image = x.shape[1] * x.shape[2] * x.shape[3]
+    chunk = max(8, CPU_CHUNK_VALUES // per_image)
+    if x.device.type == "cpu" and name in _CHUNKED and x.shape[0] > chunk:
+        # many passes over the data: work through cache-sized chunks, drawing from the same generator in order
+        out = torch.cat([fn(xw[s:s + chunk], param, gen, table) for s in range(0, x.shape[0], chunk)])
+    else:
+        out = fn(xw, param, gen, table)
     return out.clamp_(0.0, 1.0).to(x.dtype)
 
 
