@@ -175,6 +175,10 @@ def test_select_weak_rules(tmp_path):
     bal = wr.select_weak(a, k=5, per_class=True)
     assert sorted(bal.labels.tolist()) == [0, 0, 1, 1, 2]
     assert wr.select_weak(a, fraction=0.5, per_class=True).indices.tolist() == [101, 107, 105, 102, 106]
+    a.clean_correct[[1, 5]] = False
+    cor = wr.select_weak(a, k=3, correct_only=True)
+    assert cor.indices.tolist() == [107, 102, 103] and cor.rule["correct_only"]
+    a.clean_correct[:] = True
     with pytest.raises(ConfigError):
         wr.select_weak(a, k=2, threshold=0.5)
     with pytest.raises(ConfigError):

@@ -62,6 +62,7 @@ __all__ = [
     "WeakSet",
     "adversarial_radius",
     "analyze",
+    "augmentation_pool",
     "default_eps_grid",
     "enhance",
     "select_weak",
@@ -786,6 +787,30 @@ def _corruption_op(name: str) -> Callable[[torch.Tensor, np.random.Generator, fl
     return op
 
 
+def augmentation_pool(weaknesses: Sequence[str] = ()) -> tuple[list[str], list[Callable]]:
+    """The AugMix pool extended by the corruption types among ``weaknesses`` -> (names, ops).
+
+    Attack names are accepted (the adversarial copy covers them) and add nothing; any other name raises
+    :class:`ConfigError`.
+    """
+    from robustest import attacks as atk_mod
+    from robustest import corruptions as corr
+
+    pool_names = list(AUGMIX_OPS)
+    ops: list[Callable] = list(AUGMIX_OPS.values())
+    cnames = set(corr.names())
+    known_attacks = set(ATTACKS) | set(atk_mod.names())
+    for w in weaknesses:
+        if w in cnames:
+            if w not in pool_names:
+                pool_names.append(w)
+                ops.append(_corruption_op(w))
+        elif w not in known_attacks:
+            raise ConfigError(f"unknown weakness {w!r}: give corruption names ({', '.join(sorted(cnames))}) "
+                              "or attack names")
+    return pool_names, ops
+
+
 def _augmix(x: torch.Tensor, ops: Sequence[Callable], rng: np.random.Generator, width: int = 3, depth: int = -1,
             severity: float = 3.0, alpha: float = 1.0) -> torch.Tensor:
     """AugMix: x_aug = m x + (1 - m) sum_i w_i chain_i(x), w ~ Dir(alpha), m ~ Beta(alpha, alpha); each chain
@@ -872,21 +897,7 @@ def enhance(
     if isinstance(weaknesses, ValidationResult):
         weaknesses = weaknesses.weaknesses()
     weak = [str(w) for w in (weaknesses or [])]
-    pool_names = list(AUGMIX_OPS)
-    ops: list[Callable] = list(AUGMIX_OPS.values())
-    if weak:
-        from robustest import corruptions as corr
-
-        cnames = set(corr.names())
-        known_attacks = set(ATTACKS) | set(atk_mod.names())
-        for w in weak:
-            if w in cnames:
-                if w not in pool_names:
-                    pool_names.append(w)
-                    ops.append(_corruption_op(w))
-            elif w not in known_attacks:
-                raise ConfigError(f"unknown weakness {w!r}: give corruption names ({', '.join(sorted(cnames))}) "
-                                  "or attack names")
+    pool_names, ops = augmentation_pool(weak)
     x, y = as_tensors(train)
     if y is None:
         raise DataError("enhance needs labelled training data")

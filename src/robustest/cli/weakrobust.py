@@ -1,0 +1,360 @@
+"""``robustest analyze``, ``robustest validate``, ``robustest enhance``: weak-robust validation.
+
+* analyze: local robustness of every sample of a split (Q noisy neighbours each). Writes ``analysis.pt``,
+  ``results.json`` and ``report.html`` (score histogram, the weakest samples with label and top wrong class).
+* validate: the weak-robust set (top-K / fraction / threshold of an analysis, given or computed inline) and
+  the model's error on it under gradient attacks and common corruptions, next to the same errors on the
+  test split, with every perturbation type labelled a strength or a weakness. Writes ``weakset.pt``,
+  ``weakset.json``, ``validation.pt``, ``results.json`` and ``report.html``.
+* enhance: targeted enhancement (AugMix + JSD + adversarial copy, pool extended by the weaknesses) of a
+  checkpoint. Writes ``model.pt``, ``results.json`` and ``report.html``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from robustest.cli._common import (
+    add_checkpoint_arg,
+    add_data_args,
+    add_run_args,
+    check_fits,
+    load_data,
+    load_model,
+    out_dir,
+    peak_rss_mib,
+    positive_float,
+    positive_int,
+    print_table,
+)
+from robustest.errors import ConfigError, DataError
+from robustest.runtime import atomic_write_json
+
+ORDER = 60
+
+
+def _fraction(text: str) -> float:
+    v = float(text)
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {v}")
+    return v
+
+
+def _unit(text: str) -> float:
+    v = float(text)
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {v}")
+    return v
+
+
+def _add_analysis_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("local robustness analysis")
+    g.add_argument("--neighbors", type=positive_int, default=50, help="noisy neighbours per sample (default: 50)")
+    g.add_argument("--eps", type=positive_float, default=0.22,
+                   help="noise width: delta ~ U[-eps/2, eps/2] per pixel (default: 0.22)")
+    g.add_argument("--noise", choices=("uniform", "gaussian"), default="uniform", help="noise law (default: uniform)")
+    g.add_argument("--no-quantize", action="store_true", help="do not round neighbours to the 256 uint8 levels")
+    g.add_argument("--batch-size", type=positive_int, default=4096, help="images per forward pass (default: 4096)")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("analyze", help="local robustness analysis of every sample (weak-robust scores)",
+                       description=__doc__, formatter_class=fmt)
+    add_checkpoint_arg(p)
+    add_data_args(p, split="train")
+    _add_analysis_args(p)
+    p.add_argument("--top", type=positive_int, default=32, help="weakest samples shown in the report (default: 32)")
+    add_run_args(p)
+    p.set_defaults(func=run_analyze)
+
+    p = sub.add_parser("validate", help="weak-robust validation set and the model's errors under perturbations",
+                       description=__doc__, formatter_class=fmt)
+    add_checkpoint_arg(p)
+    add_data_args(p, split="train")
+    p.add_argument("--analysis", metavar="FILE", default=None,
+                   help="analysis.pt from 'robustest analyze' (default: analyse inline)")
+    _add_analysis_args(p)
+    g = p.add_argument_group("weak-set selection (one of; default --threshold 0.5)")
+    sel = g.add_mutually_exclusive_group()
+    sel.add_argument("--k", type=positive_int, default=None, help="the K weakest samples")
+    sel.add_argument("--fraction", type=_fraction, default=None, help="the weakest fraction of the samples")
+    sel.add_argument("--threshold", type=_unit, default=None,
+                     help="samples with more than this share of neighbours misclassified (paper: 0.5)")
+    g.add_argument("--per-class", action="store_true", help="balance the weak set over the classes")
+    g.add_argument("--correct-only", action="store_true", help="rank only samples classified correctly")
+    g = p.add_argument_group("perturbations")
+    g.add_argument("--perturbations", nargs="+", default=["all"], metavar="NAME",
+                   help="'all', 'attacks', 'corruptions' or names of attacks/corruptions (default: all)")
+    g.add_argument("--attack-eps", type=positive_float, nargs="+", default=None, metavar="EPS",
+                   help="L-inf budgets of the attacks (default: 0.05 0.1 0.2 for grey, 2/255 4/255 8/255 colour)")
+    g.add_argument("--severities", type=positive_int, nargs="+", default=[1, 2, 3, 4, 5],
+                   help="corruption severities (default: 1 2 3 4 5)")
+    g.add_argument("--attack-steps", type=positive_int, default=None,
+                   help="steps of the iterative attacks (default: each attack's own)")
+    g.add_argument("--test-limit", type=int, default=1000, metavar="N",
+                   help="test-split samples evaluated for comparison (0: none; default: 1000)")
+    add_run_args(p)
+    p.set_defaults(func=run_validate)
+
+    p = sub.add_parser("enhance", help="targeted enhancement: AugMix + JSD + adversarial copy + weaknesses",
+                       description=__doc__, formatter_class=fmt)
+    add_checkpoint_arg(p)
+    add_data_args(p, split=None)
+    p.add_argument("--weaknesses", nargs="*", default=[], metavar="NAME_OR_FILE",
+                   help="corruption/attack names, or the results.json of 'robustest validate' (its weaknesses)")
+    p.add_argument("--epochs", type=positive_int, required=True, help="training epochs")
+    p.add_argument("--no-augmix", action="store_true", help="drop the AugMix + JSD term")
+    p.add_argument("--no-adversarial", action="store_true", help="drop the adversarial copy")
+    p.add_argument("--jsd-weight", type=float, default=6.0, help="weight of the JSD term (default: 6)")
+    p.add_argument("--adv-weight", type=float, default=0.5, help="weight of CE(x_adv) (default: 0.5)")
+    p.add_argument("--adv-eps", type=positive_float, default=None, help="PGD budget (default: 0.1 grey, 4/255 colour)")
+    p.add_argument("--adv-steps", type=positive_int, default=10, help="PGD steps (default: 10)")
+    p.add_argument("--adv-source", choices=("offline", "online"), default="offline",
+                   help="PGD against the starting model once (offline) or the current model per batch")
+    p.add_argument("--lr", type=positive_float, default=5e-4, help="learning rate (default: 5e-4)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="batch size (default: 64)")
+    p.add_argument("--eval-limit", type=int, default=1000, metavar="N",
+                   help="test samples for the before/after comparison (0: none; default: 1000)")
+    add_run_args(p)
+    p.set_defaults(func=run_enhance)
+
+
+# ------------------------------------------------------------------------------------------- helpers
+def _analysis_from_args(args: argparse.Namespace, model, ds):
+    from robustest import weakrobust as wr
+
+    return wr.analyze(model, ds, n_neighbors=args.neighbors, eps=args.eps, noise=args.noise,
+                      quantize=not args.no_quantize, batch_size=args.batch_size, seed=args.seed,
+                      progress=not args.no_progress)
+
+
+def _weakest_grid(ds, analysis, positions: torch.Tensor, title: str) -> bytes:
+    from robustest.report import save_image_grid
+
+    x = ds.tensors[0][analysis.index[positions]]
+    caps = [f"y={int(analysis.label[p])} w={int(analysis.top_wrong[p])} s={float(analysis.score[p]):.2f}"
+            for p in positions.tolist()]
+    return save_image_grid(x, None, captions=caps, title=title)
+
+
+def _analysis_report(rep, ds, analysis, top: int) -> None:
+    from robustest.report import save_histogram
+
+    rep.heading("Local robustness")
+    rep.table([analysis.summary()])
+    rep.image(save_histogram({"mean misprediction score": analysis.score}, None, title="sample scores",
+                             xlabel="mean misprediction score (higher = weaker)", log=True),
+              "Distribution of the per-sample mean misprediction score over the neighbours.")
+    rep.image(save_histogram({"fraction of neighbours misclassified": analysis.frac_misclassified}, None,
+                             title="fraction misclassified", xlabel="fraction", log=True))
+    order = analysis.order()[:top]
+    if len(order):
+        rep.image(_weakest_grid(ds, analysis, order, f"{len(order)} weakest samples"),
+                  "Weakest samples: y = label, w = top wrong class (largest mean neighbour probability), s = score.")
+
+
+def _weakest_rows(analysis, n: int = 20) -> list[dict]:
+    order = analysis.order()[:n]
+    return [{"index": int(analysis.index[p]), "label": int(analysis.label[p]), "score": float(analysis.score[p]),
+             "frac_misclassified": float(analysis.frac_misclassified[p]),
+             "clean_correct": bool(analysis.clean_correct[p]), "top_wrong": int(analysis.top_wrong[p])}
+            for p in order.tolist()]
+
+
+# --------------------------------------------------------------------------------------------- verbs
+def run_analyze(args: argparse.Namespace) -> int:
+    from robustest.report import HtmlReport
+
+    out = out_dir(args)
+    t0 = time.perf_counter()
+    model = load_model(args)
+    ds = load_data(args)
+    check_fits(model, ds)
+    analysis = _analysis_from_args(args, model, ds)
+    analysis.save(out / "analysis.pt")
+    results = {"verb": "analyze", "args": {k: v for k, v in vars(args).items() if k != "func"},
+               "n": len(analysis), "summary": analysis.summary(), "weakest": _weakest_rows(analysis),
+               "files": {"analysis": "analysis.pt"},
+               "timings": {"analyze_s": analysis.params["seconds"], "total_s": time.perf_counter() - t0},
+               "peak_rss_mib": peak_rss_mib()}
+    atomic_write_json(out / "results.json", results)
+    rep = HtmlReport(f"robustest analyze: {args.dataset} {args.split}")
+    rep.paragraph(f"Checkpoint {args.checkpoint}; {len(analysis)} samples, {args.neighbors} neighbours each, "
+                  f"eps {args.eps} ({args.noise} noise{'' if args.no_quantize else ', quantised'}), seed {args.seed}.")
+    _analysis_report(rep, ds, analysis, args.top)
+    rep.heading("Weakest samples")
+    rep.table(results["weakest"])
+    rep.write(out / "report.html")
+    s = analysis.summary()
+    print(f"analysed {len(analysis)} samples in {analysis.params['seconds']:.1f}s: clean accuracy "
+          f"{s['clean_accuracy']:.4f}, mean score {s['mean_score']:.4f}, "
+          f"{s['frac_most_neighbours_wrong']:.2%} with most neighbours misclassified")
+    print(f"wrote {out / 'analysis.pt'}, {out / 'results.json'} and {out / 'report.html'}")
+    return 0
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from robustest import weakrobust as wr
+    from robustest.report import HtmlReport, save_bars
+
+    out = out_dir(args)
+    t0 = time.perf_counter()
+    model = load_model(args)
+    ds = load_data(args)
+    check_fits(model, ds)
+    if args.analysis:
+        analysis = wr.Analysis.load(args.analysis)
+        if len(analysis) != len(ds) or not torch.equal(analysis.label, ds.tensors[1].long()):
+            raise DataError(f"{args.analysis} analyses {len(analysis)} samples but --dataset {args.dataset} "
+                            f"--split {args.split} has {len(ds)} (or other labels): use the same data set, split "
+                            "and --limit as 'robustest analyze'")
+    else:
+        analysis = _analysis_from_args(args, model, ds)
+        analysis.save(out / "analysis.pt")
+    weak = wr.select_weak(analysis, k=args.k, fraction=args.fraction, threshold=args.threshold,
+                          per_class=args.per_class, correct_only=args.correct_only)
+    if len(weak) == 0:
+        raise DataError("the weak set is empty (no sample has that many neighbours misclassified): "
+                        "use --k, --fraction or a lower --threshold")
+    weak.save(out / "weakset.pt")
+    weak.save(out / "weakset.json")
+    kw = {}
+    if args.attack_steps:
+        kw = {a: {"steps": args.attack_steps} for a in ("pgd", "bim", "mifgsm", "rfgsm")}
+    common = dict(perturbations=args.perturbations, eps=args.attack_eps, severities=tuple(args.severities),
+                  attack_kwargs=kw, seed=args.seed, progress=not args.no_progress)
+    res = wr.validate(model, ds, weak, **common)
+    res.save(out / "validation.pt")
+    test_res = None
+    if args.test_limit and args.test_limit > 0:
+        test = load_data(args, "test")
+        n = min(args.test_limit, len(test))
+        test_res = wr.validate(model, (test.tensors[0][:n], test.tensors[1][:n]), None, **common)
+    summary = res.summary()
+    rows = []
+    test_pt = test_res.per_type() if test_res else {}
+    for t, d in summary["per_type"].items():
+        rows.append({"type": t, "family": d["family"], "weak_error": d["error"],
+                     "test_error": test_pt[t][1] if t in test_pt else None, "label": d["label"] or "-"})
+    results = {"verb": "validate", "args": {k: v for k, v in vars(args).items() if k != "func"},
+               "n_analysed": len(analysis), "weak_set": {"n": len(weak), "rule": weak.rule,
+                                                         "indices": weak.indices.tolist()},
+               "validation": res.to_dict(), "test": test_res.to_dict() if test_res else None,
+               "weaknesses": res.weaknesses(), "strengths": [t for t, v in res.labels().items() if v == "strength"],
+               "table": rows, "files": {"weak_set": "weakset.pt", "weak_set_json": "weakset.json",
+                                        "validation": "validation.pt"},
+               "timings": {"total_s": time.perf_counter() - t0}, "peak_rss_mib": peak_rss_mib()}
+    atomic_write_json(out / "results.json", results)
+    rep = HtmlReport(f"robustest validate: {args.dataset}")
+    rep.paragraph(f"Weak-robust set: {len(weak)} of {len(analysis)} {args.split} samples ({weak.rule['rule']}). "
+                  "A perturbation type is a weakness when its error on the weak set exceeds the mean error of its "
+                  "family (attacks vs attacks, corruptions vs corruptions), else a strength.")
+    rep.table([{"set": "weak", "n": len(weak), "clean_error": res.clean_error, "mean_adv_error": res.mean_adv_error,
+                "mce": res.mce}] + ([{"set": "test", "n": len(test_res), "clean_error": test_res.clean_error,
+                                      "mean_adv_error": test_res.mean_adv_error, "mce": test_res.mce}]
+                                    if test_res else []))
+    bars = {"weak set": {r["type"]: r["weak_error"] for r in rows}}
+    if test_res:
+        bars["test split"] = {r["type"]: r["test_error"] for r in rows}
+    rep.image(save_bars(bars, None, title="error per perturbation type", ylabel="top-1 error"),
+              "Error per perturbation type (mean over budgets / severities): weak set vs test split.")
+    rep.heading("Strengths and weaknesses")
+    rep.table(rows, ["type", "family", "weak_error", "test_error", "label"])
+    _analysis_report(rep, ds, analysis, 32)
+    rep.write(out / "report.html")
+    print_table(rows, ["type", "family", "weak_error", "test_error", "label"])
+    print(f"weak set: {len(weak)} samples; mean adversarial error {res.mean_adv_error}, mCE {res.mce}; "
+          f"weaknesses: {', '.join(res.weaknesses()) or 'none'}")
+    print(f"wrote {out / 'results.json'} and {out / 'report.html'}")
+    return 0
+
+
+def _read_weaknesses(items: list[str]) -> list[str]:
+    names: list[str] = []
+    for it in items:
+        p = Path(it)
+        if it.endswith(".json") or p.is_file():
+            if not p.is_file():
+                raise DataError(f"weaknesses file {it!r} does not exist: pass the results.json of 'robustest validate'")
+            try:
+                d = json.loads(p.read_text())
+            except (OSError, ValueError) as exc:
+                raise DataError(f"{it} is not a JSON file: pass the results.json of 'robustest validate'") from exc
+            if not isinstance(d, dict) or not isinstance(d.get("weaknesses"), list):
+                raise DataError(f"{it} has no 'weaknesses' list: pass the results.json of 'robustest validate'")
+            names += [str(w) for w in d["weaknesses"]]
+        else:
+            names += [w for w in it.split(",") if w]
+    return list(dict.fromkeys(names))
+
+
+def run_enhance(args: argparse.Namespace) -> int:
+    from robustest import corruptions as corr
+    from robustest import weakrobust as wr
+    from robustest.models import spec_of
+    from robustest.report import HtmlReport, save_bars
+    from robustest.training import accuracy, save_checkpoint
+
+    out = out_dir(args)
+    t0 = time.perf_counter()
+    weaknesses = _read_weaknesses(args.weaknesses)
+    wr.augmentation_pool(weaknesses)  # unknown names fail before any work
+    model = load_model(args)
+    train = load_data(args, "train")
+    check_fits(model, train)
+    test = load_data(args, "test") if args.eval_limit > 0 else None
+    if args.no_augmix and args.no_adversarial and weaknesses:
+        raise ConfigError("--weaknesses extend the AugMix pool: drop --no-augmix")
+
+    def measure(m, held_out: list[str]) -> dict:
+        if test is None:
+            return {}
+        n = min(args.eval_limit, len(test))
+        x, y = test.tensors[0][:n], test.tensors[1][:n]
+        r = wr.validate(m, (x, y), None, perturbations=["fgsm", "pgd"] + held_out, severities=(1, 3, 5),
+                        seed=args.seed)
+        return {"clean_accuracy": accuracy(m, (x, y)), "mean_adv_error": r.mean_adv_error, "mce_held_out": r.mce,
+                "per_type": {t: e for t, (_f, e) in r.per_type().items()}}
+
+    # corruptions held out from training (not in the pool) for the before/after comparison
+    held_out = [c for c in corr.names() if c not in weaknesses][:6] if test is not None else []
+    before = measure(model, held_out)
+    res = wr.enhance(model, train, weaknesses, epochs=args.epochs, augmix=not args.no_augmix,
+                     adversarial=not args.no_adversarial, jsd_weight=args.jsd_weight, adv_weight=args.adv_weight,
+                     adv_eps=args.adv_eps, adv_steps=args.adv_steps, adv_source=args.adv_source, lr=args.lr,
+                     batch_size=args.batch_size, seed=args.seed, progress=not args.no_progress)
+    after = measure(model, held_out)
+    meta = dict(getattr(model, "robustest_metadata", {}) or {})
+    meta.update({"enhanced": res.config, "weaknesses": weaknesses})
+    try:
+        spec = spec_of(model)
+    except ConfigError as exc:
+        raise ConfigError("enhance needs a checkpoint of a zoo model (written by 'robustest train')") from exc
+    save_checkpoint(out / "model.pt", model, spec=spec, metadata=meta)
+    results = {"verb": "enhance", "args": {k: v for k, v in vars(args).items() if k != "func"},
+               "enhance": res.to_dict(), "held_out_corruptions": held_out, "before": before, "after": after,
+               "files": {"model": "model.pt"}, "timings": {"total_s": time.perf_counter() - t0},
+               "peak_rss_mib": peak_rss_mib()}
+    atomic_write_json(out / "results.json", results)
+    rep = HtmlReport("robustest enhance")
+    rep.paragraph(f"{args.epochs} epochs; pool: {', '.join(res.pool)}; weaknesses: {', '.join(weaknesses) or 'none'}.")
+    rep.table(res.epochs)
+    if before and after:
+        rep.table([{"model": "before", **{k: v for k, v in before.items() if k != "per_type"}},
+                   {"model": "after", **{k: v for k, v in after.items() if k != "per_type"}}])
+        rep.image(save_bars({"before": before["per_type"], "after": after["per_type"]}, None,
+                            title="test error per perturbation (held-out corruptions, white-box attacks)",
+                            ylabel="top-1 error"))
+    rep.write(out / "report.html")
+    if before and after:
+        print(f"test accuracy {before['clean_accuracy']:.4f} -> {after['clean_accuracy']:.4f}; mean adversarial "
+              f"error {before['mean_adv_error']:.4f} -> {after['mean_adv_error']:.4f}; held-out mCE "
+              f"{before['mce_held_out']:.4f} -> {after['mce_held_out']:.4f}")
+    print(f"wrote {out / 'model.pt'}, {out / 'results.json'} and {out / 'report.html'}")
+    return 0
