@@ -183,39 +183,61 @@ class CoverageProfile:
 
     def _cells(self, acts: torch.Tensor, name: str, o: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Compact form of the covered cells of ``acts [B, F]``: for KMNC ``(section [B, F] int64, valid [B, F])``,
-        else ``(bits [B, cells], None)``."""
+        else ``(bits [B, cells], None)``.
+
+        Bounds are computed in float64 and compared with the float32 activations exactly, through the nearest
+        float32 value on the right side of each bound (``a >= t`` iff ``a >= ceil32(t)``, ``a <= t`` iff
+        ``a <= floor32(t)``), so every comparison runs in float32.
+        """
         st = self._stats(acts.device)
+        acts = acts.float()
         if name == "nc":
-            a = acts
-            if o["scaled"]:
-                a = self._scale_per_layer(acts)
+            a = self._scale_per_layer(acts) if o["scaled"] else acts
             return a > o["threshold"], None
         if name == "kmnc":
-            k = o["k"]
-            lo, hi = st["min"], st["max"]
-            jump = (hi - lo) / k
-            steps = torch.arange(k + 1, device=acts.device, dtype=torch.float64)
-            thr = (lo[:, None] + jump[:, None] * steps[None, :]).contiguous()  # [F, k+1], non-decreasing
-            a = acts.double().t().contiguous()  # [F, B]
-            c = torch.searchsorted(thr, a, right=True)  # how many bounds are <= a
-            valid = (c >= 1) & (c <= k)
-            return (c - 1).clamp(0, k - 1).t(), valid.t()
+            return self._kmnc_sections(acts, o["k"], st)
         if name == "nbc":
-            a = acts.double()
-            lower = a <= (st["min"] - o["scale"] * st["std"])
-            upper = a >= (st["max"] + o["scale"] * st["std"])
+            lower = acts <= _floor32(st["min"] - o["scale"] * st["std"])
+            upper = acts >= _ceil32(st["max"] + o["scale"] * st["std"])
             return torch.stack((lower, upper), dim=2).flatten(1), None
         if name == "snac":
-            return acts.double() >= (st["max"] + o["scale"] * st["std"]), None
-        # tknc
-        bits = torch.zeros_like(acts, dtype=torch.bool)
+            return acts >= _ceil32(st["max"] + o["scale"] * st["std"]), None
+        return self._top_k(acts, o["top_k"]), None
+
+    def _kmnc_sections(self, acts: torch.Tensor, k: int,
+                       st: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        # Bounds t_i = min + jump * i in float64, evaluated only at each activation's candidate section (the
+        # same float64 products and sums as the full table, so the result is exact), corrected by one step.
+        lo, jump = st["min"], (st["max"] - st["min"]) / k
+        a = acts.double()
+        sec = ((a - lo) / jump).nan_to_num_(0.0, float(k - 1), 0.0).floor_().clamp_(0, k - 1)
+        sec -= (a < lo + jump * sec).double()
+        sec += (a >= lo + jump * (sec + 1)).double()
+        sec.clamp_(0, k - 1)
+        valid = (a >= lo + jump * sec) & (a < lo + jump * (sec + 1))
+        sec = sec.long()
+        missed = ~valid & (a >= lo) & (a < lo + jump * k)
+        if bool(missed.any()):  # degenerate bounds (jump below the float64 spacing at min): count bounds <= a
+            rows, cols = missed.nonzero(as_tuple=True)
+            steps = torch.arange(k + 1, device=acts.device, dtype=torch.float64)
+            bounds = lo[cols, None] + jump[cols, None] * steps
+            sec[rows, cols] = (bounds <= a[rows, cols][:, None]).sum(1) - 1
+            valid[rows, cols] = True
+        return sec, valid
+
+    def _top_k(self, acts: torch.Tensor, top_k: int) -> torch.Tensor:
+        # Distinct int64 keys ordered as the values, ties toward the later neuron (a stable ascending sort's
+        # last k), so torch.topk picks exactly the neurons that sort would.
+        bits32 = (acts + 0.0).contiguous().view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+        order = torch.where(bits32 < 0, bits32 ^ 0x7FFFFFFF, bits32).long()
+        key = order * (1 << 32) + torch.arange(acts.shape[1], device=acts.device)
+        out = torch.zeros_like(acts, dtype=torch.bool)
         start = 0
         for size in self.sizes:
-            layer = acts[:, start:start + size]
-            order = torch.sort(layer, dim=1, stable=True).indices[:, -o["top_k"]:]
-            bits[:, start:start + size].scatter_(1, order, True)
+            idx = torch.topk(key[:, start:start + size], min(top_k, size), dim=1).indices
+            out.scatter_(1, idx + start, True)
             start += size
-        return bits, None
+        return out
 
     def _scale_per_layer(self, acts: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(acts)
@@ -236,8 +258,8 @@ class CoverageProfile:
         cells, valid = self._cells(acts, name, o)
         if valid is None:
             return cells
-        k = o["k"]
-        return ((cells[..., None] == torch.arange(k, device=acts.device)) & valid[..., None]).flatten(1)
+        out = torch.zeros(acts.shape[0], self.num_neurons, o["k"], dtype=torch.bool, device=acts.device)
+        return out.scatter_(2, cells[..., None], valid[..., None]).flatten(1)
 
     def per_input_from_activations(self, acts: torch.Tensor, metric: str = "kmnc", **opts: Any) -> torch.Tensor:
         """Fraction of cells each trace covers: ``acts [N, F]`` -> float32 ``[N]``."""
@@ -311,6 +333,18 @@ class CoverageProfile:
 
     def __repr__(self) -> str:
         return (f"CoverageProfile(layers={self.layers}, neurons={self.num_neurons}, count={self.count})")
+
+
+def _ceil32(t: torch.Tensor) -> torch.Tensor:
+    """The smallest float32 >= each float64 value (so ``a >= t`` iff ``a >= _ceil32(t)`` for float32 ``a``)."""
+    c = t.float()
+    return torch.where(c.double() < t, torch.nextafter(c, torch.full_like(c, float("inf"))), c)
+
+
+def _floor32(t: torch.Tensor) -> torch.Tensor:
+    """The largest float32 <= each float64 value (so ``a <= t`` iff ``a <= _floor32(t)`` for float32 ``a``)."""
+    c = t.float()
+    return torch.where(c.double() > t, torch.nextafter(c, torch.full_like(c, float("-inf"))), c)
 
 
 def per_input_scores(model: nn.Module, train: Any, x: torch.Tensor, metric: str = "kmnc", *,
