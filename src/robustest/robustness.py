@@ -7,7 +7,6 @@ batched on the model's device and returns plain numbers or dataclasses that seri
 
 from __future__ import annotations
 
-
 # ===================================================================== corruption accuracy (common corruptions)
 # Accuracy under the 19 common corruptions (robustest.corruptions) at severities 1-5.
 # Section owned by the corruptions module; keep other measurements outside these delimiters.
