@@ -235,6 +235,50 @@ def test_tknc_per_layer_top_k() -> None:
     assert p.bits_from_activations(ties, "tknc").tolist() == [[False, False, True, False, True]]
 
 
+def _kmnc_brute(a: np.ndarray, lo: np.ndarray, hi: np.ndarray, k: int) -> np.ndarray:
+    """The definition, written out: section i covered iff lo + i * ((hi - lo) / k) <= a < lo + (i + 1) * (...)."""
+    jump = (hi - lo) / k
+    t = [lo + jump * i for i in range(k + 1)]
+    return np.stack([(t[i] <= a) & (a < t[i + 1]) for i in range(k)], axis=2).reshape(len(a), -1)
+
+
+@pytest.mark.parametrize("k", [1, 3, 10, 97])
+def test_kmnc_equals_written_out_definition(k: int) -> None:
+    gen = torch.Generator().manual_seed(k)
+    lo = torch.randn(40, generator=gen, dtype=torch.float64)
+    hi = lo + torch.rand(40, generator=gen, dtype=torch.float64) * 3
+    hi[:3] = lo[:3]  # constant neurons
+    p = _profile(lo.tolist(), hi.tolist())
+    a = (lo + (hi - lo) * (torch.rand(500, 40, generator=gen, dtype=torch.float64) * 1.2 - 0.1)).float()
+    a[:40, :] = p.min.float()  # exactly at min and (as far as float32 allows) at the bounds
+    a[40:80, :] = p.max.float()
+    want = _kmnc_brute(a.double().numpy(), lo.numpy(), hi.numpy(), k)
+    np.testing.assert_array_equal(p.bits_from_activations(a, "kmnc", k=k).numpy(), want)
+
+
+def test_kmnc_degenerate_range_below_float64_spacing() -> None:
+    lo, hi = 1.0, 1.0 + 4e-16  # bounds 1 + i * 4e-17 collapse onto two float64 values
+    p = _profile([lo], [hi])
+    a = torch.tensor([[1.0], [0.99999994]])
+    want = _kmnc_brute(a.double().numpy(), np.array([lo]), np.array([hi]), 10)
+    assert want[0].sum() == 1 and not want[1].any()
+    np.testing.assert_array_equal(p.bits_from_activations(a, "kmnc", k=10).numpy(), want)
+
+
+def test_float32_activations_against_float64_bounds_are_exact() -> None:
+    # a bound between two float32 values: a float32 activation just below / above must land on the right side
+    bound = 0.1  # not a float32
+    below, above = np.float32(0.1), np.nextafter(np.float32(0.1), np.float32(1))
+    if float(below) > bound:
+        below = np.nextafter(below, np.float32(0))
+    p = _profile([-1.0], [bound], stds=[0.0])
+    a = torch.tensor([[float(below)], [float(above)]], dtype=torch.float32)
+    assert p.bits_from_activations(a, "snac").flatten().tolist() == [False, True]
+    q = _profile([bound], [2.0])
+    assert p.bits_from_activations(a, "nbc").view(2, 2)[:, 1].tolist() == [False, True]
+    assert q.bits_from_activations(a, "nbc").view(2, 2)[:, 0].tolist() == [True, False]
+
+
 def test_option_and_shape_errors() -> None:
     p = _profile([0.0], [1.0])
     a = torch.zeros(2, 1)
