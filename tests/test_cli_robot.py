@@ -1,0 +1,102 @@
+"""CLI verbs of the RobOT loop: robustest run, compare, demo (tiny digits settings)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from robustest import data as datasets
+from robustest import models as zoo
+from robustest.cli import main
+from robustest.training import fit, save_checkpoint
+
+TINY_FLAGS = ["--dataset", "digits", "--train-limit", "300", "--test-limit", "60", "--eps", "0.15", "--epochs", "1",
+              "--whitebox-limit", "20", "--no-progress"]
+TINY_YAML = "whitebox_pgd_steps: 3\nwhitebox_restarts: 1\napgd_steps: 3\nconvergence_probe: 30\npool_pgd_steps: 5\n"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    torch.set_num_threads(1)
+    x, y = datasets.load("digits", split="train").tensors
+    torch.manual_seed(0)
+    model = zoo.create("mlp", num_classes=10, in_channels=1, input_size=8)
+    fit(model, (x[:300], y[:300]), epochs=6, seed=0, progress=False)
+    path = tmp_path_factory.mktemp("model") / "model.pt"
+    save_checkpoint(path, model)
+    return str(path)
+
+
+def test_run_verb(checkpoint, tmp_path, capsys):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(TINY_YAML + "strategy: kmst\nrounds: 5\n")
+    out = tmp_path / "out"
+    rc = main(["run", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--budget", "10%",
+               "--rounds", "1", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "fixed-set" in text and "white-box" in text and "stopped: rounds after 1 round(s)" in text
+    res = json.loads((out / "results.json").read_text())
+    assert res["config"]["strategy"] == "kmst"  # from the file
+    assert res["config"]["rounds"] == 1  # the flag overrides the file
+    assert res["rounds"][0]["selected"]["n"] == round(res["rounds"][0]["pool"]["size"] * 0.10)
+    assert (out / "report.html").is_file() and (out / "summary.csv").is_file()
+    # running again into the same folder needs --resume
+    rc = main(["run", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--rounds", "1",
+               "--budget", "10%", "--out", str(out)])
+    assert rc == 2 and "--resume" in capsys.readouterr().err
+
+
+def test_compare_verb(checkpoint, tmp_path, capsys):
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(TINY_YAML)
+    out = tmp_path / "cmp"
+    rc = main(["compare", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--strategies",
+               "best,random", "--budgets", "10", "--seeds", "0,1", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "fixed-set before" in text and "best" in text and "random" in text and "±" in text
+    res = json.loads((out / "results.json").read_text())
+    assert [r["strategy"] for r in res["table"]] == ["best", "random"]
+    assert all(r["seeds"] == 2 for r in res["table"])
+
+
+def test_bad_input_is_one_line(checkpoint, tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:  # argparse-level errors exit from the parser
+        main(["run", "--checkpoint", checkpoint, "--budget", "150%", "--out", str(tmp_path / "x")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "budget" in err and err.count("\n") == 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("epsilon: 0.3\n")
+    rc = main(["run", "--config", str(bad), "--out", str(tmp_path / "y")])
+    assert rc == 2 and "unknown config key 'epsilon'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["compare", "--strategies", "best,deepxplore", "--out", str(tmp_path / "z")])
+    assert info.value.code == 2 and "unknown strategy" in capsys.readouterr().err
+    rc = main(["run", "--checkpoint", str(tmp_path / "missing.pt"), *TINY_FLAGS, "--out", str(tmp_path / "w")])
+    assert rc == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_demo_verb_wiring(tmp_path, capsys, monkeypatch):
+    """The demo verb end to end with its settings shrunk (the full demo is timed in docs/RESULTS.md)."""
+    from robustest.cli import demo
+
+    small = {**demo.DEMO_SETTINGS, "train_model": "mlp", "train_epochs": 3, "train_limit": 300, "test_limit": 60,
+             "epochs": 1, "whitebox_limit": 20, "whitebox_pgd_steps": 3, "whitebox_restarts": 1, "apgd_steps": 3,
+             "strategies": ["best", "gini", "coverage"], "pool_pgd_steps": 5}
+    monkeypatch.setattr(demo, "DEMO_SETTINGS", small)
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    for s in ("best", "gini", "coverage"):
+        assert s in text
+    assert "fixed-set before" in text and "white-box after" in text
+    assert (out / "report.html").is_file() and (out / "state" / "original_model.pt").is_file()
+    res = json.loads((out / "results.json").read_text())
+    assert res["baseline"]["fixed_set_accuracy"] == 0.0 and len(res["table"]) == 3
+    # a second demo into the same folder reuses the finished work and prints the same table
+    assert main(["demo", "--out", str(out), "--no-progress"]) == 0
+    assert json.loads((out / "results.json").read_text()) == res
