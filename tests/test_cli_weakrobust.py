@@ -61,7 +61,9 @@ def test_validate_inline_threshold_and_bad_inputs(tmp_path, checkpoint, capsys):
     # analysis of another data set size
     an = tmp_path / "an"
     assert main(["analyze", "--checkpoint", str(checkpoint), "--dataset", "digits", "--limit", "30",
-                 "--neighbors", "2", "--out", str(an), "--no-progress"]) == 0
+                 "--neighbors", "2", "--radius-eps-max", "0.3", "--out", str(an), "--no-progress"]) == 0
+    res = json.loads((an / "results.json").read_text())
+    assert 0 <= res["radius"]["frac_not_flipped"] <= 1 and torch.load(an / "radius.pt").shape == (30,)
     rc = main(["validate", "--checkpoint", str(checkpoint), "--dataset", "digits", "--limit", "40",
                "--analysis", str(an / "analysis.pt"), "--out", str(out), "--no-progress"])
     assert rc == 2 and "analyses 30 samples" in capsys.readouterr().err
