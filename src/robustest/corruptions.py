@@ -2,8 +2,9 @@
 
 ``corrupt(x, name, severity, seed=0)`` takes images ``x`` of shape N x C x H x W (C = 1 or 3, values in
 [0, 1], floating point) and returns the corrupted batch with the same shape, dtype and device. Every
-corruption runs on the whole batch at once on ``x``'s device (CPU or CUDA), with one exception:
-``jpeg_compression`` uses the real JPEG codec (Pillow / libjpeg) one image at a time on the CPU.
+corruption runs as batched tensor operations on ``x``'s device (CPU or CUDA; on the CPU the multi-pass
+ones go through cache-sized chunks of the batch), with one exception: ``jpeg_compression`` uses the real
+JPEG codec (Pillow / libjpeg) one image at a time on the CPU.
 
 Parameter tables
     Two tables are built in: ``"cifar"`` (Hendrycks' ``make_cifar_c.py``, CIFAR-10-C) and ``"imagenet"``
@@ -60,7 +61,9 @@ from robustest.runtime import check_images
 __all__ = ["TABLES", "corrupt", "default_table", "describe", "names", "parameters", "resolve_names"]
 
 TABLES = ("cifar", "imagenet")
-CPU_CHUNK_VALUES = 3 * 32 * 32 * 64  # on the CPU, multi-pass corruptions run on chunks of about this many values
+# On the CPU, multi-pass corruptions (and all corruptions of images larger than 32 x 32 x 3) run on chunks of
+# about this many values: large temporaries cost page faults and cache misses on every pass.
+CPU_CHUNK_VALUES = 3 * 32 * 32 * 64
 _CHUNKED = frozenset({"motion_blur", "spatter", "glass_blur", "elastic_transform", "snow", "frost", "fog"})
 SMALL_IMAGE_MAX = 64  # images with max(H, W) <= this use the CIFAR table by default
 
@@ -234,8 +237,8 @@ def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0, *, table: 
     gen = _generator(seed, name, x.device)
     fn = _FUNCS[name]
     per_image = x.shape[1] * x.shape[2] * x.shape[3]
-    chunk = max(8, CPU_CHUNK_VALUES // per_image)
-    if x.device.type == "cpu" and name in _CHUNKED and x.shape[0] > chunk:
+    chunk = max(1, CPU_CHUNK_VALUES // per_image)
+    if x.device.type == "cpu" and x.shape[0] > chunk and (name in _CHUNKED or per_image > DENSE_MAX_PIXELS * 3):
         # many passes over the data: work through cache-sized chunks, drawing from the same generator in order
         out = torch.cat([fn(xw[s:s + chunk], param, gen, table) for s in range(0, x.shape[0], chunk)])
     else:
@@ -296,7 +299,7 @@ def _filter2d(x: torch.Tensor, kernel: torch.Tensor, mode: str) -> torch.Tensor:
     """Correlate every channel of ``x`` (N x C x H x W) with the 2-D ``kernel`` (odd size), given border.
 
     All-zero outer rows/columns of the kernel are dropped first; small kernels run as shift-and-add,
-    larger ones as one depthwise (grouped) convolution.
+    medium ones as one depthwise (grouped) convolution, large ones (> 7 x 7) by FFT.
     """
     n, c, h, w = x.shape
     kernel = kernel.to(device=x.device, dtype=x.dtype)
@@ -314,6 +317,12 @@ def _filter2d(x: torch.Tensor, kernel: torch.Tensor, mode: str) -> torch.Tensor:
                 if wt != 0.0:
                     out.add_(xp[:, :, i:i + h, j:j + w], alpha=wt)
         return out
+    if kh * kw > 49:  # large kernel: FFT convolution of the padded image with the flipped kernel
+        hp, wp = xp.shape[-2], xp.shape[-1]
+        kpad = torch.zeros(hp, wp, dtype=x.dtype, device=x.device)
+        kpad[:kh, :kw] = kernel.flip(0, 1)
+        y = torch.fft.irfft2(torch.fft.rfft2(xp) * torch.fft.rfft2(kpad), s=(hp, wp))
+        return y[..., kh - 1:kh - 1 + h, kw - 1:kw - 1 + w].contiguous()
     y = F.conv2d(xp.reshape(1, n * c, xp.shape[-2], xp.shape[-1]), kernel[None, None].expand(n * c, 1, kh, kw),
                  groups=n * c)
     return y.reshape(n, c, h, w)

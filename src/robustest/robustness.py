@@ -70,8 +70,9 @@ def corruption_accuracy(model: _CAny, data: _CAny, corruptions: str | list[str] 
 
     ``data``: anything :func:`robustest.runtime.iter_batches` takes with labels (images N x C x H x W in
     [0, 1], int64 labels [N]). Each batch is corrupted on the model's device with
-    ``robustest.corruptions.corrupt(x, name, severity, seed=seed + batch_start)``, so results do not
-    depend on the batch size only up to the noise draw (same ``seed`` and ``batch_size``: same result).
+    ``robustest.corruptions.corrupt(x, name, severity, seed=seed + batch_start)``, the batching of the
+    ``robustest corrupt`` verb: the same ``seed`` and ``batch_size`` give the same result (another
+    batch size draws other, equally distributed noise).
     ``corruptions`` is ``"all"`` (the 19 of :func:`robustest.corruptions.names`), one name or a list.
     ``table`` forces the parameter table (``"cifar"`` / ``"imagenet"``; default chosen by image size).
     """
