@@ -185,3 +185,15 @@ def test_resume_after_sigkill_matches_uninterrupted_run(checkpoint, tmp_path):
     b = json.loads((killed / "results.json").read_text())
     assert a == b
     assert Path(full / "results.json").read_bytes() == Path(killed / "results.json").read_bytes()
+
+
+def test_fuzzing_pools_and_coverage_strategy(checkpoint, tmp_path):
+    res = robot.run({**TINY, "model": checkpoint, "pool": "fol-fuzz", "pool_limit": 30, "budget": 5,
+                     "strategy": "coverage", "rounds": 1, "fuzz_options": {"steps": 3, "max_tests_per_seed": 3},
+                     "out": str(tmp_path / "fol")})
+    rec = res["rounds"][0]
+    assert set(rec["pool"]["by_method"]) == {"fol-fuzz"} and rec["selected"]["n"] == min(5, rec["pool"]["size"])
+    res = robot.run({**TINY, "model": checkpoint, "pool": "cov-fuzz", "pool_limit": 30, "budget": 5,
+                     "strategy": "gini", "rounds": 1, "fuzz_options": {"iterations": 3},
+                     "out": str(tmp_path / "cov")})
+    assert set(res["rounds"][0]["pool"]["by_method"]) <= {"cov-fuzz"}
