@@ -1022,6 +1022,8 @@ def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotC
         for m, label in (("fixed_set_accuracy", "fixed-set accuracy"), ("whitebox_accuracy", "white-box accuracy")):
             groups: dict[str, dict[str, float]] = {}
             errs: dict[str, dict[str, float]] = {}
+            if base.get(m) is not None:
+                groups["original model"] = {str(row["budget"]): base[m] for row in table}
             for row in table:
                 if row.get(f"{m}_mean") is None:
                     continue
