@@ -383,6 +383,17 @@ def test_deterministic_corruptions_match_reference_gray(name: str) -> None:
         assert mad_u8(ours, np.uint8(ref)) <= TOL_U8
 
 
+def test_pixelate_large_images_match_pillow() -> None:
+    # images above 64 px take the sparse (index_select) path instead of dense matrices
+    x = structured_images(2, 3, 96, 80, seed=10)
+    imgs = to_u8(x)
+    for severity in (1, 3, 5):
+        param = C.parameters("pixelate", severity, "imagenet")
+        ours = C.corrupt(x, "pixelate", severity)
+        ref = np.stack([ref_pixelate(img, param) for img in imgs])
+        assert mad_u8(ours, ref) <= TOL_U8
+
+
 def test_grayscale_brightness_and_saturate_forms() -> None:
     x = structured_images(3, 1, 28, 28, seed=9)
     assert torch.allclose(C.corrupt(x, "brightness", 2), (x + 0.1).clamp(0, 1), atol=1e-6)

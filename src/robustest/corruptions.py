@@ -238,7 +238,8 @@ def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0, *, table: 
     fn = _FUNCS[name]
     per_image = x.shape[1] * x.shape[2] * x.shape[3]
     chunk = max(1, CPU_CHUNK_VALUES // per_image)
-    if x.device.type == "cpu" and x.shape[0] > chunk and (name in _CHUNKED or per_image > DENSE_MAX_PIXELS * 3):
+    big = per_image > DENSE_MAX_PIXELS * 3 and name != "jpeg_compression"
+    if x.device.type == "cpu" and x.shape[0] > chunk and (name in _CHUNKED or big):
         # many passes over the data: work through cache-sized chunks, drawing from the same generator in order
         out = torch.cat([fn(xw[s:s + chunk], param, gen, table) for s in range(0, x.shape[0], chunk)])
     else:
@@ -828,18 +829,57 @@ def _pil_box_matrix(in_size: int, out_size: int) -> np.ndarray:
     return m
 
 
+@functools.lru_cache(maxsize=64)
+def _pixelate_matrix(n: int, c: float) -> np.ndarray:
+    """BOX down to int(n * c) and BOX back up to n, as one n x n matrix."""
+    small = max(1, int(n * c))
+    return _pil_box_matrix(small, n) @ _pil_box_matrix(n, small)
+
+
+@functools.lru_cache(maxsize=64)
+def _box_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row-wise nonzeros of Pillow's BOX matrix in -> out: (indices, weights), both out x max_taps."""
+    m = _pil_box_matrix(in_size, out_size)
+    nz = [np.flatnonzero(row) for row in m]
+    taps = max(1, max(len(z) for z in nz))
+    idx = np.zeros((m.shape[0], taps), dtype=np.int64)
+    wts = np.zeros((m.shape[0], taps), dtype=np.float64)
+    for r, z in enumerate(nz):
+        idx[r, :len(z)] = z
+        wts[r, :len(z)] = m[r, z]
+    return idx, wts
+
+
+def _resample_axis(x: torch.Tensor, in_size: int, out_size: int, dim: int) -> torch.Tensor:
+    """x resampled along ``dim`` by Pillow's BOX filter (in -> out) as a few weighted index_selects."""
+    idx, wts = _box_taps(in_size, out_size)
+    shape = [1] * x.dim()
+    shape[dim] = idx.shape[0]
+    out = None
+    for t in range(idx.shape[1]):
+        term = x.index_select(dim, torch.as_tensor(idx[:, t], device=x.device))
+        wt = wts[:, t]
+        if not np.all(wt == 1.0):
+            term = term * torch.as_tensor(wt, dtype=x.dtype, device=x.device).view(shape)
+        out = term if out is None else out + term
+    return out
+
+
 def _pixelate(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> torch.Tensor:
     h, w = x.shape[-2], x.shape[-1]
-    sh, sw = max(1, int(h * c)), max(1, int(w * c))
-    mh = _pil_box_matrix(sh, h) @ _pil_box_matrix(h, sh)
-    mw = _pil_box_matrix(sw, w) @ _pil_box_matrix(w, sw)
-    return _apply_rows_cols(x, mh, mw)
+    if max(h, w) <= 64:
+        return _apply_rows_cols(x, _pixelate_matrix(h, float(c)), _pixelate_matrix(w, float(c)))
+    sh, sw = max(1, int(h * c)), max(1, int(w * c))  # large images: sparse BOX down, nearest-like BOX up
+    y = _resample_axis(x, h, sh, 2)
+    y = _resample_axis(y, w, sw, 3)
+    y = _resample_axis(y, sh, h, 2)
+    return _resample_axis(y, sw, w, 3)
 
 
 def _jpeg_compression(x: torch.Tensor, c: int, gen: torch.Generator, table: str) -> torch.Tensor:
     from PIL import Image
 
-    arr = torch.round(x.detach().clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    arr = np.ascontiguousarray(torch.round(x.detach().clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1).cpu())
     gray = arr.shape[-1] == 1
     out = np.empty_like(arr)
     for i in range(arr.shape[0]):  # the real codec, one image at a time
