@@ -12,6 +12,7 @@ markdown table. Not run by pytest.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -40,7 +41,12 @@ def main() -> None:
                     help="test images for the DSA comparison (dnn-tip's DSA needs minutes per thousand)")
     ap.add_argument("--repeat", type=int, default=3, help="best of this many runs for the fast metrics")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads (1: the same single core NumPy uses; more oversubscribe shared cores)")
+    ap.add_argument("--checkpoint", default=None,
+                    help="reuse this LeNet-5 checkpoint if it exists, else train one epoch and save it here")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
 
     import dnn_tip.neuron_coverage as tip_nc
     import dnn_tip.surprise as tip_sa
@@ -52,11 +58,17 @@ def main() -> None:
     torch.manual_seed(args.seed)
     train = data.load("mnist", root=args.data_dir, split="train")
     test = data.load("mnist", root=args.data_dir, split="test")
-    model = models.create("lenet5")
-    t0 = time.perf_counter()
-    training.fit(model, train, epochs=1, batch_size=128, seed=args.seed, progress=False)
-    print(f"trained LeNet-5 1 epoch in {time.perf_counter() - t0:.1f}s, "
-          f"test accuracy {training.accuracy(model, test):.4f}")
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        model = training.load_checkpoint(args.checkpoint)
+        print(f"loaded {args.checkpoint}")
+    else:
+        model = models.create("lenet5")
+        t0 = time.perf_counter()
+        training.fit(model, train, epochs=1, batch_size=128, seed=args.seed, progress=False)
+        print(f"trained LeNet-5 1 epoch in {time.perf_counter() - t0:.1f}s")
+        if args.checkpoint:
+            training.save_checkpoint(args.checkpoint, model)
+    print(f"LeNet-5 test accuracy {training.accuracy(model, test):.4f}; torch threads {torch.get_num_threads()}")
     xtr = train.tensors[0][: args.train]
     xte = test.tensors[0][: args.test]
 

@@ -57,6 +57,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "tknc": {"top_k": 1},
 }
 _ALIASES = {"nac": "nc"}
+_KMNC_LOOP_MAX = 32  # up to this many sections KMNC compares against a table of bounds; above, it uses the formula
 
 
 def _options(metric: str, opts: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -209,6 +210,13 @@ class CoverageProfile:
         # Bounds t_i = min + jump * i in float64, evaluated only at each activation's candidate section (the
         # same float64 products and sums as the full table, so the result is exact), corrected by one step.
         lo, jump = st["min"], (st["max"] - st["min"]) / k
+        if k <= _KMNC_LOOP_MAX:  # few sections: count the float32-rounded bounds each activation reaches
+            steps = torch.arange(k + 1, device=acts.device, dtype=torch.float64)
+            bounds = _ceil32(lo[:, None] + jump[:, None] * steps[None, :]).t().contiguous()  # [k+1, F]
+            count = torch.zeros(acts.shape, dtype=torch.uint8, device=acts.device)
+            for i in range(k + 1):
+                count += acts >= bounds[i]
+            return (count.long() - 1).clamp_(0, k - 1), (count >= 1) & (count <= k)
         a = acts.double()
         sec = ((a - lo) / jump).nan_to_num_(0.0, float(k - 1), 0.0).floor_().clamp_(0, k - 1)
         sec -= (a < lo + jump * sec).double()
