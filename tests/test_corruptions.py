@@ -509,6 +509,15 @@ def test_motion_blur_kernel_matches_imagemagick_port() -> None:
         assert torch.allclose(ours[0].permute(1, 2, 0), torch.from_numpy(ref), atol=1e-9)
 
 
+def test_motion_blur_batched_equals_one_by_one() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(3, 2, 20, 17, generator=g, dtype=torch.float64)
+    angle = torch.tensor([30.0, -100.0, 44.0], dtype=torch.float64)
+    batched = C._motion_blur_batch(x, 9, 3.0, angle)  # gather path
+    single = torch.cat([C._motion_blur_batch(x[i:i + 1], 9, 3.0, angle[i:i + 1]) for i in range(3)])  # slices
+    assert torch.allclose(batched, single, atol=1e-12)
+
+
 def ref_plasma(mapsize: int, wibbledecay: float, rng: np.random.Generator) -> np.ndarray:
     maparray = np.empty((mapsize, mapsize), dtype=np.float64)
     maparray[0, 0] = 0

@@ -441,6 +441,15 @@ def _motion_blur_batch(x: torch.Tensor, radius: int, sigma: float, angle_deg: to
     a = torch.deg2rad(angle_deg.to(torch.float64))
     sin, cos = torch.sin(a), torch.cos(a)
     n, c, h, w = x.shape
+    if n == 1:  # one image (large images are chunked one by one on the CPU): plain slices of a padded copy
+        pad = width
+        xp = F.pad(x, (pad, pad, pad, pad), mode="replicate")
+        out1 = torch.zeros_like(x)
+        for step in range(width):
+            dy = -math.ceil(step * float(sin[0]) - 0.5)
+            dx = -math.ceil(step * float(cos[0]) - 0.5)
+            out1.add_(xp[:, :, pad - dy:pad - dy + h, pad - dx:pad - dx + w], alpha=k[step])
+        return out1
     flat = x.reshape(n, c, h * w)
     ar_h = torch.arange(h, device=x.device)
     ar_w = torch.arange(w, device=x.device)
