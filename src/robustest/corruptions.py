@@ -421,15 +421,6 @@ def _gaussian(x: torch.Tensor, sigma: float, mode: str = "replicate", truncate: 
     return _sep_filter_any(x, k, k, mode)
 
 
-def _shift_replicate(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
-    """out[n, :, i, j] = x[n, :, clamp(i - dy[n]), clamp(j - dx[n])] (per-image integer shifts)."""
-    n, c, h, w = x.shape
-    rows = (torch.arange(h, device=x.device)[None, :] - dy[:, None]).clamp(0, h - 1)
-    cols = (torch.arange(w, device=x.device)[None, :] - dx[:, None]).clamp(0, w - 1)
-    y = x.gather(2, rows[:, None, :, None].expand(n, c, h, w))
-    return y.gather(3, cols[:, None, None, :].expand(n, c, h, w))
-
-
 def _motion_blur_batch(x: torch.Tensor, radius: int, sigma: float, angle_deg: torch.Tensor) -> torch.Tensor:
     """ImageMagick MotionBlurImage (as ported by imagecorruptions): a one-sided line kernel of width
     2 * radius + 1 with Gaussian weights exp(-i^2 / 2 sigma^2), along ``angle_deg`` (one angle per image);
@@ -511,35 +502,6 @@ def _luma(x: torch.Tensor, weights: tuple[float, float, float] = _LUMA) -> torch
     """N x 3 x H x W -> N x 1 x H x W weighted sum of the channels."""
     wt = torch.tensor(weights, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
     return (x * wt).sum(1, keepdim=True)
-
-
-# ----------------------------------------------------------------------------------------------- HSV (skimage)
-def _rgb_to_hsv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    r, g, b = x[:, 0], x[:, 1], x[:, 2]
-    v = x.max(1).values
-    delta = v - x.min(1).values
-    s = torch.where(v > 0, delta / torch.where(v > 0, v, torch.ones_like(v)), torch.zeros_like(v))
-    safe = torch.where(delta > 0, delta, torch.ones_like(delta))
-    h = torch.zeros_like(v)
-    h = torch.where(r == v, (g - b) / safe, h)
-    h = torch.where(g == v, 2.0 + (b - r) / safe, h)
-    h = torch.where(b == v, 4.0 + (r - g) / safe, h)
-    h = torch.where(delta > 0, (h / 6.0).remainder(1.0), torch.zeros_like(h))
-    return h, s, v
-
-
-def _hsv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    hi = torch.floor(h * 6)
-    f = h * 6 - hi
-    p = v * (1 - s)
-    q = v * (1 - f * s)
-    t = v * (1 - (1 - f) * s)
-    hi = hi.long().remainder(6)
-    r = torch.stack([v, q, p, p, t, v])
-    g = torch.stack([t, v, v, q, p, p])
-    b = torch.stack([p, p, t, v, v, q])
-    idx = hi.unsqueeze(0)
-    return torch.stack([r.gather(0, idx)[0], g.gather(0, idx)[0], b.gather(0, idx)[0]], dim=1)
 
 
 # ------------------------------------------------------------------------------------------------- noise
