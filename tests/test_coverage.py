@@ -256,13 +256,15 @@ def test_kmnc_equals_written_out_definition(k: int) -> None:
     np.testing.assert_array_equal(p.bits_from_activations(a, "kmnc", k=k).numpy(), want)
 
 
-def test_kmnc_degenerate_range_below_float64_spacing() -> None:
-    lo, hi = 1.0, 1.0 + 4e-16  # bounds 1 + i * 4e-17 collapse onto two float64 values
+@pytest.mark.parametrize("k", [10, 40])  # the bound-table path and the formula path
+def test_kmnc_degenerate_range_below_float64_spacing(k: int) -> None:
+    lo, hi = 1.0, 1.0 + 4e-16  # bounds 1 + i * (4e-16 / k) collapse onto two float64 values
     p = _profile([lo], [hi])
     a = torch.tensor([[1.0], [0.99999994]])
-    want = _kmnc_brute(a.double().numpy(), np.array([lo]), np.array([hi]), 10)
-    assert want[0].sum() == 1 and not want[1].any()
-    np.testing.assert_array_equal(p.bits_from_activations(a, "kmnc", k=10).numpy(), want)
+    want = _kmnc_brute(a.double().numpy(), np.array([lo]), np.array([hi]), k)
+    assert want[0].sum() == 1 and not want[0, 0] and not want[1].any()
+    np.testing.assert_array_equal(p.bits_from_activations(a, "kmnc", k=k).numpy(), want)
+    assert p.set_coverage_from_activations(a, "kmnc", k=k) == pytest.approx(1 / k)
 
 
 def test_float32_activations_against_float64_bounds_are_exact() -> None:
@@ -277,6 +279,25 @@ def test_float32_activations_against_float64_bounds_are_exact() -> None:
     q = _profile([bound], [2.0])
     assert p.bits_from_activations(a, "nbc").view(2, 2)[:, 1].tolist() == [False, True]
     assert q.bits_from_activations(a, "nbc").view(2, 2)[:, 0].tolist() == [True, False]
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 5])
+def test_tknc_equals_stable_sort_with_many_ties(top_k: int) -> None:
+    gen = torch.Generator().manual_seed(top_k)
+    sizes = [4, 9, 30]
+    a = torch.randint(-3, 4, (300, sum(sizes)), generator=gen).float() * 0.5  # few distinct values: many ties
+    a[:50] = torch.rand(50, sum(sizes), generator=gen)  # and some rows without ties
+    a[5, :] = -0.0  # signed zeros tie with zeros
+    p = _profile([0.0] * sum(sizes), [1.0] * sum(sizes), sizes=sizes)
+    want, s = [], 0
+    for n in sizes:
+        layer = a[:, s:s + n].numpy()
+        top = np.argsort(layer, axis=1, kind="stable")[:, -top_k:]
+        prof = np.zeros_like(layer, dtype=bool)
+        np.put_along_axis(prof, top, True, axis=1)
+        want.append(prof)
+        s += n
+    np.testing.assert_array_equal(p.bits_from_activations(a, "tknc", top_k=top_k).numpy(), np.concatenate(want, 1))
 
 
 def test_option_and_shape_errors() -> None:

@@ -182,9 +182,9 @@ class CoverageProfile:
             raise DataError(f"activations must have shape [N, {self.num_neurons}] (the profile's neurons), got {shape}")
         return acts
 
-    def _cells(self, acts: torch.Tensor, name: str, o: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Compact form of the covered cells of ``acts [B, F]``: for KMNC ``(section [B, F] int64, valid [B, F])``,
-        else ``(bits [B, cells], None)``.
+    def _cells(self, acts: torch.Tensor, name: str, o: dict[str, Any]) -> tuple[torch.Tensor, bool | None]:
+        """Compact form of the covered cells of ``acts [B, F]``: for KMNC ``(code [B, F], True)`` with ``code`` the
+        covered section in [0, k) or ``k`` for none (an integer tensor), else ``(bits [B, cells], None)``.
 
         Bounds are computed in float64 and compared with the float32 activations exactly, through the nearest
         float32 value on the right side of each bound (``a >= t`` iff ``a >= ceil32(t)``, ``a <= t`` iff
@@ -196,7 +196,7 @@ class CoverageProfile:
             a = self._scale_per_layer(acts) if o["scaled"] else acts
             return a > o["threshold"], None
         if name == "kmnc":
-            return self._kmnc_sections(acts, o["k"], st)
+            return self._kmnc_code(acts, o["k"], st), True
         if name == "nbc":
             lower = acts <= _floor32(st["min"] - o["scale"] * st["std"])
             upper = acts >= _ceil32(st["max"] + o["scale"] * st["std"])
@@ -205,18 +205,19 @@ class CoverageProfile:
             return acts >= _ceil32(st["max"] + o["scale"] * st["std"]), None
         return self._top_k(acts, o["top_k"]), None
 
-    def _kmnc_sections(self, acts: torch.Tensor, k: int,
-                       st: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        # Bounds t_i = min + jump * i in float64, evaluated only at each activation's candidate section (the
-        # same float64 products and sums as the full table, so the result is exact), corrected by one step.
+    def _kmnc_code(self, acts: torch.Tensor, k: int, st: dict[str, torch.Tensor]) -> torch.Tensor:
+        """KMNC section of each activation, ``k`` where none: ``acts [B, F]`` -> integer ``[B, F]``."""
         lo, jump = st["min"], (st["max"] - st["min"]) / k
         if k <= _KMNC_LOOP_MAX:  # few sections: count the float32-rounded bounds each activation reaches
             steps = torch.arange(k + 1, device=acts.device, dtype=torch.float64)
             bounds = _ceil32(lo[:, None] + jump[:, None] * steps[None, :]).t().contiguous()  # [k+1, F]
             count = torch.zeros(acts.shape, dtype=torch.uint8, device=acts.device)
             for i in range(k + 1):
-                count += acts >= bounds[i]
-            return (count.long() - 1).clamp_(0, k - 1), (count >= 1) & (count <= k)
+                count.add_((acts >= bounds[i]).view(torch.uint8))
+            # count 1..k -> section count - 1; 0 (below min) and k + 1 (at or above the last bound) -> k
+            return torch.where((count >= 1) & (count <= k), count - 1, torch.full_like(count, k))
+        # Many sections: bounds t_i = min + jump * i in float64, evaluated only at each activation's candidate
+        # section (the same float64 products and sums as the full table, so the result is exact), corrected.
         a = acts.double()
         sec = ((a - lo) / jump).nan_to_num_(0.0, float(k - 1), 0.0).floor_().clamp_(0, k - 1)
         sec -= (a < lo + jump * sec).double()
@@ -231,18 +232,25 @@ class CoverageProfile:
             bounds = lo[cols, None] + jump[cols, None] * steps
             sec[rows, cols] = (bounds <= a[rows, cols][:, None]).sum(1) - 1
             valid[rows, cols] = True
-        return sec, valid
+        return sec.masked_fill_(~valid, k)
 
     def _top_k(self, acts: torch.Tensor, top_k: int) -> torch.Tensor:
-        # Distinct int64 keys ordered as the values, ties toward the later neuron (a stable ascending sort's
-        # last k), so torch.topk picks exactly the neurons that sort would.
-        bits32 = (acts + 0.0).contiguous().view(torch.int32)  # + 0.0 turns -0.0 into +0.0
-        order = torch.where(bits32 < 0, bits32 ^ 0x7FFFFFFF, bits32).long()
-        key = order * (1 << 32) + torch.arange(acts.shape[1], device=acts.device)
         out = torch.zeros_like(acts, dtype=torch.bool)
         start = 0
         for size in self.sizes:
-            idx = torch.topk(key[:, start:start + size], min(top_k, size), dim=1).indices
+            k = min(top_k, size)
+            if k == size:
+                out[:, start:start + size] = True
+                start += size
+                continue
+            layer = acts[:, start:start + size]
+            vals, idx = torch.topk(layer, k + 1, dim=1)
+            idx = idx[:, :k]
+            # the k largest are unambiguous unless the k-th and (k+1)-th values tie (or there is a NaN)
+            tied = (vals[:, k - 1] == vals[:, k]) | vals.isnan().any(1)
+            if bool(tied.any()):
+                rows = tied.nonzero().squeeze(1)
+                idx[rows] = _stable_top_k(layer[rows], k)
             out.scatter_(1, idx + start, True)
             start += size
         return out
@@ -263,29 +271,28 @@ class CoverageProfile:
         """Covered cells of activation traces ``acts [N, F]`` -> ``BoolTensor[N, cells]`` (on acts' device)."""
         name, o = _options(metric, opts)
         self._check_acts(acts)
-        cells, valid = self._cells(acts, name, o)
-        if valid is None:
+        cells, is_code = self._cells(acts, name, o)
+        if is_code is None:
             return cells
-        out = torch.zeros(acts.shape[0], self.num_neurons, o["k"], dtype=torch.bool, device=acts.device)
-        return out.scatter_(2, cells[..., None], valid[..., None]).flatten(1)
+        return (cells[..., None] == torch.arange(o["k"], device=acts.device, dtype=cells.dtype)).flatten(1)
 
     def per_input_from_activations(self, acts: torch.Tensor, metric: str = "kmnc", **opts: Any) -> torch.Tensor:
         """Fraction of cells each trace covers: ``acts [N, F]`` -> float32 ``[N]``."""
         name, o = _options(metric, opts)
         self._check_acts(acts)
-        cells, valid = self._cells(acts, name, o)
-        counts = (valid if valid is not None else cells).sum(1)
+        cells, is_code = self._cells(acts, name, o)
+        counts = (cells < o["k"] if is_code else cells).sum(1)
         return counts.float() / float(self.num_cells(name, **o))
 
     def _union_from_activations(self, acts: torch.Tensor, name: str, o: dict[str, Any]) -> torch.Tensor:
-        cells, valid = self._cells(acts, name, o)
-        if valid is None:
+        cells, is_code = self._cells(acts, name, o)
+        if is_code is None:
             return cells.any(0)
         k = o["k"]
-        covered = torch.zeros(self.num_neurons * k, dtype=torch.bool, device=acts.device)
-        flat = (torch.arange(self.num_neurons, device=acts.device) * k)[None, :] + cells
-        covered[flat[valid]] = True
-        return covered
+        covered = torch.zeros(self.num_neurons, k + 1, dtype=torch.bool, device=acts.device)
+        neuron = torch.arange(self.num_neurons, device=acts.device)[None, :]
+        covered.index_put_((neuron, cells.long()), torch.ones((), dtype=torch.bool, device=acts.device))
+        return covered[:, :k].flatten()
 
     def set_coverage_from_activations(self, acts: torch.Tensor, metric: str = "kmnc", **opts: Any) -> float:
         """Fraction of cells covered by the traces ``acts [N, F]`` together, in [0, 1]."""
@@ -341,6 +348,15 @@ class CoverageProfile:
 
     def __repr__(self) -> str:
         return (f"CoverageProfile(layers={self.layers}, neurons={self.num_neurons}, count={self.count})")
+
+
+def _stable_top_k(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest of each row of float32 ``x``, ties broken toward the later column, i.e. the last
+    k of a stable ascending sort (NumPy's), via distinct int64 keys ordered like the values."""
+    bits = (x + 0.0).contiguous().view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+    order = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()
+    key = order * (1 << 32) + torch.arange(x.shape[1], device=x.device)
+    return torch.topk(key, k, dim=1).indices
 
 
 def _ceil32(t: torch.Tensor) -> torch.Tensor:

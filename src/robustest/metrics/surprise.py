@@ -11,8 +11,9 @@ By default the traced layer is the model's deepest hidden activation module (e.g
   the training inputs predicted as ``c``. Neurons whose variance over those training traces is below
   ``var_threshold`` are left out (variance filtering; ``filter_scope="class"`` filters each class on its own
   traces as dnn-tip's per-class LSA does, ``"union"`` drops, from every class, the neurons that are
-  low-variance in any class, as Kim et al.'s SADL does). ``max_features`` instead keeps the given number of
-  highest-variance neurons per class (dnn-tip's ``max_features``). The value is ``-log(kde.evaluate)``
+  low-variance in any class, as Kim et al.'s SADL does). ``max_features`` keeps at most that many
+  highest-variance neurons per class (dnn-tip's ``max_features``; with ``var_threshold=None`` exactly as
+  dnn-tip, otherwise low-variance neurons are dropped as well). The value is ``-log(kde.evaluate)``
   exactly as dnn-tip computes it; where that density underflows to 0 (dnn-tip returns ``inf``) the
   log-space ``-kde.logpdf`` is used, so values stay finite.
 * **DSA** (distance-based): with ``a`` the trace of ``x``, ``x_a`` the nearest training trace of the same
