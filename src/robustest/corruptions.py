@@ -912,6 +912,13 @@ def _shift_zero(t: torch.Tensor, dy: int, dx: int, fill: float) -> torch.Tensor:
     return out
 
 
+def _dilate3(mask: torch.Tensor) -> torch.Tensor:
+    """3 x 3 (8-connected) dilation of a boolean N x 1 x H x W mask, zero outside."""
+    p = F.pad(mask.to(torch.uint8), (1, 1, 1, 1))
+    r = p[..., :, :-2] | p[..., :, 1:-1] | p[..., :, 2:]
+    return (r[..., :-2, :] | r[..., 1:-1, :] | r[..., 2:, :]).bool()
+
+
 def _canny(img: torch.Tensor, low: float, high: float) -> torch.Tensor:
     """cv2.Canny(img, low, high) for uint8-valued float images N x 1 x H x W: 3x3 Sobel (replicated
     border), L1 magnitude, non-maximum suppression in 4 directions, hysteresis (8-connected)."""
@@ -937,7 +944,7 @@ def _canny(img: torch.Tensor, low: float, high: float) -> torch.Tensor:
     cand = keep & (mag > low)
     edges = cand & (mag > high)
     for _ in range(img.shape[-1] * img.shape[-2]):
-        grown = cand & (F.max_pool2d(edges.to(img.dtype), 3, stride=1, padding=1) > 0)
+        grown = cand & _dilate3(edges)
         if torch.equal(grown, edges):
             break
         edges = grown
