@@ -267,7 +267,7 @@ def mnist_lenet():
     model = models.create("lenet5", mean=[0.1307], std=[0.3081])
     x, y = tr.tensors
     training.fit(model, (x[:3000], y[:3000]), epochs=1, seed=0, progress=False)
-    return model.eval(), te.tensors[0][:500].clone(), te.tensors[1][:500].clone()
+    return model.eval(), te.tensors[0][:400].clone(), te.tensors[1][:400].clone()
 
 
 @pytest.mark.slow
