@@ -151,21 +151,32 @@ class Analysis:
 
 
 def _neighbour_noise(idx: torch.Tensor, q: int, shape: tuple[int, ...], eps: float, noise: str, seed: int,
-                     device: torch.device) -> torch.Tensor:
-    """Noise of shape [len(idx), q, *shape] for the contiguous sample positions ``idx``."""
+                     device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Noise of shape [len(idx), q, *shape] for the contiguous sample positions ``idx`` (written into ``out``
+    when given). Block ``b`` of :data:`NOISE_BLOCK` samples always draws the same numbers, however the
+    positions are batched."""
     lo, hi = int(idx[0]), int(idx[-1]) + 1
-    parts = []
+    if out is None:
+        out = torch.empty((hi - lo, q, *shape), device=device)
+
+    def fill(t: torch.Tensor, gen: torch.Generator) -> None:
+        if noise == "uniform":
+            t.uniform_(-eps / 2, eps / 2, generator=gen)
+        else:
+            t.normal_(0.0, eps / (2 * math.sqrt(3.0)), generator=gen)
+
     for b in range(lo // NOISE_BLOCK, (hi - 1) // NOISE_BLOCK + 1):
         gen = make_generator(_block_seed(seed, b), device)
-        blk = torch.empty((NOISE_BLOCK, q, *shape), device=device)
-        if noise == "uniform":
-            blk.uniform_(-eps / 2, eps / 2, generator=gen)
-        else:
-            blk.normal_(0.0, eps / (2 * math.sqrt(3.0)), generator=gen)
         s = max(lo, b * NOISE_BLOCK) - b * NOISE_BLOCK
         e = min(hi, (b + 1) * NOISE_BLOCK) - b * NOISE_BLOCK
-        parts.append(blk[s:e])
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+        dst = out[b * NOISE_BLOCK + s - lo: b * NOISE_BLOCK + e - lo]
+        if s == 0 and e == NOISE_BLOCK:
+            fill(dst, gen)  # whole block: draw in place
+        else:
+            blk = torch.empty((NOISE_BLOCK, q, *shape), device=device)
+            fill(blk, gen)
+            dst.copy_(blk[s:e])
+    return out
 
 
 @torch.no_grad()
@@ -220,11 +231,13 @@ def analyze(
             s = xb.shape[0]
             n_seen += s
             shape = tuple(xb.shape[1:])
-            xn = _neighbour_noise(idx, q, shape, eps, noise, seed, dev)
+            inp = torch.empty((s * q + s, *shape), device=dev, dtype=xb.dtype)  # neighbours, then clean samples
+            xn = inp[: s * q].view(s, q, *shape)
+            _neighbour_noise(idx, q, shape, eps, noise, seed, dev, out=xn)
             xn.add_(xb.unsqueeze(1)).clamp_(0.0, 1.0)
             if quantize:
                 xn.mul_(255.0).round_().div_(255.0)
-            inp = torch.cat([xn.reshape(s * q, *shape), xb], dim=0)
+            inp[s * q:].copy_(xb)
             logits = model(inp).float()
             k = logits.shape[1]
             if int(yb.max()) >= k:
