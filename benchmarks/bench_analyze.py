@@ -74,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         an = wr.analyze(model, (x, y), n_neighbors=q, batch_size=args.batch_size)
         times_a.append(time.perf_counter() - t0)
-        peak = max(peak, rss_mib())
-        times_f.append(floor(model, x.repeat(q + 1, 1, 1, 1), 1, fwd_batch))
+        if not times_f:
+            peak = rss_mib()  # before the floor runs, which hold nothing but one batch either
+        times_f.append(floor(model, x, q + 1, fwd_batch))
     ta, tf = min(times_a), min(times_f)
     growth = peak - base_rss
     print(f"n={args.n} Q={q} batch={args.batch_size} (forward batch {fwd_batch}) threads={torch.get_num_threads()}")
