@@ -198,12 +198,21 @@ class CoverageProfile:
         if name == "kmnc":
             return self._kmnc_code(acts, o["k"], st), True
         if name == "nbc":
-            lower = acts <= _floor32(st["min"] - o["scale"] * st["std"])
-            upper = acts >= _ceil32(st["max"] + o["scale"] * st["std"])
+            lower = acts <= self._bound(st, "lower", o["scale"])
+            upper = acts >= self._bound(st, "upper", o["scale"])
             return torch.stack((lower, upper), dim=2).flatten(1), None
         if name == "snac":
-            return acts >= _ceil32(st["max"] + o["scale"] * st["std"]), None
+            return acts >= self._bound(st, "upper", o["scale"]), None
         return self._top_k(acts, o["top_k"]), None
+
+    @staticmethod
+    def _bound(st: dict[str, torch.Tensor], side: str, scale: float) -> torch.Tensor:
+        """float32 form of ``min - scale * std`` (floored) or ``max + scale * std`` (ceiled), cached."""
+        key = f"{side}:{scale!r}"
+        if key not in st:
+            st[key] = (_floor32(st["min"] - scale * st["std"]) if side == "lower"
+                       else _ceil32(st["max"] + scale * st["std"]))
+        return st[key]
 
     def _kmnc_code(self, acts: torch.Tensor, k: int, st: dict[str, torch.Tensor]) -> torch.Tensor:
         """KMNC section of each activation, ``k`` where none: ``acts [B, F]`` -> integer ``[B, F]``."""
@@ -243,11 +252,10 @@ class CoverageProfile:
                 out[:, start:start + size] = True
                 start += size
                 continue
-            layer = acts[:, start:start + size]
-            vals, idx = torch.topk(layer, k + 1, dim=1)
-            idx = idx[:, :k]
-            # the k largest are unambiguous unless the k-th and (k+1)-th values tie (or there is a NaN)
-            tied = (vals[:, k - 1] == vals[:, k]) | vals.isnan().any(1)
+            layer = acts[:, start:start + size].contiguous()  # topk is much slower on strided rows
+            vals, idx = torch.topk(layer, k, dim=1)
+            # the k largest are unambiguous unless another neuron ties with the k-th (or there is a NaN)
+            tied = ((layer >= vals[:, k - 1:]).sum(1) > k) | layer.isnan().any(1)
             if bool(tied.any()):
                 rows = tied.nonzero().squeeze(1)
                 idx[rows] = _stable_top_k(layer[rows], k)
