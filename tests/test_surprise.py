@@ -164,6 +164,9 @@ def test_image_api_default_layer_modes_and_hooks() -> None:
     assert lsa.shape == (40,) and torch.isfinite(lsa).all()
     assert torch.equal(lsa, sa_scores(m, train, test, "lsa", layers="conv", var_threshold=0.0))
     assert torch.equal(sa_scores(m, train, test, "dsa"), d)  # deterministic
+    from robustest import metrics
+
+    assert torch.equal(metrics.compute("dsa", m, test, train=train), d)
     assert m.training and all(not mod._forward_hooks for mod in m.modules())
     with pytest.raises(ConfigError, match="unknown surprise"):
         sa_scores(m, train, test, "msa")
