@@ -288,9 +288,19 @@ class CoverageProfile:
         """Fraction of cells each trace covers: ``acts [N, F]`` -> float32 ``[N]``."""
         name, o = _options(metric, opts)
         self._check_acts(acts)
+        total = float(self.num_cells(name, **o))
+        if name == "tknc":  # every input covers exactly min(top_k, size) neurons of each layer
+            per_layer = sum(min(o["top_k"], size) for size in self.sizes)
+            return torch.full((acts.shape[0],), per_layer / total, device=acts.device)
+        if name == "nbc":  # count both sides without building the interleaved cells
+            st = self._stats(acts.device)
+            a = acts.float()
+            counts = ((a <= self._bound(st, "lower", o["scale"])).sum(1)
+                      + (a >= self._bound(st, "upper", o["scale"])).sum(1))
+            return counts.float() / total
         cells, is_code = self._cells(acts, name, o)
         counts = (cells < o["k"] if is_code else cells).sum(1)
-        return counts.float() / float(self.num_cells(name, **o))
+        return counts.float() / total
 
     def _union_from_activations(self, acts: torch.Tensor, name: str, o: dict[str, Any]) -> torch.Tensor:
         cells, is_code = self._cells(acts, name, o)
