@@ -352,6 +352,8 @@ def restricted_unpickle(raw: bytes, source: str) -> object:
     try:
         return _RestrictedUnpickler(io.BytesIO(raw), encoding="bytes").load()
     except pickle.UnpicklingError as exc:
+        if not str(exc).startswith("refused to load"):  # a damaged stream, not a refused global
+            raise DataError(f"{source}: not a readable pickle ({exc}); truncated or corrupt") from exc
         raise DataError(f"{source}: {exc}; only plain data (dicts, lists, bytes, numpy arrays) is accepted") from exc
     except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:
         raise DataError(f"{source}: not a readable pickle ({type(exc).__name__}); truncated or corrupt") from exc
