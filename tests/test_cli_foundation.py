@@ -138,7 +138,7 @@ def test_train_bad_arguments(tmp_path, capsys, args, pattern):
     code, out, err = run_cli(capsys, *argv)
     line = assert_one_line_error(code, err)
     assert pattern in line
-    assert not (tmp_path / "out" / "model.pt").exists()
+    assert not (tmp_path / "out").exists()  # regression: bad input used to leave an empty --out folder
 
 
 @pytest.mark.parametrize("epochs", ["-1", "0", "two"])

@@ -44,9 +44,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from robustest.training import evaluate, fit, save_checkpoint
 
-    out = out_dir(args)
+    if Path(args.out).exists():
+        out_dir(args)  # a file in the way is a one-line error before any work; the folder is made after checks
     device = resolve_device(None, args.device) if args.device else torch.device("cpu")
     t0 = time.perf_counter()
     train = load_data(args, "train")
@@ -65,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     model = zoo.create(args.model, num_classes=max(num_classes, 2), in_channels=x.shape[1],
                        input_size=x.shape[2], mean=mean, std=std).to(device)
+    out = out_dir(args)
     history = fit(model, train, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                   optimizer=args.optimizer, weight_decay=args.weight_decay,
                   schedule=None if args.schedule == "none" else args.schedule, seed=args.seed,
