@@ -126,6 +126,11 @@ def test_score_tests_file_against_seeds(ckpt, model, test_split, tmp_path, capsy
     # the tests file does not record the seeds' split: it must be given
     assert main(["score", *base, "--seeds-dataset", "digits", "--out", str(tmp_path / "c")]) == 2
     assert "--seeds-split" in _err(capsys)
+    # a tests file that records its source refuses another seeds data set
+    data.save_tests(tmp_path / "rec.pt", xt, yt, x0_index, "test", extra={"dataset": "mnist", "split": "test"})
+    assert main(["score", "--checkpoint", str(ckpt), "--dataset", "tests", "--data-dir", str(tmp_path / "rec.pt"),
+                 "--metric", "fol", "--seeds-dataset", "digits", "--out", str(tmp_path / "d")]) == 2
+    assert "generated from 'mnist'" in _err(capsys)
     # selecting with --tests writes the chosen tests
     sel = tmp_path / "sel"
     assert main(["select", "--scores", str(tmp_path / "a" / "scores.pt"), "--n", "6", "--strategy", "best",

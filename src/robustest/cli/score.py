@@ -16,7 +16,8 @@ Writes to --out:
 Tests files (--dataset tests --data-dir tests.pt from 'robustest generate'): FOL measures each test x'
 against its seed x0 = SEEDS[x0_index], where SEEDS is --seeds-dataset/--seeds-data-dir/--seeds-split (the
 data set the tests were generated from). Without --seeds-dataset each test is its own seed (x0 = x'),
-i.e. FOL = eps * ||g||_q.
+i.e. FOL = eps * ||g||_q. --seeds-split defaults to the split the tests file records ('robustest generate'
+records it); a tests file that records its source data set refuses a different --seeds-dataset.
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ def _load_inputs(args: argparse.Namespace) -> dict[str, Any]:
     x0 = None
     if args.seeds_dataset is not None:
         extra = t.get("extra") or {}
+        recorded = extra.get("dataset")
+        if isinstance(recorded, str) and recorded.strip().lower() != args.seeds_dataset.strip().lower():
+            raise ConfigError(f"the tests were generated from {recorded!r}, not {args.seeds_dataset!r}: "
+                              f"pass --seeds-dataset {recorded}")
         split = args.seeds_split or extra.get("split")
         if split not in datasets.SPLITS:
             raise ConfigError("the tests file does not record its seeds' split: pass --seeds-split train|test")
@@ -258,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
           f"min {s.get('min', float('nan')):.4g}, max {s.get('max', float('nan')):.4g} ({t_score:.2f}s)")
     if "set_coverage" in extra:
         print(f"set coverage: {extra['set_coverage']:.4f} of {extra['num_cells']} cells")
+    if args.metric == "fol" and inputs["x0_index"] is not None and inputs["x0"] is None:
+        print("note: each test was scored as its own seed (x0 = x'); pass --seeds-dataset to use the seeds")
     print(f"wrote {out / 'scores.pt'}, scores.csv, summary.json and scores_hist.png")
     return 0
 
