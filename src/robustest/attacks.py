@@ -24,7 +24,7 @@ run the model in eval mode and take gradients with respect to the input only. Ra
 result. The loss is the summed per-sample cross-entropy, so a sample's gradient does not depend on the batch it
 is in.
 
-Float note: projections are computed as ``min(max(x_adv, x - eps), x + eps)``, so ``|x_adv - x|`` may exceed
+Float note: L-inf projections clamp to ``[max(x - eps, 0), min(x + eps, 1)]``, so ``|x_adv - x|`` may exceed
 ``eps`` by one float rounding (about 6e-8 for values in [0, 1]).
 """
 
@@ -133,7 +133,7 @@ def _project(x_adv: torch.Tensor, x: torch.Tensor, eps: float, norm: str,
     if norm == "linf":
         if lo is None or hi is None:
             lo, hi = (x - eps).clamp_(min=0.0), (x + eps).clamp_(max=1.0)
-        return torch.min(torch.max(x_adv, lo), hi)
+        return x_adv.clamp(lo, hi)
     delta = x_adv - x
     n = _flat_norm(delta)
     delta = delta * torch.clamp(eps / n.clamp_min(1e-12), max=1.0)
@@ -196,7 +196,7 @@ def _pgd_core(model, x, y, gen, *, eps, alpha, steps, norm, random_start, restar
         for _ in range(steps):
             g, _ = _grad(model, adv, y)
             if norm == "linf":
-                adv = torch.min(torch.max(adv.add_(g.sign_(), alpha=alpha), lo), hi)
+                adv = adv.add_(g.sign_(), alpha=alpha).clamp_(lo, hi)
             else:
                 adv = _project(adv.add_(_step_direction(g, norm), alpha=alpha), x, eps, norm)
         if restarts == 1:
@@ -216,7 +216,7 @@ def _rfgsm_core(model, x, y, gen, *, eps, alpha, steps):
     step = (eps - alpha) / steps if steps > 1 else (eps - alpha)
     for _ in range(steps):
         g, _ = _grad(model, adv, y)
-        adv = torch.min(torch.max(adv.add_(g.sign_(), alpha=step), lo), hi)
+        adv = adv.add_(g.sign_(), alpha=step).clamp_(lo, hi)
     return adv
 
 
@@ -229,7 +229,7 @@ def _mifgsm_core(model, x, y, gen, *, eps, alpha, steps, decay):
         g, _ = _grad(model, adv, y)
         g = g / g.abs().mean(dim=dims, keepdim=True).clamp_min(1e-12)
         momentum = momentum.mul_(decay).add_(g)
-        adv = torch.min(torch.max(adv.add_(momentum.sign(), alpha=alpha), lo), hi)
+        adv = adv.add_(momentum.sign(), alpha=alpha).clamp_(lo, hi)
     return adv
 
 
@@ -267,7 +267,7 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho):
     x_adv = x_adv.clamp_(0.0, 1.0)
 
     def proj(z: torch.Tensor) -> torch.Tensor:
-        return torch.min(torch.max(z, lo), hi) if norm == "linf" else _project(z, x, eps, "l2")
+        return z.clamp(lo, hi) if norm == "linf" else _project(z, x, eps, "l2")
 
     x_best = x_adv.clone()
     x_best_adv = x_adv.clone()
