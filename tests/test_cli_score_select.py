@@ -202,3 +202,20 @@ def test_score_errors(ckpt, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         _score(ckpt, tmp_path, "--metric", "foo")
     assert exc.value.code == 2
+
+
+@pytest.mark.slow
+def test_generate_score_select_end_to_end(ckpt, tmp_path):
+    gen = tmp_path / "gen"
+    assert main(["generate", "--checkpoint", str(ckpt), "--dataset", "digits", "--split", "test", "--limit", "60",
+                 "--method", "pgd", "--eps", "0.2", "--out", str(gen), "--no-progress"]) == 0
+    tests = data.load_tests(gen / "tests.pt")
+    assert main(["score", "--checkpoint", str(ckpt), "--dataset", "tests", "--data-dir", str(gen / "tests.pt"),
+                 "--metric", "fol", "--eps", str(tests["extra"]["fol_eps"]), "--norm", tests["extra"]["fol_norm"],
+                 "--seeds-dataset", "digits", "--out", str(tmp_path / "s"), "--no-progress"]) == 0
+    scores = torch.load(tmp_path / "s" / "scores.pt", weights_only=True)["scores"]
+    torch.testing.assert_close(scores, tests["fol"], rtol=1e-5, atol=1e-7)  # same FOL as the generator's
+    assert main(["select", "--scores", str(tmp_path / "s" / "scores.pt"), "--fraction", "0.5", "--strategy", "kmst",
+                 "--tests", str(gen / "tests.pt"), "--out", str(tmp_path / "sel")]) == 0
+    picked = data.load_tests(tmp_path / "sel" / "selected_tests.pt")
+    assert len(picked["x"]) == -(-len(tests["x"]) // 2)
