@@ -261,3 +261,13 @@ def test_cuda_matches_cpu_and_results_follow_x():
     mixed = metrics.fol(model_cuda, x, y, x0=x0, norm="l2")  # CPU tensors, CUDA model: result on CPU
     assert mixed.device.type == "cpu"
     assert metrics.gini(model_cuda, x).device.type == "cpu"
+
+
+def test_coverage_and_surprise_load_lazily_from_the_package():
+    cov = pytest.importorskip("robustest.metrics.coverage")
+    sa = pytest.importorskip("robustest.metrics.surprise")
+    assert metrics.coverage is cov and metrics.CoverageProfile is cov.CoverageProfile
+    assert metrics.per_input_scores is cov.per_input_scores
+    assert metrics.surprise is sa and metrics.sa_scores is sa.sa_scores
+    with pytest.raises(AttributeError):
+        metrics.no_such_metric  # noqa: B018
