@@ -297,3 +297,16 @@ def test_apgd_at_least_as_strong_as_pgd_mnist(mnist_lenet):
     r_pgd = attacks.attack("pgd", model, x, y, eps=0.1, steps=20, seed=0)
     r_apgd = attacks.attack("apgd", model, x, y, eps=0.1, steps=20, seed=0)
     assert r_apgd.robust_accuracy <= r_pgd.robust_accuracy
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_model_cpu_inputs(trained_digits_model, digits_test):
+    model = trained_digits_model.cuda()
+    x, y = _digits_xy(digits_test, 32)
+    for name in ("pgd", "apgd", "cw_l2", "fgsm"):
+        adv = _call(name, model, x, y, "l2" if name == "cw_l2" else "linf")
+        assert adv.device == x.device
+    r = attacks.attack("pgd", model, x.cuda(), y.cuda(), eps=0.1, steps=3, seed=0)
+    assert r.adv.is_cuda and r.success.shape == (32,)
+    again = attacks.attack("pgd", model, x.cuda(), y.cuda(), eps=0.1, steps=3, seed=0)
+    assert torch.equal(r.adv, again.adv)
