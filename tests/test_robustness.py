@@ -116,3 +116,15 @@ def test_measure_rejects_bad_input(tiny):
         measure(model, (test[0] * 300, test[1]), eps=EPS)
     with pytest.raises(DataError, match="labels"):
         clean_accuracy(model, test[0])
+
+
+def test_measure_with_corruptions(tiny):
+    model, test = tiny
+    rep = measure(model, test, eps=EPS, whitebox=False, corruptions=["gaussian_noise", "defocus_blur"],
+                  corruption_severities=(1, 5))
+    d = rep.to_dict()
+    json.dumps(d, allow_nan=False)
+    assert set(d["corruption"]["accuracy"]) == {"gaussian_noise", "defocus_blur"}
+    assert 0.0 <= d["corruption_accuracy"] <= 1.0
+    assert d["corruption_accuracy"] == pytest.approx(d["corruption"]["mean_corruption_accuracy"])
+    assert d["corruption"]["clean_accuracy"] == pytest.approx(rep.clean_accuracy)
