@@ -136,6 +136,10 @@ def test_loop_stops_on_requirement_and_convergence(checkpoint, tmp_path):
     res = robot.run({**TINY, "model": checkpoint, "budget": 10, "rounds": 3, "convergence_tol": 1e9,
                      "convergence_patience": 1, "out": str(tmp_path / "b")})
     assert res["stop_reason"] == "converged" and res["rounds_completed"] == 1
+    res = robot.run({**TINY, "model": checkpoint, "budget": 10, "rounds": 3, "time_budget": 1e-6,
+                     "out": str(tmp_path / "c")})
+    assert res["stop_reason"] == "time" and res["rounds_completed"] == 0 and res["rounds"] == []
+    assert (tmp_path / "c" / "report.html").is_file()
 
 
 def test_compare_on_digits(checkpoint, tmp_path):
