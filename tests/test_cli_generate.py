@@ -111,6 +111,7 @@ def test_generate_cov_fuzz(checkpoint, tmp_path):
     (["--method", "fgsm", "--norm", "l2"], "--norm l2"),
     (["--method", "bim", "--restarts", "3"], "--restarts"),
     (["--method", "apgd", "--alpha", "0.1"], "--alpha"),
+    (["--method", "fol-fuzz", "--keep-all"], "--keep-all"),
 ])
 def test_generate_bad_options_one_line_exit_2(checkpoint, tmp_path, capsys, argv, message):
     assert _gen(checkpoint, tmp_path / "bad", "--limit", "5", *argv) == 2

@@ -176,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
     n_seeds = int(x.shape[0])
     if n_seeds == 0:
         raise ConfigError(f"the {args.split} split of {args.dataset} is empty: check --dataset/--split/--limit")
+    if args.keep_all and args.method in FUZZERS:
+        raise ConfigError(f"--keep-all applies to attacks; {args.method} only returns failing tests")
     eps = args.eps if args.eps is not None else _default_eps(x)
     fol_norm = args.fol_norm or ("l2" if args.method == "cw" else args.norm)
     method = args.method
