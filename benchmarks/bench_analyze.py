@@ -77,11 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         if not times_f:
             peak = rss_mib()  # before the floor runs, which hold nothing but one batch either
         times_f.append(floor(model, x, q + 1, fwd_batch))
+    peak_all = rss_mib()
     ta, tf = min(times_a), min(times_f)
     growth = peak - base_rss
     print(f"n={args.n} Q={q} batch={args.batch_size} (forward batch {fwd_batch}) threads={torch.get_num_threads()}")
     print(f"analyze runs {[round(t, 1) for t in times_a]}s, floor runs {[round(t, 1) for t in times_f]}s")
     print(f"analyze {ta:.2f}s  floor ({q + 1} forward passes) {tf:.2f}s  ratio {ta / tf:.3f}")
+    print(f"peak RSS after the floor runs too: {peak_all:.0f} MiB; current RSS {current_rss_mib():.0f} MiB")
     print(f"peak RSS {peak:.0f} MiB (baseline before analyze {base_rss:.0f} MiB, growth <= {growth:.0f} MiB); "
           f"clean acc {float(an.clean_correct.float().mean()):.4f}")
     print()

@@ -217,6 +217,7 @@ def analyze(
     out: dict[str, list[torch.Tensor]] = {k: [] for k in Analysis._TENSORS}
     t0 = time.perf_counter()
     n_seen = 0
+    buf: torch.Tensor | None = None
     with eval_mode(model):
         it = iter_batches(data, chunk, dev, with_index=True)
         try:
@@ -231,7 +232,9 @@ def analyze(
             s = xb.shape[0]
             n_seen += s
             shape = tuple(xb.shape[1:])
-            inp = torch.empty((s * q + s, *shape), device=dev, dtype=xb.dtype)  # neighbours, then clean samples
+            if buf is None or buf.shape[0] < s * q + s or buf.shape[1:] != shape or buf.dtype != xb.dtype:
+                buf = torch.empty((s * q + s, *shape), device=dev, dtype=xb.dtype)  # reused across chunks
+            inp = buf[: s * q + s]  # neighbours, then the clean samples
             xn = inp[: s * q].view(s, q, *shape)
             _neighbour_noise(idx, q, shape, eps, noise, seed, dev, out=xn)
             xn.add_(xb.unsqueeze(1)).clamp_(0.0, 1.0)
