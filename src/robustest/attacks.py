@@ -295,14 +295,14 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho):
         with torch.no_grad():
             loss = F.cross_entropy(logits, y, reduction="none")
             pred_ok = logits.argmax(1) == y
-            fooled = ~pred_ok
-            x_best_adv[fooled] = x_adv[fooled]
+            x_best_adv = torch.where(pred_ok.view(bshape), x_best_adv, x_adv)
             robust &= pred_ok
             loss_steps[i + 1] = loss
             improved = loss > loss_best
-            x_best[improved] = x_adv[improved]
-            grad_best[improved] = g[improved]
-            loss_best[improved] = loss[improved]
+            imp = improved.view(bshape)
+            x_best = torch.where(imp, x_adv, x_best)
+            grad_best = torch.where(imp, g, grad_best)
+            loss_best = torch.where(improved, loss, loss_best)
             counter += 1
             if counter == k:
                 increases = (loss_steps[i + 2 - k:i + 2] > loss_steps[i + 1 - k:i + 1]).sum(0)
@@ -312,10 +312,10 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho):
                 reduced_last_check = reduce
                 loss_best_last_check = loss_best.clone()
                 if bool(reduce.any()):
-                    step_size[reduce] /= 2.0
-                    x_adv = x_adv.clone()
-                    x_adv[reduce] = x_best[reduce]
-                    g[reduce] = grad_best[reduce]
+                    red = reduce.view(bshape)
+                    step_size = torch.where(red, step_size / 2.0, step_size)
+                    x_adv = torch.where(red, x_best, x_adv)
+                    g = torch.where(red, grad_best, g)
                 k = max(k - size_decr, n_iter_min)
                 counter = 0
     success = ~robust
