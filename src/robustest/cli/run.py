@@ -61,6 +61,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_const", const=True, help="continue the run saved in --out")
     p.add_argument("--seed", type=int, help="random seed (default: 0)")
     p.add_argument("--device", metavar="D", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    p.add_argument("--threads", type=positive_int, metavar="N",
+                   help="CPU threads for torch (default: torch's choice; 1 is often faster for small models)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars and per-round lines")
 
 
@@ -107,6 +109,10 @@ def build_config(args: argparse.Namespace, defaults: dict[str, Any] | None = Non
             d[k] = v
     d["progress"] = not args.no_progress
     d["verbose"] = not args.no_progress
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
     return RobotConfig.from_dict(d)
 
 
