@@ -19,14 +19,16 @@ TINY_YAML = "whitebox_pgd_steps: 3\nwhitebox_restarts: 1\napgd_steps: 3\nconverg
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is faster, restored after the module
     x, y = datasets.load("digits", split="train").tensors
     torch.manual_seed(0)
     model = zoo.create("mlp", num_classes=10, in_channels=1, input_size=8)
     fit(model, (x[:300], y[:300]), epochs=6, seed=0, progress=False)
     path = tmp_path_factory.mktemp("model") / "model.pt"
     save_checkpoint(path, model)
-    return str(path)
+    yield str(path)
+    torch.set_num_threads(threads)
 
 
 def test_run_verb(checkpoint, tmp_path, capsys):
@@ -34,7 +36,7 @@ def test_run_verb(checkpoint, tmp_path, capsys):
     cfg.write_text(TINY_YAML + "strategy: kmst\nrounds: 5\n")
     out = tmp_path / "out"
     rc = main(["run", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--budget", "10%",
-               "--rounds", "1", "--out", str(out)])
+               "--threads", "1", "--rounds", "1", "--out", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "fixed-set" in text and "white-box" in text and "stopped: rounds after 1 round(s)" in text

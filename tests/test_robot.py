@@ -29,14 +29,16 @@ TINY = {
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is faster, restored after the module
     x, y = datasets.load("digits", split="train").tensors
     torch.manual_seed(0)
     model = zoo.create("mlp", num_classes=10, in_channels=1, input_size=8)
     fit(model, (x[:300], y[:300]), epochs=6, seed=0, progress=False)
     path = tmp_path_factory.mktemp("model") / "model.pt"
     save_checkpoint(path, model)
-    return str(path)
+    yield str(path)
+    torch.set_num_threads(threads)
 
 
 # ------------------------------------------------------------------------------------------------ config

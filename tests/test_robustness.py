@@ -28,14 +28,16 @@ EPS = 0.15
 @pytest.fixture(scope="module")
 def tiny():
     """A small MLP trained briefly on digits, and a slice of the digits test split."""
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is faster, restored after the module
     tr = datasets.load("digits", split="train")
     te = datasets.load("digits", split="test")
     x, y = tr.tensors
     torch.manual_seed(0)
     model = zoo.create("mlp", num_classes=10, in_channels=1, input_size=8)
     fit(model, (x[:600], y[:600]), epochs=8, batch_size=64, seed=0, progress=False)
-    return model, (te.tensors[0][:120], te.tensors[1][:120])
+    yield model, (te.tensors[0][:120], te.tensors[1][:120])
+    torch.set_num_threads(threads)
 
 
 def test_fixed_set_scores_zero_for_the_original_model(tiny):
