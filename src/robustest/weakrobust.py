@@ -214,7 +214,11 @@ def analyze(
     dev = resolve_device(model, device)
     q = int(n_neighbors)
     chunk = NOISE_BLOCK * max(1, batch_size // (NOISE_BLOCK * (q + 1)))
-    out: dict[str, list[torch.Tensor]] = {k: [] for k in Analysis._TENSORS}
+    # Results go into tensors allocated once up front: small per-chunk tensors kept alive between the large
+    # temporary buffers would pin the allocator's heap and make resident memory grow with N.
+    n_total = num_samples(data)
+    dtypes = {"clean_correct": torch.bool, "top_wrong": torch.long, "label": torch.long, "index": torch.long}
+    out = {k: torch.empty(n_total, dtype=dtypes.get(k, torch.float32)) for k in Analysis._TENSORS}
     t0 = time.perf_counter()
     n_seen = 0
     buf: torch.Tensor | None = None
@@ -254,18 +258,21 @@ def analyze(
             ms_c = torch.where(wrong_c, pc.amax(dim=1), torch.zeros((), device=dev))
             mean_p = pn.mean(dim=1)
             mean_p.scatter_(1, yb[:, None], -1.0)
-            out["score"].append(ms_n.mean(dim=1).cpu())
-            out["frac_misclassified"].append(wrong_n.float().mean(dim=1).cpu())
-            out["clean_correct"].append((~wrong_c).cpu())
-            out["clean_score"].append(ms_c.cpu())
-            out["top_wrong"].append(mean_p.argmax(dim=1).cpu())
-            out["label"].append(yb.cpu())
-            out["index"].append(idx.cpu().long())
+            if n_seen > n_total:
+                raise DataError(f"the data set yielded more than the {n_total} samples it reports")
+            sl = slice(n_seen - s, n_seen)
+            out["score"][sl] = ms_n.mean(dim=1).cpu()
+            out["frac_misclassified"][sl] = wrong_n.float().mean(dim=1).cpu()
+            out["clean_correct"][sl] = (~wrong_c).cpu()
+            out["clean_score"][sl] = ms_c.cpu()
+            out["top_wrong"][sl] = mean_p.argmax(dim=1).cpu()
+            out["label"][sl] = yb.cpu()
+            out["index"][sl] = idx.cpu().long()
     if n_seen == 0:
         raise DataError("analyze got an empty data set: check the split and --limit")
     params = {"n_neighbors": q, "eps": float(eps), "noise": noise, "quantize": bool(quantize), "seed": int(seed),
               "batch_size": int(batch_size), "seconds": time.perf_counter() - t0, "device": str(dev)}
-    return Analysis(**{k: torch.cat(v) for k, v in out.items()}, params=params)
+    return Analysis(**{k: v[:n_seen] for k, v in out.items()}, params=params)
 
 
 def adversarial_radius(
