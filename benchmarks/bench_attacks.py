@@ -6,7 +6,7 @@ steps, random start, batch size) in the same process, interleaved over ``--repea
 is reported (the machine is shared and noisy, ratios from the same run are what count). Contenders are
 interleaved batch by batch, so load changes hit all of them alike.
 
-    python benchmarks/bench_attacks.py --data-dir /work/shared/data --n 10000
+    python benchmarks/bench_attacks.py --data-dir ../shared/data --n 10000
 
 Prints a markdown table: wall and process-CPU seconds, ratios to the floor and to robustest, robust accuracy.
 With ``--threads 1`` the process CPU time measures the work done even when other processes share the cores.
@@ -93,7 +93,7 @@ def make_art(model, eps, alpha, steps, bs, shape):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", default="/work/shared/data")
+    p.add_argument("--data-dir", default="../shared/data")
     p.add_argument("--checkpoint", default=None, help="LeNet-5 checkpoint (default: train one for 1 epoch)")
     p.add_argument("--train-n", type=int, default=10000, help="training images for the default model")
     p.add_argument("--n", type=int, default=10000, help="test images attacked")

@@ -6,7 +6,7 @@ Both libraries get the same per-channel-reduced activation traces (and, for cove
 statistics); the script checks that the results agree, times each metric and prints the ratios and a
 markdown table. Not run by pytest.
 
-    python benchmarks/bench_coverage.py --data-dir /work/shared/data
+    python benchmarks/bench_coverage.py --data-dir ../shared/data
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data-dir", default="/work/shared/data")
+    ap.add_argument("--data-dir", default="../shared/data")
     ap.add_argument("--train", type=int, default=10000, help="training images for the profile / SA reference")
     ap.add_argument("--test", type=int, default=10000, help="test images scored")
     ap.add_argument("--sa-train", type=int, default=5000, help="training images for the SA reference")

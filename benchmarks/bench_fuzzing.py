@@ -12,7 +12,7 @@ The step factors u come from the same seeded table in all three, so they fuzz id
 rounding; the script prints how many tests each produced on the subset. It prints seeds/second, the ratios and
 a markdown table, plus tests per seed of the batched run.
 
-    python benchmarks/bench_fuzzing.py --checkpoint /tmp/lenet5/model.pt --data-dir /work/shared/data
+    python benchmarks/bench_fuzzing.py --checkpoint /tmp/lenet5/model.pt --data-dir ../shared/data
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def main() -> None:
                     help="seeds from this test split (digits: 8x8, needs no files)")
     ap.add_argument("--checkpoint", default=None,
                     help="model.pt (default: LeNet-5 trained 1 epoch on 12k MNIST images / digits_cnn 30 epochs)")
-    ap.add_argument("--data-dir", default="/work/shared/data")
+    ap.add_argument("--data-dir", default="../shared/data")
     ap.add_argument("--seeds", type=int, default=1000)
     ap.add_argument("--single-seeds", type=int, default=50)
     ap.add_argument("--steps", type=int, default=40)

@@ -10,7 +10,7 @@ Targets: ours / floor <= 1.15, loop / ours >= 20. Two estimates: whole-set timin
 interleaved runs, minimum kept) and paired per-batch ratios (every method timed on the same batch back to
 back, median over batches), which stay steady when the machine is shared. Usage::
 
-    python benchmarks/bench_metrics.py --data-dir /work/shared/data [--checkpoint model.pt]
+    python benchmarks/bench_metrics.py --data-dir ../shared/data [--checkpoint model.pt]
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def timed(fn: Callable[[], object]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default="/work/shared/data")
+    ap.add_argument("--data-dir", default="../shared/data")
     ap.add_argument("--checkpoint", default=None, help="LeNet-5 checkpoint (default: train 1 epoch here)")
     ap.add_argument("--n", type=int, default=10000, help="test images (default: 10000)")
     ap.add_argument("--batch-size", type=int, default=500)

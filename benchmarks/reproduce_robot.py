@@ -15,7 +15,7 @@ defaults are smaller (stated in the output and in docs/RESULTS.md): the original
 built from the first ``--test-limit`` test images and white-box attacks run on ``--whitebox-limit`` images.
 
 Usage (resumable: rerun the same command to continue after an interruption):
-    python benchmarks/reproduce_robot.py --data-dir /work/shared/data --out /tmp/robot-mnist
+    python benchmarks/reproduce_robot.py --data-dir ../shared/data --out /tmp/robot-mnist
     python benchmarks/reproduce_robot.py --data-dir DIR --train-limit 60000 --epochs 10 --test-limit 10000 \\
         --whitebox-limit 1000      # the full reference setting (needs a GPU or hours of CPU)
 Prints a markdown table (mean ± std over seeds) and the paper's comparison figures.
@@ -34,7 +34,7 @@ import torch
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default="/work/shared/data", help="folder or npz holding MNIST")
+    ap.add_argument("--data-dir", default="../shared/data", help="folder or npz holding MNIST")
     ap.add_argument("--out", default="robot-mnist", help="output folder (resumable)")
     ap.add_argument("--checkpoint", default=None, help="original LeNet-5 (default: train one on all of MNIST)")
     ap.add_argument("--train-epochs", type=int, default=3, help="epochs for the original model (default 3)")
