@@ -310,3 +310,24 @@ def test_cuda_model_cpu_inputs(trained_digits_model, digits_test):
     assert r.adv.is_cuda and r.success.shape == (32,)
     again = attacks.attack("pgd", model, x.cuda(), y.cuda(), eps=0.1, steps=3, seed=0)
     assert torch.equal(r.adv, again.adv)
+
+
+class _InputBlindModel(torch.nn.Module):
+    """Logits depend on the input only through a reduction, so autograd returns an expanded gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.tensor([0.5, -0.5, 0.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bias.expand(x.shape[0], 3) + 0.0 * x.sum()
+
+
+@pytest.mark.parametrize("name", ["pgd", "bim", "rfgsm", "mifgsm", "apgd"])
+def test_expanded_input_gradient_does_not_break_in_place_steps(name):
+    # regression: the L-inf step updated the gradient with sign_() in place, which fails on a stride-0 gradient
+    x = torch.rand(4, 1, 5, 5, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 1, 2, 0])
+    adv = getattr(attacks, name)(_InputBlindModel(), x, y, eps=0.1)
+    assert adv.shape == x.shape
+    assert float((adv - x).abs().max()) <= 0.1 + 1e-6

@@ -124,7 +124,9 @@ def _grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Ten
         logits = model(x)
         loss = F.cross_entropy(logits, y, reduction="sum")
         (g,) = torch.autograd.grad(loss, x)
-    return g, logits.detach()
+    # autograd may return an expanded (stride-0) gradient, e.g. when the output depends on x only through a
+    # reduction; the attack loops update it in place, so make it dense (a no-op for ordinary gradients)
+    return g.contiguous(), logits.detach()
 
 
 def _project(x_adv: torch.Tensor, x: torch.Tensor, eps: float, norm: str,
