@@ -5,7 +5,7 @@ the floor: Q + 1 plain forward passes over the same images in batches of the sam
 scoring), which any implementation has to pay. Peak memory is the process's peak RSS growth during the
 analysis (data and model are loaded before the baseline is taken).
 
-    python benchmarks/bench_analyze.py --data-dir /work/shared/data --n 60000 --neighbors 50
+    python benchmarks/bench_analyze.py --data-dir ../shared/data --n 60000 --neighbors 50
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def floor(model: torch.nn.Module, x: torch.Tensor, passes: int, batch_size: int)
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", default="/work/shared/data")
+    p.add_argument("--data-dir", default="../shared/data")
     p.add_argument("--checkpoint", default=None, help="LeNet-5 checkpoint (default: train one for 1 epoch on 5k)")
     p.add_argument("--n", type=int, default=60000, help="training images analysed (default: all 60000)")
     p.add_argument("--neighbors", type=int, default=50)

@@ -22,8 +22,8 @@ attacks on the fine-tuned model itself.
 Corrupted images are computed once per (corruption, severity) for every image that needs them (training
 images are cached by index, so every model sees the same corrupted version of a given sample).
 
-    python benchmarks/reproduce_weakrobust.py --data-dir /work/shared/data --part family --out /tmp/wr_family
-    python benchmarks/reproduce_weakrobust.py --data-dir /work/shared/data --part enhance --out /tmp/wr_enhance
+    python benchmarks/reproduce_weakrobust.py --data-dir ../shared/data --part family --out /tmp/wr_family
+    python benchmarks/reproduce_weakrobust.py --data-dir ../shared/data --part enhance --out /tmp/wr_enhance
 """
 
 from __future__ import annotations
@@ -349,7 +349,7 @@ def run_enhance(args: argparse.Namespace, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", default="/work/shared/data")
+    p.add_argument("--data-dir", default="../shared/data")
     p.add_argument("--part", choices=("family", "enhance"), required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--train-size", type=int, default=2000)
