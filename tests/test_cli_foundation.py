@@ -315,3 +315,19 @@ def test_train_lenet5_on_real_mnist_reaches_98_5_percent(tmp_path, capsys, mnist
     rep = json.loads((tmp_path / "train.json").read_text())
     assert rep["num_train"] == 60000 and rep["num_test"] == 10000
     assert rep["test_accuracy"] >= 0.985, rep["test_accuracy"]
+
+
+def test_train_says_when_the_data_has_no_separate_test_split(capsys, tmp_path):
+    # regression: an npz without per-split arrays serves the same images as train and test split, and the
+    # reported "test accuracy" was silently measured on the training data
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "one.npz"
+    np.savez(path, x=rng.integers(0, 256, (40, 8, 8), dtype=np.uint8), y=np.arange(40) % 2)
+    code, _, err = run_cli(capsys, "train", "--dataset", "npz", "--data-dir", str(path), "--model", "mlp",
+                           "--epochs", "1", "--out", str(tmp_path / "out"), "--no-progress")
+    assert code == 0
+    assert "no separate test split" in err
+    report = json.loads((tmp_path / "out" / "train.json").read_text())
+    assert report["test_split_is_training_data"] is True
