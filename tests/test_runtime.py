@@ -324,3 +324,21 @@ def test_progress():
     items = [1, 2, 3]
     assert runtime.progress(items, enabled=False) is items
     assert list(runtime.progress(items, enabled=True, desc="x")) == items
+
+
+def test_load_plain_reads_tagged_files_and_refuses_others(tmp_path):
+    import pickle
+
+    from robustest.runtime import atomic_save, load_plain
+
+    good = tmp_path / "good.pt"
+    atomic_save({"format": "robustest-thing", "x": torch.arange(3)}, good)
+    assert torch.equal(load_plain(good, fmt="robustest-thing", what="thing file", fix="make one")["x"], torch.arange(3))
+    with pytest.raises(DataError, match="is not a thing file: make one"):
+        load_plain(good, fmt="robustest-other", what="thing file", fix="make one")
+    with pytest.raises(DataError, match="does not exist: make one"):
+        load_plain(tmp_path / "missing.pt", fmt="robustest-thing", what="thing file", fix="make one")
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(pickle.dumps(DataError("x")))  # an arbitrary class: refused by weights_only loading
+    with pytest.raises(DataError, match="cannot be read safely"):
+        load_plain(evil, fmt="robustest-thing", what="thing file", fix="make one")

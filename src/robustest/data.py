@@ -484,15 +484,10 @@ def load_tests(path: str | os.PathLike[str]) -> dict:
 
     Returns a dict with ``x``, ``y``, ``x0_index``, ``method``, ``fol`` (or None) and ``extra``.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"tests file {str(path)!r} does not exist: pass the tests.pt written by 'robustest generate'")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any failure means the file is refused
-        raise DataError(f"{path} is not a robustest tests file (cannot be read safely: {type(exc).__name__})") from exc
-    if not isinstance(payload, dict) or payload.get("format") != TESTS_FORMAT:
-        raise DataError(f"{path} is not a robustest tests file: write one with 'robustest generate'")
+    from robustest.runtime import load_plain
+
+    payload = load_plain(path, fmt=TESTS_FORMAT, what="robustest tests file",
+                         fix="pass the tests.pt written by 'robustest generate'")
     x = payload["x"]
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         raise DataError(f"{path}: tests file holds no N x C x H x W image tensor")

@@ -178,17 +178,9 @@ class FixedAdversarialSet:
     @classmethod
     def load(cls, path: str | _RPath) -> FixedAdversarialSet:
         """Read a set written by :meth:`save` (refuses anything else with a one-line DataError)."""
-        from robustest.errors import DataError
+        from robustest.runtime import load_plain
 
-        path = _RPath(path)
-        if not path.is_file():
-            raise DataError(f"fixed adversarial set {str(path)!r} does not exist: build it with build_fixed_set")
-        try:
-            p = _rtorch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - any failure is a refused file
-            raise DataError(f"{path} is not a fixed adversarial set (cannot be read safely)") from exc
-        if not isinstance(p, dict) or p.get("format") != FIXED_SET_FORMAT:
-            raise DataError(f"{path} is not a fixed adversarial set: build one with build_fixed_set")
+        p = load_plain(path, fmt=FIXED_SET_FORMAT, what="fixed adversarial set", fix="build one with build_fixed_set")
         return cls(x=p["x"], y=p["y"], source_index=p["source_index"], method=list(p["method"]),
                    eps=float(p["eps"]), num_source=int(p["num_source"]), settings=dict(p.get("settings") or {}))
 

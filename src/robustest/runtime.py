@@ -38,6 +38,7 @@ __all__ = [
     "eval_mode",
     "frozen_params",
     "iter_batches",
+    "load_plain",
     "make_generator",
     "model_device",
     "num_samples",
@@ -335,6 +336,25 @@ def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return atomic_write_bytes(path, buf.getvalue())
+
+
+def load_plain(path: str | os.PathLike[str], *, fmt: str, what: str, fix: str) -> dict[str, Any]:
+    """Read a robustest data file (a ``torch.save`` of plain data tagged ``{"format": fmt, ...}``) safely.
+
+    The file is loaded with ``torch.load(weights_only=True)``: tensors and plain containers only, never
+    arbitrary pickled objects. A missing, unreadable or differently tagged file raises :class:`DataError`
+    with a one-line message naming ``what`` was expected and ``fix`` (how to obtain one).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{what} {str(path)!r} does not exist: {fix}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure means the file is refused
+        raise DataError(f"{path} is not a {what} (cannot be read safely: {type(exc).__name__}): {fix}") from exc
+    if not isinstance(payload, dict) or payload.get("format") != fmt:
+        raise DataError(f"{path} is not a {what}: {fix}")
+    return payload
 
 
 def _json_safe(obj: Any) -> Any:

@@ -45,6 +45,7 @@ from robustest.runtime import (
     eval_mode,
     frozen_params,
     iter_batches,
+    load_plain,
     make_generator,
     num_samples,
     resolve_device,
@@ -138,15 +139,8 @@ class Analysis:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Analysis:
-        path = Path(path)
-        if not path.is_file():
-            raise DataError(f"analysis file {str(path)!r} does not exist: write one with 'robustest analyze'")
-        try:
-            d = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is a data error
-            raise DataError(f"{path} is not a robustest analysis file (cannot be read)") from exc
-        if not isinstance(d, dict) or d.get("format") != "robustest-analysis":
-            raise DataError(f"{path} is not a robustest analysis file: write one with 'robustest analyze'")
+        d = load_plain(path, fmt="robustest-analysis", what="robustest analysis file",
+                       fix="write one with 'robustest analyze'")
         return cls(**{k: d[k] for k in cls._TENSORS}, params=dict(d.get("params") or {}))
 
 
