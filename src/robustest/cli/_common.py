@@ -62,6 +62,27 @@ def positive_float(text: str) -> float:
     return v
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {v}")
+    return v
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1]."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {v}")
+    return v
+
+
 def load_data(args: argparse.Namespace, split: str | None = None) -> TensorDataset:
     """Load the data set named by --dataset/--data-dir for ``split`` (default --split), honouring --limit."""
     ds = datasets.load(args.dataset, root=args.data_dir, split=split or args.split)

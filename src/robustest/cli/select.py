@@ -25,31 +25,11 @@ from typing import Any
 import torch
 
 from robustest import selection
-from robustest.cli._common import out_dir, positive_int
+from robustest.cli._common import fraction, non_negative_int, out_dir, positive_int
 from robustest.errors import ConfigError, DataError
 from robustest.runtime import atomic_save, atomic_write_json, atomic_write_text
 
 ORDER = 31
-
-
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}") from None
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {v}")
-    return v
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {v}")
-    return v
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -57,8 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scores", required=True, metavar="FILE", help="scores.pt (or scores.csv) from 'robustest score'")
     budget = p.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--n", type=_non_negative_int, metavar="N", help="number of inputs to select")
-    budget.add_argument("--fraction", type=_fraction, metavar="F", help="fraction of the pool to select (0, 1]")
+    budget.add_argument("--n", type=non_negative_int, metavar="N", help="number of inputs to select")
+    budget.add_argument("--fraction", type=fraction, metavar="F", help="fraction of the pool to select (0, 1]")
     p.add_argument("--strategy", required=True, choices=selection.names(),
                    help="; ".join(selection.describe(s) for s in selection.names()))
     p.add_argument("--k", type=positive_int, default=4, help="KM-ST sections (default: 4)")

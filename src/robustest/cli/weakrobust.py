@@ -24,6 +24,7 @@ from robustest.cli._common import (
     add_data_args,
     add_run_args,
     check_fits,
+    fraction,
     load_data,
     load_model,
     out_dir,
@@ -36,13 +37,6 @@ from robustest.errors import ConfigError, DataError
 from robustest.runtime import atomic_write_json
 
 ORDER = 60
-
-
-def _fraction(text: str) -> float:
-    v = float(text)
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {v}")
-    return v
 
 
 def _unit(text: str) -> float:
@@ -86,7 +80,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("weak-set selection (one of; default --threshold 0.5)")
     sel = g.add_mutually_exclusive_group()
     sel.add_argument("--k", type=positive_int, default=None, help="the K weakest samples")
-    sel.add_argument("--fraction", type=_fraction, default=None, help="the weakest fraction of the samples")
+    sel.add_argument("--fraction", type=fraction, default=None, help="the weakest fraction of the samples")
     sel.add_argument("--threshold", type=_unit, default=None,
                      help="samples with more than this share of neighbours misclassified (paper: 0.5)")
     g.add_argument("--per-class", action="store_true", help="balance the weak set over the classes")
