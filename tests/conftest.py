@@ -67,6 +67,25 @@ def _trained_digits_session(_digits_train_session: TensorDataset) -> torch.nn.Mo
     return model.eval()
 
 
+@pytest.fixture(scope="session")
+def mlp_digits_checkpoint(tmp_path_factory: pytest.TempPathFactory, _digits_train_session: TensorDataset) -> str:
+    """Path of a checkpoint of an ``mlp`` trained 6 epochs on the first 300 digits (trained with one thread)."""
+    from robustest import models, training
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x, y = _digits_train_session.tensors
+        torch.manual_seed(0)
+        model = models.create("mlp", num_classes=10, in_channels=1, input_size=8)
+        training.fit(model, (x[:300], y[:300]), epochs=6, seed=0, progress=False)
+        path = tmp_path_factory.mktemp("mlp_model") / "model.pt"
+        training.save_checkpoint(path, model)
+    finally:
+        torch.set_num_threads(threads)
+    return str(path)
+
+
 @pytest.fixture
 def trained_digits_model(_trained_digits_session: torch.nn.Module) -> torch.nn.Module:
     """A ``digits_cnn`` trained for two epochs on digits (about 94 % test accuracy); a deep copy per test."""

@@ -7,10 +7,7 @@ import json
 import pytest
 import torch
 
-from robustest import data as datasets
-from robustest import models as zoo
 from robustest.cli import main
-from robustest.training import fit, save_checkpoint
 
 TINY_FLAGS = ["--dataset", "digits", "--train-limit", "300", "--test-limit", "60", "--eps", "0.15", "--epochs", "1",
               "--whitebox-limit", "20", "--no-progress"]
@@ -18,16 +15,10 @@ TINY_YAML = "whitebox_pgd_steps: 3\nwhitebox_restarts: 1\napgd_steps: 3\nconverg
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def checkpoint(mlp_digits_checkpoint):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: one thread is faster, restored after the module
-    x, y = datasets.load("digits", split="train").tensors
-    torch.manual_seed(0)
-    model = zoo.create("mlp", num_classes=10, in_channels=1, input_size=8)
-    fit(model, (x[:300], y[:300]), epochs=6, seed=0, progress=False)
-    path = tmp_path_factory.mktemp("model") / "model.pt"
-    save_checkpoint(path, model)
-    yield str(path)
+    yield mlp_digits_checkpoint
     torch.set_num_threads(threads)
 
 

@@ -13,11 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from robustest import data as datasets
-from robustest import models as zoo
 from robustest import robot
 from robustest.errors import ConfigError
-from robustest.training import fit, save_checkpoint
 
 # tiny but complete settings: every stage runs, each in a fraction of a second
 TINY = {
@@ -28,16 +25,10 @@ TINY = {
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def checkpoint(mlp_digits_checkpoint):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: one thread is faster, restored after the module
-    x, y = datasets.load("digits", split="train").tensors
-    torch.manual_seed(0)
-    model = zoo.create("mlp", num_classes=10, in_channels=1, input_size=8)
-    fit(model, (x[:300], y[:300]), epochs=6, seed=0, progress=False)
-    path = tmp_path_factory.mktemp("model") / "model.pt"
-    save_checkpoint(path, model)
-    yield str(path)
+    yield mlp_digits_checkpoint
     torch.set_num_threads(threads)
 
 
