@@ -847,21 +847,106 @@ def _pixelate(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> to
     return _resample_axis(y, sw, w, 3)
 
 
-def _jpeg_compression(x: torch.Tensor, c: int, gen: torch.Generator, table: str) -> torch.Tensor:
-    from PIL import Image
+# ------------------------------------------------------------------------------------------------- jpeg
+# Baseline JPEG as libjpeg (the codec behind Pillow) runs it with its default settings, on whole batches:
+# JFIF colour conversion and 2 x 2 chroma downsampling in libjpeg's fixed-point arithmetic, the 8 x 8 DCT,
+# the Annex K tables scaled by quality, rounding quantisation, the inverse DCT, libjpeg's triangular
+# ("fancy") chroma upsampling and fixed-point YCbCr -> RGB. The one approximation: the DCTs are computed in
+# floating point where libjpeg uses its integer ("islow") DCTs, which moves a few values by one level.
+_JPEG_LUMA_Q = (
+    16, 11, 10, 16, 24, 40, 51, 61, 12, 12, 14, 19, 26, 58, 60, 55, 14, 13, 16, 24, 40, 57, 69, 56,
+    14, 17, 22, 29, 51, 87, 80, 62, 18, 22, 37, 56, 68, 109, 103, 77, 24, 35, 55, 64, 81, 104, 113, 92,
+    49, 64, 78, 87, 103, 121, 120, 101, 72, 92, 95, 98, 112, 100, 103, 99)
+_JPEG_CHROMA_Q = (
+    17, 18, 24, 47, 99, 99, 99, 99, 18, 21, 26, 66, 99, 99, 99, 99, 24, 26, 56, 99, 99, 99, 99, 99,
+    47, 66, 99, 99, 99, 99, 99, 99) + (99,) * 32
 
-    arr = np.ascontiguousarray(torch.round(x.detach().clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1).cpu())
-    gray = arr.shape[-1] == 1
-    out = np.empty_like(arr)
-    for i in range(arr.shape[0]):  # the real codec, one image at a time
-        img = Image.fromarray(arr[i, :, :, 0] if gray else arr[i], mode="L" if gray else "RGB")
-        buf = io.BytesIO()
-        img.save(buf, "JPEG", quality=int(c))
-        buf.seek(0)
-        with Image.open(buf) as dec:
-            dec_arr = np.asarray(dec.convert("L" if gray else "RGB"))
-        out[i] = dec_arr[..., None] if gray else dec_arr
-    return torch.from_numpy(out).to(device=x.device, dtype=x.dtype).permute(0, 3, 1, 2).contiguous() / 255
+
+def _fix(v: float) -> int:
+    """libjpeg's FIX(): a constant in 16.16 fixed point."""
+    return int(v * 65536 + 0.5)
+
+
+def _jpeg_qtable(base: tuple[int, ...], quality: int, like: torch.Tensor) -> torch.Tensor:
+    """libjpeg's jpeg_set_quality: the base table scaled by quality, clamped to 1..255 (baseline)."""
+    q = min(max(int(quality), 1), 100)
+    scale = 5000 // q if q < 50 else 200 - 2 * q
+    t = [min(max((b * scale + 50) // 100, 1), 255) for b in base]
+    return torch.tensor(t, dtype=like.dtype, device=like.device).view(8, 8)
+
+
+@functools.lru_cache(maxsize=1)
+def _dct_kron() -> np.ndarray:
+    """64 x 64 matrix of the orthonormal 8 x 8 2-D DCT-II (the JPEG DCT) acting on row-major blocks."""
+    k = np.arange(8)
+    d = np.cos((2 * k[None, :] + 1) * k[:, None] * np.pi / 16) * np.sqrt(2 / 8)
+    d[0] /= np.sqrt(2)
+    return np.kron(d, d)
+
+
+def _jpeg_plane(p: torch.Tensor, quality: int, base: tuple[int, ...], work: torch.dtype) -> torch.Tensor:
+    """Encode and decode one component: ``p`` integer N x H x W levels 0..255 (H, W multiples of 8) ->
+    decoded int32 levels 0..255, same shape. The blocks go through the DCT as one matrix product."""
+    n, h, w = p.shape
+    k = torch.as_tensor(_dct_kron(), dtype=work, device=p.device)
+    qt = _jpeg_qtable(base, quality, k).reshape(64)
+    blocks = (p.to(work) - 128.0).reshape(n, h // 8, 8, w // 8, 8).transpose(2, 3).reshape(-1, 64)
+    coef = torch.round((blocks @ k.T) / qt) * qt
+    out = torch.round(coef @ k + 128.0).clamp_(0, 255).to(torch.int32)
+    return out.reshape(n, h // 8, w // 8, 8, 8).transpose(2, 3).reshape(n, h, w)
+
+
+def _fancy_upsample(c: torch.Tensor) -> torch.Tensor:
+    """libjpeg's h2v2 fancy upsampling of integer chroma N x h x w -> N x 2h x 2w: 3/4 nearer + 1/4 further
+    sample in each direction, the edge rows/columns duplicated, libjpeg's integer rounding."""
+    up = torch.cat([c[:, :1], c[:, :-1]], 1)
+    down = torch.cat([c[:, 1:], c[:, -1:]], 1)
+    colsum = torch.stack([3 * c + up, 3 * c + down], 2).flatten(1, 2)  # N x 2h x w
+    left = torch.cat([colsum[..., :1], colsum[..., :-1]], 2)
+    right = torch.cat([colsum[..., 1:], colsum[..., -1:]], 2)
+    even = (3 * colsum + left + 8) >> 4
+    odd = (3 * colsum + right + 7) >> 4
+    return torch.stack([even, odd], 3).flatten(2, 3)
+
+
+def _jpeg_compression(x: torch.Tensor, c: int, gen: torch.Generator, table: str) -> torch.Tensor:
+    n, ch, h, w = x.shape
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    v = torch.round(x.clamp(0, 1) * 255)
+    if ch == 1:
+        hp, wp = -(-h // 8) * 8, -(-w // 8) * 8
+        p = F.pad(v[:, 0], (0, wp - w, 0, hp - h), mode="replicate") if (hp, wp) != (h, w) else v[:, 0]
+        return (_jpeg_plane(p, c, _JPEG_LUMA_Q, work)[:, None, :h, :w].to(x.dtype) / 255)
+    # one MCU is 16 x 16 pixels; libjpeg fills partial ones by replicating the last column and row
+    hp, wp = -(-h // 16) * 16, -(-w // 16) * 16
+    if (hp, wp) != (h, w):
+        v = F.pad(v, (0, wp - w, 0, hp - h), mode="replicate")
+    v = v.to(torch.int32)
+    r, g, b = v[:, 0], v[:, 1], v[:, 2]
+    half, offset = 1 << 15, 128 << 16
+    y = (_fix(0.299) * r + _fix(0.587) * g + _fix(0.114) * b + half) >> 16
+    cb = (-_fix(0.16874) * r - _fix(0.33126) * g + _fix(0.5) * b + offset + half - 1) >> 16
+    cr = (_fix(0.5) * r - _fix(0.41869) * g - _fix(0.08131) * b + offset + half - 1) >> 16
+    # h2v2 downsampling: (sum of the 2 x 2 pixels + bias) >> 2 with the bias alternating 1, 2 along a row.
+    # Columns are filled with replicated pixels before downsampling, rows only to an even count; the
+    # remaining rows of the last MCU repeat the last downsampled row (libjpeg's expand_bottom_edge).
+    ch_h, ch_w = -(-h // 2), -(-w // 2)  # the chroma samples inside the image; upsampling stops there
+    bias = torch.tensor([1, 2], dtype=torch.int32, device=v.device).repeat(wp // 4)
+
+    def down(t: torch.Tensor) -> torch.Tensor:
+        rows = t[:, 0:2 * ch_h:2] + t[:, 1:2 * ch_h:2]
+        s = (rows[..., 0::2] + rows[..., 1::2] + bias) >> 2
+        return torch.cat([s, s[:, -1:].expand(n, hp // 2 - ch_h, wp // 2)], 1) if hp // 2 > ch_h else s
+
+    cb = _fancy_upsample(_jpeg_plane(down(cb), c, _JPEG_CHROMA_Q, work)[:, :ch_h, :ch_w]) - 128
+    cr = _fancy_upsample(_jpeg_plane(down(cr), c, _JPEG_CHROMA_Q, work)[:, :ch_h, :ch_w]) - 128
+    y = _jpeg_plane(y, c, _JPEG_LUMA_Q, work)[:, :2 * ch_h, :2 * ch_w]
+    rgb = torch.stack([
+        y + ((_fix(1.402) * cr + half) >> 16),
+        y + ((-_fix(0.34414) * cb - _fix(0.71414) * cr + half) >> 16),
+        y + ((_fix(1.772) * cb + half) >> 16),
+    ], 1).clamp_(0, 255)
+    return rgb[:, :, :h, :w].to(x.dtype) / 255
 
 
 def _elastic_transform(x: torch.Tensor, c: tuple, gen: torch.Generator, table: str) -> torch.Tensor:

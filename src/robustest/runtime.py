@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import tempfile
@@ -142,9 +143,11 @@ def check_images(x: Any, name: str = "x", *, allow_3d: bool = False) -> torch.Te
         raise DataError(f"{name} has dtype {x.dtype}; images must be floating point in [0, 1]: use x.float() / 255")
     if x.numel() == 0:
         return x
-    if not bool(torch.isfinite(x).all()):
+    # one pass: min and max propagate NaN, and an infinity shows up as the min or the max
+    lo_t, hi_t = torch.aminmax(x)
+    lo, hi = float(lo_t), float(hi_t)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
         raise DataError(f"{name} contains NaN or infinite values: clean the input before testing")
-    lo, hi = float(x.min()), float(x.max())
     if lo < 0.0 or hi > 1.0:
         raise DataError(
             f"{name} values lie in [{lo:.4g}, {hi:.4g}] but must lie in [0, 1]: "
