@@ -211,6 +211,16 @@ def test_check_images_errors(bad, pattern):
     assert "imgs" in str(exc.value) and "\n" not in str(exc.value)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_check_images_finds_one_bad_value_among_valid_ones(dtype, bad):
+    # the check is one min/max pass: a single NaN or infinity among valid pixels must still be caught
+    x = torch.rand(3, 2, 5, 5).to(dtype)
+    x[2, 1, 4, 3] = bad
+    with pytest.raises(DataError, match="NaN or infinite"):
+        runtime.check_images(x)
+
+
 def test_check_labels():
     y = torch.tensor([0, 2, 1])
     assert runtime.check_labels(y, 3, num_classes=3) is y
