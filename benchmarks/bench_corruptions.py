@@ -123,7 +123,8 @@ def main() -> int:
     for name in selected:
         t_img = time_ours(imgs, name, args.severity, "imagenet", device, args.repeats)
         t_def = time_ours(imgs, name, args.severity, None, device, args.repeats)
-        t_ref, err = time_reference(ic, imgs, name, args.severity, args.repeats) if ic is not None else (None, "not installed")
+        t_ref, err = ((None, "not installed") if ic is None
+                      else time_reference(ic, imgs, name, args.severity, args.repeats))
         rows.append({"corruption": name, "ours_imagenet_s": t_img, "ours_default_s": t_def, "reference_s": t_ref,
                      "reference_error": err, "speedup": (t_ref / t_img) if t_ref else None})
         print(f"{name:18s} ours {t_img:7.3f}s (default table {t_def:7.3f}s)  reference "
@@ -135,7 +136,8 @@ def main() -> int:
     overall = ref_both / ours_both if both else None
     ours_all = sum(r["ours_imagenet_s"] for r in rows)
     print(f"\n{args.n} images {args.size}x{args.size}x3, severity {args.severity}, device {device}, "
-          f"best of {args.repeats} passes, torch {torch.__version__} ({torch.get_num_threads()} threads), numpy {np.__version__}, "
+          f"best of {args.repeats} passes, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+          f"numpy {np.__version__}, "
           f"{platform.processor() or platform.machine()}\n")
     print("| corruption | robustest, ImageNet table (s) | robustest, default table (s) | imagecorruptions (s) "
           "| speed-up |")
@@ -153,7 +155,8 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"n": args.n, "size": args.size, "severity": args.severity, "device": str(device),
-                       "threads": torch.get_num_threads(), "repeats": args.repeats, "rows": rows, "overall_speedup": overall}, fh, indent=2)
+                       "threads": torch.get_num_threads(), "repeats": args.repeats, "rows": rows,
+                       "overall_speedup": overall}, fh, indent=2)
     return 0
 
 

@@ -48,12 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    import dnn_tip.neuron_coverage as tip_nc
-    import dnn_tip.surprise as tip_sa
-
     from robustest import data, models, training
-    from robustest.metrics.coverage import CoverageProfile
-    from robustest.metrics.surprise import SurpriseAdequacy
 
     torch.manual_seed(args.seed)
     train = data.load("mnist", root=args.data_dir, split="train")
@@ -71,6 +66,20 @@ def main() -> None:
     print(f"LeNet-5 test accuracy {training.accuracy(model, test):.4f}; torch threads {torch.get_num_threads()}")
     xtr = train.tensors[0][: args.train]
     xte = test.tensors[0][: args.test]
+
+    compare(model, xtr, xte, sa_train=args.sa_train, dsa_test=args.dsa_test, repeat=args.repeat)
+
+
+def compare(model: torch.nn.Module, xtr: torch.Tensor, xte: torch.Tensor, *, sa_train: int = 5000,
+            dsa_test: int = 1000, repeat: int = 3) -> list[tuple[str, float, float, str]]:
+    """Time every coverage metric, LSA and DSA, robustest against dnn-tip on the same activations of ``xte``
+    (profile from ``xtr``, SA reference from its first ``sa_train`` images); check that they agree; print
+    the lines and a markdown table and return the rows (label, ours s, dnn-tip s, agreement)."""
+    import dnn_tip.neuron_coverage as tip_nc
+    import dnn_tip.surprise as tip_sa
+
+    from robustest.metrics.coverage import CoverageProfile
+    from robustest.metrics.surprise import SurpriseAdequacy
 
     rows: list[tuple[str, float, float, str]] = []
 
@@ -98,15 +107,15 @@ def main() -> None:
             return (prof.bits_from_activations(acts, metric, **opts),
                     prof.per_input_from_activations(acts, metric, **opts))
 
-        t_ours, (bits, per) = timed(ours, args.repeat)
-        t_ref, (scores, profiles) = timed(lambda ref=ref: ref(layers), args.repeat)
+        t_ours, (bits, per) = timed(ours, repeat)
+        t_ref, (scores, profiles) = timed(lambda ref=ref: ref(layers), repeat)
         same = np.array_equal(bits.numpy(), profiles.reshape(len(a), -1))
         same_scores = np.array_equal(np.rint(per.double().numpy() * bits.shape[1]).astype(np.int64),
                                      scores.astype(np.int64))
         t_per, _ = timed(lambda metric=metric, opts=opts: prof.per_input_from_activations(acts, metric, **opts),
-                         args.repeat)
+                         repeat)
         t_set, cov = timed(lambda metric=metric, opts=opts: prof.set_coverage_from_activations(acts, metric, **opts),
-                           args.repeat)
+                           repeat)
         agree = "identical bits and scores" if same and same_scores else "DIFFERENT"
         print(f"{label:12s} ours {t_ours * 1e3:8.1f} ms  dnn-tip {t_ref * 1e3:8.1f} ms  "
               f"ratio {t_ref / t_ours:6.1f}x  per-input only {t_per * 1e3:.1f} ms  "
@@ -115,7 +124,7 @@ def main() -> None:
                      f"set coverage alone {t_set * 1e3:.1f} ms"))
 
     # ------------------------------------------------------------------------------------ surprise adequacy
-    xsa = xtr[: args.sa_train]
+    xsa = xtr[: sa_train]
     t_sa, sa = timed(lambda: SurpriseAdequacy.build(model, xsa, batch_size=500), 1)
     sacts, spred = sa.activations(xte, batch_size=500)
     print(f"SA reference: layer {sa.layers} ({sum(sa.sizes)} neurons), {len(xsa)} traces in {t_sa:.2f}s")
@@ -137,7 +146,7 @@ def main() -> None:
 
     t_all, _ = timed(lambda: sa.dsa_from_activations(sacts, spred), 1)
     print(f"DSA (ours) of all {len(xte)} test traces in {t_all:.2f}s")
-    nd = min(args.dsa_test, len(xte))
+    nd = min(dsa_test, len(xte))
     dacts, dpred = sacts[:nd], spred[:nd]
     t_ours, dsa = timed(lambda: sa.dsa_from_activations(dacts, dpred), 1)
     with warnings.catch_warnings():
@@ -155,6 +164,8 @@ def main() -> None:
     for label, to, tr_, agree in rows:
         unit = (lambda t: f"{t * 1e3:.1f} ms") if tr_ < 1 else (lambda t: f"{t:.2f} s")
         print(f"| {label} | {unit(to)} | {unit(tr_)} | {tr_ / to:.1f}x | {agree} |")
+
+    return rows
 
 
 if __name__ == "__main__":

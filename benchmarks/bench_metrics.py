@@ -6,6 +6,10 @@
 * loop: a per-sample implementation like RobOT's reference code (one forward/backward and the norm per
   image). It is timed on ``--loop-subset`` images and extrapolated linearly to the full set.
 
+Then, unless ``--no-coverage``, the coverage metrics, LSA and DSA are timed against dnn-tip 0.1.1 on the same
+activations of the same model (``bench_coverage.compare``: profile from ``--cov-train`` training images,
+scores for the test images), with a check that the values agree.
+
 Targets: ours / floor <= 1.15, loop / ours >= 20. Two estimates: whole-set timings (``--repeats``
 interleaved runs, minimum kept) and paired per-batch ratios (every method timed on the same batch back to
 back, median over batches), which stay steady when the machine is shared. Usage::
@@ -16,6 +20,7 @@ back, median over batches), which stay steady when the machine is shared. Usage:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import time
 from collections.abc import Callable
@@ -64,9 +69,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--paired-loop", type=int, default=25, help="images of each batch timed with the loop")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--no-mkldnn", action="store_true",
+                    help="disable oneDNN convolutions for every method (its per-call overhead weighs on batch-1 loops)")
+    ap.add_argument("--no-coverage", action="store_true", help="skip the coverage / surprise-adequacy comparison")
+    ap.add_argument("--cov-train", type=int, default=10000, help="training images for the coverage profile")
+    ap.add_argument("--sa-train", type=int, default=5000, help="training images for the SA reference")
+    ap.add_argument("--dsa-test", type=int, default=1000, help="test images for dnn-tip's (slow) DSA")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.no_mkldnn:
+        torch.backends.mkldnn.enabled = False
     torch.manual_seed(0)
     test = data.load("mnist", root=args.data_dir, split="test")
     if args.checkpoint:
@@ -110,7 +123,8 @@ def main() -> None:
     r_floor_own = best["fol_own_seed"] / best["floor"]
     r_floor_x0 = best["fol_with_x0"] / best["floor"]
     r_loop = loop_full / best["fol_with_x0"]
-    print(f"\nMNIST LeNet-5, {n} test images, batch {bs}, {torch.get_num_threads()} threads, "
+    onednn = "on" if torch.backends.mkldnn.enabled else "off"
+    print(f"\nMNIST LeNet-5, {n} test images, batch {bs}, {torch.get_num_threads()} threads, oneDNN {onednn}, "
           f"min of {args.repeats} interleaved repeats (median in brackets)\n")
     print("| measurement | seconds | images/s | ratio |")
     print("|---|---|---|---|")
@@ -131,6 +145,17 @@ def main() -> None:
     for name, vals in paired.items():
         q = torch.tensor(vals, dtype=torch.float64).quantile(torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))
         print(f"| {name} | {float(q[1]):.3f} | {float(q[0]):.3f} - {float(q[2]):.3f} |")
+
+    if not args.no_coverage:
+        if importlib.util.find_spec("dnn_tip") is None:
+            print("\ncoverage / surprise adequacy: dnn-tip is not installed (pip install --no-deps dnn-tip==0.1.1 "
+                  "psutil), comparison skipped")
+        else:
+            from bench_coverage import compare
+
+            print(f"\nCoverage and surprise adequacy vs dnn-tip 0.1.1, same model, {len(x)} test images:")
+            xtr = data.load("mnist", root=args.data_dir, split="train").tensors[0][: args.cov_train]
+            compare(model, xtr, x, sa_train=args.sa_train, dsa_test=args.dsa_test)
 
 
 def paired_ratios(model: torch.nn.Module, x0: torch.Tensor, x: torch.Tensor, y: torch.Tensor, bs: int,

@@ -47,7 +47,6 @@ Deviations from the reference code (see docs/CORRUPTIONS.md for the full list)
 from __future__ import annotations
 
 import functools
-import io
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
