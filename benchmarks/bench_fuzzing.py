@@ -92,8 +92,12 @@ def main() -> None:
     ap.add_argument("--coverage-iterations", type=int, default=50,
                     help="coverage_fuzz (KMNC, k=10) iterations on the first 100 seeds (0: skip)")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    ap.add_argument("--no-mkldnn", action="store_true",
+                    help="disable oneDNN convolutions for every variant (its per-call overhead weighs on batch 1)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.no_mkldnn:
+        torch.backends.mkldnn.enabled = False
 
     root = args.data_dir if args.dataset == "mnist" else None
     if args.checkpoint:
@@ -135,6 +139,7 @@ def main() -> None:
     res = {
         "dataset": args.dataset, "device": args.device,
         "seeds": n, "single_seeds": m, "steps": args.steps, "batch_size": args.batch_size, "threads": args.threads,
+        "onednn": torch.backends.mkldnn.enabled,
         "batched_seconds": t_full, "batched_seeds_per_s": rate_full,
         "batched_subset_seconds": t_bsub, "batched_subset_seeds_per_s": rate_bsub,
         "single_ref_seconds": t_ref, "single_ref_seeds_per_s": rate_ref,
