@@ -3,8 +3,8 @@
 ``corrupt(x, name, severity, seed=0)`` takes images ``x`` of shape N x C x H x W (C = 1 or 3, values in
 [0, 1], floating point) and returns the corrupted batch with the same shape, dtype and device. Every
 corruption runs as batched tensor operations on ``x``'s device (CPU or CUDA; on the CPU the multi-pass
-ones go through cache-sized chunks of the batch), with one exception: ``jpeg_compression`` uses the real
-JPEG codec (Pillow / libjpeg) one image at a time on the CPU.
+ones go through cache-sized chunks of the batch), ``jpeg_compression`` included: it is a batched
+re-implementation of baseline libjpeg (the codec behind Pillow) with its default settings.
 
 Parameter tables
     Two tables are built in: ``"cifar"`` (Hendrycks' ``make_cifar_c.py``, CIFAR-10-C) and ``"imagenet"``
@@ -97,7 +97,7 @@ _DESCRIPTIONS = {
     "contrast": "(x - mean) * c + mean per image and channel",
     "elastic_transform": "random affine warp followed by a smoothed random displacement field",
     "pixelate": "box downsampling by a factor c and box upsampling back (Pillow BOX filter)",
-    "jpeg_compression": "JPEG encode/decode at quality c (Pillow/libjpeg, per image on the CPU)",
+    "jpeg_compression": "JPEG encode/decode at quality c (baseline libjpeg with its defaults, batched)",
     "speckle_noise": "multiplicative Gaussian noise, x + x * N(0, c^2)",
     "gaussian_blur": "Gaussian blur with standard deviation c",
     "spatter": "water drops (severities 1-3 CIFAR / 1-3 ImageNet) or mud splashes (4-5)",
