@@ -621,6 +621,33 @@ def test_same_seed_same_output_and_independent_images(name: str) -> None:
         assert not torch.equal(a, C.corrupt(x, name, 3, seed=6))
 
 
+def test_shot_noise_on_chunks_independent_of_threads_and_uncorrelated() -> None:
+    # more values than one Poisson chunk: chunks are drawn on threads, each from its own seeded generator
+    n = C.POISSON_CHUNK // (3 * 32 * 32) * 2 + 3
+    x = structured_images(1, 3, 32, 32, seed=4).expand(n, -1, -1, -1).contiguous()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = C.corrupt(x, "shot_noise", 2, seed=9)
+        torch.set_num_threads(2)
+        two = C.corrupt(x, "shot_noise", 2, seed=9)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+    per_chunk = C.POISSON_CHUNK // (3 * 32 * 32)
+    noise = (one - x).reshape(n, -1)
+    # the same image in two chunks gets uncorrelated noise (a repeated chunk seed would give identical noise)
+    a, b = noise[0], noise[per_chunk]
+    corr = float(torch.corrcoef(torch.stack([a, b]))[0, 1])
+    assert not torch.equal(a, b) and abs(corr) < 0.1
+    # and the noise variance is the Poisson one in every chunk: Var[Poisson(x c) / c] = x / c
+    c = C.parameters("shot_noise", 2, "cifar")
+    want = float(x[0].clamp(0, 1).mean()) / c
+    for i in (0, per_chunk, n - 1):
+        got = float((noise[i] ** 2).mean())
+        assert abs(got - want) < 0.2 * want, (i, got, want)
+
+
 def test_global_rng_untouched() -> None:
     x = structured_images(2, 3, 32, 32)
     torch.manual_seed(123)
