@@ -221,6 +221,20 @@ def test_check_images_finds_one_bad_value_among_valid_ones(dtype, bad):
         runtime.check_images(x)
 
 
+def test_checked_inputs_from_tensors_and_datasets():
+    x, y = torch.rand(4, 1, 3, 3), torch.tensor([0, 1, 2, 1])
+    assert runtime.checked_inputs(x) == (x, None)
+    assert runtime.checked_inputs(x, y)[1] is y
+    xs, ys = runtime.checked_inputs(TensorDataset(x, y))
+    assert torch.equal(xs, x) and torch.equal(ys, y)
+    other = torch.tensor([2, 2, 2, 2])
+    assert torch.equal(runtime.checked_inputs(TensorDataset(x, y), other)[1], other)  # given labels win
+    with pytest.raises(DataError, match=r"\[0, 1\]"):
+        runtime.checked_inputs(x * 2)
+    with pytest.raises(DataError, match=r"shape \[4\]"):
+        runtime.checked_inputs(x, y[:3])
+
+
 def test_check_labels():
     y = torch.tensor([0, 2, 1])
     assert runtime.check_labels(y, 3, num_classes=3) is y

@@ -219,6 +219,18 @@ def as_tensors(data: DataLike) -> tuple[torch.Tensor, torch.Tensor | None]:
     return torch.cat(xs), (torch.cat(ys) if ys[0] is not None else None)
 
 
+def checked_inputs(x: DataLike, y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Images and optional labels from an x tensor (with ``y`` given or not) or any data-like object
+    (whose labels are used unless ``y`` is given), validated: x N x C x H x W in [0, 1], y int [N] or None."""
+    if not isinstance(x, torch.Tensor):
+        x, y_data = as_tensors(x)
+        y = y if y is not None else y_data
+    x = check_images(x)
+    if y is not None:
+        y = check_labels(y, int(x.shape[0]))
+    return x, y
+
+
 def iter_batches(
     data: DataLike,
     batch_size: int = 256,

@@ -35,9 +35,7 @@ from torch import nn
 from robustest.errors import ConfigError
 from robustest.fuzzing.mutations import OPS, mutate
 from robustest.runtime import (
-    as_tensors,
-    check_images,
-    check_labels,
+    checked_inputs,
     eval_mode,
     make_generator,
     progress,
@@ -150,14 +148,10 @@ def coverage_fuzz(
         :class:`CoverageFuzzResult` with tensors on ``x``'s device.
     """
     t_start = time.perf_counter()
-    if not isinstance(x, torch.Tensor):
-        x, y_data = as_tensors(x)
-        y = y if y is not None else y_data
-    x = check_images(x)
+    x, y = checked_inputs(x, y)
     n = int(x.shape[0])
     if y is None:
         raise ConfigError("coverage_fuzz needs seed labels y: a mutant fails when the model disagrees with them")
-    y = check_labels(y, n)
     if iterations is None and time_budget is None:
         raise ConfigError("give a budget: iterations and/or time_budget (seconds)")
     if iterations is not None and iterations < 0:

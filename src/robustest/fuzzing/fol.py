@@ -42,9 +42,7 @@ from torch import nn
 
 from robustest.errors import ConfigError
 from robustest.runtime import (
-    as_tensors,
-    check_images,
-    check_labels,
+    checked_inputs,
     eval_mode,
     frozen_params,
     make_generator,
@@ -162,13 +160,8 @@ def fol_fuzz(
         :class:`FuzzResult` with tensors on ``x``'s device.
     """
     t_start = time.perf_counter()
-    if not isinstance(x, torch.Tensor):
-        x, y_data = as_tensors(x)
-        y = y if y is not None else y_data
-    x = check_images(x)
+    x, y = checked_inputs(x, y)
     n = int(x.shape[0])
-    if y is not None:
-        y = check_labels(y, n)
     if int(steps) < 2:
         raise ConfigError(f"steps must be >= 2 (each work-list item takes 2 gradient steps), got {steps}")
     if lr <= 0 or max_rel_l2 <= 0:
