@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -522,7 +523,17 @@ def _gaussian_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str)
 
 
 POISSON_CHUNK = 1 << 18  # CPU Poisson draws: values per independently seeded chunk
-_POOL: list[ThreadPoolExecutor] = []
+_POOL: dict[str, object] = {}  # the shared draw pool, with the pid that made it (a forked child makes its own)
+
+
+def _draw_pool(workers: int) -> ThreadPoolExecutor:
+    pool = _POOL.get("pool")
+    if not isinstance(pool, ThreadPoolExecutor) or _POOL.get("pid") != os.getpid() or _POOL.get("size", 0) < workers:
+        if isinstance(pool, ThreadPoolExecutor) and _POOL.get("pid") == os.getpid():
+            pool.shutdown(wait=False)
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="robustest-poisson")
+        _POOL.update(pool=pool, pid=os.getpid(), size=workers)
+    return pool
 
 
 def _poisson(lam: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -544,9 +555,7 @@ def _poisson(lam: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     if workers <= 1:
         parts = [draw(i) for i in range(len(starts))]
     else:
-        if not _POOL or _POOL[0]._max_workers < workers:  # noqa: SLF001 - grow the shared pool when needed
-            _POOL[:] = [ThreadPoolExecutor(max_workers=workers, thread_name_prefix="robustest-poisson")]
-        parts = list(_POOL[0].map(draw, range(len(starts))))
+        parts = list(_draw_pool(workers).map(draw, range(len(starts))))
     return torch.cat(parts).reshape(lam.shape)
 
 
