@@ -41,6 +41,8 @@ Deviations from the reference code (see docs/CORRUPTIONS.md for the full list)
       ``imagecorruptions``) applied as shift-and-add with edge replication, per image at its own angle.
     * spatter: Canny edges, a truncated exact Euclidean distance transform (OpenCV uses a 5x5 chamfer
       approximation), histogram equalisation and the reference's filters, all batched in torch.
+    * jpeg_compression: libjpeg's pipeline with its defaults, batched, but with floating-point DCTs where
+      libjpeg uses integer ones: the mean difference from Pillow's output is below one uint8 level.
     * outputs are not quantised to uint8 (except where the reference quantises an intermediate result).
 """
 
