@@ -4,7 +4,8 @@
 [0, 1], floating point) and returns the corrupted batch with the same shape, dtype and device. Every
 corruption runs as batched tensor operations on ``x``'s device (CPU or CUDA; on the CPU the multi-pass
 ones go through cache-sized chunks of the batch), ``jpeg_compression`` included: it is a batched
-re-implementation of baseline libjpeg (the codec behind Pillow) with its default settings.
+re-implementation of baseline libjpeg (the codec behind Pillow) with its default settings, in libjpeg's
+integer arithmetic, so its output equals Pillow's JPEG round trip bit for bit.
 
 Parameter tables
     Two tables are built in: ``"cifar"`` (Hendrycks' ``make_cifar_c.py``, CIFAR-10-C) and ``"imagenet"``
@@ -41,8 +42,6 @@ Deviations from the reference code (see docs/CORRUPTIONS.md for the full list)
       ``imagecorruptions``) applied as shift-and-add with edge replication, per image at its own angle.
     * spatter: Canny edges, a truncated exact Euclidean distance transform (OpenCV uses a 5x5 chamfer
       approximation), histogram equalisation and the reference's filters, all batched in torch.
-    * jpeg_compression: libjpeg's pipeline with its defaults, batched, but with floating-point DCTs where
-      libjpeg uses integer ones: the mean difference from Pillow's output is below one uint8 level.
     * outputs are not quantised to uint8 (except where the reference quantises an intermediate result).
 """
 
@@ -900,11 +899,11 @@ def _pixelate(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> to
 
 
 # ------------------------------------------------------------------------------------------------- jpeg
-# Baseline JPEG as libjpeg (the codec behind Pillow) runs it with its default settings, on whole batches:
-# JFIF colour conversion and 2 x 2 chroma downsampling in libjpeg's fixed-point arithmetic, the 8 x 8 DCT,
-# the Annex K tables scaled by quality, rounding quantisation, the inverse DCT, libjpeg's triangular
-# ("fancy") chroma upsampling and fixed-point YCbCr -> RGB. The one approximation: the DCTs are computed in
-# floating point where libjpeg uses its integer ("islow") DCTs, which moves a few values by one level.
+# Baseline JPEG as libjpeg (the codec behind Pillow) runs it with its default settings, on whole batches and
+# in libjpeg's own integer arithmetic: JFIF colour conversion and 2 x 2 chroma downsampling in 16.16 fixed
+# point, the integer ("islow") 8 x 8 DCT, the Annex K tables scaled by quality, rounding quantisation, the
+# integer inverse DCT, triangular ("fancy") chroma upsampling and fixed-point YCbCr -> RGB. The decoded
+# images equal Pillow's bit for bit. (Entropy coding is lossless and is skipped.)
 _JPEG_LUMA_Q = (
     16, 11, 10, 16, 24, 40, 51, 61, 12, 12, 14, 19, 26, 58, 60, 55, 14, 13, 16, 24, 40, 57, 69, 56,
     14, 17, 22, 29, 51, 87, 80, 62, 18, 22, 37, 56, 68, 109, 103, 77, 24, 35, 55, 64, 81, 104, 113, 92,
@@ -927,30 +926,78 @@ def _jpeg_qtable(base: tuple[int, ...], quality: int, like: torch.Tensor) -> tor
     return torch.tensor(t, dtype=like.dtype, device=like.device).view(8, 8)
 
 
-@functools.lru_cache(maxsize=1)
-def _dct_kron() -> np.ndarray:
-    """64 x 64 matrix of the orthonormal 8 x 8 2-D DCT-II (the JPEG DCT) acting on row-major blocks."""
-    k = np.arange(8)
-    d = np.cos((2 * k[None, :] + 1) * k[:, None] * np.pi / 16) * np.sqrt(2 / 8)
-    d[0] /= np.sqrt(2)
-    return np.kron(d, d)
+# libjpeg's integer ("islow") DCTs, exactly: jfdctint.c / jidctint.c, 13-bit constants, 2 extra bits in pass 1
+_CB, _P1 = 13, 2
+_F = {"0.298631336": 2446, "0.390180644": 3196, "0.541196100": 4433, "0.765366865": 6270, "0.899976223": 7373,
+      "1.175875602": 9633, "1.501321110": 12299, "1.847759065": 15137, "1.961570560": 16069,
+      "2.053119869": 16819, "2.562915447": 20995, "3.072711026": 25172}
 
 
-def _jpeg_plane(p: torch.Tensor, quality: int, base: tuple[int, ...], work: torch.dtype) -> torch.Tensor:
+def _descale(v: torch.Tensor, n: int) -> torch.Tensor:
+    return (v + (1 << (n - 1))) >> n
+
+
+def _odd_part(t0: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, t3: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The shared odd part of libjpeg's LL&M butterflies (t0..t3 in the FDCT's tmp4..tmp7 order)."""
+    z1, z2, z3, z4 = t0 + t3, t1 + t2, t0 + t2, t1 + t3
+    z5 = (z3 + z4) * _F["1.175875602"]
+    t0, t1 = t0 * _F["0.298631336"], t1 * _F["2.053119869"]
+    t2, t3 = t2 * _F["3.072711026"], t3 * _F["1.501321110"]
+    z1, z2 = z1 * -_F["0.899976223"], z2 * -_F["2.562915447"]
+    z3, z4 = z3 * -_F["1.961570560"] + z5, z4 * -_F["0.390180644"] + z5
+    return t0 + z1 + z3, t1 + z2 + z4, t2 + z2 + z3, t3 + z1 + z4
+
+
+def _fdct_1d(d: torch.Tensor, dim: int, first: bool) -> torch.Tensor:
+    d0, d1, d2, d3, d4, d5, d6, d7 = d.unbind(dim)
+    tmp0, tmp7, tmp1, tmp6 = d0 + d7, d0 - d7, d1 + d6, d1 - d6
+    tmp2, tmp5, tmp3, tmp4 = d2 + d5, d2 - d5, d3 + d4, d3 - d4
+    tmp10, tmp13, tmp11, tmp12 = tmp0 + tmp3, tmp0 - tmp3, tmp1 + tmp2, tmp1 - tmp2
+    shift = _CB - _P1 if first else _CB + _P1
+    if first:
+        o0, o4 = (tmp10 + tmp11) << _P1, (tmp10 - tmp11) << _P1
+    else:
+        o0, o4 = _descale(tmp10 + tmp11, _P1), _descale(tmp10 - tmp11, _P1)
+    z1 = (tmp12 + tmp13) * _F["0.541196100"]
+    o2 = _descale(z1 + tmp13 * _F["0.765366865"], shift)
+    o6 = _descale(z1 - tmp12 * _F["1.847759065"], shift)
+    a7, a5, a3, a1 = _odd_part(tmp4, tmp5, tmp6, tmp7)
+    o7, o5, o3, o1 = (_descale(a, shift) for a in (a7, a5, a3, a1))
+    return torch.stack([o0, o1, o2, o3, o4, o5, o6, o7], dim)
+
+
+def _idct_1d(d: torch.Tensor, dim: int, first: bool) -> torch.Tensor:
+    d0, d1, d2, d3, d4, d5, d6, d7 = d.unbind(dim)
+    z1 = (d2 + d6) * _F["0.541196100"]
+    tmp2, tmp3 = z1 - d6 * _F["1.847759065"], z1 + d2 * _F["0.765366865"]
+    tmp0, tmp1 = (d0 + d4) << _CB, (d0 - d4) << _CB
+    tmp10, tmp13, tmp11, tmp12 = tmp0 + tmp3, tmp0 - tmp3, tmp1 + tmp2, tmp1 - tmp2
+    t0, t1, t2, t3 = _odd_part(d7, d5, d3, d1)
+    shift = _CB - _P1 if first else _CB + _P1 + 3
+    outs = (tmp10 + t3, tmp11 + t2, tmp12 + t1, tmp13 + t0, tmp13 - t0, tmp12 - t1, tmp11 - t2, tmp10 - t3)
+    return torch.stack([_descale(o, shift) for o in outs], dim)
+
+
+def _jpeg_plane(p: torch.Tensor, quality: int, base: tuple[int, ...]) -> torch.Tensor:
     """Encode and decode one component: ``p`` integer N x H x W levels 0..255 (H, W multiples of 8) ->
-    decoded int32 levels 0..255, same shape. The blocks go through the DCT as one matrix product."""
+    decoded int32 levels 0..255, same shape, exactly as libjpeg's islow DCT, quantiser and IDCT."""
     n, h, w = p.shape
-    k = torch.as_tensor(_dct_kron(), dtype=work, device=p.device)
-    qt = _jpeg_qtable(base, quality, k).reshape(64)
-    blocks = (p.to(work) - 128.0).reshape(n, h // 8, 8, w // 8, 8).transpose(2, 3).reshape(-1, 64)
-    coef = torch.round((blocks @ k.T) / qt) * qt
-    out = torch.round(coef @ k + 128.0).clamp_(0, 255).to(torch.int32)
-    return out.reshape(n, h // 8, w // 8, 8, 8).transpose(2, 3).reshape(n, h, w)
+    q = _jpeg_qtable(base, quality, p).to(torch.int32)
+    # int32 as in libjpeg: its islow constants are chosen so that 8-bit data stays within 32 bits
+    blocks = (p.to(torch.int32) - 128).reshape(n, h // 8, 8, w // 8, 8).transpose(2, 3)  # N x BH x BW x 8 x 8
+    coef = _fdct_1d(_fdct_1d(blocks, -1, True), -2, False)  # rows, then columns; scaled by 8
+    div = q * 8  # quantise: round half away from zero of coef / (8 q)
+    qc = torch.where(coef < 0, -((-coef + (div >> 1)) // div), (coef + (div >> 1)) // div)
+    out = _idct_1d(_idct_1d(qc * q, -2, True), -1, False)  # columns, then rows
+    return (out + 128).clamp_(0, 255).transpose(2, 3).reshape(n, h, w)
 
 
 def _fancy_upsample(c: torch.Tensor) -> torch.Tensor:
     """libjpeg's h2v2 fancy upsampling of integer chroma N x h x w -> N x 2h x 2w: 3/4 nearer + 1/4 further
-    sample in each direction, the edge rows/columns duplicated, libjpeg's integer rounding."""
+    sample in each direction, the edge rows/columns duplicated, libjpeg's integer rounding. Like libjpeg,
+    planes at most 2 samples wide are upsampled by plain replication instead."""
+    if c.shape[-1] <= 2:
+        return c.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2)
     up = torch.cat([c[:, :1], c[:, :-1]], 1)
     down = torch.cat([c[:, 1:], c[:, -1:]], 1)
     colsum = torch.stack([3 * c + up, 3 * c + down], 2).flatten(1, 2)  # N x 2h x w
@@ -963,12 +1010,11 @@ def _fancy_upsample(c: torch.Tensor) -> torch.Tensor:
 
 def _jpeg_compression(x: torch.Tensor, c: int, gen: torch.Generator, table: str) -> torch.Tensor:
     n, ch, h, w = x.shape
-    work = torch.float64 if x.dtype == torch.float64 else torch.float32
     v = torch.round(x.clamp(0, 1) * 255)
     if ch == 1:
         hp, wp = -(-h // 8) * 8, -(-w // 8) * 8
         p = F.pad(v[:, 0], (0, wp - w, 0, hp - h), mode="replicate") if (hp, wp) != (h, w) else v[:, 0]
-        return (_jpeg_plane(p, c, _JPEG_LUMA_Q, work)[:, None, :h, :w].to(x.dtype) / 255)
+        return (_jpeg_plane(p, c, _JPEG_LUMA_Q)[:, None, :h, :w].to(x.dtype) / 255)
     # one MCU is 16 x 16 pixels; libjpeg fills partial ones by replicating the last column and row
     hp, wp = -(-h // 16) * 16, -(-w // 16) * 16
     if (hp, wp) != (h, w):
@@ -990,9 +1036,9 @@ def _jpeg_compression(x: torch.Tensor, c: int, gen: torch.Generator, table: str)
         s = (rows[..., 0::2] + rows[..., 1::2] + bias) >> 2
         return torch.cat([s, s[:, -1:].expand(n, hp // 2 - ch_h, wp // 2)], 1) if hp // 2 > ch_h else s
 
-    cb = _fancy_upsample(_jpeg_plane(down(cb), c, _JPEG_CHROMA_Q, work)[:, :ch_h, :ch_w]) - 128
-    cr = _fancy_upsample(_jpeg_plane(down(cr), c, _JPEG_CHROMA_Q, work)[:, :ch_h, :ch_w]) - 128
-    y = _jpeg_plane(y, c, _JPEG_LUMA_Q, work)[:, :2 * ch_h, :2 * ch_w]
+    cb = _fancy_upsample(_jpeg_plane(down(cb), c, _JPEG_CHROMA_Q)[:, :ch_h, :ch_w]) - 128
+    cr = _fancy_upsample(_jpeg_plane(down(cr), c, _JPEG_CHROMA_Q)[:, :ch_h, :ch_w]) - 128
+    y = _jpeg_plane(y, c, _JPEG_LUMA_Q)[:, :2 * ch_h, :2 * ch_w]
     rgb = torch.stack([
         y + ((_fix(1.402) * cr + half) >> 16),
         y + ((-_fix(0.34414) * cb - _fix(0.71414) * cr + half) >> 16),
