@@ -982,14 +982,16 @@ def _jpeg_plane(p: torch.Tensor, quality: int, base: tuple[int, ...]) -> torch.T
     """Encode and decode one component: ``p`` integer N x H x W levels 0..255 (H, W multiples of 8) ->
     decoded int32 levels 0..255, same shape, exactly as libjpeg's islow DCT, quantiser and IDCT."""
     n, h, w = p.shape
-    q = _jpeg_qtable(base, quality, p).to(torch.int32)
-    # int32 as in libjpeg: its islow constants are chosen so that 8-bit data stays within 32 bits
-    blocks = (p.to(torch.int32) - 128).reshape(n, h // 8, 8, w // 8, 8).transpose(2, 3)  # N x BH x BW x 8 x 8
-    coef = _fdct_1d(_fdct_1d(blocks, -1, True), -2, False)  # rows, then columns; scaled by 8
+    q = _jpeg_qtable(base, quality, p).to(torch.int32)[:, :, None]
+    # int32 as in libjpeg: its islow constants are chosen so that 8-bit data stays within 32 bits. Layout
+    # 8 (row) x 8 (column) x blocks, so every butterfly term is a contiguous run over all blocks.
+    blocks = (p.to(torch.int32) - 128).reshape(n, h // 8, 8, w // 8, 8).permute(2, 4, 0, 1, 3).reshape(8, 8, -1)
+    coef = _fdct_1d(_fdct_1d(blocks, 1, True), 0, False)  # rows, then columns; scaled by 8
     div = q * 8  # quantise: round half away from zero of coef / (8 q)
     qc = torch.where(coef < 0, -((-coef + (div >> 1)) // div), (coef + (div >> 1)) // div)
-    out = _idct_1d(_idct_1d(qc * q, -2, True), -1, False)  # columns, then rows
-    return (out + 128).clamp_(0, 255).transpose(2, 3).reshape(n, h, w)
+    out = _idct_1d(_idct_1d(qc * q, 0, True), 1, False)  # columns, then rows
+    out = (out + 128).clamp_(0, 255).reshape(8, 8, n, h // 8, w // 8)
+    return out.permute(2, 3, 0, 4, 1).reshape(n, h, w)
 
 
 def _fancy_upsample(c: torch.Tensor) -> torch.Tensor:
