@@ -413,6 +413,20 @@ def test_jpeg_equals_pillow_codec_at_any_size(shape: tuple[int, int, int]) -> No
         assert diff.max() == 0, f"{shape} quality {quality}: {np.count_nonzero(diff)} values differ from Pillow"
 
 
+@pytest.mark.parametrize("c", [1, 3])
+def test_jpeg_large_images_take_pillow_with_the_same_output(c: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # above JPEG_PILLOW_MIN_PIXELS the CPU path calls Pillow's codec; the batched codec must give the same bytes
+    imgs = np.random.default_rng(14).integers(0, 256, (2, 100, 121, c), dtype=np.uint8)
+    x = torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 255
+    assert 100 * 121 > C.JPEG_PILLOW_MIN_PIXELS
+    via_pillow = C.corrupt(x, "jpeg_compression", 4, table="imagenet")
+    monkeypatch.setattr(C, "JPEG_PILLOW_MIN_PIXELS", 10**9)
+    batched = C.corrupt(x, "jpeg_compression", 4, table="imagenet")
+    assert torch.equal(via_pillow, batched)
+    ref = np.stack([ref_jpeg(img, C.parameters("jpeg_compression", 4, "imagenet")) for img in imgs])
+    assert np.array_equal(torch.round(batched * 255).to(torch.uint8).permute(0, 2, 3, 1).numpy(), ref)
+
+
 def test_jpeg_corruption_equals_pillow_for_every_severity() -> None:
     imgs = to_u8(structured_images(6, 3, 32, 32, seed=13))
     x = torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 255
