@@ -20,6 +20,7 @@ back, median over batches), which stay steady when the machine is shared. Usage:
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import statistics
 import time
@@ -42,7 +43,7 @@ def floor(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bs: int) -> 
 
 def loop_fol(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, x0: torch.Tensor, eps: float) -> torch.Tensor:
     """Per-sample FOL (L-inf) as the reference code computes it: one gradient call per image."""
-    out = torch.empty(len(x))
+    out = torch.empty(len(x), device=x.device)
     with eval_mode(model), frozen_params(model):
         for i in range(len(x)):
             xi = x[i:i + 1].clone().requires_grad_(True)
@@ -54,8 +55,12 @@ def loop_fol(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, x0: torch
 
 
 def timed(fn: Callable[[], object]) -> float:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     t = time.perf_counter()
     fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     return time.perf_counter() - t
 
 
@@ -69,6 +74,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--paired-loop", type=int, default=25, help="images of each batch timed with the loop")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (the coverage comparison stays on the CPU)")
     ap.add_argument("--no-mkldnn", action="store_true",
                     help="disable oneDNN convolutions for every method (its per-call overhead weighs on batch-1 loops)")
     ap.add_argument("--no-coverage", action="store_true", help="skip the coverage / surprise-adequacy comparison")
@@ -99,6 +105,9 @@ def main() -> None:
     x, y = test.tensors[0][: args.n].contiguous(), test.tensors[1][: args.n].contiguous()
     g = torch.Generator().manual_seed(0)
     x_adv = (x + 0.3 * torch.sign(torch.rand(x.shape, generator=g) - 0.5)).clamp(0, 1)  # x' != x0
+    device = torch.device(args.device)
+    cpu_model = copy.deepcopy(model).cpu()
+    model, x, y, x_adv = model.to(device), x.to(device), y.to(device), x_adv.to(device)
     n, bs, m = len(x), args.batch_size, min(args.loop_subset, len(x))
 
     # correctness first: the three implementations agree
@@ -124,7 +133,8 @@ def main() -> None:
     r_floor_x0 = best["fol_with_x0"] / best["floor"]
     r_loop = loop_full / best["fol_with_x0"]
     onednn = "on" if torch.backends.mkldnn.enabled else "off"
-    print(f"\nMNIST LeNet-5, {n} test images, batch {bs}, {torch.get_num_threads()} threads, oneDNN {onednn}, "
+    print(f"\nMNIST LeNet-5, {n} test images, batch {bs}, device {device}, {torch.get_num_threads()} threads, "
+          f"oneDNN {onednn}, "
           f"min of {args.repeats} interleaved repeats (median in brackets)\n")
     print("| measurement | seconds | images/s | ratio |")
     print("|---|---|---|---|")
@@ -155,7 +165,7 @@ def main() -> None:
 
             print(f"\nCoverage and surprise adequacy vs dnn-tip 0.1.1, same model, {len(x)} test images:")
             xtr = data.load("mnist", root=args.data_dir, split="train").tensors[0][: args.cov_train]
-            compare(model, xtr, x, sa_train=args.sa_train, dsa_test=args.dsa_test)
+            compare(cpu_model, xtr, x.cpu(), sa_train=args.sa_train, dsa_test=args.dsa_test)
 
 
 def paired_ratios(model: torch.nn.Module, x0: torch.Tensor, x: torch.Tensor, y: torch.Tensor, bs: int,
