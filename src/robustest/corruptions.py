@@ -21,7 +21,9 @@ Randomness
     Each image of a batch gets its own slice of the random stream (independent noise); the severity does
     not enter the seed, so the five severities of one image share their random field and differ only by
     the parameters (common random numbers). An image's draws depend on its position in the batch and
-    on the batch size, so the same images in another batching get other (equally distributed) noise.
+    on the batch size, so the same images in another batching get other (equally distributed) noise; on
+    the CPU the chunking of large batches (:data:`CPU_CHUNK_VALUES`) is part of that, so a change of that
+    constant between versions changes the draws of the chunked corruptions, not their distribution.
 
 Grayscale (C = 1)
     Channel-independent operations apply unchanged. Colour-only operations work on a luminance form:
