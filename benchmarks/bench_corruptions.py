@@ -1,7 +1,7 @@
 """Throughput of robustest.corruptions against imagecorruptions 1.1.2 on the same images, in one run.
 
     python benchmarks/bench_corruptions.py [--n 1000] [--size 32] [--severity 3] [--device cpu]
-                                           [--threads T] [--only NAMES] [--json OUT.json]
+                                           [--threads T] [--repeats R] [--only NAMES] [--json OUT.json]
 
 Images: ``--n`` synthetic colour images (smooth random colour fields plus sharp rectangles, seeded), uint8
 H x W x 3. Each corruption is timed on the whole set: robustest as one batched call (uint8 -> float tensor ->
@@ -59,27 +59,27 @@ def import_imagecorruptions():
     return imagecorruptions
 
 
+def best_of(fn, repeats: int) -> float:
+    """Fastest wall time of ``repeats`` calls of ``fn``."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def time_ours(imgs: np.ndarray, name: str, severity: int, table: str | None, device: torch.device,
               repeats: int = 1) -> float:
     from robustest.corruptions import corrupt
 
-    def run(a: np.ndarray) -> np.ndarray:
+    def run(a: np.ndarray) -> np.ndarray:  # ends with the copy to the CPU, which waits for the device
         x = torch.from_numpy(a).to(device).permute(0, 3, 1, 2).float() / 255
         y = corrupt(x, name, severity, seed=0, table=table)
-        out = (y * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-        return out
+        return (y * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
 
     run(imgs[:8])  # warm-up (kernels, caches, frost texture)
-    best = float("inf")
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run(imgs)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return best_of(lambda: run(imgs), repeats)
 
 
 def time_reference(ic, imgs: np.ndarray, name: str, severity: int,
@@ -89,13 +89,7 @@ def time_reference(ic, imgs: np.ndarray, name: str, severity: int,
         ic.corrupt(imgs[0], corruption_name=name, severity=severity)  # warm-up / first import costs
     except Exception as exc:  # noqa: BLE001 - record any failure of the reference
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for img in imgs:
-            ic.corrupt(img, corruption_name=name, severity=severity)
-        best = min(best, time.perf_counter() - t0)
-    return best, None
+    return best_of(lambda: [ic.corrupt(img, corruption_name=name, severity=severity) for img in imgs], repeats), None
 
 
 def main() -> int:

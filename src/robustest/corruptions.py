@@ -922,12 +922,12 @@ def _fix(v: float) -> int:
     return int(v * 65536 + 0.5)
 
 
-def _jpeg_qtable(base: tuple[int, ...], quality: int, like: torch.Tensor) -> torch.Tensor:
-    """libjpeg's jpeg_set_quality: the base table scaled by quality, clamped to 1..255 (baseline)."""
+def _jpeg_qtable(base: tuple[int, ...], quality: int, device: torch.device) -> torch.Tensor:
+    """libjpeg's jpeg_set_quality: the base table scaled by quality, clamped to 1..255 (baseline); int32 8 x 8."""
     q = min(max(int(quality), 1), 100)
     scale = 5000 // q if q < 50 else 200 - 2 * q
     t = [min(max((b * scale + 50) // 100, 1), 255) for b in base]
-    return torch.tensor(t, dtype=like.dtype, device=like.device).view(8, 8)
+    return torch.tensor(t, dtype=torch.int32, device=device).view(8, 8)
 
 
 # libjpeg's integer ("islow") DCTs, exactly: jfdctint.c / jidctint.c, 13-bit constants, 2 extra bits in pass 1
@@ -986,7 +986,7 @@ def _jpeg_plane(p: torch.Tensor, quality: int, base: tuple[int, ...]) -> torch.T
     """Encode and decode one component: ``p`` integer N x H x W levels 0..255 (H, W multiples of 8) ->
     decoded int32 levels 0..255, same shape, exactly as libjpeg's islow DCT, quantiser and IDCT."""
     n, h, w = p.shape
-    q = _jpeg_qtable(base, quality, p).to(torch.int32)[:, :, None]
+    q = _jpeg_qtable(base, quality, p.device)[:, :, None]
     # int32 as in libjpeg: its islow constants are chosen so that 8-bit data stays within 32 bits. Layout
     # 8 (row) x 8 (column) x blocks, so every butterfly term is a contiguous run over all blocks.
     blocks = (p.to(torch.int32) - 128).reshape(n, h // 8, 8, w // 8, 8).permute(2, 4, 0, 1, 3).reshape(8, 8, -1)
