@@ -578,6 +578,45 @@ def test_motion_blur_batched_equals_one_by_one() -> None:
     assert torch.allclose(batched, single, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode", ["replicate", "reflect101", "symmetric"])
+def test_pad_fast_path_equals_index_padding(mode: str) -> None:
+    x = torch.rand(2, 3, 5, 7, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for ph, pw in (((1, 1), (1, 1)), ((4, 0), (0, 6)), ((2, 3), (3, 2)), ((7, 9), (8, 10))):  # last: pads > axes
+        ref = x.index_select(-2, C._pad_index(5, ph[0], ph[1], mode, x.device))
+        ref = ref.index_select(-1, C._pad_index(7, pw[0], pw[1], mode, x.device))
+        assert torch.equal(C._pad(x, ph, pw, mode), ref), (mode, ph, pw)
+
+
+def test_distance_to_zero_is_exact_capped_euclidean() -> None:
+    g = torch.Generator().manual_seed(3)
+    zero = torch.rand(4, 30, 45, generator=g) < torch.tensor([0.002, 0.01, 0.05, 0.3]).view(4, 1, 1)
+    zero[0] = False
+    zero[0, 29, 0] = True  # one far corner: distances well past the cap
+    ours = C._distance_to_zero(zero, 20)
+    yy, xx = torch.meshgrid(torch.arange(30.0), torch.arange(45.0), indexing="ij")
+    for i in range(4):
+        pts = zero[i].nonzero().double()
+        d = torch.cdist(torch.stack([yy, xx], -1).reshape(-1, 2).double(), pts).amin(1).reshape(30, 45)
+        assert torch.allclose(ours[i].double(), d.clamp(max=20), atol=1e-5)
+
+
+def test_spatter_steps_match_opencv() -> None:
+    cv2 = pytest.importorskip("cv2")
+    g = torch.Generator().manual_seed(5)
+    liquid = C._gaussian(torch.randn(6, 1, 40, 37, generator=g, dtype=torch.float64) * 0.3 + 0.65, 2.0)
+    liquid = torch.where(liquid < 0.68, torch.zeros_like(liquid), liquid)
+    liquid8 = torch.floor((liquid * 255).clamp(0, 255))
+    edges = C._canny(liquid8, 50.0, 150.0)
+    assert 0.01 < float(edges.double().mean()) < 0.5
+    for i in range(6):
+        ref = cv2.Canny(liquid8[i, 0].numpy().astype(np.uint8), 50, 150)
+        assert np.array_equal(edges[i, 0].numpy(), ref > 0)
+    img = torch.randint(0, 120, (3, 1, 16, 23), generator=g).double()
+    eq = C._equalize_hist(img)
+    for i in range(3):
+        assert np.array_equal(eq[i, 0].numpy(), cv2.equalizeHist(img[i, 0].numpy().astype(np.uint8)))
+
+
 def ref_plasma(mapsize: int, wibbledecay: float, rng: np.random.Generator) -> np.ndarray:
     maparray = np.empty((mapsize, mapsize), dtype=np.float64)
     maparray[0, 0] = 0

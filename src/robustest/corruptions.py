@@ -293,8 +293,16 @@ def _pad_index(n: int, before: int, after: int, mode: str, device: torch.device)
     raise ValueError(mode)
 
 
+_TORCH_PAD = {"replicate": "replicate", "reflect101": "reflect"}
+
+
 def _pad(x: torch.Tensor, ph: tuple[int, int], pw: tuple[int, int], mode: str) -> torch.Tensor:
+    """Pad the last two axes of ``x`` (N x C x H x W) by ``ph`` rows and ``pw`` columns under border ``mode``."""
     h, w = x.shape[-2], x.shape[-1]
+    if (mode in _TORCH_PAD and x.dim() == 4 and x.is_floating_point() and h > 1 and w > 1
+            and (mode == "replicate" or max(ph) < h and max(pw) < w)):
+        # torch's padding kernels: an order of magnitude faster than index_select on the last axes
+        return F.pad(x, (pw[0], pw[1], ph[0], ph[1]), mode=_TORCH_PAD[mode])
     if ph != (0, 0):
         x = x.index_select(-2, _pad_index(h, ph[0], ph[1], mode, x.device))
     if pw != (0, 0):
@@ -1113,17 +1121,6 @@ def _elastic_transform(x: torch.Tensor, c: tuple, gen: torch.Generator, table: s
 
 
 # ------------------------------------------------------------------------------------------------ spatter
-def _shift_zero(t: torch.Tensor, dy: int, dx: int, fill: float) -> torch.Tensor:
-    """out[..., i, j] = t[..., i + dy, j + dx], ``fill`` outside."""
-    h, w = t.shape[-2], t.shape[-1]
-    out = torch.full_like(t, fill)
-    ys, ye = max(0, -dy), min(h, h - dy)
-    xs, xe = max(0, -dx), min(w, w - dx)
-    if ys < ye and xs < xe:
-        out[..., ys:ye, xs:xe] = t[..., ys + dy:ye + dy, xs + dx:xe + dx]
-    return out
-
-
 def _dilate3(mask: torch.Tensor) -> torch.Tensor:
     """3 x 3 (8-connected) dilation of a boolean N x 1 x H x W mask, zero outside."""
     p = F.pad(mask.to(torch.uint8), (1, 1, 1, 1))
@@ -1145,8 +1142,11 @@ def _canny(img: torch.Tensor, low: float, high: float) -> torch.Tensor:
     vert = ay > ax * tan67
     diag_same = (gx * gy) > 0
 
-    def nb(dy: int, dx: int) -> torch.Tensor:
-        return _shift_zero(mag, dy, dx, 0.0)
+    h, w = mag.shape[-2], mag.shape[-1]
+    magp = F.pad(mag, (1, 1, 1, 1))  # zero outside: every neighbour below is a view of this one copy
+
+    def nb(dy: int, dx: int) -> torch.Tensor:  # out[..., i, j] = mag[..., i + dy, j + dx]
+        return magp[..., 1 + dy:1 + dy + h, 1 + dx:1 + dx + w]
 
     keep_h = (mag > nb(0, -1)) & (mag >= nb(0, 1))
     keep_v = (mag > nb(-1, 0)) & (mag >= nb(1, 0))
@@ -1165,19 +1165,25 @@ def _canny(img: torch.Tensor, low: float, high: float) -> torch.Tensor:
 
 def _distance_to_zero(zero: torch.Tensor, cap: int = 20) -> torch.Tensor:
     """Exact Euclidean distance of every pixel to the nearest True pixel of ``zero`` (N x H x W), capped at
-    ``cap``: distance along each row from running index maxima, then the lower envelope over rows."""
+    ``cap``: distance along each row by min-plus doubling (shifts 1, 2, 4, ... cover every offset up to the
+    cap exactly), then the lower envelope over rows."""
     n, h, w = zero.shape
     big = float(cap + 1)
-    pos = torch.arange(w, device=zero.device, dtype=torch.float32).expand(n, h, w)
-    neg = torch.full_like(pos, -1e9)
-    last = torch.where(zero, pos, neg).cummax(dim=2).values  # index of the nearest True at or left of j
-    nxt = torch.where(zero, (w - 1) - pos, neg).flip(2).cummax(dim=2).values.flip(2)  # mirrored: right
-    g = torch.minimum(pos - last, ((w - 1) - pos) - nxt).clamp(max=big)
+    g = torch.where(zero, 0.0, big).to(torch.float32)
+    s = 1
+    while s <= cap:  # g(j) = min(g(j), g(j - s) + s, g(j + s) + s); offsets up to 2s - 1 reached exactly
+        if s < w:
+            left = F.pad(g[..., :w - s], (s, 0), value=big) + s
+            right = F.pad(g[..., s:], (0, s), value=big) + s
+            g = torch.minimum(g, torch.minimum(left, right))
+        s *= 2
+    g = g.clamp_(max=big)
     g2 = F.pad(g * g, (0, 0, cap, cap), value=big * big)
     d2 = g2[:, cap:cap + h].clone()
+    tmp = torch.empty_like(d2)
     for s in range(1, min(cap, h - 1) + 1):
-        torch.minimum(d2, g2[:, cap + s:cap + s + h] + float(s * s), out=d2)
-        torch.minimum(d2, g2[:, cap - s:cap - s + h] + float(s * s), out=d2)
+        for off in (cap + s, cap - s):
+            torch.minimum(d2, torch.add(g2[:, off:off + h], float(s * s), out=tmp), out=d2)
     return torch.sqrt(d2).clamp(max=float(cap))
 
 
