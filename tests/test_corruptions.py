@@ -571,11 +571,14 @@ def test_motion_blur_kernel_matches_imagemagick_port() -> None:
 
 def test_motion_blur_batched_equals_one_by_one() -> None:
     g = torch.Generator().manual_seed(0)
-    x = torch.rand(3, 2, 20, 17, generator=g, dtype=torch.float64)
-    angle = torch.tensor([30.0, -100.0, 44.0], dtype=torch.float64)
-    batched = C._motion_blur_batch(x, 9, 3.0, angle)  # gather path
-    single = torch.cat([C._motion_blur_batch(x[i:i + 1], 9, 3.0, angle[i:i + 1]) for i in range(3)])  # slices
-    assert torch.allclose(batched, single, atol=1e-12)
+    angle = torch.tensor([30.0, -100.0, 44.0, -45.0, -135.0, 0.0, 90.0, -90.0, 180.0, 135.0, 12.3, -170.0],
+                         dtype=torch.float64)
+    x = torch.rand(len(angle), 2, 20, 17, generator=g, dtype=torch.float64)
+    for radius in (9, 15):  # 15: the line runs past the image in both axes
+        batched = C._motion_blur_batch(x, radius, 3.0, angle)  # one gather per tap over the batch
+        single = torch.cat([C._motion_blur_batch(x[i:i + 1], radius, 3.0, angle[i:i + 1])  # padded slices
+                            for i in range(len(angle))])
+        assert torch.allclose(batched, single, atol=1e-12)
 
 
 @pytest.mark.parametrize("mode", ["replicate", "reflect101", "symmetric"])
