@@ -8,6 +8,7 @@ import importlib.util
 import io
 import os
 import sys
+import threading
 import types
 
 import numpy as np
@@ -697,7 +698,11 @@ def test_shot_noise_on_chunks_independent_of_threads_and_uncorrelated() -> None:
         torch.set_num_threads(1)
         one = C.corrupt(x, "shot_noise", 2, seed=9)
         torch.set_num_threads(2)
+        threads = threading.active_count()
         two = C.corrupt(x, "shot_noise", 2, seed=9)
+        # regression: no draw thread outlives the call (idle threads kept OpenMP teams alive, which slowed
+        # down every later tensor operation of the process)
+        assert threading.active_count() == threads
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)
