@@ -720,6 +720,35 @@ def test_shot_noise_on_chunks_independent_of_threads_and_uncorrelated() -> None:
         assert abs(got - want) < 0.2 * want, (i, got, want)
 
 
+@pytest.mark.parametrize("c", [3.0, 12.0, 60.0, 500.0])
+def test_poisson_sampler_matches_the_poisson_law(c: float) -> None:
+    """The tabulated CPU sampler (rates on the 8-bit grid) and its residual path (rates off the grid) against
+    the exact Poisson pmf: chi-square goodness of fit per rate, 100k draws each."""
+    from scipy import stats
+
+    levels = torch.tensor([0.0, 1.0, 7.0, 128.0, 255.0, 3.3, 200.7])  # last two: off the grid
+    n = 100_000
+    x = (levels / 255).repeat_interleave(n).reshape(len(levels), n)
+    draws = C._poisson_scaled(x, c, torch.Generator().manual_seed(7))
+    assert draws.dtype == x.dtype and torch.equal(draws, draws.round()) and bool((draws >= 0).all())
+    for i, v in enumerate(levels.tolist()):
+        lam = c * v / 255
+        d = draws[i].to(torch.int64)
+        if lam == 0:
+            assert bool((d == 0).all())
+            continue
+        lo, hi = int(stats.poisson.ppf(1e-4, lam)), int(stats.poisson.isf(1e-4, lam))
+        ks = np.arange(lo, hi + 1)
+        expected = np.diff(np.concatenate([[0.0], stats.poisson.cdf(ks[:-1], lam), [1.0]])) * n
+        # observed counts in the same cells: (-inf, lo], lo + 1, ..., [hi, inf)
+        obs = np.bincount(np.clip(d.numpy(), lo, hi) - lo, minlength=len(ks)).astype(float)
+        keep = expected >= 5
+        chi2 = float(((obs[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+        pval = stats.chi2.sf(chi2, max(int(keep.sum()) - 1, 1))
+        assert pval > 1e-4, (c, v, chi2, pval)
+        assert abs(float(d.double().mean()) - lam) < 5 * (lam / n) ** 0.5
+
+
 def test_global_rng_untouched() -> None:
     x = structured_images(2, 3, 32, 32)
     torch.manual_seed(123)

@@ -535,6 +535,8 @@ def _gaussian_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str)
 
 
 POISSON_CHUNK = 1 << 18  # CPU Poisson draws: values per independently seeded chunk
+
+
 def _poisson(lam: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """Poisson draws with rates ``lam`` (any shape). torch's CPU sampler is serial, so on the CPU the values
     are split into fixed chunks of :data:`POISSON_CHUNK`, each with its own generator seeded from ``gen``,
@@ -562,8 +564,69 @@ def _poisson(lam: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.cat(parts).reshape(lam.shape)
 
 
+POISSON_GUIDE_BINS = 1024  # guide-table resolution of the CPU sampler for rates on the 8-bit grid
+GRID_TOL = 1e-4  # x * 255 within this of an integer counts as on the 8-bit grid
+
+
+@functools.lru_cache(maxsize=16)
+def _poisson_grid_tables(c: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse-CDF tables of Poisson(c * v / 255) for the 256 levels v = 0..255, flattened level-major.
+
+    Returns the CDFs (256 x K float32; the last column set to 1, cutting a tail of probability below 1e-20
+    at K = c + 10 sqrt(c) + 20), the value k of every CDF entry (float32), and a guide table (256 x M int64):
+    the flat CDF index of the smallest k with CDF(k) > b / M, for every bin b."""
+    lam = torch.arange(256, dtype=torch.float64) * (c / 255)
+    k_max = int(math.ceil(c + 10 * math.sqrt(c) + 20))
+    k = torch.arange(k_max, dtype=torch.float64)
+    logp = k[None, :] * torch.log(lam[1:, None]) - lam[1:, None] - torch.lgamma(k + 1)[None, :]
+    pmf = torch.cat([(k == 0).double()[None, :], logp.exp()])  # level 0: rate 0, always 0
+    cdf = pmf.cumsum(1).clamp_(max=1.0).float()
+    cdf[:, -1] = 1.0
+    bins = (torch.arange(POISSON_GUIDE_BINS, dtype=torch.float32) / POISSON_GUIDE_BINS).expand(256, -1)
+    guide = torch.searchsorted(cdf, bins.contiguous(), right=True) + torch.arange(256)[:, None] * k_max
+    values = k.float().expand(256, -1)
+    return cdf.reshape(-1).contiguous(), values.reshape(-1).contiguous(), guide.reshape(-1).contiguous()
+
+
+def _poisson_scaled(x: torch.Tensor, c: float, gen: torch.Generator) -> torch.Tensor:
+    """Poisson draws with rates ``x * c`` for ``x`` in [0, 1] (any shape), as a tensor of x's dtype.
+
+    On the CPU, torch's sampler is serial and costs about ``x * c`` uniform draws per value. Images mostly
+    come from 8-bit files, so the rates split as ``c * v / 255 + r``, v = 0..255 the grid level at or below
+    x * 255: the grid part is drawn by inversion of a tabulated CDF (one uniform per value, a guide table
+    and a short search), the residual rate ``r`` (zero on the grid) by :func:`_poisson`; the sum of the two
+    independent Poisson draws is Poisson(x c). Values within ``GRID_TOL / 255`` of the grid count as on it;
+    the uniforms have float32 resolution (2^-24)."""
+    if x.device.type != "cpu":
+        return torch.poisson(x * c, generator=gen)
+    cdf, values, guide = _poisson_grid_tables(float(c))
+    q = x * 255
+    level = torch.floor(q + GRID_TOL).clamp_(0, 255)
+    off = (q - level) > GRID_TOL
+    u = torch.rand(x.shape, generator=gen, dtype=torch.float32)
+    # guide index level * M + floor(u M), exact in float32 (below 2^18)
+    gidx = torch.floor(u * POISSON_GUIDE_BINS).add_(level.mul_(POISSON_GUIDE_BINS)).to(torch.int64)
+    pos = guide.take(gidx)  # flat CDF index of (level, k): k at most a step short, except in far tails
+    pos.add_(cdf.take(pos) <= u)
+    short = cdf.take(pos) <= u
+    if bool(short.any()):  # rare: finish these one step at a time (the last CDF entry of a level is 1 > u)
+        idx = short.nonzero(as_tuple=True)
+        p, uu = pos[idx], u[idx]
+        while True:
+            more = cdf.take(p) <= uu
+            if not bool(more.any()):
+                break
+            p.add_(more)
+        pos.index_put_(idx, p)
+    out = values.take(pos).to(x.dtype)
+    if bool(off.any()):  # rates off the 8-bit grid: add Poisson draws of the residual rates
+        resid = (q[off] - torch.floor(q[off] + GRID_TOL)).clamp_(min=0) * (c / 255)
+        out[off] += _poisson(resid, gen).to(x.dtype)
+    return out
+
+
 def _shot_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> torch.Tensor:
-    return _poisson(x * c, gen) / c
+    return _poisson_scaled(x, c, gen) / c
 
 
 def _impulse_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> torch.Tensor:
