@@ -600,29 +600,38 @@ def _poisson_scaled(x: torch.Tensor, c: float, gen: torch.Generator) -> torch.Te
     if x.device.type != "cpu":
         return torch.poisson(x * c, generator=gen)
     cdf, values, guide = _poisson_grid_tables(float(c))
-    q = x * 255
-    level = torch.floor(q + GRID_TOL).clamp_(0, 255)
-    off = (q - level) > GRID_TOL
-    u = torch.rand(x.shape, generator=gen, dtype=torch.float32)
-    # guide index level * M + floor(u M), exact in float32 (below 2^18)
-    gidx = torch.floor(u * POISSON_GUIDE_BINS).add_(level.mul_(POISSON_GUIDE_BINS)).to(torch.int64)
-    pos = guide.take(gidx)  # flat CDF index of (level, k): k at most a step short, except in far tails
-    pos.add_(cdf.take(pos) <= u)
-    short = cdf.take(pos) <= u
-    if bool(short.any()):  # rare: finish these one step at a time (the last CDF entry of a level is 1 > u)
-        idx = short.nonzero(as_tuple=True)
-        p, uu = pos[idx], u[idx]
-        while True:
-            more = cdf.take(p) <= uu
-            if not bool(more.any()):
-                break
-            p.add_(more)
-        pos.index_put_(idx, p)
-    out = values.take(pos).to(x.dtype)
-    if bool(off.any()):  # rates off the 8-bit grid: add Poisson draws of the residual rates
-        resid = (q[off] - torch.floor(q[off] + GRID_TOL)).clamp_(min=0) * (c / 255)
-        out[off] += _poisson(resid, gen).to(x.dtype)
-    return out
+    values = values.to(x.dtype)
+    flat = x.reshape(-1)
+    out = torch.empty_like(flat)
+    off_idx, off_rate = [], []
+    for s in range(0, flat.numel(), POISSON_CHUNK):  # a cache-sized chunk at a time: no large temporaries
+        q = flat[s:s + POISSON_CHUNK] * 255
+        level = torch.floor(q + GRID_TOL).clamp_(0, 255)
+        resid = q.sub_(level)
+        off = resid > GRID_TOL
+        if bool(off.any()):
+            off_idx.append(off.nonzero().squeeze(1).add_(s))
+            off_rate.append(resid[off].clamp_(min=0) * (c / 255))
+        u = torch.rand(level.shape, generator=gen, dtype=torch.float32)
+        # guide index level * M + floor(u M), exact in float32 (below 2^18)
+        gidx = torch.floor(u * POISSON_GUIDE_BINS).add_(level.mul_(POISSON_GUIDE_BINS)).to(torch.int64)
+        pos = guide.take(gidx)  # flat CDF index of (level, k), k at most a step short except in far tails
+        pos.add_(cdf.take(pos) <= u)
+        short = cdf.take(pos) <= u
+        if bool(short.any()):  # rare: finish these one step at a time (a level's last CDF entry is 1 > u)
+            idx = short.nonzero(as_tuple=True)
+            p, uu = pos[idx], u[idx]
+            while True:
+                more = cdf.take(p) <= uu
+                if not bool(more.any()):
+                    break
+                p.add_(more)
+            pos.index_put_(idx, p)
+        torch.take(values, pos, out=out[s:s + POISSON_CHUNK])
+    if off_idx:  # rates off the 8-bit grid: add Poisson draws of the residual rates
+        idx = torch.cat(off_idx)
+        out.index_add_(0, idx, _poisson(torch.cat(off_rate), gen).to(x.dtype))
+    return out.reshape(x.shape)
 
 
 def _shot_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> torch.Tensor:
