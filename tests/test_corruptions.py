@@ -690,23 +690,27 @@ def test_same_seed_same_output_and_independent_images(name: str) -> None:
 
 
 def test_shot_noise_on_chunks_independent_of_threads_and_uncorrelated() -> None:
-    # more values than one Poisson chunk: chunks are drawn on threads, each from its own seeded generator
-    n = C.POISSON_CHUNK // (3 * 32 * 32) * 2 + 3
+    # more values than four draw chunks: chunks are drawn on threads, each from its own seeded generator
+    n = C.DRAW_CHUNK // (3 * 32 * 32) * 4 + 3
     x = structured_images(1, 3, 32, 32, seed=4).expand(n, -1, -1, -1).contiguous()
+    x8 = torch.round(x * 255) / 255  # on the 8-bit grid: the tabulated sampler
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         one = C.corrupt(x, "shot_noise", 2, seed=9)
+        others = [C.corrupt(x8, name, 2, seed=9) for name in ("shot_noise", "gaussian_noise", "impulse_noise")]
         torch.set_num_threads(2)
         threads = threading.active_count()
         two = C.corrupt(x, "shot_noise", 2, seed=9)
         # regression: no draw thread outlives the call (idle threads kept OpenMP teams alive, which slowed
         # down every later tensor operation of the process)
         assert threading.active_count() == threads
+        for name, ref in zip(("shot_noise", "gaussian_noise", "impulse_noise"), others):
+            assert torch.equal(C.corrupt(x8, name, 2, seed=9), ref), name
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)
-    per_chunk = C.POISSON_CHUNK // (3 * 32 * 32)
+    per_chunk = C.DRAW_CHUNK // (3 * 32 * 32)
     noise = (one - x).reshape(n, -1)
     # the same image in two chunks gets uncorrelated noise (a repeated chunk seed would give identical noise)
     a, b = noise[0], noise[per_chunk]

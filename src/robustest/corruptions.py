@@ -515,12 +515,50 @@ def _clipped_zoom(x: torch.Tensor, zoom: float) -> torch.Tensor:
     return _apply_rows_cols(x, _zoom_matrix(h, float(zoom)), _zoom_matrix(w, float(zoom)))
 
 
+DRAW_CHUNK = 1 << 18  # CPU random draws: values per independently seeded chunk
+
+
+def _chunked_draws(numel: int, gen: torch.Generator, device: torch.device,
+                   fill: Callable[[int, int, torch.Generator], None]) -> None:
+    """Call ``fill(start, stop, generator)`` over ``numel`` values: one call with ``gen`` off the CPU or for
+    at most :data:`DRAW_CHUNK` values; otherwise fixed chunks of DRAW_CHUNK values, each with its own
+    generator seeded from ``gen``, on up to ``torch.get_num_threads()`` threads (torch's CPU samplers are
+    serial). The chunking does not depend on the thread count, so neither do the draws."""
+    if device.type != "cpu" or numel <= DRAW_CHUNK:
+        fill(0, numel, gen)
+        return
+    starts = range(0, numel, DRAW_CHUNK)
+    seeds = torch.randint(0, 2**62, (len(starts),), generator=gen, device=device).tolist()
+
+    def run(i: int) -> None:
+        fill(starts[i], min(starts[i] + DRAW_CHUNK, numel), torch.Generator().manual_seed(seeds[i]))
+
+    workers = min(torch.get_num_threads(), len(starts))
+    if workers <= 1 or len(starts) < 4:  # a few chunks do not pay for starting threads
+        for i in range(len(starts)):
+            run(i)
+        return
+    # a pool per call: threads that outlive their work keep OpenMP thread teams alive, and with more
+    # OpenMP threads than cores libgomp stops spinning between parallel regions, which made every later
+    # small tensor operation of the process slower (measured: spatter 2x slower after shot_noise)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="robustest-draws") as pool:
+        list(pool.map(run, range(len(starts))))
+
+
 def _uniform(shape: Sequence[int], lo: float, hi: float, gen: torch.Generator, like: torch.Tensor) -> torch.Tensor:
-    return torch.rand(tuple(shape), generator=gen, device=like.device, dtype=like.dtype) * (hi - lo) + lo
+    """Uniform draws in [lo, hi) of the given shape, on like's device in like's dtype."""
+    out = torch.empty(tuple(shape), device=like.device, dtype=like.dtype)
+    flat = out.view(-1)
+    _chunked_draws(flat.numel(), gen, like.device, lambda a, b, g: flat[a:b].uniform_(lo, hi, generator=g))
+    return out
 
 
 def _randn(shape: Sequence[int], gen: torch.Generator, like: torch.Tensor) -> torch.Tensor:
-    return torch.randn(tuple(shape), generator=gen, device=like.device, dtype=like.dtype)
+    """Standard normal draws of the given shape, on like's device in like's dtype."""
+    out = torch.empty(tuple(shape), device=like.device, dtype=like.dtype)
+    flat = out.view(-1)
+    _chunked_draws(flat.numel(), gen, like.device, lambda a, b, g: flat[a:b].normal_(generator=g))
+    return out
 
 
 def _luma(x: torch.Tensor, weights: tuple[float, float, float] = _LUMA) -> torch.Tensor:
@@ -534,34 +572,16 @@ def _gaussian_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str)
     return x + _randn(x.shape, gen, x) * c
 
 
-POISSON_CHUNK = 1 << 18  # CPU Poisson draws: values per independently seeded chunk
-
-
 def _poisson(lam: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """Poisson draws with rates ``lam`` (any shape). torch's CPU sampler is serial, so on the CPU the values
-    are split into fixed chunks of :data:`POISSON_CHUNK`, each with its own generator seeded from ``gen``,
-    and sampled on up to ``torch.get_num_threads()`` threads; the chunking does not depend on the thread
-    count, so the output is the same for any number of threads."""
-    if lam.device.type != "cpu" or lam.numel() <= POISSON_CHUNK:
-        return torch.poisson(lam, generator=gen)
-    flat = lam.reshape(-1)
-    starts = range(0, flat.numel(), POISSON_CHUNK)
-    seeds = torch.randint(0, 2**62, (len(starts),), generator=gen, device=lam.device).tolist()
+    """Poisson draws with rates ``lam`` (any shape), chunked over threads on the CPU (:func:`_chunked_draws`)."""
+    out = torch.empty_like(lam)
+    src, dst = lam.reshape(-1), out.view(-1)
 
-    def draw(i: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(seeds[i])
-        return torch.poisson(flat[starts[i]:starts[i] + POISSON_CHUNK], generator=g)
+    def fill(a: int, b: int, g: torch.Generator) -> None:
+        dst[a:b] = torch.poisson(src[a:b], generator=g)
 
-    workers = min(torch.get_num_threads(), len(starts))
-    if workers <= 1:
-        parts = [draw(i) for i in range(len(starts))]
-    else:
-        # a pool per call: threads that outlive their work keep OpenMP thread teams alive, and with more
-        # OpenMP threads than cores libgomp stops spinning between parallel regions, which made every later
-        # small tensor operation of the process slower (measured: spatter 2x slower after shot_noise)
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="robustest-poisson") as pool:
-            parts = list(pool.map(draw, range(len(starts))))
-    return torch.cat(parts).reshape(lam.shape)
+    _chunked_draws(src.numel(), gen, lam.device, fill)
+    return out
 
 
 POISSON_GUIDE_BINS = 1024  # guide-table resolution of the CPU sampler for rates on the 8-bit grid
@@ -603,16 +623,17 @@ def _poisson_scaled(x: torch.Tensor, c: float, gen: torch.Generator) -> torch.Te
     values = values.to(x.dtype)
     flat = x.reshape(-1)
     out = torch.empty_like(flat)
+    uniforms = _uniform((flat.numel(),), 0.0, 1.0, gen, torch.empty(0))  # float32
     off_idx, off_rate = [], []
-    for s in range(0, flat.numel(), POISSON_CHUNK):  # a cache-sized chunk at a time: no large temporaries
-        q = flat[s:s + POISSON_CHUNK] * 255
+    for s in range(0, flat.numel(), DRAW_CHUNK):  # a cache-sized chunk at a time: no large temporaries
+        q = flat[s:s + DRAW_CHUNK] * 255
         level = torch.floor(q + GRID_TOL).clamp_(0, 255)
         resid = q.sub_(level)
         off = resid > GRID_TOL
         if bool(off.any()):
             off_idx.append(off.nonzero().squeeze(1).add_(s))
             off_rate.append(resid[off].clamp_(min=0) * (c / 255))
-        u = torch.rand(level.shape, generator=gen, dtype=torch.float32)
+        u = uniforms[s:s + DRAW_CHUNK]
         # guide index level * M + floor(u M), exact in float32 (below 2^18)
         gidx = torch.floor(u * POISSON_GUIDE_BINS).add_(level.mul_(POISSON_GUIDE_BINS)).to(torch.int64)
         pos = guide.take(gidx)  # flat CDF index of (level, k), k at most a step short except in far tails
@@ -627,7 +648,7 @@ def _poisson_scaled(x: torch.Tensor, c: float, gen: torch.Generator) -> torch.Te
                     break
                 p.add_(more)
             pos.index_put_(idx, p)
-        torch.take(values, pos, out=out[s:s + POISSON_CHUNK])
+        torch.take(values, pos, out=out[s:s + DRAW_CHUNK])
     if off_idx:  # rates off the 8-bit grid: add Poisson draws of the residual rates
         idx = torch.cat(off_idx)
         out.index_add_(0, idx, _poisson(torch.cat(off_rate), gen).to(x.dtype))
