@@ -1073,19 +1073,58 @@ def _idct_1d(d: torch.Tensor, dim: int, first: bool) -> torch.Tensor:
     return torch.stack([_descale(o, shift) for o in outs], dim)
 
 
+# output shift of each of the 8 outputs of the four 1-D passes (0: no descale)
+_DCT_SHIFTS = {
+    ("fdct", True): (0, _CB - _P1, _CB - _P1, _CB - _P1, 0, _CB - _P1, _CB - _P1, _CB - _P1),
+    ("fdct", False): (_P1, _CB + _P1, _CB + _P1, _CB + _P1, _P1, _CB + _P1, _CB + _P1, _CB + _P1),
+    ("idct", True): (_CB - _P1,) * 8,
+    ("idct", False): (_CB + _P1 + 3,) * 8,
+}
+
+
+@functools.lru_cache(maxsize=8)
+def _dct_pass(kind: str, first: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One 1-D pass of libjpeg's islow FDCT/IDCT as ``out_i = descale(sum_j L_ij d_j, s_i)``: every pass is an
+    integer linear map followed by one rounding shift per output. Returns L (8 x 8, float64) and, per output,
+    the rounding offset 2^(s_i - 1) and the factor 2^-s_i (8 x 1 each). L is read off the butterfly code by
+    probing it with scaled unit vectors (2^20 e_j: the shifts are at most 18, so the probe is exact)."""
+    shifts = _DCT_SHIFTS[(kind, first)]
+    fn = _fdct_1d if kind == "fdct" else _idct_1d
+    probe = torch.eye(8, dtype=torch.int64) << 20  # column j: 2^20 e_j
+    raw = fn(probe, 0, first)  # raw[i, j] = L_ij 2^(20 - s_i)
+    lin = torch.stack([raw[i] >> (20 - shifts[i]) for i in range(8)]).to(torch.float64)
+    assert torch.equal(torch.stack([lin[i].long() << (20 - shifts[i]) for i in range(8)]), raw)
+    sh = torch.tensor(shifts, dtype=torch.float64)[:, None]
+    offset = torch.where(sh > 0, torch.exp2(sh - 1), torch.zeros_like(sh))
+    return lin.to(device), offset.to(device), torch.exp2(-sh).to(device)
+
+
+def _dct_apply(d: torch.Tensor, kind: str, first: bool, dim: int) -> torch.Tensor:
+    """Apply a 1-D pass along ``dim`` (0 or 1) of an 8 x 8 x B float64 block stack: one matrix product and the
+    rounding shifts, exact in float64 (all sums are integers below 2^38)."""
+    lin, off, scale = _dct_pass(kind, first, d.device)
+    if dim == 0:
+        out = torch.matmul(lin, d.reshape(8, -1)).reshape(d.shape)
+        return out.add_(off[:, :, None]).mul_(scale[:, :, None]).floor_()
+    out = torch.matmul(lin, d)  # batched over the 8 rows: out[r, i, b] = sum_j L_ij d[r, j, b]
+    return out.add_(off).mul_(scale).floor_()
+
+
 def _jpeg_plane(p: torch.Tensor, quality: int, base: tuple[int, ...]) -> torch.Tensor:
     """Encode and decode one component: ``p`` integer N x H x W levels 0..255 (H, W multiples of 8) ->
     decoded int32 levels 0..255, same shape, exactly as libjpeg's islow DCT, quantiser and IDCT."""
     n, h, w = p.shape
-    q = _jpeg_qtable(base, quality, p.device)[:, :, None]
-    # int32 as in libjpeg: its islow constants are chosen so that 8-bit data stays within 32 bits. Layout
-    # 8 (row) x 8 (column) x blocks, so every butterfly term is a contiguous run over all blocks.
-    blocks = (p.to(torch.int32) - 128).reshape(n, h // 8, 8, w // 8, 8).permute(2, 4, 0, 1, 3).reshape(8, 8, -1)
-    coef = _fdct_1d(_fdct_1d(blocks, 1, True), 0, False)  # rows, then columns; scaled by 8
+    q = _jpeg_qtable(base, quality, p.device)[:, :, None].to(torch.float64)
+    # Layout 8 (row) x 8 (column) x blocks. libjpeg works in 32/64-bit integers; every step here is an
+    # integer computation carried exactly in float64 (matrix products of the butterfly maps, power-of-two
+    # rounding shifts, integer division by flooring a quotient below 2^53).
+    blocks = (p.to(torch.float64) - 128).reshape(n, h // 8, 8, w // 8, 8).permute(2, 4, 0, 1, 3).reshape(8, 8, -1)
+    coef = _dct_apply(_dct_apply(blocks, "fdct", True, 1), "fdct", False, 0)  # rows, then columns; scaled by 8
     div = q * 8  # quantise: round half away from zero of coef / (8 q)
-    qc = torch.where(coef < 0, -((-coef + (div >> 1)) // div), (coef + (div >> 1)) // div)
-    out = _idct_1d(_idct_1d(qc * q, 0, True), 1, False)  # columns, then rows
-    out = (out + 128).clamp_(0, 255).reshape(8, 8, n, h // 8, w // 8)
+    half = torch.floor(div / 2)
+    qc = torch.floor((coef.abs() + half) / div).mul_(coef.sign())
+    out = _dct_apply(_dct_apply(qc.mul_(q), "idct", True, 0), "idct", False, 1)  # columns, then rows
+    out = (out + 128).clamp_(0, 255).to(torch.int32).reshape(8, 8, n, h // 8, w // 8)
     return out.permute(2, 3, 0, 4, 1).reshape(n, h, w)
 
 
