@@ -591,6 +591,17 @@ def test_pad_fast_path_equals_index_padding(mode: str) -> None:
         assert torch.equal(C._pad(x, ph, pw, mode), ref), (mode, ph, pw)
 
 
+@pytest.mark.parametrize("mode", ["replicate", "reflect101", "symmetric"])
+def test_banded_filter_equals_direct_correlation(mode: str) -> None:
+    g = torch.Generator().manual_seed(2)
+    x = torch.rand(3, 2, 13, 11, generator=g, dtype=torch.float64)
+    for kh, kw in ((3, 3), (5, 9), (9, 5), (11, 7), (15, 15)):  # last ones: kernel about as large as the image
+        kernel = torch.rand(kh, kw, generator=g, dtype=torch.float64)
+        kernel[0] = 0.0  # an all-zero edge row (trimmed when its mirror row is zero too)
+        kernel[-1] = 0.0
+        assert torch.allclose(C._filter2d_any(x, kernel, mode), C._filter2d(x, kernel, mode), atol=1e-12), (kh, kw)
+
+
 def test_distance_to_zero_is_exact_capped_euclidean() -> None:
     g = torch.Generator().manual_seed(3)
     zero = torch.rand(4, 30, 45, generator=g) < torch.tensor([0.002, 0.01, 0.05, 0.3]).view(4, 1, 1)
