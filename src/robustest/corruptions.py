@@ -1169,7 +1169,8 @@ def _jpeg_pillow(x: torch.Tensor, quality: int) -> torch.Tensor:
     below, which is faster for small images; Pillow's SIMD libjpeg is faster above about 96 x 96 pixels."""
     from PIL import Image
 
-    arr = np.ascontiguousarray(torch.round(x.clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1).numpy())
+    # few full-size float temporaries: at this size each fresh one costs page faults as well as a pass
+    arr = x.mul(255).round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
     gray = arr.shape[-1] == 1
     out = np.empty_like(arr)
     for i in range(arr.shape[0]):  # the codec takes one image per call
@@ -1179,7 +1180,7 @@ def _jpeg_pillow(x: torch.Tensor, quality: int) -> torch.Tensor:
         buf.seek(0)
         with Image.open(buf) as dec:
             out[i] = np.asarray(dec.convert("L" if gray else "RGB")).reshape(out.shape[1:])
-    return torch.from_numpy(out).permute(0, 3, 1, 2).to(x.dtype) / 255
+    return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous().to(x.dtype).div_(255)
 
 
 def _jpeg_compression(x: torch.Tensor, c: int, gen: torch.Generator, table: str) -> torch.Tensor:
