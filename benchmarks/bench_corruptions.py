@@ -4,8 +4,9 @@
                                            [--threads T] [--repeats R] [--only NAMES] [--json OUT.json]
 
 Images: ``--n`` synthetic colour images (smooth random colour fields plus sharp rectangles, seeded), uint8
-H x W x 3. Each corruption is timed on the whole set: robustest as one batched call (uint8 -> float tensor ->
-corrupt -> uint8, conversions included), imagecorruptions image by image (its API). robustest is timed with
+H x W x 3. Each corruption is timed on the whole set: robustest as one batched call on the uint8 array
+(``corrupt`` takes uint8 N x C x H x W, here a channels-last view, and returns uint8; its conversions to and
+from float are included), imagecorruptions image by image (its API, uint8 in and out). robustest is timed with
 the ImageNet table (the parameters imagecorruptions uses) and with its default table for the image size.
 All robustest timings are taken before imagecorruptions is imported (its OpenCV and OpenBLAS worker threads
 would otherwise compete with later robustest calls). Reference corruptions that raise are recorded with their
@@ -76,9 +77,9 @@ def time_ours(imgs: np.ndarray, name: str, severity: int, table: str | None, dev
     from robustest.corruptions import corrupt
 
     def run(a: np.ndarray) -> np.ndarray:  # ends with the copy to the CPU, which waits for the device
-        x = torch.from_numpy(a).to(device).permute(0, 3, 1, 2).float() / 255
-        y = corrupt(x, name, severity, seed=0, table=table)
-        return (y * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+        x = torch.from_numpy(a).to(device).permute(0, 3, 1, 2)  # uint8 N x C x H x W view
+        y = corrupt(x, name, severity, seed=0, table=table)  # uint8 in, uint8 out
+        return y.permute(0, 2, 3, 1).cpu().numpy()
 
     run(imgs[:8])  # warm-up (kernels, caches, frost texture)
     return best_of(lambda: run(imgs), repeats)

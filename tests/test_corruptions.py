@@ -236,6 +236,25 @@ def test_dtype_preserved_and_other_inputs() -> None:
         C.corrupt(x, "fog", 1, table="svhn")
 
 
+def test_uint8_input_gives_the_rounded_float_result() -> None:
+    # uint8 images (here a channels-last view of an N x H x W x C array) in, uint8 out: the float path rounded
+    g = torch.Generator().manual_seed(8)
+    hwc = torch.randint(0, 256, (4, 32, 32, 3), generator=g, dtype=torch.uint8)
+    x8 = hwc.permute(0, 3, 1, 2)
+    xf = x8.float() / 255
+    for name in C.names():
+        y8 = C.corrupt(x8, name, 4, seed=2)
+        assert y8.dtype == torch.uint8 and y8.shape == x8.shape
+        ref = torch.round(C.corrupt(xf, name, 4, seed=2) * 255).to(torch.uint8)
+        assert torch.equal(y8, ref), name
+    gray = C.corrupt(x8[:, :1], "gaussian_noise", 1)
+    assert gray.dtype == torch.uint8 and gray.shape == (4, 1, 32, 32)
+    with pytest.raises(DataError, match="N x C x H x W"):
+        C.corrupt(x8[0], "fog", 1)
+    with pytest.raises(DataError, match="floating point"):
+        C.corrupt(x8.to(torch.int16), "fog", 1)
+
+
 def test_large_images_use_imagenet_table() -> None:
     x = structured_images(1, 3, 96, 96)
     assert torch.equal(C.corrupt(x, "contrast", 1), C.corrupt(x, "contrast", 1, table="imagenet"))

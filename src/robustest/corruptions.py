@@ -1,7 +1,8 @@
 """The 19 common corruptions of the -C benchmarks (Hendrycks & Dietterich 2019), batched in PyTorch.
 
-``corrupt(x, name, severity, seed=0)`` takes images ``x`` of shape N x C x H x W (C = 1 or 3, values in
-[0, 1], floating point) and returns the corrupted batch with the same shape, dtype and device. Every
+``corrupt(x, name, severity, seed=0)`` takes images ``x`` of shape N x C x H x W (C = 1 or 3; floating point
+with values in [0, 1], or uint8 levels 0..255) and returns the corrupted batch with the same shape, dtype
+and device (uint8 in, uint8 out: the corrupted levels rounded). Every
 corruption runs as batched tensor operations on ``x``'s device (CPU or CUDA; on the CPU the multi-pass
 ones go through cache-sized chunks of the batch), ``jpeg_compression`` included: it is a batched
 re-implementation of baseline libjpeg (the codec behind Pillow) with its default settings, in libjpeg's
@@ -219,15 +220,23 @@ def parameters(name: str, severity: int, table: str = "cifar") -> object:
 def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0, *, table: str | None = None) -> torch.Tensor:
     """Apply corruption ``name`` at ``severity`` (1-5) to a batch of images.
 
-    ``x``: floating tensor N x C x H x W (C = 1 or 3) with values in [0, 1]. Returns a tensor of the same
-    shape, dtype and device with values in [0, 1]. ``seed`` fixes every random draw (same seed and
-    device: bit-identical output); different images in the batch get independent draws. ``table``
-    selects the parameter table (``"cifar"`` or ``"imagenet"``; default by image size, see
-    :func:`default_table`).
+    ``x``: tensor N x C x H x W (C = 1 or 3), either floating with values in [0, 1] or uint8 with levels
+    0..255 (images as stored in files; a channels-last view such as ``torch.from_numpy(a).permute(0, 3, 1,
+    2)`` of an N x H x W x C array is fine). Returns a tensor of the same shape, dtype and device: floating
+    input gives values in [0, 1], uint8 input the corrupted levels rounded to uint8 (the -C data set format).
+    ``seed`` fixes every random draw (same seed and device: bit-identical output); different images in the
+    batch get independent draws. ``table`` selects the parameter table (``"cifar"`` or ``"imagenet"``;
+    default by image size, see :func:`default_table`).
     """
     name = _check_name(name)
     severity = _check_severity(severity)
-    check_images(x)
+    as_u8 = isinstance(x, torch.Tensor) and x.dtype == torch.uint8
+    if as_u8:
+        if x.dim() != 4:
+            raise DataError(
+                f"x must have shape N x C x H x W, got {tuple(x.shape)}: add a channel axis with x[:, None]")
+    else:
+        check_images(x)
     if x.shape[1] not in (1, 3):
         raise DataError(f"x has {x.shape[1]} channels; corruptions need 1 (grayscale) or 3 (RGB) channels")
     if table is None:
@@ -237,8 +246,11 @@ def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0, *, table: 
     if x.shape[0] == 0:
         return x.clone()
     param = _TABLE_DATA[table][name][severity - 1]
-    work_dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
-    xw = x.to(work_dtype).contiguous()  # e.g. channels-last input (a permuted H x W x C array): one copy here
+    if as_u8:  # one pass to contiguous float32 (e.g. from a channels-last view), scaled in place
+        xw = x.to(torch.float32, memory_format=torch.contiguous_format).div_(255)
+    else:
+        work_dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+        xw = x.to(work_dtype).contiguous()  # e.g. channels-last input (a permuted H x W x C array): one copy
     gen = _generator(seed, name, x.device)
     fn = _FUNCS[name]
     per_image = x.shape[1] * x.shape[2] * x.shape[3]
@@ -249,7 +261,10 @@ def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0, *, table: 
         out = torch.cat([fn(xw[s:s + chunk], param, gen, table) for s in range(0, x.shape[0], chunk)])
     else:
         out = fn(xw, param, gen, table)
-    return out.clamp_(0.0, 1.0).to(x.dtype)
+    out = out.clamp_(0.0, 1.0)
+    if as_u8:
+        return out.mul_(255).round_().to(torch.uint8)
+    return out.to(x.dtype)
 
 
 # ------------------------------------------------------------------------------------------------ checks
