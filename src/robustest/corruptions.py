@@ -23,8 +23,11 @@ Randomness
     not enter the seed, so the five severities of one image share their random field and differ only by
     the parameters (common random numbers). An image's draws depend on its position in the batch and
     on the batch size, so the same images in another batching get other (equally distributed) noise; on
-    the CPU the chunking of large batches (:data:`CPU_CHUNK_VALUES`) is part of that, so a change of that
-    constant between versions changes the draws of the chunked corruptions, not their distribution.
+    the CPU the chunking of large batches (:data:`CPU_CHUNK_VALUES`) and of large draws
+    (:data:`DRAW_CHUNK`: fixed, independently seeded chunks drawn on several threads, the same output for
+    any thread count) is part of that, so a change of those constants between versions changes the draws,
+    not their distribution. CPU and CUDA runs of one seed differ (shot noise on the CPU also uses its own
+    exact sampler for 8-bit inputs).
 
 Grayscale (C = 1)
     Channel-independent operations apply unchanged. Colour-only operations work on a luminance form:
