@@ -505,14 +505,18 @@ def _motion_blur_batch(x: torch.Tensor, radius: int, sigma: float, angle_deg: to
     ar_h = torch.arange(h, device=x.device)
     ar_w = torch.arange(w, device=x.device)
     sin, cos = sin.to(x.device), cos.to(x.device)
-    out = torch.zeros_like(flat)
-    for step in range(width):
+    out = flat * k[0]  # tap 0 is the identity
+    idx = torch.empty(n, h, w, dtype=torch.int64, device=x.device)  # buffers reused by every tap
+    taken = torch.empty_like(flat)
+    idx_c = idx.view(n, 1, h * w).expand(n, c, h * w)
+    for step in range(1, width):
         dy = -torch.ceil(step * sin - 0.5).long()
         dx = -torch.ceil(step * cos - 0.5).long()
-        rows = (ar_h[None, :] - dy[:, None]).clamp_(0, h - 1)
+        rows = (ar_h[None, :] - dy[:, None]).clamp_(0, h - 1).mul_(w)
         cols = (ar_w[None, :] - dx[:, None]).clamp_(0, w - 1)
-        idx = (rows[:, :, None] * w + cols[:, None, :]).reshape(n, 1, h * w).expand(n, c, h * w)
-        out.add_(flat.gather(2, idx), alpha=k[step])
+        torch.add(rows[:, :, None], cols[:, None, :], out=idx)
+        torch.gather(flat, 2, idx_c, out=taken)
+        out.add_(taken, alpha=k[step])
     return out.reshape(n, c, h, w)
 
 
