@@ -236,6 +236,19 @@ def test_dtype_preserved_and_other_inputs() -> None:
         C.corrupt(x, "fog", 1, table="svhn")
 
 
+@pytest.mark.parametrize("table", ["cifar", "imagenet"])
+def test_tiny_images_every_corruption_and_severity(table: str) -> None:
+    # regression: glass blur crashed on images of at most 2d + 1 pixels (7 x 7 at ImageNet severity 5)
+    g = torch.Generator().manual_seed(1)
+    for h, w in ((1, 1), (7, 7), (3, 17)):
+        for ch in (1, 3):
+            x = torch.rand(2, ch, h, w, generator=g)
+            for name in C.names():
+                for severity in range(1, 6):
+                    y = C.corrupt(x, name, severity, table=table)
+                    assert y.shape == x.shape and bool(torch.isfinite(y).all()), (h, w, ch, name, severity)
+
+
 def test_uint8_input_gives_the_rounded_float_result() -> None:
     # uint8 images (here a channels-last view of an N x H x W x C array) in, uint8 out: the float path rounded
     g = torch.Generator().manual_seed(8)

@@ -752,24 +752,27 @@ def _glass_shuffle(n: int, h: int, w: int, d: int, iterations: int, gen: torch.G
     (2d)^2 offset classes run one after another, from the bottom-right class to the top-left one.
     """
     perm = torch.arange(h * w, device=device).expand(n, h * w).clone()
-    rows_all = torch.arange(d + 1, h - d + 1, device=device)
-    cols_all = torch.arange(d + 1, w - d + 1, device=device)
+    rows_all = torch.arange(d + 1, max(d + 1, h - d + 1), device=device)  # empty on images of at most 2d + 1
+    cols_all = torch.arange(d + 1, max(d + 1, w - d + 1), device=device)
     if rows_all.numel() == 0 or cols_all.numel() == 0:
         return perm
+    lo, step = d + 1, 2 * d
     for _ in range(iterations):
         dys = torch.randint(-d, d, (n, h, w), generator=gen, device=device)
         dxs = torch.randint(-d, d, (n, h, w), generator=gen, device=device)
-        for oy in reversed(range(2 * d)):
-            rows = rows_all[rows_all.remainder(2 * d) == oy]
+        for oy in reversed(range(step)):
+            r0 = lo + (oy - lo) % step  # the first position of this offset class: a strided slice
+            rows = rows_all[r0 - lo::step]
             if rows.numel() == 0:
                 continue
-            for ox in reversed(range(2 * d)):
-                cols = cols_all[cols_all.remainder(2 * d) == ox]
+            for ox in reversed(range(step)):
+                c0 = lo + (ox - lo) % step
+                cols = cols_all[c0 - lo::step]
                 if cols.numel() == 0:
                     continue
                 a = (rows[:, None] * w + cols[None, :]).reshape(1, -1).expand(n, -1)
-                dy = dys[:, rows][:, :, cols].reshape(n, -1)
-                dx = dxs[:, rows][:, :, cols].reshape(n, -1)
+                dy = dys[:, r0:r0 + step * rows.numel():step, c0:c0 + step * cols.numel():step].reshape(n, -1)
+                dx = dxs[:, r0:r0 + step * rows.numel():step, c0:c0 + step * cols.numel():step].reshape(n, -1)
                 b = a + dy * w + dx
                 va = perm.gather(1, a)
                 vb = perm.gather(1, b)
