@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import resource
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,45 +44,27 @@ def add_checkpoint_arg(p: argparse.ArgumentParser) -> None:
                    help="accept a TorchScript archive as checkpoint (only from a source you trust)")
 
 
-def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+def _number_type(convert: Callable[[str], Any], ok: Callable[[Any], bool], what: str, name: str
+                 ) -> Callable[[str], Any]:
+    """An argparse ``type=``: ``convert`` the text, then require ``ok``; otherwise "expected <what>"."""
+
+    def parse(text: str) -> Any:
+        try:
+            v = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
+        return v
+
+    parse.__name__ = name
+    return parse
 
 
-def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {v}")
-    return v
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {v}")
-    return v
-
-
-def fraction(text: str) -> float:
-    """A number in (0, 1]."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}") from None
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {v}")
-    return v
+positive_int = _number_type(int, lambda v: v >= 1, "a positive integer", "positive_int")
+positive_float = _number_type(float, lambda v: v > 0, "a positive number", "positive_float")
+non_negative_int = _number_type(int, lambda v: v >= 0, "a non-negative integer", "non_negative_int")
+fraction = _number_type(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]", "fraction")  # a number in (0, 1]
 
 
 def load_data(args: argparse.Namespace, split: str | None = None) -> TensorDataset:
