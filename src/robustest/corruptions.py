@@ -327,6 +327,15 @@ def _pad(x: torch.Tensor, ph: tuple[int, int], pw: tuple[int, int], mode: str) -
     return x
 
 
+def _trim_kernel(kernel: torch.Tensor) -> torch.Tensor:
+    """Drop all-zero outer row pairs and column pairs of an odd-sized 2-D kernel (its centre stays put)."""
+    while kernel.shape[0] > 1 and bool((kernel[0] == 0).all()) and bool((kernel[-1] == 0).all()):
+        kernel = kernel[1:-1]
+    while kernel.shape[1] > 1 and bool((kernel[:, 0] == 0).all()) and bool((kernel[:, -1] == 0).all()):
+        kernel = kernel[:, 1:-1]
+    return kernel
+
+
 def _filter2d(x: torch.Tensor, kernel: torch.Tensor, mode: str) -> torch.Tensor:
     """Correlate every channel of ``x`` (N x C x H x W) with the 2-D ``kernel`` (odd size), given border.
 
@@ -334,11 +343,7 @@ def _filter2d(x: torch.Tensor, kernel: torch.Tensor, mode: str) -> torch.Tensor:
     medium ones as one depthwise (grouped) convolution, large ones (> 7 x 7) by FFT.
     """
     n, c, h, w = x.shape
-    kernel = kernel.to(device=x.device, dtype=x.dtype)
-    while kernel.shape[0] > 1 and bool((kernel[0] == 0).all()) and bool((kernel[-1] == 0).all()):
-        kernel = kernel[1:-1]
-    while kernel.shape[1] > 1 and bool((kernel[:, 0] == 0).all()) and bool((kernel[:, -1] == 0).all()):
-        kernel = kernel[:, 1:-1]
+    kernel = _trim_kernel(kernel.to(device=x.device, dtype=x.dtype))
     kh, kw = kernel.shape
     xp = _pad(x, (kh // 2, kh // 2), (kw // 2, kw // 2), mode)
     if kh * kw <= 25:
@@ -445,9 +450,7 @@ def _filter2d_any(x: torch.Tensor, kernel: torch.Tensor, mode: str) -> torch.Ten
     the rows are padded. That is kh W multiply-adds per pixel instead of the H W of a dense operator on the
     flattened image. Other images go through :func:`_filter2d`."""
     n, c, h, w = x.shape
-    kern = kernel.detach().to(torch.float64).cpu()
-    while kern.shape[0] > 1 and bool((kern[0] == 0).all()) and bool((kern[-1] == 0).all()):
-        kern = kern[1:-1]
+    kern = _trim_kernel(kernel.detach().to(torch.float64).cpu())
     kh, r = kern.shape[0], kern.shape[0] // 2
     if h * w > DENSE_MAX_PIXELS or r >= h or kern.shape[1] // 2 >= w or mode not in _TORCH_PAD:
         return _filter2d(x, kernel, mode)
