@@ -194,6 +194,12 @@ def test_check_images_accepts_and_returns():
     assert one.shape == (1, 1, 3, 3)
     assert runtime.check_images(torch.zeros(0, 1, 3, 3)).shape[0] == 0
     runtime.check_images(torch.ones(1, 1, 2, 2, dtype=torch.float64))
+    u8 = torch.full((1, 1, 2, 2), 255, dtype=torch.uint8)
+    assert runtime.check_images(u8, allow_uint8=True) is u8
+    with pytest.raises(DataError, match="N x C x H x W"):
+        runtime.check_images(u8[0], allow_uint8=True)
+    with pytest.raises(DataError, match="floating point"):
+        runtime.check_images(u8.to(torch.int16), allow_uint8=True)
 
 
 @pytest.mark.parametrize("bad, pattern", [

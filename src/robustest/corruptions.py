@@ -233,13 +233,8 @@ def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0, *, table: 
     """
     name = _check_name(name)
     severity = _check_severity(severity)
-    as_u8 = isinstance(x, torch.Tensor) and x.dtype == torch.uint8
-    if as_u8:
-        if x.dim() != 4:
-            raise DataError(
-                f"x must have shape N x C x H x W, got {tuple(x.shape)}: add a channel axis with x[:, None]")
-    else:
-        check_images(x)
+    check_images(x, allow_uint8=True)
+    as_u8 = x.dtype == torch.uint8
     if x.shape[1] not in (1, 3):
         raise DataError(f"x has {x.shape[1]} channels; corruptions need 1 (grayscale) or 3 (RGB) channels")
     if table is None:

@@ -125,11 +125,12 @@ def frozen_params(model: nn.Module) -> Iterator[nn.Module]:
 
 
 # ------------------------------------------------------------------------------------------- validation
-def check_images(x: Any, name: str = "x", *, allow_3d: bool = False) -> torch.Tensor:
+def check_images(x: Any, name: str = "x", *, allow_3d: bool = False, allow_uint8: bool = False) -> torch.Tensor:
     """Validate an image batch: a floating tensor N x C x H x W, finite, values in [0, 1].
 
     Returns the tensor (unchanged). Raises :class:`DataError` with a one-line message otherwise.
-    ``allow_3d`` accepts a single C x H x W image and returns it with a batch axis added.
+    ``allow_3d`` accepts a single C x H x W image and returns it with a batch axis added. ``allow_uint8``
+    also accepts uint8 levels 0..255 (always finite and in range: only the shape is checked).
     """
     if not isinstance(x, torch.Tensor):
         raise DataError(f"{name} must be a torch.Tensor, got {type(x).__name__}: convert with torch.as_tensor")
@@ -139,6 +140,8 @@ def check_images(x: Any, name: str = "x", *, allow_3d: bool = False) -> torch.Te
         raise DataError(
             f"{name} must have shape N x C x H x W, got {tuple(x.shape)}: add a channel axis with x[:, None]"
         )
+    if allow_uint8 and x.dtype == torch.uint8:
+        return x
     if not x.is_floating_point():
         raise DataError(f"{name} has dtype {x.dtype}; images must be floating point in [0, 1]: use x.float() / 255")
     if x.numel() == 0:
