@@ -47,6 +47,7 @@ from robustest.runtime import (
     check_images,
     check_labels,
     eval_mode,
+    forward,
     frozen_params,
     make_generator,
     resolve_device,
@@ -121,7 +122,7 @@ def _grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Ten
     """(grad_x of the summed cross-entropy at x, logits at x (detached))."""
     x = x.detach().requires_grad_(True)
     with torch.enable_grad():
-        logits = model(x)
+        logits = forward(model, x)
         loss = F.cross_entropy(logits, y, reduction="sum")
         (g,) = torch.autograd.grad(loss, x)
     # autograd may return an expanded (stride-0) gradient, e.g. when the output depends on x only through a
@@ -164,7 +165,7 @@ def _step_direction(g: torch.Tensor, norm: str) -> torch.Tensor:
 def _per_sample_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(per-sample cross-entropy, success = prediction != y) at x, one forward pass without gradients."""
     with torch.no_grad():
-        logits = model(x)
+        logits = forward(model, x)
     return F.cross_entropy(logits, y, reduction="none"), logits.argmax(1) != y
 
 
@@ -343,7 +344,7 @@ def _cw_core(model, x, y, gen, *, eps, c, kappa, steps, lr, binary_steps, abort_
         for it in range(steps):
             with torch.enable_grad():
                 adv = 0.5 * (torch.tanh(w) + 1)
-                logits = model(adv)
+                logits = forward(model, adv)
                 l2sq = (adv - x).flatten(1).pow(2).sum(1)
                 real = logits.gather(1, y[:, None]).squeeze(1)
                 other = logits.scatter(1, y[:, None], float("-inf")).amax(1)
@@ -672,11 +673,11 @@ def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | N
     for s in _progress(starts, enabled=progress, desc=_canonical_name(name), total=len(starts), unit="batch"):
         xb = x[s:s + batch_size].to(device)
         with eval_mode(model), torch.no_grad():
-            cp = model(xb).argmax(1)
+            cp = forward(model, xb).argmax(1)
         yb = cp if y is None else y[s:s + batch_size].to(device)
         adv = entry.fn(model, xb, yb, batch_size=None, generator=gen, **kw)
         with eval_mode(model), torch.no_grad():
-            ap = model(adv).argmax(1)
+            ap = forward(model, adv).argmax(1)
         advs.append(adv.to(x.device))
         clean_preds.append(cp.cpu())
         adv_preds.append(ap.cpu())

@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest.errors import ConfigError
+from robustest.runtime import logits_of
 
-__all__ = ["Normalize", "create", "describe", "names", "register", "spec_of"]
+__all__ = ["Logits", "Normalize", "create", "describe", "logits_of", "names", "register", "spec_of"]
 
 _REGISTRY: dict[str, tuple[Callable[..., nn.Module], str]] = {}
 
@@ -65,6 +66,38 @@ class Normalize(nn.Module):
 
     def extra_repr(self) -> str:
         return f"mean={self.mean.flatten().tolist()}, std={self.std.flatten().tolist()}"
+
+
+class Logits(nn.Module):
+    """Wrap a model whose forward returns more than logits, selecting them with ``output``.
+
+    ``output`` is a dict key or attribute name (str), a tuple/list position (int), or a callable mapping the
+    raw output to the N x K logits; None uses :func:`robustest.runtime.logits_of`'s rules (a tensor, the
+    ``logits`` attribute/key, the first tensor of a tuple or dict). The wrapped model is ``self.model``, so
+    its parameters and state_dict keys (prefixed ``model.``) stay reachable.
+    """
+
+    def __init__(self, model: nn.Module, output: str | int | Callable[[Any], torch.Tensor] | None = None) -> None:
+        super().__init__()
+        if output is not None and not isinstance(output, (str, int)) and not callable(output):
+            raise ConfigError(f"output must be a key, an index or a callable, got {type(output).__name__}")
+        self.model = model
+        self.output = output
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.model(x)
+        sel = self.output
+        if sel is None:
+            return logits_of(out)
+        if callable(sel):
+            return sel(out)
+        try:
+            if isinstance(sel, int):
+                return out[sel]
+            return out[sel] if isinstance(out, dict) else getattr(out, sel)
+        except (KeyError, IndexError, AttributeError, TypeError) as exc:
+            raise ConfigError(f"the model's output ({type(out).__name__}) has no part {sel!r}: "
+                              "check the output= key or index") from exc
 
 
 def create(name: str, num_classes: int = 10, in_channels: int = 1, input_size: int = 28,

@@ -81,7 +81,7 @@ def corruption_accuracy(model: _CAny, data: _CAny, corruptions: str | list[str] 
     from robustest import corruptions as _corr
     from robustest.errors import ConfigError as _CfgErr
     from robustest.errors import DataError as _DataErr
-    from robustest.runtime import check_images, check_labels, eval_mode, iter_batches, resolve_device
+    from robustest.runtime import check_images, check_labels, eval_mode, forward, iter_batches, resolve_device
 
     names = _corr.resolve_names(corruptions)
     sevs = tuple(int(s) for s in severities)
@@ -104,11 +104,11 @@ def corruption_accuracy(model: _CAny, data: _CAny, corruptions: str | list[str] 
             check_labels(yb, xb.shape[0])
             start = int(idx[0]) if len(idx) else 0
             xb = xb.float()
-            clean_correct += int((model(xb).argmax(1) == yb).sum())
+            clean_correct += int((forward(model, xb).argmax(1) == yb).sum())
             for c in names:
                 for s in sevs:
                     xc = _corr.corrupt(xb, c, s, seed=seed + start, table=table)
-                    correct[c][s] += int((model(xc).argmax(1) == yb).sum())
+                    correct[c][s] += int((forward(model, xc).argmax(1) == yb).sum())
             n += xb.shape[0]
     if n == 0:
         raise _DataErr("the data set is empty: check the split and the path")

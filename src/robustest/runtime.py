@@ -37,9 +37,11 @@ __all__ = [
     "check_images",
     "check_labels",
     "eval_mode",
+    "forward",
     "frozen_params",
     "iter_batches",
     "load_plain",
+    "logits_of",
     "make_generator",
     "model_device",
     "num_samples",
@@ -96,6 +98,53 @@ def resolve_device(model: nn.Module | None = None, device: torch.device | str | 
     if model is not None:
         return model_device(model)
     return torch.device("cpu")
+
+
+# ------------------------------------------------------------------------------------------ model calls
+def logits_of(output: Any) -> torch.Tensor:
+    """The logits in a model's output: a tensor itself, the ``logits`` attribute or key (Hugging Face style),
+    else the first tensor of a tuple/list or the first tensor value of a dict.
+
+    Raises :class:`ConfigError` naming what was returned when no tensor of logits can be found; wrap such a
+    model in :class:`robustest.models.Logits` with ``output=`` to say which part holds the logits.
+    """
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, dict):
+        if isinstance(output.get("logits"), torch.Tensor):
+            return output["logits"]
+        for v in output.values():
+            if isinstance(v, torch.Tensor):
+                return v
+    elif isinstance(getattr(output, "logits", None), torch.Tensor):
+        return output.logits
+    elif isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise ConfigError(f"the model returned a {type(output).__name__} without a tensor of logits: wrap it in "
+                      "robustest.models.Logits(model, output=KEY_OR_INDEX) to say where the logits are")
+
+
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The floating dtype of the model's first floating parameter (float32 for a parameter-free model)."""
+    for t in model.parameters():
+        if t.is_floating_point():
+            return t.dtype
+    return torch.float32
+
+
+def forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Call ``model`` on images ``x`` (N x C x H x W) and return its logits (N x K, float32 or wider).
+
+    Every robustest call of a model goes through here, so any ``nn.Module`` works: the output may be a
+    tensor, a tuple, a dict or an object with ``.logits``; the input is cast to the model's floating dtype
+    (gradients still flow back to the original ``x``), and half-precision (bf16/fp16) logits are returned
+    in float32, so losses, softmax and gradients are computed in float32.
+    """
+    dt = model_dtype(model)
+    if dt != x.dtype and x.is_floating_point():
+        x = x.to(dt)
+    out = logits_of(model(x))
+    return out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
 
 
 # ----------------------------------------------------------------------------------------------- modes

@@ -30,6 +30,7 @@ from robustest.runtime import (
     check_images,
     check_labels,
     eval_mode,
+    forward,
     iter_batches,
     make_generator,
     resolve_device,
@@ -138,7 +139,7 @@ def fit(
     if x.shape[0] == 0:
         raise DataError("the training data is empty: check the split, the path and --limit")
     with torch.no_grad(), eval_mode(model):  # labels must index the model's outputs (else an IndexError)
-        num_classes = model(x[:1].to(dev)).shape[-1]
+        num_classes = forward(model, x[:1].to(dev)).shape[-1]
     check_labels(y, x.shape[0], num_classes, name="training labels")
     n = x.shape[0]
     steps = math.ceil(n / batch_size)
@@ -156,7 +157,7 @@ def fit(
         for s in range(0, n, batch_size):
             idx = perm[s:s + batch_size]
             xb, yb = x[idx].to(dev, non_blocking=True), y[idx].to(dev, non_blocking=True)
-            logits = model(xb)
+            logits = forward(model, xb)
             loss = F.cross_entropy(logits, yb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -192,7 +193,7 @@ def predict(model: nn.Module, data: DataLike, batch_size: int = 512, device: tor
     outs = []
     with eval_mode(model):
         for xb, _ in iter_batches(data, batch_size, dev):
-            outs.append(model(xb).float().cpu())
+            outs.append(forward(model, xb).float().cpu())
     return torch.cat(outs) if outs else torch.empty(0)
 
 
@@ -206,7 +207,7 @@ def evaluate(model: nn.Module, data: DataLike, batch_size: int = 512, device: to
         for xb, yb in iter_batches(data, batch_size, dev):
             if yb is None:
                 raise ConfigError("evaluation needs labels: pass (x, y) or a labelled Dataset")
-            logits = model(xb)
+            logits = forward(model, xb)
             total += float(F.cross_entropy(logits, yb, reduction="sum"))
             correct += int((logits.argmax(1) == yb).sum())
             n += len(yb)

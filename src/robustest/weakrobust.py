@@ -43,6 +43,7 @@ from robustest.runtime import (
     check_images,
     check_labels,
     eval_mode,
+    forward,
     frozen_params,
     iter_batches,
     load_plain,
@@ -239,7 +240,7 @@ def analyze(
             if quantize:
                 xn.mul_(255.0).round_().div_(255.0)
             inp[s * q:].copy_(xb)
-            logits = model(inp).float()
+            logits = forward(model, inp).float()
             k = logits.shape[1]
             if int(yb.max()) >= k:
                 raise DataError(f"data has label {int(yb.max())} but the model has {k} classes")
@@ -302,7 +303,7 @@ def adversarial_radius(
             gen = make_generator(_block_seed(seed, int(idx[0])), dev)
             n = xb.shape[0]
             with torch.no_grad():
-                clean_wrong = model(xb).argmax(1) != yb
+                clean_wrong = forward(model, xb).argmax(1) != yb
             hi = torch.full((n,), float(eps_max), device=dev)
             lo = torch.zeros(n, device=dev)
             flips = _pgd_flips(model, xb, yb, hi, steps, gen) | clean_wrong
@@ -334,14 +335,14 @@ def _pgd_flips(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: torch.Te
     flipped = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
     for _ in range(steps):
         xa.requires_grad_(True)
-        logits = model(xa)
+        logits = forward(model, xa)
         flipped |= logits.detach().argmax(1) != y
         grad, = torch.autograd.grad(F.cross_entropy(logits, y, reduction="sum"), xa)
         with torch.no_grad():
             xa = xa.detach() + alpha * grad.sign()
             xa = torch.max(torch.min(xa, x + e), x - e).clamp(0, 1)
     with torch.no_grad():
-        flipped |= model(xa).argmax(1) != y
+        flipped |= forward(model, xa).argmax(1) != y
     return flipped
 
 
@@ -641,7 +642,7 @@ def _wrong(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int, 
     out = []
     for s in range(0, x.shape[0], batch_size):
         xb = x[s:s + batch_size].to(dev)
-        out.append((model(xb).argmax(1) != y[s:s + batch_size].to(dev)).cpu())
+        out.append((forward(model, xb).argmax(1) != y[s:s + batch_size].to(dev)).cpu())
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool)
 
 
@@ -955,7 +956,7 @@ def enhance(
                     inputs.append(atk_mod.pgd(model, xb, yb, eps=eps, alpha=alpha, steps=adv_steps,
                                               seed=seed + ep * n + s).detach())
             model.train()
-            logits = model(torch.cat(inputs)).split(xb.shape[0])
+            logits = forward(model, torch.cat(inputs)).split(xb.shape[0])
             ce = F.cross_entropy(logits[0], yb)
             loss = ce
             jsd = adv = torch.zeros((), device=dev)

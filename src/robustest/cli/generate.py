@@ -36,7 +36,7 @@ from robustest.cli._common import (
     positive_int,
 )
 from robustest.errors import ConfigError
-from robustest.runtime import atomic_write_json
+from robustest.runtime import atomic_write_json, forward
 
 ORDER = 30
 
@@ -158,7 +158,7 @@ def _predict(model, x: torch.Tensor, batch_size: int) -> torch.Tensor:
     out = []
     with eval_mode(model), torch.no_grad():
         for s in range(0, x.shape[0], batch_size):
-            out.append(model(x[s:s + batch_size].to(dev)).argmax(1).cpu())
+            out.append(forward(model, x[s:s + batch_size].to(dev)).argmax(1).cpu())
     return torch.cat(out) if out else torch.empty(0, dtype=torch.long)
 
 

@@ -37,6 +37,7 @@ from robustest.fuzzing.mutations import OPS, mutate
 from robustest.runtime import (
     checked_inputs,
     eval_mode,
+    forward,
     make_generator,
     progress,
     resolve_device,
@@ -168,7 +169,7 @@ def coverage_fuzz(
     gen = make_generator(seed, "cpu")
 
     def predict(xb: torch.Tensor) -> torch.Tensor:
-        outs = [model(xb[s:s + 512]).argmax(1) for s in range(0, xb.shape[0], 512)]
+        outs = [forward(model, xb[s:s + 512]).argmax(1) for s in range(0, xb.shape[0], 512)]
         return torch.cat(outs) if outs else torch.zeros(0, dtype=torch.long, device=dev)
 
     rec_x: list[torch.Tensor] = []

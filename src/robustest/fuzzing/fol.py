@@ -44,6 +44,7 @@ from robustest.errors import ConfigError
 from robustest.runtime import (
     checked_inputs,
     eval_mode,
+    forward,
     frozen_params,
     make_generator,
     progress,
@@ -98,7 +99,7 @@ def _grad_eval(model: nn.Module, x: torch.Tensor, c: torch.Tensor, second: bool
     """
     x = x.detach().requires_grad_(True)
     with torch.enable_grad():
-        logits = model(x)
+        logits = forward(model, x)
         loss = F.cross_entropy(logits, c, reduction="sum")
         (g,) = torch.autograd.grad(loss, x, create_graph=second)
         fol = torch.linalg.vector_norm(g.flatten(1), dim=1)
@@ -207,7 +208,7 @@ def fol_fuzz(
         for s in range(0, n, max(batch_size, 256)):
             xb = xs[s:s + max(batch_size, 256)]
             with torch.no_grad():
-                cb = model(xb).argmax(1)
+                cb = forward(model, xb).argmax(1)
             lab = y[s:s + xb.shape[0]].to(dev) if y is not None else cb
             _, _, gn, _ = _grad_eval(model, xb, lab, second=False)
             c_all[s:s + xb.shape[0]] = cb

@@ -167,7 +167,7 @@ def iter_traces(model: nn.Module, data: Any, layers: LayerSpec = None, batch_siz
             for v in store.values():
                 v.clear()
             with torch.no_grad():  # not held across the yield: the caller's grad mode stays its own
-                logits = model(xb)
+                logits = runtime.forward(model, xb)
             parts: list[torch.Tensor] = []
             for n in names:
                 if not store[n]:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest.errors import ConfigError, DataError
-from robustest.runtime import check_images, check_labels, eval_mode, frozen_params, resolve_device
+from robustest.runtime import check_images, check_labels, eval_mode, forward, frozen_params, resolve_device
 
 __all__ = ["DEFAULT_BATCH_SIZE", "NORMS", "fol", "fol_gradnorm", "input_gradients", "zol"]
 
@@ -71,7 +71,7 @@ def _check_range(logits: torch.Tensor, y: torch.Tensor) -> None:
 def _predicted(model: nn.Module, x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Argmax prediction of ``model`` on ``x`` (already on ``device``), no graph."""
     with torch.no_grad():
-        return model(x).argmax(dim=1)
+        return forward(model, x).argmax(dim=1)
 
 
 def zol(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int | None = None) -> torch.Tensor:
@@ -91,7 +91,7 @@ def zol(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int |
     out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
     with eval_mode(model), torch.no_grad():
         for s, e in _chunks(x.shape[0], batch_size):
-            logits = model(x[s:e].to(device))
+            logits = forward(model, x[s:e].to(device))
             yb = y[s:e].to(device)
             _check_range(logits, yb)
             loss = F.cross_entropy(logits.float(), yb, reduction="none")
@@ -106,7 +106,7 @@ def input_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch
     mode. Returns ``[B, C, H, W]``.
     """
     xb = x.detach().clone().requires_grad_(True)
-    logits = model(xb)
+    logits = forward(model, xb)
     _check_range(logits, y)
     loss = F.cross_entropy(logits.float(), y, reduction="sum")
     (g,) = torch.autograd.grad(loss, xb)
@@ -133,7 +133,7 @@ def _batched_gradients(
             else:
                 # one forward serves both the prediction and the loss
                 xg = xb.detach().clone().requires_grad_(True)
-                logits = model(xg)
+                logits = forward(model, xg)
                 yb = logits.detach().argmax(dim=1)
                 loss = F.cross_entropy(logits.float(), yb, reduction="sum")
                 (g,) = torch.autograd.grad(loss, xg)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from robustest.errors import ConfigError, DataError
-from robustest.runtime import check_images, eval_mode, resolve_device
+from robustest.runtime import check_images, eval_mode, forward, resolve_device
 
 __all__ = [
     "entropy",
@@ -79,7 +79,7 @@ def _from_model(fn: Callable[[torch.Tensor], torch.Tensor], model: nn.Module, x:
     with eval_mode(model), torch.no_grad():
         for s in range(0, x.shape[0], bs):
             e = min(s + bs, x.shape[0])
-            out[s:e] = fn(model(x[s:e].to(device))).to(x.device)
+            out[s:e] = fn(forward(model, x[s:e].to(device))).to(x.device)
     return out
 
 
