@@ -200,9 +200,14 @@ def test_checkpoint_round_trip(tmp_path, trained_digits_model, digits_test):
 
 def test_checkpoint_with_explicit_spec_and_no_metadata(tmp_path):
     torch.manual_seed(1)
-    net = models.lenet1()  # a builder called directly carries no spec
-    with pytest.raises(ConfigError, match="spec"):
-        training.save_checkpoint(tmp_path / "m.pt", net)
+    net = models.lenet1()  # a builder called directly carries no spec: saved as weights of its class
+    training.save_checkpoint(tmp_path / "plain.pt", net)
+    with pytest.raises(CheckpointError, match="built outside robustest.*--model pkg.module:factory"):
+        training.load_checkpoint(tmp_path / "plain.pt")
+    from robustest.checkpoints import restore_weights
+
+    other = models.lenet1()
+    assert same_weights(restore_weights(other, tmp_path / "plain.pt"), net)
     spec = {"name": "lenet1", "num_classes": 10, "in_channels": 1, "input_size": 28}
     training.save_checkpoint(tmp_path / "m.pt", net, spec=spec)
     loaded = training.load_checkpoint(tmp_path / "m.pt")

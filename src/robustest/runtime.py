@@ -36,10 +36,13 @@ __all__ = [
     "atomic_write_text",
     "check_images",
     "check_labels",
+    "converts_batches",
     "eval_mode",
     "forward",
     "frozen_params",
+    "image_shape",
     "iter_batches",
+    "labels_of",
     "load_plain",
     "logits_of",
     "make_generator",
@@ -48,6 +51,9 @@ __all__ = [
     "progress",
     "resolve_device",
     "seed_everything",
+    "set_mode",
+    "split_batch",
+    "take",
 ]
 
 
@@ -148,11 +154,21 @@ def forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------- modes
+def set_mode(model: nn.Module, train: bool) -> nn.Module:
+    """``model.train(train)``, tolerating modules whose mode is fixed (a ``torch.export`` program's module
+    raises NotImplementedError: its dropout/batch-norm behaviour was fixed when it was exported)."""
+    try:
+        model.train(train)
+    except NotImplementedError:
+        pass
+    return model
+
+
 @contextlib.contextmanager
 def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     """Put ``model`` (and every sub-module) in eval mode; restore each module's previous mode on exit."""
     modes = [(m, m.training) for m in model.modules()]
-    model.eval()
+    set_mode(model, False)
     try:
         yield model
     finally:
@@ -259,6 +275,8 @@ def as_tensors(data: DataLike) -> tuple[torch.Tensor, torch.Tensor | None]:
         return data.tensors[0], data.tensors[1]
     if isinstance(data, TensorDataset) and len(data.tensors) == 1:
         return data.tensors[0], None
+    if converts_batches(data):
+        return data.get_batch(slice(None))
     if not isinstance(data, (Dataset, DataLoader)):  # anything else would recurse via iter_batches
         raise DataError(f"unsupported data of type {type(data).__name__}: pass an (x, y) pair of torch tensors, "
                         "an x tensor, a Dataset or a DataLoader")
@@ -283,6 +301,55 @@ def checked_inputs(x: DataLike, y: torch.Tensor | None = None) -> tuple[torch.Te
     return x, y
 
 
+def converts_batches(data: Any) -> bool:
+    """A data set that converts whole batches itself (``robustest.data.ImageDataset``)."""
+    return isinstance(data, Dataset) and callable(getattr(type(data), "get_batch", None))
+
+
+def split_batch(batch: Any) -> tuple[Any, Any]:
+    """(images, labels or None) of one batch as a DataLoader yields it: a tuple/list, a dict with ``image``/
+    ``label`` keys, or a bare tensor."""
+    if isinstance(batch, (tuple, list)):
+        return batch[0], (batch[1] if len(batch) > 1 else None)
+    if isinstance(batch, dict) and "image" in batch:
+        return batch["image"], batch.get("label")
+    return batch, None
+
+
+@contextlib.contextmanager
+def _worker_errors() -> Iterator[None]:
+    """Re-raise a robustest error from a DataLoader worker as the one-line error it was (DataLoader wraps it
+    in a multi-line message carrying the worker's traceback)."""
+    from robustest.errors import RobustestError
+
+    try:
+        yield
+    except RobustestError as exc:
+        text = str(exc)
+        if text.startswith("Caught ") and "Original Traceback" in text:
+            last = text.strip().splitlines()[-1]
+            raise type(exc)(last.split(": ", 1)[1] if ": " in last else last) from None
+        raise
+
+
+def _loader_index_batches(loader: DataLoader, shard: Shard) -> list[list[int]] | None:
+    """The data set indices of every batch ``loader`` would yield now (its sampler's draw), this shard's part."""
+    if isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        return None
+    if loader.batch_sampler is not None:
+        batches = [[int(i) for i in b] for b in loader.batch_sampler]
+        size = loader.batch_size or max((len(b) for b in batches), default=1)
+    else:
+        batches = [[int(i)] for i in loader.sampler]
+        size = 1
+    if shard.world_size == 1:
+        return batches
+    flat = [i for b in batches for i in b]
+    lo, hi = shard.bounds(len(flat))
+    flat = flat[lo:hi]
+    return [flat[s:s + size] for s in range(0, len(flat), size)]
+
+
 def iter_batches(
     data: DataLike,
     batch_size: int = 256,
@@ -290,43 +357,74 @@ def iter_batches(
     *,
     with_index: bool = False,
     shard: Shard | None = None,
+    workers: int | None = None,
 ) -> Iterator[Any]:
-    """Iterate over ``data`` in order, yielding ``(x, y)`` batches on ``device``.
+    """Iterate over ``data`` yielding ``(x, y)`` batches on ``device`` (``y`` None for unlabelled data).
 
-    ``data`` may be an ``(x, y)`` tensor pair, a bare ``x`` tensor (``y`` is None), a ``Dataset`` or a
-    ``DataLoader`` (whose own batching is kept). With ``with_index=True`` yields ``(idx, x, y)`` where
-    ``idx`` is the int64 positions of the batch in the data set. Tensor data is sliced, never copied
-    sample by sample.
+    ``data`` may be an ``(x, y)`` tensor pair, a bare ``x`` tensor, a ``TensorDataset``, a robustest
+    ``ImageDataset`` (converted batch by batch from its compact storage), any other ``Dataset`` (read in
+    order through a DataLoader with ``workers`` worker processes, default the data set's ``num_workers``
+    attribute or 0) or a ``DataLoader``. With ``with_index=True`` yields ``(idx, x, y)`` where ``idx`` holds
+    the int64 positions of the batch's samples IN THE DATA SET: for a DataLoader, the indices its sampler
+    drew (so shuffling never changes which sample a result belongs to; an ``IterableDataset`` has no
+    indices, and its samples are numbered in stream order). Only this process's :class:`Shard` is read.
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     dev = torch.device(device) if device is not None else None
     shard = shard or Shard.current()
+    pin = dev is not None and dev.type == "cuda"
 
-    def move(t: torch.Tensor | None) -> torch.Tensor | None:
-        if t is None or dev is None:
+    def move(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or dev is None:
             return t
         return t.to(dev, non_blocking=True)
 
+    def out(idx: torch.Tensor, x: Any, y: Any) -> Any:
+        return (idx, move(x), move(y)) if with_index else (move(x), move(y))
+
     if isinstance(data, DataLoader):
-        start = 0
-        for batch in data:
-            x, y = (batch[0], batch[1]) if isinstance(batch, (tuple, list)) else (batch, None)
-            idx = torch.arange(start, start + len(x))
-            start += len(x)
-            yield (idx, move(x), move(y)) if with_index else (move(x), move(y))
+        batches = _loader_index_batches(data, shard)
+        with _worker_errors():
+            if batches is None:  # an IterableDataset: number the samples in stream order
+                start = 0
+                for batch in data:
+                    x, y = split_batch(batch)
+                    yield out(torch.arange(start, start + len(x)), x, y)
+                    start += len(x)
+                return
+            kw: dict[str, Any] = {}
+            if data.num_workers > 0:
+                kw = {"prefetch_factor": data.prefetch_factor, "worker_init_fn": data.worker_init_fn,
+                      "multiprocessing_context": data.multiprocessing_context}
+            fixed = DataLoader(data.dataset, batch_sampler=batches, num_workers=data.num_workers,
+                               collate_fn=data.collate_fn, pin_memory=data.pin_memory or pin, **kw)
+            for idx, batch in zip(batches, fixed):
+                x, y = split_batch(batch)
+                yield out(torch.as_tensor(idx, dtype=torch.int64), x, y)
+        return
+
+    if converts_batches(data):
+        lo, hi = shard.bounds(len(data))  # type: ignore[arg-type]
+        for s in range(lo, hi, batch_size):
+            e = min(s + batch_size, hi)
+            x, y = data.get_batch(slice(s, e))
+            if pin:
+                x = x.pin_memory()
+            yield out(torch.arange(s, e), x, y)
         return
 
     if isinstance(data, Dataset) and not isinstance(data, TensorDataset):
         n = len(data)  # type: ignore[arg-type]
         lo, hi = shard.bounds(n)
+        nw = int(workers if workers is not None else getattr(data, "num_workers", 0) or 0)
         subset = torch.utils.data.Subset(data, range(lo, hi))
         start = lo
-        for batch in DataLoader(subset, batch_size=batch_size, shuffle=False):
-            x, y = (batch[0], batch[1]) if isinstance(batch, (tuple, list)) else (batch, None)
-            idx = torch.arange(start, start + len(x))
-            start += len(x)
-            yield (idx, move(x), move(y)) if with_index else (move(x), move(y))
+        with _worker_errors():
+            for batch in DataLoader(subset, batch_size=batch_size, shuffle=False, num_workers=nw, pin_memory=pin):
+                x, y = split_batch(batch)
+                yield out(torch.arange(start, start + len(x)), x, y)
+                start += len(x)
         return
 
     x, y = as_tensors(data)
@@ -336,8 +434,69 @@ def iter_batches(
     lo, hi = shard.bounds(n)
     for s in range(lo, hi, batch_size):
         e = min(s + batch_size, hi)
-        xb, yb = move(x[s:e]), move(y[s:e] if y is not None else None)
-        yield (torch.arange(s, e), xb, yb) if with_index else (xb, yb)
+        yield out(torch.arange(s, e), x[s:e], y[s:e] if y is not None else None)
+
+
+def take(data: DataLike, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The samples at data-set positions ``index`` (int64 [K]) of any data-like object, as (x, y) tensors.
+
+    For a DataLoader the positions refer to its data set (as :func:`iter_batches` reports them), so a
+    shuffled loader gives back exactly the samples an analysis named.
+    """
+    index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
+    n = num_samples(data)
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= n):
+        raise DataError(f"sample index out of range: positions must lie in [0, {n}), got "
+                        f"[{int(index.min())}, {int(index.max())}]")
+    if isinstance(data, DataLoader):
+        data = data.dataset
+    if converts_batches(data):
+        return data.get_batch(index)
+    if isinstance(data, Dataset) and not isinstance(data, TensorDataset):
+        if index.numel() == 0:
+            raise DataError("no samples to take: the index is empty")
+        items = [data[int(i)] for i in index]
+        batch = torch.utils.data.default_collate(items)
+        x, y = split_batch(batch)
+        return x, y
+    x, y = as_tensors(data)
+    return x[index], (y[index] if y is not None else None)
+
+
+def labels_of(data: DataLike) -> torch.Tensor | None:
+    """The int64 labels of a data set without reading its images, when it keeps them apart (else None)."""
+    if isinstance(data, DataLoader):
+        data = data.dataset
+    if isinstance(data, torch.Tensor):
+        return None
+    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], torch.Tensor):
+        return torch.as_tensor(data[1]) if data[1] is not None else None
+    labels = getattr(data, "labels", None)
+    if isinstance(labels, torch.Tensor):
+        return labels
+    tensors = getattr(data, "tensors", None) if isinstance(data, TensorDataset) else None
+    if isinstance(tensors, tuple) and len(tensors) >= 2:
+        return tensors[1]
+    return None
+
+
+def image_shape(data: DataLike) -> tuple[int, ...]:
+    """(C, H, W) of the images of any data-like object (reads at most one sample)."""
+    if isinstance(data, DataLoader):
+        data = data.dataset
+    shape = getattr(data, "image_shape", None)
+    if shape is not None:
+        return tuple(shape)
+    if isinstance(data, torch.Tensor):
+        return tuple(data.shape[1:])
+    if isinstance(data, (tuple, list)) and isinstance(data[0], torch.Tensor):
+        return tuple(data[0].shape[1:])
+    if isinstance(data, TensorDataset):
+        return tuple(data.tensors[0].shape[1:])
+    if isinstance(data, Dataset):
+        x, _ = split_batch(data[0])
+        return tuple(torch.as_tensor(x).shape)
+    raise DataError(f"unsupported data of type {type(data).__name__}")
 
 
 def num_samples(data: DataLike) -> int:

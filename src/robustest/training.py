@@ -10,40 +10,39 @@
 from __future__ import annotations
 
 import math
-import os
 import time
-import zipfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from robustest import models as zoo
-from robustest.errors import CheckpointError, ConfigError, DataError
+from robustest.errors import ConfigError, DataError
 from robustest.runtime import (
     DataLike,
     as_tensors,
-    atomic_save,
     check_images,
     check_labels,
+    converts_batches,
     eval_mode,
     forward,
     iter_batches,
+    labels_of,
     make_generator,
     resolve_device,
     seed_everything,
+    set_mode,
+    split_batch,
 )
 from robustest.runtime import (
     progress as progress_bar,
 )
 
-__all__ = ["EpochStats", "History", "accuracy", "evaluate", "fit", "load_checkpoint", "predict", "save_checkpoint"]
-
-CHECKPOINT_FORMAT = "robustest-checkpoint"
-CHECKPOINT_VERSION = 1
+__all__ = ["EpochStats", "History", "TrainData", "accuracy", "evaluate", "fit", "load_checkpoint", "predict",
+           "save_checkpoint"]
 
 
 @dataclass
@@ -96,6 +95,92 @@ def _make_schedule(opt: torch.optim.Optimizer, schedule: str | None, epochs: int
     raise ConfigError(f"unknown schedule {schedule!r}: use None, 'cosine' or 'step'")
 
 
+class TrainData:
+    """The batches of one training epoch from any data-like object.
+
+    Tensors, TensorDatasets and robustest ImageDatasets take the in-memory path: a seeded permutation per
+    epoch, each batch gathered by index (an ImageDataset converts only that batch from its compact storage).
+    A DataLoader is iterated as it is, every epoch, so its transforms (random augmentation) and sampler
+    apply; a sampler with ``set_epoch`` (DistributedSampler) is told the epoch. Any other Dataset is read
+    through a shuffling DataLoader seeded with ``seed`` (workers from its ``num_workers`` attribute).
+    """
+
+    def __init__(self, data: DataLike, batch_size: int, seed: int) -> None:
+        self.batch_size = batch_size
+        self.gen = make_generator(seed)
+        self.loader: DataLoader | None = None
+        self.x = self.y = None
+        self.ds = None
+        if isinstance(data, DataLoader):
+            self.loader = data
+        elif converts_batches(data):
+            self.ds = data
+            self.y = labels_of(data)
+        elif isinstance(data, Dataset) and not isinstance(data, TensorDataset):
+            self.loader = DataLoader(data, batch_size=batch_size, shuffle=True, generator=self.gen,
+                                     num_workers=int(getattr(data, "num_workers", 0) or 0))
+        else:
+            self.x, self.y = as_tensors(data)
+            if self.y is None:
+                raise ConfigError("training data needs labels: pass (x, y) or a labelled Dataset")
+            check_images(self.x, "training images")
+        if self.loader is None:
+            assert self.y is not None
+            self.n = int(self.y.shape[0])
+            check_labels(self.y, self.n, name="training labels")
+            self.steps_per_epoch = math.ceil(self.n / batch_size)
+        else:
+            self.n = len(self.loader.dataset)  # type: ignore[arg-type]
+            try:
+                self.steps_per_epoch = len(self.loader)
+            except TypeError:  # an IterableDataset without a length
+                self.steps_per_epoch = math.ceil(self.n / batch_size)
+        if self.n == 0:
+            raise DataError("the training data is empty: check the split, the path and --limit")
+
+    def _gather(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.ds is not None:
+            x, y = self.ds.get_batch(idx)
+            return check_images(x, "training images"), y
+        assert self.x is not None and self.y is not None
+        return self.x[idx], self.y[idx]
+
+    def first_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.loader is None:
+            return self._gather(torch.arange(min(self.n, 1)))
+        for batch in self.loader:
+            x, y = split_batch(batch)
+            if y is None:
+                raise ConfigError("training data needs labels: the DataLoader yields images only")
+            return x, y
+        raise DataError("the training data is empty: the DataLoader yields no batches")
+
+    def check(self, model: nn.Module, dev: torch.device) -> int:
+        """Labels must index the model's outputs; returns the model's number of classes."""
+        x, _ = self.first_batch()
+        with torch.no_grad(), eval_mode(model):
+            num_classes = forward(model, check_images(x[:1], "training images").to(dev)).shape[-1]
+        if self.y is not None:
+            check_labels(self.y, self.n, num_classes, name="training labels")
+        return int(num_classes)
+
+    def epoch(self, epoch: int, num_classes: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.loader is None:
+            perm = torch.randperm(self.n, generator=self.gen)
+            for s in range(0, self.n, self.batch_size):
+                yield self._gather(perm[s:s + self.batch_size])
+            return
+        sampler = getattr(self.loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        for batch in self.loader:
+            x, y = split_batch(batch)
+            if y is None:
+                raise ConfigError("training data needs labels: the DataLoader yields images only")
+            x = check_images(x, "training images")
+            yield x, check_labels(torch.as_tensor(y), len(x), num_classes, name="training labels")
+
+
 def fit(
     model: nn.Module,
     train: DataLike,
@@ -114,7 +199,9 @@ def fit(
 ) -> History:
     """Train ``model`` in place on ``train`` ((x, y) pair, Dataset or DataLoader) for ``epochs`` epochs.
 
-    Shuffling, dropout and initial randomness come from ``seed``. With ``val`` given, each epoch records
+    A DataLoader is iterated anew every epoch (its augmentations and sampler apply); in-memory data is
+    shuffled by a seeded permutation (:class:`TrainData`). Shuffling, dropout and initial randomness come
+    from ``seed``. With ``val`` given, each epoch records
     validation loss/accuracy, and ``restore_best=True`` restores the weights of the epoch with the best
     validation accuracy (the last epoch's figures stay in the history). The model ends in eval mode.
     ``on_epoch_end(epoch, model, stats)``, when given, is called after every epoch (model in train mode).
@@ -128,35 +215,25 @@ def fit(
         raise ConfigError(f"lr must be positive, got {lr}")
     if restore_best and val is None:
         raise ConfigError("restore_best needs validation data (val=...)")
+    for name, v in (("lr", lr), ("weight_decay", weight_decay)):
+        if not math.isfinite(float(v)) or v < 0:
+            raise ConfigError(f"{name} must be a finite non-negative number, got {v}")
     dev = resolve_device(model, device)
     model.to(dev)
     seed_everything(seed)
-    x, y = as_tensors(train)
-    if y is None:
-        raise ConfigError("training data needs labels: pass (x, y) or a labelled Dataset")
-    check_images(x, "training images")
-    check_labels(y, x.shape[0], name="training labels")
-    if x.shape[0] == 0:
-        raise DataError("the training data is empty: check the split, the path and --limit")
-    with torch.no_grad(), eval_mode(model):  # labels must index the model's outputs (else an IndexError)
-        num_classes = forward(model, x[:1].to(dev)).shape[-1]
-    check_labels(y, x.shape[0], num_classes, name="training labels")
-    n = x.shape[0]
-    steps = math.ceil(n / batch_size)
+    source = TrainData(train, batch_size, seed)
+    num_classes = source.check(model, dev)
     opt = _make_optimizer(model, optimizer, lr, weight_decay)
-    sched = _make_schedule(opt, schedule, epochs, steps)
-    gen = make_generator(seed)
+    sched = _make_schedule(opt, schedule, epochs, source.steps_per_epoch)
     history = History()
     best_acc, best_state = -1.0, None
     t_start = time.perf_counter()
     for epoch in progress_bar(range(1, epochs + 1), enabled=progress, desc="train", unit="epoch"):
         t0 = time.perf_counter()
-        model.train()
-        perm = torch.randperm(n, generator=gen)
-        total_loss, correct = 0.0, 0
-        for s in range(0, n, batch_size):
-            idx = perm[s:s + batch_size]
-            xb, yb = x[idx].to(dev, non_blocking=True), y[idx].to(dev, non_blocking=True)
+        set_mode(model, True)
+        total_loss, correct, n = 0.0, 0, 0
+        for xb, yb in source.epoch(epoch, num_classes):
+            xb, yb = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
             logits = forward(model, xb)
             loss = F.cross_entropy(logits, yb)
             opt.zero_grad(set_to_none=True)
@@ -164,8 +241,10 @@ def fit(
             opt.step()
             if sched is not None:
                 sched.step()
-            total_loss += float(loss.detach()) * len(idx)
+            total_loss += float(loss.detach()) * len(yb)
             correct += int((logits.detach().argmax(1) == yb).sum())
+            n += len(yb)
+        n = max(n, 1)
         stats = EpochStats(epoch=epoch, loss=total_loss / n, accuracy=correct / n,
                            lr=opt.param_groups[0]["lr"], seconds=0.0)
         if val is not None:
@@ -180,7 +259,7 @@ def fit(
             on_epoch_end(epoch, model, stats)
     if restore_best and best_state is not None:
         model.load_state_dict(best_state)
-    model.eval()
+    set_mode(model, False)
     history.seconds = time.perf_counter() - t_start
     return history
 
@@ -223,109 +302,5 @@ def accuracy(model: nn.Module, data: DataLike, batch_size: int = 512, device: to
 
 
 # ------------------------------------------------------------------------------------------ checkpoints
-def save_checkpoint(path: str | os.PathLike[str], model: nn.Module, spec: dict[str, Any] | None = None,
-                    metadata: dict[str, Any] | None = None) -> Path:
-    """Atomically write weights + model spec + metadata to ``path`` (a ``torch.save`` of plain data).
-
-    ``spec`` defaults to the spec of a zoo model (``robustest.models.spec_of``). Metadata must be plain
-    data (numbers, strings, lists, dicts) so the file loads with ``weights_only=True``.
-    """
-    spec = dict(spec) if spec is not None else zoo.spec_of(model)
-    payload = {
-        "format": CHECKPOINT_FORMAT,
-        "version": CHECKPOINT_VERSION,
-        "spec": spec,
-        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "metadata": _plain_metadata(dict(metadata or {})),
-    }
-    return atomic_save(payload, path)
-
-
-def _plain_metadata(obj: Any, where: str = "metadata") -> Any:
-    """``obj`` as data that ``torch.load(weights_only=True)`` accepts: NumPy values become Python numbers or
-    lists and paths strings; tensors and plain containers stay; anything else is a :class:`ConfigError`."""
-    import numpy as np
-
-    if obj is None or type(obj) in (bool, int, float, str, bytes) or isinstance(obj, torch.Tensor):
-        return obj
-    if isinstance(obj, np.generic):
-        return _plain_metadata(obj.item(), where)
-    if isinstance(obj, np.ndarray):
-        return _plain_metadata(obj.tolist(), where)
-    if isinstance(obj, os.PathLike):
-        return os.fspath(obj)
-    for plain in (bool, int, float, str):  # subclasses (e.g. enums) would pickle their class
-        if isinstance(obj, plain):
-            return plain(obj)
-    if isinstance(obj, dict):
-        return {_plain_metadata(k, where): _plain_metadata(v, f"{where}[{k!r}]") for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        vals = [_plain_metadata(v, f"{where}[{i}]") for i, v in enumerate(obj)]
-        return vals if isinstance(obj, list) else tuple(vals)
-    raise ConfigError(f"{where} holds a {type(obj).__name__}, which a safe checkpoint cannot store: "
-                      "use numbers, strings, lists, dicts or tensors")
-
-
-def _is_torchscript(path: Path) -> bool:
-    if not zipfile.is_zipfile(path):
-        return False
-    with zipfile.ZipFile(path) as zf:
-        names = zf.namelist()
-    return any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
-
-
-def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.device = "cpu",
-                    torchscript: bool = False) -> nn.Module:
-    """Load a robustest checkpoint and return the rebuilt model in eval mode.
-
-    The file is read with ``torch.load(weights_only=True)``: only tensors and plain data are accepted,
-    never arbitrary pickled objects. ``model.robustest_metadata`` holds the stored metadata. With
-    ``torchscript=True`` a TorchScript archive is loaded with ``torch.jit.load`` instead (trusted files
-    only). Raises :class:`CheckpointError` for anything that is not a robustest checkpoint.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist: pass a model.pt from 'robustest train'")
-    if isinstance(map_location, (str, torch.device)):  # an unusable device is a ConfigError, not a bad file
-        resolve_device(None, map_location)
-    if _is_torchscript(path):
-        if not torchscript:
-            raise CheckpointError(f"{path} is a TorchScript archive: load it explicitly with torchscript=True "
-                                  "(--torchscript), only if you trust its source")
-        model = torch.jit.load(str(path), map_location=map_location)
-        model.robustest_metadata = {}  # type: ignore[attr-defined]
-        return model.eval()
-    try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - every failure is a refused file
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "unsupported global" in str(exc).lower():  # a pickled class or function; random bytes fail otherwise
-            raise CheckpointError(
-                f"{path} holds pickled Python objects (a whole saved model?), which are refused for safety: "
-                "save a robustest checkpoint with save_checkpoint/'robustest train'"
-            ) from exc
-        if "WeightsUnpickler error:" in str(exc):  # keep torch's detail, drop its advice to disable safety
-            first = str(exc).split("WeightsUnpickler error:", 1)[1].strip().splitlines()[0]
-        elif first.startswith("Weights only load failed"):
-            first = "the safe loader refused its content"
-        raise CheckpointError(f"{path} is not a robustest checkpoint (cannot be read: {first[:120]}); "
-                              "the file is corrupt, truncated or of another format") from exc
-    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} is not a robustest checkpoint (a bare state_dict or another format): "
-                              "save one with save_checkpoint/'robustest train'")
-    if int(payload.get("version", 0)) > CHECKPOINT_VERSION:
-        raise CheckpointError(f"{path} was written by a newer robustest (format {payload['version']}): upgrade")
-    spec = payload.get("spec")
-    if not isinstance(spec, dict) or "name" not in spec:
-        raise CheckpointError(f"{path}: checkpoint has no model spec")
-    kwargs = {k: spec[k] for k in ("num_classes", "in_channels", "input_size", "mean", "std") if k in spec}
-    try:
-        model = zoo.create(spec["name"], **kwargs)
-    except ConfigError as exc:
-        raise CheckpointError(f"{path}: cannot rebuild model: {exc}") from exc
-    try:
-        model.load_state_dict(payload["state_dict"])
-    except (RuntimeError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{path}: weights do not fit model {spec['name']!r} (corrupt checkpoint?)") from exc
-    model.robustest_metadata = dict(payload.get("metadata") or {})  # type: ignore[assignment]
-    return model.to(map_location).eval()
+# Checkpoints live in robustest.checkpoints; these names stay importable from here.
+from robustest.checkpoints import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint  # noqa: E402,F401

@@ -1,0 +1,419 @@
+"""Models from files and back: safe checkpoints and every way a user hands over a model.
+
+A model comes from one of four sources (:func:`load_model`):
+
+* a robustest checkpoint: weights + a spec saying how to rebuild the model + metadata, one ``torch.save``
+  of plain data read with ``torch.load(weights_only=True)`` (a whole pickled model is refused);
+* a TorchScript archive (``torch.jit.load``; runs code from the file, so only with ``torchscript=True``);
+* a ``torch.export`` program (``.pt2``, ``torch.export.load``; its module runs as exported);
+* ``factory="pkg.module:function"`` with JSON-like ``factory_args`` and an optional state_dict file
+  ``weights`` (read with ``weights_only=True``). This imports and runs the user's code, so it happens
+  only when the caller names the factory.
+
+Every loaded model carries ``model.robustest_source``, the spec that rebuilds it, so a fine-tuned copy
+is saved by :func:`save_checkpoint` as plain weights plus that spec: ``{"kind": "zoo", "name": ...}``
+(zoo models), ``{"kind": "factory", "factory": "pkg.mod:fn", "args": {...}}``, ``{"kind": "export",
+"program": PATH, "sha256": ...}``; a TorchScript model is re-saved as a TorchScript archive. Any other
+``nn.Module`` is saved with ``{"kind": "module", "class": "pkg.mod.Class"}``: its weights come back with
+:func:`restore_weights` into a model of the same architecture (this is how runs resume), or with
+``load_model(path, factory=...)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from robustest import models as zoo
+from robustest.errors import CheckpointError, ConfigError
+from robustest.runtime import atomic_save, atomic_write_bytes, resolve_device
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "file_kind",
+    "load_checkpoint",
+    "load_model",
+    "load_state_dict_file",
+    "restore_weights",
+    "save_checkpoint",
+    "source_of",
+    "state_fingerprint",
+]
+
+CHECKPOINT_FORMAT = "robustest-checkpoint"
+CHECKPOINT_VERSION = 2
+_TS_METADATA = "robustest_metadata.json"
+
+
+# ------------------------------------------------------------------------------------------- sources
+def source_of(model: nn.Module) -> dict[str, Any]:
+    """The spec that rebuilds ``model``: its ``robustest_source``, a zoo spec, or ``{"kind": "module"}``."""
+    src = getattr(model, "robustest_source", None)
+    if isinstance(src, dict) and src.get("kind"):
+        return dict(src)
+    spec = getattr(model, "robustest_spec", None)
+    if isinstance(spec, dict) and "name" in spec:
+        return {"kind": "zoo", **spec}
+    if isinstance(model, torch.jit.ScriptModule):
+        return {"kind": "torchscript"}
+    cls = type(model)
+    return {"kind": "module", "class": f"{cls.__module__}.{cls.__qualname__}"}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def state_fingerprint(model: nn.Module) -> str:
+    """SHA-256 over the model's state_dict (names, dtypes, shapes and values): equal exactly when the weights
+    are equal, whatever file or path they came from."""
+    h = hashlib.sha256()
+    for k, v in model.state_dict().items():
+        t = v.detach().cpu().contiguous()
+        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def file_kind(path: str | os.PathLike[str]) -> str:
+    """``"torchscript"``, ``"export"`` (a ``torch.export`` .pt2 program), ``"torch"`` (a ``torch.save`` zip,
+    e.g. a robustest checkpoint or a state_dict) or ``"other"``; only the zip directory is read."""
+    path = Path(path)
+    if not zipfile.is_zipfile(path):
+        return "other"
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return "other"
+    if any(n.endswith("/archive_format") or "/models/" in n and n.endswith(".json") for n in names):
+        return "export"
+    if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+        return "torchscript"
+    if any(n.endswith("/data.pkl") for n in names):
+        return "torch"
+    return "other"
+
+
+def _import_factory(factory: str) -> Any:
+    if not isinstance(factory, str) or factory.count(":") != 1:
+        raise ConfigError(f"--model {factory!r} must be 'package.module:function' (or a zoo name for train)")
+    mod_name, fn_name = factory.split(":")
+    if not mod_name or not fn_name:
+        raise ConfigError(f"--model {factory!r} must be 'package.module:function'")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(mod_name)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"cannot import {mod_name!r} for --model {factory}: {exc}; put its folder on PYTHONPATH "
+                          "or run from the folder that holds it") from exc
+    except Exception as exc:  # noqa: BLE001 - the user's module failed while importing
+        raise ConfigError(f"importing {mod_name!r} for --model {factory} failed: {type(exc).__name__}: {exc}") from exc
+    fn = module
+    for part in fn_name.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise ConfigError(f"module {mod_name!r} has no {fn_name!r}: check --model {factory}")
+    if not callable(fn):
+        raise ConfigError(f"{factory} is not callable: --model names a function or class that builds the model")
+    return fn
+
+
+def _build_factory(factory: str, args: dict[str, Any] | None) -> nn.Module:
+    if args is not None and not isinstance(args, dict):
+        raise ConfigError(f"--model-args must be a JSON object of keyword arguments, got {type(args).__name__}")
+    fn = _import_factory(factory)
+    try:
+        model = fn(**(args or {}))
+    except TypeError as exc:
+        raise ConfigError(f"{factory}(**{json.dumps(args or {})}) failed: {exc}: check --model-args") from exc
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"{factory} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def load_state_dict_file(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """A state_dict from ``path`` (``torch.load(weights_only=True)``): a bare state_dict, a robustest
+    checkpoint, or a dict holding it under ``state_dict``/``model``/``model_state_dict``."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"weights file {str(path)!r} does not exist: pass a state_dict saved with torch.save")
+    payload = _safe_load(path, map_location="cpu")
+    if isinstance(payload, dict) and payload.get("format") == CHECKPOINT_FORMAT:
+        payload = payload.get("state_dict")
+    elif isinstance(payload, dict):
+        for key in ("state_dict", "model_state_dict", "model"):
+            if isinstance(payload.get(key), dict):
+                payload = payload[key]
+                break
+    if not isinstance(payload, dict) or not payload or \
+            not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in payload.items()):
+        raise CheckpointError(f"{path} holds no state_dict (a mapping of parameter names to tensors): save one with "
+                              "torch.save(model.state_dict(), path)")
+    return payload
+
+
+def _load_weights(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # shape mismatches
+        first = " ".join(str(exc).split())
+        raise CheckpointError(f"the weights in {where} do not fit the model: {first[:300]}") from exc
+    missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing (e.g. {missing[0]!r})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]!r})")
+        raise CheckpointError(f"the weights in {where} do not fit the model: {', '.join(parts)} parameter names: "
+                              "check that they belong to this architecture and its --model-args")
+
+
+def _safe_load(path: Path, map_location: Any) -> Any:
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - every failure is a refused file
+        text = str(exc)
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        if "unsupported global" in text.lower():  # a pickled class or function; random bytes fail otherwise
+            raise CheckpointError(
+                f"{path} holds pickled Python objects (a whole saved model?), which are refused for safety: "
+                "save model.state_dict() and load it with --model pkg.module:factory --weights FILE"
+            ) from exc
+        if "WeightsUnpickler error:" in text:  # keep torch's detail, drop its advice to disable safety
+            first = text.split("WeightsUnpickler error:", 1)[1].strip().splitlines()[0]
+        elif first.startswith("Weights only load failed"):
+            first = "the safe loader refused its content"
+        raise CheckpointError(f"{path} is not a robustest checkpoint (cannot be read: {first[:120]}); "
+                              "the file is corrupt, truncated or of another format") from exc
+
+
+def load_model(source: str | os.PathLike[str] | None = None, *, factory: str | None = None,
+               factory_args: dict[str, Any] | None = None, weights: str | os.PathLike[str] | None = None,
+               torchscript: bool = False, map_location: str | torch.device = "cpu") -> nn.Module:
+    """Load a model from any source and return it in eval mode on ``map_location``.
+
+    ``source``: a robustest checkpoint, a TorchScript archive (needs ``torchscript=True``: it runs code from
+    the file) or a ``torch.export`` ``.pt2`` program. ``factory``: ``"pkg.module:function"`` building the
+    model (imported from PYTHONPATH or the current folder) with ``factory_args``; its weights come from
+    ``weights`` (a state_dict file) or from ``source`` (a checkpoint saved from that factory). The model's
+    ``robustest_source`` says how to rebuild it; ``robustest_metadata`` holds stored metadata.
+    """
+    if isinstance(map_location, (str, torch.device)):  # an unusable device is a ConfigError, not a bad file
+        resolve_device(None, map_location)
+    if factory is not None:
+        if source is not None and weights is not None:
+            raise ConfigError("give the weights once: --weights FILE or --checkpoint FILE, not both")
+        meta: dict[str, Any] = {}
+        args = factory_args
+        state = None
+        if source is not None:
+            payload = _read_checkpoint(Path(source))
+            spec = payload["spec"]
+            if args is None and spec.get("kind") == "factory" and spec.get("factory") == factory:
+                args = spec.get("args") or {}
+            state, meta = payload["state_dict"], dict(payload.get("metadata") or {})
+        elif weights is not None:
+            state = load_state_dict_file(weights)
+        model = _build_factory(factory, args)
+        if state is not None:
+            _load_weights(model, state, str(source or weights))
+        model.robustest_source = {"kind": "factory", "factory": factory, "args": dict(args or {})}
+        model.robustest_metadata = meta
+        return model.to(map_location).eval()
+    if source is None:
+        raise ConfigError("no model given: pass --checkpoint FILE or --model pkg.module:factory")
+    if weights is not None:
+        raise ConfigError("--weights applies to --model pkg.module:factory: a checkpoint carries its own weights")
+    path = Path(source)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist: pass a model.pt from 'robustest train', a "
+                              "TorchScript (--torchscript) or .pt2 file, or --model pkg.module:factory")
+    kind = file_kind(path)
+    if kind == "torchscript":
+        if not torchscript:
+            raise CheckpointError(f"{path} is a TorchScript archive: load it explicitly with torchscript=True "
+                                  "(--torchscript), only if you trust its source")
+        extra = {_TS_METADATA: ""}
+        try:
+            model = torch.jit.load(str(path), map_location=map_location, _extra_files=extra)
+        except Exception as exc:  # noqa: BLE001
+            raise CheckpointError(f"{path}: TorchScript archive cannot be loaded ({type(exc).__name__}); "
+                                  "the file is corrupt or truncated") from exc
+        try:
+            meta = json.loads(extra[_TS_METADATA] or "{}")
+        except (ValueError, TypeError):
+            meta = {}
+        model.robustest_source = {"kind": "torchscript"}  # type: ignore[attr-defined]
+        model.robustest_metadata = meta if isinstance(meta, dict) else {}  # type: ignore[attr-defined]
+        return model.eval()
+    if kind == "export":
+        return _load_export(path, map_location)
+    payload = _read_checkpoint(path)
+    model = _rebuild(path, payload["spec"], map_location)
+    _load_weights(model, payload["state_dict"], str(path))
+    model.robustest_metadata = dict(payload.get("metadata") or {})
+    return model.to(map_location).eval()
+
+
+def _load_export(path: Path, map_location: Any, sha256: str | None = None) -> nn.Module:
+    if sha256 is not None and _sha256(path) != sha256:
+        raise CheckpointError(f"{path} changed since the checkpoint was saved from it (its SHA-256 differs): "
+                              "restore the original .pt2 program")
+    try:
+        program = torch.export.load(str(path))
+        model = program.module()
+    except Exception as exc:  # noqa: BLE001
+        raise CheckpointError(f"{path}: not a loadable torch.export program ({type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:120]}); the file is corrupt or from another "
+                              "PyTorch version") from exc
+    model.robustest_source = {"kind": "export", "program": str(path.resolve()),  # type: ignore[attr-defined]
+                              "sha256": sha256 or _sha256(path)}
+    model.robustest_metadata = {}  # type: ignore[attr-defined]
+    return model.to(map_location)
+
+
+def _read_checkpoint(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist: pass a model.pt from 'robustest train'")
+    kind = file_kind(path)
+    if kind in ("torchscript", "export"):
+        raise CheckpointError(f"{path} is a {'TorchScript archive' if kind == 'torchscript' else '.pt2 program'}, "
+                              "not a robustest checkpoint")
+    payload = _safe_load(path, map_location="cpu")
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} is not a robustest checkpoint (a bare state_dict or another format): "
+                              "save one with save_checkpoint/'robustest train', or load a state_dict with "
+                              "--model pkg.module:factory --weights FILE")
+    if int(payload.get("version", 0)) > CHECKPOINT_VERSION:
+        raise CheckpointError(f"{path} was written by a newer robustest (format {payload['version']}): upgrade")
+    spec = payload.get("spec")
+    if not isinstance(spec, dict) or not ("name" in spec or "kind" in spec):
+        raise CheckpointError(f"{path}: checkpoint has no model spec")
+    state = payload.get("state_dict")
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: checkpoint holds no state_dict of tensors (corrupt checkpoint?)")
+    return payload
+
+
+def _rebuild(path: Path, spec: dict[str, Any], map_location: Any) -> nn.Module:
+    kind = spec.get("kind", "zoo")
+    if kind == "zoo":
+        kwargs = {k: spec[k] for k in ("num_classes", "in_channels", "input_size", "mean", "std") if k in spec}
+        extra = spec.get("options")
+        try:
+            model = zoo.create(spec["name"], **kwargs, **(extra if isinstance(extra, dict) else {}))
+        except (ConfigError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{path}: cannot rebuild model: {exc}") from exc
+        return model
+    if kind == "export":
+        program = spec.get("program")
+        if not isinstance(program, str) or not Path(program).is_file():
+            raise CheckpointError(f"{path} holds weights of the torch.export program {program!r}, which is not there: "
+                                  "put the .pt2 file back or load the weights with --model pkg.module:factory")
+        return _load_export(Path(program), map_location, spec.get("sha256"))
+    if kind == "factory":
+        raise CheckpointError(f"{path} holds weights of a model built by {spec.get('factory')!r}: rebuilding it runs "
+                              f"that code, so name it: --checkpoint {path.name} --model {spec.get('factory')}")
+    if kind == "module":
+        raise CheckpointError(f"{path} holds weights of {spec.get('class')!r}, built outside robustest: rebuild it "
+                              "with --model pkg.module:factory --checkpoint FILE (or restore_weights in Python)")
+    raise CheckpointError(f"{path}: unknown model spec kind {kind!r}")
+
+
+def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.device = "cpu",
+                    torchscript: bool = False) -> nn.Module:
+    """Load a robustest checkpoint (or, with ``torchscript=True``, a TorchScript archive; or a .pt2 program)
+    and return the rebuilt model in eval mode. See :func:`load_model`."""
+    return load_model(path, torchscript=torchscript, map_location=map_location)
+
+
+def restore_weights(model: nn.Module, path: str | os.PathLike[str]) -> nn.Module:
+    """Load the weights of checkpoint ``path`` into ``model`` (same architecture) in place; returns it."""
+    path = Path(path)
+    if file_kind(path) == "torchscript":
+        state = torch.jit.load(str(path), map_location="cpu").state_dict()
+        meta: dict[str, Any] = {}
+    else:
+        payload = _read_checkpoint(path)
+        state, meta = payload["state_dict"], dict(payload.get("metadata") or {})
+    _load_weights(model, state, str(path))
+    model.robustest_metadata = meta  # type: ignore[attr-defined]
+    return model
+
+
+def save_checkpoint(path: str | os.PathLike[str], model: nn.Module, spec: dict[str, Any] | None = None,
+                    metadata: dict[str, Any] | None = None) -> Path:
+    """Atomically write ``model`` to ``path``: weights + the spec that rebuilds it (:func:`source_of`, or
+    ``spec``) + plain ``metadata``, as a file that loads with ``weights_only=True``. A TorchScript model
+    is re-saved as a TorchScript archive (metadata in its extra files) instead.
+    """
+    meta = _plain_metadata(dict(metadata or {}))
+    if spec is None and isinstance(model, torch.jit.ScriptModule):
+        import io
+
+        buf = io.BytesIO()
+        torch.jit.save(model, buf, _extra_files={_TS_METADATA: json.dumps(_json_safe(meta))})
+        return atomic_write_bytes(path, buf.getvalue())
+    spec = dict(spec) if spec is not None else source_of(model)
+    if spec.get("kind") == "torchscript":
+        raise ConfigError("a TorchScript model is saved as an archive: call save_checkpoint without spec")
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "spec": _plain_metadata(spec, "spec"),
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "metadata": meta,
+    }
+    return atomic_save(payload, path)
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def _plain_metadata(obj: Any, where: str = "metadata") -> Any:
+    """``obj`` as data that ``torch.load(weights_only=True)`` accepts: NumPy values become Python numbers or
+    lists and paths strings; tensors and plain containers stay; anything else is a :class:`ConfigError`."""
+    import numpy as np
+
+    if obj is None or type(obj) in (bool, int, float, str, bytes) or isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, np.generic):
+        return _plain_metadata(obj.item(), where)
+    if isinstance(obj, np.ndarray):
+        return _plain_metadata(obj.tolist(), where)
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    for plain in (bool, int, float, str):  # subclasses (e.g. enums) would pickle their class
+        if isinstance(obj, plain):
+            return plain(obj)
+    if isinstance(obj, dict):
+        return {_plain_metadata(k, where): _plain_metadata(v, f"{where}[{k!r}]") for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        vals = [_plain_metadata(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return vals if isinstance(obj, list) else tuple(vals)
+    raise ConfigError(f"{where} holds a {type(obj).__name__}, which a safe checkpoint cannot store: "
+                      "use numbers, strings, lists, dicts or tensors")
