@@ -268,7 +268,9 @@ def test_common_helpers(tmp_path, capsys):
         _common.check_fits(models.create("resnet20", in_channels=3, input_size=32), ds)
     with pytest.raises(ConfigError, match="5 classes"):
         _common.check_fits(models.create("digits_cnn", num_classes=5, input_size=8), ds)
-    _common.check_fits(torch.nn.Linear(2, 2), ds)  # no spec: nothing to check
+    with pytest.raises(ConfigError, match="cannot take the data's 1x8x8 images"):  # no spec: probed
+        _common.check_fits(torch.nn.Linear(2, 2), ds)
+    assert _common.check_fits(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10)), ds) == 10
     out = _common.out_dir(argparse.Namespace(out=str(tmp_path / "a" / "b")))
     assert out.is_dir()
     assert _common.peak_rss_mib() > 10

@@ -36,6 +36,7 @@ __all__ = [
     "atomic_write_text",
     "check_images",
     "check_labels",
+    "check_model_fits",
     "converts_batches",
     "eval_mode",
     "forward",
@@ -151,6 +152,42 @@ def forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         x = x.to(dt)
     out = logits_of(model(x))
     return out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
+
+
+def check_model_fits(model: nn.Module, data: DataLike, *, device: torch.device | str | None = None) -> int:
+    """Check, before any work, that ``model`` takes the images of ``data`` and that its labels index its
+    outputs: one forward pass on one blank image of the data's shape. Returns the model's number of
+    classes K. Raises :class:`ConfigError` naming the data's and the model's shapes otherwise.
+    """
+    shape = image_shape(data)
+    spec = getattr(model, "robustest_spec", None) or {}
+    c, size = spec.get("in_channels"), spec.get("input_size")
+    if c is not None and shape[0] != c:
+        raise ConfigError(f"the model takes {c}-channel images but the data has {shape[0]} channels: check the "
+                          "data set against the model")
+    dev = resolve_device(model, device)
+    x = torch.zeros((1, *shape), device=dev)
+    try:
+        with torch.no_grad(), eval_mode(model):
+            out = forward(model, x)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the model raised, the input does not fit it
+        first = " ".join(str(exc).split())[:160] or type(exc).__name__
+        want = f" (it was built for {c or '?'}x{size}x{size})" if size else ""
+        raise ConfigError(f"the model cannot take the data's {'x'.join(map(str, shape))} images{want}: {first}; "
+                          "check the data set (or --resize) against the model's input") from exc
+    if out.dim() != 2 or out.shape[0] != 1:
+        raise ConfigError(f"the model returned outputs of shape {tuple(out.shape)} for one image: a classifier "
+                          "returns N x K logits (wrap it in robustest.models.Logits to select them)")
+    k = int(out.shape[1])
+    if k < 2:
+        raise ConfigError(f"the model has {k} output class(es): a classifier needs at least 2")
+    y = labels_of(data)
+    if y is not None and y.numel() and int(y.max()) >= k:
+        raise ConfigError(f"the data has label {int(y.max())} but the model has {k} classes: check the data set "
+                          "against the model")
+    return k
 
 
 # ----------------------------------------------------------------------------------------------- modes

@@ -41,8 +41,8 @@ from robustest.runtime import (
     progress as progress_bar,
 )
 
-__all__ = ["EpochStats", "History", "TrainData", "accuracy", "evaluate", "fit", "load_checkpoint", "predict",
-           "save_checkpoint"]
+__all__ = ["EpochStats", "History", "TrainData", "accuracy", "channel_stats", "evaluate", "fit", "load_checkpoint",
+           "predict", "save_checkpoint"]
 
 
 @dataclass
@@ -93,6 +93,23 @@ def _make_schedule(opt: torch.optim.Optimizer, schedule: str | None, epochs: int
         return torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: 0.1 ** ((s >= 0.5 * total) + (s >= 0.75 * total)))
     raise ConfigError(f"unknown schedule {schedule!r}: use None, 'cosine' or 'step'")
+
+
+def channel_stats(data: DataLike, batch_size: int = 1024) -> tuple[list[float], list[float]]:
+    """Per-channel mean and standard deviation (floored at 1e-3) of the images of ``data``, streamed batch by
+    batch in float64 (the values a zoo model's Normalize layer takes)."""
+    total = sq = None
+    count = 0
+    for xb, _ in iter_batches(data, batch_size):
+        xb = xb.double()
+        s1, s2 = xb.sum(dim=(0, 2, 3)), (xb * xb).sum(dim=(0, 2, 3))
+        total, sq = (s1, s2) if total is None else (total + s1, sq + s2)
+        count += xb.shape[0] * xb.shape[2] * xb.shape[3]
+    if total is None or count < 2:
+        raise DataError("cannot compute channel statistics of an empty data set")
+    mean = total / count
+    var = (sq - count * mean * mean) / (count - 1)
+    return mean.tolist(), var.clamp_min(0).sqrt().clamp_min(1e-3).tolist()
 
 
 class TrainData:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset
 
 from robustest import data as datasets
 from robustest.errors import ConfigError
@@ -19,14 +19,64 @@ from robustest.runtime import resolve_device
 
 
 def add_data_args(p: argparse.ArgumentParser, split: str | None = "test", required: bool = True) -> None:
-    """--dataset, --data-dir, --split, --limit."""
+    """--dataset, --data-dir, --split, --limit and the loader options (--num-classes, --corruption, --severity,
+    --resize, --center-crop, --workers)."""
     p.add_argument("--dataset", required=required, metavar="NAME",
                    help=f"data set name: {', '.join(datasets.names())}")
     p.add_argument("--data-dir", metavar="DIR", default=None,
                    help="folder or file holding the data (default: $ROBUSTEST_DATA); not needed for digits")
     if split is not None:
         p.add_argument("--split", choices=datasets.SPLITS, default=split, help=f"data split (default: {split})")
-    p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="use only the first N samples")
+    p.add_argument("--limit", type=positive_int, default=None, metavar="N",
+                   help="use only the first N samples (read before decoding)")
+    p.add_argument("--num-classes", type=positive_int, default=None, metavar="K",
+                   help="labels must lie below K (default: the data set's own, else below 100,000)")
+    p.add_argument("--corruption", metavar="NAME", default=None,
+                   help="corruption of a published -C set (cifar10-c, cifar100-c, mnist-c, imagenet-c, ...)")
+    p.add_argument("--severity", type=positive_int, default=None, metavar="S", help="severity 1-5 of a -C set")
+    p.add_argument("--resize", type=positive_int, nargs=2, default=None, metavar=("H", "W"),
+                   help="resize image-folder images to H x W (for folders of mixed sizes)")
+    p.add_argument("--center-crop", type=positive_int, nargs=2, default=None, metavar=("H", "W"),
+                   help="then crop the centre H x W of each image")
+    p.add_argument("--workers", type=non_negative_int, default=0, metavar="N",
+                   help="DataLoader worker processes decoding images (default: 0, in the main process)")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model options every verb that takes a model shares: --checkpoint (robustest checkpoint, TorchScript
+    with --torchscript, torch.export .pt2) or --model pkg.module:factory [--model-args JSON] [--weights FILE]."""
+    g = p.add_argument_group("model (give --checkpoint, or --model for your own code)")
+    g.add_argument("--checkpoint", metavar="FILE", default=None,
+                   help="model.pt from 'robustest train' (safe: weights only), a torch.export program (.pt2), or "
+                        "a TorchScript archive with --torchscript; with --model: that model's weights")
+    g.add_argument("--torchscript", action="store_true",
+                   help="accept a TorchScript archive as --checkpoint: it RUNS CODE from the file, so only from a "
+                        "source you trust")
+    g.add_argument("--model", dest="model_factory", metavar="PKG.MODULE:FACTORY", default=None,
+                   help="build the model by calling your function or class (imported from PYTHONPATH or the "
+                        "current folder): this RUNS YOUR CODE")
+    g.add_argument("--model-args", type=json_object, default=None, metavar="JSON",
+                   help="keyword arguments for --model as a JSON object, e.g. '{\"num_classes\": 10}'")
+    g.add_argument("--weights", metavar="FILE", default=None,
+                   help="state_dict for --model (read with torch.load(weights_only=True))")
+
+
+def add_checkpoint_arg(p: argparse.ArgumentParser) -> None:
+    """The model options (:func:`add_model_args`)."""
+    add_model_args(p)
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """An argparse ``type=``: a JSON object (keyword arguments)."""
+    import json
+
+    try:
+        v = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({exc})") from None
+    if not isinstance(v, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"width\": 2}}', got {text!r}")
+    return v
 
 
 def add_run_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
@@ -36,12 +86,6 @@ def add_run_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
     p.add_argument("--device", default=None, metavar="D",
                    help="cpu, cuda, cuda:N or auto (default: the model's device, i.e. cpu)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-
-
-def add_checkpoint_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True, metavar="FILE", help="model.pt written by 'robustest train'")
-    p.add_argument("--torchscript", action="store_true",
-                   help="accept a TorchScript archive as checkpoint (only from a source you trust)")
 
 
 def _number_type(convert: Callable[[str], Any], ok: Callable[[Any], bool], what: str, name: str
@@ -67,37 +111,41 @@ non_negative_int = _number_type(int, lambda v: v >= 0, "a non-negative integer",
 fraction = _number_type(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]", "fraction")  # a number in (0, 1]
 
 
-def load_data(args: argparse.Namespace, split: str | None = None) -> TensorDataset:
-    """Load the data set named by --dataset/--data-dir for ``split`` (default --split), honouring --limit."""
-    ds = datasets.load(args.dataset, root=args.data_dir, split=split or args.split)
-    limit = getattr(args, "limit", None)
-    if limit is not None and limit < len(ds):
-        ds = TensorDataset(*(t[:limit] for t in ds.tensors))
-    return ds
+def load_data(args: argparse.Namespace, split: str | None = None) -> Dataset:
+    """Load the data set named by --dataset/--data-dir for ``split`` (default --split) with the loader options
+    (--limit applied before decoding); images stay compact and are streamed per batch."""
+    return datasets.load(args.dataset, root=args.data_dir, split=split or args.split,
+                         limit=getattr(args, "limit", None), num_classes=getattr(args, "num_classes", None),
+                         corruption=getattr(args, "corruption", None), severity=getattr(args, "severity", None),
+                         resize=getattr(args, "resize", None), center_crop=getattr(args, "center_crop", None),
+                         workers=getattr(args, "workers", 0) or 0)
+
+
+def model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The model options as keyword arguments of :func:`robustest.checkpoints.load_model`."""
+    return {"source": getattr(args, "checkpoint", None), "factory": getattr(args, "model_factory", None),
+            "factory_args": getattr(args, "model_args", None), "weights": getattr(args, "weights", None),
+            "torchscript": bool(getattr(args, "torchscript", False))}
 
 
 def load_model(args: argparse.Namespace) -> nn.Module:
-    """Load --checkpoint (refusing unsafe files) and move it to --device."""
-    from robustest.training import load_checkpoint
+    """The model named by the model options (refusing unsafe files), on --device."""
+    from robustest.checkpoints import load_model as load
 
-    device = resolve_device(None, args.device) if args.device else torch.device("cpu")
-    return load_checkpoint(args.checkpoint, map_location=device, torchscript=args.torchscript)
+    opts = model_options(args)
+    if opts["source"] is None and opts["factory"] is None:
+        raise ConfigError("no model given: pass --checkpoint FILE (or --model pkg.module:factory [--weights FILE])")
+    if opts["factory_args"] is not None and opts["factory"] is None:
+        raise ConfigError("--model-args applies to --model pkg.module:factory")
+    device = resolve_device(None, args.device) if getattr(args, "device", None) else torch.device("cpu")
+    return load(**opts, map_location=device)
 
 
-def check_fits(model: nn.Module, ds: TensorDataset) -> None:
-    """Fail with one line when the data does not fit the model's input or label space."""
-    spec = getattr(model, "robustest_spec", None)
-    if not spec:
-        return
-    x, y = ds.tensors[0], ds.tensors[1]
-    c, h = spec.get("in_channels"), spec.get("input_size")
-    if c is not None and x.shape[1] != c:
-        raise ConfigError(f"the model takes {c}-channel images but the data has {x.shape[1]} channels")
-    if h is not None and spec["name"] != "resnet20" and tuple(x.shape[2:]) != (h, h):
-        raise ConfigError(f"the model takes {h}x{h} images but the data is {x.shape[2]}x{x.shape[3]}")
-    k = spec.get("num_classes")
-    if k is not None and int(y.max()) >= k:
-        raise ConfigError(f"the data has label {int(y.max())} but the model has {k} classes")
+def check_fits(model: nn.Module, ds: Any) -> int:
+    """Fail with one line when the data does not fit the model's input or label space; returns K."""
+    from robustest.runtime import check_model_fits
+
+    return check_model_fits(model, ds)
 
 
 def out_dir(args: argparse.Namespace) -> Path:

@@ -43,7 +43,7 @@ from robustest.cli._common import (
     positive_int,
 )
 from robustest.errors import ConfigError, DataError
-from robustest.runtime import atomic_save, atomic_write_json, model_device
+from robustest.runtime import atomic_save, atomic_write_json, image_shape, model_device, take
 
 ORDER = 30
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
@@ -89,11 +89,10 @@ def _is_tests(name: str) -> bool:
 
 
 def _load_inputs(args: argparse.Namespace) -> dict[str, Any]:
-    """x, y, x0 (or None) and x0_index (tests files) of the set to score."""
+    """The data set to score (streamed), its x0 seeds (tests files) and x0_index."""
     if not _is_tests(args.dataset):
         ds = load_data(args)
-        x, y = ds.tensors
-        return {"x": x, "y": y, "x0": None, "x0_index": None, "source": f"{args.dataset}:{args.split}"}
+        return {"data": ds, "x0": None, "x0_index": None, "source": f"{args.dataset}:{args.split}"}
     if args.data_dir is None:
         raise ConfigError("--dataset tests needs --data-dir pointing to the tests.pt file")
     t = datasets.load_tests(args.data_dir)
@@ -110,18 +109,21 @@ def _load_inputs(args: argparse.Namespace) -> dict[str, Any]:
         split = args.seeds_split or extra.get("split")
         if split not in datasets.SPLITS:
             raise ConfigError("the tests file does not record its seeds' split: pass --seeds-split train|test")
-        seeds = datasets.load(args.seeds_dataset, root=args.seeds_data_dir, split=split).tensors[0]
-        if len(x0_index) and (int(x0_index.min()) < 0 or int(x0_index.max()) >= len(seeds)):
+        seeds = datasets.load(args.seeds_dataset, root=args.seeds_data_dir, split=split)
+        if len(x0_index) and int(x0_index.max()) >= len(seeds):
             raise DataError(f"x0_index of the tests reaches {int(x0_index.max())} but {args.seeds_dataset}:{split} "
                             f"has {len(seeds)} images: pass the data set the tests were generated from")
-        x0 = seeds[x0_index]
-        if x0.shape != x.shape:
-            raise DataError(f"seed images have shape {tuple(x0.shape[1:])} but the tests {tuple(x.shape[1:])}: "
+        if tuple(image_shape(seeds)) != tuple(x.shape[1:]):
+            raise DataError(f"seed images have shape {tuple(image_shape(seeds))} but the tests {tuple(x.shape[1:])}: "
                             "pass the data set the tests were generated from")
-    return {"x": x, "y": y, "x0": x0, "x0_index": x0_index, "source": f"tests:{args.data_dir}"}
+
+        def x0(idx: torch.Tensor) -> torch.Tensor:
+            return take(seeds, x0_index[idx.cpu()])[0]
+    return {"data": (x, y), "x0": x0, "x0_index": x0_index, "source": f"tests:{args.data_dir}"}
 
 
 def _load_train(args: argparse.Namespace) -> Any:
+    """The training data coverage/SA build their reference from (streamed; --train-limit read first)."""
     if args.train_dataset is not None:
         name, root = args.train_dataset, args.train_data_dir
     elif not _is_tests(args.dataset):
@@ -131,11 +133,8 @@ def _load_train(args: argparse.Namespace) -> Any:
     else:
         raise ConfigError(f"--metric {args.metric} on a tests file needs training data: pass --train-dataset "
                           "(and --train-data-dir)")
-    ds = datasets.load(name, root=root, split="train")
-    x, y = ds.tensors
-    if args.train_limit is not None:
-        x, y = x[: args.train_limit], y[: args.train_limit]
-    return x, y
+    return datasets.load(name, root=root, split="train", limit=args.train_limit,
+                         workers=getattr(args, "workers", 0) or 0)
 
 
 def _metric_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -191,51 +190,39 @@ def summarize(scores: torch.Tensor) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from robustest.metrics.scoring import score
+
     _check_options(args)
     out = out_dir(args)
     t0 = time.perf_counter()
     model = load_model(args)
     inputs = _load_inputs(args)
-    x, y = inputs["x"], inputs["y"]
-    if len(x) == 0:
-        raise DataError("nothing to score: the data set is empty")
-    check_fits(model, torch.utils.data.TensorDataset(x, y))
+    check_fits(model, inputs["data"])
     info = metrics.info(args.metric)
     opts = _metric_options(args)
     layers = [s.strip() for s in args.layers.split(",") if s.strip()] if args.layers else None
+    train = _load_train(args) if info.needs_train else None
     device = model_device(model)
-    x = x.to(device)
     t_load = time.perf_counter() - t0
     t1 = time.perf_counter()
-    extra: dict[str, Any] = {}
-    payload: dict[str, Any] = {}
-    if info.kind == "coverage":
-        from robustest.metrics.coverage import DEFAULTS, CoverageProfile
-
-        train = _load_train(args)
-        profile = CoverageProfile.build(model, train, layers=layers, batch_size=args.batch_size)
-        acts = profile.activations(x, batch_size=args.batch_size)
-        scores = profile.per_input_from_activations(acts, args.metric, **opts)
-        payload["bits"] = profile.bits_from_activations(acts, args.metric, **opts).cpu()
-        opts = {**DEFAULTS[args.metric], **opts}  # record the effective options
-        extra = {"set_coverage": profile.set_coverage_from_activations(acts, args.metric, **opts),
-                 "num_cells": int(payload["bits"].shape[1]), "layers": profile.layers}
-    elif info.kind == "surprise":
-        train = _load_train(args)
-        scores = metrics.compute(args.metric, model, x, train=train, layers=layers, batch_size=args.batch_size)
-    else:
-        x0 = inputs["x0"].to(device) if inputs["x0"] is not None else None
-        scores = metrics.compute(args.metric, model, x, y.to(device), x0=x0, batch_size=args.batch_size, **opts)
+    res = score(model, inputs["data"], args.metric, train=train, x0=inputs["x0"], layers=layers,
+                batch_size=args.batch_size, progress=not args.no_progress, **opts)
     t_score = time.perf_counter() - t1
-    scores = scores.detach().float().cpu()
+    scores, index, y = res.scores, res.index, res.labels
+    opts = res.options
+    extra: dict[str, Any] = {}
+    if res.set_coverage is not None:
+        extra = {"set_coverage": res.set_coverage, "num_cells": res.num_cells, "layers": res.layers}
     n = len(scores)
-    index = torch.arange(n)
-    payload.update({"metric": args.metric, "scores": scores, "index": index, "labels": y.long().cpu(),
-                    "options": {k: v for k, v in opts.items()}})
-    if inputs["x0_index"] is not None:
-        payload["x0_index"] = inputs["x0_index"]
+    payload: dict[str, Any] = {"metric": args.metric, "scores": scores, "index": index, "labels": y,
+                               "options": dict(opts)}
+    if res.bits is not None:
+        payload["bits"] = res.bits
+    x0_index = inputs["x0_index"][index] if inputs["x0_index"] is not None else None
+    if x0_index is not None:
+        payload["x0_index"] = x0_index
     atomic_save(payload, out / "scores.pt")
-    _write_csv(out / "scores.csv", index, scores, y, inputs["x0_index"])
+    _write_csv(out / "scores.csv", index, scores, y, x0_index)
     from robustest.report import save_histogram
 
     save_histogram(scores, out / "scores_hist.png", title=f"{args.metric} on {inputs['source']} (n={n})",
@@ -245,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
         "metric": args.metric,
         "description": metrics.describe(args.metric),
         "source": inputs["source"],
-        "checkpoint": str(args.checkpoint),
+        "checkpoint": str(args.checkpoint or args.model_factory),
         "options": opts,
         "fol_seed": ("x0 = seeds at x0_index" if inputs["x0"] is not None else "x0 = x' (own seed)")
         if args.metric == "fol" else None,

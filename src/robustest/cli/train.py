@@ -13,16 +13,21 @@ import time
 import torch
 
 from robustest import models as zoo
+from robustest.checkpoints import source_of
 from robustest.cli._common import (
     add_data_args,
     add_run_args,
+    check_fits,
+    json_object,
     load_data,
     out_dir,
     peak_rss_mib,
     positive_float,
     positive_int,
 )
-from robustest.runtime import atomic_write_json, resolve_device
+from robustest.errors import ConfigError
+from robustest.runtime import atomic_write_json, image_shape, labels_of, resolve_device, take
+from robustest.training import channel_stats
 
 ORDER = 10
 
@@ -31,7 +36,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a model and save a checkpoint", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(p, split=None)
-    p.add_argument("--model", required=True, choices=zoo.names(), help="model architecture")
+    p.add_argument("--model", required=True, type=_model_name, metavar="NAME",
+                   help=f"zoo architecture ({', '.join(zoo.names())}) or pkg.module:factory, your own code "
+                        "(imported from PYTHONPATH or the current folder: this RUNS YOUR CODE)")
+    p.add_argument("--model-args", type=json_object, default=None, metavar="JSON",
+                   help="keyword arguments for a pkg.module:factory --model, as a JSON object")
     p.add_argument("--epochs", type=positive_int, required=True, help="training epochs")
     p.add_argument("--batch-size", type=positive_int, default=64, help="batch size (default: 64)")
     p.add_argument("--lr", type=positive_float, default=1e-3, help="learning rate (default: 1e-3)")
@@ -42,6 +51,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="do not put the training set's per-channel mean/std inside the model")
     add_run_args(p)
     p.set_defaults(func=run)
+
+
+def _same_data(a, b) -> bool:
+    """Whether two splits hold the same data (same size, labels and first images): a folder without splits."""
+    if len(a) != len(b):
+        return False
+    la, lb = labels_of(a), labels_of(b)
+    if la is not None and lb is not None and not torch.equal(la, lb):
+        return False
+    k = torch.arange(min(len(a), 64))
+    return bool(torch.equal(take(a, k)[0], take(b, k)[0]))
+
+
+def _model_name(text: str) -> str:
+    if ":" in text or text in zoo.names():
+        return text
+    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} is neither a zoo model ({', '.join(zoo.names())}) "
+                                     "nor pkg.module:factory")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,24 +82,30 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     train = load_data(args, "train")
     test = load_data(args, "test")
-    same_split = len(test) == len(train) and torch.equal(test.tensors[0], train.tensors[0])
+    same_split = _same_data(train, test)
     if same_split:
         print(f"note: {args.dataset} data at {args.data_dir} has no separate test split; the reported test "
               "accuracy is measured on the training data", file=sys.stderr)
     t_data = time.perf_counter() - t0
-    x, y = train.tensors
-    num_classes = int(max(int(y.max()), int(test.tensors[1].max())) + 1)
-    mean = std = None
-    if not args.no_normalize:
-        mean = x.mean(dim=(0, 2, 3)).tolist()
-        std = x.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist()
-    if x.shape[2] != x.shape[3]:
-        from robustest.errors import ConfigError
-
-        raise ConfigError(f"images must be square for the zoo models, got {x.shape[2]}x{x.shape[3]}")
     torch.manual_seed(args.seed)
-    model = zoo.create(args.model, num_classes=max(num_classes, 2), in_channels=x.shape[1],
-                       input_size=x.shape[2], mean=mean, std=std).to(device)
+    if ":" in args.model:
+        from robustest.checkpoints import load_model
+
+        model = load_model(factory=args.model, factory_args=args.model_args, map_location=device)
+    else:
+        if args.model_args is not None:
+            raise ConfigError("--model-args applies to a pkg.module:factory --model, not to zoo models")
+        c, h, w = image_shape(train)
+        if h != w:
+            raise ConfigError(f"images must be square for the zoo models, got {h}x{w}: pass --resize H W")
+        y_tr, y_te = labels_of(train), labels_of(test)
+        num_classes = args.num_classes or int(max(int(y_tr.max()), int(y_te.max())) + 1)
+        mean = std = None
+        if not args.no_normalize:
+            mean, std = channel_stats(train)
+        model = zoo.create(args.model, num_classes=max(num_classes, 2), in_channels=c, input_size=h, mean=mean,
+                           std=std).to(device)
+    check_fits(model, train)
     out = out_dir(args)
     history = fit(model, train, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                   optimizer=args.optimizer, weight_decay=args.weight_decay,
@@ -85,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     save_checkpoint(out / "model.pt", model, metadata=meta)
     report = {
         "args": {k: v for k, v in vars(args).items() if k != "func"},
-        "model": zoo.spec_of(model),
+        "model": source_of(model),
         "num_train": len(train),
         "num_test": len(test),
         "history": history.to_dict(),

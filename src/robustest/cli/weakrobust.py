@@ -34,7 +34,7 @@ from robustest.cli._common import (
     print_table,
 )
 from robustest.errors import ConfigError, DataError
-from robustest.runtime import atomic_write_json
+from robustest.runtime import atomic_write_json, labels_of, take
 
 ORDER = 60
 
@@ -134,7 +134,7 @@ def _analysis_from_args(args: argparse.Namespace, model, ds):
 def _weakest_grid(ds, analysis, positions: torch.Tensor, title: str) -> bytes:
     from robustest.report import save_image_grid
 
-    x = ds.tensors[0][analysis.index[positions]]
+    x = take(ds, analysis.index[positions])[0]
     caps = [f"y={int(analysis.label[p])} w={int(analysis.top_wrong[p])} s={float(analysis.score[p]):.2f}"
             for p in positions.tolist()]
     return save_image_grid(x, None, captions=caps, title=title)
@@ -199,7 +199,8 @@ def run_analyze(args: argparse.Namespace) -> int:
     results["peak_rss_mib"] = peak_rss_mib()
     atomic_write_json(out / "results.json", results)
     rep = HtmlReport(f"robustest analyze: {args.dataset} {args.split}")
-    rep.paragraph(f"Checkpoint {args.checkpoint}; {len(analysis)} samples, {args.neighbors} neighbours each, "
+    rep.paragraph(f"Model {args.checkpoint or args.model_factory}; {len(analysis)} samples, "
+                  f"{args.neighbors} neighbours each, "
                   f"eps {args.eps} ({args.noise} noise{'' if args.no_quantize else ', quantised'}), seed {args.seed}.")
     _analysis_report(rep, ds, analysis, args.top)
     if radius is not None:
@@ -231,7 +232,8 @@ def run_validate(args: argparse.Namespace) -> int:
     check_fits(model, ds)
     if args.analysis:
         analysis = wr.Analysis.load(args.analysis)
-        if len(analysis) != len(ds) or not torch.equal(analysis.label, ds.tensors[1].long()):
+        labels = labels_of(ds)
+        if len(analysis) != len(ds) or (labels is not None and not torch.equal(analysis.label, labels.long())):
             raise DataError(f"{args.analysis} analyses {len(analysis)} samples but --dataset {args.dataset} "
                             f"--split {args.split} has {len(ds)} (or other labels): use the same data set, split "
                             "and --limit as 'robustest analyze'")
@@ -255,8 +257,7 @@ def run_validate(args: argparse.Namespace) -> int:
     test_res = None
     if args.test_limit and args.test_limit > 0:
         test = load_data(args, "test")
-        n = min(args.test_limit, len(test))
-        test_res = wr.validate(model, (test.tensors[0][:n], test.tensors[1][:n]), None, **common)
+        test_res = wr.validate(model, take(test, torch.arange(min(args.test_limit, len(test)))), None, **common)
     summary = res.summary()
     rows = []
     test_pt = test_res.per_type() if test_res else {}
@@ -318,7 +319,6 @@ def _read_weaknesses(items: list[str]) -> list[str]:
 def run_enhance(args: argparse.Namespace) -> int:
     from robustest import corruptions as corr
     from robustest import weakrobust as wr
-    from robustest.models import spec_of
     from robustest.report import HtmlReport, save_bars
     from robustest.training import accuracy, save_checkpoint
 
@@ -336,8 +336,7 @@ def run_enhance(args: argparse.Namespace) -> int:
     def measure(m, held_out: list[str]) -> dict:
         if test is None:
             return {}
-        n = min(args.eval_limit, len(test))
-        x, y = test.tensors[0][:n], test.tensors[1][:n]
+        x, y = take(test, torch.arange(min(args.eval_limit, len(test))))
         r = wr.validate(m, (x, y), None, perturbations=["fgsm", "pgd"] + held_out, severities=(1, 3, 5),
                         seed=args.seed)
         return {"clean_accuracy": accuracy(m, (x, y)), "mean_adv_error": r.mean_adv_error, "mce_held_out": r.mce,
@@ -353,11 +352,7 @@ def run_enhance(args: argparse.Namespace) -> int:
     after = measure(model, held_out)
     meta = dict(getattr(model, "robustest_metadata", {}) or {})
     meta.update({"enhanced": res.config, "weaknesses": weaknesses})
-    try:
-        spec = spec_of(model)
-    except ConfigError as exc:
-        raise ConfigError("enhance needs a checkpoint of a zoo model (written by 'robustest train')") from exc
-    save_checkpoint(out / "model.pt", model, spec=spec, metadata=meta)
+    save_checkpoint(out / "model.pt", model, metadata=meta)
     results = {"verb": "enhance", "args": {k: v for k, v in vars(args).items() if k != "func"},
                "enhance": res.to_dict(), "held_out_corruptions": held_out, "before": before, "after": after,
                "files": {"model": "model.pt"}, "timings": {"total_s": time.perf_counter() - t0},

@@ -166,6 +166,8 @@ _LAZY = {
     "per_input_scores": ("robustest.metrics.coverage", "per_input_scores"),
     "SurpriseAdequacy": ("robustest.metrics.surprise", "SurpriseAdequacy"),
     "sa_scores": ("robustest.metrics.surprise", "sa_scores"),
+    "score": ("robustest.metrics.scoring", "score"),
+    "ScoreResult": ("robustest.metrics.scoring", "ScoreResult"),
 }
 
 

@@ -65,12 +65,29 @@ def default_layers(model: nn.Module) -> list[str]:
     )
 
 
+_NO_HOOKS = ("coverage and surprise adequacy read layer activations through forward hooks, which a {what} does not "
+             "run: load the model as Python code instead (--model pkg.module:factory --weights FILE)")
+
+
+def _compiled_kind(model: nn.Module) -> str | None:
+    """'TorchScript model' or 'torch.export program' when Python forward hooks cannot see inside ``model``."""
+    if isinstance(model, torch.jit.ScriptModule):
+        return "TorchScript model"
+    src = getattr(model, "robustest_source", None)
+    if isinstance(src, dict) and src.get("kind") == "export":
+        return "torch.export program"
+    return None
+
+
 def resolve_layers(model: nn.Module, layers: LayerSpec = None) -> list[str]:
     """Resolve a layer choice to module names of ``model`` (in module order, no duplicates).
 
     ``layers``: None (the default layers), a name, a module type, or a sequence of names and types.
     A name matches a module exactly or, failing that, a unique dotted suffix (``"fc2"`` -> ``"net.fc2"``).
     """
+    kind = _compiled_kind(model)
+    if kind is not None:
+        raise ConfigError(_NO_HOOKS.format(what=kind))
     if layers is None:
         return default_layers(model)
     specs = [layers] if isinstance(layers, (str, type)) else list(layers)
@@ -171,6 +188,8 @@ def iter_traces(model: nn.Module, data: Any, layers: LayerSpec = None, batch_siz
             parts: list[torch.Tensor] = []
             for n in names:
                 if not store[n]:
+                    if type(model).__name__.startswith("GraphModule"):  # its graph calls functions, not modules
+                        raise ConfigError(_NO_HOOKS.format(what="torch.export or traced graph module"))
                     raise ConfigError(f"layer {n!r} is not used in the model's forward pass: choose another layer")
                 parts.extend(store[n])
             b_sizes = [p.shape[1] for p in parts]
