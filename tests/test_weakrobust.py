@@ -13,6 +13,7 @@ from torch.utils.data import TensorDataset
 
 from robustest import weakrobust as wr
 from robustest.errors import ConfigError, DataError
+from robustest.weakrobust import analysis, augment
 
 
 class Constant(nn.Module):
@@ -73,7 +74,7 @@ def test_scores_match_recomputed_neighbours_on_linear_model():
     y[::5] = 1 - y[::5]  # some clean mistakes
     q, eps = 9, 0.22
     a = wr.analyze(model, (x, y), n_neighbors=q, eps=eps, batch_size=40)
-    noise = wr._neighbour_noise(torch.arange(len(x)), q, (1, 1, 2), eps, "uniform", 0, torch.device("cpu"))
+    noise = analysis._neighbour_noise(torch.arange(len(x)), q, (1, 1, 2), eps, "uniform", 0, torch.device("cpu"))
     xq = ((x[:, None] + noise).clamp(0, 1) * 255).round() / 255
     with torch.no_grad():
         p = model(xq.reshape(-1, 1, 1, 2)).softmax(1).reshape(len(x), q, 2)
@@ -116,7 +117,7 @@ def test_neighbours_are_clipped_quantised_and_within_budget():
 
 
 def test_gaussian_noise_has_the_uniform_noise_std():
-    n = wr._neighbour_noise(torch.arange(16), 200, (1, 8, 8), 0.22, "gaussian", 3, torch.device("cpu"))
+    n = analysis._neighbour_noise(torch.arange(16), 200, (1, 8, 8), 0.22, "gaussian", 3, torch.device("cpu"))
     assert abs(float(n.std()) - 0.22 / (2 * math.sqrt(3))) < 0.002
     assert abs(float(n.mean())) < 0.002
 
@@ -281,11 +282,11 @@ def test_augmix_ops_keep_the_contract():
     for name, op in wr.AUGMIX_OPS.items():
         out = op(x, np.random.default_rng(0), 3.0)
         assert out.shape == x.shape and float(out.min()) >= 0 and float(out.max()) <= 1, name
-    a = wr._augmix(x, list(wr.AUGMIX_OPS.values()), np.random.default_rng(1))
-    b = wr._augmix(x, list(wr.AUGMIX_OPS.values()), np.random.default_rng(1))
+    a = augment._augmix(x, list(wr.AUGMIX_OPS.values()), np.random.default_rng(1))
+    b = augment._augmix(x, list(wr.AUGMIX_OPS.values()), np.random.default_rng(1))
     assert torch.equal(a, b) and not torch.equal(a, x)
     p = torch.softmax(torch.randn(5, 3), 1).log()
-    assert float(wr._jsd([p, p, p])) < 1e-6 and float(wr._jsd([p, p.flip(0), p])) > 0
+    assert float(augment._jsd([p, p, p])) < 1e-6 and float(augment._jsd([p, p.flip(0), p])) > 0
 
 
 def test_enhance_trains_and_extends_the_pool(digits_model, digits_train):
