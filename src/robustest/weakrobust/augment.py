@@ -3,7 +3,6 @@ weak corruption types, the mixing and the Jensen-Shannon consistency loss."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -13,10 +12,14 @@ import torch.nn.functional as F
 from robustest.errors import ConfigError
 from robustest.weakrobust.validation import ATTACKS
 
-
-def _affine(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
-    return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+# The operations run through kornia where kornia's op computes the same thing as ours: posterize and solarize
+# (kornia.enhance; equal to the previous formulas bit for bit on every 8-bit level and random input at the
+# 3 and 4 bits / thresholds AugMix uses) and the geometric ops (kornia.geometry.transform: rotation about the
+# image centre, translation in pixels, shear about the centre through get_shear_matrix2d and warp_affine,
+# bilinear with zero padding, half-pixel convention). The geometric ops used to be written in normalised
+# [-1, 1] coordinates, which is the same pixel-space transform on square images (equal to float rounding,
+# tested) but stretched rotations and shears by H / W on non-square ones; kornia's are true rotations and
+# shears in pixels on any shape, as in AugMix's PIL reference. Equalize stays ours: see _op_equalize.
 
 
 def _lvl(rng: np.random.Generator, n: int, severity: float) -> np.ndarray:
@@ -24,24 +27,38 @@ def _lvl(rng: np.random.Generator, n: int, severity: float) -> np.ndarray:
     return rng.uniform(0.1, severity, n) / 10.0 * rng.choice([-1.0, 1.0], n)
 
 
+def _centre(x: torch.Tensor) -> torch.Tensor:
+    """Pixel centre (x, y) of the images of ``x`` (N x C x H x W), one row per image: N x 2."""
+    h, w = x.shape[-2:]
+    return torch.tensor([(w - 1) / 2, (h - 1) / 2], dtype=x.dtype, device=x.device).expand(x.shape[0], 2)
+
+
 def _op_rotate(x, rng, sev):
-    a = torch.as_tensor(_lvl(rng, x.shape[0], sev) * math.radians(30), dtype=x.dtype, device=x.device)
-    c, s, z = a.cos(), a.sin(), torch.zeros_like(a)
-    return _affine(x, torch.stack([torch.stack([c, -s, z], 1), torch.stack([s, c, z], 1)], 1))
+    from kornia.geometry.transform import rotate
+
+    deg = torch.as_tensor(_lvl(rng, x.shape[0], sev) * 30.0, dtype=x.dtype, device=x.device)  # up to 30 degrees
+    return rotate(x, deg, _centre(x), mode="bilinear", padding_mode="zeros", align_corners=False)
 
 
 def _shear(x, rng, sev, axis):
+    from kornia.geometry.transform import get_shear_matrix2d, warp_affine
+
     v = torch.as_tensor(_lvl(rng, x.shape[0], sev) * 0.3, dtype=x.dtype, device=x.device)
-    o, z = torch.ones_like(v), torch.zeros_like(v)
-    rows = ([o, v, z], [z, o, z]) if axis == 0 else ([o, z, z], [v, o, z])
-    return _affine(x, torch.stack([torch.stack(rows[0], 1), torch.stack(rows[1], 1)], 1))
+    angle = torch.atan(v)  # get_shear_matrix2d takes angles: x' = x - tan(sx) (y - cy) about the centre
+    zero = torch.zeros_like(v)
+    m = get_shear_matrix2d(_centre(x), sx=angle if axis == 0 else zero, sy=zero if axis == 0 else angle)
+    return warp_affine(x, m[:, :2, :], (x.shape[-2], x.shape[-1]), mode="bilinear", padding_mode="zeros",
+                       align_corners=False)
 
 
 def _translate(x, rng, sev, axis):
-    v = torch.as_tensor(_lvl(rng, x.shape[0], sev) * (2.0 / 3.0), dtype=x.dtype, device=x.device)  # 1/3 width
-    o, z = torch.ones_like(v), torch.zeros_like(v)
-    rows = ([o, z, v], [z, o, z]) if axis == 0 else ([o, z, z], [z, o, v])
-    return _affine(x, torch.stack([torch.stack(rows[0], 1), torch.stack(rows[1], 1)], 1))
+    from kornia.geometry.transform import translate
+
+    size = x.shape[-1] if axis == 0 else x.shape[-2]
+    v = torch.as_tensor(_lvl(rng, x.shape[0], sev) * (size / 3.0), dtype=x.dtype, device=x.device)  # 1/3 size
+    zero = torch.zeros_like(v)
+    shift = torch.stack([-v, zero] if axis == 0 else [zero, -v], 1)  # pixels (dx, dy)
+    return translate(x, shift, mode="bilinear", padding_mode="zeros", align_corners=False)
 
 
 def _op_autocontrast(x, rng, sev):
@@ -51,27 +68,36 @@ def _op_autocontrast(x, rng, sev):
 
 
 def _op_equalize(x, rng, sev):
+    """Each pixel becomes the empirical CDF of its 8-bit level in its image and channel (the fraction of the
+    plane's pixels at or below that level), from a 256-bin histogram per plane: O(N C (H W + 256)) time and
+    memory at every image size.
+
+    Not kornia.enhance.equalize: that is PIL's ImageOps.equalize (levels truncated, a lookup table built from
+    the cumulative counts shifted by one bin and divided by a step, planes with step 0 left unchanged), a
+    different mapping with 256 output levels; this one keeps the textbook continuous equalisation the
+    enhancement results in docs/WEAKROBUST.md were measured with."""
     n, c = x.shape[:2]
     flat = x.reshape(n, c, -1)
-    q = (flat * 255).round()
-    # empirical CDF value of each pixel's level (rank of its level among the image's pixels)
-    cnt = (q.unsqueeze(-1) >= q.unsqueeze(-2)).float().mean(-1) if flat.shape[-1] <= 1024 else None
-    if cnt is None:  # large images: histogram per channel
-        hist = torch.zeros(n, c, 256, device=x.device).scatter_add_(2, q.long(), torch.ones_like(q))
-        cdf = hist.cumsum(2) / flat.shape[-1]
-        cnt = cdf.gather(2, q.long())
-    return cnt.reshape_as(x).clamp(0, 1)
+    levels = (flat * 255).round_().clamp_(0, 255).long()
+    count_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # exact counts up to 2^24 pixels
+    hist = torch.zeros(n, c, 256, dtype=count_dtype, device=x.device)
+    hist.scatter_add_(2, levels, torch.ones(levels.shape, dtype=count_dtype, device=x.device))
+    cdf = hist.cumsum_(2).div_(flat.shape[-1])
+    return cdf.gather(2, levels).reshape(x.shape).clamp_(0, 1).to(x.dtype)
 
 
 def _op_posterize(x, rng, sev):
-    bits = torch.as_tensor(4 - (np.abs(_lvl(rng, x.shape[0], sev)) * 4).astype(int), device=x.device)
-    shift = (2 ** (8 - bits)).view(-1, 1, 1, 1).to(x.dtype)
-    return (torch.floor(x * 255 / shift) * shift / 255).clamp(0, 1)
+    from kornia.enhance import posterize
+
+    bits = torch.as_tensor(4 - (np.abs(_lvl(rng, x.shape[0], sev)) * 4).astype(np.int64), device=x.device)
+    return posterize(x, bits)
 
 
 def _op_solarize(x, rng, sev):
-    t = torch.as_tensor(1 - np.abs(_lvl(rng, x.shape[0], sev)), dtype=x.dtype, device=x.device).view(-1, 1, 1, 1)
-    return torch.where(x >= t, 1 - x, x)
+    from kornia.enhance import solarize
+
+    t = torch.as_tensor(1 - np.abs(_lvl(rng, x.shape[0], sev)), dtype=x.dtype, device=x.device)
+    return solarize(x, t)  # 1 - x where x >= t
 
 
 AUGMIX_OPS: dict[str, Callable[[torch.Tensor, np.random.Generator, float], torch.Tensor]] = {
