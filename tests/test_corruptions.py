@@ -19,6 +19,7 @@ from PIL import Image
 from scipy import ndimage
 
 from robustest import corruptions as C
+from robustest.corruptions import blur, filters, jpeg, noise, sampling, spatter, weather
 from robustest.errors import ConfigError, DataError
 
 TOL_U8 = 2.0  # mean absolute difference allowed against the reference, in uint8 levels (2/255)
@@ -440,7 +441,7 @@ def test_jpeg_equals_pillow_codec_at_any_size(shape: tuple[int, int, int]) -> No
     imgs = np.ascontiguousarray(np.concatenate([smooth, noise]))
     x = torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 255
     for quality in (1, 7, 25, 58, 80, 95, 100):
-        ours = torch.round(C._jpeg_compression(x, quality, None, "cifar") * 255).to(torch.uint8)
+        ours = torch.round(jpeg._jpeg_compression(x, quality, None, "cifar") * 255).to(torch.uint8)
         ref = np.stack([ref_jpeg(img, quality) for img in imgs])
         diff = np.abs(ours.permute(0, 2, 3, 1).numpy().astype(int) - ref.astype(int))
         assert diff.max() == 0, f"{shape} quality {quality}: {np.count_nonzero(diff)} values differ from Pillow"
@@ -451,9 +452,9 @@ def test_jpeg_large_images_take_pillow_with_the_same_output(c: int, monkeypatch:
     # above JPEG_PILLOW_MIN_PIXELS the CPU path calls Pillow's codec; the batched codec must give the same bytes
     imgs = np.random.default_rng(14).integers(0, 256, (2, 100, 121, c), dtype=np.uint8)
     x = torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 255
-    assert 100 * 121 > C.JPEG_PILLOW_MIN_PIXELS
+    assert 100 * 121 > jpeg.JPEG_PILLOW_MIN_PIXELS
     via_pillow = C.corrupt(x, "jpeg_compression", 4, table="imagenet")
-    monkeypatch.setattr(C, "JPEG_PILLOW_MIN_PIXELS", 10**9)
+    monkeypatch.setattr(jpeg, "JPEG_PILLOW_MIN_PIXELS", 10**9)
     batched = C.corrupt(x, "jpeg_compression", 4, table="imagenet")
     assert torch.equal(via_pillow, batched)
     ref = np.stack([ref_jpeg(img, C.parameters("jpeg_compression", 4, "imagenet")) for img in imgs])
@@ -577,7 +578,7 @@ def test_glass_blur_shuffle_statistics_match_reference(table: str, severity: int
     c = C.parameters("glass_blur", severity, table)
     rng = np.random.default_rng(0)
     ref = shuffle_stats(np.stack([ref_glass_shuffle(32, 32, c, rng) for _ in range(20)]), 32, 32)
-    perm = C._glass_shuffle(20, 32, 32, c[1], c[2], torch.Generator().manual_seed(0), torch.device("cpu"))
+    perm = blur._glass_shuffle(20, 32, 32, c[1], c[2], torch.Generator().manual_seed(0), torch.device("cpu"))
     ours = shuffle_stats(perm.numpy(), 32, 32)
     assert abs(ours[0] / ref[0] - 1) < 0.05 and abs(ours[1] / ref[1] - 1) < 0.05, (ours, ref)
 
@@ -598,7 +599,7 @@ def test_motion_blur_kernel_matches_imagemagick_port() -> None:
             cols = np.clip(np.arange(32) - dx, 0, 31)
             ref += k[i] * img[rows][:, cols]
         x = torch.from_numpy(img).permute(2, 0, 1)[None]
-        ours = C._motion_blur_batch(x, radius, sigma, torch.tensor([angle], dtype=torch.float64))
+        ours = filters._motion_blur_batch(x, radius, sigma, torch.tensor([angle], dtype=torch.float64))
         assert torch.allclose(ours[0].permute(1, 2, 0), torch.from_numpy(ref), atol=1e-9)
 
 
@@ -608,8 +609,8 @@ def test_motion_blur_batched_equals_one_by_one() -> None:
                          dtype=torch.float64)
     x = torch.rand(len(angle), 2, 20, 17, generator=g, dtype=torch.float64)
     for radius in (9, 15):  # 15: the line runs past the image in both axes
-        batched = C._motion_blur_batch(x, radius, 3.0, angle)  # one gather per tap over the batch
-        single = torch.cat([C._motion_blur_batch(x[i:i + 1], radius, 3.0, angle[i:i + 1])  # padded slices
+        batched = filters._motion_blur_batch(x, radius, 3.0, angle)  # one gather per tap over the batch
+        single = torch.cat([filters._motion_blur_batch(x[i:i + 1], radius, 3.0, angle[i:i + 1])  # padded slices
                             for i in range(len(angle))])
         assert torch.allclose(batched, single, atol=1e-12)
 
@@ -618,9 +619,9 @@ def test_motion_blur_batched_equals_one_by_one() -> None:
 def test_pad_fast_path_equals_index_padding(mode: str) -> None:
     x = torch.rand(2, 3, 5, 7, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     for ph, pw in (((1, 1), (1, 1)), ((4, 0), (0, 6)), ((2, 3), (3, 2)), ((7, 9), (8, 10))):  # last: pads > axes
-        ref = x.index_select(-2, C._pad_index(5, ph[0], ph[1], mode, x.device))
-        ref = ref.index_select(-1, C._pad_index(7, pw[0], pw[1], mode, x.device))
-        assert torch.equal(C._pad(x, ph, pw, mode), ref), (mode, ph, pw)
+        ref = x.index_select(-2, filters._pad_index(5, ph[0], ph[1], mode, x.device))
+        ref = ref.index_select(-1, filters._pad_index(7, pw[0], pw[1], mode, x.device))
+        assert torch.equal(filters._pad(x, ph, pw, mode), ref), (mode, ph, pw)
 
 
 @pytest.mark.parametrize("mode", ["replicate", "reflect101", "symmetric"])
@@ -631,7 +632,8 @@ def test_banded_filter_equals_direct_correlation(mode: str) -> None:
         kernel = torch.rand(kh, kw, generator=g, dtype=torch.float64)
         kernel[0] = 0.0  # an all-zero edge row (trimmed when its mirror row is zero too)
         kernel[-1] = 0.0
-        assert torch.allclose(C._filter2d_any(x, kernel, mode), C._filter2d(x, kernel, mode), atol=1e-12), (kh, kw)
+        banded, direct = filters._filter2d_any(x, kernel, mode), filters._filter2d(x, kernel, mode)
+        assert torch.allclose(banded, direct, atol=1e-12), (kh, kw)
 
 
 def test_distance_to_zero_is_exact_capped_euclidean() -> None:
@@ -639,7 +641,7 @@ def test_distance_to_zero_is_exact_capped_euclidean() -> None:
     zero = torch.rand(4, 30, 45, generator=g) < torch.tensor([0.002, 0.01, 0.05, 0.3]).view(4, 1, 1)
     zero[0] = False
     zero[0, 29, 0] = True  # one far corner: distances well past the cap
-    ours = C._distance_to_zero(zero, 20)
+    ours = spatter._distance_to_zero(zero, 20)
     yy, xx = torch.meshgrid(torch.arange(30.0), torch.arange(45.0), indexing="ij")
     for i in range(4):
         pts = zero[i].nonzero().double()
@@ -650,16 +652,16 @@ def test_distance_to_zero_is_exact_capped_euclidean() -> None:
 def test_spatter_steps_match_opencv() -> None:
     cv2 = pytest.importorskip("cv2")
     g = torch.Generator().manual_seed(5)
-    liquid = C._gaussian(torch.randn(6, 1, 40, 37, generator=g, dtype=torch.float64) * 0.3 + 0.65, 2.0)
+    liquid = filters._gaussian(torch.randn(6, 1, 40, 37, generator=g, dtype=torch.float64) * 0.3 + 0.65, 2.0)
     liquid = torch.where(liquid < 0.68, torch.zeros_like(liquid), liquid)
     liquid8 = torch.floor((liquid * 255).clamp(0, 255))
-    edges = C._canny(liquid8, 50.0, 150.0)
+    edges = spatter._canny(liquid8, 50.0, 150.0)
     assert 0.01 < float(edges.double().mean()) < 0.5
     for i in range(6):
         ref = cv2.Canny(liquid8[i, 0].numpy().astype(np.uint8), 50, 150)
         assert np.array_equal(edges[i, 0].numpy(), ref > 0)
     img = torch.randint(0, 120, (3, 1, 16, 23), generator=g).double()
-    eq = C._equalize_hist(img)
+    eq = spatter._equalize_hist(img)
     for i in range(3):
         assert np.array_equal(eq[i, 0].numpy(), cv2.equalizeHist(img[i, 0].numpy().astype(np.uint8)))
 
@@ -705,14 +707,14 @@ def test_fog_statistics_match_reference() -> None:
 
 
 def test_frost_texture_is_fixed_and_matches_original_statistics() -> None:
-    tex = C._frost_textures("cifar", 32, torch.device("cpu"), torch.float32)
+    tex = weather._frost_textures("cifar", 32, torch.device("cpu"), torch.float32)
     assert tex.shape[0] == 5 and tex.shape[1] == 3 and tex.shape[-1] > 32
     mean = tex.mean(dim=(2, 3))
-    want = torch.tensor([m for m, _ in C._FROST_STATS])
+    want = torch.tensor([m for m, _ in weather._FROST_STATS])
     assert torch.allclose(mean, want, atol=0.02)
-    C._frost_pattern.cache_clear()
-    C._FROST_CACHE.clear()
-    assert torch.equal(C._frost_textures("cifar", 32, torch.device("cpu"), torch.float32), tex)
+    weather._frost_pattern.cache_clear()
+    weather._FROST_CACHE.clear()
+    assert torch.equal(weather._frost_textures("cifar", 32, torch.device("cpu"), torch.float32), tex)
 
 
 # ------------------------------------------------------------------------------------------- determinism
@@ -734,7 +736,7 @@ def test_same_seed_same_output_and_independent_images(name: str) -> None:
 
 def test_shot_noise_on_chunks_independent_of_threads_and_uncorrelated() -> None:
     # more values than four draw chunks: chunks are drawn on threads, each from its own seeded generator
-    n = C.DRAW_CHUNK // (3 * 32 * 32) * 4 + 3
+    n = sampling.DRAW_CHUNK // (3 * 32 * 32) * 4 + 3
     x = structured_images(1, 3, 32, 32, seed=4).expand(n, -1, -1, -1).contiguous()
     x8 = torch.round(x * 255) / 255  # on the 8-bit grid: the tabulated sampler
     before = torch.get_num_threads()
@@ -753,7 +755,7 @@ def test_shot_noise_on_chunks_independent_of_threads_and_uncorrelated() -> None:
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)
-    per_chunk = C.DRAW_CHUNK // (3 * 32 * 32)
+    per_chunk = sampling.DRAW_CHUNK // (3 * 32 * 32)
     noise = (one - x).reshape(n, -1)
     # the same image in two chunks gets uncorrelated noise (a repeated chunk seed would give identical noise)
     a, b = noise[0], noise[per_chunk]
@@ -776,7 +778,7 @@ def test_poisson_sampler_matches_the_poisson_law(c: float) -> None:
     levels = torch.tensor([0.0, 1.0, 7.0, 128.0, 255.0, 3.3, 200.7])  # last two: off the grid
     n = 100_000
     x = (levels / 255).repeat_interleave(n).reshape(len(levels), n)
-    draws = C._poisson_scaled(x, c, torch.Generator().manual_seed(7))
+    draws = noise._poisson_scaled(x, c, torch.Generator().manual_seed(7))
     assert draws.dtype == x.dtype and torch.equal(draws, draws.round()) and bool((draws >= 0).all())
     for i, v in enumerate(levels.tolist()):
         lam = c * v / 255

@@ -13,6 +13,7 @@ from torch.utils.data import TensorDataset
 
 from robustest import weakrobust as wr
 from robustest.errors import ConfigError, DataError
+from robustest.weakrobust import analysis, augment
 
 
 class Constant(nn.Module):
@@ -73,7 +74,7 @@ def test_scores_match_recomputed_neighbours_on_linear_model():
     y[::5] = 1 - y[::5]  # some clean mistakes
     q, eps = 9, 0.22
     a = wr.analyze(model, (x, y), n_neighbors=q, eps=eps, batch_size=40)
-    noise = wr._neighbour_noise(torch.arange(len(x)), q, (1, 1, 2), eps, "uniform", 0, torch.device("cpu"))
+    noise = analysis._neighbour_noise(torch.arange(len(x)), q, (1, 1, 2), eps, "uniform", 0, torch.device("cpu"))
     xq = ((x[:, None] + noise).clamp(0, 1) * 255).round() / 255
     with torch.no_grad():
         p = model(xq.reshape(-1, 1, 1, 2)).softmax(1).reshape(len(x), q, 2)
@@ -116,7 +117,7 @@ def test_neighbours_are_clipped_quantised_and_within_budget():
 
 
 def test_gaussian_noise_has_the_uniform_noise_std():
-    n = wr._neighbour_noise(torch.arange(16), 200, (1, 8, 8), 0.22, "gaussian", 3, torch.device("cpu"))
+    n = analysis._neighbour_noise(torch.arange(16), 200, (1, 8, 8), 0.22, "gaussian", 3, torch.device("cpu"))
     assert abs(float(n.std()) - 0.22 / (2 * math.sqrt(3))) < 0.002
     assert abs(float(n.mean())) < 0.002
 
@@ -281,11 +282,94 @@ def test_augmix_ops_keep_the_contract():
     for name, op in wr.AUGMIX_OPS.items():
         out = op(x, np.random.default_rng(0), 3.0)
         assert out.shape == x.shape and float(out.min()) >= 0 and float(out.max()) <= 1, name
-    a = wr._augmix(x, list(wr.AUGMIX_OPS.values()), np.random.default_rng(1))
-    b = wr._augmix(x, list(wr.AUGMIX_OPS.values()), np.random.default_rng(1))
+    a = augment._augmix(x, list(wr.AUGMIX_OPS.values()), np.random.default_rng(1))
+    b = augment._augmix(x, list(wr.AUGMIX_OPS.values()), np.random.default_rng(1))
     assert torch.equal(a, b) and not torch.equal(a, x)
     p = torch.softmax(torch.randn(5, 3), 1).log()
-    assert float(wr._jsd([p, p, p])) < 1e-6 and float(wr._jsd([p, p.flip(0), p])) > 0
+    assert float(augment._jsd([p, p, p])) < 1e-6 and float(augment._jsd([p, p.flip(0), p])) > 0
+
+
+class _FixedLevel:
+    """Stands in for the numpy Generator of an AugMix op: every sample gets level ``u`` (of 10), sign +."""
+
+    def __init__(self, u: float) -> None:
+        self.u = u
+
+    def uniform(self, lo, hi, n):
+        return np.full(n, self.u)
+
+    def choice(self, options, n):
+        return np.full(n, 1.0)
+
+
+def _equalize_reference(x: torch.Tensor) -> torch.Tensor:
+    """Per image and channel, with NumPy: each pixel -> fraction of the plane's pixels at or below its level."""
+    out = np.empty(x.shape, dtype=np.float32)
+    for i in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            levels = np.round(x[i, c].numpy().astype(np.float64) * 255)
+            ranked = np.sort(levels.ravel())
+            out[i, c] = np.searchsorted(ranked, levels, side="right") / levels.size
+    return torch.from_numpy(out)
+
+
+def test_augmix_equalize_equals_per_image_reference():
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(64, 3, 32, 32, generator=g)
+    x[:8] = (x[:8] * 16).floor() / 16  # few levels: ties everywhere
+    x[8:10] = 0.5  # a constant plane
+    out = wr.AUGMIX_OPS["equalize"](x, np.random.default_rng(0), 3.0)
+    assert out.dtype == x.dtype and torch.equal(out, _equalize_reference(x))
+    big = torch.rand(2, 1, 40, 48, generator=g, dtype=torch.float64)  # another size and dtype, same path
+    assert torch.allclose(wr.AUGMIX_OPS["equalize"](big, None, 3.0), _equalize_reference(big).double(), atol=1e-7)
+
+
+def test_augmix_equalize_memory_does_not_grow_with_pixels_squared():
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.rand(64, 3, 32, 32)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        wr.AUGMIX_OPS["equalize"](x, None, 3.0)
+    largest = max(e.cpu_memory_usage for e in prof.events())
+    # a P x P comparison would allocate 64 * 3 * 1024 * 1024 values (about 200 MB as bool); the histogram path's
+    # largest buffer is the int64 level index, twice the size of the float32 input
+    assert 0 < largest <= 4 * x.nbytes
+
+
+def test_augmix_posterize_and_solarize_equal_their_formulas():
+    x = torch.rand(6, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    for u, bits in ((1.0, 4), (3.0, 3)):  # level u / 10: 4 - int(4 u / 10) bits
+        shift = 2 ** (8 - bits)
+        want = torch.floor(x * 255 / shift) * shift / 255
+        assert torch.equal(wr.AUGMIX_OPS["posterize"](x, _FixedLevel(u), 3.0), want)
+    out = wr.AUGMIX_OPS["solarize"](x, _FixedLevel(3.0), 3.0)  # threshold 1 - 0.3
+    assert torch.equal(out, torch.where(x >= 0.7, 1 - x, x))
+
+
+def test_augmix_geometric_ops_are_pixel_space_transforms():
+    # translate: level 0.2 of a 30-pixel side is 2 pixels, an exact shift (zeros come in)
+    x = torch.rand(2, 3, 30, 30, generator=torch.Generator().manual_seed(2))
+    out = wr.AUGMIX_OPS["translate_x"](x, _FixedLevel(2.0), 3.0)
+    assert torch.allclose(out[..., :-2], x[..., 2:], atol=1e-5) and float(out[..., -2:].abs().max()) < 1e-5
+    out = wr.AUGMIX_OPS["translate_y"](x, _FixedLevel(2.0), 3.0)
+    assert torch.allclose(out[..., :-2, :], x[..., 2:, :], atol=1e-5)
+
+    def spot(h: int, w: int, row: int, col: int) -> torch.Tensor:
+        img = torch.zeros(1, 1, h, w)
+        img[0, 0, row, col] = 1.0
+        return img
+
+    def where(img: torch.Tensor) -> tuple[int, int]:
+        k = int(img.flatten().argmax())
+        assert float(img.flatten()[k]) > 0.99  # landed on a pixel centre, not smeared
+        return divmod(k, img.shape[-1])
+
+    # rotate 90 degrees (level 30 of 10 x 30 degrees) on a NON-square image: a true rotation about the centre
+    # (row 5, column 10) takes the point 3 columns right of the centre to 3 rows above it
+    assert where(wr.AUGMIX_OPS["rotate"](spot(11, 21, 5, 13), _FixedLevel(30.0), 3.0)) == (2, 10)
+    # shear_x by 0.3 (level 10) about the centre row 10: a point 10 rows below the centre moves 3 columns left
+    assert where(wr.AUGMIX_OPS["shear_x"](spot(21, 25, 20, 12), _FixedLevel(10.0), 3.0)) == (20, 9)
+    assert where(wr.AUGMIX_OPS["shear_y"](spot(25, 21, 12, 20), _FixedLevel(10.0), 3.0)) == (9, 20)
 
 
 def test_enhance_trains_and_extends_the_pool(digits_model, digits_train):

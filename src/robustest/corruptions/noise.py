@@ -1,0 +1,103 @@
+"""Noise corruptions: gaussian_noise, shot_noise (with an exact inverse-CDF Poisson sampler for 8-bit
+images on the CPU), impulse_noise and speckle_noise."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from robustest.corruptions.sampling import DRAW_CHUNK, _poisson, _randn, _uniform
+
+
+def _gaussian_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> torch.Tensor:
+    return x + _randn(x.shape, gen, x) * c
+
+
+POISSON_GUIDE_BINS = 1024  # guide-table resolution of the CPU sampler for rates on the 8-bit grid
+GRID_TOL = 1e-4  # x * 255 within this of an integer counts as on the 8-bit grid
+
+
+@functools.lru_cache(maxsize=16)
+def _poisson_grid_tables(c: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse-CDF tables of Poisson(c * v / 255) for the 256 levels v = 0..255, flattened level-major.
+
+    Returns the CDFs (256 x K float32; the last column set to 1, cutting a tail of probability below 1e-20
+    at K = c + 10 sqrt(c) + 20), the value k of every CDF entry (float32), and a guide table (256 x M int64):
+    the flat CDF index of the smallest k with CDF(k) > b / M, for every bin b."""
+    lam = torch.arange(256, dtype=torch.float64) * (c / 255)
+    k_max = int(math.ceil(c + 10 * math.sqrt(c) + 20))
+    k = torch.arange(k_max, dtype=torch.float64)
+    logp = k[None, :] * torch.log(lam[1:, None]) - lam[1:, None] - torch.lgamma(k + 1)[None, :]
+    pmf = torch.cat([(k == 0).double()[None, :], logp.exp()])  # level 0: rate 0, always 0
+    cdf = pmf.cumsum(1).clamp_(max=1.0).float()
+    cdf[:, -1] = 1.0
+    bins = (torch.arange(POISSON_GUIDE_BINS, dtype=torch.float32) / POISSON_GUIDE_BINS).expand(256, -1)
+    guide = torch.searchsorted(cdf, bins.contiguous(), right=True) + torch.arange(256)[:, None] * k_max
+    values = k.float().expand(256, -1)
+    return cdf.reshape(-1).contiguous(), values.reshape(-1).contiguous(), guide.reshape(-1).contiguous()
+
+
+def _poisson_scaled(x: torch.Tensor, c: float, gen: torch.Generator) -> torch.Tensor:
+    """Poisson draws with rates ``x * c`` for ``x`` in [0, 1] (any shape), as a tensor of x's dtype.
+
+    On the CPU, torch's sampler is serial and costs about ``x * c`` uniform draws per value. Images mostly
+    come from 8-bit files, so the rates split as ``c * v / 255 + r``, v = 0..255 the grid level at or below
+    x * 255: the grid part is drawn by inversion of a tabulated CDF (one uniform per value, a guide table
+    and a short search), the residual rate ``r`` (zero on the grid) by :func:`_poisson`; the sum of the two
+    independent Poisson draws is Poisson(x c). Values within ``GRID_TOL / 255`` of the grid count as on it;
+    the uniforms have float32 resolution (2^-24)."""
+    if x.device.type != "cpu":
+        return torch.poisson(x * c, generator=gen)
+    cdf, values, guide = _poisson_grid_tables(float(c))
+    values = values.to(x.dtype)
+    flat = x.reshape(-1)
+    out = torch.empty_like(flat)
+    uniforms = _uniform((flat.numel(),), 0.0, 1.0, gen, torch.empty(0))  # float32
+    off_idx, off_rate = [], []
+    for s in range(0, flat.numel(), DRAW_CHUNK):  # a cache-sized chunk at a time: no large temporaries
+        q = flat[s:s + DRAW_CHUNK] * 255
+        level = torch.floor(q + GRID_TOL).clamp_(0, 255)
+        resid = q.sub_(level)
+        off = resid > GRID_TOL
+        if bool(off.any()):
+            off_idx.append(off.nonzero().squeeze(1).add_(s))
+            off_rate.append(resid[off].clamp_(min=0) * (c / 255))
+        u = uniforms[s:s + DRAW_CHUNK]
+        # guide index level * M + floor(u M), exact in float32 (below 2^18)
+        gidx = torch.floor(u * POISSON_GUIDE_BINS).add_(level.mul_(POISSON_GUIDE_BINS)).to(torch.int64)
+        pos = guide.take(gidx)  # flat CDF index of (level, k), k at most a step short except in far tails
+        pos.add_(cdf.take(pos) <= u)
+        short = cdf.take(pos) <= u
+        if bool(short.any()):  # rare: finish these one step at a time (a level's last CDF entry is 1 > u)
+            idx = short.nonzero(as_tuple=True)
+            p, uu = pos[idx], u[idx]
+            while True:
+                more = cdf.take(p) <= uu
+                if not bool(more.any()):
+                    break
+                p.add_(more)
+            pos.index_put_(idx, p)
+        torch.take(values, pos, out=out[s:s + DRAW_CHUNK])
+    if off_idx:  # rates off the 8-bit grid: add Poisson draws of the residual rates
+        idx = torch.cat(off_idx)
+        out.index_add_(0, idx, _poisson(torch.cat(off_rate), gen).to(x.dtype))
+    return out.reshape(x.shape)
+
+
+def _shot_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> torch.Tensor:
+    return _poisson_scaled(x, c, gen) / c
+
+
+def _impulse_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> torch.Tensor:
+    # skimage.util.random_noise(mode='s&p', amount=c, salt_vs_pepper=0.5): independent per value
+    # one uniform u per value: u < c/2 -> salt (1), c/2 <= u < c -> pepper (0); same distribution
+    u = _uniform(x.shape, 0, 1, gen, x)
+    out = torch.where(u < c, (u < 0.5 * c).to(x.dtype), x)
+    return out
+
+
+def _speckle_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> torch.Tensor:
+    return x + x * _randn(x.shape, gen, x) * c
+

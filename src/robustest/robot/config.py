@@ -1,0 +1,259 @@
+"""Settings of a RobOT run or comparison (:class:`RobotConfig`, validated up front), budgets and the
+seeds every unit of work derives from."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from robustest import data as datasets
+from robustest.errors import ConfigError
+
+POOLS = ("attack", "fol-fuzz", "cov-fuzz")
+STRATEGIES = ("best", "kmst", "gini", "random", "coverage")
+METRICS = ("clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy", "whitebox_pgd_accuracy",
+           "whitebox_apgd_accuracy")
+# config keys that do not change results (left out of results.json and of the resume check)
+_RUNTIME_KEYS = ("out", "resume", "progress", "verbose", "device")
+# keys a resumed run may change: they decide how many rounds/cells run, not what a finished one contains
+_EXTENDABLE_KEYS = ("rounds", "time_budget", "target", "target_metric", "strategies", "budgets", "seeds", "examples")
+
+
+# ---------------------------------------------------------------------------------------------- config
+@dataclass
+class RobotConfig:
+    """Settings of a RobOT run or strategy comparison (all validated by :meth:`validate`).
+
+    Model and data: ``model`` is a checkpoint path (None: train ``train_model`` for ``train_epochs`` on the
+    training split first). ``dataset``/``data_dir`` name the data (:func:`robustest.data.load`);
+    ``train_limit``/``test_limit`` keep only the first N images of a split.
+    Tests: ``eps`` (L-inf radius, pixel scale); ``pool`` is ``attack`` (successful FGSM + PGD examples of the
+    training set, the paper's pool), ``fol-fuzz`` or ``cov-fuzz``; ``pool_limit`` uses only N training
+    images as seeds; ``fuzz_options`` are passed to the fuzzer.
+    Selection: ``strategy`` (loop) or ``strategies`` (comparison) from best, kmst, gini, random, coverage;
+    ``budget`` (loop) or ``budgets`` (comparison): a count (int) or a percentage of the pool ("5%").
+    Fine-tuning: ``epochs``, ``batch_size``, ``lr`` (Adam), validation split ``val_fraction`` of the
+    training data (plus its adversarial examples when ``val_adversarial``).
+    Loop: ``rounds``, ``time_budget`` (seconds), ``target`` (stop once ``target_metric`` >= target),
+    convergence rule ``convergence_tol``/``convergence_patience``/``convergence_probe``.
+    Measurement: ``whitebox`` (on the first ``whitebox_limit`` test images), PGD steps/restarts, APGD steps,
+    ``corruptions`` (None, "all" or a list). ``seeds``: comparison seeds; ``seed``: everything else.
+    """
+
+    model: str | None = None
+    train_model: str = "digits_cnn"
+    train_epochs: int = 30
+    dataset: str = "digits"
+    data_dir: str | None = None
+    train_limit: int | None = None
+    test_limit: int | None = None
+    eps: float = 0.3
+    pool: str = "attack"
+    pool_limit: int | None = None
+    pool_pgd_steps: int = 10
+    fuzz_options: dict[str, Any] = field(default_factory=dict)
+    strategy: str = "best"
+    strategies: list[str] | None = None
+    budget: int | str = "5%"
+    budgets: list[int | str] | None = None
+    kmst_k: int = 4
+    coverage_metric: str = "kmnc"
+    coverage_options: dict[str, Any] = field(default_factory=dict)
+    coverage_profile_limit: int = 2000
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 1e-3
+    val_fraction: float = 0.1
+    val_adversarial: bool = True
+    rounds: int = 3
+    time_budget: float | None = None
+    target_metric: str = "whitebox_accuracy"
+    target: float | None = None
+    convergence_tol: float = 0.05
+    convergence_patience: int = 2
+    convergence_probe: int = 500
+    whitebox: bool = True
+    whitebox_limit: int | None = 1000
+    whitebox_pgd_steps: int = 20
+    whitebox_restarts: int = 2
+    apgd_steps: int = 50
+    whitebox_last: bool = False
+    corruptions: str | list[str] | None = None
+    seeds: list[int] = field(default_factory=lambda: [0])
+    seed: int = 0
+    examples: int = 16
+    device: str | None = None
+    out: str = "robot-out"
+    resume: bool = False
+    progress: bool = False
+    verbose: bool = True
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RobotConfig:
+        """Build and validate a config from a plain dict; unknown keys are a one-line ConfigError."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"a RobOT config must be a mapping of settings, got {type(d).__name__}")
+        known = {f.name for f in fields(cls)}
+        norm = {str(k).replace("-", "_"): v for k, v in d.items()}
+        unknown = sorted(set(norm) - known)
+        if unknown:
+            raise ConfigError(f"unknown config key {unknown[0]!r}: valid keys are {', '.join(sorted(known))}")
+        cfg = cls(**norm)
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> RobotConfig:
+        """Read a YAML (or JSON) config file; see :meth:`from_dict`."""
+        import yaml
+
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist: pass a YAML file with --config")
+        try:
+            d = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"config file {path} is not valid YAML{where}: fix the syntax") from exc
+        return cls.from_dict(d or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def result_dict(self) -> dict[str, Any]:
+        """The settings that determine the results (runtime-only keys left out)."""
+        return {k: v for k, v in self.to_dict().items() if k not in _RUNTIME_KEYS}
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> RobotConfig:
+        """Check every setting; raises ConfigError with a one-line message naming the key and the fix."""
+        def pos_int(name: str, allow_none: bool = False, minimum: int = 1) -> None:
+            v = getattr(self, name)
+            if v is None and allow_none:
+                return
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
+                raise ConfigError(f"{name} must be an integer >= {minimum}, got {v!r}")
+
+        def number(name: str, lo: float, hi: float, allow_none: bool = False, lo_open: bool = True) -> None:
+            v = getattr(self, name)
+            if v is None and allow_none:
+                return
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
+                    (v <= lo if lo_open else v < lo) or v > hi:
+                raise ConfigError(f"{name} must be a number in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
+
+        if self.model is not None and not isinstance(self.model, str):
+            raise ConfigError(f"model must be a checkpoint path, got {self.model!r}")
+        from robustest import models as zoo
+
+        if self.train_model not in zoo.names():
+            raise ConfigError(f"train_model {self.train_model!r} is not a zoo model: choose one of "
+                              f"{', '.join(zoo.names())}")
+        if self.dataset not in datasets.names():
+            raise ConfigError(f"unknown dataset {self.dataset!r}: choose one of {', '.join(datasets.names())}")
+        pos_int("train_epochs", minimum=0)
+        pos_int("train_limit", allow_none=True)
+        pos_int("test_limit", allow_none=True)
+        number("eps", 0.0, 1.0)
+        if self.pool not in POOLS:
+            raise ConfigError(f"unknown pool {self.pool!r}: use one of {', '.join(POOLS)}")
+        pos_int("pool_limit", allow_none=True)
+        pos_int("pool_pgd_steps")
+        for name in ("fuzz_options", "coverage_options"):
+            if not isinstance(getattr(self, name), dict):
+                raise ConfigError(f"{name} must be a mapping of keyword arguments, got {getattr(self, name)!r}")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"unknown strategy {self.strategy!r}: choose one of {', '.join(STRATEGIES)}")
+        if self.strategies is not None:
+            if not isinstance(self.strategies, (list, tuple)) or not self.strategies:
+                raise ConfigError(f"strategies must be a non-empty list, e.g. [best, kmst, gini, random], "
+                                  f"got {self.strategies!r}")
+            for s in self.strategies:
+                if s not in STRATEGIES:
+                    raise ConfigError(f"unknown strategy {s!r} in strategies: choose from {', '.join(STRATEGIES)}")
+            if len(set(self.strategies)) != len(self.strategies):
+                raise ConfigError("strategies lists a strategy twice: name each once")
+            self.strategies = list(self.strategies)
+        parse_budget(self.budget, 100)
+        if self.budgets is not None:
+            if not isinstance(self.budgets, (list, tuple)) or not self.budgets:
+                raise ConfigError(f"budgets must be a non-empty list such as ['1%', '2%'], got {self.budgets!r}")
+            for b in self.budgets:
+                parse_budget(b, 100)
+            self.budgets = list(self.budgets)
+        pos_int("kmst_k")
+        if self.coverage_metric not in ("nc", "kmnc", "nbc", "snac", "tknc"):
+            raise ConfigError(f"unknown coverage_metric {self.coverage_metric!r}: use nc, kmnc, nbc, snac or tknc")
+        pos_int("coverage_profile_limit")
+        pos_int("epochs")
+        pos_int("batch_size")
+        number("lr", 0.0, 10.0)
+        number("val_fraction", 0.0, 0.5)
+        pos_int("rounds")
+        number("time_budget", 0.0, float("inf"), allow_none=True)
+        if self.target_metric not in METRICS:
+            raise ConfigError(f"unknown target_metric {self.target_metric!r}: use one of {', '.join(METRICS)}")
+        number("target", 0.0, 1.0, allow_none=True, lo_open=False)
+        number("convergence_tol", 0.0, float("inf"), lo_open=False)
+        pos_int("convergence_patience")
+        pos_int("convergence_probe")
+        pos_int("whitebox_limit", allow_none=True)
+        pos_int("whitebox_pgd_steps")
+        pos_int("whitebox_restarts")
+        pos_int("apgd_steps", minimum=0)
+        if not isinstance(self.seeds, (list, tuple)) or not self.seeds or \
+                not all(isinstance(s, int) and not isinstance(s, bool) for s in self.seeds):
+            raise ConfigError(f"seeds must be a non-empty list of integers, got {self.seeds!r}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError("seeds lists a seed twice: name each once")
+        self.seeds = list(self.seeds)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        pos_int("examples", minimum=0)
+        if self.corruptions is not None and not isinstance(self.corruptions, (str, list)):
+            raise ConfigError(f"corruptions must be null, 'all' or a list of names, got {self.corruptions!r}")
+        if not isinstance(self.out, str) or not self.out:
+            raise ConfigError(f"out must be a folder path, got {self.out!r}")
+        return self
+
+
+def parse_budget(budget: int | str, pool_size: int) -> int:
+    """Number of tests a budget selects from a pool of ``pool_size``: an int is a count, ``"p%"`` a
+    percentage of the pool (rounded, at least 1 when the pool is not empty)."""
+    if isinstance(budget, bool):
+        raise ConfigError(f"budget must be a count (e.g. 100) or a percentage of the pool (e.g. '5%'), got {budget!r}")
+    if isinstance(budget, (int, np.integer)):
+        if budget < 1:
+            raise ConfigError(f"budget must be a positive count or a percentage such as '5%', got {budget}")
+        return int(min(budget, pool_size))
+    if isinstance(budget, str):
+        text = budget.strip()
+        try:
+            if text.endswith("%"):
+                p = float(text[:-1])
+                if not 0 < p <= 100:
+                    raise ValueError
+                return int(min(pool_size, max(1 if pool_size else 0, round(pool_size * p / 100.0))))
+            n = int(text)
+            if n < 1:
+                raise ValueError
+            return min(n, pool_size)
+        except ValueError:
+            pass
+    raise ConfigError(f"budget must be a count (e.g. 100) or a percentage of the pool in (0, 100] (e.g. '5%'), "
+                      f"got {budget!r}")
+
+
+def derive_seed(*parts: Any) -> int:
+    """A 31-bit seed derived from ``parts`` (stable across runs and processes)."""
+    digest = hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+

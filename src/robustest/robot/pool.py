@@ -1,0 +1,137 @@
+"""Test pools: generation against a model (attacks or fuzzers, each test scored by FOL w.r.t. its seed)
+and the selection strategies that pick tests from a pool."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from robustest.errors import ConfigError
+from robustest.robot.config import STRATEGIES, RobotConfig, derive_seed
+from robustest.robustness import adversarial_examples
+
+
+# ----------------------------------------------------------------------------------------------- pools
+@dataclass
+class Pool:
+    """Generated tests: ``x`` N x C x H x W in [0, 1], true labels ``y`` int64 [N], ``x0_index`` int64 [N]
+    (index of each test's seed in the training data used for fine-tuning), ``method`` (N names) and ``fol``
+    (float [N], FOL at eps of each test w.r.t. its seed under the model it was generated against)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    x0_index: torch.Tensor
+    method: list[str]
+    fol: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for m in self.method:
+            out[m] = out.get(m, 0) + 1
+        return out
+
+    def subset(self, idx: torch.Tensor) -> Pool:
+        il = idx.tolist()
+        return Pool(self.x[idx], self.y[idx], self.x0_index[idx], [self.method[i] for i in il], self.fol[idx])
+
+    def payload(self) -> dict[str, Any]:
+        return {"x": self.x.float().cpu(), "y": self.y.long().cpu(), "x0_index": self.x0_index.long().cpu(),
+                "method": list(self.method), "fol": self.fol.float().cpu()}
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any]) -> Pool:
+        return cls(p["x"], p["y"], p["x0_index"], list(p["method"]), p["fol"])
+
+    @classmethod
+    def empty_like(cls, x: torch.Tensor) -> Pool:
+        return cls(x[:0].clone(), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), [],
+                   torch.zeros(0))
+
+    def concat(self, other: Pool) -> Pool:
+        return Pool(torch.cat([self.x, other.x]), torch.cat([self.y, other.y]),
+                    torch.cat([self.x0_index, other.x0_index]), self.method + other.method,
+                    torch.cat([self.fol, other.fol]))
+
+
+def _fol(model: nn.Module, x: torch.Tensor, y: torch.Tensor, x0: torch.Tensor, eps: float) -> torch.Tensor:
+    from robustest import metrics
+
+    if x.shape[0] == 0:
+        return torch.zeros(0)
+    return metrics.fol(model, x, y, x0=x0, eps=eps, norm="linf", batch_size=256).detach().float().cpu()
+
+
+def generate_pool(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: RobotConfig, seed: int,
+                  profile: Any = None) -> Pool:
+    """Generate a test pool from seeds ``x`` (N x C x H x W) / ``y`` (int64 [N]) against ``model`` with the
+    configured generator, and score every test by FOL (L-inf, ``cfg.eps``) w.r.t. its seed."""
+    if cfg.pool_limit is not None and cfg.pool_limit < x.shape[0]:
+        g = torch.Generator().manual_seed(derive_seed(seed, "pool-seeds"))
+        keep = torch.sort(torch.randperm(x.shape[0], generator=g)[:cfg.pool_limit]).values
+    else:
+        keep = torch.arange(x.shape[0])
+    xs, ys = x[keep], y[keep]
+    if cfg.pool == "attack":
+        xa, ya, idx, meth = adversarial_examples(model, (xs, ys), cfg.eps, pgd_steps=cfg.pool_pgd_steps,
+                                                 seed=derive_seed(seed, "pool-attack"), successful_only=True)
+        x0i = keep[idx]
+    elif cfg.pool == "fol-fuzz":
+        from robustest import fuzzing
+
+        res = fuzzing.fol_fuzz(model, xs, ys, seed=derive_seed(seed, "fol-fuzz"), **cfg.fuzz_options)
+        x0i = keep[res.seed_index.long().cpu()]
+        xa, ya, meth = res.x.detach().float().cpu(), y[x0i], ["fol-fuzz"] * int(res.x.shape[0])
+    else:
+        from robustest import fuzzing
+
+        if profile is None:
+            profile = _coverage_profile(model, x, cfg)
+        opts = {"metric": cfg.coverage_metric, **cfg.fuzz_options}
+        res = fuzzing.coverage_fuzz(model, xs, ys, profile, seed=derive_seed(seed, "cov-fuzz"), **opts)
+        x0i = keep[res.seed_index.long().cpu()]
+        xa, ya, meth = res.x.detach().float().cpu(), y[x0i], ["cov-fuzz"] * int(res.x.shape[0])
+    xa = xa.clamp(0, 1)
+    fol = _fol(model, xa, ya, x[x0i], cfg.eps)
+    return Pool(xa, ya.long(), x0i.long(), list(meth), fol)
+
+
+def _coverage_profile(model: nn.Module, x: torch.Tensor, cfg: RobotConfig) -> Any:
+    from robustest.metrics.coverage import CoverageProfile
+
+    return CoverageProfile.build(model, x[:cfg.coverage_profile_limit])
+
+
+def select_tests(strategy: str, model: nn.Module, pool: Pool, n: int, cfg: RobotConfig, seed: int,
+                 profile: Any = None, cache: dict[str, Any] | None = None) -> torch.Tensor:
+    """Indices (int64 [min(n, len(pool))]) of the tests ``strategy`` selects from ``pool``.
+
+    best / kmst rank by the pool's FOL; gini takes the highest DeepGini scores of ``model``; random draws
+    uniformly; coverage greedily maximises the ``coverage_metric`` cells covered (profile of ``model``).
+    ``cache`` keeps per-pool scores (gini, coverage bits) between calls on the same pool.
+    """
+    from robustest import selection
+
+    cache = {} if cache is None else cache
+    if len(pool) == 0 or n == 0:
+        return torch.zeros(0, dtype=torch.long)
+    if strategy in ("best", "kmst", "random"):
+        return selection.select(pool.fol, n, strategy, k=cfg.kmst_k, seed=seed)
+    if strategy == "gini":
+        if "gini" not in cache:
+            from robustest import metrics
+
+            cache["gini"] = metrics.gini(model, pool.x, batch_size=512).detach().float().cpu()
+        return selection.select(cache["gini"], n, "top", seed=seed)
+    if strategy == "coverage":
+        if "bits" not in cache:
+            prof = profile if profile is not None else _coverage_profile(model, pool.x, cfg)
+            cache["bits"] = prof.bits(pool.x, cfg.coverage_metric, **cfg.coverage_options).cpu()
+        return selection.select(cache["bits"], n, "coverage", seed=seed)
+    raise ConfigError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+

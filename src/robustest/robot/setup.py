@@ -1,0 +1,248 @@
+"""What the loop and the comparison share: the output folder and its resume marker, data and model
+loading, the validation split, the fixed adversarial set and baseline, fine-tuning with checkpoint
+selection on the validation split, and robustness measurement."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from robustest import data as datasets
+from robustest.errors import ConfigError, DataError
+from robustest.robot.config import _EXTENDABLE_KEYS, RobotConfig, derive_seed
+from robustest.robot.pool import Pool
+from robustest.robustness import FixedAdversarialSet, RobustnessReport, adversarial_examples, build_fixed_set, measure
+from robustest.runtime import atomic_save, atomic_write_json, resolve_device
+
+
+def _quantiles(t: torch.Tensor) -> dict[str, float | None]:
+    if t.numel() == 0:
+        return {"n": 0, "mean": None, "std": None, "min": None, "q25": None, "median": None, "q75": None, "max": None}
+    t = t.double()
+    q = torch.quantile(t, torch.tensor([0.25, 0.5, 0.75], dtype=torch.double)).tolist()
+    return {"n": int(t.numel()), "mean": float(t.mean()), "std": float(t.std()) if t.numel() > 1 else 0.0,
+            "min": float(t.min()), "q25": q[0], "median": q[1], "q75": q[2], "max": float(t.max())}
+
+
+
+# ------------------------------------------------------------------------------------------- the setup
+@dataclass
+class _Setup:
+    model0: nn.Module
+    x_fit: torch.Tensor
+    y_fit: torch.Tensor
+    val: tuple[torch.Tensor, torch.Tensor]
+    test: tuple[torch.Tensor, torch.Tensor]
+    fixed: FixedAdversarialSet
+    baseline: RobustnessReport
+    info: dict[str, Any]
+    device: torch.device
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _log(cfg: RobotConfig, msg: str) -> None:
+    if cfg.verbose:
+        import sys
+
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _limit(ds: Any, n: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = ds.tensors[0], ds.tensors[1]
+    if n is not None and n < len(x):
+        x, y = x[:n], y[:n]
+    return x.contiguous(), y.contiguous()
+
+
+def _fingerprint(cfg: RobotConfig, kind: str) -> str:
+    d = {k: v for k, v in cfg.result_dict().items() if k not in _EXTENDABLE_KEYS}
+    return hashlib.sha256(json.dumps([kind, d], sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _prepare_out(cfg: RobotConfig, kind: str) -> Path:
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out {str(out)!r} exists and is not a folder: choose another path")
+    marker = out / "state" / "run.json"
+    fp = _fingerprint(cfg, kind)
+    if marker.is_file():
+        try:
+            prev = json.loads(marker.read_text())
+        except (OSError, json.JSONDecodeError):
+            prev = {}
+        if not cfg.resume:
+            raise ConfigError(f"{out} already holds a run: pass --resume to continue it or choose another --out")
+        if prev.get("fingerprint") != fp:
+            raise ConfigError(f"{out} holds a run with different settings: resume with the same config or use "
+                              "another --out")
+    atomic_write_json(marker, {"kind": kind, "fingerprint": fp, "config": cfg.result_dict()})
+    return out
+
+
+def _train_original(cfg: RobotConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
+                    device: torch.device) -> nn.Module:
+    from robustest import models as zoo
+    from robustest.training import fit
+
+    mean = x.mean(dim=(0, 2, 3)).tolist()
+    std = x.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist()
+    torch.manual_seed(derive_seed(cfg.seed, "init"))
+    model = zoo.create(cfg.train_model, num_classes=max(num_classes, 2), in_channels=x.shape[1],
+                       input_size=x.shape[2], mean=mean, std=std).to(device)
+    fit(model, (x, y), epochs=cfg.train_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+        seed=derive_seed(cfg.seed, "train-original"), device=device, progress=cfg.progress)
+    return model
+
+
+def _measure(model: nn.Module, setup_test: tuple[torch.Tensor, torch.Tensor], fixed: FixedAdversarialSet,
+             cfg: RobotConfig, seed: int, whitebox: bool | None = None) -> RobustnessReport:
+    return measure(model, setup_test, eps=cfg.eps, fixed=fixed,
+                   whitebox=cfg.whitebox if whitebox is None else whitebox, whitebox_limit=cfg.whitebox_limit,
+                   pgd_steps=cfg.whitebox_pgd_steps, pgd_restarts=cfg.whitebox_restarts, apgd_steps=cfg.apgd_steps,
+                   corruptions=cfg.corruptions, seed=seed)
+
+
+def _rob(rep: RobustnessReport) -> dict[str, Any]:
+    d = rep.to_dict()
+    d.pop("seconds", None)
+    return d
+
+
+def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None) -> _Setup:
+    """Load data and model, carve the validation split, build (or load) the fixed adversarial set and the
+    baseline measurement; everything cached under OUT/state so a resumed run reuses it."""
+    from robustest.training import load_checkpoint, save_checkpoint
+
+    t0 = time.perf_counter()
+    device = resolve_device(model, cfg.device) if (cfg.device or model is not None) else torch.device("cpu")
+    train = datasets.load(cfg.dataset, root=cfg.data_dir, split="train")
+    test = datasets.load(cfg.dataset, root=cfg.data_dir, split="test")
+    x_tr, y_tr = _limit(train, cfg.train_limit)
+    x_te, y_te = _limit(test, cfg.test_limit)
+    n = x_tr.shape[0]
+    n_val = max(1, int(round(n * cfg.val_fraction)))
+    if n - n_val < 2:
+        raise DataError(f"only {n} training images: too few to carve a validation split (use more data)")
+    g = torch.Generator().manual_seed(derive_seed(cfg.seed, "val-split"))
+    perm = torch.randperm(n, generator=g)
+    val_idx, fit_idx = torch.sort(perm[:n_val]).values, torch.sort(perm[n_val:]).values
+    x_fit, y_fit = x_tr[fit_idx], y_tr[fit_idx]
+    x_val, y_val = x_tr[val_idx], y_tr[val_idx]
+    state = out / "state"
+    timings: dict[str, float] = {"load_data_s": time.perf_counter() - t0}
+
+    t1 = time.perf_counter()
+    orig_path = state / "original_model.pt"
+    if model is None and cfg.model is not None:
+        model = load_checkpoint(cfg.model, map_location=device)
+    elif model is None:
+        if orig_path.is_file():
+            model = load_checkpoint(orig_path, map_location=device)
+        else:
+            _log(cfg, f"training {cfg.train_model} on {cfg.dataset} ({len(x_tr)} images, {cfg.train_epochs} epochs)")
+            model = _train_original(cfg, x_tr, y_tr, int(max(y_tr.max(), y_te.max())) + 1, device)
+            save_checkpoint(orig_path, model, metadata={"dataset": cfg.dataset, "epochs": cfg.train_epochs})
+    model = model.to(device).eval()
+    _check_fits(model, x_tr, y_tr)
+    timings["original_model_s"] = time.perf_counter() - t1
+
+    t2 = time.perf_counter()
+    setup_path = state / "setup.pt"
+    if setup_path.is_file():
+        p = torch.load(setup_path, map_location="cpu", weights_only=True)
+        fixed = FixedAdversarialSet(x=p["fixed_x"], y=p["fixed_y"], source_index=p["fixed_index"],
+                                    method=list(p["fixed_method"]), eps=float(p["eps"]),
+                                    num_source=int(p["fixed_num_source"]), settings=dict(p["fixed_settings"]))
+        val_x, val_y = p["val_x"], p["val_y"]
+        base_json = json.loads((state / "baseline.json").read_text())
+        baseline = RobustnessReport(**base_json)
+    else:
+        _log(cfg, f"building the fixed adversarial set from {len(x_te)} test images (eps {cfg.eps})")
+        fixed = build_fixed_set(model, (x_te, y_te), cfg.eps, seed=derive_seed(cfg.seed, "fixed-set"))
+        val_x, val_y = x_val, y_val
+        if cfg.val_adversarial:
+            xa, ya, _, _ = adversarial_examples(model, (x_val, y_val), cfg.eps, pgd_steps=cfg.pool_pgd_steps,
+                                                seed=derive_seed(cfg.seed, "val-adv"))
+            val_x, val_y = torch.cat([x_val, xa]), torch.cat([y_val, ya])
+        baseline = _measure(model, (x_te, y_te), fixed, cfg, derive_seed(cfg.seed, "measure", "baseline"))
+        atomic_write_json(state / "baseline.json", baseline.to_dict())
+        atomic_save({"fixed_x": fixed.x, "fixed_y": fixed.y, "fixed_index": fixed.source_index,
+                     "fixed_method": fixed.method, "eps": fixed.eps, "fixed_num_source": fixed.num_source,
+                     "fixed_settings": fixed.settings, "val_x": val_x, "val_y": val_y}, setup_path)
+    timings["fixed_set_and_baseline_s"] = time.perf_counter() - t2
+    from robustest import models as zoo
+
+    try:
+        spec = zoo.spec_of(model)
+    except Exception:  # noqa: BLE001 - a model outside the zoo has no spec
+        spec = {"name": type(model).__name__}
+    info = {
+        "dataset": cfg.dataset, "num_train": int(n), "num_fit": int(len(x_fit)), "num_val_clean": int(n_val),
+        "num_val": int(len(val_x)), "num_test": int(len(x_te)), "model": spec,
+        "fixed_set": {"size": len(fixed), "num_source": fixed.num_source, "by_attack": fixed.counts(),
+                      "eps": fixed.eps, **fixed.settings},
+    }
+    return _Setup(model0=model, x_fit=x_fit, y_fit=y_fit, val=(val_x, val_y), test=(x_te, y_te), fixed=fixed,
+                  baseline=baseline, info=info, device=device, timings=timings)
+
+
+def _check_fits(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    spec = getattr(model, "robustest_spec", None) or {}
+    c, k = spec.get("in_channels"), spec.get("num_classes")
+    if c is not None and x.shape[1] != c:
+        raise ConfigError(f"the model takes {c}-channel images but the data has {x.shape[1]}: check dataset/model")
+    if k is not None and int(y.max()) >= k:
+        raise ConfigError(f"the data has label {int(y.max())} but the model has {k} classes: check dataset/model")
+
+
+# ---------------------------------------------------------------------------------------- fine-tuning
+def _finetune(model0: nn.Module, setup: _Setup, tests: Pool, cfg: RobotConfig, seed: int
+              ) -> tuple[nn.Module, nn.Module | None, dict[str, Any]]:
+    """Fine-tune a copy of ``model0`` on the training data + ``tests``; pick the checkpoint on the validation
+    split. Returns (selected model, last-epoch model or None when it is the selected one, history dict)."""
+    from robustest.training import fit
+
+    model = copy.deepcopy(model0)
+    last: dict[str, Any] = {}
+
+    def keep_last(epoch: int, m: nn.Module, stats: Any) -> None:
+        if epoch == cfg.epochs:
+            last["state"] = {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+    x = torch.cat([setup.x_fit, tests.x]) if len(tests) else setup.x_fit
+    y = torch.cat([setup.y_fit, tests.y]) if len(tests) else setup.y_fit
+    hist = fit(model, (x, y), epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, optimizer="adam",
+               val=setup.val, seed=seed, device=setup.device, progress=cfg.progress, restore_best=True,
+               on_epoch_end=keep_last)
+    last_model = None
+    if hist.best_epoch != cfg.epochs and "state" in last:
+        last_model = copy.deepcopy(model)
+        last_model.load_state_dict(last["state"])
+        last_model.eval()
+    h = hist.to_dict()
+    for e in h["epochs"]:
+        e.pop("seconds", None)
+    secs = h.pop("seconds", 0.0)
+    h["num_train"] = int(len(x))
+    return model, last_model, {"history": h, "seconds": secs}
+
+
+def _last_figures(best: RobustnessReport, last_model: nn.Module | None, setup: _Setup, cfg: RobotConfig,
+                  seed: int) -> dict[str, Any]:
+    if last_model is None:
+        return {**_rob(best), "same_as_selected": True}
+    rep = _measure(last_model, setup.test, setup.fixed, cfg, seed, whitebox=cfg.whitebox and cfg.whitebox_last)
+    return {**_rob(rep), "same_as_selected": False}
+
+
+def _f(v: Any) -> str:
+    return "-" if v is None else f"{v:.4f}"
+

@@ -1,0 +1,48 @@
+"""Weak-robust validation: local robustness analysis of training samples, the weak-robust validation set,
+validation under attacks and corruptions, and targeted enhancement (METHODS.md part B).
+
+* :func:`analyze` draws ``Q`` noisy neighbours of every sample and scores how often / how confidently they
+  are mispredicted (statistical, black-box). :func:`adversarial_radius` is the white-box counterpart: the
+  smallest L-inf PGD budget that flips each sample, found by a batched bisection.
+* :func:`select_weak` turns an :class:`Analysis` into a :class:`WeakSet` (top-K, top fraction, the
+  "most neighbours misclassified" threshold, optionally class-balanced).
+* :func:`validate` measures the error of a model on a set of samples (the weak set, a random subset, a
+  test split) under gradient attacks and common corruptions and labels every perturbation type a strength
+  or a weakness.
+* :func:`enhance` trains with AugMix-style mixing + Jensen-Shannon consistency + an adversarial copy of each
+  image, with the augmentation pool extended by the corruptions found to be weaknesses.
+
+Neighbour noise (reproducibility): the data set is cut into fixed blocks of :data:`NOISE_BLOCK` consecutive
+samples; block ``b`` draws its noise from a generator seeded with ``SeedSequence([seed, b])``. Results
+therefore depend on ``seed`` and the sample's position only, never on ``batch_size`` (up to floating-point
+differences of the forward pass itself). CPU and CUDA generators differ, so the noise differs by device.
+
+Package layout: ``analysis`` (Analysis, analyze, adversarial_radius), ``selection`` (WeakSet, select_weak),
+``validation`` (ValidationResult, validate), ``augment`` (the AugMix operations and pool, the mixing, the
+JSD loss), ``enhance`` (EnhanceResult, enhance).
+"""
+
+from __future__ import annotations
+
+from robustest.weakrobust.analysis import NOISE_BLOCK, Analysis, adversarial_radius, analyze
+from robustest.weakrobust.augment import AUGMIX_OPS, augmentation_pool
+from robustest.weakrobust.enhance import EnhanceResult, enhance
+from robustest.weakrobust.selection import WeakSet, select_weak
+from robustest.weakrobust.validation import ATTACKS, ValidationResult, default_eps_grid, validate
+
+__all__ = [
+    "ATTACKS",
+    "AUGMIX_OPS",
+    "NOISE_BLOCK",
+    "Analysis",
+    "EnhanceResult",
+    "ValidationResult",
+    "WeakSet",
+    "adversarial_radius",
+    "analyze",
+    "augmentation_pool",
+    "default_eps_grid",
+    "enhance",
+    "select_weak",
+    "validate",
+]

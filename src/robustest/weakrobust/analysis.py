@@ -1,0 +1,306 @@
+"""Local robustness analysis (METHODS B1): :func:`analyze` scores every sample by how often and how
+confidently its Q noisy neighbours are mispredicted; :func:`adversarial_radius` is the white-box
+counterpart (the smallest L-inf PGD budget that flips each sample, by batched bisection)."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from robustest.errors import ConfigError, DataError
+from robustest.runtime import (
+    DataLike,
+    atomic_save,
+    check_images,
+    check_labels,
+    eval_mode,
+    forward,
+    frozen_params,
+    iter_batches,
+    load_plain,
+    make_generator,
+    num_samples,
+    resolve_device,
+)
+from robustest.runtime import progress as progress_bar
+
+NOISE_BLOCK = 16
+"""Samples per noise block: the unit whose neighbour noise is drawn from one seeded generator."""
+
+
+def _block_seed(seed: int, block: int) -> int:
+    return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(block)]).generate_state(1, dtype=np.uint64)[0]
+               & 0x7FFFFFFFFFFFFFFF)
+
+
+# ================================================================================== local robustness
+@dataclass
+class Analysis:
+    """Per-sample local robustness of a data set (all tensors 1-D of length N, in input order, on CPU).
+
+    ``score``: mean misprediction score over the Q neighbours (higher = weaker); ``frac_misclassified``:
+    fraction of neighbours whose prediction is not the label; ``clean_correct``: prediction on the sample
+    itself is right; ``clean_score``: misprediction score of the sample itself; ``top_wrong``: the wrong
+    class with the largest mean neighbour probability; ``label``; ``index``: position in the data set.
+    ``params``: how it was computed (n_neighbors, eps, noise, quantize, seed, seconds).
+    """
+
+    score: torch.Tensor
+    frac_misclassified: torch.Tensor
+    clean_correct: torch.Tensor
+    clean_score: torch.Tensor
+    top_wrong: torch.Tensor
+    label: torch.Tensor
+    index: torch.Tensor
+    params: dict[str, Any] = field(default_factory=dict)
+
+    _TENSORS = ("score", "frac_misclassified", "clean_correct", "clean_score", "top_wrong", "label", "index")
+
+    def __len__(self) -> int:
+        return int(self.score.shape[0])
+
+    def order(self) -> torch.Tensor:
+        """Positions (into this analysis) from the weakest sample to the most robust one: score descending,
+        ties broken by fraction misclassified descending, then by index ascending."""
+        pos = torch.arange(len(self))
+        o = torch.sort(-self.frac_misclassified.double(), stable=True).indices
+        o = o[torch.sort(-self.score.double()[o], stable=True).indices]
+        return pos[o]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain tensors + params (loads with ``torch.load(weights_only=True)``)."""
+        d: dict[str, Any] = {k: getattr(self, k) for k in self._TENSORS}
+        d["params"] = dict(self.params)
+        d["format"] = "robustest-analysis"
+        return d
+
+    def summary(self) -> dict[str, Any]:
+        n = max(1, len(self))
+        return {
+            "n": len(self),
+            "mean_score": float(self.score.mean()) if len(self) else None,
+            "clean_accuracy": float(self.clean_correct.float().sum() / n),
+            "frac_any_neighbour_wrong": float((self.frac_misclassified > 0).float().sum() / n),
+            "frac_most_neighbours_wrong": float((self.frac_misclassified > 0.5).float().sum() / n),
+            **self.params,
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        return atomic_save(self.to_dict(), path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Analysis:
+        d = load_plain(path, fmt="robustest-analysis", what="robustest analysis file",
+                       fix="write one with 'robustest analyze'")
+        return cls(**{k: d[k] for k in cls._TENSORS}, params=dict(d.get("params") or {}))
+
+
+def _neighbour_noise(idx: torch.Tensor, q: int, shape: tuple[int, ...], eps: float, noise: str, seed: int,
+                     device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Noise of shape [len(idx), q, *shape] for the contiguous sample positions ``idx`` (written into ``out``
+    when given). Block ``b`` of :data:`NOISE_BLOCK` samples always draws the same numbers, however the
+    positions are batched."""
+    lo, hi = int(idx[0]), int(idx[-1]) + 1
+    if out is None:
+        out = torch.empty((hi - lo, q, *shape), device=device)
+
+    def fill(t: torch.Tensor, gen: torch.Generator) -> None:
+        if noise == "uniform":
+            t.uniform_(-eps / 2, eps / 2, generator=gen)
+        else:
+            t.normal_(0.0, eps / (2 * math.sqrt(3.0)), generator=gen)
+
+    for b in range(lo // NOISE_BLOCK, (hi - 1) // NOISE_BLOCK + 1):
+        gen = make_generator(_block_seed(seed, b), device)
+        s = max(lo, b * NOISE_BLOCK) - b * NOISE_BLOCK
+        e = min(hi, (b + 1) * NOISE_BLOCK) - b * NOISE_BLOCK
+        dst = out[b * NOISE_BLOCK + s - lo: b * NOISE_BLOCK + e - lo]
+        if s == 0 and e == NOISE_BLOCK:
+            fill(dst, gen)  # whole block: draw in place
+        else:
+            blk = torch.empty((NOISE_BLOCK, q, *shape), device=device)
+            fill(blk, gen)
+            dst.copy_(blk[s:e])
+    return out
+
+
+@torch.no_grad()
+def analyze(
+    model: nn.Module,
+    data: DataLike,
+    n_neighbors: int = 50,
+    eps: float = 0.22,
+    noise: str = "uniform",
+    quantize: bool = True,
+    batch_size: int = 4096,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+) -> Analysis:
+    """Local robustness analysis (METHODS B1) of every sample of labelled ``data`` (images N x C x H x W).
+
+    Neighbours ``x_q = clip(x + delta_q, 0, 1)``; ``noise="uniform"``: ``delta_q ~ U[-eps/2, eps/2]^d``;
+    ``noise="gaussian"``: ``delta_q ~ N(0, s^2)^d`` with ``s = eps / (2 sqrt 3)``, the standard deviation of
+    the uniform noise. With ``quantize`` the neighbours are rounded to the 256 uint8 levels. Misprediction
+    score of a neighbour: ``Ms = 0`` if ``argmax p = y`` else ``max_{k != y} p_k``.
+
+    ``batch_size`` is the number of images (neighbours + the clean sample) per forward pass: the data set is
+    streamed in chunks of whole noise blocks, so memory is bounded by the chunk, not by N. Results do not
+    depend on ``batch_size`` (see the module docstring). Returns an :class:`Analysis` (tensors on CPU).
+    """
+    if n_neighbors < 1:
+        raise ConfigError(f"n_neighbors must be >= 1, got {n_neighbors}")
+    if not eps > 0:
+        raise ConfigError(f"eps must be positive, got {eps}")
+    if noise not in ("uniform", "gaussian"):
+        raise ConfigError(f"unknown noise {noise!r}: use 'uniform' or 'gaussian'")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    dev = resolve_device(model, device)
+    q = int(n_neighbors)
+    chunk = NOISE_BLOCK * max(1, batch_size // (NOISE_BLOCK * (q + 1)))
+    # Results go into tensors allocated once up front: small per-chunk tensors kept alive between the large
+    # temporary buffers would pin the allocator's heap and make resident memory grow with N.
+    n_total = num_samples(data)
+    dtypes = {"clean_correct": torch.bool, "top_wrong": torch.long, "label": torch.long, "index": torch.long}
+    out = {k: torch.empty(n_total, dtype=dtypes.get(k, torch.float32)) for k in Analysis._TENSORS}
+    t0 = time.perf_counter()
+    n_seen = 0
+    buf: torch.Tensor | None = None
+    with eval_mode(model):
+        it = iter_batches(data, chunk, dev, with_index=True)
+        try:
+            total: int | None = -(-num_samples(data) // chunk)
+        except Exception:  # noqa: BLE001 - only for the progress bar
+            total = None
+        for idx, xb, yb in progress_bar(it, enabled=progress, desc="analyze", total=total, unit="chunk"):
+            if yb is None:
+                raise DataError("analyze needs labels: pass (x, y) or a labelled Dataset")
+            check_images(xb, "data images")
+            yb = check_labels(yb, xb.shape[0], name="data labels").long()
+            s = xb.shape[0]
+            n_seen += s
+            shape = tuple(xb.shape[1:])
+            if buf is None or buf.shape[0] < s * q + s or buf.shape[1:] != shape or buf.dtype != xb.dtype:
+                buf = torch.empty((s * q + s, *shape), device=dev, dtype=xb.dtype)  # reused across chunks
+            inp = buf[: s * q + s]  # neighbours, then the clean samples
+            xn = inp[: s * q].view(s, q, *shape)
+            _neighbour_noise(idx, q, shape, eps, noise, seed, dev, out=xn)
+            xn.add_(xb.unsqueeze(1)).clamp_(0.0, 1.0)
+            if quantize:
+                xn.mul_(255.0).round_().div_(255.0)
+            inp[s * q:].copy_(xb)
+            logits = forward(model, inp).float()
+            k = logits.shape[1]
+            if int(yb.max()) >= k:
+                raise DataError(f"data has label {int(yb.max())} but the model has {k} classes")
+            prob = logits.softmax(dim=1)
+            pn = prob[: s * q].reshape(s, q, k)
+            pc = prob[s * q:]
+            wrong_n = pn.argmax(dim=2) != yb[:, None]
+            ms_n = torch.where(wrong_n, pn.amax(dim=2), torch.zeros((), device=dev))
+            wrong_c = pc.argmax(dim=1) != yb
+            ms_c = torch.where(wrong_c, pc.amax(dim=1), torch.zeros((), device=dev))
+            mean_p = pn.mean(dim=1)
+            mean_p.scatter_(1, yb[:, None], -1.0)
+            if n_seen > n_total:
+                raise DataError(f"the data set yielded more than the {n_total} samples it reports")
+            sl = slice(n_seen - s, n_seen)
+            out["score"][sl] = ms_n.mean(dim=1).cpu()
+            out["frac_misclassified"][sl] = wrong_n.float().mean(dim=1).cpu()
+            out["clean_correct"][sl] = (~wrong_c).cpu()
+            out["clean_score"][sl] = ms_c.cpu()
+            out["top_wrong"][sl] = mean_p.argmax(dim=1).cpu()
+            out["label"][sl] = yb.cpu()
+            out["index"][sl] = idx.cpu().long()
+    if n_seen == 0:
+        raise DataError("analyze got an empty data set: check the split and --limit")
+    params = {"n_neighbors": q, "eps": float(eps), "noise": noise, "quantize": bool(quantize), "seed": int(seed),
+              "batch_size": int(batch_size), "seconds": time.perf_counter() - t0, "device": str(dev)}
+    return Analysis(**{k: v[:n_seen] for k, v in out.items()}, params=params)
+
+
+def adversarial_radius(
+    model: nn.Module,
+    data: DataLike,
+    eps_max: float = 0.3,
+    steps: int = 10,
+    bisection_steps: int = 8,
+    batch_size: int = 256,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Smallest L-inf budget that flips each sample (white-box counterpart of :func:`analyze`).
+
+    For every sample, a bisection over ``eps in (0, eps_max]`` runs ``steps``-step PGD (step ``2.5 eps /
+    steps``, random start from a generator seeded by ``seed`` and the batch) with a per-sample budget, all
+    samples of a batch in one attack per bisection step. Returns a float tensor [N] on CPU: 0 for samples
+    misclassified clean, ``inf`` when PGD at ``eps_max`` does not flip the sample, else the upper end of the
+    final bracket (within ``eps_max / 2**bisection_steps`` of the radius PGD finds).
+    """
+    if not eps_max > 0:
+        raise ConfigError(f"eps_max must be positive, got {eps_max}")
+    if steps < 1 or bisection_steps < 0:
+        raise ConfigError("steps must be >= 1 and bisection_steps >= 0")
+    dev = resolve_device(model, device)
+    out = []
+    with eval_mode(model), frozen_params(model):
+        for idx, xb, yb in iter_batches(data, batch_size, dev, with_index=True):
+            if yb is None:
+                raise DataError("adversarial_radius needs labels: pass (x, y) or a labelled Dataset")
+            check_images(xb, "data images")
+            yb = check_labels(yb, xb.shape[0], name="data labels").long()
+            gen = make_generator(_block_seed(seed, int(idx[0])), dev)
+            n = xb.shape[0]
+            with torch.no_grad():
+                clean_wrong = forward(model, xb).argmax(1) != yb
+            hi = torch.full((n,), float(eps_max), device=dev)
+            lo = torch.zeros(n, device=dev)
+            flips = _pgd_flips(model, xb, yb, hi, steps, gen) | clean_wrong
+            radius = torch.where(flips, hi, torch.full_like(hi, float("inf")))
+            active = flips & ~clean_wrong
+            for _ in range(bisection_steps):
+                if not bool(active.any()):
+                    break
+                a = active.nonzero().squeeze(1)
+                mid = (lo[a] + hi[a]) / 2
+                f = _pgd_flips(model, xb[a], yb[a], mid, steps, gen)
+                hi[a] = torch.where(f, mid, hi[a])
+                lo[a] = torch.where(f, lo[a], mid)
+            radius = torch.where(active, hi, radius)
+            radius[clean_wrong] = 0.0
+            out.append(radius.cpu())
+    if not out:
+        raise DataError("adversarial_radius got an empty data set")
+    return torch.cat(out)
+
+
+def _pgd_flips(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: torch.Tensor, steps: int,
+               gen: torch.Generator) -> torch.Tensor:
+    """L-inf PGD with a per-sample budget ``eps`` [N]; True where some iterate is misclassified."""
+    e = eps.view(-1, *([1] * (x.dim() - 1)))
+    alpha = 2.5 * e / steps
+    delta = (torch.rand(x.shape, generator=gen, device=x.device) * 2 - 1) * e
+    xa = (x + delta).clamp(0, 1)
+    flipped = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    for _ in range(steps):
+        xa.requires_grad_(True)
+        logits = forward(model, xa)
+        flipped |= logits.detach().argmax(1) != y
+        grad, = torch.autograd.grad(F.cross_entropy(logits, y, reduction="sum"), xa)
+        with torch.no_grad():
+            xa = xa.detach() + alpha * grad.sign()
+            xa = torch.max(torch.min(xa, x + e), x - e).clamp(0, 1)
+    with torch.no_grad():
+        flipped |= forward(model, xa).argmax(1) != y
+    return flipped
+
