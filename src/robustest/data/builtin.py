@@ -53,6 +53,11 @@ def _find_idx(root: Path, split: str, kind: str, subdirs: tuple[str, ...]) -> Pa
     return None
 
 
+def _not_npy(path: Path, what: str) -> None:
+    if path.suffix == ".npy":
+        raise DataError(f"{path}: is a single .npy array, not an npz archive of named arrays: pass {what}")
+
+
 def load_keras_npz(path: Path, split: str, opts: LoadOptions, source: str, num_classes: int | None) -> ImageDataset:
     """A Keras-style npz (``x_<split>``, ``y_<split>``), reading only ``opts.limit`` rows."""
     kx, ky = f"x_{split}", f"y_{split}"
@@ -68,6 +73,7 @@ def _mnist_like(root: Path, split: str, opts: LoadOptions, npz_names_: tuple[str
     if root.is_file():
         if root.suffix == ".npz":
             return load_keras_npz(root, split, opts, label, 10)
+        _not_npy(root, f"a Keras-style {label}.npz (x_train, y_train, x_test, y_test) or the IDX folder")
         raise DataError(f"{root}: expected a folder of IDX files or a .npz file for {label}")
     img = _find_idx(root, split, "images", subdirs)
     lab = _find_idx(root, split, "labels", subdirs)
@@ -132,6 +138,7 @@ def _cifar(root: Path, split: str, opts: LoadOptions, name: str, folder: str, fi
     if root.is_file():
         if root.suffix == ".npz":
             return load_keras_npz(root, split, opts, name, num_classes)
+        _not_npy(root, f"a Keras-style {name}.npz (x_train, y_train, x_test, y_test) or the {folder} folder")
         raise DataError(f"{root}: expected the {folder} folder or a .npz file")
     for base in (root / folder, root):
         if all((base / f).is_file() for f in files):

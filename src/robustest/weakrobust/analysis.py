@@ -106,12 +106,16 @@ class Analysis:
 
 def _neighbour_noise(idx: torch.Tensor, q: int, shape: tuple[int, ...], eps: float, noise: str, seed: int,
                      device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Noise of shape [len(idx), q, *shape] for the contiguous sample positions ``idx`` (written into ``out``
+    """Noise of shape [len(idx), q, *shape] for the samples at data-set positions ``idx`` (written into ``out``
     when given). Block ``b`` of :data:`NOISE_BLOCK` samples always draws the same numbers, however the
-    positions are batched."""
-    lo, hi = int(idx[0]), int(idx[-1]) + 1
+    positions are batched or ordered, so a sample's neighbours depend on its index alone. Contiguous
+    positions (the usual in-order pass) draw only the blocks they cover; shuffled positions draw each
+    block they touch and gather their rows."""
+    n = idx.numel()
     if out is None:
-        out = torch.empty((hi - lo, q, *shape), device=device)
+        out = torch.empty((n, q, *shape), device=device)
+    if n == 0:
+        return out
 
     def fill(t: torch.Tensor, gen: torch.Generator) -> None:
         if noise == "uniform":
@@ -119,17 +123,27 @@ def _neighbour_noise(idx: torch.Tensor, q: int, shape: tuple[int, ...], eps: flo
         else:
             t.normal_(0.0, eps / (2 * math.sqrt(3.0)), generator=gen)
 
-    for b in range(lo // NOISE_BLOCK, (hi - 1) // NOISE_BLOCK + 1):
-        gen = make_generator(_block_seed(seed, b), device)
-        s = max(lo, b * NOISE_BLOCK) - b * NOISE_BLOCK
-        e = min(hi, (b + 1) * NOISE_BLOCK) - b * NOISE_BLOCK
-        dst = out[b * NOISE_BLOCK + s - lo: b * NOISE_BLOCK + e - lo]
-        if s == 0 and e == NOISE_BLOCK:
-            fill(dst, gen)  # whole block: draw in place
-        else:
-            blk = torch.empty((NOISE_BLOCK, q, *shape), device=device)
-            fill(blk, gen)
-            dst.copy_(blk[s:e])
+    idx = idx.cpu().long()
+    lo, hi = int(idx[0]), int(idx[-1]) + 1
+    if hi - lo == n and torch.equal(idx, torch.arange(lo, hi)):
+        for b in range(lo // NOISE_BLOCK, (hi - 1) // NOISE_BLOCK + 1):
+            gen = make_generator(_block_seed(seed, b), device)
+            s = max(lo, b * NOISE_BLOCK) - b * NOISE_BLOCK
+            e = min(hi, (b + 1) * NOISE_BLOCK) - b * NOISE_BLOCK
+            dst = out[b * NOISE_BLOCK + s - lo: b * NOISE_BLOCK + e - lo]
+            if s == 0 and e == NOISE_BLOCK:
+                fill(dst, gen)  # whole block: draw in place
+            else:
+                blk = torch.empty((NOISE_BLOCK, q, *shape), device=device)
+                fill(blk, gen)
+                dst.copy_(blk[s:e])
+        return out
+    blocks = idx // NOISE_BLOCK
+    blk = torch.empty((NOISE_BLOCK, q, *shape), device=device)
+    for b in torch.unique(blocks).tolist():
+        rows = torch.nonzero(blocks == b).flatten()
+        fill(blk, make_generator(_block_seed(seed, b), device))
+        out[rows.to(device)] = blk[(idx[rows] - b * NOISE_BLOCK).to(device)]
     return out
 
 

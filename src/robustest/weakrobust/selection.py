@@ -15,9 +15,10 @@ import torch
 from robustest.errors import ConfigError, DataError
 from robustest.runtime import (
     DataLike,
-    as_tensors,
     atomic_save,
     atomic_write_json,
+    num_samples,
+    take,
 )
 from robustest.weakrobust.analysis import Analysis
 
@@ -41,13 +42,14 @@ class WeakSet:
 
     def take(self, data: DataLike) -> tuple[torch.Tensor, torch.Tensor]:
         """The weak samples of ``data`` (the data set that was analysed) as ``(x, y)`` tensors."""
-        x, y = as_tensors(data)
+        n = num_samples(data)
+        if len(self) and int(self.indices.max()) >= n:
+            raise DataError(f"weak set index {int(self.indices.max())} is outside the data set of {n} "
+                            "samples: use the same data set (and split) that was analysed")
+        x, y = take(data, self.indices)
         if y is None:
             raise DataError("the data set needs labels")
-        if len(self) and int(self.indices.max()) >= x.shape[0]:
-            raise DataError(f"weak set index {int(self.indices.max())} is outside the data set of {x.shape[0]} "
-                            "samples: use the same data set (and split) that was analysed")
-        return x[self.indices], y[self.indices]
+        return x, y
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": "robustest-weakset", "indices": self.indices, "scores": self.scores,

@@ -17,13 +17,14 @@ from torch import nn
 from robustest.errors import ConfigError, DataError
 from robustest.runtime import (
     DataLike,
-    as_tensors,
     atomic_save,
     check_images,
     check_labels,
     eval_mode,
     forward,
+    num_samples,
     resolve_device,
+    take,
 )
 from robustest.runtime import progress as progress_bar
 from robustest.weakrobust.selection import WeakSet
@@ -217,23 +218,23 @@ def validate(
     from robustest import attacks as atk_mod
     from robustest import corruptions as corr
 
-    x_all, y_all = as_tensors(data)
-    if y_all is None:
-        raise DataError("validate needs labels: pass (x, y) or a labelled Dataset")
-    check_images(x_all, "data images")
-    check_labels(y_all, x_all.shape[0], name="data labels")
+    n_all = num_samples(data)
     if weak_set is None:
-        idx = torch.arange(x_all.shape[0])
+        idx = torch.arange(n_all)
     elif isinstance(weak_set, WeakSet):
         idx = weak_set.indices
     else:
         idx = torch.as_tensor(weak_set, dtype=torch.long).reshape(-1)
     if idx.numel() == 0:
         raise DataError("the weak set is empty: select with a lower threshold or give k / fraction")
-    if int(idx.max()) >= x_all.shape[0] or int(idx.min()) < 0:
-        raise DataError(f"weak set indices reach {int(idx.max())} but the data set has {x_all.shape[0]} samples: "
+    if int(idx.max()) >= n_all or int(idx.min()) < 0:
+        raise DataError(f"weak set indices reach {int(idx.max())} but the data set has {n_all} samples: "
                         "validate on the data set that was analysed")
-    x, y = x_all[idx], y_all[idx].long()
+    x, y = take(data, idx)  # only these samples are read: the indices refer to the data set, whatever its order
+    if y is None:
+        raise DataError("validate needs labels: pass (x, y) or a labelled Dataset")
+    check_images(x, "data images")
+    y = check_labels(torch.as_tensor(y), x.shape[0], name="data labels").long()
     attacks_, corrs = _parse_perturbations(perturbations)
     grid = tuple(float(e) for e in (eps if eps is not None else default_eps_grid(x.shape[1])))
     sev = tuple(int(s) for s in severities)
