@@ -44,7 +44,9 @@ __all__ = [
     "load_model",
     "load_state_dict_file",
     "restore_weights",
+    "clone_model",
     "save_checkpoint",
+    "save_weights",
     "source_of",
     "state_fingerprint",
 ]
@@ -331,6 +333,9 @@ def _rebuild(path: Path, spec: dict[str, Any], map_location: Any) -> nn.Module:
     if kind == "factory":
         raise CheckpointError(f"{path} holds weights of a model built by {spec.get('factory')!r}: rebuilding it runs "
                               f"that code, so name it: --checkpoint {path.name} --model {spec.get('factory')}")
+    if kind == "torchscript":
+        raise CheckpointError(f"{path} holds weights of a TorchScript model: load the archive it came from with "
+                              "--torchscript (or restore_weights in Python)")
     if kind == "module":
         raise CheckpointError(f"{path} holds weights of {spec.get('class')!r}, built outside robustest: rebuild it "
                               "with --model pkg.module:factory --checkpoint FILE (or restore_weights in Python)")
@@ -356,6 +361,36 @@ def restore_weights(model: nn.Module, path: str | os.PathLike[str]) -> nn.Module
     _load_weights(model, state, str(path))
     model.robustest_metadata = meta  # type: ignore[attr-defined]
     return model
+
+
+def clone_model(model: nn.Module) -> nn.Module:
+    """An independent copy of ``model`` (weights, buffers, mode and robustest attributes) that trains on its own.
+    TorchScript modules are copied through a TorchScript round trip: ``copy.deepcopy`` of one gives parameters
+    an optimiser refuses."""
+    import copy
+    import io
+
+    if isinstance(model, torch.jit.ScriptModule):
+        buf = io.BytesIO()
+        torch.jit.save(model, buf)
+        buf.seek(0)
+        dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+        clone = torch.jit.load(buf, map_location=dev)
+        for attr in ("robustest_source", "robustest_metadata"):
+            if hasattr(model, attr):
+                setattr(clone, attr, copy.deepcopy(getattr(model, attr)))
+        return clone.train(model.training)
+    return copy.deepcopy(model)
+
+
+def save_weights(path: str | os.PathLike[str], model: nn.Module, metadata: dict[str, Any] | None = None) -> Path:
+    """Atomically write ``model``'s weights with the spec of :func:`source_of` as a plain checkpoint (never a
+    TorchScript archive): the state a long run keeps and :func:`restore_weights` reads back."""
+    payload = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION,
+               "spec": _plain_metadata(source_of(model), "spec"),
+               "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+               "metadata": _plain_metadata(dict(metadata or {}))}
+    return atomic_save(payload, path)
 
 
 def save_checkpoint(path: str | os.PathLike[str], model: nn.Module, spec: dict[str, Any] | None = None,

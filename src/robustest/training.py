@@ -182,10 +182,19 @@ class TrainData:
         return int(num_classes)
 
     def epoch(self, epoch: int, num_classes: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The (x, y) batches of epoch ``epoch`` (1-based)."""
+        for _, x, y in self.indexed_epoch(epoch, num_classes):
+            yield x, y
+
+    def indexed_epoch(self, epoch: int, num_classes: int
+                      ) -> Iterator[tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]]:
+        """(positions, x, y) batches: positions in the data set on the in-memory path, None from a DataLoader
+        (whose items may be augmented views rather than stored samples)."""
         if self.loader is None:
             perm = torch.randperm(self.n, generator=self.gen)
             for s in range(0, self.n, self.batch_size):
-                yield self._gather(perm[s:s + self.batch_size])
+                idx = perm[s:s + self.batch_size]
+                yield (idx, *self._gather(idx))
             return
         sampler = getattr(self.loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
@@ -195,7 +204,7 @@ class TrainData:
             if y is None:
                 raise ConfigError("training data needs labels: the DataLoader yields images only")
             x = check_images(x, "training images")
-            yield x, check_labels(torch.as_tensor(y), len(x), num_classes, name="training labels")
+            yield None, x, check_labels(torch.as_tensor(y), len(x), num_classes, name="training labels")
 
 
 def fit(

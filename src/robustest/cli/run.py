@@ -17,7 +17,7 @@ import argparse
 import sys
 from typing import Any
 
-from robustest.cli._common import positive_float, positive_int, print_table
+from robustest.cli._common import json_object, positive_float, positive_int, print_table
 
 ORDER = 40
 
@@ -39,7 +39,16 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by ``run`` and ``compare`` (each overrides the config file's key of the same name)."""
     p.add_argument("--config", metavar="FILE", help="YAML file with RobotConfig keys (flags override it)")
     p.add_argument("--checkpoint", dest="model", metavar="FILE",
-                   help="model.pt from 'robustest train' (default: train --train-model on the data first)")
+                   help="model.pt from 'robustest train', a .pt2 program, or a TorchScript archive with --torchscript "
+                        "(default: train --train-model on the data first); with --model: that model's weights")
+    p.add_argument("--torchscript", action="store_const", const=True,
+                   help="accept a TorchScript archive as --checkpoint: it RUNS CODE from the file, so only from a "
+                        "source you trust")
+    p.add_argument("--model", dest="model_factory", metavar="PKG.MODULE:FACTORY",
+                   help="build the model by calling your function or class (imported from PYTHONPATH or the "
+                        "current folder): this RUNS YOUR CODE")
+    p.add_argument("--model-args", type=json_object, metavar="JSON", help="keyword arguments for --model (JSON)")
+    p.add_argument("--weights", metavar="FILE", help="state_dict for --model (torch.load weights_only=True)")
     p.add_argument("--train-model", metavar="NAME", help="zoo model trained when no checkpoint is given")
     p.add_argument("--train-epochs", type=positive_int, metavar="N", help="epochs for that training")
     p.add_argument("--dataset", metavar="NAME", help="data set name (default: digits)")
@@ -84,7 +93,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-_FLAG_KEYS = ("model", "train_model", "train_epochs", "dataset", "data_dir", "train_limit", "test_limit", "eps",
+_FLAG_KEYS = ("model", "model_factory", "model_args", "weights", "torchscript", "train_model", "train_epochs",
+              "dataset", "data_dir", "train_limit", "test_limit", "eps",
               "pool", "pool_limit", "epochs", "batch_size", "lr", "whitebox_limit", "whitebox", "out", "resume",
               "seed", "device", "strategy", "budget", "rounds", "time_budget", "target", "target_metric",
               "convergence_tol", "convergence_patience", "strategies", "budgets", "seeds")

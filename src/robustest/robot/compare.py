@@ -84,9 +84,9 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
             rec = {"strategy": s, "budget": b, "seed": sd, "n": len(sel), "by_method": sel.counts(),
                    "fol": _quantiles(sel.fol), "train": tr["history"], "robustness": _rob(rob),
                    "robustness_last_epoch": last}
-            from robustest.training import save_checkpoint
+            from robustest.checkpoints import save_weights
 
-            save_checkpoint(cdir / "model.pt", new_model, metadata={"strategy": s, "budget": str(b), "seed": sd})
+            save_weights(cdir / "model.pt", new_model, metadata={"strategy": s, "budget": str(b), "seed": sd})
             atomic_save({"pool_index": idx}, cdir / "selected.pt")
             atomic_write_json(rec_path, rec)  # written last: marks the cell finished
             timings["cells"].append({"cell": key, "seconds": time.perf_counter() - tc})

@@ -22,6 +22,8 @@ METRICS = ("clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy", "whitebo
 # config keys that do not change results (left out of results.json and of the resume check)
 _RUNTIME_KEYS = ("out", "resume", "progress", "verbose", "device")
 # keys a resumed run may change: they decide how many rounds/cells run, not what a finished one contains
+# paths whose CONTENT a resumed run checks (model weights and data are fingerprinted), so a moved file is fine
+_PATH_KEYS = ("model", "weights", "data_dir")
 _EXTENDABLE_KEYS = ("rounds", "time_budget", "target", "target_metric", "strategies", "budgets", "seeds", "examples")
 
 
@@ -47,6 +49,10 @@ class RobotConfig:
     """
 
     model: str | None = None
+    model_factory: str | None = None
+    model_args: dict[str, Any] | None = None
+    weights: str | None = None
+    torchscript: bool = False
     train_model: str = "digits_cnn"
     train_epochs: int = 30
     dataset: str = "digits"
@@ -152,6 +158,17 @@ class RobotConfig:
 
         if self.model is not None and not isinstance(self.model, str):
             raise ConfigError(f"model must be a checkpoint path, got {self.model!r}")
+        if self.model_factory is not None and (not isinstance(self.model_factory, str)
+                                               or self.model_factory.count(":") != 1):
+            raise ConfigError(f"model_factory must be 'package.module:function', got {self.model_factory!r}")
+        if self.model_args is not None and not isinstance(self.model_args, dict):
+            raise ConfigError(f"model_args must be a mapping of keyword arguments, got {self.model_args!r}")
+        if self.model_args is not None and self.model_factory is None:
+            raise ConfigError("model_args applies to model_factory: name the factory too")
+        if self.weights is not None and (not isinstance(self.weights, str) or self.model_factory is None):
+            raise ConfigError("weights is a state_dict path for model_factory: name the factory too")
+        if not isinstance(self.torchscript, bool):
+            raise ConfigError(f"torchscript must be true or false, got {self.torchscript!r}")
         from robustest import models as zoo
 
         if self.train_model not in zoo.names():

@@ -104,10 +104,10 @@ def run(config: RobotConfig | dict[str, Any], model: nn.Module | None = None) ->
         rdir = state / f"round{r:03d}"
         rec_path = rdir / "round.json"
         if rec_path.is_file():  # finished earlier: load, do not redo
-            from robustest.training import load_checkpoint
+            from robustest.checkpoints import clone_model, restore_weights
 
             rec = json.loads(rec_path.read_text())
-            model_cur = load_checkpoint(rdir / "model.pt", map_location=setup.device)
+            model_cur = restore_weights(clone_model(setup.model0), rdir / "model.pt")
             sel = Pool.from_payload(torch.load(rdir / "selected.pt", map_location="cpu", weights_only=True))
             tests = tests.concat(sel)
             fol_by_round[r] = torch.load(rdir / "fol.pt", map_location="cpu", weights_only=True)
@@ -153,7 +153,7 @@ def run(config: RobotConfig | dict[str, Any], model: nn.Module | None = None) ->
 
 def _one_round(r: int, model_cur: nn.Module, setup: _Setup, tests: Pool, cfg: RobotConfig, stats: list[float],
                rdir: Path) -> tuple[dict[str, Any], nn.Module, Pool, torch.Tensor, dict[str, float]]:
-    from robustest.training import save_checkpoint
+    from robustest.checkpoints import save_weights
 
     t0 = time.perf_counter()
     seed_r = derive_seed(cfg.seed, "round", r)
@@ -184,7 +184,7 @@ def _one_round(r: int, model_cur: nn.Module, setup: _Setup, tests: Pool, cfg: Ro
         "robustness_last_epoch": last,
         "convergence": {**rule, **conv},
     }
-    save_checkpoint(rdir / "model.pt", new_model, metadata={"round": r})
+    save_weights(rdir / "model.pt", new_model, metadata={"round": r})
     atomic_save({**sel.payload(), "pool_index": idx}, rdir / "selected.pt")
     atomic_save(fol_r, rdir / "fol.pt")
     atomic_write_json(rdir / "round.json", rec)  # written last: its presence marks the round finished

@@ -4,7 +4,6 @@ selection on the validation split, and robustness measurement."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import time
@@ -16,11 +15,12 @@ import torch
 from torch import nn
 
 from robustest import data as datasets
+from robustest.checkpoints import clone_model, source_of
 from robustest.errors import ConfigError, DataError
-from robustest.robot.config import _EXTENDABLE_KEYS, RobotConfig, derive_seed
+from robustest.robot.config import _EXTENDABLE_KEYS, _PATH_KEYS, RobotConfig, derive_seed
 from robustest.robot.pool import Pool
 from robustest.robustness import FixedAdversarialSet, RobustnessReport, adversarial_examples, build_fixed_set, measure
-from robustest.runtime import atomic_save, atomic_write_json, resolve_device
+from robustest.runtime import atomic_save, atomic_write_json, check_model_fits, resolve_device, set_mode
 
 
 def _quantiles(t: torch.Tensor) -> dict[str, float | None]:
@@ -63,7 +63,7 @@ def _limit(ds: Any, n: int | None) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _fingerprint(cfg: RobotConfig, kind: str) -> str:
-    d = {k: v for k, v in cfg.result_dict().items() if k not in _EXTENDABLE_KEYS}
+    d = {k: v for k, v in cfg.result_dict().items() if k not in _EXTENDABLE_KEYS and k not in _PATH_KEYS}
     return hashlib.sha256(json.dumps([kind, d], sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -119,7 +119,7 @@ def _rob(rep: RobustnessReport) -> dict[str, Any]:
 def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None) -> _Setup:
     """Load data and model, carve the validation split, build (or load) the fixed adversarial set and the
     baseline measurement; everything cached under OUT/state so a resumed run reuses it."""
-    from robustest.training import load_checkpoint, save_checkpoint
+    from robustest.checkpoints import load_model, save_weights, state_fingerprint
 
     t0 = time.perf_counter()
     device = resolve_device(model, cfg.device) if (cfg.device or model is not None) else torch.device("cpu")
@@ -141,17 +141,19 @@ def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None) -> _Setup:
 
     t1 = time.perf_counter()
     orig_path = state / "original_model.pt"
-    if model is None and cfg.model is not None:
-        model = load_checkpoint(cfg.model, map_location=device)
+    if model is None and (cfg.model is not None or cfg.model_factory is not None):
+        model = load_model(cfg.model, factory=cfg.model_factory, factory_args=cfg.model_args, weights=cfg.weights,
+                           torchscript=cfg.torchscript, map_location=device)
     elif model is None:
-        if orig_path.is_file():
-            model = load_checkpoint(orig_path, map_location=device)
+        if orig_path.is_file():  # a zoo model: its checkpoint rebuilds it
+            model = load_model(orig_path, map_location=device)
         else:
             _log(cfg, f"training {cfg.train_model} on {cfg.dataset} ({len(x_tr)} images, {cfg.train_epochs} epochs)")
             model = _train_original(cfg, x_tr, y_tr, int(max(y_tr.max(), y_te.max())) + 1, device)
-            save_checkpoint(orig_path, model, metadata={"dataset": cfg.dataset, "epochs": cfg.train_epochs})
-    model = model.to(device).eval()
-    _check_fits(model, x_tr, y_tr)
+            save_weights(orig_path, model, metadata={"dataset": cfg.dataset, "epochs": cfg.train_epochs})
+    set_mode(model.to(device), False)
+    check_model_fits(model, (x_tr, y_tr))
+    _check_same_inputs(state, state_fingerprint(model), _data_fingerprint(x_tr, y_tr, x_te, y_te))
     timings["original_model_s"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
@@ -178,12 +180,7 @@ def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None) -> _Setup:
                      "fixed_method": fixed.method, "eps": fixed.eps, "fixed_num_source": fixed.num_source,
                      "fixed_settings": fixed.settings, "val_x": val_x, "val_y": val_y}, setup_path)
     timings["fixed_set_and_baseline_s"] = time.perf_counter() - t2
-    from robustest import models as zoo
-
-    try:
-        spec = zoo.spec_of(model)
-    except Exception:  # noqa: BLE001 - a model outside the zoo has no spec
-        spec = {"name": type(model).__name__}
+    spec = source_of(model)
     info = {
         "dataset": cfg.dataset, "num_train": int(n), "num_fit": int(len(x_fit)), "num_val_clean": int(n_val),
         "num_val": int(len(val_x)), "num_test": int(len(x_te)), "model": spec,
@@ -194,13 +191,31 @@ def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None) -> _Setup:
                   baseline=baseline, info=info, device=device, timings=timings)
 
 
-def _check_fits(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
-    spec = getattr(model, "robustest_spec", None) or {}
-    c, k = spec.get("in_channels"), spec.get("num_classes")
-    if c is not None and x.shape[1] != c:
-        raise ConfigError(f"the model takes {c}-channel images but the data has {x.shape[1]}: check dataset/model")
-    if k is not None and int(y.max()) >= k:
-        raise ConfigError(f"the data has label {int(y.max())} but the model has {k} classes: check dataset/model")
+def _data_fingerprint(*tensors: torch.Tensor) -> str:
+    """SHA-256 over the data a run uses (shapes and values): a resumed run must see the same data."""
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _check_same_inputs(state: Path, model_sha: str, data_sha: str) -> None:
+    """A resumed run must start from the same model weights and data as the run it continues (compared by
+    content, not by path): otherwise one results.json would mix two models' numbers."""
+    path = state / "inputs.json"
+    now = {"model_sha256": model_sha, "data_sha256": data_sha}
+    if path.is_file():
+        try:
+            before = json.loads(path.read_text())
+        except (OSError, ValueError):
+            before = {}
+        for key, what in (("model_sha256", "model weights"), ("data_sha256", "data")):
+            if before.get(key) not in (None, now[key]):
+                raise ConfigError(f"the {what} differ from those the run in {state.parent} started with (compared "
+                                  "by content): resume with the same model and data, or choose another --out")
+    atomic_write_json(path, now)
 
 
 # ---------------------------------------------------------------------------------------- fine-tuning
@@ -210,7 +225,7 @@ def _finetune(model0: nn.Module, setup: _Setup, tests: Pool, cfg: RobotConfig, s
     split. Returns (selected model, last-epoch model or None when it is the selected one, history dict)."""
     from robustest.training import fit
 
-    model = copy.deepcopy(model0)
+    model = clone_model(model0)
     last: dict[str, Any] = {}
 
     def keep_last(epoch: int, m: nn.Module, stats: Any) -> None:
@@ -224,9 +239,9 @@ def _finetune(model0: nn.Module, setup: _Setup, tests: Pool, cfg: RobotConfig, s
                on_epoch_end=keep_last)
     last_model = None
     if hist.best_epoch != cfg.epochs and "state" in last:
-        last_model = copy.deepcopy(model)
+        last_model = clone_model(model)
         last_model.load_state_dict(last["state"])
-        last_model.eval()
+        set_mode(last_model, False)
     h = hist.to_dict()
     for e in h["epochs"]:
         e.pop("seconds", None)

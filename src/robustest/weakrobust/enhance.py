@@ -3,6 +3,7 @@ copy of each image, the augmentation pool extended by the corruptions found to b
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,18 +14,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest.errors import ConfigError, DataError
+from robustest.checkpoints import clone_model
+from robustest.errors import ConfigError
 from robustest.runtime import (
     DataLike,
-    as_tensors,
-    check_images,
-    check_labels,
     forward,
-    make_generator,
+    image_shape,
     resolve_device,
     seed_everything,
+    set_mode,
 )
 from robustest.runtime import progress as progress_bar
+from robustest.training import TrainData
 from robustest.weakrobust.augment import _augmix, _jsd, augmentation_pool
 from robustest.weakrobust.validation import ValidationResult, default_eps_grid
 
@@ -80,44 +81,57 @@ def enhance(
     """
     from robustest import attacks as atk_mod
 
-    if epochs < 0:
-        raise ConfigError(f"epochs must be >= 0, got {epochs}")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+        raise ConfigError(f"epochs must be an integer >= 0, got {epochs!r}")
     if adv_source not in ("offline", "online"):
         raise ConfigError(f"adv_source must be 'offline' or 'online', got {adv_source!r}")
+    for name, v in (("jsd_weight", jsd_weight), ("adv_weight", adv_weight)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"{name} must be a finite number >= 0, got {v!r}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+        raise ConfigError(f"lr must be a finite positive number, got {lr!r}")
+    if adv_eps is not None and not (isinstance(adv_eps, (int, float)) and 0 < adv_eps <= 1):
+        raise ConfigError(f"adv_eps must be an L-inf radius in (0, 1] (pixel scale), got {adv_eps!r}")
+    if adv_alpha is not None and not (isinstance(adv_alpha, (int, float)) and 0 < adv_alpha <= 1):
+        raise ConfigError(f"adv_alpha must be a step in (0, 1], got {adv_alpha!r}")
+    for name, v, hi in (("adv_steps", adv_steps, 10_000), ("width", width, 100), ("batch_size", batch_size, 10**7)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+            raise ConfigError(f"{name} must be an integer in [1, {hi}], got {v!r}")
+    if isinstance(severity, bool) or not isinstance(severity, (int, float)) or not 0 < severity <= 10:
+        raise ConfigError(f"severity must be a number in (0, 10] (AugMix's scale), got {severity!r}")
     if isinstance(weaknesses, ValidationResult):
         weaknesses = weaknesses.weaknesses()
     weak = [str(w) for w in (weaknesses or [])]
     pool_names, ops = augmentation_pool(weak)
-    x, y = as_tensors(train)
-    if y is None:
-        raise DataError("enhance needs labelled training data")
-    check_images(x, "train images")
-    y = check_labels(y, x.shape[0], name="train labels").long()
     dev = resolve_device(model, device)
     model.to(dev)
-    eps = float(adv_eps) if adv_eps is not None else default_eps_grid(x.shape[1])[1]
+    seed_everything(seed)
+    source = TrainData(train, batch_size, seed)
+    num_classes = source.check(model, dev)
+    eps = float(adv_eps) if adv_eps is not None else default_eps_grid(image_shape(train)[0])[1]
     alpha = float(adv_alpha) if adv_alpha is not None else eps / 4
     t0 = time.perf_counter()
-    seed_everything(seed)
-    x_adv_all = None
+    x_adv_all = frozen = None
     if adversarial and adv_source == "offline":
-        parts = []
-        for s in range(0, x.shape[0], 256):
-            parts.append(atk_mod.pgd(model, x[s:s + 256].to(dev), y[s:s + 256].to(dev), eps=eps, alpha=alpha,
-                                     steps=adv_steps, seed=seed + s).detach().cpu())
-        x_adv_all = torch.cat(parts)
+        if source.loader is None:  # stored samples: attack the starting model once, keep the copies
+            parts = []
+            for s in range(0, source.n, 256):
+                xs, ys = source._gather(torch.arange(s, min(s + 256, source.n)))
+                parts.append(atk_mod.pgd(model, xs.to(dev), ys.to(dev), eps=eps, alpha=alpha, steps=adv_steps,
+                                         seed=seed + s).detach().cpu())
+            x_adv_all = torch.cat(parts)
+        else:  # a DataLoader's items change every epoch (augmentation): attack a frozen copy of the start model
+            frozen = clone_model(model)
+            set_mode(frozen, False)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
-    gen = make_generator(seed)
     rng = np.random.default_rng(seed)
-    n = x.shape[0]
     history = []
     for ep in progress_bar(range(1, epochs + 1), enabled=progress, desc="enhance", unit="epoch"):
         te = time.perf_counter()
-        perm = torch.randperm(n, generator=gen)
         tot = {"loss": 0.0, "ce": 0.0, "jsd": 0.0, "adv": 0.0}
-        for s in range(0, n, batch_size):
-            ib = perm[s:s + batch_size]
-            xb, yb = x[ib].to(dev), y[ib].to(dev)
+        n = 0
+        for s, (ib, xb, yb) in enumerate(source.indexed_epoch(ep, num_classes)):
+            xb, yb = xb.to(dev), yb.to(dev).long()
             inputs = [xb]
             if augmix:
                 inputs += [_augmix(xb, ops, rng, width, -1, severity), _augmix(xb, ops, rng, width, -1, severity)]
@@ -125,9 +139,9 @@ def enhance(
                 if x_adv_all is not None:
                     inputs.append(x_adv_all[ib].to(dev))
                 else:
-                    inputs.append(atk_mod.pgd(model, xb, yb, eps=eps, alpha=alpha, steps=adv_steps,
-                                              seed=seed + ep * n + s).detach())
-            model.train()
+                    inputs.append(atk_mod.pgd(frozen if frozen is not None else model, xb, yb, eps=eps, alpha=alpha,
+                                              steps=adv_steps, seed=seed + ep * source.n + s * batch_size).detach())
+            set_mode(model, True)
             logits = forward(model, torch.cat(inputs)).split(xb.shape[0])
             ce = F.cross_entropy(logits[0], yb)
             loss = ce
@@ -141,11 +155,13 @@ def enhance(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            m = len(ib)
+            m = len(yb)
+            n += m
             for k_, v in (("loss", loss), ("ce", ce), ("jsd", jsd), ("adv", adv)):
                 tot[k_] += float(v.detach()) * m
-        history.append({"epoch": ep, **{k_: v / n for k_, v in tot.items()}, "seconds": time.perf_counter() - te})
-    model.eval()
+        history.append({"epoch": ep, **{k_: v / max(n, 1) for k_, v in tot.items()},
+                        "seconds": time.perf_counter() - te})
+    set_mode(model, False)
     config = {"epochs": epochs, "augmix": augmix, "adversarial": adversarial, "jsd_weight": jsd_weight,
               "adv_weight": adv_weight, "adv_eps": eps, "adv_steps": adv_steps, "adv_alpha": alpha,
               "adv_source": adv_source, "width": width, "severity": severity, "lr": lr, "batch_size": batch_size,
