@@ -35,7 +35,7 @@ from torch import nn
 
 from robustest import models as zoo
 from robustest.errors import CheckpointError, ConfigError
-from robustest.runtime import atomic_save, atomic_write_bytes, resolve_device
+from robustest.runtime import atomic_save, atomic_write_bytes, resolve_device, set_mode
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -171,20 +171,27 @@ def load_state_dict_file(path: str | os.PathLike[str]) -> dict[str, torch.Tensor
 
 
 def _load_weights(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
-    try:
-        result = model.load_state_dict(state, strict=False)
-    except RuntimeError as exc:  # shape mismatches
-        first = " ".join(str(exc).split())
-        raise CheckpointError(f"the weights in {where} do not fit the model: {first[:300]}") from exc
-    missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
-    if missing or unexpected:
+    own = model.state_dict()
+    bad = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state.items()
+           if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if bad or missing or unexpected:
         parts = []
+        if bad:
+            k, got, want = bad[0]
+            parts.append(f"{len(bad)} of other shapes (e.g. {k!r}: {list(got)} in the file, {list(want)} in the model)")
         if missing:
             parts.append(f"{len(missing)} missing (e.g. {missing[0]!r})")
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]!r})")
-        raise CheckpointError(f"the weights in {where} do not fit the model: {', '.join(parts)} parameter names: "
+        raise CheckpointError(f"the weights in {where} do not fit the model: {', '.join(parts)} parameters: "
                               "check that they belong to this architecture and its --model-args")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        first = " ".join(str(exc).split())
+        raise CheckpointError(f"the weights in {where} do not fit the model: {first[:200]}") from exc
 
 
 def _safe_load(path: Path, map_location: Any) -> Any:
@@ -238,7 +245,7 @@ def load_model(source: str | os.PathLike[str] | None = None, *, factory: str | N
             _load_weights(model, state, str(source or weights))
         model.robustest_source = {"kind": "factory", "factory": factory, "args": dict(args or {})}
         model.robustest_metadata = meta
-        return model.to(map_location).eval()
+        return set_mode(model.to(map_location), False)
     if source is None:
         raise ConfigError("no model given: pass --checkpoint FILE or --model pkg.module:factory")
     if weights is not None:
@@ -264,14 +271,14 @@ def load_model(source: str | os.PathLike[str] | None = None, *, factory: str | N
             meta = {}
         model.robustest_source = {"kind": "torchscript"}  # type: ignore[attr-defined]
         model.robustest_metadata = meta if isinstance(meta, dict) else {}  # type: ignore[attr-defined]
-        return model.eval()
+        return set_mode(model, False)
     if kind == "export":
         return _load_export(path, map_location)
     payload = _read_checkpoint(path)
     model = _rebuild(path, payload["spec"], map_location)
     _load_weights(model, payload["state_dict"], str(path))
     model.robustest_metadata = dict(payload.get("metadata") or {})
-    return model.to(map_location).eval()
+    return set_mode(model.to(map_location), False)
 
 
 def _load_export(path: Path, map_location: Any, sha256: str | None = None) -> nn.Module:
@@ -376,11 +383,13 @@ def clone_model(model: nn.Module) -> nn.Module:
         buf.seek(0)
         dev = next((p.device for p in model.parameters()), torch.device("cpu"))
         clone = torch.jit.load(buf, map_location=dev)
-        for attr in ("robustest_source", "robustest_metadata"):
-            if hasattr(model, attr):
-                setattr(clone, attr, copy.deepcopy(getattr(model, attr)))
-        return clone.train(model.training)
-    return copy.deepcopy(model)
+        clone.train(model.training)
+    else:
+        clone = copy.deepcopy(model)
+    for attr in ("robustest_source", "robustest_spec", "robustest_metadata"):  # GraphModule copies drop them
+        if hasattr(model, attr) and not hasattr(clone, attr):
+            setattr(clone, attr, copy.deepcopy(getattr(model, attr)))
+    return clone
 
 
 def save_weights(path: str | os.PathLike[str], model: nn.Module, metadata: dict[str, Any] | None = None) -> Path:

@@ -133,10 +133,10 @@ def load_model(args: argparse.Namespace) -> nn.Module:
     from robustest.checkpoints import load_model as load
 
     opts = model_options(args)
-    if opts["source"] is None and opts["factory"] is None:
-        raise ConfigError("no model given: pass --checkpoint FILE (or --model pkg.module:factory [--weights FILE])")
     if opts["factory_args"] is not None and opts["factory"] is None:
         raise ConfigError("--model-args applies to --model pkg.module:factory")
+    if opts["source"] is None and opts["factory"] is None:
+        raise ConfigError("no model given: pass --checkpoint FILE (or --model pkg.module:factory [--weights FILE])")
     device = resolve_device(None, args.device) if getattr(args, "device", None) else torch.device("cpu")
     return load(**opts, map_location=device)
 
