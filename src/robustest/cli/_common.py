@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import resource
 import sys
 from collections.abc import Callable
@@ -82,7 +83,7 @@ def json_object(text: str) -> dict[str, Any]:
 def add_run_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
     """--out, --seed, --device, --batch-size-eval, --no-progress."""
     p.add_argument("--out", required=out_required, metavar="DIR", help="output folder (created if missing)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed (default: 0)")
     p.add_argument("--device", default=None, metavar="D",
                    help="cpu, cuda, cuda:N or auto (default: the model's device, i.e. cpu)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -90,13 +91,16 @@ def add_run_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
 
 def _number_type(convert: Callable[[str], Any], ok: Callable[[Any], bool], what: str, name: str
                  ) -> Callable[[str], Any]:
-    """An argparse ``type=``: ``convert`` the text, then require ``ok``; otherwise "expected <what>"."""
+    """An argparse ``type=``: ``convert`` the text, then require a finite value and ``ok``; otherwise one line
+    "expected <what>". NaN and infinities are refused by every number type."""
 
     def parse(text: str) -> Any:
         try:
             v = convert(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if isinstance(v, float) and not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"expected {what} (finite), got {text!r}")
         if not ok(v):
             raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
         return v
@@ -108,7 +112,14 @@ def _number_type(convert: Callable[[str], Any], ok: Callable[[Any], bool], what:
 positive_int = _number_type(int, lambda v: v >= 1, "a positive integer", "positive_int")
 positive_float = _number_type(float, lambda v: v > 0, "a positive number", "positive_float")
 non_negative_int = _number_type(int, lambda v: v >= 0, "a non-negative integer", "non_negative_int")
+non_negative_float = _number_type(float, lambda v: v >= 0, "a non-negative number", "non_negative_float")
+finite_float = _number_type(float, lambda v: True, "a number", "finite_float")
 fraction = _number_type(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]", "fraction")  # a number in (0, 1]
+unit_float = _number_type(float, lambda v: 0 <= v <= 1, "a number in [0, 1]", "unit_float")
+linf_eps = _number_type(float, lambda v: 0 < v <= 1, "an L-inf radius in (0, 1] (pixel scale, e.g. 8/255 = 0.031)",
+                        "linf_eps")
+noise_width = _number_type(float, lambda v: 0 < v <= 2, "a noise width in (0, 2] (pixel scale)", "noise_width")
+seed_int = _number_type(int, lambda v: 0 <= v < 2**63, "a seed: an integer in [0, 2^63)", "seed_int")
 
 
 def load_data(args: argparse.Namespace, split: str | None = None) -> Dataset:

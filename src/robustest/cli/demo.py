@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from robustest.cli._common import positive_int, seed_int
+
 ORDER = 5
 
 DEMO_SETTINGS = {
@@ -30,8 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="robustest-demo", metavar="DIR",
                    help="output folder (default: ./robustest-demo)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed (default: 0)")
+    p.add_argument("--threads", type=positive_int, default=1, metavar="N",
                    help="CPU threads for torch (default: 1; the demo's models are too small to gain from more, "
                         "and extra threads slow down sharply when the cores are busy)")
     p.add_argument("--no-progress", action="store_true", help="hide progress lines")

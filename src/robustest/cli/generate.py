@@ -30,6 +30,7 @@ from robustest.cli._common import (
     check_fits,
     load_data,
     load_model,
+    non_negative_float,
     out_dir,
     peak_rss_mib,
     positive_float,
@@ -67,9 +68,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     rs.add_argument("--random-start", dest="random_start", action="store_true", default=None,
                     help="start fgsm/pgd from a random point of the eps-ball (default: pgd yes, fgsm no)")
     rs.add_argument("--no-random-start", dest="random_start", action="store_false")
-    g.add_argument("--decay", type=float, default=1.0, help="mifgsm momentum decay (default: 1.0)")
+    g.add_argument("--decay", type=non_negative_float, default=1.0, help="mifgsm momentum decay (default: 1.0)")
     g.add_argument("--c", type=positive_float, default=1.0, help="cw: initial constant c (default: 1.0)")
-    g.add_argument("--kappa", type=float, default=0.0, help="cw: confidence margin (default: 0)")
+    g.add_argument("--kappa", type=non_negative_float, default=0.0, help="cw: confidence margin (default: 0)")
     g.add_argument("--binary-steps", type=positive_int, default=5, help="cw: binary search steps over c (default: 5)")
     g.add_argument("--keep-all", action="store_true", help="keep unsuccessful adversarial images too")
     f = p.add_argument_group("fuzzing options")

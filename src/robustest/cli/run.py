@@ -17,7 +17,16 @@ import argparse
 import sys
 from typing import Any
 
-from robustest.cli._common import json_object, positive_float, positive_int, print_table
+from robustest.cli._common import (
+    json_object,
+    linf_eps,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    print_table,
+    seed_int,
+    unit_float,
+)
 
 ORDER = 40
 
@@ -55,7 +64,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", metavar="DIR", help="folder or file holding the data; not needed for digits")
     p.add_argument("--train-limit", type=positive_int, metavar="N", help="use only the first N training images")
     p.add_argument("--test-limit", type=positive_int, metavar="N", help="use only the first N test images")
-    p.add_argument("--eps", type=positive_float, help="L-inf radius in pixel scale (default: 0.3)")
+    p.add_argument("--eps", type=linf_eps, help="L-inf radius in pixel scale (default: 0.3)")
     p.add_argument("--pool", choices=("attack", "fol-fuzz", "cov-fuzz"),
                    help="test generator: FGSM+PGD on the training set (default), FOL or coverage fuzzing")
     p.add_argument("--pool-limit", type=positive_int, metavar="N", help="generate tests from N training images")
@@ -68,7 +77,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
                    help="skip the white-box measurement")
     p.add_argument("--out", metavar="DIR", help="output folder (default: robot-out)")
     p.add_argument("--resume", action="store_const", const=True, help="continue the run saved in --out")
-    p.add_argument("--seed", type=int, help="random seed (default: 0)")
+    p.add_argument("--seed", type=seed_int, help="random seed (default: 0)")
     p.add_argument("--device", metavar="D", help="cpu, cuda, cuda:N or auto (default: cpu)")
     p.add_argument("--threads", type=positive_int, metavar="N",
                    help="CPU threads for torch (default: torch's choice; 1 is often faster for small models)")
@@ -84,11 +93,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget", type=budget_arg, help="tests selected per round: a count or '5%%' of the pool")
     p.add_argument("--rounds", type=positive_int, help="maximum number of rounds (default: 3)")
     p.add_argument("--time-budget", type=positive_float, metavar="SECONDS", help="stop starting rounds after this")
-    p.add_argument("--target", type=float, help="stop once --target-metric reaches this accuracy in [0, 1]")
+    p.add_argument("--target", type=unit_float, help="stop once --target-metric reaches this accuracy in [0, 1]")
     p.add_argument("--target-metric", choices=("clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy",
                                                "whitebox_pgd_accuracy", "whitebox_apgd_accuracy"),
                    help="robustness figure the requirement is on (default: whitebox_accuracy)")
-    p.add_argument("--convergence-tol", type=float, help="relative change of the median FOL (default: 0.05)")
+    p.add_argument("--convergence-tol", type=non_negative_float,
+                   help="relative change of the median FOL (default: 0.05)")
     p.add_argument("--convergence-patience", type=positive_int, help="rounds below the tolerance (default: 2)")
     p.set_defaults(func=run)
 

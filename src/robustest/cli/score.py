@@ -35,8 +35,10 @@ from robustest.cli._common import (
     add_data_args,
     add_run_args,
     check_fits,
+    finite_float,
     load_data,
     load_model,
+    non_negative_float,
     out_dir,
     peak_rss_mib,
     positive_float,
@@ -76,9 +78,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--layers", default=None, metavar="A,B",
                    help="comma-separated module names to trace (default: every activation module; SA: the last)")
     c.add_argument("--k", type=positive_int, default=None, help="kmnc sections per neuron (default: 10)")
-    c.add_argument("--threshold", type=float, default=None, help="nc activation threshold (default: 0.5)")
+    c.add_argument("--threshold", type=finite_float, default=None, help="nc activation threshold (default: 0.5)")
     c.add_argument("--top-k", type=positive_int, default=None, help="tknc neurons per layer (default: 1)")
-    c.add_argument("--scale", type=float, default=None, help="nbc/snac margin in training std (default: 0)")
+    c.add_argument("--scale", type=non_negative_float, default=None,
+                   help="nbc/snac margin in training std (default: 0)")
     add_run_args(p)
     p.set_defaults(func=run)
 
@@ -170,6 +173,13 @@ def _check_options(args: argparse.Namespace) -> None:
     bad = [k for k, v in given.items() if v]
     if bad:
         raise ConfigError(f"{', '.join(bad)} does not apply to --metric {m}: drop it")
+    for opt, needs, given_ in (("--seeds-data-dir", "--seeds-dataset", args.seeds_data_dir and not args.seeds_dataset),
+                               ("--seeds-split", "--seeds-dataset", args.seeds_split and not args.seeds_dataset),
+                               ("--train-data-dir", "--train-dataset", args.train_data_dir and not args.train_dataset),
+                               ("--train-limit", "a coverage or surprise metric",
+                                args.train_limit is not None and kind not in ("coverage", "surprise"))):
+        if given_:
+            raise ConfigError(f"{opt} applies with {needs}: drop it or name that too")
 
 
 # ---------------------------------------------------------------------------------------------- run

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from robustest import selection
-from robustest.cli._common import fraction, non_negative_int, out_dir, positive_int
+from robustest.cli._common import fraction, non_negative_int, out_dir, positive_int, seed_int
 from robustest.errors import ConfigError, DataError
 from robustest.runtime import atomic_save, atomic_write_json, atomic_write_text
 
@@ -47,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tests", metavar="FILE", default=None,
                    help="the tests file that was scored: also write the selected tests to OUT/selected_tests.pt")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed (default: 0)")
     p.set_defaults(func=run)
 
 
@@ -77,9 +77,36 @@ def read_scores(path: str | Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or not isinstance(payload.get("scores"), torch.Tensor):
         raise DataError(f"{path} holds no 'scores' tensor: pass the scores.pt written by 'robustest score'")
     s = payload["scores"]
-    if s.dim() != 1:
-        raise DataError(f"{path}: scores must be 1-D, got shape {tuple(s.shape)}")
+    if s.dim() != 1 or not (s.is_floating_point() or s.dtype in (torch.int32, torch.int64)):
+        raise DataError(f"{path}: scores must be a 1-D tensor of numbers, got {s.dtype} of shape {tuple(s.shape)}")
     payload.setdefault("index", torch.arange(len(s)))
+    return check_scores_payload(payload, str(path))
+
+
+def check_scores_payload(payload: dict[str, Any], source: str) -> dict[str, Any]:
+    """The tensors of a scores file must agree with each other: one score, index, label, x0_index and row
+    of covered cells per input; indices are non-negative, distinct integers (never wrapped around)."""
+    s = payload["scores"]
+    n = len(s)
+    if n == 0:
+        raise DataError(f"{source}: the scores file is empty: score a non-empty data set")
+    for key in ("index", "labels", "x0_index"):
+        t = payload.get(key)
+        if t is None and key != "index":
+            continue
+        if not isinstance(t, torch.Tensor) or t.dim() != 1 or len(t) != n or t.is_floating_point() \
+                or t.dtype == torch.bool:
+            got = f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise DataError(f"{source}: {key!r} must be {n} integers (one per score), got {got}: the file is "
+                            "damaged; score again")
+        if int(t.min()) < 0:
+            raise DataError(f"{source}: negative {key} {int(t.min())}: the file is damaged; score again")
+    if len(torch.unique(payload["index"])) != n:
+        raise DataError(f"{source}: 'index' names an input twice: the file is damaged; score again")
+    bits = payload.get("bits")
+    if bits is not None and (not isinstance(bits, torch.Tensor) or bits.dim() != 2 or bits.shape[0] != n):
+        got = tuple(bits.shape) if isinstance(bits, torch.Tensor) else type(bits).__name__
+        raise DataError(f"{source}: 'bits' must hold one row of covered cells per score ({n} rows), got {got}")
     return payload
 
 
@@ -88,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     data = read_scores(args.scores)
     scores = data["scores"]
     pool = len(scores)
+    tests = _read_tests(args.tests, data["index"]) if args.tests is not None else None
     n = args.n if args.n is not None else int(math.ceil(args.fraction * pool))
     if args.strategy == "coverage":
         bits = data.get("bits")
@@ -117,8 +145,8 @@ def run(args: argparse.Namespace) -> int:
     lines = ["rank,index,score"] + [f"{r},{i},{repr(float(v))}" for r, (i, v) in
                                     enumerate(zip(pos.tolist(), chosen.tolist()))]
     atomic_write_text(out / "selected.csv", "\n".join(lines) + "\n")
-    if args.tests is not None:
-        _write_tests(args.tests, pos, pool, out / "selected_tests.pt", args.strategy)
+    if tests is not None:
+        _write_tests(tests, pos, out / "selected_tests.pt", args.strategy)
     summary: dict[str, Any] = {
         "scores_file": str(args.scores), "metric": data.get("metric"), "strategy": args.strategy,
         "description": selection.describe(args.strategy), "k": args.k if args.strategy == "kmst" else None,
@@ -149,12 +177,20 @@ def _stats(s: torch.Tensor) -> dict[str, Any]:
             "median": float(s.median())}
 
 
-def _write_tests(path: str, pos: torch.Tensor, pool: int, dest: Path, strategy: str) -> None:
+def _read_tests(path: str, index: torch.Tensor) -> dict[str, Any]:
+    """The tests file the scores index into, read and checked before anything is written."""
     from robustest import data as datasets
 
     t = datasets.load_tests(path)
-    if t["x"].shape[0] < pool:
-        raise DataError(f"{path} holds {t['x'].shape[0]} tests but the scores cover {pool}: pass the scored file")
+    if int(index.max()) >= t["x"].shape[0]:
+        raise DataError(f"the scores index test {int(index.max())} but {path} holds {t['x'].shape[0]} tests: pass the "
+                        "tests file that was scored")
+    return t
+
+
+def _write_tests(t: dict[str, Any], pos: torch.Tensor, dest: Path, strategy: str) -> None:
+    from robustest import data as datasets
+
     fol = t.get("fol")
     extra = dict(t.get("extra") or {})
     extra["selected_by"] = strategy

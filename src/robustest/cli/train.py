@@ -20,6 +20,7 @@ from robustest.cli._common import (
     check_fits,
     json_object,
     load_data,
+    non_negative_float,
     out_dir,
     peak_rss_mib,
     positive_float,
@@ -45,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=positive_int, default=64, help="batch size (default: 64)")
     p.add_argument("--lr", type=positive_float, default=1e-3, help="learning rate (default: 1e-3)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="optimizer (default: adam)")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="weight decay (default: 0)")
+    p.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="weight decay (default: 0)")
     p.add_argument("--schedule", choices=("none", "cosine", "step"), default="none", help="LR schedule")
     p.add_argument("--no-normalize", action="store_true",
                    help="do not put the training set's per-channel mean/std inside the model")

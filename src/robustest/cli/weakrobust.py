@@ -25,8 +25,12 @@ from robustest.cli._common import (
     add_run_args,
     check_fits,
     fraction,
+    linf_eps,
     load_data,
     load_model,
+    noise_width,
+    non_negative_float,
+    non_negative_int,
     out_dir,
     peak_rss_mib,
     positive_float,
@@ -49,7 +53,7 @@ def _unit(text: str) -> float:
 def _add_analysis_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("local robustness analysis")
     g.add_argument("--neighbors", type=positive_int, default=50, help="noisy neighbours per sample (default: 50)")
-    g.add_argument("--eps", type=positive_float, default=0.22,
+    g.add_argument("--eps", type=noise_width, default=0.22,
                    help="noise width: delta ~ U[-eps/2, eps/2] per pixel (default: 0.22)")
     g.add_argument("--noise", choices=("uniform", "gaussian"), default="uniform", help="noise law (default: uniform)")
     g.add_argument("--no-quantize", action="store_true", help="do not round neighbours to the 256 uint8 levels")
@@ -64,7 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_data_args(p, split="train")
     _add_analysis_args(p)
     p.add_argument("--top", type=positive_int, default=32, help="weakest samples shown in the report (default: 32)")
-    p.add_argument("--radius-eps-max", type=positive_float, default=None, metavar="EPS",
+    p.add_argument("--radius-eps-max", type=linf_eps, default=None, metavar="EPS",
                    help="also compute the smallest PGD L-inf budget that flips each sample (bisection up to EPS) "
                         "and its rank correlation with the score (costly: about 9 x 11 gradient passes)")
     add_run_args(p)
@@ -88,13 +92,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("perturbations")
     g.add_argument("--perturbations", nargs="+", default=["all"], metavar="NAME",
                    help="'all', 'attacks', 'corruptions' or names of attacks/corruptions (default: all)")
-    g.add_argument("--attack-eps", type=positive_float, nargs="+", default=None, metavar="EPS",
+    g.add_argument("--attack-eps", type=linf_eps, nargs="+", default=None, metavar="EPS",
                    help="L-inf budgets of the attacks (default: 0.05 0.1 0.2 for grey, 2/255 4/255 8/255 colour)")
     g.add_argument("--severities", type=positive_int, nargs="+", default=[1, 2, 3, 4, 5],
                    help="corruption severities (default: 1 2 3 4 5)")
     g.add_argument("--attack-steps", type=positive_int, default=None,
                    help="steps of the iterative attacks (default: each attack's own)")
-    g.add_argument("--test-limit", type=int, default=1000, metavar="N",
+    g.add_argument("--test-limit", type=non_negative_int, default=1000, metavar="N",
                    help="test-split samples evaluated for comparison (0: none; default: 1000)")
     add_run_args(p)
     p.set_defaults(func=run_validate)
@@ -108,15 +112,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epochs", type=positive_int, required=True, help="training epochs")
     p.add_argument("--no-augmix", action="store_true", help="drop the AugMix + JSD term")
     p.add_argument("--no-adversarial", action="store_true", help="drop the adversarial copy")
-    p.add_argument("--jsd-weight", type=float, default=6.0, help="weight of the JSD term (default: 6)")
-    p.add_argument("--adv-weight", type=float, default=0.5, help="weight of CE(x_adv) (default: 0.5)")
-    p.add_argument("--adv-eps", type=positive_float, default=None, help="PGD budget (default: 0.1 grey, 4/255 colour)")
+    p.add_argument("--jsd-weight", type=non_negative_float, default=6.0, help="weight of the JSD term (default: 6)")
+    p.add_argument("--adv-weight", type=non_negative_float, default=0.5, help="weight of CE(x_adv) (default: 0.5)")
+    p.add_argument("--adv-eps", type=linf_eps, default=None, help="PGD budget (default: 0.1 grey, 4/255 colour)")
     p.add_argument("--adv-steps", type=positive_int, default=10, help="PGD steps (default: 10)")
     p.add_argument("--adv-source", choices=("offline", "online"), default="offline",
                    help="PGD against the starting model once (offline) or the current model per batch")
     p.add_argument("--lr", type=positive_float, default=5e-4, help="learning rate (default: 5e-4)")
     p.add_argument("--batch-size", type=positive_int, default=64, help="batch size (default: 64)")
-    p.add_argument("--eval-limit", type=int, default=1000, metavar="N",
+    p.add_argument("--eval-limit", type=non_negative_int, default=1000, metavar="N",
                    help="test samples for the before/after comparison (0: none; default: 1000)")
     add_run_args(p)
     p.set_defaults(func=run_enhance)

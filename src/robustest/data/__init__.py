@@ -181,7 +181,9 @@ def load(name: str, root: str | os.PathLike[str] | None = None, split: str = "tr
                         f"{', '.join(n for n in names() if _REGISTRY[n][0].corrupted)}")
     if opts.num_classes is not None and opts.num_classes < 2:
         raise DataError(f"num_classes must be >= 2, got {opts.num_classes}")
-    if root is None and os.environ.get("ROBUSTEST_DATA"):
+    if root is not None and not info_.needs_root:
+        raise DataError(f"data set {key!r} is built in and reads no files: drop root=/--data-dir {str(root)!r}")
+    if root is None and os.environ.get("ROBUSTEST_DATA") and info_.needs_root:
         root = os.environ["ROBUSTEST_DATA"]
     path = Path(root).expanduser() if root is not None else None
     if info_.needs_root:

@@ -35,7 +35,7 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
     cfg.validate()
     out = _prepare_out(cfg, "compare")
     t_start = time.perf_counter()
-    setup = _setup(cfg, out, model)
+    setup = _setup(cfg, out, model, "compare")
     state = out / "state"
     timings: dict[str, Any] = {"setup": setup.timings, "cells": []}
     budgets = cfg.budgets if cfg.budgets is not None else [cfg.budget]

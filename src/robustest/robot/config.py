@@ -169,6 +169,12 @@ class RobotConfig:
             raise ConfigError("weights is a state_dict path for model_factory: name the factory too")
         if not isinstance(self.torchscript, bool):
             raise ConfigError(f"torchscript must be true or false, got {self.torchscript!r}")
+        for key in ("model", "weights"):
+            path = getattr(self, key)
+            if path is not None and not Path(path).is_file():
+                raise ConfigError(f"{key} {path!r} does not exist: pass an existing file")
+        if self.data_dir is not None and (not isinstance(self.data_dir, str) or not Path(self.data_dir).exists()):
+            raise ConfigError(f"data_dir {self.data_dir!r} does not exist: pass the folder or file holding the data")
         from robustest import models as zoo
 
         if self.train_model not in zoo.names():

@@ -83,8 +83,14 @@ def _prepare_out(cfg: RobotConfig, kind: str) -> Path:
         if prev.get("fingerprint") != fp:
             raise ConfigError(f"{out} holds a run with different settings: resume with the same config or use "
                               "another --out")
-    atomic_write_json(marker, {"kind": kind, "fingerprint": fp, "config": cfg.result_dict()})
     return out
+
+
+def _mark_run(cfg: RobotConfig, out: Path, kind: str) -> None:
+    """Write the resume marker: only once the model and the data have loaded, so a run refused for bad input
+    leaves nothing behind."""
+    atomic_write_json(out / "state" / "run.json",
+                      {"kind": kind, "fingerprint": _fingerprint(cfg, kind), "config": cfg.result_dict()})
 
 
 def _train_original(cfg: RobotConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
@@ -116,7 +122,7 @@ def _rob(rep: RobustnessReport) -> dict[str, Any]:
     return d
 
 
-def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None) -> _Setup:
+def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None, kind: str) -> _Setup:
     """Load data and model, carve the validation split, build (or load) the fixed adversarial set and the
     baseline measurement; everything cached under OUT/state so a resumed run reuses it."""
     from robustest.checkpoints import load_model, save_weights, state_fingerprint
@@ -153,6 +159,7 @@ def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None) -> _Setup:
             save_weights(orig_path, model, metadata={"dataset": cfg.dataset, "epochs": cfg.train_epochs})
     set_mode(model.to(device), False)
     check_model_fits(model, (x_tr, y_tr))
+    _mark_run(cfg, out, kind)
     _check_same_inputs(state, state_fingerprint(model), _data_fingerprint(x_tr, y_tr, x_te, y_te))
     timings["original_model_s"] = time.perf_counter() - t1
 
