@@ -318,9 +318,8 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.devi
     spec = payload.get("spec")
     if not isinstance(spec, dict) or "name" not in spec:
         raise CheckpointError(f"{path}: checkpoint has no model spec")
-    kwargs = {k: spec[k] for k in ("num_classes", "in_channels", "input_size", "mean", "std") if k in spec}
     try:
-        model = zoo.create(spec["name"], **kwargs)
+        model = zoo.from_spec(spec)
     except ConfigError as exc:
         raise CheckpointError(f"{path}: cannot rebuild model: {exc}") from exc
     try:

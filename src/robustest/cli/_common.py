@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from robustest import data as datasets
+from robustest import models as zoo
 from robustest.errors import ConfigError
 from robustest.runtime import resolve_device
 
@@ -67,6 +68,15 @@ non_negative_int = _number_type(int, lambda v: v >= 0, "a non-negative integer",
 fraction = _number_type(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]", "fraction")  # a number in (0, 1]
 
 
+def model_name(text: str) -> str:
+    """An argparse ``type=`` for a zoo model name, parameterised ones included (``wrn-28-10``)."""
+    try:
+        zoo.resolve_name(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def load_data(args: argparse.Namespace, split: str | None = None) -> TensorDataset:
     """Load the data set named by --dataset/--data-dir for ``split`` (default --split), honouring --limit."""
     ds = datasets.load(args.dataset, root=args.data_dir, split=split or args.split)
@@ -93,7 +103,7 @@ def check_fits(model: nn.Module, ds: TensorDataset) -> None:
     c, h = spec.get("in_channels"), spec.get("input_size")
     if c is not None and x.shape[1] != c:
         raise ConfigError(f"the model takes {c}-channel images but the data has {x.shape[1]} channels")
-    if h is not None and spec["name"] != "resnet20" and tuple(x.shape[2:]) != (h, h):
+    if h is not None and not zoo.accepts_size(spec, x.shape[2], x.shape[3]):
         raise ConfigError(f"the model takes {h}x{h} images but the data is {x.shape[2]}x{x.shape[3]}")
     k = spec.get("num_classes")
     if k is not None and int(y.max()) >= k:

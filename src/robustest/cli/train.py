@@ -17,6 +17,7 @@ from robustest.cli._common import (
     add_data_args,
     add_run_args,
     load_data,
+    model_name,
     out_dir,
     peak_rss_mib,
     positive_float,
@@ -31,7 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a model and save a checkpoint", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(p, split=None)
-    p.add_argument("--model", required=True, choices=zoo.names(), help="model architecture")
+    p.add_argument("--model", required=True, type=model_name, metavar="NAME",
+                   help="model architecture: " + ", ".join(zoo.names()) + " (wrn as wrn-D-K, e.g. wrn-28-10); "
+                   "'robustest info' lists them with their sizes")
     p.add_argument("--epochs", type=positive_int, required=True, help="training epochs")
     p.add_argument("--batch-size", type=positive_int, default=64, help="batch size (default: 64)")
     p.add_argument("--lr", type=positive_float, default=1e-3, help="learning rate (default: 1e-3)")
