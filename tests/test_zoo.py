@@ -117,6 +117,14 @@ def test_options_are_validated_and_recorded():
     assert models.spec_of(models.create("lenet5"))["options"] == {}
 
 
+def test_sizes_must_be_integers():
+    spec = models.spec_of(models.create("lenet5", num_classes=np.int64(4), input_size=torch.tensor(28)))
+    assert spec["num_classes"] == 4 and type(spec["num_classes"]) is int and type(spec["input_size"]) is int
+    for bad in ({"num_classes": 2.5}, {"input_size": "28"}, {"in_channels": True}):
+        with pytest.raises(ConfigError, match="must be an integer"):
+            models.create("lenet5", **bad)
+
+
 def test_native_sizes_are_the_defaults():
     spec = models.spec_of(models.create("resnet20"))
     assert (spec["in_channels"], spec["input_size"], spec["num_classes"]) == (3, 32, 10)

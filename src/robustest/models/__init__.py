@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import operator
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -295,9 +296,15 @@ def create(name: str, num_classes: int | None = None, in_channels: int | None = 
     num_classes = k0 if num_classes is None else num_classes
     in_channels = c0 if in_channels is None else in_channels
     input_size = s0 if input_size is None else input_size
-    for arg, val in (("num_classes", num_classes), ("in_channels", in_channels), ("input_size", input_size)):
-        if isinstance(val, bool) or not isinstance(val, int):
+    sizes = {"num_classes": num_classes, "in_channels": in_channels, "input_size": input_size}
+    for arg, val in sizes.items():
+        try:
+            sizes[arg] = operator.index(val)  # ints, NumPy and tensor integers
+        except TypeError:
+            raise ConfigError(f"{arg} must be an integer, got {val!r}") from None
+        if isinstance(val, bool):
             raise ConfigError(f"{arg} must be an integer, got {val!r}")
+    num_classes, in_channels, input_size = sizes["num_classes"], sizes["in_channels"], sizes["input_size"]
     if num_classes < 2:
         raise ConfigError(f"num_classes must be >= 2, got {num_classes}")
     if in_channels < 1:
