@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one run: the CUDA unit tests, then the three speed targets that need a GPU
-# (FOL vs a per-sample loop, fol_fuzz batched vs one seed at a time, corruptions vs imagecorruptions).
+# (FOL vs a per-sample loop, fol_fuzz batched vs one seed at a time, corruptions vs imagecorruptions),
+# then the zoo's training throughput (forward + backward, batch 64, native sizes; fp32 and bf16 autocast).
 # Usage (repository root, robustest and its test/bench extras installed with a CUDA build of torch):
 #     DATA_DIR=../shared/data OUT=/tmp/gpu bash benchmarks/gpu_checks.sh
 # Logs and JSON go to $OUT; about 5 minutes on one GPU.
@@ -20,3 +21,9 @@ tail -10 "$OUT/bench_fuzzing_cuda.txt"
 python benchmarks/bench_corruptions.py --device cuda --n 1000 --size 32 --severity 3 --repeats 3 \
     --json "$OUT/bench_corruptions_cuda.json" > "$OUT/bench_corruptions_cuda.txt" 2>/dev/null
 tail -26 "$OUT/bench_corruptions_cuda.txt"
+python benchmarks/bench_zoo.py --device cuda --batch 64 --steps 5 --warmup 2 \
+    --json "$OUT/bench_zoo_cuda.json" > "$OUT/bench_zoo_cuda.txt" 2>&1
+tail -20 "$OUT/bench_zoo_cuda.txt"
+python benchmarks/bench_zoo.py --device cuda --batch 64 --steps 5 --warmup 2 --amp \
+    --json "$OUT/bench_zoo_cuda_amp.json" > "$OUT/bench_zoo_cuda_amp.txt" 2>&1
+tail -20 "$OUT/bench_zoo_cuda_amp.txt"

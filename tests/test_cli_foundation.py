@@ -124,7 +124,7 @@ def test_train_on_idx_folder_with_limit(tmp_path, capsys):
     (["--dataset", "mnist", "--data-dir", "{tmp}/does-not-exist", "--model", "lenet5"], "does not exist"),
     (["--dataset", "mnist", "--model", "lenet5"], "ROBUSTEST_DATA"),
     (["--dataset", "imagenet", "--model", "lenet5"], "unknown data set"),
-    (["--dataset", "digits", "--model", "resnet1000"], "invalid choice"),
+    (["--dataset", "digits", "--model", "resnet1000"], "unknown model 'resnet1000'"),
     (["--dataset", "digits", "--model", "lenet5"], "cannot take 1x8x8"),
     (["--dataset", "digits", "--model", "digits_cnn", "--device", "warp-drive"], "unknown device"),
     (["--dataset", "digits", "--model", "digits_cnn", "--lr", "-1"], "positive"),

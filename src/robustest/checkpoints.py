@@ -324,10 +324,8 @@ def _read_checkpoint(path: Path) -> dict[str, Any]:
 def _rebuild(path: Path, spec: dict[str, Any], map_location: Any) -> nn.Module:
     kind = spec.get("kind", "zoo")
     if kind == "zoo":
-        kwargs = {k: spec[k] for k in ("num_classes", "in_channels", "input_size", "mean", "std") if k in spec}
-        extra = spec.get("options")
         try:
-            model = zoo.create(spec["name"], **kwargs, **(extra if isinstance(extra, dict) else {}))
+            model = zoo.from_spec({k: v for k, v in spec.items() if k != "kind"})
         except (ConfigError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{path}: cannot rebuild model: {exc}") from exc
         return model

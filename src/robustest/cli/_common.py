@@ -154,8 +154,18 @@ def load_model(args: argparse.Namespace) -> nn.Module:
 
 def check_fits(model: nn.Module, ds: Any) -> int:
     """Fail with one line when the data does not fit the model's input or label space; returns K."""
-    from robustest.runtime import check_model_fits
+    from robustest import models as zoo
+    from robustest.runtime import check_model_fits, image_shape
 
+    spec = getattr(model, "robustest_spec", None)
+    if spec:
+        c, h, w = image_shape(ds)
+        if spec.get("in_channels") not in (None, c):
+            raise ConfigError(f"the model takes {spec['in_channels']}-channel images but the data has {c} channels")
+        size = spec.get("input_size")
+        if size is not None and not zoo.accepts_size(spec, h, w):
+            raise ConfigError(f"the model takes {size}x{size} images but the data is {h}x{w}: models for "
+                              f"{h}x{w} images: {', '.join(zoo.suggest(h)) or 'none in the zoo'}")
     return check_model_fits(model, ds)
 
 

@@ -1,4 +1,8 @@
-"""``robustest info``: what data sets, models and methods are registered."""
+"""``robustest info``: what data sets, models and methods are registered.
+
+``--models`` lists the models alone with their native input (channels x height x width, classes),
+parameters and multiply-adds of one forward pass of one image at that size (``robustest.models.profile``).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ SECTIONS = [
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="list data sets, models and methods", description=__doc__)
+    p.add_argument("--models", action="store_true",
+                   help="only the models, with native input, parameters and multiply-adds")
     p.set_defaults(func=run)
 
 
@@ -46,14 +52,54 @@ def registries() -> dict[str, list[tuple[str, str]]]:
     return out
 
 
+def _si(n: int) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}" if n < 10 * scale else f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+def model_rows() -> list[dict[str, str]]:
+    """One row per zoo model and named variant: name, native input, classes, params, MACs, description."""
+    from robustest import models
+
+    rows = []
+    for name in models.names() + models.variants():
+        c, s, k = models.native(name)
+        prof = models.profile(name)
+        family, opts = models.resolve_name(name)
+        desc = models.describe(name) if family == name else \
+            f"{family} with " + ", ".join(f"{k} {v}" for k, v in opts.items())
+        rows.append({"name": name, "input": f"{c}x{s}x{s}", "classes": str(k), "params": _si(prof["params"]),
+                     "MACs": _si(prof["macs"]), "description": desc})
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from robustest import __version__
 
     print(f"robustest {__version__} (torch {torch.__version__}, CUDA {'yes' if torch.cuda.is_available() else 'no'})")
+    if getattr(args, "models", False):
+        print("\nmodels (input and classes: the native size; parameters and multiply-adds (MACs) of one image "
+              "at it):")
+        cols = ["name", "input", "classes", "params", "MACs", "description"]
+        table = model_rows()
+        widths = {c: max(len(c), *(len(r[c]) for r in table)) for c in cols[:-1]}
+        right = ("classes", "params", "MACs")
+
+        def line(r: dict[str, str]) -> str:
+            return "  " + "  ".join(r[c] if c not in widths else r[c].rjust(widths[c]) if c in right
+                                    else r[c].ljust(widths[c]) for c in cols)
+
+        print(line({c: c for c in cols}))
+        for r in table:
+            print(line(r))
+        return 0
     for heading, rows in registries().items():
-        print(f"\n{heading}:")
+        print(f"\n{heading}:" + ("  (sizes, parameters, multiply-adds: robustest info --models)"
+                                  if heading == "models" else ""))
         width = max((len(n) for n, _ in rows), default=0)
         for name, desc in rows:
             print(f"  {name.ljust(width)}  {desc}")

@@ -66,10 +66,14 @@ def _same_data(a, b) -> bool:
 
 
 def _model_name(text: str) -> str:
-    if ":" in text or text in zoo.names():
+    """A zoo model (parameterised ones included, e.g. wrn-28-10) or pkg.module:factory."""
+    if ":" in text:
         return text
-    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} is neither a zoo model ({', '.join(zoo.names())}) "
-                                     "nor pkg.module:factory")
+    try:
+        zoo.resolve_name(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or pkg.module:factory for your own code)") from None
+    return text
 
 
 def run(args: argparse.Namespace) -> int:

@@ -177,9 +177,10 @@ class RobotConfig:
             raise ConfigError(f"data_dir {self.data_dir!r} does not exist: pass the folder or file holding the data")
         from robustest import models as zoo
 
-        if self.train_model not in zoo.names():
-            raise ConfigError(f"train_model {self.train_model!r} is not a zoo model: choose one of "
-                              f"{', '.join(zoo.names())}")
+        try:
+            zoo.resolve_name(self.train_model)
+        except ConfigError as exc:
+            raise ConfigError(f"train_model: {exc}") from exc
         if self.dataset not in datasets.names():
             raise ConfigError(f"unknown dataset {self.dataset!r}: choose one of {', '.join(datasets.names())}")
         pos_int("train_epochs", minimum=0)
