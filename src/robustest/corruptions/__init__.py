@@ -25,9 +25,9 @@ Randomness
     on the batch size, so the same images in another batching get other (equally distributed) noise; on
     the CPU the chunking of large batches (:data:`CPU_CHUNK_VALUES`) and of large draws
     (:data:`DRAW_CHUNK`: fixed, independently seeded chunks drawn on several threads, the same output for
-    any thread count) is part of that, so a change of those constants between versions changes the draws,
-    not their distribution. CPU and CUDA runs of one seed differ (shot noise on the CPU also uses its own
-    exact sampler for 8-bit inputs).
+    any thread count and order of the chunks) is part of that, so a change of those constants between
+    versions changes the draws, not their distribution. CPU and CUDA runs of one seed differ (shot noise on
+    the CPU also uses its own exact sampler for 8-bit inputs).
 
 Grayscale (C = 1)
     Channel-independent operations apply unchanged. Colour-only operations work on a luminance form:
