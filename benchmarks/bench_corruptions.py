@@ -2,6 +2,7 @@
 
     python benchmarks/bench_corruptions.py [--n 1000] [--size 32] [--severity 3] [--device cpu]
                                            [--threads T] [--repeats R] [--only NAMES] [--json OUT.json]
+                                           [--contention [K]]
 
 Images: ``--n`` synthetic colour images (smooth random colour fields plus sharp rectangles, seeded), uint8
 H x W x 3. Each corruption is timed on the whole set: robustest as one batched call on the uint8 array
@@ -12,7 +13,10 @@ All robustest timings are taken before imagecorruptions is imported (its OpenCV 
 would otherwise compete with later robustest calls). Reference corruptions that raise are recorded with their
 error and left out of the ratio.
 Prints a markdown table and the overall ratio (sum of reference times / sum of robustest times over the
-corruptions both ran).
+corruptions both ran). When shot_noise is timed, the same corruption written with ``torch.poisson`` (uint8 to
+float, ``torch.poisson(x c) / c``, back to uint8) is timed beside it: robustest's CPU sampler replaces it.
+``--contention K`` keeps K busy processes (a Python spin loop each) running during all timings, to measure
+how the code behaves when other processes share the cores.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import importlib.util
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 import types
@@ -85,6 +90,35 @@ def time_ours(imgs: np.ndarray, name: str, severity: int, table: str | None, dev
     return best_of(lambda: run(imgs), repeats)
 
 
+def time_torch_poisson(imgs: np.ndarray, severity: int, table: str, device: torch.device, repeats: int = 1) -> float:
+    """shot_noise written with torch.poisson, with the same uint8 conversions as ``corrupt``."""
+    from robustest.corruptions import parameters
+
+    c = float(parameters("shot_noise", severity, table))
+
+    def run(a: np.ndarray) -> np.ndarray:
+        x = torch.from_numpy(a).to(device).permute(0, 3, 1, 2).float().div_(255)
+        g = torch.Generator(device=device).manual_seed(0)
+        y = torch.poisson(x * c, generator=g).div_(c).clamp_(0, 1).mul_(255).round_().to(torch.uint8)
+        return y.permute(0, 2, 3, 1).cpu().numpy()
+
+    run(imgs[:8])
+    return best_of(lambda: run(imgs), repeats)
+
+
+def start_contention(k: int) -> list[subprocess.Popen]:
+    """``k`` busy processes competing for the cores (ended by :func:`stop_contention`)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]
+    time.sleep(0.5)  # let them get scheduled
+    return procs
+
+
+def stop_contention(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
 def time_reference(ic, imgs: np.ndarray, name: str, severity: int,
                    repeats: int = 1) -> tuple[float | None, str | None]:
     np.random.seed(0)
@@ -107,9 +141,19 @@ def main() -> int:
                          "(both sides alike)")
     ap.add_argument("--only", default=None, help="comma-separated corruption names (default: all 19)")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    ap.add_argument("--contention", type=int, nargs="?", const=1, default=0, metavar="K",
+                    help="keep K busy processes (default 1) competing for the cores during all timings")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    competitors = start_contention(args.contention)
+    try:
+        return run_benchmark(args)
+    finally:
+        stop_contention(competitors)
+
+
+def run_benchmark(args: argparse.Namespace) -> int:
 
     from robustest.corruptions import names
 
@@ -122,11 +166,14 @@ def main() -> int:
     # corruption are spread over the whole run instead of falling into one slow moment of a shared machine.
     inf = float("inf")
     ours = {name: [inf, inf] for name in selected}
+    t_poisson = inf
     for rep in range(args.repeats):
         for name in selected:
             t_img = time_ours(imgs, name, args.severity, "imagenet", device)
             t_def = time_ours(imgs, name, args.severity, None, device)
             ours[name] = [min(ours[name][0], t_img), min(ours[name][1], t_def)]
+            if name == "shot_noise":
+                t_poisson = min(t_poisson, time_torch_poisson(imgs, args.severity, "imagenet", device))
         print(f"robustest pass {rep + 1}/{args.repeats}: {sum(v[0] for v in ours.values()):.3f} s (best so far)",
               file=sys.stderr, flush=True)
     ic = import_imagecorruptions()
@@ -152,7 +199,8 @@ def main() -> int:
     print(f"\n{args.n} images {args.size}x{args.size}x3, severity {args.severity}, device {device}, "
           f"best of {args.repeats} passes, torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"numpy {np.__version__}, "
-          f"{platform.processor() or platform.machine()}\n")
+          f"{platform.processor() or platform.machine()}, {args.contention} competing busy process(es), "
+          f"load average {os.getloadavg()[0]:.1f}\n")
     print("| corruption | robustest, ImageNet table (s) | robustest, default table (s) | imagecorruptions (s) "
           "| speed-up |")
     print("|---|---:|---:|---:|---:|")
@@ -163,14 +211,20 @@ def main() -> int:
     if overall is not None:
         print(f"| **total ({len(both)} that both run)** | {ours_both:.3f} | "
               f"{sum(r['ours_default_s'] for r in both):.3f} | {ref_both:.3f} | **{overall:.1f}x** |")
-    print(f"\nrobustest, all 19 corruptions: {ours_all:.2f} s = {args.n * 19 / ours_all:.0f} corrupted images/s")
+    print(f"\nrobustest, all {len(rows)} corruptions: {ours_all:.2f} s = "
+          f"{args.n * len(rows) / ours_all:.0f} corrupted images/s")
+    if t_poisson < inf:
+        t_shot = ours["shot_noise"][0]
+        print(f"shot_noise (ImageNet table): robustest {t_shot:.3f} s, torch.poisson {t_poisson:.3f} s "
+              f"(robustest / torch.poisson = {t_shot / t_poisson:.2f})")
     failed = [r["corruption"] for r in rows if r["reference_error"]]
     print(f"imagecorruptions failures: {', '.join(failed) if failed else 'none'}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"n": args.n, "size": args.size, "severity": args.severity, "device": str(device),
                        "threads": torch.get_num_threads(), "repeats": args.repeats, "rows": rows,
-                       "overall_speedup": overall}, fh, indent=2)
+                       "overall_speedup": overall, "contention": args.contention,
+                       "torch_poisson_shot_noise_s": t_poisson if t_poisson < inf else None}, fh, indent=2)
     return 0
 
 

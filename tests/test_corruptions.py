@@ -769,6 +769,54 @@ def test_shot_noise_on_chunks_independent_of_threads_and_uncorrelated() -> None:
         assert abs(got - want) < 0.2 * want, (i, got, want)
 
 
+def test_draw_tasks_are_handed_out_dynamically() -> None:
+    # task 0 holds its thread until every other task has finished: only a scheduler that gives the free thread
+    # the next task (not a fixed split of the tasks between the threads) gets past it
+    count, done, lock, released = 6, [0], threading.Lock(), threading.Event()
+
+    def task(i: int) -> int:
+        if i == 0:
+            assert released.wait(timeout=20), "the other tasks waited behind task 0"
+        else:
+            with lock:
+                done[0] += 1
+                if done[0] == count - 1:
+                    released.set()
+        return i * i
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert sampling._run_tasks(count, task) == [i * i for i in range(count)]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_shot_noise_independent_of_the_task_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+    # chunks run in any order on any thread, the output is the same (each chunk is seeded by its index)
+    n = sampling.DRAW_CHUNK // (3 * 32 * 32) * 5 + 1
+    x = structured_images(1, 3, 32, 32, seed=4).expand(n, -1, -1, -1).contiguous()
+    x = torch.round(x * 255) / 255
+    x[::7, 0, :3, :3] += 0.3 / 255  # some rates off the 8-bit grid: the residual Poisson draws too
+    x8 = (x * 255).round().to(torch.uint8)
+    want = [C.corrupt(x, "shot_noise", 4, seed=2), C.corrupt(x8, "shot_noise", 4, seed=2)]
+
+    def shuffled(count, task):
+        order = np.random.default_rng(count).permutation(count)
+        results = {}
+        threads = [threading.Thread(target=lambda part: results.update({i: task(i) for i in part}), args=(part,))
+                   for part in (order[::3], order[1::3], order[2::3])]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return [results[i] for i in range(count)]
+
+    monkeypatch.setattr(noise, "_run_tasks", shuffled)
+    assert torch.equal(C.corrupt(x, "shot_noise", 4, seed=2), want[0])
+    assert torch.equal(C.corrupt(x8, "shot_noise", 4, seed=2), want[1])
+
+
 @pytest.mark.parametrize("c", [3.0, 12.0, 60.0, 500.0])
 def test_poisson_sampler_matches_the_poisson_law(c: float) -> None:
     """The tabulated CPU sampler (rates on the 8-bit grid) and its residual path (rates off the grid) against

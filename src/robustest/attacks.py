@@ -600,6 +600,14 @@ class AttackResult:
     def __len__(self) -> int:
         return int(self.success.shape[0])
 
+    def __repr__(self) -> str:
+        from robustest._repr import one_line, shape
+
+        return one_line(self, name=self.name, n=len(self), eps=self.params.get("eps"),
+                        success_rate=self.success_rate if len(self) else None,
+                        robust_accuracy=self.robust_accuracy if len(self) else None, adv=shape(self.adv),
+                        max_linf=float(self.linf.max()) if len(self) else None, seconds=self.seconds)
+
     @property
     def success_rate(self) -> float:
         """Fraction of samples whose prediction on adv differs from y (misclassified clean samples count)."""

@@ -45,6 +45,12 @@ class CorruptionResult:
             self.mce = sum(self.mean_error.values()) / len(self.mean_error)
             self.mean_corruption_accuracy = 1.0 - self.mce
 
+    def __repr__(self) -> str:
+        from robustest._repr import Raw, one_line
+
+        return one_line(self, clean_accuracy=self.clean_accuracy, mce=self.mce, corruptions=len(self.accuracy),
+                        severities=Raw(str(tuple(self.severities))), num_samples=self.num_samples, table=self.table)
+
     def to_dict(self) -> dict[str, _CAny]:
         """Plain JSON-ready dict (severity keys as strings)."""
         return {
@@ -164,6 +170,12 @@ class FixedAdversarialSet:
         for m in self.method:
             out[m] = out.get(m, 0) + 1
         return out
+
+    def __repr__(self) -> str:
+        from robustest._repr import counts, one_line, shape
+
+        return one_line(self, n=len(self), by_attack=counts(self.counts()), eps=self.eps,
+                        num_source=self.num_source, x=shape(self.x))
 
     def save(self, path: str | _RPath) -> _RPath:
         """Atomically write the set (``torch.save`` of plain data; loads with ``weights_only=True``)."""
@@ -345,6 +357,14 @@ class RobustnessReport:
             if isinstance(v, float) and v != v:
                 d[k] = None
         return d
+
+    def __repr__(self) -> str:
+        from robustest._repr import one_line
+
+        return one_line(self, clean_accuracy=self.clean_accuracy, fixed_set_accuracy=self.fixed_set_accuracy,
+                        fixed_set_size=self.fixed_set_size, whitebox_accuracy=self.whitebox_accuracy,
+                        corruption_accuracy=self.corruption_accuracy, eps=self.eps, num_eval=self.num_eval,
+                        num_whitebox=self.num_whitebox, seconds=self.seconds)
 
 
 def measure(model: _RAny, data: _RAny, *, eps: float, fixed: FixedAdversarialSet | None = None,

@@ -73,6 +73,14 @@ class History:
     def last(self) -> EpochStats:
         return self.epochs[-1]
 
+    def __repr__(self) -> str:
+        from robustest._repr import one_line
+
+        last = self.epochs[-1] if self.epochs else None
+        return one_line(self, epochs=len(self.epochs), loss=last.loss if last else None,
+                        accuracy=last.accuracy if last else None, val_accuracy=last.val_accuracy if last else None,
+                        best_epoch=self.best_epoch, seconds=self.seconds)
+
 
 def _make_optimizer(model: nn.Module, optimizer: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from robustest.corruptions.sampling import DRAW_CHUNK, _poisson, _randn, _uniform
+from robustest.corruptions.sampling import SERIAL_CHUNK, _chunk_generators, _poisson, _randn, _run_tasks, _uniform
 
 
 def _gaussian_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> torch.Tensor:
@@ -54,32 +54,45 @@ def _poisson_scaled(x: torch.Tensor, c: float, gen: torch.Generator) -> torch.Te
     values = values.to(x.dtype)
     flat = x.reshape(-1)
     out = torch.empty_like(flat)
-    uniforms = _uniform((flat.numel(),), 0.0, 1.0, gen, torch.empty(0))  # float32
-    off_idx, off_rate = [], []
-    for s in range(0, flat.numel(), DRAW_CHUNK):  # a cache-sized chunk at a time: no large temporaries
-        q = flat[s:s + DRAW_CHUNK] * 255
-        level = torch.floor(q + GRID_TOL).clamp_(0, 255)
-        resid = q.sub_(level)
-        off = resid > GRID_TOL
-        if bool(off.any()):
-            off_idx.append(off.nonzero().squeeze(1).add_(s))
-            off_rate.append(resid[off].clamp_(min=0) * (c / 255))
-        u = uniforms[s:s + DRAW_CHUNK]
-        # guide index level * M + floor(u M), exact in float32 (below 2^18)
-        gidx = torch.floor(u * POISSON_GUIDE_BINS).add_(level.mul_(POISSON_GUIDE_BINS)).to(torch.int64)
-        pos = guide.take(gidx)  # flat CDF index of (level, k), k at most a step short except in far tails
-        pos.add_(cdf.take(pos) <= u)
-        short = cdf.take(pos) <= u
-        if bool(short.any()):  # rare: finish these one step at a time (a level's last CDF entry is 1 > u)
-            idx = short.nonzero(as_tuple=True)
-            p, uu = pos[idx], u[idx]
-            while True:
-                more = cdf.take(p) <= uu
-                if not bool(more.any()):
-                    break
-                p.add_(more)
-            pos.index_put_(idx, p)
-        torch.take(values, pos, out=out[s:s + DRAW_CHUNK])
+    chunks = _chunk_generators(flat.numel(), gen, x.device)
+
+    def chunk(i: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        # One seeded chunk from start to end on the calling thread: its uniforms, then the lookups in pieces of
+        # SERIAL_CHUNK values (cache-sized, and below torch's grain size, so no operation opens an OpenMP team:
+        # under contention a team waits at every operation for its slowest, descheduled thread).
+        a, b, g = chunks[i]
+        uniforms = torch.empty(b - a, dtype=torch.float32).uniform_(0.0, 1.0, generator=g)
+        off_idx, off_rate = [], []
+        for s in range(a, b, SERIAL_CHUNK):
+            e = min(s + SERIAL_CHUNK, b)
+            q = flat[s:e] * 255
+            level = torch.floor(q + GRID_TOL).clamp_(0, 255)
+            resid = q.sub_(level)
+            off = resid > GRID_TOL
+            if bool(off.any()):
+                off_idx.append(off.nonzero().squeeze(1).add_(s))
+                off_rate.append(resid[off].clamp_(min=0) * (c / 255))
+            u = uniforms[s - a:e - a]
+            # guide index level * M + floor(u M), exact in float32 (below 2^18)
+            gidx = torch.floor(u * POISSON_GUIDE_BINS).add_(level.mul_(POISSON_GUIDE_BINS)).to(torch.int64)
+            pos = guide.take(gidx)  # flat CDF index of (level, k), k at most a step short except in far tails
+            pos.add_(cdf.take(pos) <= u)
+            short = cdf.take(pos) <= u
+            if bool(short.any()):  # rare: finish these one step at a time (a level's last CDF entry is 1 > u)
+                idx = short.nonzero(as_tuple=True)
+                p, uu = pos[idx], u[idx]
+                while True:
+                    more = cdf.take(p) <= uu
+                    if not bool(more.any()):
+                        break
+                    p.add_(more)
+                pos.index_put_(idx, p)
+            torch.take(values, pos, out=out[s:e])
+        return off_idx, off_rate
+
+    parts = _run_tasks(len(chunks), chunk)  # chunks handed out one at a time to whichever thread is free
+    off_idx = [t for idx, _ in parts for t in idx]
+    off_rate = [t for _, rate in parts for t in rate]
     if off_idx:  # rates off the 8-bit grid: add Poisson draws of the residual rates
         idx = torch.cat(off_idx)
         out.index_add_(0, idx, _poisson(torch.cat(off_rate), gen).to(x.dtype))

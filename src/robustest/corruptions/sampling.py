@@ -6,37 +6,53 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import torch
 
+T = TypeVar("T")
+
 DRAW_CHUNK = 1 << 18  # CPU random draws: values per independently seeded chunk
+SERIAL_CHUNK = 1 << 14  # values per tensor operation inside a chunk task: below torch's grain size (32768),
+# so those operations run on the task's own thread instead of opening an OpenMP team
+
+
+def _chunk_generators(numel: int, gen: torch.Generator, device: torch.device
+                      ) -> list[tuple[int, int, torch.Generator]]:
+    """The fixed chunks of a draw of ``numel`` values as ``(start, stop, generator)``: one chunk with ``gen``
+    off the CPU or for at most :data:`DRAW_CHUNK` values; otherwise chunks of DRAW_CHUNK values, chunk ``i``
+    with its own generator seeded by the ``i``-th of ``len(chunks)`` seeds drawn from ``gen``. The chunks
+    depend only on ``numel``, never on threads or scheduling."""
+    if device.type != "cpu" or numel <= DRAW_CHUNK:
+        return [(0, numel, gen)]
+    starts = range(0, numel, DRAW_CHUNK)
+    seeds = torch.randint(0, 2**62, (len(starts),), generator=gen, device=device).tolist()
+    return [(a, min(a + DRAW_CHUNK, numel), torch.Generator().manual_seed(s)) for a, s in zip(starts, seeds)]
+
+
+def _run_tasks(count: int, task: Callable[[int], T]) -> list[T]:
+    """``[task(0), ..., task(count - 1)]``, on up to ``torch.get_num_threads()`` threads that each take the
+    next task as soon as they finish one (dynamic scheduling: a thread that the OS deschedules because other
+    processes share the cores delays only the task it holds, never waits at a barrier for the others). The
+    tasks must not depend on each other or on the order they run in; results come back in task order."""
+    workers = min(torch.get_num_threads(), count)
+    if workers <= 1 or count < 4:  # a few tasks do not pay for starting threads
+        return [task(i) for i in range(count)]
+    # a pool per call: threads that outlive their work keep OpenMP thread teams alive, and with more
+    # OpenMP threads than cores libgomp stops spinning between parallel regions, which made every later
+    # small tensor operation of the process slower (measured: spatter 2x slower after shot_noise).
+    # ThreadPoolExecutor hands each idle worker the next queued task.
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="robustest-draws") as pool:
+        return list(pool.map(task, range(count)))
 
 
 def _chunked_draws(numel: int, gen: torch.Generator, device: torch.device,
                    fill: Callable[[int, int, torch.Generator], None]) -> None:
-    """Call ``fill(start, stop, generator)`` over ``numel`` values: one call with ``gen`` off the CPU or for
-    at most :data:`DRAW_CHUNK` values; otherwise fixed chunks of DRAW_CHUNK values, each with its own
-    generator seeded from ``gen``, on up to ``torch.get_num_threads()`` threads (torch's CPU samplers are
-    serial). The chunking does not depend on the thread count, so neither do the draws."""
-    if device.type != "cpu" or numel <= DRAW_CHUNK:
-        fill(0, numel, gen)
-        return
-    starts = range(0, numel, DRAW_CHUNK)
-    seeds = torch.randint(0, 2**62, (len(starts),), generator=gen, device=device).tolist()
-
-    def run(i: int) -> None:
-        fill(starts[i], min(starts[i] + DRAW_CHUNK, numel), torch.Generator().manual_seed(seeds[i]))
-
-    workers = min(torch.get_num_threads(), len(starts))
-    if workers <= 1 or len(starts) < 4:  # a few chunks do not pay for starting threads
-        for i in range(len(starts)):
-            run(i)
-        return
-    # a pool per call: threads that outlive their work keep OpenMP thread teams alive, and with more
-    # OpenMP threads than cores libgomp stops spinning between parallel regions, which made every later
-    # small tensor operation of the process slower (measured: spatter 2x slower after shot_noise)
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="robustest-draws") as pool:
-        list(pool.map(run, range(len(starts))))
+    """Call ``fill(start, stop, generator)`` on every chunk of :func:`_chunk_generators` (torch's CPU samplers
+    are serial: the chunks run on several threads through :func:`_run_tasks`). The chunking does not depend
+    on the thread count, so neither do the draws."""
+    chunks = _chunk_generators(numel, gen, device)
+    _run_tasks(len(chunks), lambda i: fill(*chunks[i]))
 
 
 def _uniform(shape: Sequence[int], lo: float, hi: float, gen: torch.Generator, like: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from robustest import _repr
 from robustest.errors import ConfigError
 from robustest.fuzzing.mutations import OPS, mutate
 from robustest.runtime import (
@@ -72,6 +73,14 @@ class CoverageFuzzResult:
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
+
+    def __repr__(self) -> str:
+        s = self.stats
+        return _repr.one_line(self, tests=len(self), seeds=s.get("seeds"), metric=s.get("metric"),
+                              coverage_seeds=s.get("coverage_seeds"), coverage_final=s.get("coverage_final"),
+                              iterations=s.get("iterations"),
+                              corpus=int(self.corpus.shape[0]) if self.corpus is not None else None,
+                              x=_repr.shape(self.x), seconds=s.get("wall_time_s"))
 
 
 class _Queue:

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from robustest import _repr
 from robustest.errors import ConfigError
 from robustest.runtime import (
     checked_inputs,
@@ -82,6 +83,12 @@ class FuzzResult:
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
+
+    def __repr__(self) -> str:
+        return _repr.one_line(self, tests=len(self), seeds=self.stats.get("seeds"),
+                              seeds_with_tests=self.stats.get("seeds_with_tests"),
+                              mean_fol=float(self.fol.float().mean()) if len(self) else None, x=_repr.shape(self.x),
+                              seconds=self.stats.get("wall_time_s"))
 
     def tests_per_seed(self, num_seeds: int | None = None) -> torch.Tensor:
         """int64 [num_seeds]: how many tests each seed produced (``num_seeds`` defaults to the run's seeds)."""

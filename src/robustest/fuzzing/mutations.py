@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import kornia
 import torch
 
+from robustest import _repr
 from robustest.errors import ConfigError
 from robustest.runtime import check_images
 
@@ -266,6 +267,10 @@ class MutationBatch:
     affine_done: torch.Tensor
     valid: torch.Tensor
     op: torch.Tensor
+
+    def __repr__(self) -> str:
+        return _repr.one_line(self, n=int(self.x.shape[0]), valid=int(self.valid.sum()),
+                              affine_done=int(self.affine_done.sum()), x=_repr.shape(self.x))
 
 
 def mutate(x: torch.Tensor, generator: torch.Generator | None = None, *, ref: torch.Tensor | None = None,

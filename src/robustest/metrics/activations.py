@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest import runtime
+from robustest import _repr, runtime
 from robustest.errors import ConfigError, DataError
 
 __all__ = [
@@ -166,6 +166,10 @@ class Traces:
     logits: torch.Tensor
     index: torch.Tensor
     sizes: list[int]
+
+    def __repr__(self) -> str:
+        return _repr.one_line(self, n=int(self.acts.shape[0]), acts=_repr.shape(self.acts),
+                              logits=_repr.shape(self.logits), layers=len(self.sizes))
 
 
 def iter_traces(model: nn.Module, data: Any, layers: LayerSpec = None, batch_size: int = 256,

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from robustest import _repr
 from robustest.errors import ConfigError
 from robustest.robot.config import STRATEGIES, RobotConfig, derive_seed
 from robustest.robustness import adversarial_examples
@@ -29,6 +30,11 @@ class Pool:
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
+
+    def __repr__(self) -> str:
+        fol = float(self.fol.float().median()) if len(self) else None
+        return _repr.one_line(self, n=len(self), by_method=_repr.counts(self.counts()), median_fol=fol,
+                              x=_repr.shape(self.x))
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

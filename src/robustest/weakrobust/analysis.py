@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from robustest import _repr
 from robustest.errors import ConfigError, DataError
 from robustest.runtime import (
     DataLike,
@@ -67,6 +68,13 @@ class Analysis:
 
     def __len__(self) -> int:
         return int(self.score.shape[0])
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return _repr.one_line(self, n=len(self), mean_score=s["mean_score"], clean_accuracy=s["clean_accuracy"],
+                              frac_most_neighbours_wrong=s["frac_most_neighbours_wrong"],
+                              n_neighbors=self.params.get("n_neighbors"), eps=self.params.get("eps"),
+                              noise=self.params.get("noise"))
 
     def order(self) -> torch.Tensor:
         """Positions (into this analysis) from the weakest sample to the most robust one: score descending,

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from robustest import _repr
 from robustest.checkpoints import clone_model
 from robustest.errors import ConfigError
 from robustest.runtime import (
@@ -39,6 +40,12 @@ class EnhanceResult:
     weaknesses: list[str]
     config: dict[str, Any]
     seconds: float
+
+    def __repr__(self) -> str:
+        last = self.epochs[-1] if self.epochs else {}
+        return _repr.one_line(self, epochs=len(self.epochs), loss=last.get("loss"), ce=last.get("ce"),
+                              jsd=last.get("jsd"), adv=last.get("adv"), pool=len(self.pool),
+                              weaknesses=len(self.weaknesses), seconds=self.seconds)
 
     def to_dict(self) -> dict[str, Any]:
         return {"epochs": self.epochs, "pool": self.pool, "weaknesses": self.weaknesses, "config": self.config,

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from robustest import _repr
 from robustest.errors import ConfigError, DataError
 from robustest.runtime import (
     DataLike,
@@ -39,6 +40,13 @@ class WeakSet:
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
+
+    def __repr__(self) -> str:
+        rule = self.rule.get("rule")
+        setting = {k: self.rule[k] for k in ("k", "fraction", "threshold") if k in self.rule}
+        return _repr.one_line(self, n=len(self), rule=rule, **setting, per_class=self.rule.get("per_class"),
+                              n_analysed=self.rule.get("n_analysed"),
+                              weakest_score=float(self.scores[0]) if len(self) else None)
 
     def take(self, data: DataLike) -> tuple[torch.Tensor, torch.Tensor]:
         """The weak samples of ``data`` (the data set that was analysed) as ``(x, y)`` tensors."""

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from robustest import _repr
 from robustest.errors import ConfigError, DataError
 from robustest.runtime import (
     DataLike,
@@ -59,6 +60,12 @@ class ValidationResult:
 
     def __len__(self) -> int:
         return int(self.wrong.shape[1])
+
+    def __repr__(self) -> str:
+        families = [f for f, _t, _l in self.keys]
+        return _repr.one_line(self, n=len(self), attack_runs=families.count("attack"),
+                              corruption_runs=families.count("corruption"), clean_error=self.clean_error,
+                              mean_adv_error=self.mean_adv_error, mce=self.mce, weaknesses=len(self.weaknesses()))
 
     def subset(self, positions: torch.Tensor | Sequence[int]) -> ValidationResult:
         """The result restricted to some of its samples (positions 0..N-1 of this result)."""
