@@ -146,12 +146,20 @@ def test_shard_bounds():
 
 
 def test_iter_batches_with_shard(xy):
+    """Rank parts are contiguous and start on multiples of the batch size, so every rank sees exactly the
+    batches one process would (10 samples in batches of 3: rank 0 reads [0, 6), rank 1 [6, 10))."""
     x, y = xy
     out = collect(runtime.iter_batches((x, y), batch_size=3, with_index=True, shard=runtime.Shard(1, 2)))
-    assert torch.cat([b[0] for b in out]).tolist() == [5, 6, 7, 8, 9]
+    assert [b[0].tolist() for b in out] == [[6, 7, 8], [9]]
     out = collect(runtime.iter_batches(PairDataset(x, y), batch_size=3, with_index=True, shard=runtime.Shard(1, 2)))
-    assert torch.cat([b[0] for b in out]).tolist() == [5, 6, 7, 8, 9]
-    assert torch.equal(torch.cat([b[1] for b in out]), x[5:])
+    assert torch.cat([b[0] for b in out]).tolist() == [6, 7, 8, 9]
+    assert torch.equal(torch.cat([b[1] for b in out]), x[6:])
+    whole = [b[0].tolist() for b in collect(runtime.iter_batches((x, y), batch_size=3, with_index=True))]
+    parts = [b[0].tolist() for r in range(2) for b in collect(
+        runtime.iter_batches((x, y), batch_size=3, with_index=True, shard=runtime.Shard(r, 2)))]
+    assert parts == whole
+    spanned = collect(runtime.iter_batches((x, y), batch_size=3, with_index=True, span=(2, 9)))
+    assert [b[0].tolist() for b in spanned] == [[2, 3, 4], [5, 6, 7], [8]]
 
 
 # ------------------------------------------------------------------------------------------------ modes

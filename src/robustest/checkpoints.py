@@ -86,7 +86,7 @@ def state_fingerprint(model: nn.Module) -> str:
     for k, v in model.state_dict().items():
         t = v.detach().cpu().contiguous()
         h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 
 

@@ -21,3 +21,8 @@ class CheckpointError(RobustestError, ValueError):
 
 class ConfigError(RobustestError, ValueError):
     """An argument or configuration value is invalid."""
+
+
+class OutputError(RobustestError, OSError):
+    """An output folder or file cannot be written (read-only, disk full, file size limit): nothing already
+    written is lost, and the same command continues the work once the cause is fixed."""

@@ -8,13 +8,13 @@ taken from the model, modes restored after use) is enforced the same way everywh
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
 import random
 import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from robustest.errors import ConfigError, DataError
+from robustest.distributed import Shard, is_main
+from robustest.errors import ConfigError, DataError, OutputError
 
 DataLike = Any  # (x, y) tensor pair, a bare x tensor, a Dataset or a DataLoader
 
@@ -279,26 +280,6 @@ def check_labels(y: Any, n: int, num_classes: int | None = None, name: str = "y"
 
 
 # --------------------------------------------------------------------------------------------- batching
-@dataclass(frozen=True)
-class Shard:
-    """Which part of a data set this process handles: ``rank`` of ``world_size`` contiguous parts.
-
-    ``Shard.current()`` is the single place that decides it. It returns the whole data set today; making it
-    read ``torch.distributed`` ranks shards every caller of :func:`iter_batches` without touching them.
-    """
-
-    rank: int = 0
-    world_size: int = 1
-
-    @staticmethod
-    def current() -> Shard:
-        return Shard()
-
-    def bounds(self, n: int) -> tuple[int, int]:
-        per = -(-n // self.world_size)
-        return min(n, self.rank * per), min(n, (self.rank + 1) * per)
-
-
 def as_tensors(data: DataLike) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Materialise any data-like object as full tensors ``(x, y)`` (``y`` None for a bare x tensor)."""
     if isinstance(data, torch.Tensor):
@@ -369,8 +350,18 @@ def _worker_errors() -> Iterator[None]:
         raise
 
 
-def _loader_index_batches(loader: DataLoader, shard: Shard) -> list[list[int]] | None:
-    """The data set indices of every batch ``loader`` would yield now (its sampler's draw), this shard's part."""
+def _part(shard: Shard, n: int, align: int, span: tuple[int, int] | None) -> tuple[int, int]:
+    """[lo, hi) of positions this shard reads: the ``span`` of the data (default all ``n``) cut into
+    contiguous rank parts whose boundaries fall on multiples of ``align`` counted from the span's start."""
+    a, b = (0, n) if span is None else (max(0, min(n, int(span[0]))), max(0, min(n, int(span[1]))))
+    lo, hi = shard.bounds(max(0, b - a), align=align)
+    return a + lo, a + hi
+
+
+def _loader_index_batches(loader: DataLoader, shard: Shard, span: tuple[int, int] | None = None
+                          ) -> list[list[int]] | None:
+    """The data set indices of every batch ``loader`` would yield now (its sampler's draw), this shard's part
+    (``span``: positions in the loader's order)."""
     if isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return None
     if loader.batch_sampler is not None:
@@ -379,10 +370,10 @@ def _loader_index_batches(loader: DataLoader, shard: Shard) -> list[list[int]] |
     else:
         batches = [[int(i)] for i in loader.sampler]
         size = 1
-    if shard.world_size == 1:
+    if shard.world_size == 1 and span is None:
         return batches
     flat = [i for b in batches for i in b]
-    lo, hi = shard.bounds(len(flat))
+    lo, hi = _part(shard, len(flat), size, span)
     flat = flat[lo:hi]
     return [flat[s:s + size] for s in range(0, len(flat), size)]
 
@@ -395,6 +386,7 @@ def iter_batches(
     with_index: bool = False,
     shard: Shard | None = None,
     workers: int | None = None,
+    span: tuple[int, int] | None = None,
 ) -> Iterator[Any]:
     """Iterate over ``data`` yielding ``(x, y)`` batches on ``device`` (``y`` None for unlabelled data).
 
@@ -404,12 +396,15 @@ def iter_batches(
     attribute or 0) or a ``DataLoader``. With ``with_index=True`` yields ``(idx, x, y)`` where ``idx`` holds
     the int64 positions of the batch's samples IN THE DATA SET: for a DataLoader, the indices its sampler
     drew (so shuffling never changes which sample a result belongs to; an ``IterableDataset`` has no
-    indices, and its samples are numbered in stream order). Only this process's :class:`Shard` is read.
+    indices, and its samples are numbered in stream order). With ``shard`` (e.g. ``Shard.current()`` under
+    torchrun) only that contiguous part is read, its boundaries on multiples of ``batch_size`` so every rank
+    sees exactly the batches a single process would; by default the whole data set. ``span=(lo, hi)``
+    restricts the iteration to those positions (before sharding).
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     dev = torch.device(device) if device is not None else None
-    shard = shard or Shard.current()
+    shard = shard or Shard()
     pin = dev is not None and dev.type == "cuda"
 
     def move(t: Any) -> Any:
@@ -421,7 +416,7 @@ def iter_batches(
         return (idx, move(x), move(y)) if with_index else (move(x), move(y))
 
     if isinstance(data, DataLoader):
-        batches = _loader_index_batches(data, shard)
+        batches = _loader_index_batches(data, shard, span)
         with _worker_errors():
             if batches is None:  # an IterableDataset: number the samples in stream order
                 start = 0
@@ -442,7 +437,7 @@ def iter_batches(
         return
 
     if converts_batches(data):
-        lo, hi = shard.bounds(len(data))  # type: ignore[arg-type]
+        lo, hi = _part(shard, len(data), batch_size, span)  # type: ignore[arg-type]
         for s in range(lo, hi, batch_size):
             e = min(s + batch_size, hi)
             x, y = data.get_batch(slice(s, e))
@@ -453,7 +448,7 @@ def iter_batches(
 
     if isinstance(data, Dataset) and not isinstance(data, TensorDataset):
         n = len(data)  # type: ignore[arg-type]
-        lo, hi = shard.bounds(n)
+        lo, hi = _part(shard, n, batch_size, span)
         nw = int(workers if workers is not None else getattr(data, "num_workers", 0) or 0)
         subset = torch.utils.data.Subset(data, range(lo, hi))
         start = lo
@@ -468,7 +463,7 @@ def iter_batches(
     n = x.shape[0]
     if y is not None and y.shape[0] != n:
         raise DataError(f"x has {n} samples but y has {y.shape[0]}: give one label per image")
-    lo, hi = shard.bounds(n)
+    lo, hi = _part(shard, n, batch_size, span)
     for s in range(lo, hi, batch_size):
         e = min(s + batch_size, hi)
         yield out(torch.arange(s, e), x[s:e], y[s:e] if y is not None else None)
@@ -548,11 +543,35 @@ def num_samples(data: DataLike) -> int:
 
 
 # ---------------------------------------------------------------------------------------- atomic writes
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, all_ranks: bool = False) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename).
+
+    Under torchrun only rank 0 writes (other ranks return at once), so outputs are never written twice;
+    ``all_ranks=True`` writes from any rank (files a rank owns alone)."""
     path = Path(path)
+    if not all_ranks and not is_main():
+        return path
+    try:
+        return _write_atomically(path, data)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {describe_os_error(exc)}; the files already written in "
+                          f"{path.parent} are complete: free space or fix the folder, then rerun the same command "
+                          "(with --resume where the verb has it) to continue") from exc
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``"File too large (the file size limit is reached)"`` and the like: the system's words and their cause."""
+    return f"{exc.strerror or exc} ({_WHY.get(exc.errno, 'write failed')})"
+
+
+_WHY = {errno.ENOSPC: "the disk is full", errno.EFBIG: "the file size limit is reached",
+        errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied", errno.EDQUOT: "the disk quota is exceeded"}
+
+
+def _write_atomically(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     try:
         if hasattr(os, "fchmod"):  # mkstemp creates 0600; give the mode open() would (0666 minus the umask)
             os.fchmod(fd, 0o666 & ~_current_umask())
@@ -566,6 +585,50 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+TMP_SUFFIX = ".tmp"
+
+
+def check_writable(folder: str | os.PathLike[str], *, create: bool = True) -> Path:
+    """Prove ``folder`` writable before any work: write, sync and remove a probe file in it (or, with
+    ``create=False`` and a folder that does not exist yet, create and remove a probe folder in its nearest
+    existing parent, leaving nothing behind); with ``create`` make the folder. Temporary files a killed
+    atomic write left behind are removed. Raises :class:`OutputError` in one line."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise OutputError(f"--out {str(folder)!r} exists and is not a folder: choose another path")
+    if not is_main():
+        return folder
+    try:
+        if not folder.exists() and not create:
+            parent = next(p for p in folder.absolute().parents if p.exists())
+            os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".robustest-probe."))
+            return folder
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".robustest-probe.", suffix=TMP_SUFFIX)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(b"robustest write probe\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.unlink(probe)
+    except OSError as exc:
+        raise OutputError(f"--out {str(folder)!r} is not writable: {exc.strerror or exc} "
+                          f"({_WHY.get(exc.errno, 'write failed')}): choose another folder or fix its permissions"
+                          ) from exc
+    remove_stale_temporaries(folder)
+    return folder
+
+
+def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
+    """Delete ``.NAME.XXXXXXXX.tmp`` files (left by an atomic write that was killed) under ``folder``."""
+    removed = []
+    for p in Path(folder).rglob(f".*{TMP_SUFFIX}"):
+        if p.is_file() and p.name.count(".") >= 3:
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed.append(p)
+    return removed
 
 
 def _current_umask() -> int:
@@ -582,23 +645,27 @@ def _current_umask() -> int:
     return mask
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write UTF-8 text to ``path`` atomically."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: str | os.PathLike[str], text: str, *, all_ranks: bool = False) -> Path:
+    """Write UTF-8 text to ``path`` atomically (rank 0 only unless ``all_ranks``)."""
+    return atomic_write_bytes(path, text.encode("utf-8"), all_ranks=all_ranks)
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
-    """Write ``obj`` as indented JSON to ``path`` atomically (NaN written as null)."""
-    return atomic_write_text(path, json.dumps(_json_safe(obj), indent=2, sort_keys=False) + "\n")
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, all_ranks: bool = False) -> Path:
+    """Write ``obj`` as indented JSON to ``path`` atomically (NaN written as null; rank 0 only unless
+    ``all_ranks``)."""
+    return atomic_write_text(path, json.dumps(_json_safe(obj), indent=2, sort_keys=False) + "\n",
+                             all_ranks=all_ranks)
 
 
-def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
-    """``torch.save`` ``obj`` to ``path`` atomically."""
+def atomic_save(obj: Any, path: str | os.PathLike[str], *, all_ranks: bool = False) -> Path:
+    """``torch.save`` ``obj`` to ``path`` atomically (rank 0 only unless ``all_ranks``)."""
     import io
 
+    if not all_ranks and not is_main():
+        return Path(path)
     buf = io.BytesIO()
     torch.save(obj, buf)
-    return atomic_write_bytes(path, buf.getvalue())
+    return atomic_write_bytes(path, buf.getvalue(), all_ranks=all_ranks)
 
 
 def load_plain(path: str | os.PathLike[str], *, fmt: str, what: str, fix: str) -> dict[str, Any]:

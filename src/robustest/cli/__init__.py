@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -50,12 +52,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``robustest`` console script; returns the exit status."""
+    if hasattr(signal, "SIGXFSZ"):  # past the file size limit a write fails with EFBIG instead of killing us
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    from robustest import distributed
+
+    main_rank = True
     try:
+        distributed.init(getattr(args, "device", None))  # under torchrun: join the process group
+        main_rank = distributed.is_main()
+        if not main_rank:  # only rank 0 prints; outputs are written by rank 0 alone (runtime's writers)
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of this rank's process
+        if getattr(args, "out", None):  # a folder that cannot be written is found before the work, not after
+            from robustest.runtime import check_writable
+
+            check_writable(args.out, create=False)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         sys.stderr.write("robustest: interrupted\n")
@@ -63,20 +78,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RobustestError as exc:
         if args.debug:
             raise
-        sys.stderr.write(f"robustest {args.verb}: error: {_one_line(exc)}\n")
+        if main_rank:
+            sys.stderr.write(f"robustest {args.verb}: error: {_one_line(exc)}\n")
         return EXIT_USAGE
     except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
         if args.debug:
             raise
         where = f": {exc.filename}" if exc.filename else ""
-        sys.stderr.write(f"robustest {args.verb}: error: {exc.strerror or _one_line(exc)}{where}\n")
+        if main_rank:
+            sys.stderr.write(f"robustest {args.verb}: error: {exc.strerror or _one_line(exc)}{where}\n")
         return EXIT_USAGE
     except Exception as exc:  # noqa: BLE001 - last resort: never a bare traceback
         if args.debug:
             raise
-        sys.stderr.write(f"robustest {args.verb}: internal error: {type(exc).__name__}: {_one_line(exc)} "
-                         "(rerun with --debug for the traceback)\n")
+        if main_rank:
+            sys.stderr.write(f"robustest {args.verb}: internal error: {type(exc).__name__}: {_one_line(exc)} "
+                             "(rerun with --debug for the traceback)\n")
         return 1
+    finally:
+        distributed.shutdown()
 
 
 def _one_line(exc: BaseException) -> str:

@@ -170,11 +170,10 @@ def check_fits(model: nn.Module, ds: Any) -> int:
 
 
 def out_dir(args: argparse.Namespace) -> Path:
-    path = Path(args.out)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"--out {str(path)!r} exists and is not a folder: choose another path")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """The --out folder, created and proved writable (stale temporary files of a killed run removed)."""
+    from robustest.runtime import check_writable
+
+    return check_writable(args.out)
 
 
 def peak_rss_mib() -> float:

@@ -16,17 +16,17 @@ of one image share their random field.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import io
 import re
+import sys
 import time
 
-import numpy as np
 import torch
 
 from robustest.cli._common import add_data_args, add_run_args, load_data, out_dir, peak_rss_mib, positive_int
+from robustest.corruptions.export import export
 from robustest.errors import ConfigError
-from robustest.runtime import atomic_write_bytes, atomic_write_json, progress, resolve_device
+from robustest.runtime import atomic_write_json, image_shape, resolve_device
+from robustest.steps import Steps, data_fingerprint, fingerprint
 
 ORDER = 40
 
@@ -43,6 +43,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--table", choices=("auto", "cifar", "imagenet"), default="auto",
                    help="parameter table (default: auto = cifar up to 64 px, imagenet above)")
     p.add_argument("--batch-size", type=positive_int, default=256, help="images per batch (default: 256)")
+    p.add_argument("--format", choices=("npz", "npy"), default="npz",
+                   help="npz: one Keras-style <corruption>.npz per corruption (default); npy: the CIFAR-10-C "
+                        "layout (<corruption>.npy with severities 1-5 stacked + labels.npy), readable as "
+                        "--dataset cifar10-c")
     add_run_args(p)
     p.set_defaults(func=run)
 
@@ -79,40 +83,22 @@ def run(args: argparse.Namespace) -> int:
     severities = parse_severities(args.severities)
     device = resolve_device(None, args.device) if args.device else torch.device("cpu")
     ds = load_data(args)
-    x, y = ds.tensors[0], ds.tensors[1]
-    n, c, h, w = x.shape
+    c, h, w = image_shape(ds)
     if c not in (1, 3):
         raise ConfigError(f"the data has {c} channels; corruptions need 1 (grayscale) or 3 (RGB)")
+    if args.format == "npy" and severities != [1, 2, 3, 4, 5]:
+        raise ConfigError("--format npy writes the CIFAR-10-C layout, which holds severities 1-5: pass "
+                          "--severities 1-5")
+    n = len(ds)
     table = corruptions.default_table(h, w) if args.table == "auto" else args.table
     out = out_dir(args)
-    label_dtype = np.uint8 if int(y.min()) >= 0 and int(y.max()) < 256 else np.int64
-    y_np = y.numpy().astype(label_dtype)
-    files = {}
-    for name in progress(names, enabled=not args.no_progress, desc="corrupt", unit="corruption"):
-        t0 = time.perf_counter()
-        per_sev = []
-        for sev in severities:
-            chunks = []
-            for start in range(0, n, args.batch_size):
-                xb = x[start:start + args.batch_size].to(device)
-                yb = corruptions.corrupt(xb, name, sev, seed=args.seed + start, table=table)
-                chunks.append(torch.round(yb * 255).to(torch.uint8).cpu())
-            per_sev.append(torch.cat(chunks))
-        arr = torch.cat(per_sev).permute(0, 2, 3, 1).numpy()  # S*N x H x W x C
-        if c == 1:
-            arr = arr[..., 0]
-        payload = {
-            f"x_{args.split}": np.ascontiguousarray(arr),
-            f"y_{args.split}": np.tile(y_np, len(severities)),
-            "severity": np.repeat(np.asarray(severities, dtype=np.uint8), n),
-            "index": np.tile(np.arange(n, dtype=np.int64), len(severities)),
-        }
-        buf = io.BytesIO()
-        np.savez_compressed(buf, **payload)
-        raw = buf.getvalue()
-        path = atomic_write_bytes(out / f"{name}.npz", raw)
-        files[name] = {"file": path.name, "sha256": hashlib.sha256(raw).hexdigest(), "rows": int(arr.shape[0]),
-                       "seconds": time.perf_counter() - t0}
+    settings = {"names": names, "severities": severities, "table": table, "seed": args.seed,
+                "batch_size": args.batch_size, "format": args.format, "split": args.split}
+    steps = Steps(out, fingerprint("corrupt", settings, data_fingerprint(ds)),
+                  log=lambda msg: print(f"note: {msg}", file=sys.stderr))
+    files = export(ds, out, names, severities, fmt=args.format, split=args.split, table=table,
+                   batch_size=args.batch_size, seed=args.seed, device=device, show_progress=not args.no_progress,
+                   run_step=steps.run)
     manifest = {
         "format": "robustest-corruptions",
         "version": 1,
@@ -127,10 +113,13 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "batch_size": args.batch_size,
         "device": str(device),
+        "format_written": args.format,
         "arrays": {f"x_{args.split}": "uint8 rows = severities x images (severity-major), H x W[ x 3]",
                    f"y_{args.split}": "labels per row", "severity": "severity per row",
-                   "index": "position of the row's image in the source split"},
-        "load_with": f"robustest.data.load('npz', '<file>', split='{args.split}')",
+                   "index": "position of the row's image in the source split"} if args.format == "npz" else
+        {"<corruption>.npy": "uint8 5N x H x W x C, severity 1 first", "labels.npy": "5N labels"},
+        "load_with": (f"robustest.data.load('npz', '<file>', split='{args.split}')" if args.format == "npz" else
+                      "robustest.data.load('cifar10-c', OUT, corruption=NAME, severity=S)"),
         "corruptions": files,
         "total_seconds": time.perf_counter() - t_start,
         "peak_rss_mib": peak_rss_mib(),

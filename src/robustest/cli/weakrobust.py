@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -38,9 +39,12 @@ from robustest.cli._common import (
     print_table,
 )
 from robustest.errors import ConfigError, DataError
-from robustest.runtime import atomic_write_json, labels_of, take
+from robustest.runtime import atomic_save, atomic_write_json, labels_of, take
 
 ORDER = 60
+
+
+ANALYSIS_STEP = 16384  # samples per saved step of an analysis (a multiple of the noise block)
 
 
 def _unit(text: str) -> float:
@@ -58,6 +62,9 @@ def _add_analysis_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--noise", choices=("uniform", "gaussian"), default="uniform", help="noise law (default: uniform)")
     g.add_argument("--no-quantize", action="store_true", help="do not round neighbours to the 256 uint8 levels")
     g.add_argument("--batch-size", type=positive_int, default=4096, help="images per forward pass (default: 4096)")
+    g.add_argument("--save-every", type=positive_int, default=ANALYSIS_STEP, metavar="N",
+                   help=f"save the analysis every N samples; rerunning the same command after a kill continues "
+                        f"from there (default: {ANALYSIS_STEP})")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -127,12 +134,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 # ------------------------------------------------------------------------------------------- helpers
-def _analysis_from_args(args: argparse.Namespace, model, ds):
-    from robustest import weakrobust as wr
 
-    return wr.analyze(model, ds, n_neighbors=args.neighbors, eps=args.eps, noise=args.noise,
-                      quantize=not args.no_quantize, batch_size=args.batch_size, seed=args.seed,
-                      progress=not args.no_progress)
+
+def _analysis_from_args(args: argparse.Namespace, model, ds, out: Path):
+    """The local robustness analysis of ``ds``, in saved steps of :data:`ANALYSIS_STEP` samples: rerunning
+    the same command after a kill continues from the last finished step."""
+    from robustest import weakrobust as wr
+    from robustest.checkpoints import state_fingerprint
+    from robustest.steps import Steps, data_fingerprint, fingerprint
+
+    settings = {k: getattr(args, k) for k in ("neighbors", "eps", "noise", "no_quantize", "seed", "save_every")}
+    steps = Steps(out, fingerprint("analyze", settings, state_fingerprint(model), data_fingerprint(ds)),
+                  log=lambda msg: print(f"note: {msg}", file=sys.stderr))
+    n, parts, every = len(ds), [], args.save_every
+    for k, lo in enumerate(range(0, n, every)):
+        span = (lo, min(lo + every, n))
+        d = steps.run(f"analysis_{k:05d}", lambda span=span: wr.analyze(
+            model, ds, n_neighbors=args.neighbors, eps=args.eps, noise=args.noise, quantize=not args.no_quantize,
+            batch_size=args.batch_size, seed=args.seed, progress=not args.no_progress, span=span).to_dict())
+        parts.append(wr.Analysis.from_dict(d, f"{out}/state/steps/analysis_{k:05d}.pt"))
+    if steps.resumed:
+        print(f"note: {steps.resumed} finished step(s) of an interrupted run reused", file=sys.stderr)
+    return wr.Analysis.concat(parts)
 
 
 def _weakest_grid(ds, analysis, positions: torch.Tensor, title: str) -> bytes:
@@ -177,7 +200,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     model = load_model(args)
     ds = load_data(args)
     check_fits(model, ds)
-    analysis = _analysis_from_args(args, model, ds)
+    analysis = _analysis_from_args(args, model, ds, out)
     analysis.save(out / "analysis.pt")
     results = {"verb": "analyze", "args": {k: v for k, v in vars(args).items() if k != "func"},
                "n": len(analysis), "summary": analysis.summary(), "weakest": _weakest_rows(analysis),
@@ -192,7 +215,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         tr = time.perf_counter()
         radius = wr.adversarial_radius(model, ds, eps_max=args.radius_eps_max, seed=args.seed)
         results["timings"]["radius_s"] = time.perf_counter() - tr
-        torch.save(radius, out / "radius.pt")
+        atomic_save(radius, out / "radius.pt")
         fin = radius[torch.isfinite(radius)]
         rho = spearmanr(analysis.score.numpy(), (-radius.clamp(max=2 * args.radius_eps_max)).numpy()).statistic
         results["radius"] = {"eps_max": args.radius_eps_max, "median": float(fin.median()) if fin.numel() else None,
@@ -242,7 +265,7 @@ def run_validate(args: argparse.Namespace) -> int:
                             f"--split {args.split} has {len(ds)} (or other labels): use the same data set, split "
                             "and --limit as 'robustest analyze'")
     else:
-        analysis = _analysis_from_args(args, model, ds)
+        analysis = _analysis_from_args(args, model, ds, out)
         analysis.save(out / "analysis.pt")
     weak = wr.select_weak(analysis, k=args.k, fraction=args.fraction, threshold=args.threshold,
                           per_class=args.per_class, correct_only=args.correct_only)

@@ -204,7 +204,7 @@ def _data_fingerprint(*tensors: torch.Tensor) -> str:
     for t in tensors:
         t = t.detach().cpu().contiguous()
         h.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 

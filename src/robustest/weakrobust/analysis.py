@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest import _repr
+from robustest.config import check_float, check_int
+from robustest.distributed import Shard, all_gather_cat
 from robustest.errors import ConfigError, DataError
 from robustest.runtime import (
     DataLike,
@@ -109,7 +111,45 @@ class Analysis:
     def load(cls, path: str | os.PathLike[str]) -> Analysis:
         d = load_plain(path, fmt="robustest-analysis", what="robustest analysis file",
                        fix="write one with 'robustest analyze'")
-        return cls(**{k: d[k] for k in cls._TENSORS}, params=dict(d.get("params") or {}))
+        return cls.from_dict(d, str(path))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "analysis") -> Analysis:
+        """An Analysis from :meth:`to_dict`'s plain data, checked as a whole: every tensor present, 1-D, of one
+        length and of the right kind; indices non-negative and distinct; scores finite in [0, 1]."""
+        bad = f"{source}: damaged analysis:"
+        n = None
+        for k in cls._TENSORS:
+            t = d.get(k)
+            if not isinstance(t, torch.Tensor) or t.dim() != 1:
+                raise DataError(f"{bad} {k!r} is missing or not a 1-D tensor: rerun 'robustest analyze'")
+            if n is None:
+                n = t.shape[0]
+            if t.shape[0] != n:
+                raise DataError(f"{bad} {k!r} has {t.shape[0]} entries but 'score' has {n}: rerun 'robustest analyze'")
+        floats, ints = ("score", "frac_misclassified", "clean_score"), ("top_wrong", "label", "index")
+        for k in floats:
+            t = d[k]
+            if not t.is_floating_point() or (n and (not bool(torch.isfinite(t).all()) or float(t.min()) < 0
+                                                     or float(t.max()) > 1)):
+                raise DataError(f"{bad} {k!r} must hold finite values in [0, 1]")
+        for k in ints:
+            t = d[k]
+            if t.is_floating_point() or t.dtype == torch.bool or (n and int(t.min()) < 0):
+                raise DataError(f"{bad} {k!r} must hold non-negative integers")
+        if n and len(torch.unique(d["index"])) != n:
+            raise DataError(f"{bad} 'index' names a sample twice")
+        params = d.get("params")
+        return cls(**{k: d[k] for k in cls._TENSORS}, params=dict(params) if isinstance(params, dict) else {})
+
+    @classmethod
+    def concat(cls, parts: list[Analysis]) -> Analysis:
+        """The analyses of consecutive parts of one data set as one (params of the first, seconds summed)."""
+        if not parts:
+            raise DataError("no analysis to join")
+        params = dict(parts[0].params)
+        params["seconds"] = float(sum(p.params.get("seconds", 0.0) for p in parts))
+        return cls(**{k: torch.cat([getattr(p, k) for p in parts]) for k in cls._TENSORS}, params=params)
 
 
 def _neighbour_noise(idx: torch.Tensor, q: int, shape: tuple[int, ...], eps: float, noise: str, seed: int,
@@ -167,6 +207,7 @@ def analyze(
     seed: int = 0,
     device: torch.device | str | None = None,
     progress: bool = False,
+    span: tuple[int, int] | None = None,
 ) -> Analysis:
     """Local robustness analysis (METHODS B1) of every sample of labelled ``data`` (images N x C x H x W).
 
@@ -177,12 +218,15 @@ def analyze(
 
     ``batch_size`` is the number of images (neighbours + the clean sample) per forward pass: the data set is
     streamed in chunks of whole noise blocks, so memory is bounded by the chunk, not by N. Results do not
-    depend on ``batch_size`` (see the module docstring). Returns an :class:`Analysis` (tensors on CPU).
+    depend on ``batch_size`` (see the module docstring). ``span=(lo, hi)`` analyses only the samples at those
+    positions (their results, indices and neighbours are those of the whole run). Under torchrun each rank
+    analyses its contiguous share and every rank returns the whole result, equal to a single process's.
+    Returns an :class:`Analysis` (tensors on CPU).
     """
-    if n_neighbors < 1:
-        raise ConfigError(f"n_neighbors must be >= 1, got {n_neighbors}")
-    if not eps > 0:
-        raise ConfigError(f"eps must be positive, got {eps}")
+    check_int("n_neighbors", n_neighbors, 1, 100_000)
+    check_float("eps", eps, 0.0, 2.0, lo_open=True)
+    check_int("batch_size", batch_size, 1)
+    check_int("seed", seed, 0)
     if noise not in ("uniform", "gaussian"):
         raise ConfigError(f"unknown noise {noise!r}: use 'uniform' or 'gaussian'")
     if batch_size < 1:
@@ -192,14 +236,15 @@ def analyze(
     chunk = NOISE_BLOCK * max(1, batch_size // (NOISE_BLOCK * (q + 1)))
     # Results go into tensors allocated once up front: small per-chunk tensors kept alive between the large
     # temporary buffers would pin the allocator's heap and make resident memory grow with N.
-    n_total = num_samples(data)
+    n_total = num_samples(data) if span is None else max(0, min(span[1], num_samples(data)) - max(0, span[0]))
+    shard = Shard.current()
     dtypes = {"clean_correct": torch.bool, "top_wrong": torch.long, "label": torch.long, "index": torch.long}
     out = {k: torch.empty(n_total, dtype=dtypes.get(k, torch.float32)) for k in Analysis._TENSORS}
     t0 = time.perf_counter()
     n_seen = 0
     buf: torch.Tensor | None = None
     with eval_mode(model):
-        it = iter_batches(data, chunk, dev, with_index=True)
+        it = iter_batches(data, chunk, dev, with_index=True, shard=shard, span=span)
         try:
             total: int | None = -(-num_samples(data) // chunk)
         except Exception:  # noqa: BLE001 - only for the progress bar
@@ -244,11 +289,13 @@ def analyze(
             out["top_wrong"][sl] = mean_p.argmax(dim=1).cpu()
             out["label"][sl] = yb.cpu()
             out["index"][sl] = idx.cpu().long()
+    parts = all_gather_cat({k: v[:n_seen] for k, v in out.items()})
+    n_seen = int(parts["index"].shape[0])  # type: ignore[union-attr]
     if n_seen == 0:
         raise DataError("analyze got an empty data set: check the split and --limit")
     params = {"n_neighbors": q, "eps": float(eps), "noise": noise, "quantize": bool(quantize), "seed": int(seed),
               "batch_size": int(batch_size), "seconds": time.perf_counter() - t0, "device": str(dev)}
-    return Analysis(**{k: v[:n_seen] for k, v in out.items()}, params=params)
+    return Analysis(**parts, params=params)
 
 
 def adversarial_radius(

@@ -1,0 +1,142 @@
+"""Nothing is lost: killed runs continue where they stopped, write failures are one line and keep what was
+written, and the output folder is proved writable before any work."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from robustest import runtime
+from robustest.cli import main
+from robustest.errors import OutputError
+
+
+def _cli(*args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "robustest", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, **kw)
+
+
+def _kill_when(proc: subprocess.Popen, ready, timeout: float = 120.0) -> None:
+    t0 = time.time()
+    while not ready():
+        if proc.poll() is not None:
+            pytest.fail(f"finished before it could be killed: {proc.stderr.read()}")
+        if time.time() - t0 > timeout:
+            proc.kill()
+            pytest.fail("never reached the kill point")
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.slow
+def test_analyze_killed_and_rerun_equals_an_uninterrupted_run(tmp_path, mlp_digits_checkpoint) -> None:
+    args = ["analyze", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--split", "train",
+            "--neighbors", "150", "--save-every", "128", "--no-progress"]
+    out = tmp_path / "killed"
+    steps = out / "state" / "steps"
+    proc = _cli(*args, "--out", str(out))
+    _kill_when(proc, lambda: len(list(steps.glob("analysis_*.pt"))) >= 2)
+    (steps / ".analysis_00009.pt.abcd1234.tmp").write_bytes(b"half-written")  # as a kill mid-write leaves it
+    done = _cli(*args, "--out", str(out))
+    assert done.wait() == 0, done.stderr.read()
+    assert "reused" in done.stderr.read()
+    assert not list(out.rglob("*.tmp"))
+    ref = _cli(*args, "--out", str(tmp_path / "whole"))
+    assert ref.wait() == 0
+    a = torch.load(out / "analysis.pt", weights_only=True)
+    b = torch.load(tmp_path / "whole" / "analysis.pt", weights_only=True)
+    for k in ("score", "frac_misclassified", "clean_correct", "top_wrong", "label", "index"):
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.slow
+def test_corrupt_killed_and_rerun_writes_the_same_files(tmp_path) -> None:
+    import json
+
+    args = ["corrupt", "--dataset", "digits", "--limit", "600", "--corruptions", "all", "--severities", "1-5",
+            "--no-progress"]
+    out = tmp_path / "killed"
+    proc = _cli(*args, "--out", str(out))
+    _kill_when(proc, lambda: len(list(out.glob("*.npz"))) >= 3)
+    assert main([*args, "--out", str(out)]) == 0
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    files = lambda p: json.loads((p / "manifest.json").read_text())["corruptions"]  # noqa: E731
+    got, want = files(out), files(tmp_path / "whole")
+    assert {k: v["sha256"] for k, v in got.items()} == {k: v["sha256"] for k, v in want.items()}
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_analysis_with_other_settings_starts_afresh(tmp_path, mlp_digits_checkpoint, capsys) -> None:
+    base = ["analyze", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--limit", "64",
+            "--save-every", "32", "--no-progress", "--out", str(tmp_path)]
+    assert main([*base, "--neighbors", "3"]) == 0
+    assert main([*base, "--neighbors", "3"]) == 0
+    assert "2 finished step(s) of an interrupted run reused" in capsys.readouterr().err
+    assert main([*base, "--neighbors", "4"]) == 0
+    err = capsys.readouterr().err
+    assert "starting afresh" in err and "reused" not in err
+
+
+def test_write_failure_is_one_line_and_keeps_no_temporary_file(tmp_path) -> None:
+    def limit() -> None:  # a 6 KB file size limit: the first corruption file cannot be written
+        resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000))
+
+    out = tmp_path / "o"
+    proc = _cli("corrupt", "--dataset", "digits", "--limit", "200", "--corruptions", "fog", "--severities", "1-5",
+                "--no-progress", "--out", str(out), preexec_fn=limit)
+    err = proc.communicate()[1]
+    assert proc.returncode == 2, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "file size limit" in lines[0] and "rerun the same command" in lines[0], err
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_unwritable_out_is_refused_before_any_work(tmp_path, capsys) -> None:
+    t0 = time.perf_counter()
+    rc = main(["corrupt", "--dataset", "digits", "--corruptions", "fog", "--out", "/proc/robustest-out"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "not writable" in err and err.count("\n") == 1
+    assert time.perf_counter() - t0 < 5
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    assert main(["corrupt", "--dataset", "digits", "--corruptions", "fog", "--out", str(f)]) == 2
+    assert "not a folder" in capsys.readouterr().err
+
+
+def test_check_writable_and_stale_temporaries(tmp_path) -> None:
+    target = tmp_path / "new" / "deeper"
+    runtime.check_writable(target, create=False)
+    assert not (tmp_path / "new").exists()  # probed without leaving anything behind
+    runtime.check_writable(target)
+    assert target.is_dir() and not list(target.iterdir())
+    stale = target / ".results.json.k2j3h4g5.tmp"
+    stale.write_text("half")
+    keep = target / "notes.tmp"
+    keep.write_text("a user's file")
+    assert runtime.remove_stale_temporaries(target) == [stale] and keep.exists()
+    with pytest.raises(OutputError, match="not writable"):
+        runtime.check_writable("/proc/robustest-probe")
+
+
+def test_atomic_write_failure_is_an_output_error(tmp_path) -> None:
+    def small() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+
+    code = ("import signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "from robustest.runtime import atomic_write_bytes\n"
+            "from robustest.errors import OutputError\n"
+            f"try:\n    atomic_write_bytes({str(tmp_path / 'big.bin')!r}, bytes(1000))\n"
+            "except OutputError as e:\n    print('OUTPUT-ERROR', e)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=small)
+    assert "OUTPUT-ERROR" in res.stdout and "file size limit" in res.stdout
+    assert not list(Path(tmp_path).glob(".*.tmp")) and not (tmp_path / "big.bin").exists()
