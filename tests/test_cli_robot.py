@@ -92,4 +92,5 @@ def test_demo_verb_wiring(tmp_path, capsys, monkeypatch):
     assert res["baseline"]["fixed_set_accuracy"] == 0.0 and len(res["table"]) == 3
     # a second demo into the same folder reuses the finished work and prints the same table
     assert main(["demo", "--out", str(out), "--no-progress"]) == 0
-    assert json.loads((out / "results.json").read_text()) == res
+    again = json.loads((out / "results.json").read_text())
+    assert {k: v for k, v in again.items() if k != "timings"} == {k: v for k, v in res.items() if k != "timings"}

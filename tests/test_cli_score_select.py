@@ -87,8 +87,9 @@ def test_score_kmnc_and_select_coverage(ckpt, model, test_split, tmp_path):
                  "--out", str(sel)]) == 0
     chosen = torch.load(sel / "selected.pt", weights_only=True)["indices"]
     assert torch.equal(chosen, selection.select(bits, 10, "coverage"))
-    info = json.loads((sel / "select.json").read_text())
+    info = json.loads((sel / "results.json").read_text())
     assert info["cells_covered_by_selection"] == int(bits[chosen].any(0).sum())
+    assert info["settings"] == {"scores": str(out / "scores.pt"), "strategy": "coverage", "n": 10, "fill": "total"}
 
 
 def test_score_surprise(ckpt, tmp_path):
@@ -119,7 +120,9 @@ def test_score_tests_file_against_seeds(ckpt, model, test_split, tmp_path, capsy
     assert torch.equal(payload["x0_index"], x0_index)
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["fol_seed"].startswith("x0 = seeds")
     # without the seeds data set each test is its own seed
+    capsys.readouterr()
     assert main(["score", *base, "--out", str(tmp_path / "b")]) == 0
+    assert "warning: each test was scored as its own seed" in capsys.readouterr().err
     own = torch.load(tmp_path / "b" / "scores.pt", weights_only=True)["scores"]
     torch.testing.assert_close(own, metrics.fol(model, xt, yt))
     assert not torch.allclose(own, payload["scores"])
@@ -161,8 +164,9 @@ def test_select_strategies_fraction_csv_and_warning(tmp_path, capsys):
     capsys.readouterr()
     assert main(["select", "--scores", str(tmp_path / "s.pt"), "--n", "99", "--strategy", "random",
                  "--out", str(tmp_path / "all")]) == 0
-    assert "whole pool" in capsys.readouterr().out
-    info = json.loads((tmp_path / "all" / "select.json").read_text())
+    captured = capsys.readouterr()
+    assert "robustest select: warning:" in captured.err and "whole pool" in captured.err  # warnings: stderr
+    info = json.loads((tmp_path / "all" / "results.json").read_text())
     assert info["selected"] == 40 and info["warnings"]
 
 

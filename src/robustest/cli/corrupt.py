@@ -7,10 +7,11 @@ Writes one ``OUT/<corruption>.npz`` per corruption, Keras-style uint8 arrays:
 * ``y_<split>``: the labels, repeated for each severity (uint8 when they fit, else int64);
 * ``severity``: the severity of every row (uint8); ``index``: the row's position in the source split.
 
-``robustest.data.load("npz", "OUT/fog.npz", split=SPLIT)`` reads a file back. ``OUT/manifest.json``
-records the arguments, the parameter table, image shape, files with SHA-256 and timings. Images are
-corrupted in batches of ``--batch-size`` with seed ``--seed + first index of the batch``; the severities
-of one image share their random field.
+``robustest.data.load("npz", "OUT/fog.npz", split=SPLIT)`` reads a file back. ``OUT/results.json``
+records the settings in effect, the parameter table, image shape, the files with their SHA-256 and timings
+(schema: docs/schemas/corrupt.schema.json); ``OUT/report.html`` shows one image under every corruption and
+severity. Images are corrupted in batches of ``--batch-size`` with seed ``--seed + first index of the
+batch``; the severities of one image share their random field.
 """
 
 from __future__ import annotations
@@ -18,15 +19,29 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
-import re
 import time
+from typing import Any
 
 import numpy as np
 import torch
 
-from robustest.cli._common import add_data_args, add_run_args, load_data, out_dir, peak_rss_mib, positive_int
+from robustest.cli._common import (
+    add_data_args,
+    add_run_args,
+    data_settings,
+    fmt,
+    int_list,
+    load_data,
+    log,
+    name_list,
+    out_dir,
+    parse_list,
+    peak_rss_mib,
+    positive_int,
+)
 from robustest.errors import ConfigError
-from robustest.runtime import atomic_write_bytes, atomic_write_json, progress, resolve_device
+from robustest.results import write_results
+from robustest.runtime import atomic_write_bytes, progress, resolve_device
 
 ORDER = 40
 
@@ -35,11 +50,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("corrupt", help="write common-corruption (-C) versions of a data set", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(p, split="test")
-    p.add_argument("--corruptions", default="all", metavar="LIST",
-                   help="'all', a group (noise, blur, weather, digital, common, held-out) or comma-separated "
-                        "names (default: all 19)")
-    p.add_argument("--severities", default="1-5", metavar="S",
-                   help="severities: a range '1-5', one '3' or a list '1,3,5' (default: 1-5)")
+    p.add_argument("--corruptions", type=name_list("corruption"), default=["all"], metavar="LIST",
+                   help="'all', groups (noise, blur, weather, digital, common, held-out) or names, comma-separated "
+                        "(default: all 19)")
+    p.add_argument("--severities", type=int_list(what="severity", lo=1, hi=5, sort=True), default=[1, 2, 3, 4, 5],
+                   metavar="LIST", help="severities 1-5: a range 1-5, one 3, a list 1,3,5 or both 1-2,5 (default: 1-5)")
     p.add_argument("--table", choices=("auto", "cifar", "imagenet"), default="auto",
                    help="parameter table (default: auto = cifar up to 64 px, imagenet above)")
     p.add_argument("--batch-size", type=positive_int, default=256, help="images per batch (default: 256)")
@@ -48,27 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_severities(text: str) -> list[int]:
-    """'1-5' -> [1..5]; '3' -> [3]; '1,3,5' -> [1, 3, 5] (sorted, unique; each in 1-5)."""
-    out: set[int] = set()
-    for part in str(text).split(","):
-        part = part.strip()
-        m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", part)
-        if m:
-            lo, hi = int(m.group(1)), int(m.group(2))
-            if lo > hi:
-                raise ConfigError(f"--severities range {part!r} is empty: write it low-high, e.g. 1-5")
-            vals = range(lo, hi + 1)
-        elif part.isdigit():
-            vals = range(int(part), int(part) + 1)
-        else:
-            raise ConfigError(f"--severities {text!r} is not a range (1-5), a number (3) or a list (1,3,5)")
-        for v in vals:
-            if not 1 <= v <= 5:
-                raise ConfigError(f"severity {v} is outside 1-5")
-            out.add(v)
-    if not out:
-        raise ConfigError("--severities is empty: give e.g. 1-5")
-    return sorted(out)
+    """'1-5' -> [1..5]; '3' -> [3]; '1,3,5' -> [1, 3, 5]; '1-2,4' -> [1, 2, 4] (sorted, unique; each in 1-5).
+    Raises ConfigError on anything else."""
+    return parse_list(text, int, ranges=True, what="severity", lo=1, hi=5, sort=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
     t_start = time.perf_counter()
     names = corruptions.resolve_names(args.corruptions)
-    severities = parse_severities(args.severities)
+    severities = args.severities
     device = resolve_device(None, args.device) if args.device else torch.device("cpu")
     ds = load_data(args)
     x, y = ds.tensors[0], ds.tensors[1]
@@ -85,9 +82,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"the data has {c} channels; corruptions need 1 (grayscale) or 3 (RGB)")
     table = corruptions.default_table(h, w) if args.table == "auto" else args.table
     out = out_dir(args)
+    t_load = time.perf_counter() - t_start
     label_dtype = np.uint8 if int(y.min()) >= 0 and int(y.max()) < 256 else np.int64
     y_np = y.numpy().astype(label_dtype)
-    files = {}
+    files: dict[str, dict[str, Any]] = {}
+    timings: dict[str, float] = {"load_s": t_load}
+    samples = []  # the first image under every corruption and severity, for the report
     for name in progress(names, enabled=not args.no_progress, desc="corrupt", unit="corruption"):
         t0 = time.perf_counter()
         per_sev = []
@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
                 yb = corruptions.corrupt(xb, name, sev, seed=args.seed + start, table=table)
                 chunks.append(torch.round(yb * 255).to(torch.uint8).cpu())
             per_sev.append(torch.cat(chunks))
+        samples += [t[:1] for t in per_sev]
         arr = torch.cat(per_sev).permute(0, 2, 3, 1).numpy()  # S*N x H x W x C
         if c == 1:
             arr = arr[..., 0]
@@ -111,32 +112,51 @@ def run(args: argparse.Namespace) -> int:
         np.savez_compressed(buf, **payload)
         raw = buf.getvalue()
         path = atomic_write_bytes(out / f"{name}.npz", raw)
-        files[name] = {"file": path.name, "sha256": hashlib.sha256(raw).hexdigest(), "rows": int(arr.shape[0]),
-                       "seconds": time.perf_counter() - t0}
-    manifest = {
-        "format": "robustest-corruptions",
-        "version": 1,
-        "dataset": args.dataset,
-        "data_dir": args.data_dir,
-        "split": args.split,
-        "limit": args.limit,
+        files[name] = {"file": path.name, "sha256": hashlib.sha256(raw).hexdigest(), "rows": int(arr.shape[0])}
+        timings[f"{name}_s"] = time.perf_counter() - t0
+    timings["total_s"] = time.perf_counter() - t_start
+    settings = {**data_settings(args), "corruptions": names, "severities": severities, "table": table,
+                "batch_size": args.batch_size, "seed": args.seed, "device": str(device)}
+    results = {
         "num_images": n,
         "image_shape": [c, h, w],
-        "table": table,
-        "severities": severities,
-        "seed": args.seed,
-        "batch_size": args.batch_size,
-        "device": str(device),
         "arrays": {f"x_{args.split}": "uint8 rows = severities x images (severity-major), H x W[ x 3]",
                    f"y_{args.split}": "labels per row", "severity": "severity per row",
                    "index": "position of the row's image in the source split"},
         "load_with": f"robustest.data.load('npz', '<file>', split='{args.split}')",
         "corruptions": files,
-        "total_seconds": time.perf_counter() - t_start,
         "peak_rss_mib": peak_rss_mib(),
+        "files": {"report": "report.html", **{k: v["file"] for k, v in files.items()}},
     }
-    atomic_write_json(out / "manifest.json", manifest)
-    print(f"wrote {len(files)} corruption file(s) x {len(severities)} severities x {n} images "
-          f"({args.dataset} {args.split}, {c}x{h}x{w}, {table} table) to {out} "
-          f"in {manifest['total_seconds']:.1f}s")
+    doc = write_results(out, "corrupt", settings, results, timings)
+    _report(doc, x[:1], samples).write(out / "report.html")
+    log.info(f"wrote {len(files)} corruption file(s) x {len(severities)} severities x {n} images "
+             f"({args.dataset} {args.split}, {c}x{h}x{w}, {table} table) to {out} "
+             f"in {fmt(timings['total_s'], 'total_s')} s")
     return 0
+
+
+def _report(doc: dict[str, Any], clean: torch.Tensor, samples: list[torch.Tensor]):
+    """report.html of a -C set: the files, and the first image under every corruption and severity."""
+    from robustest.report import HtmlReport, save_image_grid
+
+    s = doc["settings"]
+    rep = HtmlReport.from_results(doc, f"robustest corrupt: {s['dataset']} ({s['split']})")
+    rep.paragraph(f"{len(doc['corruptions'])} corruption(s) x {len(s['severities'])} severities x "
+                  f"{doc['num_images']} images of shape {'x'.join(map(str, doc['image_shape']))}, "
+                  f"{s['table']} parameter table. Read a file back with {doc['load_with']}.")
+    rows = [{"corruption": k, "file": v["file"], "rows": v["rows"], "seconds": doc["timings"].get(f"{k}_s"),
+             "sha256": v["sha256"][:16] + "..."} for k, v in doc["corruptions"].items()]
+    rep.table(rows, ["corruption", "file", "rows", "seconds", "sha256"])
+    if samples:
+        sev = s["severities"]
+        grid = torch.cat([clean.float()] + [t.float() / 255 for t in samples])
+        caps = ["clean"] + [f"{name} s{v}" for name in doc["corruptions"] for v in sev]
+        rep.heading("The first image under every corruption and severity")
+        # the clean image on a row of its own, then one row per corruption
+        pad = torch.zeros((len(sev) - 1, *grid.shape[1:]))
+        grid = torch.cat([grid[:1], pad, grid[1:]])
+        caps = caps[:1] + [""] * (len(sev) - 1) + caps[1:]
+        rep.image(save_image_grid(grid, None, captions=caps, ncols=len(sev), scale=1.1),
+                  "First row: the clean image; then one row per corruption, severities left to right.")
+    return rep

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from robustest.cli._common import log
+
 ORDER = 0
 
 # module -> heading; each module that exists exposes names() (and optionally describe(name))
@@ -21,6 +23,7 @@ SECTIONS = [
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="list data sets, models and methods", description=__doc__)
+    # info writes no files: it has no --out and no results.json
     p.set_defaults(func=run)
 
 
@@ -51,10 +54,11 @@ def run(args: argparse.Namespace) -> int:
 
     from robustest import __version__
 
-    print(f"robustest {__version__} (torch {torch.__version__}, CUDA {'yes' if torch.cuda.is_available() else 'no'})")
+    cuda = "yes" if torch.cuda.is_available() else "no"
+    log.info(f"robustest {__version__} (torch {torch.__version__}, CUDA {cuda})")
     for heading, rows in registries().items():
-        print(f"\n{heading}:")
+        log.info(f"\n{heading}:")
         width = max((len(n) for n, _ in rows), default=0)
         for name, desc in rows:
-            print(f"  {name.ljust(width)}  {desc}")
+            log.info(f"  {name.ljust(width)}  {desc}")
     return 0
