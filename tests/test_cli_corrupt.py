@@ -26,14 +26,15 @@ def test_parse_severities() -> None:
             parse_severities(bad)
 
 
-def test_corrupt_all_on_digits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_corrupt_all_on_digits(tmp_path: Path, capsys: pytest.CaptureFixture[str], results_contract) -> None:
     out = tmp_path / "digits-c"
     rc = main(["corrupt", "--dataset", "digits", "--corruptions", "all", "--severities", "1-5", "--limit", "24",
                "--batch-size", "10", "--out", str(out), "--no-progress", "--seed", "4"])
     assert rc == 0
     assert "wrote 19 corruption file(s)" in capsys.readouterr().out
-    res = json.loads((out / "results.json").read_text())
-    assert res["format"] == "robustest-corrupt-results" and res["num_images"] == 24
+    res = results_contract(out, "corrupt")
+    assert res["num_images"] == 24 and res["settings"]["seed"] == 4 and res["settings"]["batch_size"] == 10
+    assert set(res["timings"]) == {"load_s", "total_s"} | {f"{name}_s" for name in C.names()}
     assert res["settings"]["severities"] == [1, 2, 3, 4, 5] and res["settings"]["table"] == "cifar"
     assert sorted(res["corruptions"]) == sorted(C.names()) == sorted(res["settings"]["corruptions"])
     assert (out / "report.html").stat().st_size > 1000 and not (out / "manifest.json").exists()

@@ -91,15 +91,16 @@ def test_top_level_help_version_and_no_verb(capsys):
 
 
 # -------------------------------------------------------------------------------------------------- train
-def test_train_on_digits_writes_checkpoint_and_report(tmp_path, capsys):
+def test_train_on_digits_writes_checkpoint_and_report(tmp_path, capsys, results_contract):
     out_dir = tmp_path / "run"
     code, out, err = run_cli(capsys, "train", "--dataset", "digits", "--model", "digits_cnn", "--epochs", "1",
                              "--batch-size", "32", "--lr", "3e-3", "--seed", "1", "--out", out_dir, "--no-progress")
     assert code == 0, err
     assert "test accuracy" in out and "model.pt" in out
     assert sorted(os.listdir(out_dir)) == ["model.pt", "report.html", "results.json"]
-    rep = json.loads((out_dir / "results.json").read_text())
-    assert rep["format"] == "robustest-train-results" and rep["world_size"] == 1
+    rep = results_contract(out_dir, "train")
+    assert set(rep["settings"]) == {"dataset", "model", "epochs", "batch_size", "lr", "optimizer", "weight_decay",
+                                    "schedule", "normalize", "seed", "device"}  # no --split, --limit: not given
     assert rep["num_train"] == 1437 and rep["num_test"] == 360
     assert len(rep["history"]["epochs"]) == 1 and rep["settings"]["seed"] == 1
     assert rep["settings"]["lr"] == 3e-3 and rep["settings"]["batch_size"] == 32 and "out" not in rep["settings"]
