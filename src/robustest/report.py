@@ -170,6 +170,10 @@ def save_lines(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], pa
     fig, ax = plt.subplots(figsize=(6, 3.4))
     for label, (xs, ys) in series.items():
         ax.plot(list(xs), list(ys), marker="o", label=label)
+    if all(float(x).is_integer() for xs, _ in series.values() for x in xs):
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds, epochs: whole numbers
     _style(ax, title, xlabel, ylabel)
     ax.grid(alpha=0.3)
     if series:

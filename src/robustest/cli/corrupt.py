@@ -150,13 +150,14 @@ def _report(doc: dict[str, Any], clean: torch.Tensor, samples: list[torch.Tensor
     rep.table(rows, ["corruption", "file", "rows", "seconds", "sha256"])
     if samples:
         sev = s["severities"]
-        grid = torch.cat([clean.float()] + [t.float() / 255 for t in samples])
-        caps = ["clean"] + [f"{name} s{v}" for name in doc["corruptions"] for v in sev]
+        names = list(doc["corruptions"])
+        rows = []
+        caps = []
+        for i, name in enumerate(names):  # each row: the clean image, then the corruption at every severity
+            rows += [clean.float()] + [t.float() / 255 for t in samples[i * len(sev):(i + 1) * len(sev)]]
+            caps += [name] + [f"severity {v}" for v in sev]
         rep.heading("The first image under every corruption and severity")
-        # the clean image on a row of its own, then one row per corruption
-        pad = torch.zeros((len(sev) - 1, *grid.shape[1:]))
-        grid = torch.cat([grid[:1], pad, grid[1:]])
-        caps = caps[:1] + [""] * (len(sev) - 1) + caps[1:]
-        rep.image(save_image_grid(grid, None, captions=caps, ncols=len(sev), scale=1.1),
-                  "First row: the clean image; then one row per corruption, severities left to right.")
+        rep.image(save_image_grid(torch.cat(rows), None, captions=caps, ncols=len(sev) + 1, scale=1.3),
+                  "One row per corruption: the clean image (captioned with the corruption's name), then the "
+                  "corrupted image at each severity.")
     return rep
