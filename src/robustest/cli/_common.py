@@ -8,7 +8,7 @@ import logging
 import re
 import resource
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -285,35 +285,44 @@ def _to_stdout(record: logging.LogRecord) -> bool:
 
 def configure_logging(verb: str = "", quiet: bool = False) -> Callable[[], None]:
     """Route the ``robustest`` loggers for one command: the verb's report lines (logger ``robustest.cli``, INFO)
-    to stdout; library messages, warnings (also Python warnings) and errors to stderr, warnings and errors
-    prefixed with ``robustest VERB:``. ``quiet`` raises the level to ERROR. Returns a function that undoes it."""
+    to stdout; library messages, warnings and errors to stderr, warnings and errors prefixed with
+    ``robustest VERB:``. Python warnings become one-line warnings of the ``robustest.warnings`` logger
+    (deprecation warnings of libraries stay hidden, as Python hides them by default). ``quiet`` raises the
+    level to ERROR. Returns a function that undoes all of it."""
+    import warnings
+
     level = logging.ERROR if quiet else logging.INFO
     root = logging.getLogger(LOGGER)
-    pyw = logging.getLogger("py.warnings")
     out, err = _LiveStream("stdout"), _LiveStream("stderr")
     out.addFilter(_to_stdout)
     err.addFilter(lambda r: not _to_stdout(r))
     for h in (out, err):
         h.setFormatter(_Formatter(verb))
-    saved = (root.level, root.propagate, pyw.level, pyw.propagate)
+    saved = (root.level, root.propagate)
     root.setLevel(level)
     root.propagate = False
     root.addHandler(out)
     root.addHandler(err)
-    pyw.setLevel(level)
-    pyw.propagate = False
-    pyw.addHandler(err)
-    logging.captureWarnings(True)
+    caught = warnings.catch_warnings()
+    caught.__enter__()
+    warnings.simplefilter("ignore", DeprecationWarning)
+    warnings.simplefilter("ignore", PendingDeprecationWarning)
+    show_default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - warnings' signature
+        if file is not None:
+            return show_default(message, category, filename, lineno, file, line)
+        logging.getLogger("robustest.warnings").warning(" ".join(f"{message} ({category.__name__})".split()))
+        return None
+
+    warnings.showwarning = show
 
     def restore() -> None:
-        logging.captureWarnings(False)
+        caught.__exit__(None, None, None)
         root.removeHandler(out)
         root.removeHandler(err)
-        pyw.removeHandler(err)
         root.setLevel(saved[0])
         root.propagate = saved[1]
-        pyw.setLevel(saved[2])
-        pyw.propagate = saved[3]
 
     return restore
 
@@ -402,17 +411,3 @@ def fmt(value: Any, key: str = "") -> str:
     from robustest.report import format_value
 
     return format_value(value, key)
-
-
-def write_report(rep: Any, out: Path) -> Path | None:
-    """Write ``rep`` to OUT/report.html; without matplotlib the report is skipped with a warning."""
-    try:
-        return rep.write(out / "report.html")
-    except ImportError as exc:  # pragma: no cover - matplotlib is a dependency
-        log.warning(f"report.html skipped: {exc}")
-        return None
-
-
-def settings_table(settings: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Settings as rows (setting, value) for a printed table."""
-    return [{"setting": k, "value": v} for k, v in settings.items()]

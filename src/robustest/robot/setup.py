@@ -261,5 +261,6 @@ def _last_figures(best: RobustnessReport, last_model: nn.Module | None, setup: _
 
 
 def _f(v: Any) -> str:
-    return "-" if v is None else f"{v:.4f}"
+    """An accuracy for a progress message: 3 decimals, as in the tables."""
+    return "-" if v is None else f"{v:.3f}"
 
