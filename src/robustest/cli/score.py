@@ -282,6 +282,7 @@ def _settings(args: argparse.Namespace, device: Any, opts: dict[str, Any]) -> di
             d.update(eps=args.eps, norm=args.norm)
         d["label"] = args.label
     if _is_tests(args.dataset):
+        d.pop("split", None)  # a tests file has no splits
         d.update({k: v for k, v in (("seeds_dataset", args.seeds_dataset), ("seeds_data_dir", args.seeds_data_dir),
                                     ("seeds_split", args.seeds_split)) if v is not None})
     if kind in ("coverage", "surprise"):
