@@ -113,3 +113,37 @@ def mnist_root() -> Path:
 def no_data_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Unset ROBUSTEST_DATA so loaders see only what the test passes."""
     monkeypatch.delenv("ROBUSTEST_DATA", raising=False)
+
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "docs" / "schemas"
+# argparse/runtime keys that are never settings of a run
+NOT_SETTINGS = ("func", "verb", "verb_parsers", "out", "quiet", "no_progress", "debug", "resume", "progress",
+                "verbose", "config", "threads")
+
+
+def check_results(out: str | os.PathLike[str], verb: str, schema: str | None = None) -> dict:
+    """Read OUT/results.json and check the results contract: the header (format naming ``verb``, version,
+    settings without runtime keys, timings in seconds with total_s, world_size) and, when the ``jsonschema``
+    package is installed (the test extras install it), docs/schemas/<schema or verb>.schema.json. Returns the
+    document."""
+    import json
+
+    doc = json.loads((Path(out) / "results.json").read_text())
+    assert doc["format"] == f"robustest-{verb}-results" and doc["version"] == 1 and doc["world_size"] == 1
+    assert isinstance(doc["settings"], dict) and not set(doc["settings"]) & set(NOT_SETTINGS), doc["settings"]
+    assert all(v is not None for v in doc["settings"].values()), "unset options are not settings"
+    assert doc["timings"]["total_s"] >= 0 and all(isinstance(v, (int, float)) for v in doc["timings"].values())
+    try:
+        import jsonschema
+    except ImportError:  # pragma: no cover - the test extras install it
+        return doc
+    spec = json.loads((SCHEMAS / f"{schema or verb}.schema.json").read_text())
+    errors = sorted(jsonschema.Draft202012Validator(spec).iter_errors(doc), key=lambda e: list(e.path))
+    assert not errors, [f"{list(e.path)}: {e.message}" for e in errors[:5]]
+    return doc
+
+
+@pytest.fixture
+def results_contract():
+    """:func:`check_results`: ``results_contract(out_dir, verb)`` validates a verb's results.json."""
+    return check_results

@@ -26,16 +26,18 @@ def test_parse_severities() -> None:
             parse_severities(bad)
 
 
-def test_corrupt_all_on_digits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_corrupt_all_on_digits(tmp_path: Path, capsys: pytest.CaptureFixture[str], results_contract) -> None:
     out = tmp_path / "digits-c"
     rc = main(["corrupt", "--dataset", "digits", "--corruptions", "all", "--severities", "1-5", "--limit", "24",
                "--batch-size", "10", "--out", str(out), "--no-progress", "--seed", "4"])
     assert rc == 0
     assert "wrote 19 corruption file(s)" in capsys.readouterr().out
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["format"] == "robustest-corruptions" and manifest["num_images"] == 24
-    assert manifest["severities"] == [1, 2, 3, 4, 5] and manifest["table"] == "cifar"
-    assert sorted(manifest["corruptions"]) == sorted(C.names())
+    res = results_contract(out, "corrupt")
+    assert res["num_images"] == 24 and res["settings"]["seed"] == 4 and res["settings"]["batch_size"] == 10
+    assert set(res["timings"]) == {"load_s", "total_s"} | {f"{name}_s" for name in C.names()}
+    assert res["settings"]["severities"] == [1, 2, 3, 4, 5] and res["settings"]["table"] == "cifar"
+    assert sorted(res["corruptions"]) == sorted(C.names()) == sorted(res["settings"]["corruptions"])
+    assert (out / "report.html").stat().st_size > 1000 and not (out / "manifest.json").exists()
     clean = data.load("digits", split="test")
     x0, y0 = clean.tensors[0][:24], clean.tensors[1][:24]
     for name in C.names():
@@ -59,8 +61,8 @@ def test_corrupt_is_deterministic_and_train_split(tmp_path: Path) -> None:
             "--severities", "2,4", "--limit", "16", "--no-progress"]
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
     assert main([*args, "--out", str(tmp_path / "b")]) == 0
-    ma = json.loads((tmp_path / "a" / "manifest.json").read_text())
-    mb = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    ma = json.loads((tmp_path / "a" / "results.json").read_text())
+    mb = json.loads((tmp_path / "b" / "results.json").read_text())
     assert list(ma["corruptions"]) == ["gaussian_noise", "shot_noise", "impulse_noise", "glass_blur"]
     for name in ma["corruptions"]:
         assert ma["corruptions"][name]["sha256"] == mb["corruptions"][name]["sha256"]
@@ -69,7 +71,7 @@ def test_corrupt_is_deterministic_and_train_split(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="x_test"):
         data.load("npz", tmp_path / "a" / "glass_blur.npz", split="test")
     assert main([*args, "--seed", "1", "--out", str(tmp_path / "c")]) == 0
-    mc = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    mc = json.loads((tmp_path / "c" / "results.json").read_text())
     assert mc["corruptions"]["gaussian_noise"]["sha256"] != ma["corruptions"]["gaussian_noise"]["sha256"]
 
 
@@ -79,7 +81,9 @@ def test_corrupt_is_deterministic_and_train_split(tmp_path: Path) -> None:
         (["--corruptions", "rain"], "unknown corruption 'rain'"),
         (["--severities", "0-3"], "severity 0 is outside 1-5"),
         (["--severities", "3-1"], "range '3-1' is empty"),
-        (["--severities", "high"], "is not a range"),
+        (["--severities", "high"], "is not a number or a range"),
+        (["--severities", "1,,3"], "empty item"),
+        (["--corruptions", "fog", "blur"], "comma-separated"),
         (["--table", "svhn"], "invalid choice"),
         (["--batch-size", "0"], "positive integer"),
     ],

@@ -91,16 +91,19 @@ def test_top_level_help_version_and_no_verb(capsys):
 
 
 # -------------------------------------------------------------------------------------------------- train
-def test_train_on_digits_writes_checkpoint_and_report(tmp_path, capsys):
+def test_train_on_digits_writes_checkpoint_and_report(tmp_path, capsys, results_contract):
     out_dir = tmp_path / "run"
     code, out, err = run_cli(capsys, "train", "--dataset", "digits", "--model", "digits_cnn", "--epochs", "1",
                              "--batch-size", "32", "--lr", "3e-3", "--seed", "1", "--out", out_dir, "--no-progress")
     assert code == 0, err
-    assert "test acc" in out and "model.pt" in out
-    assert sorted(os.listdir(out_dir)) == ["model.pt", "train.json"]
-    rep = json.loads((out_dir / "train.json").read_text())
+    assert "test accuracy" in out and "model.pt" in out
+    assert sorted(os.listdir(out_dir)) == ["model.pt", "report.html", "results.json"]
+    rep = results_contract(out_dir, "train")
+    assert set(rep["settings"]) == {"dataset", "model", "epochs", "batch_size", "lr", "optimizer", "weight_decay",
+                                    "schedule", "normalize", "seed", "device"}  # no --split, --limit: not given
     assert rep["num_train"] == 1437 and rep["num_test"] == 360
-    assert len(rep["history"]["epochs"]) == 1 and rep["args"]["seed"] == 1
+    assert len(rep["history"]["epochs"]) == 1 and rep["settings"]["seed"] == 1
+    assert rep["settings"]["lr"] == 3e-3 and rep["settings"]["batch_size"] == 32 and "out" not in rep["settings"]
     assert rep["model"]["name"] == "digits_cnn" and rep["model"]["input_size"] == 8 and rep["model"]["mean"]
     assert set(rep["timings"]) >= {"load_data_s", "train_s", "eval_s", "total_s"} and rep["peak_rss_mib"] > 0
     assert 0.7 <= rep["test_accuracy"] <= 1.0
@@ -115,7 +118,7 @@ def test_train_on_idx_folder_with_limit(tmp_path, capsys):
     code, out, err = run_cli(capsys, "train", "--dataset", "mnist", "--data-dir", tmp_path / "mnist", "--model",
                              "lenet1", "--epochs", "1", "--limit", "12", "--out", tmp_path / "o", "--no-progress")
     assert code == 0, err
-    rep = json.loads((tmp_path / "o" / "train.json").read_text())
+    rep = json.loads((tmp_path / "o" / "results.json").read_text())
     assert rep["num_train"] == 12 and rep["num_test"] == 10 and rep["model"]["input_size"] == 28
 
 
@@ -274,11 +277,15 @@ def test_common_helpers(tmp_path, capsys):
     out = _common.out_dir(argparse.Namespace(out=str(tmp_path / "a" / "b")))
     assert out.is_dir()
     assert _common.peak_rss_mib() > 10
-    _common.print_table([{"name": "x", "acc": 0.5}, {"name": "long-name", "acc": None}], ["name", "acc"])
+    restore = _common.configure_logging("test")  # what the command does: report lines go to stdout
+    try:
+        _common.print_table([{"name": "x", "acc": 0.5}, {"name": "long-name", "acc": None}], ["name", "acc"])
+    finally:
+        restore()
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["name", "acc"] and set(lines[1].replace(" ", "")) == {"-"}
-    assert lines[2].split() == ["x", "0.5000"] and lines[3].split() == ["long-name", "-"]
-    assert lines[0].index("acc") == lines[2].index("0.5000") == lines[3].rindex("-")  # aligned columns
+    assert lines[2].split() == ["x", "0.500"] and lines[3].split() == ["long-name", "-"]  # accuracy: 3 decimals
+    assert lines[0].index("acc") == lines[2].index("0.500") == lines[3].rindex("-")  # aligned columns
 
 
 # ------------------------------------------------------------------------------------- console script
@@ -305,7 +312,7 @@ def test_train_digits_cnn_reaches_95_percent(tmp_path, capsys):
     code, out, err = run_cli(capsys, "train", "--dataset", "digits", "--model", "digits_cnn", "--epochs", "30",
                              "--out", tmp_path, "--no-progress")
     assert code == 0, err
-    rep = json.loads((tmp_path / "train.json").read_text())
+    rep = json.loads((tmp_path / "results.json").read_text())
     assert rep["test_accuracy"] >= 0.95, rep["test_accuracy"]
 
 
@@ -314,7 +321,7 @@ def test_train_lenet5_on_real_mnist_reaches_98_5_percent(tmp_path, capsys, mnist
     code, out, err = run_cli(capsys, "train", "--dataset", "mnist", "--data-dir", mnist_root, "--model", "lenet5",
                              "--epochs", "3", "--out", tmp_path, "--no-progress")
     assert code == 0, err
-    rep = json.loads((tmp_path / "train.json").read_text())
+    rep = json.loads((tmp_path / "results.json").read_text())
     assert rep["num_train"] == 60000 and rep["num_test"] == 10000
     assert rep["test_accuracy"] >= 0.985, rep["test_accuracy"]
 
@@ -331,5 +338,5 @@ def test_train_says_when_the_data_has_no_separate_test_split(capsys, tmp_path):
                            "--epochs", "1", "--out", str(tmp_path / "out"), "--no-progress")
     assert code == 0
     assert "no separate test split" in err
-    report = json.loads((tmp_path / "out" / "train.json").read_text())
+    report = json.loads((tmp_path / "out" / "results.json").read_text())
     assert report["test_split_is_training_data"] is True

@@ -34,7 +34,8 @@ def _gen(checkpoint, out, *extra):
                  "--no-progress", *extra])
 
 
-def test_generate_pgd_writes_tests_summary_and_grid(checkpoint, tmp_path, trained_digits_model, capsys):
+def test_generate_pgd_writes_tests_summary_and_grid(checkpoint, tmp_path, trained_digits_model, capsys,
+                                                    results_contract):
     out = tmp_path / "pgd"
     assert _gen(checkpoint, out, "--method", "pgd", "--limit", "60", "--steps", "5", "--eps", "0.15") == 0
     assert "tests" in capsys.readouterr().out
@@ -60,6 +61,13 @@ def test_generate_pgd_writes_tests_summary_and_grid(checkpoint, tmp_path, traine
     assert s["perturbation"]["linf"]["max"] <= 0.15 + 1e-5
     for name in ("examples.png", "fol_hist.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    res = results_contract(out, "generate")
+    assert res["settings"] == {"checkpoint": str(checkpoint), "dataset": "digits", "split": "train", "limit": 60,
+                               "method": "pgd", "eps": 0.15, "steps": 5, "norm": "linf", "random_start": True,
+                               "restarts": 1, "keep_all": False, "fol_norm": "linf", "fol_eps": 0.15,
+                               "batch_size": 256, "grid": 8, "seed": 0, "device": "cpu"}
+    assert res["tests"] == n and res["success_rate"] == s["success_rate"]
+    assert "<img" in (out / "report.html").read_text()
     # the tests file is a data set other verbs can read
     ds = data.load("tests", root=out / "tests.pt")
     assert len(ds) == n
@@ -83,7 +91,7 @@ def test_generate_keep_all_and_other_attacks(checkpoint, tmp_path):
         assert s["perturbation"]["l2"]["max"] <= 1.0 + 1e-5
 
 
-def test_generate_fol_fuzz(checkpoint, tmp_path, trained_digits_model):
+def test_generate_fol_fuzz(checkpoint, tmp_path, trained_digits_model, results_contract):
     out = tmp_path / "fol"
     assert _gen(checkpoint, out, "--method", "fol-fuzz", "--limit", "12", "--steps", "4") == 0
     t = data.load_tests(out / "tests.pt")
@@ -95,9 +103,12 @@ def test_generate_fol_fuzz(checkpoint, tmp_path, trained_digits_model):
         assert bool((pred != seed_pred).all())
     s = json.loads((out / "summary.json").read_text())
     assert "fuzz_stats" in s and s["seeds"] == 12
+    settings = results_contract(out, "generate")["settings"]
+    assert settings["steps"] == 4 and settings["max_rel_l2"] == 0.5
+    assert not {"keep_all", "restarts", "random_start", "iterations", "coverage"} & set(settings)
 
 
-def test_generate_cov_fuzz(checkpoint, tmp_path):
+def test_generate_cov_fuzz(checkpoint, tmp_path, results_contract):
     out = tmp_path / "cov"
     assert _gen(checkpoint, out, "--method", "cov-fuzz", "--limit", "16", "--iterations", "3",
                 "--profile-limit", "300", "--batch-size", "32") == 0
@@ -105,6 +116,9 @@ def test_generate_cov_fuzz(checkpoint, tmp_path):
     assert s["params"]["profile_images"] == 300
     assert len(s["coverage_history"]) >= 1
     assert data.load_tests(out / "tests.pt")["method"] == "cov-fuzz"
+    settings = results_contract(out, "generate")["settings"]
+    assert settings["iterations"] == 3 and settings["profile_limit"] == 300 and settings["coverage"] == "kmnc"
+    assert not {"keep_all", "steps", "max_rel_l2"} & set(settings)
 
 
 @pytest.mark.parametrize("argv, message", [

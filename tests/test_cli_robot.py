@@ -22,7 +22,7 @@ def checkpoint(mlp_digits_checkpoint):
     torch.set_num_threads(threads)
 
 
-def test_run_verb(checkpoint, tmp_path, capsys):
+def test_run_verb(checkpoint, tmp_path, capsys, results_contract):
     cfg = tmp_path / "run.yaml"
     cfg.write_text(TINY_YAML + "strategy: kmst\nrounds: 5\n")
     out = tmp_path / "out"
@@ -31,7 +31,11 @@ def test_run_verb(checkpoint, tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert "fixed-set" in text and "white-box" in text and "stopped: rounds after 1 round(s)" in text
-    res = json.loads((out / "results.json").read_text())
+    res = results_contract(out, "run")
+    assert res["settings"]["strategy"] == "kmst" and res["settings"]["whitebox_pgd_steps"] == 3
+    assert not {"strategies", "budgets", "seeds", "coverage_metric", "fuzz_options",
+                "train_model", "time_budget", "target_metric"} & set(res["settings"])
+    assert res["settings"]["kmst_k"] == 4  # kmst is the strategy: its k is in effect
     assert res["config"]["strategy"] == "kmst"  # from the file
     assert res["config"]["rounds"] == 1  # the flag overrides the file
     assert res["rounds"][0]["selected"]["n"] == round(res["rounds"][0]["pool"]["size"] * 0.10)
@@ -42,7 +46,7 @@ def test_run_verb(checkpoint, tmp_path, capsys):
     assert rc == 2 and "--resume" in capsys.readouterr().err
 
 
-def test_compare_verb(checkpoint, tmp_path, capsys):
+def test_compare_verb(checkpoint, tmp_path, capsys, results_contract):
     cfg = tmp_path / "cmp.yaml"
     cfg.write_text(TINY_YAML)
     out = tmp_path / "cmp"
@@ -51,7 +55,10 @@ def test_compare_verb(checkpoint, tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert "fixed-set before" in text and "best" in text and "random" in text and "±" in text
-    res = json.loads((out / "results.json").read_text())
+    res = results_contract(out, "compare")
+    assert res["settings"]["strategies"] == ["best", "random"] and res["settings"]["seeds"] == [0, 1]
+    assert res["settings"]["budgets"] == [10]
+    assert not {"strategy", "budget", "rounds", "convergence_tol", "kmst_k", "coverage_metric"} & set(res["settings"])
     assert [r["strategy"] for r in res["table"]] == ["best", "random"]
     assert all(r["seeds"] == 2 for r in res["table"])
 
@@ -73,7 +80,7 @@ def test_bad_input_is_one_line(checkpoint, tmp_path, capsys):
     assert rc == 2 and "does not exist" in capsys.readouterr().err
 
 
-def test_demo_verb_wiring(tmp_path, capsys, monkeypatch):
+def test_demo_verb_wiring(tmp_path, capsys, monkeypatch, results_contract):
     """The demo verb end to end with its settings shrunk (the full demo is timed in docs/RESULTS.md)."""
     from robustest.cli import demo
 
@@ -88,8 +95,10 @@ def test_demo_verb_wiring(tmp_path, capsys, monkeypatch):
         assert s in text
     assert "fixed-set before" in text and "white-box after" in text
     assert (out / "report.html").is_file() and (out / "state" / "original_model.pt").is_file()
-    res = json.loads((out / "results.json").read_text())
+    res = results_contract(out, "compare")  # the demo is a comparison with fixed settings
+    assert res["settings"]["train_model"] == "mlp" and "coverage_metric" in res["settings"]
     assert res["baseline"]["fixed_set_accuracy"] == 0.0 and len(res["table"]) == 3
     # a second demo into the same folder reuses the finished work and prints the same table
     assert main(["demo", "--out", str(out), "--no-progress"]) == 0
-    assert json.loads((out / "results.json").read_text()) == res
+    again = json.loads((out / "results.json").read_text())
+    assert {k: v for k, v in again.items() if k != "timings"} == {k: v for k, v in res.items() if k != "timings"}

@@ -45,7 +45,7 @@ def _err(capsys) -> str:
     return err
 
 
-def test_score_fol_writes_all_files_matching_the_library(ckpt, model, test_split, tmp_path):
+def test_score_fol_writes_all_files_matching_the_library(ckpt, model, test_split, tmp_path, results_contract):
     out = tmp_path / "fol"
     assert _score(ckpt, out, "--metric", "fol", "--limit", "100", "--eps", "0.1", "--norm", "l2") == 0
     x, y = test_split
@@ -62,17 +62,27 @@ def test_score_fol_writes_all_files_matching_the_library(ckpt, model, test_split
     assert summary["quantiles"]["q50"] == pytest.approx(float(torch.quantile(expected.double(), 0.5)), rel=1e-9)
     assert summary["min"] <= summary["quantiles"]["q05"] <= summary["quantiles"]["q95"] <= summary["max"]
     assert (out / "scores_hist.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    res = results_contract(out, "score")
+    assert res["settings"] == {"checkpoint": str(ckpt), "dataset": "digits", "split": "test", "limit": 100,
+                               "metric": "fol", "batch_size": 256, "eps": 0.1, "norm": "l2", "label": "true",
+                               "device": "cpu"}
+    assert res["count"] == summary["count"] and res["quantiles"] == summary["quantiles"]  # summary.json: a copy
+    assert set(res["timings"]) == {"load_s", "score_s", "per_input_ms", "total_s"}
+    assert "<img" in (out / "report.html").read_text()
 
 
 @pytest.mark.parametrize("name", ["zol", "gini", "entropy", "margin", "max_prob", "fol_gradnorm"])
-def test_score_other_metrics_match_the_library(ckpt, model, test_split, tmp_path, name):
+def test_score_other_metrics_match_the_library(ckpt, model, test_split, tmp_path, name, results_contract):
     assert _score(ckpt, tmp_path, "--metric", name, "--limit", "60") == 0
+    settings = results_contract(tmp_path, "score")["settings"]
+    assert ("label" in settings) == (name in ("zol", "fol_gradnorm"))  # options of other metrics are left out
+    assert not {"eps", "norm", "k", "layers", "train_limit"} & set(settings)
     x, y = test_split
     got = torch.load(tmp_path / "scores.pt", weights_only=True)["scores"]
     torch.testing.assert_close(got, metrics.compute(name, model, x[:60], y[:60]))
 
 
-def test_score_kmnc_and_select_coverage(ckpt, model, test_split, tmp_path):
+def test_score_kmnc_and_select_coverage(ckpt, model, test_split, tmp_path, results_contract):
     out = tmp_path / "kmnc"
     assert _score(ckpt, out, "--metric", "kmnc", "--k", "5", "--limit", "80", "--train-limit", "300") == 0
     payload = torch.load(out / "scores.pt", weights_only=True)
@@ -82,13 +92,16 @@ def test_score_kmnc_and_select_coverage(ckpt, model, test_split, tmp_path):
     torch.testing.assert_close(payload["scores"], bits.float().sum(1) / bits.shape[1])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["set_coverage"] == pytest.approx(float(bits.any(0).float().mean()))
+    res = results_contract(out, "score")
+    assert res["settings"]["k"] == 5 and res["settings"]["train_limit"] == 300 and "eps" not in res["settings"]
     sel = tmp_path / "sel"
     assert main(["select", "--scores", str(out / "scores.pt"), "--n", "10", "--strategy", "coverage",
                  "--out", str(sel)]) == 0
     chosen = torch.load(sel / "selected.pt", weights_only=True)["indices"]
     assert torch.equal(chosen, selection.select(bits, 10, "coverage"))
-    info = json.loads((sel / "select.json").read_text())
+    info = results_contract(sel, "select")
     assert info["cells_covered_by_selection"] == int(bits[chosen].any(0).sum())
+    assert info["settings"] == {"scores": str(out / "scores.pt"), "strategy": "coverage", "n": 10, "fill": "total"}
 
 
 def test_score_surprise(ckpt, tmp_path):
@@ -119,7 +132,9 @@ def test_score_tests_file_against_seeds(ckpt, model, test_split, tmp_path, capsy
     assert torch.equal(payload["x0_index"], x0_index)
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["fol_seed"].startswith("x0 = seeds")
     # without the seeds data set each test is its own seed
+    capsys.readouterr()
     assert main(["score", *base, "--out", str(tmp_path / "b")]) == 0
+    assert "warning: each test was scored as its own seed" in capsys.readouterr().err
     own = torch.load(tmp_path / "b" / "scores.pt", weights_only=True)["scores"]
     torch.testing.assert_close(own, metrics.fol(model, xt, yt))
     assert not torch.allclose(own, payload["scores"])
@@ -141,7 +156,7 @@ def test_score_tests_file_against_seeds(ckpt, model, test_split, tmp_path, capsy
     assert torch.equal(picked["x"], xt[chosen["indices"]]) and torch.equal(picked["x0_index"], chosen["x0_index"])
 
 
-def test_select_strategies_fraction_csv_and_warning(tmp_path, capsys):
+def test_select_strategies_fraction_csv_and_warning(tmp_path, capsys, results_contract):
     scores = torch.linspace(0, 1, 40) ** 3
     torch.save({"scores": scores, "metric": "fol"}, tmp_path / "s.pt")
     for strategy in selection.names()[:-1]:
@@ -153,6 +168,9 @@ def test_select_strategies_fraction_csv_and_warning(tmp_path, capsys):
         torch.testing.assert_close(got["scores"], scores[got["indices"]])
         rows = list(csv.DictReader((out / "selected.csv").open()))
         assert [int(r["index"]) for r in rows] == got["indices"].tolist()
+        settings = results_contract(out, "select")["settings"]
+        assert ("k" in settings) == (strategy == "kmst") and ("seed" in settings) == (strategy in ("kmst", "random"))
+        assert settings["fraction"] == 0.25 and "n" not in settings and "fill" not in settings
     # a scores.csv works as input
     (tmp_path / "s.csv").write_text("index,score\n" + "".join(f"{i},{float(v)}\n" for i, v in enumerate(scores)))
     assert main(["select", "--scores", str(tmp_path / "s.csv"), "--n", "5", "--strategy", "top",
@@ -161,8 +179,9 @@ def test_select_strategies_fraction_csv_and_warning(tmp_path, capsys):
     capsys.readouterr()
     assert main(["select", "--scores", str(tmp_path / "s.pt"), "--n", "99", "--strategy", "random",
                  "--out", str(tmp_path / "all")]) == 0
-    assert "whole pool" in capsys.readouterr().out
-    info = json.loads((tmp_path / "all" / "select.json").read_text())
+    captured = capsys.readouterr()
+    assert "robustest select: warning:" in captured.err and "whole pool" in captured.err  # warnings: stderr
+    info = json.loads((tmp_path / "all" / "results.json").read_text())
     assert info["selected"] == 40 and info["warnings"]
 
 

@@ -19,13 +19,15 @@ def checkpoint(tmp_path, trained_digits_model):
     return path
 
 
-def test_analyze_then_validate_from_file(tmp_path, checkpoint, capsys):
+def test_analyze_then_validate_from_file(tmp_path, checkpoint, capsys, results_contract):
     out = tmp_path / "an"
     rc = main(["analyze", "--checkpoint", str(checkpoint), "--dataset", "digits", "--limit", "120",
                "--neighbors", "8", "--eps", "0.8", "--top", "8", "--out", str(out), "--no-progress"])
     assert rc == 0
-    res = json.loads((out / "results.json").read_text())
+    res = results_contract(out, "analyze")
     assert res["n"] == 120 and len(res["weakest"]) == 20
+    assert res["settings"]["neighbors"] == 8 and res["settings"]["quantize"] is True
+    assert "radius_eps_max" not in res["settings"] and "radius" not in res
     scores = [r["score"] for r in res["weakest"]]
     assert scores == sorted(scores, reverse=True)
     assert "<img" in (out / "report.html").read_text()
@@ -34,10 +36,13 @@ def test_analyze_then_validate_from_file(tmp_path, checkpoint, capsys):
 
     val = tmp_path / "val"
     rc = main(["validate", "--checkpoint", str(checkpoint), "--dataset", "digits", "--limit", "120",
-               "--analysis", str(out / "analysis.pt"), "--k", "10", "--perturbations", "fgsm", "contrast",
+               "--analysis", str(out / "analysis.pt"), "--k", "10", "--perturbations", "fgsm,contrast",
                "--attack-eps", "0.1", "--severities", "2", "--test-limit", "40", "--out", str(val), "--no-progress"])
     assert rc == 0
-    res = json.loads((val / "results.json").read_text())
+    res = results_contract(val, "validate")
+    assert res["settings"]["analysis"] == str(out / "analysis.pt") and "neighbors" not in res["settings"]
+    assert res["settings"]["perturbations"] == ["fgsm", "contrast"] and res["settings"]["attack_eps"] == [0.1]
+    assert res["settings"]["severities"] == [2] and res["settings"]["k"] == 10 and "threshold" not in res["settings"]
     assert res["weak_set"]["n"] == 10 and res["weak_set"]["indices"] == [r["index"] for r in
                                                                          json.loads((out / "results.json")
                                                                                     .read_text())["weakest"][:10]]
@@ -51,7 +56,7 @@ def test_analyze_then_validate_from_file(tmp_path, checkpoint, capsys):
     assert "fgsm" in capsys.readouterr().out
 
 
-def test_validate_inline_threshold_and_bad_inputs(tmp_path, checkpoint, capsys):
+def test_validate_inline_threshold_and_bad_inputs(tmp_path, checkpoint, capsys, results_contract):
     out = tmp_path / "v"
     # an impossible threshold gives an empty weak set: a one-line error, exit code 2
     rc = main(["validate", "--checkpoint", str(checkpoint), "--dataset", "digits", "--limit", "60",
@@ -62,8 +67,9 @@ def test_validate_inline_threshold_and_bad_inputs(tmp_path, checkpoint, capsys):
     an = tmp_path / "an"
     assert main(["analyze", "--checkpoint", str(checkpoint), "--dataset", "digits", "--limit", "30",
                  "--neighbors", "2", "--radius-eps-max", "0.3", "--out", str(an), "--no-progress"]) == 0
-    res = json.loads((an / "results.json").read_text())
-    assert 0 <= res["radius"]["frac_not_flipped"] <= 1 and torch.load(an / "radius.pt").shape == (30,)
+    res = results_contract(an, "analyze")
+    assert 0 <= res["radius"]["frac_not_flipped"] <= 1 and res["settings"]["radius_eps_max"] == 0.3
+    assert torch.load(an / "radius.pt").shape == (30,)
     rc = main(["validate", "--checkpoint", str(checkpoint), "--dataset", "digits", "--limit", "40",
                "--analysis", str(an / "analysis.pt"), "--out", str(out), "--no-progress"])
     assert rc == 2 and "analyses 30 samples" in capsys.readouterr().err
@@ -79,7 +85,7 @@ def test_validate_inline_threshold_and_bad_inputs(tmp_path, checkpoint, capsys):
     assert rc == 2
 
 
-def test_enhance_verb(tmp_path, checkpoint, capsys):
+def test_enhance_verb(tmp_path, checkpoint, capsys, results_contract):
     val = tmp_path / "results.json"
     val.write_text(json.dumps({"weaknesses": ["gaussian_noise", "pgd"]}))
     out = tmp_path / "enh"
@@ -87,7 +93,9 @@ def test_enhance_verb(tmp_path, checkpoint, capsys):
                "--weaknesses", str(val), "--epochs", "1", "--adv-steps", "2", "--eval-limit", "0",
                "--out", str(out), "--no-progress"])
     assert rc == 0
-    res = json.loads((out / "results.json").read_text())
+    res = results_contract(out, "enhance")
+    assert res["settings"]["weaknesses"] == ["gaussian_noise", "pgd"] and res["settings"]["adv_steps"] == 2
+    assert "split" not in res["settings"] and res["before"] == {} and res["after"] == {}
     assert "gaussian_noise" in res["enhance"]["pool"] and res["enhance"]["weaknesses"] == ["gaussian_noise", "pgd"]
     from robustest.training import load_checkpoint
 

@@ -95,8 +95,9 @@ def test_html_report_is_self_contained(tmp_path):
     assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
     assert "<title>Run &lt;1&gt;</title>" in text and "<h3>Sub</h3>" in text
     assert "a &lt; b &amp; c" in text and "<tag>" not in text
-    assert "<th>metric</th><th>value</th><th>extra</th>" in text
-    assert "<td>0.9123</td>" in text and "<td>-</td>" in text and "<td>1.235e+05</td>" in text
+    assert '<th scope="col">metric</th><th scope="col">value</th><th scope="col">extra</th>' in text
+    assert "<td>0.9123</td>" in text and "<td>-</td>" in text and "<td>123457</td>" in text
+    assert '<div class="table-wrap"><table>' in text  # wide tables scroll inside their box, not the page
     # the image is embedded, nothing refers to another file or the network
     m = re.search(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
     assert m and base64.b64decode(m.group(1)) == png
@@ -137,3 +138,110 @@ def test_figures_are_closed(fn):
     for _ in range(3):
         getattr(report, fn)(arg, None)
     assert len(plt.get_fignums()) == before
+
+
+# ----------------------------------------------------------------------------- rounding, headers, charts
+@pytest.mark.parametrize("value, key, text", [
+    (0.2444444444444444, "clean_accuracy", "0.244"),
+    (0.2444444444444444, "whitebox_error", "0.244"),
+    (0.5, "frac_misclassified", "0.500"),
+    (0.91, "acc", "0.910"),
+    (12.3456, "train_s", "12"),
+    (0.0123456, "score_s", "0.012"),
+    (1234.5, "total_s", "1200"),
+    (3.456, "per_input_ms", "3.5"),
+    (0.0, "total_s", "0"),
+    (512.7, "peak_rss_mib", "513"),
+    (0.2444444444444444, "mean", "0.2444"),
+    (123456.7, "", "123457"),
+    (1e-5, "lr", "1e-05"),
+    (None, "accuracy", "-"),
+    (float("nan"), "accuracy", "-"),
+    (True, "", "yes"),
+    (7, "accuracy", "7"),
+    ([1, 2, 5], "severities", "1, 2, 5"),
+    ({"k": 5, "eps": 0.30000001}, "", "k=5, eps=0.3"),
+    (torch.tensor(0.25), "accuracy", "0.250"),
+])
+def test_format_value_rounds_by_meaning(value, key, text):
+    assert report.format_value(value, key) == text
+
+
+@pytest.mark.parametrize("key, label", [
+    ("fixed_set_accuracy_mean", "fixed set accuracy mean"),
+    ("whitebox_pgd_accuracy", "white-box PGD accuracy"),
+    ("total_s", "total (s)"),
+    ("peak_rss_mib", "peak RSS (MiB)"),
+    ("median_fol", "median FOL"),
+    ("mce", "mCE"),
+    ("strategy", "strategy"),
+    ("fixed-set before", "fixed-set before"),
+    ("Already Words", "Already Words"),
+])
+def test_header_label(key, label):
+    assert report.header_label(key) == label
+
+
+def test_hbars_grow_with_the_categories_and_keep_their_width():
+    few = {"weak": {f"t{i}": i / 10 for i in range(3)}, "test": {f"t{i}": i / 20 for i in range(3)}}
+    many = {"weak": {f"type_{i}": (i % 7) / 10 for i in range(60)}, "test": {f"type_{i}": 0.1 for i in range(60)}}
+    w1, h1 = png_size(report.save_hbars(few, None, title="error", xlabel="top-1 error"))
+    w2, h2 = png_size(report.save_hbars(many, None, title="error", xlabel="top-1 error"))
+    assert h2 > 8 * h1  # one row per category: 60 rows are tall ...
+    assert abs(w2 - w1) < 0.25 * w1 and w2 < 900  # ... but never wider, so the labels keep their size
+    # 15 px per category at least: a 9-point label fits its row
+    assert h2 / 60 >= 15
+    # vertical bars with many categories switch to the horizontal layout
+    wv, hv = png_size(report.save_bars(many, None, ylabel="error"))
+    assert (wv, hv) == (w2, h2) or hv > wv
+
+
+def test_legend_sits_outside_the_axes(monkeypatch):
+    """The legend of every chart is anchored to the right of the axes, never over the bars or lines."""
+    import matplotlib.pyplot as plt
+
+    seen = []
+    real = report.figure_png
+
+    def spy(fig):
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        leg = ax.get_legend()
+        if leg is not None:
+            seen.append((leg.get_window_extent().x0, ax.get_window_extent().x1))
+        return real(fig)
+
+    monkeypatch.setattr(report, "figure_png", spy)
+    groups = {"a": {"x": 1.0, "y": 2.0}, "b": {"x": 1.5, "y": 0.5}}
+    report.save_bars(groups, None)
+    report.save_hbars(groups, None)
+    report.save_histogram({"a": [1, 2, 3], "b": [2, 3, 4]}, None)
+    report.save_lines({"a": ([0, 1], [0, 1]), "b": ([0, 1], [1, 0])}, None)
+    assert len(seen) == 4
+    for legend_left, axes_right in seen:
+        assert legend_left >= axes_right
+    plt.close("all")
+
+
+def test_report_of_a_results_document_shows_settings_timings_and_significance(tmp_path):
+    doc = {"format": "robustest-compare-results", "version": 1, "world_size": 1,
+           "settings": {"strategies": ["best", "random"], "eps": 0.15, "data_dir": "/a/very/long/" + "x" * 300},
+           "timings": {"pool_s": 1.23456, "total_s": 65.4321}}
+    rep = report.HtmlReport.from_results(doc, "compare")
+    rep.significance([
+        {"strategy": "best", "budget": "10%", "metric": "fixed_set_accuracy", "mean_diff": 0.08123,
+         "ci_low": 0.02, "ci_high": 0.14, "n_seeds": 5},
+        {"strategy": "gini", "budget": "10%", "metric": "fixed_set_accuracy", "mean_diff": -0.01,
+         "ci_low": -0.05, "ci_high": 0.03, "n_seeds": 5},
+        {"strategy": "kmst", "budget": "10%", "metric": "whitebox_accuracy", "mean_diff": -0.05,
+         "ci_low": -0.09, "ci_high": -0.01, "n_seeds": 5},
+    ])
+    text = rep.render()
+    assert text.count('<tr class="sig">') == 2  # best (interval above 0) and kmst (below 0), not gini
+    assert "* higher than random" in text and "* lower than random" in text
+    assert "<td>+0.081</td>" in text and "[+0.020, +0.140]" in text
+    assert "<h2>Settings</h2>" in text and "<h2>Timings</h2>" in text
+    assert "best, random" in text and "<td>1.2</td>" in text and "<td>65</td>" in text
+    assert 'class="kv"' in text  # long values wrap inside a two-column table
+    assert "robustest-compare-results" in text and rep.render() == text
+    assert report.HtmlReport("x").significance([]).render() == report.HtmlReport("x").render()

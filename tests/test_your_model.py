@@ -150,7 +150,7 @@ def test_every_verb_with_your_model(in_workspace, tmp_path, capsys, how) -> None
                  "--out", str(out / "gen")], capsys)[0] == 0
     assert _run(["analyze", *model, *d, "--neighbors", "4", "--out", str(out / "ana")], capsys)[0] == 0
     assert _run(["validate", *model, *d, "--analysis", str(out / "ana" / "analysis.pt"), "--k", "10",
-                 "--perturbations", "fgsm", "fog", "--severities", "1", "--test-limit", "20",
+                 "--perturbations", "fgsm,fog", "--severities", "1", "--test-limit", "20",
                  "--out", str(out / "val")], capsys)[0] == 0
     rc, err = _run(["enhance", *model, "--dataset", "digits", "--limit", "64", "--epochs", "1", "--adv-steps", "2",
                     "--eval-limit", "20", "--no-progress", "--out", str(out / "enh")], capsys)

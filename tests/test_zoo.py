@@ -484,7 +484,7 @@ def test_train_verb_takes_a_parameterised_model_and_the_checkpoint_rebuilds_it(t
     code, _, err = run_cli(capsys, "train", "--dataset", "npz", "--data-dir", tmp_path / "tiny.npz", "--model",
                            "wrn-10-1", "--epochs", "1", "--batch-size", "4", "--out", tmp_path / "o", "--no-progress")
     assert code == 0, err
-    rep = json.loads((tmp_path / "o" / "train.json").read_text())
+    rep = json.loads((tmp_path / "o" / "results.json").read_text())
     assert rep["model"]["name"] == "wrn-10-1"
     assert rep["model"]["options"] == {"depth": 10, "width": 1, "dropout": 0.0}
     model = training.load_checkpoint(tmp_path / "o" / "model.pt")

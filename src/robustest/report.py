@@ -1,9 +1,15 @@
-"""Reports: results files, plots and self-contained HTML.
+"""Reports people read: rounded figures, readable headers, plots and one self-contained ``report.html``.
 
-* :func:`save_histogram`, :func:`save_lines`, :func:`save_bars` draw PNG plots with matplotlib (Agg).
+* :func:`format_value` rounds a figure to what it means (accuracies and error rates to 3 decimals, seconds to
+  2 significant digits, other numbers to 4 significant digits); :func:`header_label` turns a snake_case key
+  into words. The CLI prints with the same two functions, so a table reads the same on screen and in HTML.
+* :func:`save_histogram`, :func:`save_lines`, :func:`save_bars`, :func:`save_hbars` draw PNG plots with
+  matplotlib (Agg); legends sit outside the data. :func:`save_hbars` (one bar per category, horizontal) grows in
+  height with the number of categories and keeps a fixed font size, so it stays legible at any count.
 * :func:`save_image_grid` writes a grid of images (N x C x H x W in [0, 1]) with optional captions.
-* :class:`HtmlReport` assembles headings, paragraphs, tables and images (embedded as base64) into one
-  self-contained ``report.html``.
+* :class:`HtmlReport` assembles headings, paragraphs, tables (in a horizontal-scroll wrapper), images
+  (embedded as base64), the settings in effect and the timings of a results document into one
+  self-contained ``report.html`` (no script, nothing fetched).
 * :func:`write_csv` writes rows of dicts as CSV, atomically.
 """
 
@@ -13,7 +19,9 @@ import base64
 import csv
 import html
 import io
+import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,9 +31,77 @@ import torch
 
 from robustest.runtime import atomic_write_bytes, atomic_write_text
 
-__all__ = ["HtmlReport", "figure_png", "save_bars", "save_histogram", "save_image_grid", "save_lines", "write_csv"]
+__all__ = ["HtmlReport", "figure_png", "format_value", "header_label", "save_bars", "save_hbars", "save_histogram",
+           "save_image_grid", "save_lines", "write_csv"]
+
+DPI = 110
+FONT = 9  # points: every label, tick and legend of a chart
 
 
+# ------------------------------------------------------------------------------------------- formatting
+_FRACTION_KEY = re.compile(r"(accuracy|error|rate|coverage|frac|share|mce|prob|success|^acc$|_acc$|^acc_)")
+_SECONDS_KEY = re.compile(r"(_s$|^s$|seconds|_ms$|time_budget)")
+_WORDS = {"fol": "FOL", "zol": "ZOL", "mce": "mCE", "pgd": "PGD", "apgd": "APGD", "fgsm": "FGSM", "cw": "C&W",
+          "whitebox": "white-box", "rss": "RSS", "mib": "(MiB)", "s": "(s)", "ms": "(ms)", "kmnc": "KMNC",
+          "nc": "NC", "nbc": "NBC", "snac": "SNAC", "tknc": "TKNC", "lsa": "LSA", "dsa": "DSA", "sha256": "SHA-256",
+          "lr": "LR", "jsd": "JSD", "adv": "adversarial", "eps": "eps", "linf": "L-inf", "l2": "L2", "id": "ID"}
+
+
+def significant(v: float, digits: int = 2) -> str:
+    """``v`` rounded to ``digits`` significant digits, written without an exponent (0.0012, 1.2, 120)."""
+    if v == 0 or not math.isfinite(v):
+        return "0" if v == 0 else str(v)
+    decimals = digits - 1 - int(math.floor(math.log10(abs(v))))
+    r = round(v, decimals)
+    return f"{r:.{decimals}f}" if decimals > 0 else f"{r:.0f}"
+
+
+def format_value(v: Any, key: str = "") -> str:
+    """A figure as text, rounded to what its ``key`` means.
+
+    Accuracies, error rates, fractions and coverage: 3 decimals (``0.244``); seconds (keys ending in ``_s``,
+    ``seconds``, ``_ms``): 2 significant digits (``1.3``, ``0.047``); MiB: whole numbers; other floats: 4
+    significant digits; None and NaN: ``-``; lists: comma-separated; dicts: ``key=value`` pairs.
+    """
+    k = key.lower()
+    if v is None:
+        return "-"
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        v = v.item()
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "-" if v != v else ("inf" if v > 0 else "-inf")
+        if _SECONDS_KEY.search(k):
+            return significant(v, 2)
+        if "mib" in k:
+            return f"{v:.0f}"
+        if _FRACTION_KEY.search(k):
+            return f"{v:.3f}"
+        return f"{v:.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(format_value(x, key) for x in v) if v else "-"
+    if isinstance(v, Mapping):
+        return ", ".join(f"{a}={format_value(b, str(a))}" for a, b in v.items()) if v else "-"
+    return str(v)
+
+
+def header_label(key: str) -> str:
+    """A column header from a snake_case key: ``fixed_set_accuracy_mean`` -> ``fixed set accuracy mean``,
+    ``whitebox_pgd_accuracy`` -> ``white-box PGD accuracy``, ``total_s`` -> ``total (s)``. Keys that already
+    hold spaces or capitals are kept as they are."""
+    key = str(key)
+    if " " in key or key != key.lower() or "_" not in key and key not in _WORDS:
+        return key
+    return " ".join(_WORDS.get(w, w) for w in key.split("_") if w)
+
+
+# ---------------------------------------------------------------------------------------------- plots
 def _plt():
     import matplotlib
 
@@ -39,7 +115,7 @@ def figure_png(fig: Any) -> bytes:
     """Render a matplotlib figure to PNG bytes and close it."""
     plt = _plt()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
 
@@ -50,72 +126,125 @@ def _to_numpy(v: Any) -> np.ndarray:
     return np.asarray(v, dtype=float)
 
 
+def _legend_outside(ax: Any) -> None:
+    """The legend to the right of the axes, never over the data."""
+    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
+
+
+def _style(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title, fontsize=FONT + 1)
+    ax.set_xlabel(xlabel, fontsize=FONT)
+    ax.set_ylabel(ylabel, fontsize=FONT)
+    ax.tick_params(labelsize=FONT)
+
+
+def _done(fig: Any, path: str | os.PathLike[str] | None) -> bytes:
+    png = figure_png(fig)
+    if path is not None:
+        atomic_write_bytes(path, png)
+    return png
+
+
 def save_histogram(values: Any | Mapping[str, Any], path: str | os.PathLike[str] | None, *, title: str = "",
                    xlabel: str = "", bins: int = 50, log: bool = False) -> bytes:
     """Histogram of one array, or of several (dict label -> values) overlaid. Returns the PNG bytes and,
     when ``path`` is given, writes them there atomically."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = plt.subplots(figsize=(6, 3.4))
     series = values if isinstance(values, Mapping) else {"": values}
     finite = [a[np.isfinite(a)] for a in (_to_numpy(v).ravel() for v in series.values())]
     allv = np.concatenate(finite) if finite else np.zeros(0)
     edges = np.histogram_bin_edges(allv, bins=bins) if allv.size else bins
     for (label, _), arr in zip(series.items(), finite):
         ax.hist(arr, bins=edges, alpha=0.55 if len(series) > 1 else 0.9, label=label or None, log=log)
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("count")
+    _style(ax, title, xlabel, "count")
     if len(series) > 1:
-        ax.legend(fontsize=8)
-    png = figure_png(fig)
-    if path is not None:
-        atomic_write_bytes(path, png)
-    return png
+        _legend_outside(ax)
+    return _done(fig, path)
 
 
 def save_lines(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], path: str | os.PathLike[str] | None,
                *, title: str = "", xlabel: str = "", ylabel: str = "") -> bytes:
     """Line plot of ``label -> (xs, ys)``; returns PNG bytes, written to ``path`` when given."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = plt.subplots(figsize=(6, 3.4))
     for label, (xs, ys) in series.items():
         ax.plot(list(xs), list(ys), marker="o", label=label)
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    if all(float(x).is_integer() for xs, _ in series.values() for x in xs):
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds, epochs: whole numbers
+    _style(ax, title, xlabel, ylabel)
     ax.grid(alpha=0.3)
     if series:
-        ax.legend(fontsize=8)
-    png = figure_png(fig)
-    if path is not None:
-        atomic_write_bytes(path, png)
-    return png
+        _legend_outside(ax)
+    return _done(fig, path)
+
+
+def _categories(groups: Mapping[str, Mapping[str, float]]) -> list[str]:
+    cats: list[str] = []
+    for d in groups.values():
+        cats += [c for c in d if c not in cats]
+    return cats
+
+
+def _num(v: Any) -> float:
+    return float("nan") if v is None else float(v)
 
 
 def save_bars(groups: Mapping[str, Mapping[str, float]], path: str | os.PathLike[str] | None, *, title: str = "",
               ylabel: str = "", errors: Mapping[str, Mapping[str, float]] | None = None) -> bytes:
-    """Grouped bar chart: ``groups[series][category] = value`` (optional matching ``errors``)."""
+    """Grouped vertical bar chart: ``groups[series][category] = value`` (optional matching ``errors``).
+
+    Meant for a few categories (budgets, models); with more than 12 categories it draws :func:`save_hbars`
+    instead, which stays legible at any count. The legend sits to the right of the axes."""
+    cats = _categories(groups)
+    if len(cats) > 12:
+        return save_hbars(groups, path, title=title, xlabel=ylabel, errors=errors)
     plt = _plt()
-    cats: list[str] = []
-    for d in groups.values():
-        cats += [c for c in d if c not in cats]
-    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(cats) * max(1, len(groups))), 3.8))
+    width_in = min(7.0, max(4.5, 1.2 + 0.55 * len(cats) * max(1.0, 0.7 * len(groups))))
+    fig, ax = plt.subplots(figsize=(width_in, 3.4))
     width = 0.8 / max(1, len(groups))
     xs = np.arange(len(cats))
     for i, (name, d) in enumerate(groups.items()):
-        vals = [d.get(c, np.nan) for c in cats]
-        err = [errors[name].get(c, 0.0) for c in cats] if errors and name in errors else None
+        vals = [_num(d.get(c)) for c in cats]
+        err = [_num(errors[name].get(c, 0.0)) for c in cats] if errors and name in errors else None
         ax.bar(xs + i * width - 0.4 + width / 2, vals, width, yerr=err, label=name, capsize=2)
     ax.set_xticks(xs)
-    ax.set_xticklabels(cats, rotation=45, ha="right", fontsize=8)
-    ax.set_title(title)
-    ax.set_ylabel(ylabel)
+    ax.set_xticklabels(cats, rotation=30 if len(cats) > 4 else 0, ha="right" if len(cats) > 4 else "center")
+    _style(ax, title, "", ylabel)
+    ax.grid(axis="y", alpha=0.3)
     if len(groups) > 1:
-        ax.legend(fontsize=8)
-    png = figure_png(fig)
-    if path is not None:
-        atomic_write_bytes(path, png)
-    return png
+        _legend_outside(ax)
+    return _done(fig, path)
+
+
+def save_hbars(groups: Mapping[str, Mapping[str, float]], path: str | os.PathLike[str] | None, *, title: str = "",
+               xlabel: str = "", errors: Mapping[str, Mapping[str, float]] | None = None) -> bytes:
+    """Grouped horizontal bar chart, one row per category (first category on top).
+
+    The figure is 6.4 inches wide and grows in height with the number of categories and series; every label
+    keeps the same font size (:data:`FONT` points), so 3 or 60 perturbation types read alike. The legend sits
+    to the right of the axes."""
+    plt = _plt()
+    cats = _categories(groups)
+    n_series = max(1, len(groups))
+    row_in = 0.2 + 0.13 * n_series
+    fig, ax = plt.subplots(figsize=(6.4, 0.9 + row_in * max(1, len(cats))))
+    height = 0.8 / n_series
+    ys = np.arange(len(cats))
+    for i, (name, d) in enumerate(groups.items()):
+        vals = [_num(d.get(c)) for c in cats]
+        err = [_num(errors[name].get(c, 0.0)) for c in cats] if errors and name in errors else None
+        ax.barh(ys + i * height - 0.4 + height / 2, vals, height, xerr=err, label=name, capsize=2)
+    ax.set_yticks(ys)
+    ax.set_yticklabels(cats)
+    ax.set_ylim(len(cats) - 0.5, -0.5)
+    _style(ax, title, xlabel, "")
+    ax.grid(axis="x", alpha=0.3)
+    if len(groups) > 1:
+        _legend_outside(ax)
+    return _done(fig, path)
 
 
 def save_image_grid(x: torch.Tensor, path: str | os.PathLike[str] | None, *, captions: Sequence[str] | None = None,
@@ -173,18 +302,68 @@ def _cell(v: Any) -> Any:
     return v
 
 
-class HtmlReport:
-    """A self-contained HTML report built section by section.
+_STYLE = (
+    "*{box-sizing:border-box}"
+    "body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,'Helvetica Neue',Arial,sans-serif;font-size:15px;"
+    "line-height:1.45;color:#1f2328;background:#fff;max-width:1100px;margin:0 auto;padding:1.2em 1em 2em}"
+    "h1{font-size:1.45em;margin:.2em 0 .5em}"
+    "h2{font-size:1.2em;margin:1.6em 0 .5em;padding-bottom:.2em;border-bottom:1px solid #d8dee4}"
+    "h3{font-size:1.05em;margin:1.2em 0 .4em}"
+    "h1,h2,h3,p,figcaption,li{overflow-wrap:anywhere}"
+    ".table-wrap{overflow-x:auto;max-width:100%;margin:.7em 0 1em}"
+    "table{border-collapse:collapse;font-size:13.5px;font-variant-numeric:tabular-nums}"
+    "th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:right;vertical-align:top}"
+    "th{background:#f3f5f7;font-weight:600;white-space:normal;min-width:4.5em;max-width:11em;vertical-align:bottom}"
+    "td{white-space:nowrap}"
+    "td:first-child,th:first-child{text-align:left}"
+    "table.kv{width:100%}table.kv th{text-align:left;max-width:none;width:30%;vertical-align:top}"
+    "table.kv td{white-space:normal;overflow-wrap:anywhere;text-align:left}"
+    "tr.sig td{background:#e7f5ea;font-weight:600}"
+    "caption{caption-side:bottom;text-align:left;font-size:13px;color:#57606a;padding-top:.3em}"
+    "figure{margin:1em 0}img{display:block;max-width:100%;height:auto}"
+    "figcaption{font-size:13px;color:#57606a;margin-top:.2em}"
+    "pre{background:#f6f8fa;padding:.6em;overflow-x:auto}"
+    ".note{font-size:13px;color:#57606a}"
+    "footer{margin-top:2em;font-size:12px;color:#57606a;border-top:1px solid #d8dee4;padding-top:.5em}"
+)
 
-    >>> rep = HtmlReport("RobOT run")
-    >>> rep.heading("Robustness"); rep.table(rows, columns); rep.image(png_bytes, "caption")
+
+def _signed(v: Any) -> str:
+    """A difference of accuracies: sign and 3 decimals."""
+    return "-" if v is None or v != v else f"{float(v):+.3f}"
+
+
+def _significant_row(row: Mapping[str, Any]) -> bool:
+    lo, hi = row.get("ci_low"), row.get("ci_high")
+    return lo is not None and hi is not None and (float(lo) > 0 or float(hi) < 0)
+
+
+class HtmlReport:
+    """A self-contained HTML report built section by section, with one look for every verb.
+
+    >>> rep = HtmlReport("robustest score")
+    >>> rep.heading("Scores"); rep.table(rows, columns); rep.image(png_bytes, "caption")
     >>> rep.write("out/report.html")
+
+    Tables sit in a horizontal-scroll wrapper, headers are words (:func:`header_label`) and cells are rounded by
+    their column (:func:`format_value`). :meth:`from_results` starts a report of a results document; its
+    settings and timings are appended as the last sections when the report is rendered.
     """
 
     def __init__(self, title: str) -> None:
         self.title = title
         self._parts: list[str] = []
+        self._doc: Mapping[str, Any] | None = None
 
+    @classmethod
+    def from_results(cls, doc: Mapping[str, Any], title: str) -> HtmlReport:
+        """A report of the results document ``doc`` (see :mod:`robustest.results`): the settings in effect and
+        the timings are rendered at the end, and the footer names the format, version and world size."""
+        rep = cls(title)
+        rep._doc = doc
+        return rep
+
+    # ---------------------------------------------------------------- sections
     def heading(self, text: str, level: int = 2) -> HtmlReport:
         self._parts.append(f"<h{level}>{html.escape(text)}</h{level}>")
         return self
@@ -193,46 +372,96 @@ class HtmlReport:
         self._parts.append(f"<p>{html.escape(text)}</p>")
         return self
 
+    def note(self, text: str) -> HtmlReport:
+        self._parts.append(f'<p class="note">{html.escape(text)}</p>')
+        return self
+
     def preformatted(self, text: str) -> HtmlReport:
         self._parts.append(f"<pre>{html.escape(text)}</pre>")
         return self
 
-    def table(self, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> HtmlReport:
+    def table(self, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, *,
+              caption: str = "", marked: Sequence[bool] | None = None) -> HtmlReport:
+        """Rows of dicts as a table: headers from :func:`header_label`, cells from :func:`format_value` keyed by
+        the column; rows flagged in ``marked`` are highlighted."""
         if columns is None:
             columns = []
             for r in rows:
                 columns += [k for k in r if k not in columns]
-        head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(_fmt_cell(r.get(c)))}</td>" for c in columns) + "</tr>" for r in rows
-        )
-        self._parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+        head = "".join(f'<th scope="col">{html.escape(header_label(c))}</th>' for c in columns)
+        body = []
+        for i, r in enumerate(rows):
+            cls = ' class="sig"' if marked is not None and i < len(marked) and marked[i] else ""
+            cells = "".join(f"<td>{html.escape(format_value(r.get(c), str(c)))}</td>" for c in columns)
+            body.append(f"<tr{cls}>{cells}</tr>")
+        cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+        self._parts.append(f'<div class="table-wrap"><table>{cap}<thead><tr>{head}</tr></thead>'
+                           f"<tbody>{''.join(body)}</tbody></table></div>")
         return self
 
-    def image(self, png: bytes, caption: str = "") -> HtmlReport:
+    def key_values(self, values: Mapping[str, Any], *, caption: str = "") -> HtmlReport:
+        """A two-column table of ``key: value`` pairs (values wrap instead of widening the page)."""
+        rows = "".join(f'<tr><th scope="row">{html.escape(header_label(k))}</th>'
+                       f"<td>{html.escape(format_value(v, str(k)))}</td></tr>" for k, v in values.items())
+        cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+        self._parts.append(f'<div class="table-wrap"><table class="kv">{cap}<tbody>{rows}</tbody></table></div>')
+        return self
+
+    def significance(self, rows: Sequence[Mapping[str, Any]]) -> HtmlReport:
+        """The paired comparison of each strategy against random selection: one row per (strategy, budget,
+        metric) with ``mean_diff``, ``ci_low``, ``ci_high`` and ``n_seeds``; rows whose interval excludes 0 are
+        highlighted and marked (higher or lower than random)."""
+        if not rows:
+            return self
+        table = []
+        marks = []
+        for r in rows:
+            sig = _significant_row(r)
+            marks.append(sig)
+            direction = "" if not sig else ("higher" if float(r["ci_low"]) > 0 else "lower")
+            table.append({**r, "mean_diff": _signed(r.get("mean_diff")),
+                          "interval": f"[{_signed(r.get('ci_low'))}, {_signed(r.get('ci_high'))}]",
+                          "excludes 0": f"* {direction} than random" if sig else "no"})
+        cols = ["strategy", "budget", "metric", "mean_diff", "interval", "n_seeds", "excludes 0"]
+        self.heading("Each strategy against random selection (paired over seeds)")
+        self.table(table, cols, marked=marks, caption="mean diff = strategy minus random on the same seed; the "
+                   "interval is the confidence interval of that mean. Rows marked * (highlighted) have an interval "
+                   "that excludes 0: the difference is significant at that level.")
+        return self
+
+    def image(self, png: bytes, caption: str = "", alt: str | None = None) -> HtmlReport:
         data = base64.b64encode(png).decode("ascii")
         cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
-        alt = html.escape(caption)
-        self._parts.append(f'<figure><img src="data:image/png;base64,{data}" alt="{alt}">{cap}</figure>')
+        alt_text = html.escape(alt if alt is not None else caption)
+        self._parts.append(f'<figure><img src="data:image/png;base64,{data}" alt="{alt_text}">{cap}</figure>')
         return self
 
+    # ---------------------------------------------------------------- output
+    def _results_sections(self) -> list[str]:
+        if self._doc is None:
+            return []
+        tail = HtmlReport("")
+        settings = self._doc.get("settings") or {}
+        tail.heading("Settings")
+        if settings:
+            tail.key_values(settings, caption="The options in effect for this run (defaults resolved).")
+        else:
+            tail.note("no settings")
+        timings = self._doc.get("timings") or {}
+        if timings:
+            tail.heading("Timings")
+            tail.key_values(timings, caption="Wall-clock seconds.")
+        fmt = html.escape(str(self._doc.get("format", "")))
+        tail._parts.append(f"<footer>results.json: format {fmt}, version {html.escape(str(self._doc.get('version')))},"
+                           f" world size {html.escape(str(self._doc.get('world_size')))}</footer>")
+        return tail._parts
+
     def render(self) -> str:
-        style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
-                 "table{border-collapse:collapse;margin:1em 0;font-size:14px}"
-                 "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f2f2f2}"
-                 "td:first-child,th:first-child{text-align:left}figure{margin:1em 0}img{max-width:100%}"
-                 "figcaption{font-size:13px;color:#555}pre{background:#f6f6f6;padding:.6em;overflow-x:auto}")
-        body = "\n".join(self._parts)
-        return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(self.title)}</title>"
-                f"<style>{style}</style></head><body><h1>{html.escape(self.title)}</h1>\n{body}\n</body></html>\n")
+        body = "\n".join(self._parts + self._results_sections())
+        title = html.escape(self.title)
+        return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+                f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{title}</title>'
+                f"<style>{_STYLE}</style></head><body><h1>{title}</h1>\n{body}\n</body></html>\n")
 
     def write(self, path: str | os.PathLike[str]) -> Path:
         return atomic_write_text(path, self.render())
-
-
-def _fmt_cell(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4f}" if abs(v) < 1e4 else f"{v:.4g}"
-    return str(v)

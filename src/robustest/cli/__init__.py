@@ -4,6 +4,11 @@ Each verb lives in its own module of this package and exposes ``add_parser(subpa
 registers an argparse sub-parser whose ``func(args) -> int`` runs the verb. Verbs are discovered
 automatically, so adding one is adding one module. Every user error (:class:`robustest.RobustestError`,
 a missing file, a bad argument) is printed as one line on stderr with exit status 2, without a traceback.
+
+Every verb gets ``--quiet`` and ``--no-progress`` here, plain-text help (reStructuredText markup stripped),
+and one logging set-up per command (:func:`robustest.cli._common.configure_logging`): the verb's report lines
+on stdout, messages and warnings on stderr, nothing but errors with ``--quiet``. Progress bars are drawn only
+when stderr is a terminal.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import sys
 from collections.abc import Sequence
 
 from robustest import __version__
+from robustest.cli._common import add_output_flags, configure_logging, plain, progress_enabled
 from robustest.errors import RobustestError
 
 EXIT_USAGE = 2
@@ -26,8 +32,21 @@ class OneLineParser(argparse.ArgumentParser):
     """ArgumentParser whose errors are a single line naming the verb and pointing to --help."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("unrecognized arguments"):
+            message += "; list options take one comma-separated value, e.g. --severities 1-3,5"
+        message = " ".join(message.split())
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         sys.exit(EXIT_USAGE)
+
+
+def _finish_verb_parser(p: argparse.ArgumentParser) -> None:
+    """What every verb shares: --quiet and --no-progress, and help texts in plain text."""
+    add_output_flags(p)
+    p.description = plain(p.description)
+    p.epilog = plain(p.epilog)
+    for action in p._actions:
+        if isinstance(action.help, str):
+            action.help = plain(action.help)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
             verbs.append((getattr(module, "ORDER", 100), mod.name, module))
     for _, _, module in sorted(verbs, key=lambda t: (t[0], t[1])):
         module.add_parser(sub)
+    for p in sub.choices.values():
+        _finish_verb_parser(p)
+    for action in sub._choices_actions:
+        action.help = plain(action.help)
+    parser.set_defaults(verb_parsers=dict(sub.choices))
     return parser
 
 
@@ -55,13 +79,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(signal, "SIGXFSZ"):  # past the file size limit a write fails with EFBIG instead of killing us
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    verb_parsers = args.__dict__.pop("verb_parsers", {})
+    if extras:  # reported by the verb's parser, so the message names the verb
+        verb_parsers.get(getattr(args, "verb", None), parser).error(f"unrecognized arguments: {' '.join(extras)}")
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     from robustest import distributed
 
     main_rank = True
+    restore_logging = configure_logging(args.verb, quiet=bool(getattr(args, "quiet", False)))
+    args.no_progress = not progress_enabled(args)  # what every verb reads: off when stderr is not a terminal
     try:
         distributed.init(getattr(args, "device", None))  # under torchrun: join the process group
         main_rank = distributed.is_main()
@@ -97,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         distributed.shutdown()
+        restore_logging()
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,12 +1,15 @@
-"""Arguments and helpers shared by the CLI verbs."""
+"""Arguments and helpers shared by the CLI verbs: data and model options, number and list types, logging and
+progress switches, printed tables, and the settings a verb records in its results.json."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
+import re
 import resource
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -81,12 +84,21 @@ def json_object(text: str) -> dict[str, Any]:
 
 
 def add_run_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
-    """--out, --seed, --device, --batch-size-eval, --no-progress."""
+    """--out, --seed, --device, --no-progress, --quiet."""
     p.add_argument("--out", required=out_required, metavar="DIR", help="output folder (created if missing)")
     p.add_argument("--seed", type=seed_int, default=0, help="random seed (default: 0)")
     p.add_argument("--device", default=None, metavar="D",
                    help="cpu, cuda, cuda:N or auto (default: the model's device, i.e. cpu)")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_output_flags(p)
+
+
+def add_output_flags(p: argparse.ArgumentParser) -> None:
+    """--no-progress and --quiet (each added once; the command adds them to every verb's parser)."""
+    if "--no-progress" not in p._option_string_actions:
+        p.add_argument("--no-progress", action="store_true",
+                       help="hide progress bars (they are off anyway when stderr is not a terminal)")
+    if "--quiet" not in p._option_string_actions:
+        p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
 
 
 def _number_type(convert: Callable[[str], Any], ok: Callable[[Any], bool], what: str, name: str
@@ -182,20 +194,245 @@ def peak_rss_mib() -> float:
     return kb / 1024.0 if sys.platform != "darwin" else kb / 2**20
 
 
+# ------------------------------------------------------------------------------------------------ lists
+_RANGE = re.compile(r"^(\d+)\s*-\s*(\d+)$")
+LIST_SYNTAX = "a comma-separated list; integers also as ranges: 1-5, 1,3,5 or 1-3,5"
+
+
+def parse_list(text: str, item: Callable[[str], Any] = str, *, ranges: bool = False, what: str = "item",
+               lo: int | None = None, hi: int | None = None, sort: bool = False) -> list[Any]:
+    """One list syntax for every list option: comma-separated items, and with ``ranges`` integer ranges
+    ``a-b`` (inclusive): ``"1-5"`` -> [1..5], ``"1,3,5"``, ``"1-3,5"`` -> [1, 2, 3, 5].
+
+    Each item goes through ``item`` (a conversion raising ValueError or ArgumentTypeError); integers must lie
+    in [lo, hi] when given. Duplicates are dropped (first kept); ``sort`` sorts the result. Raises
+    :class:`ConfigError` with a one-line message on an empty list, an empty item, a reversed range or a bad item.
+    """
+    raw = str(text).strip()
+    if not raw:
+        raise ConfigError(f"empty list: give {LIST_SYNTAX}")
+    values: list[Any] = []
+    for part in raw.split(","):
+        part = part.strip()
+        if not part:
+            raise ConfigError(f"empty item in {raw!r}: write {LIST_SYNTAX}")
+        m = _RANGE.match(part) if ranges else None
+        if m:
+            a, b = int(m.group(1)), int(m.group(2))
+            if a > b:
+                raise ConfigError(f"range {part!r} is empty: write it low-high, e.g. {b}-{a}")
+            items: list[Any] = list(range(a, b + 1))
+        else:
+            try:
+                items = [item(part)]
+            except (ValueError, argparse.ArgumentTypeError) as exc:
+                detail = str(exc) if isinstance(exc, argparse.ArgumentTypeError) else ""
+                kind = "number or a range (1-5)" if ranges else "valid value"
+                raise ConfigError(detail or f"{what} {part!r} is not a {kind}: write {LIST_SYNTAX}") from None
+        for v in items:
+            if isinstance(v, int) and ((lo is not None and v < lo) or (hi is not None and v > hi)):
+                bounds = f"{lo}-{hi}" if lo is not None and hi is not None else (f">= {lo}" if lo is not None
+                                                                                  else f"<= {hi}")
+                raise ConfigError(f"{what} {v} is outside {bounds}")
+            values.append(v)
+    values = list(dict.fromkeys(values))
+    return sorted(values) if sort else values
+
+
+def list_arg(item: Callable[[str], Any] = str, *, ranges: bool = False, what: str = "item", lo: int | None = None,
+             hi: int | None = None, sort: bool = False) -> Callable[[str], list[Any]]:
+    """An argparse ``type=`` parsing one list with :func:`parse_list` (errors become argparse's one-line error)."""
+
+    def parse(text: str) -> list[Any]:
+        try:
+            return parse_list(text, item, ranges=ranges, what=what, lo=lo, hi=hi, sort=sort)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = f"{what}_list"
+    return parse
+
+
+def int_list(*, what: str = "value", lo: int | None = None, hi: int | None = None, sort: bool = False
+             ) -> Callable[[str], list[int]]:
+    """Integers with ranges: ``1-5``, ``1,3,5``, ``1-3,5``."""
+    return list_arg(int, ranges=True, what=what, lo=lo, hi=hi, sort=sort)
+
+
+def name_list(what: str = "name") -> Callable[[str], list[str]]:
+    """Names: ``fgsm,pgd,fog``."""
+    return list_arg(str, what=what)
+
+
+def positive_float_list(what: str = "value") -> Callable[[str], list[float]]:
+    """Positive numbers: ``0.05,0.1,0.2``."""
+    return list_arg(positive_float, what=what)
+
+
+def linf_eps_list(what: str = "eps") -> Callable[[str], list[float]]:
+    """L-inf radii in (0, 1]: ``0.05,0.1,0.2``."""
+    return list_arg(linf_eps, what=what)
+
+
+# ---------------------------------------------------------------------------- messages and progress bars
+LOGGER = "robustest"
+log = logging.getLogger("robustest.cli")  # what a verb reports: stdout; other robustest loggers: stderr
+
+
+class _LiveStream(logging.StreamHandler):
+    """A handler writing to sys.stdout or sys.stderr as they are when a record is emitted (so redirections made
+    after the command started, such as pytest's capture, are honoured)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(getattr(sys, name))
+        self._name = name
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = getattr(sys, self._name)
+        super().emit(record)
+
+
+class _Formatter(logging.Formatter):
+    def __init__(self, verb: str) -> None:
+        super().__init__("%(message)s")
+        self.prefix = f"robustest {verb}" if verb else "robustest"
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if record.levelno >= logging.WARNING:
+            return f"{self.prefix}: {record.levelname.lower()}: {text}"
+        return text
+
+
+def _to_stdout(record: logging.LogRecord) -> bool:
+    return record.name.startswith("robustest.cli") and record.levelno < logging.WARNING
+
+
+def configure_logging(verb: str = "", quiet: bool = False) -> Callable[[], None]:
+    """Route the ``robustest`` loggers for one command: the verb's report lines (logger ``robustest.cli``, INFO)
+    to stdout; library messages, warnings and errors to stderr, warnings and errors prefixed with
+    ``robustest VERB:``. Python warnings become one-line warnings of the ``robustest.warnings`` logger
+    (deprecation warnings of libraries stay hidden, as Python hides them by default). ``quiet`` raises the
+    level to ERROR. Returns a function that undoes all of it."""
+    import warnings
+
+    level = logging.ERROR if quiet else logging.INFO
+    root = logging.getLogger(LOGGER)
+    out, err = _LiveStream("stdout"), _LiveStream("stderr")
+    out.addFilter(_to_stdout)
+    err.addFilter(lambda r: not _to_stdout(r))
+    for h in (out, err):
+        h.setFormatter(_Formatter(verb))
+    saved = (root.level, root.propagate)
+    root.setLevel(level)
+    root.propagate = False
+    root.addHandler(out)
+    root.addHandler(err)
+    caught = warnings.catch_warnings()
+    caught.__enter__()
+    warnings.simplefilter("ignore", DeprecationWarning)
+    warnings.simplefilter("ignore", PendingDeprecationWarning)
+    show_default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - warnings' signature
+        if file is not None:
+            return show_default(message, category, filename, lineno, file, line)
+        logging.getLogger("robustest.warnings").warning(" ".join(f"{message} ({category.__name__})".split()))
+        return None
+
+    warnings.showwarning = show
+
+    def restore() -> None:
+        caught.__exit__(None, None, None)
+        root.removeHandler(out)
+        root.removeHandler(err)
+        root.setLevel(saved[0])
+        root.propagate = saved[1]
+
+    return restore
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def progress_enabled(args: argparse.Namespace) -> bool:
+    """Progress bars are drawn only when asked for (no --no-progress, no --quiet) AND stderr is a terminal: a
+    captured log never fills with carriage-return frames."""
+    return not getattr(args, "no_progress", False) and not getattr(args, "quiet", False) and _isatty(sys.stderr)
+
+
+# -------------------------------------------------------------------------------------------- help texts
+_RST = [(re.compile(r"``([^`]+)``"), r"\1"), (re.compile(r":(?:func|class|meth|mod|data|attr):`~?([^`]+)`"), r"\1"),
+        (re.compile(r"`([^`]+)`"), r"\1")]
+
+
+def plain(text: str | None) -> str | None:
+    """Help text without reStructuredText markup (````code````, ``:func:`x```): plain text for --help."""
+    if text is None:
+        return None
+    for pattern, repl in _RST:
+        text = pattern.sub(repl, text)
+    return text
+
+
+# ------------------------------------------------------------------------------------------------- settings
+DATA_KEYS = ("dataset", "data_dir", "split", "limit", "num_classes", "corruption", "severity", "resize",
+             "center_crop", "workers")
+
+
+def pick(args: argparse.Namespace, keys: Iterable[str]) -> dict[str, Any]:
+    """The options ``keys`` of ``args`` that hold a value (None = not given and no default: not in effect)."""
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
+def data_settings(args: argparse.Namespace, split: str | None = None) -> dict[str, Any]:
+    """The data options in effect (``split`` overrides --split for verbs that read a fixed split)."""
+    d = pick(args, DATA_KEYS)
+    if split is not None:
+        d["split"] = split
+    if not d.get("workers"):
+        d.pop("workers", None)  # 0: decoded in the main process, nothing to record
+    return d
+
+
+def model_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The model options in effect: checkpoint, model (pkg.module:factory), model_args, weights, torchscript."""
+    d: dict[str, Any] = {}
+    for key, name in (("checkpoint", "checkpoint"), ("model_factory", "model"), ("model_args", "model_args"),
+                      ("weights", "weights")):
+        if getattr(args, key, None) is not None:
+            d[name] = getattr(args, key)
+    if getattr(args, "torchscript", False):
+        d["torchscript"] = True
+    return d
+
+
+# ---------------------------------------------------------------------------------------------- printing
 def print_table(rows: list[dict], columns: list[str], file=None) -> None:
-    """Print rows as a plain aligned table."""
-    file = file or sys.stdout
-    cells = [[str(c) for c in columns]] + [[_fmt(r.get(c)) for c in columns] for r in rows]
+    """Print rows as a plain aligned table: headers as words, figures rounded by column (as in report.html).
+    Goes to ``file`` when given, else through the ``robustest.cli`` logger (stdout; silent with --quiet)."""
+    from robustest.report import format_value, header_label
+
+    cells = [[header_label(c) for c in columns]] + [[format_value(r.get(c), c) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = []
     for j, row in enumerate(cells):
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)), file=file)
+        lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
         if j == 0:
-            print("  ".join("-" * w for w in widths), file=file)
+            lines.append("  ".join("-" * w for w in widths))
+    for line in lines:
+        if file is not None:
+            print(line, file=file)
+        else:
+            log.info(line)
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4f}"
-    return str(v)
+def fmt(value: Any, key: str = "") -> str:
+    """A figure for a printed line, rounded like the report (:func:`robustest.report.format_value`)."""
+    from robustest.report import format_value
+
+    return format_value(value, key)

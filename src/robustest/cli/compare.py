@@ -2,9 +2,10 @@
 the original model, and the original model fine-tuned once per (budget, strategy, seed); a table of
 robustness (fixed adversarial set and white-box) per strategy and budget with mean and spread over seeds.
 
-Settings as for ``robustest run`` (``--config`` YAML, flags override). Writes OUT/results.json,
-OUT/summary.csv (the table), OUT/report.html and per-cell state in OUT/state/cells/; ``--resume``
-continues without redoing finished cells.
+Settings as for ``robustest run`` (``--config`` YAML, flags override). Lists are comma-separated; seeds and
+counts also take ranges (``--seeds 0-4``). Writes OUT/results.json (schema: docs/schemas/compare.schema.json),
+OUT/summary.csv (the table), OUT/report.html, OUT/timings.json and per-cell state in OUT/state/cells/;
+``--resume`` continues without redoing finished cells.
 
 Example:
     robustest compare --checkpoint model.pt --dataset digits --eps 0.15 --budgets 5%,10% \\
@@ -15,19 +16,10 @@ from __future__ import annotations
 
 import argparse
 
+from robustest.cli._common import int_list, list_arg
 from robustest.cli.run import add_common_args, budget_arg, build_config, print_results
 
 ORDER = 41
-
-
-def _list_of(conv):
-    def parse(text: str) -> list:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError("expected a comma-separated list")
-        return [conv(t) for t in items]
-
-    return parse
 
 
 def _strategy(text: str) -> str:
@@ -38,22 +30,17 @@ def _strategy(text: str) -> str:
     return text
 
 
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
-
-
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="compare selection strategies on one pool (robustness per strategy/budget)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
-    p.add_argument("--strategies", type=_list_of(_strategy), metavar="LIST",
+    p.add_argument("--strategies", type=list_arg(_strategy, what="strategy"), metavar="LIST",
                    help="comma-separated strategies (default: best,kmst,gini,random,coverage)")
-    p.add_argument("--budgets", type=_list_of(budget_arg), metavar="LIST",
-                   help="comma-separated budgets, counts or percentages of the pool (default: 5%%)")
-    p.add_argument("--seeds", type=_list_of(_int), metavar="LIST", help="comma-separated seeds (default: 0)")
+    p.add_argument("--budgets", type=list_arg(budget_arg, ranges=True, what="budget"), metavar="LIST",
+                   help="comma-separated budgets: counts (ranges too, 10-12) or percentages of the pool "
+                        "(default: 5%%)")
+    p.add_argument("--seeds", type=int_list(what="seed"), metavar="LIST",
+                   help="seeds: 0,1,2 or a range 0-4 (default: 0)")
     p.set_defaults(func=run)
 
 

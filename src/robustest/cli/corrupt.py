@@ -7,25 +7,39 @@ Writes one ``OUT/<corruption>.npz`` per corruption, Keras-style uint8 arrays:
 * ``y_<split>``: the labels, repeated for each severity (uint8 when they fit, else int64);
 * ``severity``: the severity of every row (uint8); ``index``: the row's position in the source split.
 
-``robustest.data.load("npz", "OUT/fog.npz", split=SPLIT)`` reads a file back. ``OUT/manifest.json``
-records the arguments, the parameter table, image shape, files with SHA-256 and timings. Images are
-corrupted in batches of ``--batch-size`` with seed ``--seed + first index of the batch``; the severities
-of one image share their random field.
+``robustest.data.load("npz", "OUT/fog.npz", split=SPLIT)`` reads a file back. ``OUT/results.json``
+records the settings in effect, the parameter table, image shape, the files with their SHA-256 and timings
+(schema: docs/schemas/corrupt.schema.json); ``OUT/report.html`` shows one image under every corruption and
+severity. Images are corrupted in batches of ``--batch-size`` with seed ``--seed + first index of the
+batch``; the severities of one image share their random field.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
-import sys
 import time
+from typing import Any
 
 import torch
 
-from robustest.cli._common import add_data_args, add_run_args, load_data, out_dir, peak_rss_mib, positive_int
+from robustest.cli._common import (
+    add_data_args,
+    add_run_args,
+    data_settings,
+    fmt,
+    int_list,
+    load_data,
+    log,
+    name_list,
+    out_dir,
+    parse_list,
+    peak_rss_mib,
+    positive_int,
+)
 from robustest.corruptions.export import export
 from robustest.errors import ConfigError
-from robustest.runtime import atomic_write_json, image_shape, resolve_device
+from robustest.results import write_results
+from robustest.runtime import image_shape, resolve_device, take
 from robustest.steps import Steps, data_fingerprint, fingerprint
 
 ORDER = 40
@@ -35,11 +49,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("corrupt", help="write common-corruption (-C) versions of a data set", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(p, split="test")
-    p.add_argument("--corruptions", default="all", metavar="LIST",
-                   help="'all', a group (noise, blur, weather, digital, common, held-out) or comma-separated "
-                        "names (default: all 19)")
-    p.add_argument("--severities", default="1-5", metavar="S",
-                   help="severities: a range '1-5', one '3' or a list '1,3,5' (default: 1-5)")
+    p.add_argument("--corruptions", type=name_list("corruption"), default=["all"], metavar="LIST",
+                   help="'all', groups (noise, blur, weather, digital, common, held-out) or names, comma-separated "
+                        "(default: all 19)")
+    p.add_argument("--severities", type=int_list(what="severity", lo=1, hi=5, sort=True), default=[1, 2, 3, 4, 5],
+                   metavar="LIST", help="severities 1-5: a range 1-5, one 3, a list 1,3,5 or both 1-2,5 (default: 1-5)")
     p.add_argument("--table", choices=("auto", "cifar", "imagenet"), default="auto",
                    help="parameter table (default: auto = cifar up to 64 px, imagenet above)")
     p.add_argument("--batch-size", type=positive_int, default=256, help="images per batch (default: 256)")
@@ -52,27 +66,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_severities(text: str) -> list[int]:
-    """'1-5' -> [1..5]; '3' -> [3]; '1,3,5' -> [1, 3, 5] (sorted, unique; each in 1-5)."""
-    out: set[int] = set()
-    for part in str(text).split(","):
-        part = part.strip()
-        m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", part)
-        if m:
-            lo, hi = int(m.group(1)), int(m.group(2))
-            if lo > hi:
-                raise ConfigError(f"--severities range {part!r} is empty: write it low-high, e.g. 1-5")
-            vals = range(lo, hi + 1)
-        elif part.isdigit():
-            vals = range(int(part), int(part) + 1)
-        else:
-            raise ConfigError(f"--severities {text!r} is not a range (1-5), a number (3) or a list (1,3,5)")
-        for v in vals:
-            if not 1 <= v <= 5:
-                raise ConfigError(f"severity {v} is outside 1-5")
-            out.add(v)
-    if not out:
-        raise ConfigError("--severities is empty: give e.g. 1-5")
-    return sorted(out)
+    """'1-5' -> [1..5]; '3' -> [3]; '1,3,5' -> [1, 3, 5]; '1-2,4' -> [1, 2, 4] (sorted, unique; each in 1-5).
+    Raises ConfigError on anything else."""
+    return parse_list(text, int, ranges=True, what="severity", lo=1, hi=5, sort=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,40 +76,39 @@ def run(args: argparse.Namespace) -> int:
 
     t_start = time.perf_counter()
     names = corruptions.resolve_names(args.corruptions)
-    severities = parse_severities(args.severities)
+    severities = args.severities
     device = resolve_device(None, args.device) if args.device else torch.device("cpu")
     ds = load_data(args)
     c, h, w = image_shape(ds)
+    n = len(ds)
     if c not in (1, 3):
         raise ConfigError(f"the data has {c} channels; corruptions need 1 (grayscale) or 3 (RGB)")
-    if args.format == "npy" and severities != [1, 2, 3, 4, 5]:
+    if args.format == "npy" and list(severities) != [1, 2, 3, 4, 5]:
         raise ConfigError("--format npy writes the CIFAR-10-C layout, which holds severities 1-5: pass "
                           "--severities 1-5")
-    n = len(ds)
     table = corruptions.default_table(h, w) if args.table == "auto" else args.table
     out = out_dir(args)
-    settings = {"names": names, "severities": severities, "table": table, "seed": args.seed,
-                "batch_size": args.batch_size, "format": args.format, "split": args.split}
-    steps = Steps(out, fingerprint("corrupt", settings, data_fingerprint(ds)),
-                  log=lambda msg: print(f"note: {msg}", file=sys.stderr))
+    t_load = time.perf_counter() - t_start
+    timings: dict[str, float] = {"load_s": t_load}
+    run_settings = {"names": names, "severities": list(severities), "table": table, "seed": args.seed,
+                    "batch_size": args.batch_size, "format": args.format, "split": args.split}
+    steps = Steps(out, fingerprint("corrupt", run_settings, data_fingerprint(ds)), log=log.warning)
     files = export(ds, out, names, severities, fmt=args.format, split=args.split, table=table,
                    batch_size=args.batch_size, seed=args.seed, device=device, show_progress=not args.no_progress,
                    run_step=steps.run)
-    manifest = {
-        "format": "robustest-corruptions",
-        "version": 1,
-        "dataset": args.dataset,
-        "data_dir": args.data_dir,
-        "split": args.split,
-        "limit": args.limit,
+    for name, rec in files.items():
+        timings[f"{name}_s"] = rec.pop("seconds", 0.0)
+    clean = take(ds, torch.arange(1))[0]
+    # the first image under every corruption and severity, for the report (batch 0 of the files: seed + 0)
+    first = take(ds, torch.arange(min(n, args.batch_size)))[0].to(device)
+    samples = [torch.round(corruptions.corrupt(first, name, sev, seed=args.seed, table=table)[:1] * 255)
+               .to(torch.uint8).cpu() for name in names for sev in severities]
+    timings["total_s"] = time.perf_counter() - t_start
+    settings = {**data_settings(args), "corruptions": names, "severities": severities, "table": table,
+                "batch_size": args.batch_size, "seed": args.seed, "device": str(device), "format": args.format}
+    results = {
         "num_images": n,
         "image_shape": [c, h, w],
-        "table": table,
-        "severities": severities,
-        "seed": args.seed,
-        "batch_size": args.batch_size,
-        "device": str(device),
-        "format_written": args.format,
         "arrays": {f"x_{args.split}": "uint8 rows = severities x images (severity-major), H x W[ x 3]",
                    f"y_{args.split}": "labels per row", "severity": "severity per row",
                    "index": "position of the row's image in the source split"} if args.format == "npz" else
@@ -121,11 +116,39 @@ def run(args: argparse.Namespace) -> int:
         "load_with": (f"robustest.data.load('npz', '<file>', split='{args.split}')" if args.format == "npz" else
                       "robustest.data.load('cifar10-c', OUT, corruption=NAME, severity=S)"),
         "corruptions": files,
-        "total_seconds": time.perf_counter() - t_start,
         "peak_rss_mib": peak_rss_mib(),
+        "files": {"report": "report.html", **{k: v["file"] for k, v in files.items()}},
     }
-    atomic_write_json(out / "manifest.json", manifest)
-    print(f"wrote {len(files)} corruption file(s) x {len(severities)} severities x {n} images "
-          f"({args.dataset} {args.split}, {c}x{h}x{w}, {table} table) to {out} "
-          f"in {manifest['total_seconds']:.1f}s")
+    doc = write_results(out, "corrupt", settings, results, timings)
+    _report(doc, clean, samples).write(out / "report.html")
+    log.info(f"wrote {len(files)} corruption file(s) x {len(severities)} severities x {n} images "
+             f"({args.dataset} {args.split}, {c}x{h}x{w}, {table} table) to {out} "
+             f"in {fmt(timings['total_s'], 'total_s')} s")
     return 0
+
+
+def _report(doc: dict[str, Any], clean: torch.Tensor, samples: list[torch.Tensor]):
+    """report.html of a -C set: the files, and the first image under every corruption and severity."""
+    from robustest.report import HtmlReport, save_image_grid
+
+    s = doc["settings"]
+    rep = HtmlReport.from_results(doc, f"robustest corrupt: {s['dataset']} ({s['split']})")
+    rep.paragraph(f"{len(doc['corruptions'])} corruption(s) x {len(s['severities'])} severities x "
+                  f"{doc['num_images']} images of shape {'x'.join(map(str, doc['image_shape']))}, "
+                  f"{s['table']} parameter table. Read a file back with {doc['load_with']}.")
+    rows = [{"corruption": k, "file": v["file"], "rows": v["rows"], "seconds": doc["timings"].get(f"{k}_s"),
+             "sha256": v["sha256"][:16] + "..."} for k, v in doc["corruptions"].items()]
+    rep.table(rows, ["corruption", "file", "rows", "seconds", "sha256"])
+    if samples:
+        sev = s["severities"]
+        names = list(doc["corruptions"])
+        rows = []
+        caps = []
+        for i, name in enumerate(names):  # each row: the clean image, then the corruption at every severity
+            rows += [clean.float()] + [t.float() / 255 for t in samples[i * len(sev):(i + 1) * len(sev)]]
+            caps += [name] + [f"severity {v}" for v in sev]
+        rep.heading("The first image under every corruption and severity")
+        rep.image(save_image_grid(torch.cat(rows), None, captions=caps, ncols=len(sev) + 1, scale=1.3),
+                  "One row per corruption: the clean image (captioned with the corruption's name), then the "
+                  "corrupted image at each severity.")
+    return rep

@@ -7,7 +7,10 @@ the train split). Seeds are the --split of --dataset (default: train, as in RobO
 Writes to --out:
   tests.pt       the tests (x, label y, index of the seed in the split, method, FOL of each test); readable by
                  'robustest score' / 'robustest select' and by robustest.data.load_tests
-  summary.json   success rate, perturbation norms, FOL distribution (quantiles), timings, parameters
+  results.json   settings in effect, success rate, perturbation norms, FOL distribution (quantiles), timings
+                 (schema: docs/schemas/generate.schema.json)
+  report.html    summary, perturbation and FOL tables, example seeds and tests, FOL histogram
+  summary.json   the figures of results.json without its header (kept for older scripts)
   examples.png   seeds (top row) and tests (bottom row), captioned "label -> prediction"
   fol_hist.png   histogram of the tests' FOL values
 By default attacks keep only successful adversarial examples (prediction != label, RobOT's pool);
@@ -28,8 +31,12 @@ from robustest.cli._common import (
     add_data_args,
     add_run_args,
     check_fits,
+    data_settings,
+    fmt,
     load_data,
     load_model,
+    log,
+    model_settings,
     non_negative_float,
     out_dir,
     peak_rss_mib,
@@ -37,7 +44,8 @@ from robustest.cli._common import (
     positive_int,
 )
 from robustest.errors import ConfigError
-from robustest.runtime import atomic_write_json, forward
+from robustest.results import write_results
+from robustest.runtime import atomic_write_json, forward, model_device
 
 ORDER = 30
 
@@ -183,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     fol_norm = args.fol_norm or ("l2" if args.method == "cw" else args.norm)
     method = args.method
     summary: dict[str, Any] = {"method": method, "dataset": args.dataset, "split": args.split,
-                               "checkpoint": str(args.checkpoint), "seeds": n_seeds}
+                               "checkpoint": str(args.checkpoint or args.model_factory), "seeds": n_seeds}
     progress = not args.no_progress
     t_gen = time.perf_counter()
 
@@ -268,28 +276,84 @@ def run(args: argparse.Namespace) -> int:
         "perturbation": {"linf": _quantiles(delta.abs().amax(1)) if n_tests else None,
                          "l2": _quantiles(delta.norm(dim=1)) if n_tests else None},
         "fol": {"norm": fol_norm, "eps": fol_eps, "quantiles": _quantiles(fol_values) if n_tests else None},
-        "timings": {"generate_s": t_gen, "fol_s": t_fol, "total_s": time.perf_counter() - t0},
         "peak_rss_mib": peak_rss_mib(),
         "seed": args.seed,
-        "files": ["tests.pt", "summary.json"],
+        "files": ["tests.pt", "summary.json", "results.json", "report.html"],
     })
+    grid = None
     if n_tests:
         k = min(args.grid, n_tests)
         pick = torch.linspace(0, n_tests - 1, k).round().long().unique()
         seeds_img, tests_img = x0[pick], tx[pick]
         caps = [f"seed #{int(idx[i])}: {int(ty[i])}" for i in pick] + \
             [f"{int(ty[i])} -> {int(tpred[i])}" for i in pick]
-        report.save_image_grid(torch.cat([seeds_img, tests_img]), out / "examples.png", captions=caps,
-                               ncols=len(pick), title=f"{method}: seeds (top) and tests (bottom), label -> pred")
+        grid = report.save_image_grid(torch.cat([seeds_img, tests_img]), out / "examples.png", captions=caps,
+                                      ncols=len(pick),
+                                      title=f"{method}: seeds (top) and tests (bottom), label -> pred")
         report.save_histogram(fol_values.numpy(), out / "fol_hist.png", title=f"FOL ({fol_norm}) of {method} tests")
         summary["files"] += ["examples.png", "fol_hist.png"]
-    atomic_write_json(out / "summary.json", summary)
+    timings = {"generate_s": t_gen, "fol_s": t_fol, "total_s": time.perf_counter() - t0}
+    atomic_write_json(out / "summary.json", {**summary, "timings": timings})
+    results = {k: v for k, v in summary.items()
+               if k not in ("seed", "method", "dataset", "split", "checkpoint", "params", "files")}
+    results["device"] = str(model_device(model))
+    results["files"] = {"tests": "tests.pt", "report": "report.html", "summary": "summary.json",
+                        **({"examples": "examples.png", "histogram": "fol_hist.png"} if n_tests else {})}
+    doc = write_results(out, "generate", _settings(args, method, summary.get("params", {}), fol_norm, fol_eps, eps,
+                                                   model), results, timings)
+    _report(doc, method, grid, fol_values).write(out / "report.html")
     rate = summary.get("success_rate")
-    rate_txt = f", success rate {rate:.4f}" if rate is not None else ""
-    print(f"{method} on {n_seeds} {args.dataset}/{args.split} seeds: {n_tests} tests{rate_txt} "
-          f"({summary['timings']['total_s']:.1f}s)")
-    print(f"wrote {out / 'tests.pt'} and {out / 'summary.json'}")
+    rate_txt = f", success rate {fmt(rate, 'success_rate')}" if rate is not None else ""
+    log.info(f"{method} on {n_seeds} {args.dataset}/{args.split} seeds: {n_tests} tests{rate_txt} "
+             f"({fmt(timings['total_s'], 'total_s')} s)")
+    log.info(f"wrote {out / 'tests.pt'}, results.json, report.html and summary.json")
     return 0
+
+
+def _settings(args: argparse.Namespace, method: str, params: dict[str, Any], fol_norm: str, fol_eps: float,
+              eps: float, model) -> dict[str, Any]:
+    """The options in effect for this method, with the defaults it resolved (steps, eps, FOL norm)."""
+    d: dict[str, Any] = {**model_settings(args), **data_settings(args), "method": method}
+    d.update({k: v for k, v in params.items() if v is not None and k != "metric_opts"})
+    if method == "cov-fuzz":
+        d.update(params.get("metric_opts") or {})
+        d.pop("profile_images", None)
+        if args.profile_limit is not None:
+            d["profile_limit"] = args.profile_limit
+    if method == "fol-fuzz" and args.fuzz_eps is not None:
+        d["fuzz_eps"] = d.pop("eps", args.fuzz_eps)
+    if method in ATTACKS:
+        d["keep_all"] = bool(args.keep_all)
+    d.update(fol_norm=fol_norm, fol_eps=fol_eps, batch_size=args.batch_size, grid=args.grid, seed=args.seed,
+             device=str(model_device(model)))
+    return d
+
+
+def _report(doc: dict[str, Any], method: str, grid: bytes | None, fol_values: torch.Tensor):
+    """report.html of a generation run: summary, perturbation and FOL quantiles, examples, FOL histogram."""
+    from robustest.report import HtmlReport, save_histogram
+
+    s = doc["settings"]
+    rep = HtmlReport.from_results(doc, f"robustest generate: {method} on {s['dataset']} ({s['split']})")
+    keys = ("seeds", "tests", "tests_changed_prediction", "clean_accuracy", "robust_accuracy", "success_rate",
+            "success_rate_on_correct", "kept", "seeds_with_tests")
+    rep.key_values({k: doc[k] for k in keys if k in doc})
+    rows = [{"measure": f"perturbation {norm}", **(q or {})} for norm, q in doc["perturbation"].items()]
+    rows.append({"measure": f"FOL ({doc['fol']['norm']}, eps {fmt(doc['fol']['eps'])})",
+                 **(doc["fol"]["quantiles"] or {})})
+    rep.heading("Perturbation size and FOL of the tests")
+    rep.table(rows, ["measure", "min", "q05", "q25", "q50", "q75", "q95", "max", "mean"])
+    if grid is not None:
+        rep.heading("Examples")
+        rep.image(grid, "Seeds (top row) and the tests generated from them (bottom row), captioned label -> "
+                  "prediction.")
+    if len(fol_values):
+        rep.image(save_histogram(fol_values.numpy(), None, title=f"FOL of the {method} tests", xlabel="FOL"),
+                  "Distribution of the tests' FOL (measured against each test's seed).")
+    if doc.get("fuzz_stats"):
+        rep.heading("Fuzzer statistics")
+        rep.key_values(doc["fuzz_stats"])
+    return rep
 
 
 def _train_for_profile(args: argparse.Namespace):

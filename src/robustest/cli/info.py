@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from robustest.cli._common import log
+
 ORDER = 0
 
 # module -> heading; each module that exists exposes names() (and optionally describe(name))
@@ -27,6 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="list data sets, models and methods", description=__doc__)
     p.add_argument("--models", action="store_true",
                    help="only the models, with native input, parameters and multiply-adds")
+    # info writes no files: it has no --out and no results.json
     p.set_defaults(func=run)
 
 
@@ -80,10 +83,11 @@ def run(args: argparse.Namespace) -> int:
 
     from robustest import __version__
 
-    print(f"robustest {__version__} (torch {torch.__version__}, CUDA {'yes' if torch.cuda.is_available() else 'no'})")
+    cuda = "yes" if torch.cuda.is_available() else "no"
+    log.info(f"robustest {__version__} (torch {torch.__version__}, CUDA {cuda})")
     if getattr(args, "models", False):
-        print("\nmodels (input and classes: the native size; parameters and multiply-adds (MACs) of one image "
-              "at it):")
+        log.info("\nmodels (input and classes: the native size; parameters and multiply-adds (MACs) of one image "
+                 "at it):")
         cols = ["name", "input", "classes", "params", "MACs", "description"]
         table = model_rows()
         widths = {c: max(len(c), *(len(r[c]) for r in table)) for c in cols[:-1]}
@@ -93,14 +97,14 @@ def run(args: argparse.Namespace) -> int:
             return "  " + "  ".join(r[c] if c not in widths else r[c].rjust(widths[c]) if c in right
                                     else r[c].ljust(widths[c]) for c in cols)
 
-        print(line({c: c for c in cols}))
+        log.info(line({c: c for c in cols}))
         for r in table:
-            print(line(r))
+            log.info(line(r))
         return 0
     for heading, rows in registries().items():
-        print(f"\n{heading}:" + ("  (sizes, parameters, multiply-adds: robustest info --models)"
-                                  if heading == "models" else ""))
+        log.info(f"\n{heading}:" + ("  (sizes, parameters, multiply-adds: robustest info --models)"
+                                     if heading == "models" else ""))
         width = max((len(n) for n, _ in rows), default=0)
         for name, desc in rows:
-            print(f"  {name.ljust(width)}  {desc}")
+            log.info(f"  {name.ljust(width)}  {desc}")
     return 0

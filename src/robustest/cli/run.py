@@ -3,8 +3,9 @@ repeat until the robustness requirement is met, the FOL convergence rule fires, 
 
 Settings come from ``--config run.yaml`` (keys of robustest.robot.RobotConfig, see docs/RESULTS_SCHEMA.md)
 and are overridden by the flags given. A config with ``strategies: [...]`` runs the strategy comparison
-(as ``robustest compare``). Writes OUT/results.json, OUT/summary.csv, OUT/report.html, OUT/timings.json
-and the per-round state in OUT/state/; ``--resume`` continues an interrupted run without redoing rounds.
+(as ``robustest compare``). Writes OUT/results.json (schema: docs/schemas/run.schema.json), OUT/summary.csv,
+OUT/report.html, OUT/timings.json and the per-round state in OUT/state/; ``--resume`` continues an
+interrupted run without redoing rounds.
 
 Example:
     robustest run --checkpoint model.pt --dataset digits --eps 0.15 --strategy best --budget 5% \\
@@ -14,12 +15,13 @@ Example:
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from robustest.cli._common import (
+    fmt,
     json_object,
     linf_eps,
+    log,
     non_negative_float,
     positive_float,
     positive_int,
@@ -81,7 +83,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", metavar="D", help="cpu, cuda, cuda:N or auto (default: cpu)")
     p.add_argument("--threads", type=positive_int, metavar="N",
                    help="CPU threads for torch (default: torch's choice; 1 is often faster for small models)")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars and per-round lines")
+    p.add_argument("--no-progress", action="store_true",
+                   help="hide progress bars (they are off anyway when stderr is not a terminal)")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -128,7 +131,7 @@ def build_config(args: argparse.Namespace, defaults: dict[str, Any] | None = Non
         if v is not None:
             d[k] = v
     d["progress"] = not args.no_progress
-    d["verbose"] = not args.no_progress
+    d["verbose"] = not getattr(args, "quiet", False)  # per-round/cell lines on stderr
     if getattr(args, "threads", None):
         import torch
 
@@ -150,27 +153,31 @@ def print_loop_table(results: dict[str, Any], file=None) -> None:
     for rec in results["rounds"]:
         rows.append({"round": rec["round"], "selected": rec["selected"]["n"], **_figs(rec["robustness"]),
                      "median FOL": rec["convergence"]["statistic"]})
-    print_table(rows, ["round", "selected", "clean", "fixed-set", "white-box", "median FOL"], file=file)
+    print_table(rows, ["round", "selected", "clean accuracy", "fixed-set accuracy", "white-box accuracy",
+                       "median FOL"], file=file)
 
 
 def print_compare_table(results: dict[str, Any], file=None) -> None:
-    rows = []
     def pm(r: dict[str, Any], m: str) -> str:
         mean, std = r.get(f"{m}_mean"), r.get(f"{m}_std")
-        return "-" if mean is None else f"{mean:.4f} ± {std or 0.0:.4f}"
+        return "-" if mean is None else f"{fmt(mean, 'accuracy')} ± {fmt(std or 0.0, 'accuracy')}"
 
+    rows = []
     for r in results["table"]:
         rows.append({"strategy": r["strategy"], "budget": f"{r['budget']} ({r['n']})",
-                     "fixed-set before": r["before_fixed_set_accuracy"], "fixed-set after": pm(r, "fixed_set_accuracy"),
-                     "white-box before": r["before_whitebox_accuracy"], "white-box after": pm(r, "whitebox_accuracy"),
-                     "clean before": r["before_clean_accuracy"], "clean after": pm(r, "clean_accuracy")})
+                     "fixed-set before": fmt(r["before_fixed_set_accuracy"], "accuracy"),
+                     "fixed-set after": pm(r, "fixed_set_accuracy"),
+                     "white-box before": fmt(r["before_whitebox_accuracy"], "accuracy"),
+                     "white-box after": pm(r, "whitebox_accuracy"),
+                     "clean before": fmt(r["before_clean_accuracy"], "accuracy"),
+                     "clean after": pm(r, "clean_accuracy")})
     print_table(rows, ["strategy", "budget", "fixed-set before", "fixed-set after", "white-box before",
                        "white-box after", "clean before", "clean after"], file=file)
 
 
 def _figs(rob: dict[str, Any]) -> dict[str, Any]:
-    return {"clean": rob.get("clean_accuracy"), "fixed-set": rob.get("fixed_set_accuracy"),
-            "white-box": rob.get("whitebox_accuracy")}
+    return {"clean accuracy": rob.get("clean_accuracy"), "fixed-set accuracy": rob.get("fixed_set_accuracy"),
+            "white-box accuracy": rob.get("whitebox_accuracy")}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -183,10 +190,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_results(results: dict[str, Any], out: str, file=None) -> None:
-    file = file or sys.stdout
+    """The results table and where the files went: to ``file`` when given, else through the ``robustest.cli``
+    logger (stdout; nothing with --quiet)."""
+    def say(text: str) -> None:
+        if file is not None:
+            print(text, file=file)
+        else:
+            log.info(text)
+
     if results["kind"] == "loop":
         print_loop_table(results, file=file)
-        print(f"stopped: {results['stop_reason']} after {results['rounds_completed']} round(s)", file=file)
+        say(f"stopped: {results['stop_reason']} after {results['rounds_completed']} round(s)")
     else:
         print_compare_table(results, file=file)
-    print(f"wrote {out}/results.json, summary.csv, report.html", file=file)
+    say(f"wrote {out}/results.json, summary.csv, report.html")

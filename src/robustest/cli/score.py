@@ -5,12 +5,15 @@ nc, kmnc, nbc, snac, tknc (neuron coverage) and lsa, dsa (surprise adequacy). Co
 metrics build their reference from training data: the train split of --dataset, or --train-dataset.
 
 Writes to --out:
+  results.json    settings in effect, count, mean, std, min, max, quantiles, timings (and set coverage for
+                  coverage metrics); schema: docs/schemas/score.schema.json
+  report.html     summary, quantiles, histogram, settings and timings
   scores.pt       dict of plain tensors (loads with torch.load(weights_only=True)): "scores" [N] float32,
                   "index" [N] (position in the scored set), "labels" [N] (when known), "x0_index" [N]
                   (tests files), "bits" BoolTensor[N, cells] (coverage metrics; input of
                   'robustest select --strategy coverage'), plus "metric" and "options"
   scores.csv      index,score[,label][,x0_index]
-  summary.json    count, mean, std, min, max, quantiles, options, timings (and set coverage for coverage)
+  summary.json    the figures of results.json without its header (kept for older scripts)
   scores_hist.png histogram of the scores
 
 Tests files (--dataset tests --data-dir tests.pt from 'robustest generate'): FOL measures each test x'
@@ -35,9 +38,14 @@ from robustest.cli._common import (
     add_data_args,
     add_run_args,
     check_fits,
+    data_settings,
     finite_float,
+    fmt,
     load_data,
     load_model,
+    log,
+    model_settings,
+    name_list,
     non_negative_float,
     out_dir,
     peak_rss_mib,
@@ -45,6 +53,7 @@ from robustest.cli._common import (
     positive_int,
 )
 from robustest.errors import ConfigError, DataError
+from robustest.results import write_results
 from robustest.runtime import atomic_save, atomic_write_json, image_shape, model_device, take
 
 ORDER = 30
@@ -75,7 +84,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--train-data-dir", metavar="DIR", default=None, help="folder or file of --train-dataset")
     c.add_argument("--train-limit", type=positive_int, default=None, metavar="N",
                    help="use only the first N training images for the profile")
-    c.add_argument("--layers", default=None, metavar="A,B",
+    c.add_argument("--layers", type=name_list("layer"), default=None, metavar="A,B",
                    help="comma-separated module names to trace (default: every activation module; SA: the last)")
     c.add_argument("--k", type=positive_int, default=None, help="kmnc sections per neuron (default: 10)")
     c.add_argument("--threshold", type=finite_float, default=None, help="nc activation threshold (default: 0.5)")
@@ -210,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
     check_fits(model, inputs["data"])
     info = metrics.info(args.metric)
     opts = _metric_options(args)
-    layers = [s.strip() for s in args.layers.split(",") if s.strip()] if args.layers else None
+    layers = args.layers or None
     train = _load_train(args) if info.needs_train else None
     device = model_device(model)
     t_load = time.perf_counter() - t0
@@ -238,32 +247,81 @@ def run(args: argparse.Namespace) -> int:
     save_histogram(scores, out / "scores_hist.png", title=f"{args.metric} on {inputs['source']} (n={n})",
                    xlabel=args.metric)
     nonfinite = int((~torch.isfinite(scores)).sum())
-    summary = {
+    figures: dict[str, Any] = {
         "metric": args.metric,
         "description": metrics.describe(args.metric),
         "source": inputs["source"],
-        "checkpoint": str(args.checkpoint or args.model_factory),
         "options": opts,
-        "fol_seed": ("x0 = seeds at x0_index" if inputs["x0"] is not None else "x0 = x' (own seed)")
-        if args.metric == "fol" else None,
+        **({"fol_seed": "x0 = seeds at x0_index" if inputs["x0"] is not None else "x0 = x' (own seed)"}
+           if args.metric == "fol" else {}),
         **summarize(scores[torch.isfinite(scores)]),
         "non_finite": nonfinite,
         **extra,
-        "timings": {"load_s": t_load, "score_s": t_score, "per_input_ms": 1000 * t_score / n},
         "peak_rss_mib": peak_rss_mib(),
         "device": str(device),
     }
-    atomic_write_json(out / "summary.json", summary)
-    s = summary
-    print(f"{args.metric} on {n} inputs from {inputs['source']}: mean {s.get('mean', float('nan')):.4g}, "
-          f"median {s.get('quantiles', {}).get('q50', float('nan')):.4g}, "
-          f"min {s.get('min', float('nan')):.4g}, max {s.get('max', float('nan')):.4g} ({t_score:.2f}s)")
+    timings = {"load_s": t_load, "score_s": t_score, "per_input_ms": 1000 * t_score / max(n, 1),
+               "total_s": time.perf_counter() - t0}
+    # summary.json: the pre-contract file, same figures (kept for scripts that read it)
+    atomic_write_json(out / "summary.json", {**figures, "checkpoint": str(args.checkpoint or args.model_factory),
+                                             "fol_seed": figures.get("fol_seed"), "timings": timings})
+    files = {"scores": "scores.pt", "csv": "scores.csv", "histogram": "scores_hist.png", "summary": "summary.json",
+             "report": "report.html"}
+    doc = write_results(out, "score", _settings(args, device, opts), {**figures, "files": files}, timings)
+    _report(doc, scores).write(out / "report.html")
+    s = figures
+    log.info(f"{args.metric} on {n} inputs from {inputs['source']}: mean {fmt(s.get('mean'))}, "
+             f"median {fmt(s.get('quantiles', {}).get('q50'))}, min {fmt(s.get('min'))}, max {fmt(s.get('max'))} "
+             f"({fmt(t_score, 'score_s')} s)")
     if "set_coverage" in extra:
-        print(f"set coverage: {extra['set_coverage']:.4f} of {extra['num_cells']} cells")
+        log.info(f"set coverage: {fmt(extra['set_coverage'], 'coverage')} of {extra['num_cells']} cells")
     if args.metric == "fol" and inputs["x0_index"] is not None and inputs["x0"] is None:
-        print("note: each test was scored as its own seed (x0 = x'); pass --seeds-dataset to use the seeds")
-    print(f"wrote {out / 'scores.pt'}, scores.csv, summary.json and scores_hist.png")
+        log.warning("each test was scored as its own seed (x0 = x'); pass --seeds-dataset to use the seeds")
+    log.info(f"wrote {out / 'scores.pt'}, scores.csv, results.json, report.html, summary.json and scores_hist.png")
     return 0
+
+
+def _settings(args: argparse.Namespace, device: Any, opts: dict[str, Any]) -> dict[str, Any]:
+    """The options in effect for this metric (options of other metrics left out; ``opts``: the metric's options
+    as the library resolved them)."""
+    kind = metrics.info(args.metric).kind
+    d: dict[str, Any] = {**model_settings(args), **data_settings(args), "metric": args.metric,
+                         "batch_size": args.batch_size}
+    if args.metric in ("fol", "zol", "fol_gradnorm"):
+        if args.metric == "fol":
+            d.update(eps=args.eps, norm=args.norm)
+        d["label"] = args.label
+    if _is_tests(args.dataset):
+        d.pop("split", None)  # a tests file has no splits
+        d.update({k: v for k, v in (("seeds_dataset", args.seeds_dataset), ("seeds_data_dir", args.seeds_data_dir),
+                                    ("seeds_split", args.seeds_split)) if v is not None})
+    if kind in ("coverage", "surprise"):
+        d.update({k: v for k, v in (("train_dataset", args.train_dataset), ("train_data_dir", args.train_data_dir),
+                                    ("train_limit", args.train_limit), ("layers", args.layers)) if v is not None})
+        d.update(opts)
+    d["device"] = str(device)
+    return d
+
+
+def _report(doc: dict[str, Any], scores: torch.Tensor):
+    """report.html of a scoring run: summary, quantiles, histogram."""
+    from robustest.report import HtmlReport, save_histogram
+
+    rep = HtmlReport.from_results(doc, f"robustest score: {doc['metric']} on {doc['source']}")
+    rep.paragraph(doc["description"])
+    summary = {k: doc.get(k) for k in ("count", "mean", "std", "min", "max", "non_finite", "set_coverage",
+                                       "num_cells") if k in doc}
+    rep.key_values(summary)
+    if doc.get("quantiles"):
+        rep.heading("Quantiles")
+        rep.table([doc["quantiles"]])
+    finite = scores[torch.isfinite(scores)]
+    rep.image(save_histogram(finite, None, title=f"{doc['metric']} (n={len(finite)})", xlabel=doc["metric"]),
+              f"Distribution of the {doc['metric']} scores.")
+    if doc.get("options"):
+        rep.heading("Metric options")
+        rep.key_values(doc["options"])
+    return rep
 
 
 def _write_csv(path, index: torch.Tensor, scores: torch.Tensor, y: torch.Tensor | None,

@@ -8,8 +8,13 @@ coverage metric, which holds the covered cells). The budget is --n inputs or --f
 With --tests TESTS.pt (the tests file that was scored) the selected tests are also written as
 OUT/selected_tests.pt in the same format, ready for retraining.
 
-Writes to --out: selected.pt (dict of plain tensors: "indices" [n] int64 positions in the scored pool,
-"scores" [n], plus "strategy", "metric"), selected.csv (rank,index,score) and select.json (summary).
+Writes to --out:
+  selected.pt   dict of plain tensors: "indices" [n] int64 positions in the scored pool, "scores" [n], plus
+                "strategy", "metric"
+  selected.csv  rank,index,score
+  results.json  settings in effect, pool and selection statistics, timings (schema:
+                docs/schemas/select.schema.json)
+  report.html   pool and selection statistics, score histograms, settings and timings
 """
 
 from __future__ import annotations
@@ -25,9 +30,19 @@ from typing import Any
 import torch
 
 from robustest import selection
-from robustest.cli._common import fraction, non_negative_int, out_dir, positive_int, seed_int
+from robustest.cli._common import (
+    add_output_flags,
+    fmt,
+    fraction,
+    log,
+    non_negative_int,
+    out_dir,
+    positive_int,
+    seed_int,
+)
 from robustest.errors import ConfigError, DataError
-from robustest.runtime import atomic_save, atomic_write_json, atomic_write_text
+from robustest.results import write_results
+from robustest.runtime import atomic_save, atomic_write_text
 
 ORDER = 31
 
@@ -47,7 +62,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tests", metavar="FILE", default=None,
                    help="the tests file that was scored: also write the selected tests to OUT/selected_tests.pt")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
-    p.add_argument("--seed", type=seed_int, default=0, help="random seed (default: 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed of random and kmst (default: 0)")
+    add_output_flags(p)
     p.set_defaults(func=run)
 
 
@@ -134,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         idx = selection.select(source, n, args.strategy, k=args.k, seed=args.seed, fill=args.fill)
     notes = [str(w.message) for w in caught]
     for note in notes:
-        print(f"warning: {note}")
+        log.warning(note)
     chosen = scores[idx].float()
     pos = data["index"][idx].long()
     payload: dict[str, Any] = {"indices": pos, "scores": chosen, "strategy": args.strategy,
@@ -147,25 +163,55 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_text(out / "selected.csv", "\n".join(lines) + "\n")
     if tests is not None:
         _write_tests(tests, pos, out / "selected_tests.pt", args.strategy)
-    summary: dict[str, Any] = {
-        "scores_file": str(args.scores), "metric": data.get("metric"), "strategy": args.strategy,
-        "description": selection.describe(args.strategy), "k": args.k if args.strategy == "kmst" else None,
-        "seed": args.seed, "requested": n, "selected": len(idx), "pool_size": pool, "warnings": notes,
+    results: dict[str, Any] = {
+        "metric": data.get("metric"), "description": selection.describe(args.strategy),
+        "requested": n, "selected": len(idx), "pool_size": pool, "warnings": notes,
         "pool_scores": _stats(scores), "selected_scores": _stats(chosen),
-        "seconds": time.perf_counter() - t0,
     }
     if args.strategy == "coverage":
         bits = data["bits"]
-        summary["cells"] = int(bits.shape[1])
-        summary["cells_covered_by_pool"] = int(bits.any(0).sum())
-        summary["cells_covered_by_selection"] = int(bits[idx].any(0).sum()) if len(idx) else 0
-    atomic_write_json(out / "select.json", summary)
-    print(f"selected {len(idx)} of {pool} inputs with {args.strategy}: selected scores mean "
-          f"{summary['selected_scores'].get('mean', float('nan')):.4g} (pool "
-          f"{summary['pool_scores'].get('mean', float('nan')):.4g})")
-    print(f"wrote {out / 'selected.pt'}, selected.csv and select.json"
-          + (" and selected_tests.pt" if args.tests else ""))
+        results["cells"] = int(bits.shape[1])
+        results["cells_covered_by_pool"] = int(bits.any(0).sum())
+        results["cells_covered_by_selection"] = int(bits[idx].any(0).sum()) if len(idx) else 0
+    results["files"] = {"selected": "selected.pt", "csv": "selected.csv", "report": "report.html",
+                        **({"tests": "selected_tests.pt"} if args.tests else {})}
+    settings: dict[str, Any] = {"scores": str(args.scores), "strategy": args.strategy}
+    settings.update({"n": args.n} if args.n is not None else {"fraction": args.fraction})
+    if args.strategy == "kmst":
+        settings["k"] = args.k
+    if args.strategy == "coverage":
+        settings["fill"] = args.fill
+    if args.strategy in ("kmst", "random") or (args.strategy == "coverage" and args.fill == "random"):
+        settings["seed"] = args.seed
+    if args.tests is not None:
+        settings["tests"] = str(args.tests)
+    doc = write_results(out, "select", settings, results, {"total_s": time.perf_counter() - t0})
+    _report(doc, scores, chosen).write(out / "report.html")
+    log.info(f"selected {len(idx)} of {pool} inputs with {args.strategy}: selected scores mean "
+             f"{fmt(results['selected_scores'].get('mean'))} (pool {fmt(results['pool_scores'].get('mean'))})")
+    log.info(f"wrote {out / 'selected.pt'}, selected.csv, results.json and report.html"
+             + (" and selected_tests.pt" if args.tests else ""))
     return 0
+
+
+def _report(doc: dict[str, Any], scores: torch.Tensor, chosen: torch.Tensor):
+    """report.html of a selection: statistics of the pool and of the selection, and their score histograms."""
+    from robustest.report import HtmlReport, save_histogram
+
+    strategy = doc["settings"]["strategy"]
+    rep = HtmlReport.from_results(doc, f"robustest select: {strategy}, {doc['selected']} of {doc['pool_size']}")
+    rep.paragraph(doc["description"])
+    for w in doc["warnings"]:
+        rep.note(f"warning: {w}")
+    rows = [{"set": "pool", **doc["pool_scores"]}, {"set": "selected", **doc["selected_scores"]}]
+    rep.table(rows, ["set", "count", "mean", "median", "min", "max"], caption=f"scores ({doc['metric'] or 'score'})")
+    if "cells" in doc:
+        rep.key_values({k: doc[k] for k in ("cells", "cells_covered_by_pool", "cells_covered_by_selection")})
+    s = scores.double()
+    rep.image(save_histogram({"pool": s[torch.isfinite(s)], "selected": chosen}, None, bins=40,
+                             title="scores of the pool and of the selection", xlabel=doc["metric"] or "score"),
+              "Where the selected inputs lie in the pool's score distribution.")
+    return rep
 
 
 def _stats(s: torch.Tensor) -> dict[str, Any]:

@@ -1,14 +1,18 @@
-"""``robustest train``: train a zoo model on a data set and save a safe checkpoint.
+"""``robustest train``: train a zoo model (or your own pkg.module:factory) on a data set and save a safe
+checkpoint.
 
-Writes ``OUT/model.pt`` (weights + model spec + metadata, loads with weights_only=True) and
-``OUT/train.json`` (arguments, per-epoch history, test accuracy, timings, peak memory).
+Writes to --out:
+  model.pt      weights + model spec + metadata (loads with torch.load(weights_only=True))
+  results.json  settings in effect, per-epoch history, test loss and accuracy, timings, peak memory
+                (schema: docs/schemas/train.schema.json)
+  report.html   accuracy and loss per epoch, the epoch table, settings and timings
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
+from typing import Any
 
 import torch
 
@@ -18,8 +22,11 @@ from robustest.cli._common import (
     add_data_args,
     add_run_args,
     check_fits,
+    data_settings,
+    fmt,
     json_object,
     load_data,
+    log,
     non_negative_float,
     out_dir,
     peak_rss_mib,
@@ -27,7 +34,8 @@ from robustest.cli._common import (
     positive_int,
 )
 from robustest.errors import ConfigError
-from robustest.runtime import atomic_write_json, image_shape, labels_of, resolve_device, take
+from robustest.results import write_results
+from robustest.runtime import image_shape, labels_of, resolve_device, take
 from robustest.training import channel_stats
 
 ORDER = 10
@@ -89,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
     test = load_data(args, "test")
     same_split = _same_data(train, test)
     if same_split:
-        print(f"note: {args.dataset} data at {args.data_dir} has no separate test split; the reported test "
-              "accuracy is measured on the training data", file=sys.stderr)
+        log.warning(f"{args.dataset} data at {args.data_dir} has no separate test split; the reported test "
+                    "accuracy is measured on the training data")
     t_data = time.perf_counter() - t0
     torch.manual_seed(args.seed)
     if ":" in args.model:
@@ -121,8 +129,14 @@ def run(args: argparse.Namespace) -> int:
     t_eval = time.perf_counter() - t1
     meta = {"dataset": args.dataset, "epochs": args.epochs, "test_accuracy": test_acc, "seed": args.seed}
     save_checkpoint(out / "model.pt", model, metadata=meta)
-    report = {
-        "args": {k: v for k, v in vars(args).items() if k != "func"},
+    settings = {**data_settings(args), "model": args.model, **({"model_args": args.model_args}
+                                                                if args.model_args is not None else {}),
+                "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "optimizer": args.optimizer,
+                "weight_decay": args.weight_decay, "schedule": args.schedule, "seed": args.seed,
+                "device": str(device)}
+    if ":" not in args.model:
+        settings["normalize"] = not args.no_normalize
+    results = {
         "model": source_of(model),
         "num_train": len(train),
         "num_test": len(test),
@@ -130,15 +144,43 @@ def run(args: argparse.Namespace) -> int:
         "test_loss": test_loss,
         "test_accuracy": test_acc,
         "test_split_is_training_data": same_split,
-        "timings": {"load_data_s": t_data, "train_s": history.seconds, "eval_s": t_eval,
-                    "total_s": time.perf_counter() - t0},
         "peak_rss_mib": peak_rss_mib(),
-        "device": str(device),
+        "files": {"model": "model.pt", "report": "report.html"},
     }
-    atomic_write_json(out / "train.json", report)
+    timings = {"load_data_s": t_data, "train_s": history.seconds, "eval_s": t_eval,
+               "total_s": time.perf_counter() - t0}
+    doc = write_results(out, "train", settings, results, timings)
+    _report(doc, args).write(out / "report.html")
     last = history.last
-    print(f"trained {args.model} on {args.dataset}: {len(train)} images, {args.epochs} epochs, "
-          f"train loss {last.loss:.4f}, train acc {last.accuracy:.4f}, test acc {test_acc:.4f} "
-          f"({history.seconds:.1f}s)")
-    print(f"wrote {out / 'model.pt'} and {out / 'train.json'}")
+    log.info(f"trained {args.model} on {args.dataset}: {len(train)} images, {args.epochs} epochs, "
+             f"train loss {fmt(last.loss)}, train accuracy {fmt(last.accuracy, 'accuracy')}, "
+             f"test accuracy {fmt(test_acc, 'accuracy')} ({fmt(history.seconds, 'train_s')} s)")
+    log.info(f"wrote {out / 'model.pt'}, results.json and report.html")
     return 0
+
+
+def _report(doc: dict[str, Any], args: argparse.Namespace):
+    """report.html of a training run: summary, accuracy and loss per epoch, the epoch table."""
+    from robustest.report import HtmlReport, save_lines
+
+    rep = HtmlReport.from_results(doc, f"robustest train: {args.model} on {args.dataset}")
+    epochs = doc["history"]["epochs"]
+    rep.key_values({"model": doc["model"].get("name") or doc["model"].get("factory") or doc["model"].get("kind"),
+                    "num_train": doc["num_train"], "num_test": doc["num_test"], "epochs": len(epochs),
+                    "test_accuracy": doc["test_accuracy"], "test_loss": doc["test_loss"],
+                    "best_epoch": doc["history"].get("best_epoch")})
+    if doc["test_split_is_training_data"]:
+        rep.note("The data has no separate test split: the test figures are measured on the training data.")
+    if epochs:
+        xs = [e["epoch"] for e in epochs]
+        for key, label in (("accuracy", "accuracy"), ("loss", "loss")):
+            series = {f"train {label}": (xs, [e[key] for e in epochs])}
+            if all(e.get(f"val_{key}") is not None for e in epochs):
+                series[f"validation {label}"] = (xs, [e[f"val_{key}"] for e in epochs])
+            rep.image(save_lines(series, None, title=f"{label} per epoch", xlabel="epoch", ylabel=label),
+                      f"Training {label} per epoch.")
+        rep.heading("Epochs")
+        cols = [c for c in ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "lr", "seconds")
+                if any(e.get(c) is not None for e in epochs)]
+        rep.table(epochs, cols)
+    return rep

@@ -1,13 +1,7 @@
 """``robustest analyze``, ``robustest validate``, ``robustest enhance``: weak-robust validation.
 
-* analyze: local robustness of every sample of a split (Q noisy neighbours each). Writes ``analysis.pt``,
-  ``results.json`` and ``report.html`` (score histogram, the weakest samples with label and top wrong class).
-* validate: the weak-robust set (top-K / fraction / threshold of an analysis, given or computed inline) and
-  the model's error on it under gradient attacks and common corruptions, next to the same errors on the
-  test split, with every perturbation type labelled a strength or a weakness. Writes ``weakset.pt``,
-  ``weakset.json``, ``validation.pt``, ``results.json`` and ``report.html``.
-* enhance: targeted enhancement (AugMix + JSD + adversarial copy, pool extended by the weaknesses) of a
-  checkpoint. Writes ``model.pt``, ``results.json`` and ``report.html``.
+Each verb writes results.json (the results contract; schemas docs/schemas/analyze|validate|enhance.schema.json)
+and report.html to --out; their descriptions below are what ``--help`` shows.
 """
 
 from __future__ import annotations
@@ -17,6 +11,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,10 +20,18 @@ from robustest.cli._common import (
     add_data_args,
     add_run_args,
     check_fits,
+    data_settings,
+    fmt,
     fraction,
+    int_list,
     linf_eps,
+    linf_eps_list,
+    list_arg,
     load_data,
     load_model,
+    log,
+    model_settings,
+    name_list,
     noise_width,
     non_negative_float,
     non_negative_int,
@@ -39,16 +42,53 @@ from robustest.cli._common import (
     print_table,
 )
 from robustest.errors import ConfigError, DataError
-from robustest.runtime import atomic_save, atomic_write_json, labels_of, take
+from robustest.results import write_results
+from robustest.runtime import atomic_save, labels_of, model_device, take
 
 ORDER = 60
+
+ANALYZE_DESCRIPTION = """robustest analyze: local robustness of every sample of a split.
+
+Each sample gets Q noisy neighbours (--neighbors, uniform or Gaussian noise of width --eps, rounded to the 256
+uint8 levels); its score is the mean probability the model gives to wrong classes over the neighbours (higher =
+weaker). Writes to --out:
+  analysis.pt   per-sample score, fraction of neighbours misclassified, top wrong class, clean correctness
+  results.json  settings in effect, summary, the 20 weakest samples, timings
+  report.html   score histograms, the weakest samples as images, settings and timings
+"""
+
+VALIDATE_DESCRIPTION = """robustest validate: the weak-robust validation set and the model's errors on it.
+
+Takes the weakest samples of an analysis (--analysis FILE from 'robustest analyze', or analysed inline) by top-K,
+fraction or threshold, then measures the model's error on them under gradient attacks and common corruptions,
+next to the same errors on the test split; every perturbation type is labelled a strength or a weakness (its
+error on the weak set above the mean of its family). Writes to --out:
+  weakset.pt, weakset.json   the weak set (indices, labels, scores, rule)
+  validation.pt              per-sample outcomes under every perturbation and level
+  results.json               settings in effect, errors per type, strengths and weaknesses, timings
+  report.html                errors per perturbation type (weak set vs test split), the analysis, settings
+"""
+
+ENHANCE_DESCRIPTION = """robustest enhance: targeted enhancement of a checkpoint.
+
+Fine-tunes with AugMix + Jensen-Shannon consistency and an adversarial copy of each batch, the AugMix pool
+extended by the weaknesses found by 'robustest validate' (--weaknesses: names, or its results.json). Writes
+to --out:
+  model.pt      the enhanced checkpoint
+  results.json  settings in effect, per-epoch losses, before/after test figures (held-out corruptions,
+                white-box attacks), timings
+  report.html   the epochs, before/after table and per-perturbation errors, settings and timings
+"""
 
 
 ANALYSIS_STEP = 16384  # samples per saved step of an analysis (a multiple of the noise block)
 
 
 def _unit(text: str) -> float:
-    v = float(text)
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
     if not 0 <= v < 1:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {v}")
     return v
@@ -68,9 +108,9 @@ def _add_analysis_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    fmt = argparse.RawDescriptionHelpFormatter
+    raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("analyze", help="local robustness analysis of every sample (weak-robust scores)",
-                       description=__doc__, formatter_class=fmt)
+                       description=ANALYZE_DESCRIPTION, formatter_class=raw)
     add_checkpoint_arg(p)
     add_data_args(p, split="train")
     _add_analysis_args(p)
@@ -82,7 +122,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_analyze)
 
     p = sub.add_parser("validate", help="weak-robust validation set and the model's errors under perturbations",
-                       description=__doc__, formatter_class=fmt)
+                       description=VALIDATE_DESCRIPTION, formatter_class=raw)
     add_checkpoint_arg(p)
     add_data_args(p, split="train")
     p.add_argument("--analysis", metavar="FILE", default=None,
@@ -97,12 +137,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--per-class", action="store_true", help="balance the weak set over the classes")
     g.add_argument("--correct-only", action="store_true", help="rank only samples classified correctly")
     g = p.add_argument_group("perturbations")
-    g.add_argument("--perturbations", nargs="+", default=["all"], metavar="NAME",
-                   help="'all', 'attacks', 'corruptions' or names of attacks/corruptions (default: all)")
-    g.add_argument("--attack-eps", type=linf_eps, nargs="+", default=None, metavar="EPS",
-                   help="L-inf budgets of the attacks (default: 0.05 0.1 0.2 for grey, 2/255 4/255 8/255 colour)")
-    g.add_argument("--severities", type=positive_int, nargs="+", default=[1, 2, 3, 4, 5],
-                   help="corruption severities (default: 1 2 3 4 5)")
+    g.add_argument("--perturbations", type=name_list("perturbation"), default=["all"], metavar="LIST",
+                   help="'all', 'attacks', 'corruptions' or names of attacks/corruptions, comma-separated "
+                        "(default: all)")
+    g.add_argument("--attack-eps", type=linf_eps_list("attack eps"), default=None, metavar="LIST",
+                   help="L-inf budgets of the attacks, comma-separated (default: 0.05,0.1,0.2 for grey, "
+                        "2/255,4/255,8/255 for colour)")
+    g.add_argument("--severities", type=int_list(what="severity", lo=1, hi=5, sort=True), default=[1, 2, 3, 4, 5],
+                   metavar="LIST", help="corruption severities: 1-5, 1,3,5 or 1-2,5 (default: 1-5)")
     g.add_argument("--attack-steps", type=positive_int, default=None,
                    help="steps of the iterative attacks (default: each attack's own)")
     g.add_argument("--test-limit", type=non_negative_int, default=1000, metavar="N",
@@ -111,11 +153,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_validate)
 
     p = sub.add_parser("enhance", help="targeted enhancement: AugMix + JSD + adversarial copy + weaknesses",
-                       description=__doc__, formatter_class=fmt)
+                       description=ENHANCE_DESCRIPTION, formatter_class=raw)
     add_checkpoint_arg(p)
     add_data_args(p, split=None)
-    p.add_argument("--weaknesses", nargs="*", default=[], metavar="NAME_OR_FILE",
-                   help="corruption/attack names, or the results.json of 'robustest validate' (its weaknesses)")
+    p.add_argument("--weaknesses", type=list_arg(str, what="weakness"), default=[], metavar="LIST",
+                   help="corruption/attack names, or the results.json of 'robustest validate' (its weaknesses), "
+                        "comma-separated")
     p.add_argument("--epochs", type=positive_int, required=True, help="training epochs")
     p.add_argument("--no-augmix", action="store_true", help="drop the AugMix + JSD term")
     p.add_argument("--no-adversarial", action="store_true", help="drop the adversarial copy")
@@ -171,7 +214,7 @@ def _analysis_report(rep, ds, analysis, top: int) -> None:
     from robustest.report import save_histogram
 
     rep.heading("Local robustness")
-    rep.table([analysis.summary()])
+    rep.key_values({k: v for k, v in analysis.summary().items() if k != "seconds"})
     rep.image(save_histogram({"mean misprediction score": analysis.score}, None, title="sample scores",
                              xlabel="mean misprediction score (higher = weaker)", log=True),
               "Distribution of the per-sample mean misprediction score over the neighbours.")
@@ -192,6 +235,11 @@ def _weakest_rows(analysis, n: int = 20) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------- verbs
+def _analysis_settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {"neighbors": args.neighbors, "eps": args.eps, "noise": args.noise, "quantize": not args.no_quantize,
+            "batch_size": args.batch_size}
+
+
 def run_analyze(args: argparse.Namespace) -> int:
     from robustest.report import HtmlReport
 
@@ -202,10 +250,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     check_fits(model, ds)
     analysis = _analysis_from_args(args, model, ds, out)
     analysis.save(out / "analysis.pt")
-    results = {"verb": "analyze", "args": {k: v for k, v in vars(args).items() if k != "func"},
-               "n": len(analysis), "summary": analysis.summary(), "weakest": _weakest_rows(analysis),
-               "files": {"analysis": "analysis.pt"},
-               "timings": {"analyze_s": analysis.params["seconds"]}}
+    results: dict[str, Any] = {"n": len(analysis), "summary": analysis.summary(), "weakest": _weakest_rows(analysis),
+                               "files": {"analysis": "analysis.pt", "report": "report.html"}}
+    timings = {"analyze_s": analysis.params["seconds"]}
     radius = None
     if args.radius_eps_max:
         from scipy.stats import spearmanr
@@ -214,7 +261,7 @@ def run_analyze(args: argparse.Namespace) -> int:
 
         tr = time.perf_counter()
         radius = wr.adversarial_radius(model, ds, eps_max=args.radius_eps_max, seed=args.seed)
-        results["timings"]["radius_s"] = time.perf_counter() - tr
+        timings["radius_s"] = time.perf_counter() - tr
         atomic_save(radius, out / "radius.pt")
         fin = radius[torch.isfinite(radius)]
         rho = spearmanr(analysis.score.numpy(), (-radius.clamp(max=2 * args.radius_eps_max)).numpy()).statistic
@@ -222,35 +269,37 @@ def run_analyze(args: argparse.Namespace) -> int:
                              "frac_not_flipped": float((~torch.isfinite(radius)).float().mean()),
                              "spearman_score_vs_minus_radius": None if rho != rho else float(rho)}
         results["files"]["radius"] = "radius.pt"
-    results["timings"]["total_s"] = time.perf_counter() - t0
+    timings["total_s"] = time.perf_counter() - t0
     results["peak_rss_mib"] = peak_rss_mib()
-    atomic_write_json(out / "results.json", results)
-    rep = HtmlReport(f"robustest analyze: {args.dataset} {args.split}")
-    rep.paragraph(f"Model {args.checkpoint or args.model_factory}; {len(analysis)} samples, "
-                  f"{args.neighbors} neighbours each, "
-                  f"eps {args.eps} ({args.noise} noise{'' if args.no_quantize else ', quantised'}), seed {args.seed}.")
+    settings = {**model_settings(args), **data_settings(args), **_analysis_settings(args), "top": args.top,
+                **({"radius_eps_max": args.radius_eps_max} if args.radius_eps_max else {}), "seed": args.seed,
+                "device": str(model_device(model))}
+    doc = write_results(out, "analyze", settings, results, timings)
+    rep = HtmlReport.from_results(doc, f"robustest analyze: {args.dataset} {args.split}")
+    rep.paragraph(f"{len(analysis)} samples, {args.neighbors} neighbours each, eps {fmt(args.eps)} ({args.noise} "
+                  f"noise{'' if args.no_quantize else ', quantised'}).")
     _analysis_report(rep, ds, analysis, args.top)
     if radius is not None:
         from robustest.report import save_histogram
 
         rep.heading("Adversarial radius")
-        rep.table([results["radius"]])
+        rep.key_values(results["radius"])
         rep.image(save_histogram({"PGD radius": radius[torch.isfinite(radius)]}, None, title="adversarial radius",
                                  xlabel="smallest L-inf budget that flips the sample"))
     rep.heading("Weakest samples")
     rep.table(results["weakest"])
     rep.write(out / "report.html")
     s = analysis.summary()
-    print(f"analysed {len(analysis)} samples in {analysis.params['seconds']:.1f}s: clean accuracy "
-          f"{s['clean_accuracy']:.4f}, mean score {s['mean_score']:.4f}, "
-          f"{s['frac_most_neighbours_wrong']:.2%} with most neighbours misclassified")
-    print(f"wrote {out / 'analysis.pt'}, {out / 'results.json'} and {out / 'report.html'}")
+    log.info(f"analysed {len(analysis)} samples in {fmt(analysis.params['seconds'], 'analyze_s')} s: clean accuracy "
+             f"{fmt(s['clean_accuracy'], 'accuracy')}, mean score {fmt(s['mean_score'])}, "
+             f"{fmt(100 * s['frac_most_neighbours_wrong'])} % with most neighbours misclassified")
+    log.info(f"wrote {out / 'analysis.pt'}, results.json and report.html")
     return 0
 
 
 def run_validate(args: argparse.Namespace) -> int:
     from robustest import weakrobust as wr
-    from robustest.report import HtmlReport, save_bars
+    from robustest.report import HtmlReport, save_hbars
 
     out = out_dir(args)
     t0 = time.perf_counter()
@@ -267,6 +316,7 @@ def run_validate(args: argparse.Namespace) -> int:
     else:
         analysis = _analysis_from_args(args, model, ds, out)
         analysis.save(out / "analysis.pt")
+    t_analysis = time.perf_counter() - t0
     weak = wr.select_weak(analysis, k=args.k, fraction=args.fraction, threshold=args.threshold,
                           per_class=args.per_class, correct_only=args.correct_only)
     if len(weak) == 0:
@@ -279,28 +329,47 @@ def run_validate(args: argparse.Namespace) -> int:
         kw = {a: {"steps": args.attack_steps} for a in ("pgd", "bim", "mifgsm", "rfgsm")}
     common = dict(perturbations=args.perturbations, eps=args.attack_eps, severities=tuple(args.severities),
                   attack_kwargs=kw, seed=args.seed, progress=not args.no_progress)
+    t1 = time.perf_counter()
     res = wr.validate(model, ds, weak, **common)
     res.save(out / "validation.pt")
+    t_weak = time.perf_counter() - t1
     test_res = None
+    t2 = time.perf_counter()
     if args.test_limit and args.test_limit > 0:
         test = load_data(args, "test")
         test_res = wr.validate(model, take(test, torch.arange(min(args.test_limit, len(test)))), None, **common)
+    t_test = time.perf_counter() - t2
     summary = res.summary()
     rows = []
     test_pt = test_res.per_type() if test_res else {}
     for t, d in summary["per_type"].items():
         rows.append({"type": t, "family": d["family"], "weak_error": d["error"],
                      "test_error": test_pt[t][1] if t in test_pt else None, "label": d["label"] or "-"})
-    results = {"verb": "validate", "args": {k: v for k, v in vars(args).items() if k != "func"},
-               "n_analysed": len(analysis), "weak_set": {"n": len(weak), "rule": weak.rule,
+    results = {"n_analysed": len(analysis), "weak_set": {"n": len(weak), "rule": weak.rule,
                                                          "indices": weak.indices.tolist()},
                "validation": res.to_dict(), "test": test_res.to_dict() if test_res else None,
                "weaknesses": res.weaknesses(), "strengths": [t for t, v in res.labels().items() if v == "strength"],
-               "table": rows, "files": {"weak_set": "weakset.pt", "weak_set_json": "weakset.json",
-                                        "validation": "validation.pt"},
-               "timings": {"total_s": time.perf_counter() - t0}, "peak_rss_mib": peak_rss_mib()}
-    atomic_write_json(out / "results.json", results)
-    rep = HtmlReport(f"robustest validate: {args.dataset}")
+               "table": rows, "peak_rss_mib": peak_rss_mib(),
+               "files": {"weak_set": "weakset.pt", "weak_set_json": "weakset.json", "validation": "validation.pt",
+                         "report": "report.html", **({} if args.analysis else {"analysis": "analysis.pt"})}}
+    settings = {**model_settings(args), **data_settings(args)}
+    settings.update({"analysis": str(args.analysis)} if args.analysis else _analysis_settings(args))
+    settings.update({k: v for k, v in (("k", args.k), ("fraction", args.fraction)) if v is not None})
+    if args.k is None and args.fraction is None:
+        settings["threshold"] = args.threshold if args.threshold is not None else weak.rule.get("threshold", 0.5)
+    settings.update(per_class=args.per_class, correct_only=args.correct_only,
+                    perturbations=list(res.meta.get("attacks", [])) + list(res.meta.get("corruptions", [])))
+    if res.meta.get("attacks"):
+        settings["attack_eps"] = list(res.meta.get("eps", []))
+        if args.attack_steps:
+            settings["attack_steps"] = args.attack_steps
+    if res.meta.get("corruptions"):
+        settings["severities"] = list(res.meta.get("severities", args.severities))
+    settings.update(test_limit=args.test_limit, seed=args.seed, device=str(model_device(model)))
+    timings = {"analysis_s": t_analysis, "validate_weak_s": t_weak, "validate_test_s": t_test,
+               "total_s": time.perf_counter() - t0}
+    doc = write_results(out, "validate", settings, results, timings)
+    rep = HtmlReport.from_results(doc, f"robustest validate: {args.dataset}")
     rep.paragraph(f"Weak-robust set: {len(weak)} of {len(analysis)} {args.split} samples ({weak.rule['rule']}). "
                   "A perturbation type is a weakness when its error on the weak set exceeds the mean error of its "
                   "family (attacks vs attacks, corruptions vs corruptions), else a strength.")
@@ -311,16 +380,16 @@ def run_validate(args: argparse.Namespace) -> int:
     bars = {"weak set": {r["type"]: r["weak_error"] for r in rows}}
     if test_res:
         bars["test split"] = {r["type"]: r["test_error"] for r in rows}
-    rep.image(save_bars(bars, None, title="error per perturbation type", ylabel="top-1 error"),
+    rep.image(save_hbars(bars, None, title="error per perturbation type", xlabel="top-1 error"),
               "Error per perturbation type (mean over budgets / severities): weak set vs test split.")
     rep.heading("Strengths and weaknesses")
     rep.table(rows, ["type", "family", "weak_error", "test_error", "label"])
     _analysis_report(rep, ds, analysis, 32)
     rep.write(out / "report.html")
     print_table(rows, ["type", "family", "weak_error", "test_error", "label"])
-    print(f"weak set: {len(weak)} samples; mean adversarial error {res.mean_adv_error}, mCE {res.mce}; "
-          f"weaknesses: {', '.join(res.weaknesses()) or 'none'}")
-    print(f"wrote {out / 'results.json'} and {out / 'report.html'}")
+    log.info(f"weak set: {len(weak)} samples; mean adversarial error {fmt(res.mean_adv_error, 'error')}, "
+             f"mCE {fmt(res.mce, 'mce')}; weaknesses: {', '.join(res.weaknesses()) or 'none'}")
+    log.info(f"wrote {out / 'results.json'} and {out / 'report.html'}")
     return 0
 
 
@@ -346,7 +415,7 @@ def _read_weaknesses(items: list[str]) -> list[str]:
 def run_enhance(args: argparse.Namespace) -> int:
     from robustest import corruptions as corr
     from robustest import weakrobust as wr
-    from robustest.report import HtmlReport, save_bars
+    from robustest.report import HtmlReport, save_hbars
     from robustest.training import accuracy, save_checkpoint
 
     out = out_dir(args)
@@ -380,24 +449,40 @@ def run_enhance(args: argparse.Namespace) -> int:
     meta = dict(getattr(model, "robustest_metadata", {}) or {})
     meta.update({"enhanced": res.config, "weaknesses": weaknesses})
     save_checkpoint(out / "model.pt", model, metadata=meta)
-    results = {"verb": "enhance", "args": {k: v for k, v in vars(args).items() if k != "func"},
-               "enhance": res.to_dict(), "held_out_corruptions": held_out, "before": before, "after": after,
-               "files": {"model": "model.pt"}, "timings": {"total_s": time.perf_counter() - t0},
-               "peak_rss_mib": peak_rss_mib()}
-    atomic_write_json(out / "results.json", results)
-    rep = HtmlReport("robustest enhance")
+    enh = res.to_dict()
+    t_train = float(enh.pop("seconds", 0.0) or 0.0)
+    results = {"enhance": enh, "held_out_corruptions": held_out, "before": before, "after": after,
+               "peak_rss_mib": peak_rss_mib(), "files": {"model": "model.pt", "report": "report.html"}}
+    settings = {**model_settings(args), **data_settings(args), "weaknesses": weaknesses, "epochs": args.epochs,
+                "augmix": not args.no_augmix, "adversarial": not args.no_adversarial}
+    if not args.no_augmix:
+        settings["jsd_weight"] = args.jsd_weight
+    if not args.no_adversarial:
+        settings.update(adv_weight=args.adv_weight, adv_eps=res.config.get("adv_eps", args.adv_eps),
+                        adv_steps=args.adv_steps, adv_source=args.adv_source)
+    settings.update(lr=args.lr, batch_size=args.batch_size, eval_limit=args.eval_limit, seed=args.seed,
+                    device=str(model_device(model)))
+    settings = {k: v for k, v in settings.items() if v is not None}
+    timings = {"train_s": t_train, "total_s": time.perf_counter() - t0}
+    doc = write_results(out, "enhance", settings, results, timings)
+    rep = HtmlReport.from_results(doc, "robustest enhance")
     rep.paragraph(f"{args.epochs} epochs; pool: {', '.join(res.pool)}; weaknesses: {', '.join(weaknesses) or 'none'}.")
+    rep.heading("Epochs")
     rep.table(res.epochs)
     if before and after:
+        rep.heading("Before and after, on the test split")
         rep.table([{"model": "before", **{k: v for k, v in before.items() if k != "per_type"}},
                    {"model": "after", **{k: v for k, v in after.items() if k != "per_type"}}])
-        rep.image(save_bars({"before": before["per_type"], "after": after["per_type"]}, None,
-                            title="test error per perturbation (held-out corruptions, white-box attacks)",
-                            ylabel="top-1 error"))
+        rep.image(save_hbars({"before": before["per_type"], "after": after["per_type"]}, None,
+                             title="test error per perturbation", xlabel="top-1 error"),
+                  "Test error per perturbation type: held-out corruptions (not in the training pool) and white-box "
+                  "attacks, before and after enhancement.")
     rep.write(out / "report.html")
     if before and after:
-        print(f"test accuracy {before['clean_accuracy']:.4f} -> {after['clean_accuracy']:.4f}; mean adversarial "
-              f"error {before['mean_adv_error']:.4f} -> {after['mean_adv_error']:.4f}; held-out mCE "
-              f"{before['mce_held_out']:.4f} -> {after['mce_held_out']:.4f}")
-    print(f"wrote {out / 'model.pt'}, {out / 'results.json'} and {out / 'report.html'}")
+        log.info(f"test accuracy {fmt(before['clean_accuracy'], 'accuracy')} -> "
+                 f"{fmt(after['clean_accuracy'], 'accuracy')}; mean adversarial error "
+                 f"{fmt(before['mean_adv_error'], 'error')} -> "
+                 f"{fmt(after['mean_adv_error'], 'error')}; held-out mCE {fmt(before['mce_held_out'], 'mce')} -> "
+                 f"{fmt(after['mce_held_out'], 'mce')}")
+    log.info(f"wrote {out / 'model.pt'}, results.json and report.html")
     return 0

@@ -1,28 +1,98 @@
-"""The outputs of a RobOT run or comparison: results.json, timings.json, summary.csv and report.html."""
+"""The outputs of a RobOT run or comparison: results.json (the results contract: format
+``robustest-run-results`` for the loop, ``robustest-compare-results`` for a comparison), timings.json,
+summary.csv and report.html."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from robustest.robot.config import METRICS, RobotConfig
+from robustest.report import format_value
+from robustest.results import RESULTS_VERSION, document, results_format
+from robustest.robot.config import STRATEGIES, RobotConfig
 from robustest.robot.pool import Pool
 from robustest.robot.setup import _log, _Setup
 from robustest.runtime import atomic_write_json
 
-RESULTS_FORMAT = "robustest-robot-results"
-RESULTS_VERSION = 1
+RESULTS_FORMATS = {"loop": results_format("run"), "compare": results_format("compare")}
+RESULTS_FORMAT = RESULTS_FORMATS["loop"]  # the loop's; a comparison writes RESULTS_FORMATS["compare"]
+_VERB = {"loop": "run", "compare": "compare"}
+_LOOP_ONLY = ("strategy", "budget", "rounds", "time_budget", "target", "target_metric", "convergence_tol",
+              "convergence_patience", "convergence_probe")
+_COMPARE_ONLY = ("strategies", "budgets", "seeds")
+_WHITEBOX = ("whitebox_limit", "whitebox_pgd_steps", "whitebox_restarts", "apgd_steps", "whitebox_last")
+_COVERAGE = ("coverage_metric", "coverage_options", "coverage_profile_limit")
 
 
 # ------------------------------------------------------------------------------------------- outputs
+def settings_in_effect(cfg: RobotConfig, kind: str, device: Any = None) -> dict[str, Any]:
+    """The settings of ``cfg`` that the run of ``kind`` ("loop" or "compare") used: unset options, options of the
+    other kind, of strategies and pools not used and of a measurement switched off are left out; a comparison
+    records its budgets (``budget`` when ``budgets`` is unset)."""
+    d = {k: v for k, v in cfg.result_dict().items() if v is not None and v != {}}
+    if cfg.model is not None or cfg.model_factory is not None:
+        d.pop("train_model", None)
+        d.pop("train_epochs", None)
+    if not cfg.torchscript:
+        d.pop("torchscript", None)
+    if kind == "loop":
+        used = [cfg.strategy]
+        for k in _COMPARE_ONLY:
+            d.pop(k, None)
+        if cfg.target is None:
+            d.pop("target_metric", None)
+    else:
+        used = list(cfg.strategies or STRATEGIES)
+        d["strategies"] = used
+        d["budgets"] = list(cfg.budgets) if cfg.budgets is not None else [cfg.budget]
+        for k in _LOOP_ONLY:
+            d.pop(k, None)
+        if cfg.pool != "attack":
+            d.pop("pool_pgd_steps", None)
+    if "kmst" not in used:
+        d.pop("kmst_k", None)
+    if "coverage" not in used and cfg.pool != "cov-fuzz":
+        for k in _COVERAGE:
+            d.pop(k, None)
+    if cfg.pool == "attack":
+        d.pop("fuzz_options", None)
+    if not cfg.whitebox:
+        for k in _WHITEBOX:
+            d.pop(k, None)
+    if device is not None:
+        d["device"] = str(device)
+    return d
+
+
+def _flat_timings(timings: dict[str, Any]) -> dict[str, float]:
+    """Seconds per stage for results.json (per-round and per-cell detail stays in timings.json)."""
+    flat: dict[str, float] = {f"setup_{k}": float(v) for k, v in (timings.get("setup") or {}).items()
+                              if isinstance(v, (int, float))}
+    if "pool_s" in timings:
+        flat["pool_s"] = float(timings["pool_s"])
+    for key in ("rounds", "cells"):
+        done = timings.get(key) or []
+        if done:
+            flat[f"{key}_s"] = float(sum(t.get("total_s", t.get("seconds", 0.0)) for t in done))
+    flat["total_s"] = float(timings.get("elapsed_s", 0.0))
+    return flat
+
+
 def _write_outputs(out: Path, results: dict[str, Any], timings: dict[str, Any], setup: _Setup, cfg: RobotConfig,
                    *, fol_by_round: dict[int, torch.Tensor] | None, examples: Pool | None,
                    compare_data: dict[str, Any] | None) -> None:
+    """Write results.json (``results`` is turned into the contract's document IN PLACE, so the caller returns
+    what was written), timings.json, summary.csv and report.html."""
     from robustest.report import write_csv
 
+    kind = results["kind"]
+    body = {k: v for k, v in results.items() if k not in ("format", "version")}
+    doc = document(_VERB[kind], settings_in_effect(cfg, kind, setup.device), body, _flat_timings(timings))
+    results.clear()
+    results.update(doc)
+    assert results["version"] == RESULTS_VERSION
     atomic_write_json(out / "results.json", results)
     atomic_write_json(out / "timings.json", timings)
     if results["kind"] == "loop":
@@ -49,18 +119,33 @@ def _summary_row(r: int, rob: dict[str, Any], rec: dict[str, Any] | None, last: 
             "fol_rel_change": rec["convergence"]["rel_change"] if rec else None}
 
 
+def _pm(row: dict[str, Any], metric: str) -> str:
+    """``mean ± std`` of a comparison row's metric, 3 decimals."""
+    mean, std = row.get(f"{metric}_mean"), row.get(f"{metric}_std")
+    if mean is None:
+        return "-"
+    return f"{format_value(mean, 'accuracy')} ± {format_value(std or 0.0, 'accuracy')}"
+
+
+def _acc(v: Any) -> str:
+    return format_value(v, "accuracy")
+
+
 def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotConfig,
                   fol_by_round: dict[int, torch.Tensor] | None, examples: Pool | None,
                   compare_data: dict[str, Any] | None) -> None:
     from robustest.report import HtmlReport, save_bars, save_histogram, save_image_grid, save_lines
 
     d = results["data"]
-    rep = HtmlReport("RobOT: robustness-oriented testing and retraining" if results["kind"] == "loop"
-                     else "RobOT: selection strategy comparison")
-    rep.paragraph(f"Model {d['model'].get('name')} on {d['dataset']}: {d['num_fit']} training images for "
-                  f"fine-tuning, {d['num_val']} validation images (checkpoint selection), {d['num_test']} test "
-                  f"images. eps = {cfg.eps} (L-inf). Fixed adversarial set: {d['fixed_set']['size']} successful "
-                  f"FGSM/PGD examples of the test split against the original model {d['fixed_set']['by_attack']}.")
+    rep = HtmlReport.from_results(results, "RobOT: robustness-oriented testing and retraining"
+                                  if results["kind"] == "loop" else "RobOT: selection strategy comparison")
+    fixed = d["fixed_set"]
+    by_attack = ", ".join(f"{k} {v}" for k, v in fixed["by_attack"].items())
+    rep.paragraph(f"Model {d['model'].get('name') or d['model'].get('kind')} on {d['dataset']}: {d['num_fit']} "
+                  f"training images for fine-tuning, {d['num_val']} validation images (checkpoint selection), "
+                  f"{d['num_test']} test images. eps = {format_value(cfg.eps)} (L-inf). Fixed adversarial set: "
+                  f"{fixed['size']} successful FGSM/PGD examples of the test split against the original model "
+                  f"({by_attack}).")
     n_wb = d["num_test"] if cfg.whitebox_limit is None else min(cfg.whitebox_limit, d["num_test"])
     rep.paragraph("Robustness measures: clean accuracy; accuracy on the fixed adversarial set (the paper's "
                   "measure; 0 for the original model); white-box accuracy of the retrained model itself "
@@ -81,35 +166,44 @@ def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotC
                 series[label] = (xs, ys)
         if series:
             rep.image(save_lines(series, None, title="robustness per round", xlabel="round", ylabel="accuracy"),
-                      "accuracy per round (round 0 = original model)")
-        rows = []
-        rows.append({"round": 0, "pool": "-", "selected": 0, **{k: base.get(k) for k in METRICS}, "median FOL":
-                     results["convergence_rule"]["round0"]["fol"]["median"], "rel. change": None})
+                      "Accuracy per round (round 0 = the original model).")
+        cols = ["round", "pool", "selected", "clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy",
+                "median_fol", "fol_rel_change"]
+        rows = [{"round": 0, "pool": None, "selected": 0, **{k: base.get(k) for k in cols[3:6]},
+                 "median_fol": results["convergence_rule"]["round0"]["fol"]["median"], "fol_rel_change": None}]
         for rec in rounds:
             rows.append({"round": rec["round"], "pool": rec["pool"]["size"], "selected": rec["selected"]["n"],
-                         **{k: rec["robustness"].get(k) for k in METRICS},
-                         "median FOL": rec["convergence"]["statistic"],
-                         "rel. change": rec["convergence"]["rel_change"]})
-        rep.table(rows)
+                         **{k: rec["robustness"].get(k) for k in cols[3:6]},
+                         "median_fol": rec["convergence"]["statistic"],
+                         "fol_rel_change": rec["convergence"]["rel_change"]})
+        rep.table(rows, cols)
         if fol_by_round:
             rep.heading("FOL distribution of fresh PGD tests per round")
-            rep.paragraph(f"Convergence rule: stop when the median FOL changes by less than {cfg.convergence_tol:g} "
-                          f"(relative) for {cfg.convergence_patience} consecutive rounds.")
+            rep.paragraph(f"Convergence rule: stop when the median FOL changes by less than "
+                          f"{format_value(cfg.convergence_tol)} (relative) for {cfg.convergence_patience} "
+                          "consecutive rounds.")
             rep.image(save_histogram({f"round {r}": v for r, v in sorted(fol_by_round.items())}, None,
                                      title="FOL of fresh PGD tests", xlabel="FOL", bins=40),
-                      "FOL per round (lower and more concentrated = closer to convergence)")
+                      "FOL per round (lower and more concentrated = closer to convergence).")
         if examples is not None and len(examples):
             k = min(cfg.examples, len(examples))
             rep.heading("Example selected tests")
             rep.image(save_image_grid(examples.x[:k], None, captions=[
-                f"y={int(examples.y[i])} FOL={float(examples.fol[i]):.3g}" for i in range(k)]), "first selected tests")
+                f"y={int(examples.y[i])} FOL={float(examples.fol[i]):.3g}" for i in range(k)]), "First selected tests.")
     else:
         table = results["table"]
-        rep.heading("Robustness per strategy and budget (mean ± std over seeds)")
-        cols = ["strategy", "budget", "n", "seeds", "before_fixed_set_accuracy", "fixed_set_accuracy_mean",
-                "fixed_set_accuracy_std", "before_whitebox_accuracy", "whitebox_accuracy_mean",
-                "whitebox_accuracy_std", "clean_accuracy_mean", "last_epoch_fixed_set_accuracy_mean"]
-        rep.table(table, cols)
+        rep.heading("Robustness per strategy and budget")
+        rows = [{"strategy": r["strategy"], "budget": f"{r['budget']} ({r['n']})", "seeds": r["seeds"],
+                 "fixed set before": _acc(r["before_fixed_set_accuracy"]),
+                 "fixed set after": _pm(r, "fixed_set_accuracy"),
+                 "white-box before": _acc(r["before_whitebox_accuracy"]),
+                 "white-box after": _pm(r, "whitebox_accuracy"),
+                 "clean after": _pm(r, "clean_accuracy"),
+                 "fixed set, last epoch": _acc(r.get("last_epoch_fixed_set_accuracy_mean"))} for r in table]
+        rep.table(rows, caption="Accuracies after retraining: mean ± sample standard deviation over seeds; "
+                  "budget = requested (tests selected); before = the original model.")
+        if results.get("paired_vs_random"):
+            rep.significance(results["paired_vs_random"])
         for m, label in (("fixed_set_accuracy", "fixed-set accuracy"), ("whitebox_accuracy", "white-box accuracy")):
             groups: dict[str, dict[str, float]] = {}
             errs: dict[str, dict[str, float]] = {}
@@ -122,23 +216,21 @@ def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotC
                 errs.setdefault(row["strategy"], {})[str(row["budget"])] = row[f"{m}_std"] or 0.0
             if groups:
                 rep.image(save_bars(groups, None, title=f"{label} after retraining", ylabel="accuracy", errors=errs),
-                          f"{label} per strategy (x axis: budget; original model: {base.get(m)})")
+                          f"{label.capitalize()} per strategy and budget (error bars: standard deviation over "
+                          f"seeds); the original model: {_acc(base.get(m))}.")
         assert compare_data is not None
         pool: Pool = compare_data["pool"]
         rep.heading("FOL distribution of the pool and of each strategy's selection")
         rep.image(save_histogram({"pool": pool.fol}, None, title="FOL of the pool", xlabel="FOL", bins=40),
-                  "FOL of all pool tests")
+                  "FOL of all pool tests.")
         sel_fol = {s: pool.fol[i] for s, i in compare_data["selected"].items() if len(i)}
         if sel_fol:
             rep.image(save_histogram(sel_fol, None, title="FOL of the selected tests", xlabel="FOL", bins=40),
-                      "FOL of the tests each strategy selected (first budget, first seed)")
+                      "FOL of the tests each strategy selected (first budget, first seed).")
         for s, ex in compare_data["examples"].items():
             if len(ex):
                 rep.heading(f"Example tests selected by {s}", level=3)
                 rep.image(save_image_grid(ex.x, None, captions=[
                     f"y={int(ex.y[i])} FOL={float(ex.fol[i]):.3g}" for i in range(len(ex))]),
-                    f"first {len(ex)} tests selected by {s}")
-    rep.heading("Settings")
-    rep.preformatted(json.dumps(results["config"], indent=1, default=str))
+                    f"First {len(ex)} tests selected by {s}.")
     rep.write(out / "report.html")
-

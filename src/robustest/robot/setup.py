@@ -49,10 +49,12 @@ class _Setup:
 
 
 def _log(cfg: RobotConfig, msg: str) -> None:
+    """A progress message (round or cell finished) to the ``robustest.robot`` logger when ``cfg.verbose``: the
+    command prints it on stderr; from Python, ``logging.basicConfig(level=logging.INFO)`` shows it."""
     if cfg.verbose:
-        import sys
+        import logging
 
-        print(msg, file=sys.stderr, flush=True)
+        logging.getLogger("robustest.robot").info(msg)
 
 
 def _limit(ds: Any, n: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,5 +268,6 @@ def _last_figures(best: RobustnessReport, last_model: nn.Module | None, setup: _
 
 
 def _f(v: Any) -> str:
-    return "-" if v is None else f"{v:.4f}"
+    """An accuracy for a progress message: 3 decimals, as in the tables."""
+    return "-" if v is None else f"{v:.3f}"
 
