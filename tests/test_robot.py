@@ -209,3 +209,41 @@ def test_fuzzing_pools_and_coverage_strategy(checkpoint, tmp_path):
                      "strategy": "gini", "rounds": 1, "fuzz_options": {"iterations": 3},
                      "out": str(tmp_path / "cov")})
     assert set(res["rounds"][0]["pool"]["by_method"]) <= {"cov-fuzz"}
+
+
+# ---------------------------------------------------------------------------------- typed config (YAML)
+@pytest.mark.parametrize("bad, pattern", [
+    ({"whitebox": "no"}, "whitebox must be true or false, got 'no'"),
+    ({"data_dir": 5}, "data_dir must be a string"),
+    ({"pool": "fol-fuzz", "fuzz_options": {"stepz": 3}}, "unknown key 'stepz' in fuzz_options: valid keys are"),
+    ({"fuzz_options": {"steps": 3}}, "fuzz_options apply to pool fol-fuzz or cov-fuzz"),
+    ({"coverage_options": {"kk": 3}}, "unknown key 'kk' in coverage_options"),
+    ({"eps": float("nan")}, "eps must be a finite number"),
+    ({"lr": float("inf")}, "lr must be a finite number"),
+    ({"epochs": 3.0}, "epochs must be an integer"),
+    ({"seeds": [0, "1"]}, r"seeds\[1\] must be an integer"),
+    ({"train_epochs": None}, "train_epochs must be set"),
+    ({"corruptions": 7}, "corruptions must be a list"),
+])
+def test_config_values_are_type_checked(bad, pattern) -> None:
+    from robustest.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=pattern):
+        robot.RobotConfig.from_dict(bad)
+
+
+def test_run_config_json_schema_is_current_and_matches_the_defaults() -> None:
+    import json
+    from pathlib import Path
+
+    schema = robot.RobotConfig.json_schema()
+    on_disk = json.loads((Path(__file__).resolve().parents[1] / "docs/schemas/run-config.schema.json").read_text())
+    assert on_disk == json.loads(json.dumps(schema)), "regenerate docs/schemas/run-config.schema.json"
+    assert set(schema["properties"]) == set(robot.RobotConfig().to_dict())
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    jsonschema.validate(robot.RobotConfig().to_dict(), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**robot.RobotConfig().to_dict(), "whitebox": "no"}, schema)

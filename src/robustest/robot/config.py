@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from robustest import data as datasets
+from robustest.config import check_bool, check_float, check_int, check_keywords, check_str
 from robustest.errors import ConfigError
 
 POOLS = ("attack", "fol-fuzz", "cov-fuzz")
@@ -139,6 +140,86 @@ class RobotConfig:
         return {k: v for k, v in self.to_dict().items() if k not in _RUNTIME_KEYS}
 
     # ------------------------------------------------------------------ validation
+    def _check_types(self) -> None:
+        """Every key against its declared type, before any range check: a YAML ``"no"`` is not a boolean, ``5``
+        is not a path, ``3.0`` is not an integer; numbers are finite; mapping options name real parameters."""
+        for f in fields(self):
+            v = getattr(self, f.name)
+            ann = str(f.type).replace(" ", "")
+            if v is None:
+                if ann.endswith("|None"):
+                    continue
+                raise ConfigError(f"{f.name} must be set (null is not allowed), got null")
+            base = ann[:-len("|None")] if ann.endswith("|None") else ann
+            if base == "bool":
+                check_bool(f.name, v)
+            elif base == "str":
+                check_str(f.name, v)
+            elif base == "int":
+                check_int(f.name, v)
+            elif base == "float":
+                check_float(f.name, v)
+            elif base.startswith("dict"):
+                if not isinstance(v, dict):
+                    raise ConfigError(f"{f.name} must be a mapping of settings, got {v!r}")
+            elif base == "int|str":
+                if isinstance(v, bool) or not isinstance(v, (int, str)):
+                    raise ConfigError(f"{f.name} must be a count or a percentage such as '5%', got {v!r}")
+            elif base.startswith("list") or base == "str|list[str]":
+                items = [v] if isinstance(v, str) and base == "str|list[str]" else v
+                if not isinstance(items, (list, tuple)):
+                    raise ConfigError(f"{f.name} must be a list, got {v!r}")
+                for i, item in enumerate(items):
+                    if "int" in base and "str" not in base:
+                        check_int(f"{f.name}[{i}]", item)
+                    elif isinstance(item, bool) or not isinstance(item, (str, int)):
+                        raise ConfigError(f"{f.name}[{i}] must be a name or a count, got {item!r}")
+        from robustest.fuzzing import coverage_fuzz, fol_fuzz
+
+        if self.pool == "fol-fuzz":
+            check_keywords("fuzz_options", self.fuzz_options, fol_fuzz, exclude=("model", "x", "y", "seed"))
+        elif self.pool == "cov-fuzz":
+            check_keywords("fuzz_options", self.fuzz_options, coverage_fuzz,
+                           exclude=("model", "x", "y", "profile", "seed", "metric"))
+        elif self.fuzz_options:
+            raise ConfigError(f"fuzz_options apply to pool fol-fuzz or cov-fuzz, not {self.pool!r}: drop them")
+        allowed = {"k", "threshold", "top_k", "scale"}
+        unknown = sorted(set(self.coverage_options) - allowed)
+        if unknown:
+            raise ConfigError(f"unknown key {unknown[0]!r} in coverage_options: valid keys are "
+                              f"{', '.join(sorted(allowed))}")
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        """A JSON Schema (draft 2020-12) of run.yaml/compare configs: every key with its type, choices and
+        default (docs/schemas/run-config.schema.json is this, written out)."""
+        from robustest.metrics import names as metric_names
+
+        choices = {"pool": list(POOLS), "strategy": list(STRATEGIES), "target_metric": list(METRICS),
+                   "coverage_metric": metric_names("coverage")}
+        types = {"bool": {"type": "boolean"}, "str": {"type": "string", "minLength": 1},
+                 "int": {"type": "integer"}, "float": {"type": "number"}, "dict[str,Any]": {"type": "object"},
+                 "int|str": {"type": ["integer", "string"]},
+                 "list[str]": {"type": "array", "items": {"type": "string"}},
+                 "list[int]": {"type": "array", "items": {"type": "integer"}},
+                 "list[int|str]": {"type": "array", "items": {"type": ["integer", "string"]}},
+                 "str|list[str]": {"type": ["string", "array"], "items": {"type": "string"}}}
+        props: dict[str, Any] = {}
+        defaults = cls().to_dict()
+        for f in fields(cls):
+            ann = str(f.type).replace(" ", "")
+            nullable = ann.endswith("|None")
+            base = ann[:-len("|None")] if nullable else ann
+            s = dict(types.get(base, {}))
+            if f.name in choices:
+                s = {"enum": choices[f.name]}
+            if nullable:
+                s = {"anyOf": [s, {"type": "null"}]}
+            s["default"] = defaults[f.name]
+            props[f.name] = s
+        return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "robustest run/compare config",
+                "type": "object", "properties": props, "additionalProperties": False}
+
     def validate(self) -> RobotConfig:
         """Check every setting; raises ConfigError with a one-line message naming the key and the fix."""
         def pos_int(name: str, allow_none: bool = False, minimum: int = 1) -> None:
@@ -156,6 +237,7 @@ class RobotConfig:
                     (v <= lo if lo_open else v < lo) or v > hi:
                 raise ConfigError(f"{name} must be a number in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
 
+        self._check_types()
         if self.model is not None and not isinstance(self.model, str):
             raise ConfigError(f"model must be a checkpoint path, got {self.model!r}")
         if self.model_factory is not None and (not isinstance(self.model_factory, str)
