@@ -52,9 +52,14 @@ def _clean_timings(timings: Mapping[str, Any]) -> dict[str, float]:
 
 
 def document(verb: str, settings: Mapping[str, Any], results: Mapping[str, Any], timings: Mapping[str, Any],
-             world_size: int = 1) -> dict[str, Any]:
+             world_size: int | None = None) -> dict[str, Any]:
     """The results document of ``verb``: the contract's header, then ``results`` (JSON-safe: tensors become
-    lists, NaN becomes null). ``results`` must not use the header's keys."""
+    lists, NaN becomes null). ``results`` must not use the header's keys. ``world_size`` defaults to the
+    number of torchrun ranks (1 in a single process)."""
+    if world_size is None:
+        from robustest.distributed import world_size as ranks
+
+        world_size = ranks()
     clash = [k for k in results if k in HEADER_KEYS]
     if clash:
         raise ValueError(f"results may not use the header key(s) {', '.join(clash)}")
@@ -66,7 +71,7 @@ def document(verb: str, settings: Mapping[str, Any], results: Mapping[str, Any],
 
 
 def write_results(out: str | os.PathLike[str], verb: str, settings: Mapping[str, Any], results: Mapping[str, Any],
-                  timings: Mapping[str, Any], world_size: int = 1) -> dict[str, Any]:
+                  timings: Mapping[str, Any], world_size: int | None = None) -> dict[str, Any]:
     """Write ``OUT/results.json`` (see :func:`document`) atomically and return the document written."""
     doc = document(verb, settings, results, timings, world_size)
     atomic_write_json(Path(out) / RESULTS_FILE, doc)

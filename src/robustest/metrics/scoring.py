@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest import runtime
+from robustest import distributed, runtime
 from robustest.errors import ConfigError, DataError
 
 __all__ = ["ScoreResult", "score"]
@@ -112,7 +112,8 @@ def score(model: nn.Module, data: Any, metric: str, *, train: Any = None,
             return metrics.compute(metric, model, xb, yb, x0=seeds, batch_size=batch_size, **opts)
 
     total = runtime.num_samples(data)
-    batches = runtime.iter_batches(data, batch_size, dev, with_index=True)
+    shard = distributed.Shard.current()  # under torchrun each rank scores its part; the parts are gathered
+    batches = runtime.iter_batches(data, batch_size, dev, with_index=True, shard=shard)
     for idx, xb, yb in runtime.progress(batches, enabled=progress, desc=metric, total=-(-total // batch_size),
                                         unit="batch"):
         runtime.check_images(xb, "x")
@@ -120,12 +121,18 @@ def score(model: nn.Module, data: Any, metric: str, *, train: Any = None,
         index.append(idx.cpu())
         if yb is not None:
             labels.append(torch.as_tensor(yb).long().cpu())
-    if not scores:
+    cat = (lambda ts: torch.cat(ts) if ts else None)  # noqa: E731
+    has_labels = len(labels) == len(scores)
+    parts = distributed.all_gather_cat({"scores": cat(scores), "index": cat(index),
+                                        "labels": cat(labels) if has_labels else None, "bits": cat(bits)})
+    if parts["scores"] is None or parts["scores"].numel() == 0:
         raise DataError("nothing to score: the data set is empty")
-    result.scores, result.index = torch.cat(scores), torch.cat(index)
-    result.labels = torch.cat(labels) if len(labels) == len(scores) else None
-    if bits:
-        result.bits = torch.cat(bits)
-        assert union is not None and result.num_cells is not None
-        result.set_coverage = float(union.sum()) / result.num_cells
+    result.scores, result.index = parts["scores"], parts["index"]
+    result.labels = parts["labels"] if parts["labels"] is not None and len(parts["labels"]) == len(result.scores) \
+        else None
+    if parts["bits"] is not None:
+        result.bits = parts["bits"]
+        unions = [u for u in distributed.all_gather_objects(None if union is None else union.cpu()) if u is not None]
+        assert unions and result.num_cells is not None
+        result.set_coverage = float(torch.stack(unions).any(0).sum()) / result.num_cells
     return result
