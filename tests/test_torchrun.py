@@ -1,0 +1,96 @@
+"""Every per-sample verb under `torchrun --nproc-per-node 2` (gloo, CPU) writes the same files as one process.
+
+Both runs use one thread per process (the float results of a convolution may depend on the thread count).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+TORCHRUN = shutil.which("torchrun")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def single(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "robustest", *args, "--quiet"], capture_output=True, text=True,
+                          env=_env(), timeout=600)
+
+
+def ranks(*args: str, n: int = 2) -> subprocess.CompletedProcess:
+    if TORCHRUN is None:
+        pytest.skip("torchrun not found")
+    cmd = [TORCHRUN, f"--nproc-per-node={n}", f"--master-port={_port()}", "-m", "robustest", *args, "--quiet"]
+    return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("model")
+    res = single("train", "--dataset", "digits", "--model", "digits_cnn", "--epochs", "2", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    return str(out / "model.pt")
+
+
+def _same_tensors(a: Path, b: Path) -> None:
+    pa = torch.load(a, weights_only=True)
+    pb = torch.load(b, weights_only=True)
+    keys = [k for k, v in pa.items() if isinstance(v, torch.Tensor)]
+    assert keys
+    for k in keys:
+        assert torch.equal(pa[k], pb[k]), f"{a.name}[{k}] differs"
+
+
+def _world(path: Path) -> int:
+    return json.loads((path / "results.json").read_text())["world_size"]
+
+
+def test_score_fol_and_kmnc(model, tmp_path) -> None:
+    for metric in ("fol", "kmnc"):
+        args = ["score", "--checkpoint", model, "--dataset", "digits", "--metric", metric, "--eps", "0.1"] \
+            if metric == "fol" else ["score", "--checkpoint", model, "--dataset", "digits", "--metric", metric,
+                                     "--train-limit", "300"]
+        one, two = tmp_path / f"{metric}1", tmp_path / f"{metric}2"
+        assert single(*args, "--out", str(one)).returncode == 0
+        res = ranks(*args, "--out", str(two))
+        assert res.returncode == 0, res.stderr
+        _same_tensors(one / "scores.pt", two / "scores.pt")
+        assert _world(two) == 2 and _world(one) == 1
+
+
+def test_analyze(model, tmp_path) -> None:
+    args = ["analyze", "--checkpoint", model, "--dataset", "digits", "--neighbors", "8", "--save-every", "500"]
+    assert single(*args, "--out", str(tmp_path / "a1")).returncode == 0
+    res = ranks(*args, "--out", str(tmp_path / "a2"))
+    assert res.returncode == 0, res.stderr
+    _same_tensors(tmp_path / "a1" / "analysis.pt", tmp_path / "a2" / "analysis.pt")
+
+
+def test_corrupt(tmp_path) -> None:
+    args = ["corrupt", "--dataset", "digits", "--limit", "300", "--corruptions", "gaussian_noise,glass_blur,fog",
+            "--severities", "2,5", "--batch-size", "64"]
+    assert single(*args, "--out", str(tmp_path / "c1")).returncode == 0
+    res = ranks(*args, "--out", str(tmp_path / "c2"))
+    assert res.returncode == 0, res.stderr
+    one = json.loads((tmp_path / "c1" / "results.json").read_text())["corruptions"]
+    two = json.loads((tmp_path / "c2" / "results.json").read_text())["corruptions"]
+    assert {k: v["sha256"] for k, v in one.items()} == {k: v["sha256"] for k, v in two.items()}
