@@ -385,3 +385,10 @@ def measure(model: _RAny, data: _RAny, *, eps: float, fixed: FixedAdversarialSet
                             corruption_accuracy=corr_mean, corruption=corr, settings=settings,
                             seconds=_r_time.perf_counter() - t0)
 # ======================================================== end of clean / fixed adversarial set / white-box section
+
+
+
+# ================================================================ evaluate: the AutoAttack-style ensemble
+# Implemented in robustest.evaluation (its own module: it is a pipeline of its own); re-exported here so that
+# every robustness measure is reachable from robustest.robustness.
+from robustest.evaluation import EVAL_FORMAT, EvalResult, ensemble_plan, evaluate  # noqa: E402, F401
