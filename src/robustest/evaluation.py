@@ -117,8 +117,8 @@ def ensemble_plan(version: str = "standard", norm: str = "linf", attacks: Any = 
                     if version == "custom":
                         raise ConfigError(f"apgd-t needs a model with at least 4 classes, this one has {num_classes}")
                     continue
-                if n_targets is None and "n_targets" not in item[1]:
-                    k = min(k, num_classes - 1)
+                if n_targets is None and (version != "custom" or "n_targets" not in item[1]):
+                    k = min(k, num_classes - 1)  # the default (9) adapts to the model
                 if k > num_classes - 1:
                     raise ConfigError(f"{display}: n_targets={k} but the model has {num_classes} classes: use at "
                                       f"most {num_classes - 1}")
