@@ -276,6 +276,7 @@ def _corruption_summary(res: Any, base: Any | None) -> dict[str, Any]:
 def _published_corruptions(model: nn.Module, sets: dict, clean_accuracy: float, batch_size: int) -> Any:
     """A CorruptionResult from published -C data: ``sets[corruption][severity]`` is labelled data."""
     from robustest.robustness import CorruptionResult
+    from robustest.runtime import num_samples
     from robustest.training import accuracy
 
     acc: dict[str, dict[int, float]] = {}
@@ -290,8 +291,6 @@ def _published_corruptions(model: nn.Module, sets: dict, clean_accuracy: float, 
                 raise ConfigError(f"severity {s} of {c!r} is outside 1-5")
             acc[str(c)][int(s)] = float(accuracy(model, d, batch_size=batch_size))
             sevs.add(int(s))
-            from robustest.runtime import num_samples
-
             n = max(n, num_samples(d))
     return CorruptionResult(accuracy=acc, clean_accuracy=clean_accuracy, num_samples=n,
                             severities=tuple(sorted(sevs)), seed=0, table="published")

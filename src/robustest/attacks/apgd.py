@@ -222,9 +222,6 @@ def apgd_dlr(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, ste
     restarts = _check_steps(restarts, "restarts")
     norm = _check_norm(norm)
     rho = _check_eps(rho, "rho")
-    k = _num_classes(model)
-    if k is not None and k < 3:
-        _classes_from_logits(torch.zeros(1, k), 0, need=3, what="APGD-DLR")
     return _run(_apgd_dlr_core, model, x, y, seed, batch_size, generator, eps=eps, steps=steps, norm=norm,
                 restarts=restarts, rho=rho)
 
