@@ -21,7 +21,8 @@ from torch import nn
 from robustest.errors import ConfigError, DataError
 from robustest.runtime import DataLike
 
-__all__ = ["AUTOATTACK_NAMES", "EVAL_FORMAT", "EVAL_VERSIONS", "EvalResult", "ensemble_plan", "evaluate"]
+__all__ = ["AUTOATTACK_NAMES", "EVAL_FORMAT", "EVAL_VERSIONS", "EvalResult", "check_radius", "ensemble_plan",
+           "evaluate"]
 
 EVAL_FORMAT = "robustest-eval-results"
 EVAL_VERSIONS = ("standard", "fast", "custom")
@@ -44,9 +45,8 @@ class _Step:
     params: dict[str, Any]
 
 
-def _e_check_eps(eps: Any, norm: str) -> float:
-    from robustest.errors import ConfigError
-
+def check_radius(eps: Any, norm: str) -> float:
+    """``eps`` as a float: > 0, and <= 1 for L-inf (pixel scale); one-line ConfigError otherwise."""
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(float(eps)):
         raise ConfigError(f"eps must be a number, got {eps!r}")
     v = float(eps)
@@ -70,7 +70,6 @@ def ensemble_plan(version: str = "standard", norm: str = "linf", attacks: Any = 
     ``min(9, classes - 1)``. With fewer than 4 classes APGD-T is left out (its loss needs 4 logits).
     """
     from robustest import attacks as _atk
-    from robustest.errors import ConfigError
 
     version = str(version).lower()
     if version not in EVAL_VERSIONS:
@@ -205,8 +204,8 @@ class EvalResult:
             "attacks": dict(self.attacks), "breaks": dict(self.breaks), "attacked": dict(self.attacked),
             "share_of_breaks": {k: (v / total_breaks if total_breaks else 0.0) for k, v in self.breaks.items()},
             "misclassified_clean": int((~self.clean_correct).sum()),
-            "perturbation": _e_quantiles(self.linf if self.norm == "linf" else self.l2, ~self.robust
-                                         & self.clean_correct),
+            "perturbation": _quantiles(self.linf if self.norm == "linf" else self.l2,
+                                       ~self.robust & self.clean_correct),
         }
         if self.corruption is not None:
             out["corruptions"] = {k: v for k, v in self.corruption.items() if k not in ("result", "baseline_result")}
@@ -219,12 +218,11 @@ class EvalResult:
         """The fields of a RobustBench ``model_info`` entry this evaluation fills (accuracies as percent strings
         with two decimals, as RobustBench writes them); ``info`` fills the descriptive ones (name, dataset, ...).
         ``autoattack_acc`` is set only for ``version="standard"`` (the other versions are not AutoAttack)."""
+        aa = f"{100 * self.robust_accuracy:.2f}" if self.version == "standard" else None
         entry: dict[str, Any] = {"link": None, "name": None, "authors": None, "additional_data": None,
-                                   "number_forward_passes": 1, "dataset": None, "venue": None, "architecture": None,
-                                   "eps": f"{self.eps:g}", "clean_acc": f"{100 * self.clean_accuracy:.2f}",
-                                   "reported": None,
-                                   "autoattack_acc": (f"{100 * self.robust_accuracy:.2f}"
-                                                      if self.version == "standard" else None)}
+                                 "number_forward_passes": 1, "dataset": None, "venue": None, "architecture": None,
+                                 "eps": f"{self.eps:g}", "clean_acc": f"{100 * self.clean_accuracy:.2f}",
+                                 "reported": None, "autoattack_acc": aa}
         if self.corruption is not None:
             entry["corruptions_acc"] = f"{100 * self.corruption['mean_corruption_accuracy']:.2f}"
             mce = self.corruption.get("mce")
@@ -233,7 +231,7 @@ class EvalResult:
         return entry
 
 
-def _e_quantiles(t: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def _quantiles(t: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     v = t[mask].double()
     if v.numel() == 0:
         return {}
@@ -342,7 +340,7 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     norm = _atk._check_norm(norm)
-    eps = _e_check_eps(eps, norm)
+    eps = check_radius(eps, norm)
     version = str(version).lower()
     if version not in EVAL_VERSIONS:
         raise ConfigError(f"unknown version {version!r}: use one of {', '.join(EVAL_VERSIONS)}")

@@ -89,9 +89,9 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str] | None, list[int] |
     """Every check that needs no model or data: one-line ConfigError before any work."""
     from robustest import corruptions
     from robustest.cli.corrupt import parse_severities
-    from robustest.evaluation import _e_check_eps
+    from robustest.evaluation import check_radius
 
-    _e_check_eps(args.eps, args.norm)
+    check_radius(args.eps, args.norm)
     attacks = None
     if args.attacks is not None:
         if args.version != "custom":
