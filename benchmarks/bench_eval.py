@@ -61,7 +61,7 @@ def run_ours(model, x, y, eps, norm, version, bs):
     t = clock()
     r = robustness.evaluate(model, (x, y), eps, norm=norm, version=version, seed=0, batch_size=bs, keep_adv=True)
     wall, cpu = since(t)
-    acc, inside = check(model, x, y, r.adv, eps, norm)
+    acc, inside = check(model, x, y, r.adv.to(x.device), eps, norm)
     assert abs(acc - r.robust_accuracy) < 1e-9, (acc, r.robust_accuracy)
     total = max(1, sum(r.breaks.values()))
     parts = {k: (r.breaks[k] / total, r.timings[f"{k}_s"]) for k in r.attacks}
@@ -122,13 +122,14 @@ def main() -> None:
     p.add_argument("--l2", type=float, nargs="*", default=[2.0])
     p.add_argument("--batch-size", type=int, default=None, help="robustest attack batch (default: all --n at once)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="device of the model and images (cuda: read the wall times)")
     p.add_argument("--paper", action="store_true", help="also run torchattacks with AutoAttack's paper settings")
     p.add_argument("--no-fast", action="store_true", help="skip robustest's fast version")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    model = training.load_checkpoint(args.checkpoint).eval()
+    model = training.load_checkpoint(args.checkpoint, map_location=args.device).eval()
     te = data.load(args.dataset, root=args.data_dir, split="test")
-    x, y = (t[args.offset:args.offset + args.n].clone() for t in te.tensors)
+    x, y = (t[args.offset:args.offset + args.n].clone().to(args.device) for t in te.tensors)
     with torch.no_grad():
         k = forward(model, x[:1]).shape[1]
     bs = args.batch_size or x.shape[0]
@@ -140,7 +141,7 @@ def main() -> None:
         print(f"torchattacks unavailable: {type(exc).__name__}: {exc}", file=sys.stderr)
         ta_version = None
     print(f"{args.dataset}, {x.shape[0]} test images from {args.offset}, {k} classes, checkpoint {args.checkpoint}, "
-          f"torch threads {args.threads}, torchattacks {ta_version}")
+          f"device {args.device}, torch threads {args.threads}, torchattacks {ta_version}")
     for norm, radii in (("linf", args.linf), ("l2", args.l2)):
         for eps in radii:
             rows = [("robustest standard", run_ours(model, x, y, eps, norm, "standard", bs))]

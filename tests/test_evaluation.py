@@ -239,3 +239,16 @@ def test_measure_reports_autoattack(trained_digits_model, xy):
     assert d["settings"]["autoattack_version"] == "fast"
     off = robustness.measure(trained_digits_model, xy, eps=0.1, whitebox=False)
     assert off.autoattack_accuracy is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_model_cpu_data(trained_digits_model, xy):
+    model = trained_digits_model.cuda()
+    for name, kw in [("apgd_dlr", {"steps": 3}), ("apgd_t", {"steps": 3, "n_targets": 2}),
+                     ("fab_t", {"steps": 3, "n_targets": 2}), ("square", {"queries": 20})]:
+        adv = getattr(attacks, name)(model, xy[0][:16], xy[1][:16], eps=0.1, seed=0, **kw)
+        assert adv.device == xy[0].device
+    r = robustness.evaluate(model, xy, 0.1, version="custom", attacks=SMALL, seed=0, keep_adv=True)
+    again = robustness.evaluate(model, xy, 0.1, version="custom", attacks=SMALL, seed=0)
+    assert r.adv.device.type == "cpu" and r.settings["device"].startswith("cuda")
+    assert r.broken_by == again.broken_by
