@@ -79,7 +79,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="checkpoint of a baseline model whose corruption errors normalise the mCE")
     p.add_argument("--fail-under", type=parse_accuracy, default=None, metavar="ACC",
                    help="exit with status 1 when the robust accuracy is below ACC (0.85 or 85%%)")
-    p.add_argument("--batch-size", type=positive_int, default=256, help="images per attack batch (default: 256)")
+    p.add_argument("--batch-size", type=positive_int, default=256, metavar="B",
+                   help="images per attack batch (default: 256)")
     p.add_argument("--save-adv", action="store_true", help="also write the worst-case images to adv.pt")
     add_run_args(p)
     p.set_defaults(func=run)
