@@ -238,3 +238,18 @@ def test_square_uses_no_gradients(trained_digits_model, digits_test):
     x, y = _xy(digits_test, 20)
     adv = attacks.square(NoGrad(trained_digits_model), x, y, eps=0.1, queries=20, seed=0)
     assert adv.shape == x.shape
+
+
+@pytest.mark.parametrize("name", ["apgd", "apgd_t", "fab_t"])
+def test_stop_on_success_breaks_the_same_samples(trained_digits_model, digits_test, name):
+    x, y = _xy(digits_test, 60)
+    m = trained_digits_model
+    kw = {"eps": 0.08, "steps": 15, "seed": 2}
+    if name != "apgd":
+        kw["n_targets"] = 2
+    full = attacks.attack(name, m, x, y, **kw)
+    early = attacks.attack(name, m, x, y, stop_on_success=True, **kw)
+    # each sample's run is independent of the others': leaving the batch changes no one's outcome
+    assert torch.equal(full.success, early.success)
+    assert float(early.linf.max()) <= 0.08 + TOL
+    assert int(early.fooled.sum()) > 0

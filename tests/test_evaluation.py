@@ -39,6 +39,7 @@ def test_plans():
     assert std[0][2]["steps"] == 100 and std[1][2]["n_targets"] == 9 and std[2][2]["n_targets"] == 9
     assert std[3][2]["queries"] == 5000 and std[3][2]["p_init"] == 0.8
     assert all(p[2]["norm"] == "linf" for p in std)
+    assert std[0][2]["stop_on_success"] and std[1][2]["stop_on_success"] and std[2][2]["stop_on_success"]
     # fewer classes: at most classes - 1 targets; APGD-T left out below 4 classes
     five = robustness.ensemble_plan("standard", "l2", num_classes=5)
     assert five[1][2]["n_targets"] == 4 and all(p[2]["norm"] == "l2" for p in five)

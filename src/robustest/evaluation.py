@@ -68,6 +68,8 @@ def ensemble_plan(version: str = "standard", norm: str = "linf", attacks: Any = 
     ``fab``, ``fab-t``, ``square`` or any :func:`robustest.attacks.names`) or ``(name, {param: value})`` pairs.
     ``n_targets`` replaces the number of target classes of APGD-T and FAB-T; by default it is
     ``min(9, classes - 1)``. With fewer than 4 classes APGD-T is left out (its loss needs 4 logits).
+    Attacks that can (APGD, FAB) stop working on a sample once it is broken (``stop_on_success``; AutoAttack
+    runs every sample for all steps: the same samples are broken, at less cost).
     """
     from robustest import attacks as _atk
 
@@ -103,6 +105,8 @@ def ensemble_plan(version: str = "standard", norm: str = "linf", attacks: Any = 
                                                             "batch_size", "target")]
         if bad:
             raise ConfigError(f"attack {display!r} does not take parameter(s) {', '.join(bad)}")
+        if "stop_on_success" in sig:
+            params.setdefault("stop_on_success", True)  # a broken sample needs no more steps
         if "norm" in sig:
             params["norm"] = norm
         elif norm != "linf" and reg != "cw_l2":

@@ -104,21 +104,22 @@ __all__ = [
 
 def fab_t(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100, norm: str = "linf",
           n_targets: int = 9, restarts: int = 1, alpha_max: float = 0.1, eta: float = 1.05, beta: float = 0.9,
-          seed: int | None = None, *, target: Any = None, batch_size: int | None = _DEFAULT_CHUNK,
-          generator: torch.Generator | None = None) -> torch.Tensor:
+          seed: int | None = None, *, target: Any = None, stop_on_success: bool = False,
+          batch_size: int | None = _DEFAULT_CHUNK, generator: torch.Generator | None = None) -> torch.Tensor:
     """FAB-T, AutoAttack's targeted FAB: :func:`fab` with ``targeted=True`` (see there).
     x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W on x's device."""
     return fab(model, x, y, eps, steps=steps, norm=norm, targeted=True, n_targets=n_targets, restarts=restarts,
-               alpha_max=alpha_max, eta=eta, beta=beta, seed=seed, target=target, batch_size=batch_size,
-               generator=generator)
+               alpha_max=alpha_max, eta=eta, beta=beta, seed=seed, target=target, stop_on_success=stop_on_success,
+               batch_size=batch_size, generator=generator)
 
 
 def _fab_untargeted(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100,
                     norm: str = "linf", restarts: int = 1, alpha_max: float = 0.1, eta: float = 1.05,
-                    beta: float = 0.9, seed: int | None = None, *, batch_size: int | None = _DEFAULT_CHUNK,
-                    generator: torch.Generator | None = None) -> torch.Tensor:
+                    beta: float = 0.9, seed: int | None = None, *, stop_on_success: bool = False,
+                    batch_size: int | None = _DEFAULT_CHUNK, generator: torch.Generator | None = None) -> torch.Tensor:
     return fab(model, x, y, eps, steps=steps, norm=norm, targeted=False, restarts=restarts, alpha_max=alpha_max,
-               eta=eta, beta=beta, seed=seed, batch_size=batch_size, generator=generator)
+               eta=eta, beta=beta, seed=seed, stop_on_success=stop_on_success, batch_size=batch_size,
+               generator=generator)
 
 
 # ------------------------------------------------------------------------------------------------- registry

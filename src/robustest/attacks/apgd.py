@@ -61,12 +61,15 @@ def _loss_grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, ta
     return g.contiguous(), logits.detach(), per.detach()
 
 
-def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None, hit_target=False):
+def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None, hit_target=False,
+              stop_on_success=False):
     """One run of APGD on one chunk, following Croce & Hein (2020) and AutoAttack's ``attack_single_run``.
 
     ``loss``: "ce" (cross-entropy with y), "dlr" or "dlr_t" (targeted DLR towards ``target``). Success is
     "prediction != y", or "prediction == target" with ``hit_target``. Returns (x_out, loss_best, success): x_out
-    is the last successful iterate for successful samples, else the highest-loss iterate. Difference from the
+    is the last successful iterate for successful samples, else the highest-loss iterate. With
+    ``stop_on_success`` a sample leaves the batch once it is successful (its first successful iterate is
+    returned; the others' runs are unchanged, so success is the same at less cost). Difference from the
     reference code: the oscillation count of the first checkpoint compares the first step with the loss at the
     starting point (the paper's definition) instead of with an unfilled (zero) entry of the loss history.
     """
@@ -87,16 +90,16 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None
     def proj(z: torch.Tensor) -> torch.Tensor:
         return z.clamp(lo, hi) if norm == "linf" else _project(z, x, eps, "l2")
 
-    def ok(logits: torch.Tensor) -> torch.Tensor:  # True = not (yet) successful
+    def ok(logits: torch.Tensor, yy: torch.Tensor, tt: torch.Tensor | None) -> torch.Tensor:  # True = not successful
         pred = logits.argmax(1)
-        return pred != target if hit_target else pred == y
+        return pred != tt if hit_target else pred == yy
 
     x_best = x_adv.clone()
     x_best_adv = x_adv.clone()
     loss_steps = torch.zeros(steps + 1, n, device=x.device)
     g, logits, cur = _loss_grad(model, x_adv, y, loss, target, hit_target)
     loss_steps[0] = cur
-    robust = ok(logits)
+    robust = ok(logits, y, target)
     loss_best = cur.clone()
     grad_best = g.clone()
     step_size = torch.full(bshape, 2.0 * eps, device=x.device, dtype=x.dtype)
@@ -112,9 +115,19 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None
             a = 0.75 if i > 0 else 1.0
             z = proj(x_adv + step_size * _step_direction(g, norm))
             x_adv = proj(x_adv + (z - x_adv) * a + momentum * (1 - a))
-        g, logits, cur = _loss_grad(model, x_adv, y, loss, target, hit_target)
+        act = robust.nonzero().flatten() if stop_on_success else None
+        if act is not None and act.numel() == 0:
+            break
+        if act is None or act.numel() == n:
+            g, logits, cur = _loss_grad(model, x_adv, y, loss, target, hit_target)
+            pred_ok = ok(logits, y, target)
+        else:  # only the samples not yet successful go through the model; the others keep their state
+            t_a = None if target is None else target[act]
+            g_a, logits_a, cur_a = _loss_grad(model, x_adv[act], y[act], loss, t_a, hit_target)
+            g = torch.zeros_like(x_adv).index_copy_(0, act, g_a)
+            cur = loss_best.clone().index_copy_(0, act, cur_a)
+            pred_ok = torch.ones(n, dtype=torch.bool, device=x.device).index_copy_(0, act, ok(logits_a, y[act], t_a))
         with torch.no_grad():
-            pred_ok = ok(logits)
             x_best_adv = torch.where(pred_ok.view(bshape), x_best_adv, x_adv)
             robust &= pred_ok
             loss_steps[i + 1] = cur
@@ -143,10 +156,11 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None
     return out, loss_best, success
 
 
-def _apgd_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, loss="ce"):
+def _apgd_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, loss="ce", stop_on_success=False):
     best = best_loss = best_succ = None
     for _ in range(restarts):
-        adv, cur, succ = _apgd_run(model, x, y, gen, eps=eps, steps=steps, norm=norm, rho=rho, loss=loss)
+        adv, cur, succ = _apgd_run(model, x, y, gen, eps=eps, steps=steps, norm=norm, rho=rho, loss=loss,
+                                   stop_on_success=stop_on_success)
         if best is None:
             best, best_loss, best_succ = adv, cur, succ
         else:
@@ -154,7 +168,8 @@ def _apgd_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, loss="ce"):
     return best
 
 
-def _apgd_t_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, n_targets, target=None):
+def _apgd_t_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, n_targets, target=None,
+                 stop_on_success=False):
     """APGD-T on one chunk. Without ``target``: for each of the ``n_targets`` most likely other classes of the
     clean input (in order), ``restarts`` runs of APGD on the targeted DLR loss, each only on the samples not yet
     misclassified (AutoAttack's loop). With ``target``: ``restarts`` runs towards the given classes on the samples
@@ -177,7 +192,7 @@ def _apgd_t_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, n_targets
             if idx.numel() == 0:
                 return out
             adv, _, succ = _apgd_run(model, x[idx], y[idx], gen, eps=eps, steps=steps, norm=norm, rho=rho,
-                                     loss="dlr_t", target=tgt[idx], hit_target=hit)
+                                     loss="dlr_t", target=tgt[idx], hit_target=hit, stop_on_success=stop_on_success)
             out[idx] = adv
             active[idx[succ]] = False
     return out
@@ -185,7 +200,7 @@ def _apgd_t_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, n_targets
 
 # ------------------------------------------------------------------------------------------ public attacks
 def apgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100, norm: str = "linf",
-         restarts: int = 1, rho: float = 0.75, seed: int | None = None, *,
+         restarts: int = 1, rho: float = 0.75, seed: int | None = None, *, stop_on_success: bool = False,
          batch_size: int | None = _DEFAULT_CHUNK, generator: torch.Generator | None = None) -> torch.Tensor:
     """APGD-CE (Croce & Hein 2020): PGD on the cross-entropy with momentum 0.75 and a step size that starts at
     ``2 * eps`` and is halved at checkpoints (after 22%, then shrinking intervals of at least 6% of the steps)
@@ -196,6 +211,8 @@ def apgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: 
     Returns, per sample, the last misclassified iterate if the attack succeeded, else the highest-loss iterate;
     with ``restarts > 1`` the strongest of the runs (successful first, else highest loss; every restart runs on
     every sample, unlike AutoAttack, which restarts only the samples not yet broken: the success is the same).
+    ``stop_on_success`` stops attacking a sample once it is misclassified (then its first misclassified iterate
+    is returned): the same success for less work, used by :func:`robustest.robustness.evaluate`.
     x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W on x's device.
     """
     x, y = _prepare(model, x, y)
@@ -205,16 +222,17 @@ def apgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: 
     norm = _check_norm(norm)
     rho = _check_eps(rho, "rho")
     return _run(_apgd_core, model, x, y, seed, batch_size, generator, eps=eps, steps=steps, norm=norm,
-                restarts=restarts, rho=rho)
+                restarts=restarts, rho=rho, stop_on_success=bool(stop_on_success))
 
 
 def apgd_dlr(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100, norm: str = "linf",
-             restarts: int = 1, rho: float = 0.75, seed: int | None = None, *,
+             restarts: int = 1, rho: float = 0.75, seed: int | None = None, *, stop_on_success: bool = False,
              batch_size: int | None = _DEFAULT_CHUNK, generator: torch.Generator | None = None) -> torch.Tensor:
     """APGD-DLR (Croce & Hein 2020): the APGD schedule of :func:`apgd` on the Difference of Logits Ratio
     ``-(z_y - max_{i != y} z_i) / (z_pi1 - z_pi3)``, which is invariant to shifting and rescaling the logits (so
     it does not suffer from the vanishing cross-entropy gradients of over-confident models). Needs a model with
-    at least 3 classes. Same return convention as :func:`apgd`. x: N x C x H x W in [0, 1]; y: int64 [N].
+    at least 3 classes. Same return convention (and ``stop_on_success``) as :func:`apgd`.
+    x: N x C x H x W in [0, 1]; y: int64 [N].
     """
     x, y = _prepare(model, x, y)
     eps = _check_eps(eps)
@@ -223,7 +241,7 @@ def apgd_dlr(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, ste
     norm = _check_norm(norm)
     rho = _check_eps(rho, "rho")
     return _run(_apgd_dlr_core, model, x, y, seed, batch_size, generator, eps=eps, steps=steps, norm=norm,
-                restarts=restarts, rho=rho)
+                restarts=restarts, rho=rho, stop_on_success=bool(stop_on_success))
 
 
 def _apgd_dlr_core(model, x, y, gen, **kw):
@@ -235,7 +253,7 @@ def _apgd_dlr_core(model, x, y, gen, **kw):
 
 def apgd_t(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100, norm: str = "linf",
            n_targets: int = 9, restarts: int = 1, rho: float = 0.75, seed: int | None = None, *,
-           target: Any = None, batch_size: int | None = _DEFAULT_CHUNK,
+           target: Any = None, stop_on_success: bool = False, batch_size: int | None = _DEFAULT_CHUNK,
            generator: torch.Generator | None = None) -> torch.Tensor:
     """APGD-T (Croce & Hein 2020): the APGD schedule of :func:`apgd` on the targeted DLR loss
     ``-(z_y - z_t) / (z_pi1 - (z_pi3 + z_pi4) / 2)``, run once for each of the ``n_targets`` most likely other
@@ -247,7 +265,8 @@ def apgd_t(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps
     means "predicted as the target"; the loss's label term z_y is then ``max_{i != t} z_i`` (equal to z_y while
     y is the top class), so the run pushes t to the top rather than only above y. Returns, per sample, the
     successful point if any, else the highest-loss point of the sample's last run (clean points the model
-    already gets wrong come back unchanged). x: N x C x H x W in [0, 1]; y: int64 [N].
+    already gets wrong come back unchanged); ``stop_on_success`` as in :func:`apgd`.
+    x: N x C x H x W in [0, 1]; y: int64 [N].
     """
     x, y = _prepare(model, x, y)
     eps = _check_eps(eps)
@@ -258,4 +277,5 @@ def apgd_t(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps
     n_targets = _check_n_targets(n_targets, _num_classes(model))
     target = _check_target(model, target, y)
     return _run(_apgd_t_core, model, x, y, seed, batch_size, generator, per_sample={"target": target}, eps=eps,
-                steps=steps, norm=norm, restarts=restarts, rho=rho, n_targets=n_targets)
+                steps=steps, norm=norm, restarts=restarts, rho=rho, n_targets=n_targets,
+                stop_on_success=bool(stop_on_success))

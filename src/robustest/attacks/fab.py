@@ -118,8 +118,27 @@ def _linearisation(model, x1, y, t, hit_target, norm):
     return df[ar, j], dg[ar, j], z
 
 
-def _fab_run(model, x, y, t, gen, *, eps, steps, norm, alpha_max, eta, beta, random_start, hit_target):
-    """One FAB run on one chunk. Returns (best adversarial point, its norm; inf where none was found)."""
+def _fab_step(model, x1, x0, y, t, *, norm, alpha_max, eta, beta, hit_target, shape):
+    """One FAB step for the rows of x1 / x0 (m x D): (new x1, adversarial flags, distances to x0)."""
+    df, w, _ = _linearisation(model, x1.view(-1, *shape[1:]), y, t, hit_target, norm)
+    with torch.no_grad():
+        wx1 = (w * x1).sum(1)
+        d1 = _project_hyperplane_box(x1, w, -df, norm)
+        d2 = _project_hyperplane_box(x0, w, -df + wx1 - (w * x0).sum(1), norm)
+        n1 = _lp(d1, norm).clamp_min(1e-8)
+        n2 = _lp(d2, norm).clamp_min(1e-8)
+        alpha = (n1 / (n1 + n2)).clamp(0.0, alpha_max)[:, None]
+        x1 = ((x1 + eta * d1) * (1 - alpha) + (x0 + eta * d2) * alpha).clamp_(0.0, 1.0)
+        pred = forward(model, x1.view(-1, *shape[1:])).argmax(1)
+        adv = pred == t if hit_target else pred != y
+        return x1, adv, _lp(x1 - x0, norm)
+
+
+def _fab_run(model, x, y, t, gen, *, eps, steps, norm, alpha_max, eta, beta, random_start, hit_target,
+             stop_on_success=False):
+    """One FAB run on one chunk. Returns (best adversarial point, its norm; inf where none was found). With
+    ``stop_on_success`` a sample leaves the batch once a point within eps was found (FAB would go on shrinking
+    it)."""
     n = x.shape[0]
     shape = x.shape
     x0 = x.reshape(n, -1)
@@ -136,28 +155,30 @@ def _fab_run(model, x, y, t, gen, *, eps, steps, norm, alpha_max, eta, beta, ran
         x1 = x0.clone()
     best = x0.clone()
     best_norm = torch.full((n,), float("inf"), device=x.device)
+    limit = eps + eps * 1e-6 + 1e-7
+    kw = {"norm": norm, "alpha_max": alpha_max, "eta": eta, "beta": beta, "hit_target": hit_target, "shape": shape}
     for _ in range(steps):
-        df, w, _ = _linearisation(model, x1.view(shape), y, t, hit_target, norm)
+        act = (best_norm > limit).nonzero().flatten() if stop_on_success else None
+        if act is not None and act.numel() == 0:
+            break
+        if act is None or act.numel() == n:
+            x1, adv, dist = _fab_step(model, x1, x0, y, t, **kw)
+            rows = slice(None)
+        else:
+            x1_a, adv, dist = _fab_step(model, x1[act], x0[act], y[act], None if t is None else t[act], **kw)
+            rows = act
+            x1 = x1.index_copy(0, act, x1_a)
         with torch.no_grad():
-            wx1 = (w * x1).sum(1)
-            d1 = _project_hyperplane_box(x1, w, -df, norm)
-            d2 = _project_hyperplane_box(x0, w, -df + wx1 - (w * x0).sum(1), norm)
-            n1 = _lp(d1, norm).clamp_min(1e-8)
-            n2 = _lp(d2, norm).clamp_min(1e-8)
-            alpha = (n1 / (n1 + n2)).clamp(0.0, alpha_max)[:, None]
-            x1 = ((x1 + eta * d1) * (1 - alpha) + (x0 + eta * d2) * alpha).clamp_(0.0, 1.0)
-            pred = forward(model, x1.view(shape)).argmax(1)
-            adv = pred == t if hit_target else pred != y
-            dist = _lp(x1 - x0, norm)
-            better = adv & (dist < best_norm)
-            best = torch.where(better[:, None], x1, best)
-            best_norm = torch.where(better, dist, best_norm)
-            x1 = torch.where(adv[:, None], x0 + (x1 - x0) * beta, x1)
+            x1_r, x0_r = x1[rows], x0[rows]
+            better = adv & (dist < best_norm[rows])
+            best[rows] = torch.where(better[:, None], x1_r, best[rows])
+            best_norm[rows] = torch.where(better, dist, best_norm[rows])
+            x1[rows] = torch.where(adv[:, None], x0_r + (x1_r - x0_r) * beta, x1_r)
     return best.view(shape), best_norm
 
 
 def _fab_core(model, x, y, gen, *, eps, steps, norm, targeted, n_targets, restarts, alpha_max, eta, beta,
-              target=None):
+              target=None, stop_on_success=False):
     with torch.no_grad():
         logits = forward(model, x)
     hit = target is not None
@@ -180,7 +201,7 @@ def _fab_core(model, x, y, gen, *, eps, steps, norm, targeted, n_targets, restar
                 return out
             best, best_norm = _fab_run(model, x[idx], y[idx], None if tgt is None else tgt[idx], gen, eps=eps,
                                        steps=steps, norm=norm, alpha_max=alpha_max, eta=eta, beta=beta,
-                                       random_start=r > 0, hit_target=hit)
+                                       random_start=r > 0, hit_target=hit, stop_on_success=stop_on_success)
             ok = best_norm <= eps + tol
             out[idx[ok]] = best[ok]
             active[idx[ok]] = False
@@ -189,7 +210,7 @@ def _fab_core(model, x, y, gen, *, eps, steps, norm, targeted, n_targets, restar
 
 def fab(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100, norm: str = "linf",
         targeted: bool = True, n_targets: int = 9, restarts: int = 1, alpha_max: float = 0.1, eta: float = 1.05,
-        beta: float = 0.9, seed: int | None = None, *, target: Any = None,
+        beta: float = 0.9, seed: int | None = None, *, target: Any = None, stop_on_success: bool = False,
         batch_size: int | None = _DEFAULT_CHUNK, generator: torch.Generator | None = None) -> torch.Tensor:
     """FAB (Croce & Hein 2020), the minimum-norm boundary attack of AutoAttack; FAB-T when ``targeted`` (the
     default): one run per each of the ``n_targets`` most likely other classes of the clean input, each on the
@@ -200,6 +221,8 @@ def fab(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: i
     the clean input (FAB minimises the norm; eps only decides success). With ``target`` (an int or int64 [N],
     each different from y) it linearises the boundary between the target and the strongest other class and
     success means "predicted as the target". Each step costs one forward+backward and one forward pass.
+    ``stop_on_success`` stops a sample's run once a point within eps is found (the same success, a larger
+    returned norm; used by :func:`robustest.robustness.evaluate`).
     x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W on x's device.
     """
     x, y = _prepare(model, x, y)
@@ -216,4 +239,4 @@ def fab(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: i
     target = _check_target(model, target, y)
     return _run(_fab_core, model, x, y, seed, batch_size, generator, per_sample={"target": target}, eps=eps,
                 steps=steps, norm=norm, targeted=bool(targeted), n_targets=n_targets, restarts=restarts,
-                alpha_max=alpha_max, eta=eta, beta=beta)
+                alpha_max=alpha_max, eta=eta, beta=beta, stop_on_success=bool(stop_on_success))
