@@ -4,10 +4,12 @@
 # then the zoo's training throughput (forward + backward, batch 64, native sizes; fp32 and bf16 autocast).
 # Usage (repository root, robustest and its test/bench extras installed with a CUDA build of torch):
 #     DATA_DIR=../shared/data OUT=/tmp/gpu bash benchmarks/gpu_checks.sh
-# Logs and JSON go to $OUT; about 5 minutes on one GPU.
+# Logs and JSON go to $OUT; about 5 minutes on one GPU, plus the AutoAttack comparison (bench_eval.py).
 set -uo pipefail
 DATA_DIR="${DATA_DIR:-../shared/data}"
 OUT="${OUT:-/tmp/robustest-gpu}"
+# bench_eval attacks an MNIST LeNet-5: $CHECKPOINT, trained here (3 epochs) when absent
+CHECKPOINT="${CHECKPOINT:-$OUT/lenet5/model.pt}"
 mkdir -p "$OUT"
 python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name(0))" \
     | tee "$OUT/device.txt" || exit 1
@@ -27,3 +29,8 @@ tail -20 "$OUT/bench_zoo_cuda.txt"
 python benchmarks/bench_zoo.py --device cuda --batch 64 --steps 5 --warmup 2 --amp \
     --json "$OUT/bench_zoo_cuda_amp.json" > "$OUT/bench_zoo_cuda_amp.txt" 2>&1
 tail -20 "$OUT/bench_zoo_cuda_amp.txt"
+[ -f "$CHECKPOINT" ] || python -m robustest train --dataset mnist --data-dir "$DATA_DIR" --model lenet5 --epochs 3 \
+    --device cuda --out "$(dirname "$CHECKPOINT")" --no-progress > "$OUT/train_lenet5.txt" 2>&1
+python benchmarks/bench_eval.py --checkpoint "$CHECKPOINT" --data-dir "$DATA_DIR" --device cuda --n 1000 \
+    --linf 0.1 0.3 --l2 2.0 --paper > "$OUT/bench_eval_cuda.txt" 2>&1
+tail -40 "$OUT/bench_eval_cuda.txt"

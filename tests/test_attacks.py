@@ -66,7 +66,8 @@ def test_inside_ball_and_unit_range(trained_digits_model, digits_test, name, nor
 
 
 def test_registry_names_and_describe():
-    assert set(attacks.names()) == {"fgsm", "pgd", "bim", "rfgsm", "mifgsm", "cw_l2", "apgd"}
+    assert set(attacks.names()) == {"fgsm", "pgd", "bim", "rfgsm", "mifgsm", "cw_l2", "apgd", "apgd_dlr", "apgd_t",
+                                    "fab", "fab_t", "square"}
     for n in attacks.names():
         assert isinstance(attacks.describe(n), str) and attacks.describe(n)
     assert attacks.describe("cw") == attacks.describe("cw_l2")

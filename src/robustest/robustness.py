@@ -333,6 +333,8 @@ class RobustnessReport:
       the per-sample worst case (clean, PGD and APGD-CE all correct).
     * ``corruption_accuracy``: mean accuracy under common corruptions (when measured), details in
       ``corruption``.
+    * ``autoattack_accuracy``: robust accuracy under :func:`evaluate`'s ensemble (``measure(autoattack=True)``,
+      same images and eps as the white-box attacks), else None.
     * ``seconds``: wall time of the measurement (kept out of reproducibility comparisons).
     """
 
@@ -349,6 +351,7 @@ class RobustnessReport:
     corruption: dict[str, _RAny] | None = None
     settings: dict[str, _RAny] = _r_field(default_factory=dict)
     seconds: float = 0.0
+    autoattack_accuracy: float | None = None
 
     def to_dict(self) -> dict[str, _RAny]:
         """JSON-ready dict (NaN written as None)."""
@@ -371,13 +374,16 @@ def measure(model: _RAny, data: _RAny, *, eps: float, fixed: FixedAdversarialSet
             whitebox: bool = True, whitebox_limit: int | None = 1000, pgd_steps: int = 20, pgd_restarts: int = 2,
             apgd_steps: int = 50, corruptions: str | list[str] | None = None,
             corruption_severities: tuple[int, ...] = (1, 3, 5), seed: int = 0,
-            batch_size: int = 256) -> RobustnessReport:
+            batch_size: int = 256, autoattack: bool = False, autoattack_version: str = "standard"
+            ) -> RobustnessReport:
     """Measure the robustness of ``model`` on the labelled evaluation split ``data``.
 
     ``fixed``: the fixed adversarial set built once against the ORIGINAL model (:func:`build_fixed_set`);
     without it ``fixed_set_accuracy`` is None. ``whitebox``: run PGD (``pgd_steps``, ``pgd_restarts``) and
     APGD-CE (``apgd_steps``) against ``model`` itself on the first ``whitebox_limit`` images (None: all).
-    ``corruptions``: None (skip), ``"all"`` or a list of names for :func:`corruption_accuracy`. Seeded.
+    ``corruptions``: None (skip), ``"all"`` or a list of names for :func:`corruption_accuracy`.
+    ``autoattack``: also run :func:`evaluate` (``autoattack_version``: "standard" = AutoAttack's ensemble, or
+    "fast") on the same white-box images (needs ``whitebox``). Seeded.
     """
     t0 = _r_time.perf_counter()
     eps = _r_check_eps(eps)
@@ -391,6 +397,10 @@ def measure(model: _RAny, data: _RAny, *, eps: float, fixed: FixedAdversarialSet
         wb = whitebox_accuracy(model, (x[:m], y[:m]), eps, pgd_steps=pgd_steps, pgd_restarts=pgd_restarts,
                                apgd_steps=apgd_steps, seed=seed, batch_size=batch_size)
         nwb = m
+    aa = None
+    if whitebox and autoattack:
+        aa = evaluate(model, (x[:nwb], y[:nwb]), eps, version=autoattack_version, seed=seed,
+                      batch_size=batch_size).robust_accuracy
     corr_mean, corr = None, None
     if corruptions:
         res = corruption_accuracy(model, (x, y), corruptions=corruptions, severities=tuple(corruption_severities),
@@ -399,9 +409,18 @@ def measure(model: _RAny, data: _RAny, *, eps: float, fixed: FixedAdversarialSet
         corr_mean = float(res.mean_corruption_accuracy)
     settings = {"pgd_steps": pgd_steps, "pgd_alpha": eps / 4, "pgd_restarts": pgd_restarts, "apgd_steps": apgd_steps,
                 "seed": seed, "whitebox_limit": whitebox_limit, "corruption_severities": list(corruption_severities)}
+    if aa is not None:
+        settings["autoattack_version"] = autoattack_version
     return RobustnessReport(clean_accuracy=clean, fixed_set_accuracy=fx, fixed_set_size=len(fixed) if fixed else 0,
                             whitebox_pgd_accuracy=wb["pgd"], whitebox_apgd_accuracy=wb["apgd"],
                             whitebox_accuracy=wb["worst"], eps=eps, num_eval=int(x.shape[0]), num_whitebox=nwb,
                             corruption_accuracy=corr_mean, corruption=corr, settings=settings,
-                            seconds=_r_time.perf_counter() - t0)
+                            seconds=_r_time.perf_counter() - t0, autoattack_accuracy=aa)
 # ======================================================== end of clean / fixed adversarial set / white-box section
+
+
+
+# ================================================================ evaluate: the AutoAttack-style ensemble
+# Implemented in robustest.evaluation (its own module: it is a pipeline of its own); re-exported here so that
+# every robustness measure is reachable from robustest.robustness.
+from robustest.evaluation import EVAL_FORMAT, EvalResult, ensemble_plan, evaluate  # noqa: E402, F401

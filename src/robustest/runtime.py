@@ -183,7 +183,7 @@ def check_model_fits(model: nn.Module, data: DataLike, *, device: torch.device |
                           "returns N x K logits (wrap it in robustest.models.Logits to select them)")
     k = int(out.shape[1])
     if k < 2:
-        raise ConfigError(f"the model has {k} output class(es): a classifier needs at least 2")
+        raise ConfigError(f"the model has {k} output class(es): a classifier needs at least 2 classes")
     y = labels_of(data)
     if y is not None and y.numel() and int(y.max()) >= k:
         raise ConfigError(f"the data has label {int(y.max())} but the model has {k} classes: check the data set "

@@ -192,7 +192,7 @@ class RobotConfig:
     @classmethod
     def json_schema(cls) -> dict[str, Any]:
         """A JSON Schema (draft 2020-12) of run.yaml/compare configs: every key with its type, choices and
-        default (docs/schemas/run-config.schema.json is this, written out)."""
+        default (docs/schemas/config/run.schema.json is this, written out)."""
         from robustest.metrics import names as metric_names
 
         choices = {"pool": list(POOLS), "strategy": list(STRATEGIES), "target_metric": list(METRICS),

@@ -1,0 +1,327 @@
+"""Adversarial attacks, batched, seeded, behind one registry.
+
+Every attack takes a classifier returning logits, images ``x`` (float N x C x H x W in [0, 1]) and labels ``y``
+(int64 [N]) and returns the adversarial batch ``x_adv`` of the same shape, on ``x``'s device, inside the threat
+model's ball around ``x`` (L-inf or L2 radius ``eps``) and inside [0, 1]:
+
+=========  ==========================================================================================
+fgsm       Fast Gradient Sign Method (Goodfellow et al. 2015), optional uniform random start.
+pgd        Projected Gradient Descent (Madry et al. 2018), L-inf or L2, random start, restarts.
+bim        Basic Iterative Method (Kurakin et al. 2017): L-inf PGD from the clean input.
+rfgsm      R+FGSM (Tramer et al. 2018): a random sign step of ``alpha`` then gradient sign steps.
+mifgsm     Momentum Iterative FGSM (Dong et al. 2018).
+cw_l2      Carlini & Wagner L2 (2017) with a per-sample binary search over the constant c.
+apgd       APGD-CE (Croce & Hein 2020): parameter-free step size schedule, L-inf or L2.
+apgd_dlr   APGD on the Difference of Logits Ratio loss (Croce & Hein 2020).
+apgd_t     Targeted APGD on the targeted DLR loss over the top-9 other classes (AutoAttack's APGD-T).
+fab_t      FAB-T: targeted minimum-norm Fast Adaptive Boundary attack (AutoAttack's FAB-T).
+fab        Untargeted FAB (closest linearised boundary; one backward pass per class and step).
+square     Square Attack (Andriushchenko et al. 2020): score-based black-box random search, L-inf or L2.
+=========  ==========================================================================================
+
+The gradient attacks (fgsm, pgd, bim, rfgsm, mifgsm) also take ``target=`` (a class or int64 [N]) for their
+targeted variants; apgd_t and fab_t take it to attack given classes instead of the most likely ones.
+
+:func:`attack` runs any of them by name over a data set in batches and returns an :class:`AttackResult` with the
+adversarial images, per-sample success (prediction on the adversarial image differs from the label), clean
+correctness and perturbation norms, so callers never recompute them. :func:`robustest.robustness.evaluate` runs
+the AutoAttack ensemble (apgd -> apgd_t -> fab_t -> square) on top of them.
+
+The model's train/eval mode and its parameters' ``requires_grad`` flags are restored after every call; attacks
+run the model in eval mode and take gradients with respect to the input only. Randomness comes from a
+``torch.Generator`` on the model's device seeded with ``seed``: the same seed (and batch size) gives the same
+result. Losses are summed per-sample losses, so a sample's gradient does not depend on the batch it is in.
+
+Float note: L-inf projections clamp to ``[max(x - eps, 0), min(x + eps, 1)]``, so ``|x_adv - x|`` may exceed
+``eps`` by one float rounding (about 6e-8 for values in [0, 1]).
+
+Layout: ``_core`` (validation, losses, projections, chunked runner), ``gradient`` (FGSM, PGD, BIM, R+FGSM,
+MI-FGSM), ``apgd`` (APGD-CE, APGD-DLR, APGD-T), ``fab``, ``square``, ``cw``; this module holds the registry,
+:func:`attack` and :class:`AttackResult`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from robustest.attacks._core import (  # noqa: F401 - re-exported for callers and tests
+    _DEFAULT_CHUNK,
+    NORMS,
+    _check_eps,
+    _check_norm,
+    _check_steps,
+    _flat_norm,
+    _grad,
+    _keep_stronger,
+    _num_classes,
+    _prepare,
+    _project,
+    _random_start,
+    _run,
+)
+from robustest.attacks.apgd import apgd, apgd_dlr, apgd_t
+from robustest.attacks.cw import cw_l2
+from robustest.attacks.fab import fab
+from robustest.attacks.gradient import bim, fgsm, mifgsm, pgd, rfgsm
+from robustest.attacks.square import square
+from robustest.errors import ConfigError
+from robustest.runtime import (
+    DataLike,
+    as_tensors,
+    check_images,
+    check_labels,
+    eval_mode,
+    forward,
+    make_generator,
+    resolve_device,
+)
+
+__all__ = [
+    "AttackResult",
+    "apgd",
+    "apgd_dlr",
+    "apgd_t",
+    "attack",
+    "bim",
+    "cw_l2",
+    "describe",
+    "fab",
+    "fab_t",
+    "fgsm",
+    "mifgsm",
+    "names",
+    "pgd",
+    "rfgsm",
+    "square",
+]
+
+
+def fab_t(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100, norm: str = "linf",
+          n_targets: int = 9, restarts: int = 1, alpha_max: float = 0.1, eta: float = 1.05, beta: float = 0.9,
+          seed: int | None = None, *, target: Any = None, stop_on_success: bool = False,
+          batch_size: int | None = _DEFAULT_CHUNK, generator: torch.Generator | None = None) -> torch.Tensor:
+    """FAB-T, AutoAttack's targeted FAB: :func:`fab` with ``targeted=True`` (see there).
+    x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W on x's device."""
+    return fab(model, x, y, eps, steps=steps, norm=norm, targeted=True, n_targets=n_targets, restarts=restarts,
+               alpha_max=alpha_max, eta=eta, beta=beta, seed=seed, target=target, stop_on_success=stop_on_success,
+               batch_size=batch_size, generator=generator)
+
+
+def _fab_untargeted(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100,
+                    norm: str = "linf", restarts: int = 1, alpha_max: float = 0.1, eta: float = 1.05,
+                    beta: float = 0.9, seed: int | None = None, *, stop_on_success: bool = False,
+                    batch_size: int | None = _DEFAULT_CHUNK, generator: torch.Generator | None = None) -> torch.Tensor:
+    return fab(model, x, y, eps, steps=steps, norm=norm, targeted=False, restarts=restarts, alpha_max=alpha_max,
+               eta=eta, beta=beta, seed=seed, stop_on_success=stop_on_success, batch_size=batch_size,
+               generator=generator)
+
+
+# ------------------------------------------------------------------------------------------------- registry
+@dataclass(frozen=True)
+class _Entry:
+    fn: Callable[..., torch.Tensor]
+    description: str
+    norm_bounded: bool = True
+
+
+_REGISTRY: dict[str, _Entry] = {
+    "fgsm": _Entry(fgsm, "Fast Gradient Sign Method (L-inf, one step; optional random start; target=)"),
+    "pgd": _Entry(pgd, "Projected Gradient Descent (L-inf or L2; random start; restarts keep the strongest; target=)"),
+    "bim": _Entry(bim, "Basic Iterative Method (L-inf PGD from the clean input; target=)"),
+    "rfgsm": _Entry(rfgsm, "R+FGSM: random sign step then gradient sign steps (L-inf; target=)"),
+    "mifgsm": _Entry(mifgsm, "Momentum Iterative FGSM (L-inf; target=)"),
+    "cw_l2": _Entry(cw_l2, "Carlini & Wagner L2 with a binary search over c (minimal-norm; no eps-ball)", False),
+    "apgd": _Entry(apgd, "APGD-CE: parameter-free step size schedule (L-inf or L2; restarts)"),
+    "apgd_dlr": _Entry(apgd_dlr, "APGD-DLR: APGD on the Difference of Logits Ratio loss (L-inf or L2)"),
+    "apgd_t": _Entry(apgd_t, "APGD-T: APGD on the targeted DLR loss over the top-9 other classes (L-inf or L2)"),
+    "fab_t": _Entry(fab_t, "FAB-T: targeted minimum-norm boundary attack over the top-9 other classes (L-inf, L2)"),
+    "fab": _Entry(_fab_untargeted, "FAB: untargeted minimum-norm boundary attack (L-inf or L2)"),
+    "square": _Entry(square, "Square Attack: score-based black-box random search (L-inf or L2; no gradients)"),
+}
+
+_ALIASES = {"cw": "cw_l2", "apgd_ce": "apgd", "mi_fgsm": "mifgsm", "r_fgsm": "rfgsm", "apgdt": "apgd_t",
+            "apgd_targeted": "apgd_t", "fabt": "fab_t", "fab_targeted": "fab_t"}
+
+
+def names() -> list[str]:
+    """Names of the registered attacks."""
+    return sorted(_REGISTRY)
+
+
+def describe(name: str) -> str:
+    """One-line description of attack ``name``."""
+    return _entry(name).description
+
+
+def _entry(name: str) -> _Entry:
+    key = str(name).lower().replace("-", "_")
+    key = _ALIASES.get(key, key)
+    if key not in _REGISTRY:
+        raise ConfigError(f"unknown attack {name!r}: choose one of {', '.join(names())}")
+    return _REGISTRY[key]
+
+
+# --------------------------------------------------------------------------------------------- attack()
+@dataclass
+class AttackResult:
+    """Outcome of :func:`attack` on N samples (all per-sample tensors are 1-D of length N, on the CPU).
+
+    adv: adversarial images N x C x H x W (the clipped, valid images; on the input's device).
+    y: the labels attacked. clean_pred / adv_pred: the model's predictions on x and adv.
+    success: adv_pred != y. clean_correct: clean_pred == y.
+    linf / l2: per-sample L-inf and L2 norms of adv - x.
+    target: the target classes of a targeted attack (int64 [N]; None for an untargeted one); then
+    ``target_success`` (adv_pred == target) is what the attack aimed for.
+    """
+
+    name: str
+    adv: torch.Tensor
+    y: torch.Tensor
+    success: torch.Tensor
+    clean_correct: torch.Tensor
+    clean_pred: torch.Tensor
+    adv_pred: torch.Tensor
+    linf: torch.Tensor
+    l2: torch.Tensor
+    params: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    target: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.success.shape[0])
+
+    def __repr__(self) -> str:
+        from robustest._repr import one_line, shape
+
+        return one_line(self, name=self.name, n=len(self), eps=self.params.get("eps"),
+                        success_rate=self.success_rate if len(self) else None,
+                        robust_accuracy=self.robust_accuracy if len(self) else None, adv=shape(self.adv),
+                        max_linf=float(self.linf.max()) if len(self) else None, seconds=self.seconds)
+
+    @property
+    def success_rate(self) -> float:
+        """Fraction of samples whose prediction on adv differs from y (misclassified clean samples count)."""
+        return float(self.success.double().mean()) if len(self) else float("nan")
+
+    @property
+    def robust_accuracy(self) -> float:
+        """Fraction of samples still classified correctly on adv."""
+        return 1.0 - self.success_rate if len(self) else float("nan")
+
+    @property
+    def clean_accuracy(self) -> float:
+        return float(self.clean_correct.double().mean()) if len(self) else float("nan")
+
+    @property
+    def target_success(self) -> torch.Tensor | None:
+        """Samples predicted as their target on adv (BoolTensor[N]); None for an untargeted attack."""
+        return None if self.target is None else self.adv_pred == self.target
+
+    @property
+    def fooled(self) -> torch.Tensor:
+        """Samples classified correctly clean and wrongly on adv (BoolTensor[N])."""
+        return self.success & self.clean_correct
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly summary (no tensors)."""
+        def q(t: torch.Tensor) -> dict[str, float]:
+            if t.numel() == 0:
+                return {}
+            t = t.float()
+            return {"mean": float(t.mean()), "min": float(t.min()), "median": float(t.median()),
+                    "max": float(t.max())}
+
+        s = self.success
+        extra = {}
+        if self.target is not None:
+            extra["target_success_rate"] = float(self.target_success.double().mean()) if len(self) else float("nan")
+        return {
+            "attack": self.name, "params": dict(self.params), "n": len(self), **extra,
+            "clean_accuracy": self.clean_accuracy, "robust_accuracy": self.robust_accuracy,
+            "success_rate": self.success_rate,
+            "success_rate_on_correct": (float(self.fooled.sum()) / max(1, int(self.clean_correct.sum()))),
+            "linf": q(self.linf), "l2": q(self.l2),
+            "linf_successful": q(self.linf[s]), "l2_successful": q(self.l2[s]),
+            "seconds": self.seconds,
+        }
+
+
+def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | None = None, *,
+           batch_size: int = 256, seed: int | None = 0, progress: bool = False, **kw: Any) -> AttackResult:
+    """Run attack ``name`` (see :func:`names`) on images or a data set, in batches of ``batch_size``.
+
+    ``x_or_data``: an image tensor N x C x H x W in [0, 1] (then ``y`` int64 [N]; when ``y`` is None the model's
+    own predictions are attacked), an ``(x, y)`` pair, a ``Dataset`` or a ``DataLoader``. ``kw`` are the attack's
+    parameters (eps, steps, alpha, norm, restarts, ...). One random generator on the model's device seeded with
+    ``seed`` serves all batches in order, so the result equals the attack function's with the same seed and
+    ``batch_size``. ``progress`` shows a progress bar over batches. ``target`` (targeted attacks) may be one class
+    or int64 [N]; it is split into batches with the images. Returns an :class:`AttackResult`.
+    """
+    entry = _entry(name)
+    if "generator" in kw or "batch_size" in kw:
+        raise ConfigError("attack() takes seed and batch_size itself; do not pass generator")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    x, y_data = as_tensors(x_or_data)
+    y = y if y is not None else y_data
+    x = check_images(x)
+    n = x.shape[0]
+    device = resolve_device(model)
+    if y is not None:
+        if not isinstance(y, torch.Tensor):
+            y = torch.as_tensor(y)
+        y = check_labels(y, n, _num_classes(model))
+    target = kw.pop("target", None)
+    if target is not None:
+        if isinstance(target, bool) or not isinstance(target, (int, torch.Tensor)):
+            raise ConfigError(f"target must be a class index or a tensor of N class indices, got {target!r}")
+        if isinstance(target, int):
+            target = torch.full((n,), target, dtype=torch.long)
+        target = check_labels(target, n, _num_classes(model), name="target").long()
+    gen = make_generator(seed, device)
+    t0 = time.perf_counter()
+    advs, clean_preds, adv_preds, ys = [], [], [], []
+    starts = range(0, n, batch_size)
+    from robustest.runtime import progress as _progress
+
+    for s in _progress(starts, enabled=progress, desc=_canonical_name(name), total=len(starts), unit="batch"):
+        xb = x[s:s + batch_size].to(device)
+        with eval_mode(model), torch.no_grad():
+            cp = forward(model, xb).argmax(1)
+        yb = cp if y is None else y[s:s + batch_size].to(device)
+        if target is not None:
+            kw["target"] = target[s:s + batch_size].to(device)
+        adv = entry.fn(model, xb, yb, batch_size=None, generator=gen, **kw)
+        with eval_mode(model), torch.no_grad():
+            ap = forward(model, adv).argmax(1)
+        advs.append(adv.to(x.device))
+        clean_preds.append(cp.cpu())
+        adv_preds.append(ap.cpu())
+        ys.append(yb.cpu())
+    if n == 0:
+        empty = torch.empty(0, dtype=torch.long)
+        advs, clean_preds, adv_preds, ys = [x.clone()], [empty], [empty], [empty]
+    adv_all = torch.cat(advs)
+    clean_pred, adv_pred, y_cpu = torch.cat(clean_preds), torch.cat(adv_preds), torch.cat(ys).long()
+    delta = (adv_all.detach() - x.detach()).flatten(1).cpu()
+    kw.pop("target", None)
+    params = {**kw, "seed": seed, "batch_size": batch_size}
+    if target is not None:
+        params["target"] = "per-sample"
+    return AttackResult(
+        name=_canonical_name(name), adv=adv_all, y=y_cpu, success=adv_pred != y_cpu,
+        clean_correct=clean_pred == y_cpu, clean_pred=clean_pred, adv_pred=adv_pred,
+        linf=delta.abs().amax(1) if delta.shape[1] else delta.sum(1), l2=delta.norm(p=2, dim=1),
+        params=params, seconds=time.perf_counter() - t0, target=None if target is None else target.cpu(),
+    )
+
+
+def _canonical_name(name: str) -> str:
+    entry = _entry(name)
+    return next(k for k, v in _REGISTRY.items() if v is entry)

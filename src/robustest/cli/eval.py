@@ -1,0 +1,240 @@
+"""``robustest eval``: a standard robustness evaluation of a model (the AutoAttack ensemble, per sample, only on
+the points still robust), optionally with accuracy under common corruptions, and a CI gate.
+
+Writes to --out: ``results.json`` (clean and robust accuracy, accuracy after each attack, settings, timings and
+a RobustBench ``model_info`` entry; schema in docs/RESULTS_SCHEMA.md), ``samples.csv`` (one row per sample: label,
+predictions, robust, the attack that broke it, perturbation norms) and ``report.html``.
+
+Versions: ``standard`` = APGD-CE -> APGD-T (9 targets) -> FAB-T (9 targets) -> Square (5000 queries), AutoAttack's
+standard version; ``fast`` = APGD-CE -> APGD-T (3 targets); ``custom`` = the attacks named in --attacks.
+
+Exit status: 0 done (and robust accuracy >= --fail-under when given), 1 robust accuracy below --fail-under,
+2 bad input (one line on stderr, before any attack runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from fractions import Fraction
+
+from robustest.cli._common import (
+    add_checkpoint_arg,
+    add_data_args,
+    add_run_args,
+    check_fits,
+    data_settings,
+    int_list,
+    load_data,
+    load_model,
+    log,
+    model_settings,
+    name_list,
+    out_dir,
+    peak_rss_mib,
+    positive_int,
+)
+from robustest.errors import ConfigError
+
+ORDER = 35
+
+
+def parse_eps(text: str) -> float:
+    """'0.3', '8/255' or '3e-2' -> float (a fraction a/b is how RobustBench writes radii)."""
+    t = str(text).strip()
+    try:
+        return float(Fraction(t)) if "/" in t else float(t)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"expected a number or a fraction like 8/255, got {text!r}") from None
+
+
+def parse_accuracy(text: str) -> float:
+    """'0.85' or '85%' -> 0.85; must lie in [0, 1]."""
+    t = str(text).strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an accuracy like 0.85 or 85%, got {text!r}") from None
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"expected an accuracy in [0, 1] (or 0-100%), got {text!r}")
+    return v
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate robustness (AutoAttack ensemble, corruptions); gate CI with "
+                                    "--fail-under", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_checkpoint_arg(p)
+    add_data_args(p, split="test")
+    p.add_argument("--eps", type=parse_eps, required=True, metavar="E",
+                   help="radius of the threat model in pixel scale, e.g. 0.3 or 8/255 (L-inf: in (0, 1])")
+    p.add_argument("--norm", choices=("linf", "l2"), default="linf", help="threat model (default: linf)")
+    p.add_argument("--version", choices=("standard", "fast", "custom"), default="standard",
+                   help="attack ensemble (default: standard = AutoAttack's)")
+    p.add_argument("--attacks", type=name_list("attack"), default=None, metavar="LIST",
+                   help="with --version custom: comma-separated attacks in order, e.g. apgd-ce,apgd-dlr,square")
+    p.add_argument("--n-targets", type=positive_int, default=None, metavar="K",
+                   help="target classes of APGD-T and FAB-T (default: min(9, classes - 1))")
+    p.add_argument("--corruptions", default=None, metavar="LIST",
+                   help="also measure accuracy under common corruptions: 'all', a group or names")
+    p.add_argument("--severities", type=int_list(what="severity", lo=1, hi=5, sort=True), default=[1, 2, 3, 4, 5],
+                   metavar="LIST", help="corruption severities: 1-5, 1,3,5 or 1-2,5 (default: 1-5)")
+    p.add_argument("--baseline", default=None, metavar="FILE",
+                   help="checkpoint of a baseline model whose corruption errors normalise the mCE")
+    p.add_argument("--fail-under", type=parse_accuracy, default=None, metavar="ACC",
+                   help="exit with status 1 when the robust accuracy is below ACC (0.85 or 85%%)")
+    p.add_argument("--batch-size", type=positive_int, default=256, metavar="B",
+                   help="images per attack batch (default: 256)")
+    p.add_argument("--save-adv", action="store_true", help="also write the worst-case images to adv.pt")
+    add_run_args(p)
+    p.set_defaults(func=run)
+
+
+def _check_args(args: argparse.Namespace) -> tuple[list[str] | None, list[int] | None]:
+    """Every check that needs no model or data: one-line ConfigError before any work."""
+    from robustest import corruptions
+    from robustest.evaluation import check_radius
+
+    check_radius(args.eps, args.norm)
+    attacks = None
+    if args.attacks is not None:
+        if args.version != "custom":
+            raise ConfigError("--attacks needs --version custom (the other versions fix their attacks)")
+        attacks = list(args.attacks)
+    elif args.version == "custom":
+        raise ConfigError("--version custom needs --attacks, e.g. --attacks apgd-ce,square")
+    if attacks:
+        from robustest.evaluation import ensemble_plan
+
+        ensemble_plan("custom", args.norm, attacks)  # names and norms checked now
+    severities = None
+    if args.corruptions is not None:
+        corruptions.resolve_names(args.corruptions)
+        severities = list(args.severities)
+    elif args.baseline is not None:
+        raise ConfigError("--baseline is used only for the mCE: add --corruptions")
+    return attacks, severities
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from robustest.checkpoints import source_of
+    from robustest.evaluation import evaluate
+    from robustest.results import write_results
+    from robustest.runtime import atomic_save, model_device
+
+    t0 = time.perf_counter()
+    attacks, severities = _check_args(args)
+    if Path(args.out).exists():
+        out_dir(args)
+    model = load_model(args)
+    baseline = None
+    if args.baseline is not None:
+        from robustest.checkpoints import load_model as load_file
+
+        baseline = load_file(args.baseline, torchscript=args.torchscript, map_location=model_device(model))
+    ds = load_data(args)
+    check_fits(model, ds)
+    t_load = time.perf_counter() - t0
+    result = evaluate(model, ds, args.eps, norm=args.norm, version=args.version, attacks=attacks,
+                      n_targets=args.n_targets, seed=args.seed, batch_size=args.batch_size,
+                      corruptions=args.corruptions, severities=severities or (1, 2, 3, 4, 5), baseline=baseline,
+                      keep_adv=True, progress=not args.no_progress)
+    out = out_dir(args)
+    spec = getattr(model, "robustest_spec", None)
+    doc = result.to_dict()
+    for key in ("format", "version", "world_size"):
+        doc.pop(key, None)
+    timings = {**doc.pop("timings", {}), "load_s": t_load}
+    doc["attack_settings"] = doc.pop("settings", {})  # the ensemble's own parameters, attack by attack
+    name = Path(args.checkpoint).stem if args.checkpoint else str(args.model_factory)
+    doc["robustbench"] = result.robustbench(dataset=args.dataset, name=name,
+                                            architecture=spec.get("name") if isinstance(spec, dict) else None)
+    doc["model"] = {**model_settings(args), "spec": source_of(model)}
+    doc["data"] = {**data_settings(args), "num_samples": result.num_samples}
+    if args.baseline is not None:
+        doc["attack_settings"].setdefault("corruptions", {})["baseline_checkpoint"] = str(args.baseline)
+    passed = None
+    if args.fail_under is not None:
+        passed = result.robust_accuracy >= args.fail_under
+        doc["gate"] = {"fail_under": args.fail_under, "passed": passed}
+    doc["peak_rss_mib"] = peak_rss_mib()
+    files = ["results.json", "samples.csv", "report.html"]
+    if args.save_adv:
+        atomic_save({"format": "robustest-eval-adversarials", "version": 1, "x": result.adv, "y": result.y,
+                     "index": result.index, "robust": result.robust}, out / "adv.pt")
+        files.append("adv.pt")
+    from robustest import report
+
+    report.write_csv(out / "samples.csv", result.rows())
+    timings["total_s"] = time.perf_counter() - t0
+    settings = {**model_settings(args), **data_settings(args), "eps": args.eps, "norm": args.norm,
+                "version": args.version, "batch_size": args.batch_size, "seed": args.seed,
+                "device": str(model_device(model))}
+    for key in ("attacks", "n_targets", "fail_under", "baseline"):
+        if getattr(args, key) is not None:
+            settings[key] = attacks if key == "attacks" else getattr(args, key)
+    if args.corruptions is not None:
+        settings.update(corruptions=args.corruptions, severities=severities)
+    if args.save_adv:
+        settings["save_adv"] = True
+    doc = write_results(out, "eval", settings, {**doc, "files": files}, timings)
+    _html(result, doc).write(out / "report.html")
+    per = ", ".join(f"{k} {100 * v:.2f}%" for k, v in result.attacks.items())
+    log.info(f"{args.dataset} ({result.num_samples} images), {args.norm} eps={args.eps:g}, {args.version}: clean "
+             f"{100 * result.clean_accuracy:.2f}%, robust {100 * result.robust_accuracy:.2f}% ({per})")
+    if result.corruption is not None:
+        c = result.corruption
+        mce = "" if c["mce"] is None else f", mCE {100 * c['mce']:.2f}% of the baseline's"
+        log.info(f"corruptions: mean accuracy {100 * c['mean_corruption_accuracy']:.2f}%{mce}")
+    log.info(f"wrote {', '.join(files)} to {out} in {time.perf_counter() - t0:.1f}s")
+    if passed is False:
+        print(f"robustest eval: robust accuracy {result.robust_accuracy:.4f} is below --fail-under "
+              f"{args.fail_under:.4f}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _html(result, doc):
+    from robustest import report
+
+    rep = report.HtmlReport(f"robustest eval: {doc['data']['dataset']}, {result.norm} eps={result.eps:g}")
+    rep.paragraph(f"{result.num_samples} images, version {result.version}: clean accuracy "
+                  f"{100 * result.clean_accuracy:.2f}%, robust accuracy {100 * result.robust_accuracy:.2f}%. Each "
+                  "attack runs only on the images every earlier attack left correctly classified; the accuracy "
+                  "after an attack is cumulative.")
+    rows = [{"attack": "clean", "accuracy": result.clean_accuracy, "broke": None, "attacked": None, "seconds":
+             result.timings.get("clean_s")}]
+    rows += [{"attack": k, "accuracy": v, "broke": result.breaks[k], "attacked": result.attacked[k],
+              "share of breaks": doc["share_of_breaks"][k], "seconds": result.timings.get(f"{k}_s")}
+             for k, v in result.attacks.items()]
+    rep.heading("Accuracy after each attack").table(rows)
+    rep.image(report.save_bars({"accuracy": {r["attack"]: r["accuracy"] for r in rows}}, None,
+                               title="cumulative accuracy", ylabel="accuracy"), "accuracy after each attack")
+    broken = (~result.robust & result.clean_correct).nonzero().flatten()
+    if broken.numel() and result.adv is not None:
+        norms = (result.linf if result.norm == "linf" else result.l2)[broken]
+        rep.heading("Adversarial examples")
+        rep.image(report.save_histogram(norms, None, title=f"{result.norm} norm of the perturbations",
+                                        xlabel=result.norm), "perturbation norms of the broken images")
+        import torch
+
+        pick = broken[:16].tolist()  # result tensors are in data order, aligned with adv
+        caps = [f"{int(result.y[i])}->{int(result.adv_pred[i])} ({result.broken_by[i]})" for i in pick]
+        grid = torch.stack([result.adv[i] for i in pick])
+        rep.image(report.save_image_grid(grid, None, captions=caps, ncols=8),
+                  "adversarial images: label->prediction (attack)")
+    if result.corruption is not None:
+        c = result.corruption
+        rep.heading("Common corruptions")
+        rep.paragraph(f"mean corruption accuracy {100 * c['mean_corruption_accuracy']:.2f}%, mean corruption error "
+                      f"{100 * c['mean_corruption_error']:.2f}%"
+                      + ("" if c["mce"] is None else f", mCE {100 * c['mce']:.2f}% and relative mCE "
+                         f"{100 * c['relative_mce']:.2f}% of the baseline's"))
+        rep.table([{"corruption": name, **per} for name, per in c["accuracy"].items()])
+    import json
+
+    rep.heading("Settings").preformatted(json.dumps(doc["settings"], indent=2, default=str))
+    return rep

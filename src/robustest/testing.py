@@ -1,0 +1,85 @@
+"""Robustness tests next to unit tests: :func:`assert_robust` and the pytest plugin that goes with it.
+
+    from robustest.testing import assert_robust
+
+    def test_model_is_robust():
+        assert_robust(model, test_data, eps=0.1, min_accuracy=0.80, attack="fast", limit=500)
+
+``assert_robust`` runs :func:`robustest.robustness.evaluate` and raises ``AssertionError`` (with the measured
+accuracy, the requirement and the attack in one line) when the robust accuracy is below ``min_accuracy``; it
+returns the :class:`robustest.evaluation.EvalResult` otherwise. The pytest plugin (:mod:`robustest.pytest_plugin`,
+registered as a ``pytest11`` entry point, so installed robustest makes it available to pytest) adds the
+``robustness`` marker, an ``assert_robust`` fixture that takes eps / min_accuracy from the marker, the options
+``--robustness-limit`` and ``--robustness-seed``, and a summary of every check at the end of the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from robustest.errors import ConfigError
+from robustest.runtime import DataLike
+
+__all__ = ["assert_robust", "robust_accuracy"]
+
+
+def _limited(data: DataLike, limit: int | None) -> DataLike:
+    if limit is None:
+        return data
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError(f"limit must be a positive integer, got {limit!r}")
+    from robustest.runtime import as_tensors
+
+    x, y = as_tensors(data)
+    return x[:limit], (None if y is None else y[:limit])
+
+
+def _plan_of(attack: Any) -> tuple[str, Any]:
+    """attack -> (evaluate version, custom attacks): "standard" / "fast", one attack name or a list of them
+    (names or (name, params) pairs) for a custom ensemble."""
+    if isinstance(attack, str) and attack.lower() in ("standard", "fast"):
+        return attack.lower(), None
+    if isinstance(attack, str):
+        return "custom", [attack]
+    if isinstance(attack, (list, tuple)) and attack:
+        if len(attack) == 2 and isinstance(attack[0], str) and isinstance(attack[1], dict):
+            return "custom", [tuple(attack)]
+        return "custom", list(attack)
+    raise ConfigError(f"attack must be 'standard', 'fast', an attack name or a list of them, got {attack!r}")
+
+
+def robust_accuracy(model: nn.Module, data: DataLike, *, eps: float, attack: Any = "standard", norm: str = "linf",
+                    seed: int = 0, limit: int | None = None, batch_size: int = 256, **kw: Any) -> Any:
+    """Run :func:`robustest.robustness.evaluate` with ``attack`` ("standard", "fast", an attack name such as
+    "apgd-ce" or "pgd", or a list of them) on the first ``limit`` samples of labelled ``data``; returns the
+    :class:`EvalResult`. ``kw`` go to ``evaluate`` (e.g. ``n_targets``)."""
+    from robustest.evaluation import evaluate
+
+    version, attacks = _plan_of(attack)
+    return evaluate(model, _limited(data, limit), eps, norm=norm, version=version, attacks=attacks, seed=seed,
+                    batch_size=batch_size, **kw)
+
+
+def assert_robust(model: nn.Module, data: DataLike, *, eps: float, min_accuracy: float, attack: Any = "standard",
+                  norm: str = "linf", seed: int = 0, limit: int | None = None, batch_size: int = 256,
+                  **kw: Any) -> Any:
+    """Assert that ``model`` keeps a robust accuracy of at least ``min_accuracy`` (a fraction in [0, 1]) on
+    labelled ``data`` (images N x C x H x W in [0, 1], int64 labels) against ``attack`` at radius ``eps``.
+
+    ``attack``: "standard" (AutoAttack's ensemble, the default), "fast" (APGD-CE + APGD-T on 3 targets), an attack
+    name ("apgd-ce", "square", "pgd", ...) or a list of names for a custom ensemble. ``limit`` uses only the
+    first N samples (robustness tests stay quick). Seeded: the same call gives the same verdict.
+    Raises ``AssertionError`` naming the measured and required accuracy; returns the ``EvalResult`` otherwise.
+    """
+    if isinstance(min_accuracy, bool) or not isinstance(min_accuracy, (int, float)) or not 0 <= min_accuracy <= 1:
+        raise ConfigError(f"min_accuracy must be a fraction in [0, 1], got {min_accuracy!r}")
+    res = robust_accuracy(model, data, eps=eps, attack=attack, norm=norm, seed=seed, limit=limit,
+                          batch_size=batch_size, **kw)
+    if res.robust_accuracy < min_accuracy:
+        raise AssertionError(
+            f"robust accuracy {100 * res.robust_accuracy:.2f}% < required {100 * min_accuracy:.2f}% "
+            f"({norm} eps={eps:g}, {res.version} [{', '.join(res.attacks)}], {res.num_samples} samples, clean "
+            f"{100 * res.clean_accuracy:.2f}%)")
+    return res

@@ -1,0 +1,145 @@
+"""Tests of the ``robustest eval`` verb: outputs, the --fail-under gate and bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from robustest.cli import main
+from robustest.cli.eval import parse_accuracy, parse_eps
+
+FAST = ["--version", "custom", "--attacks", "fgsm,bim", "--limit", "40", "--no-progress"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_parsers():
+    assert parse_eps("8/255") == pytest.approx(8 / 255) and parse_eps("0.3") == 0.3
+    assert parse_accuracy("85%") == pytest.approx(0.85) and parse_accuracy("0.5") == 0.5
+    import argparse
+
+    for bad in ("x", "1/0"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_eps(bad)
+    for bad in ("1.5", "-1", "120%", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_accuracy(bad)
+
+
+def test_outputs(mlp_digits_checkpoint, tmp_path: Path, capsys):
+    out = tmp_path / "ev"
+    rc = main(["eval", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--eps", "0.1", *FAST,
+               "--out", str(out), "--save-adv", "--seed", "2"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "robust" in printed and "wrote results.json, samples.csv, report.html, adv.pt" in printed
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["format"] == "robustest-eval-results" and doc["version"] == 1 and doc["world_size"] == 1
+    assert doc["num_samples"] == 40 and doc["data"]["dataset"] == "digits" and doc["data"]["num_samples"] == 40
+    assert set(doc["attacks"]) == {"fgsm", "bim"} and doc["attacks"]["bim"] == doc["robust_accuracy"]
+    assert 0 <= doc["robust_accuracy"] <= doc["attacks"]["fgsm"] <= doc["clean_accuracy"] <= 1
+    s = doc["settings"]
+    assert s["version"] == "custom" and s["norm"] == "linf" and s["eps"] == 0.1 and s["seed"] == 2
+    assert s["attacks"] == ["fgsm", "bim"] and "corruptions" not in s  # the options in effect
+    assert [a["name"] for a in doc["attack_settings"]["attacks"]] == ["fgsm", "bim"]  # the ensemble's parameters
+    assert {"clean_s", "fgsm_s", "bim_s", "total_s", "load_s"} <= set(doc["timings"])
+    rb = doc["robustbench"]
+    assert rb["dataset"] == "digits" and rb["architecture"] == "mlp" and rb["eps"] == "0.1"
+    assert rb["clean_acc"] == f"{100 * doc['clean_accuracy']:.2f}" and rb["autoattack_acc"] is None
+    assert "gate" not in doc and "corruptions" not in doc
+    with open(out / "samples.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 40 and rows[0].keys() >= {"index", "label", "robust", "broken_by", "linf", "l2"}
+    assert sum(int(r["robust"]) for r in rows) == round(doc["robust_accuracy"] * 40)
+    assert {r["broken_by"] for r in rows} <= {"", "misclassified", "fgsm", "bim"}
+    html = (out / "report.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and "Accuracy after each attack" in html
+    adv = torch.load(out / "adv.pt", weights_only=True)
+    assert adv["x"].shape == (40, 1, 8, 8) and int(adv["robust"].sum()) == sum(int(r["robust"]) for r in rows)
+
+
+def test_fail_under_exit_codes(mlp_digits_checkpoint, tmp_path: Path, capsys):
+    base = ["eval", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--eps", "0.2", *FAST]
+    assert main([*base, "--out", str(tmp_path / "a"), "--fail-under", "0"]) == 0
+    doc = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert doc["gate"] == {"fail_under": 0.0, "passed": True}
+    robust = doc["robust_accuracy"]
+    assert robust < 1.0
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "b"), "--fail-under", f"{robust + 0.01:.4f}"]) == 1
+    err = capsys.readouterr().err
+    assert "below --fail-under" in err and len(err.strip().splitlines()) == 1
+    assert json.loads((tmp_path / "b" / "results.json").read_text())["gate"]["passed"] is False
+    assert main([*base, "--out", str(tmp_path / "c"), "--fail-under", f"{100 * robust:.4f}%"]) == 0
+
+
+def _one_line_exit_2(args, capsys, match):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # argparse errors exit from the parser
+        rc = main(args)
+        raise SystemExit(rc)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and match in err, err
+    assert "Traceback" not in err
+
+
+def test_bad_input(mlp_digits_checkpoint, tmp_path: Path, capsys):
+    ck = mlp_digits_checkpoint
+    base = ["eval", "--checkpoint", ck, "--dataset", "digits", "--limit", "20", "--no-progress", "--out",
+            str(tmp_path / "o")]
+    _one_line_exit_2([*base, "--eps", "0"], capsys, "eps must lie in (0, 1]")
+    _one_line_exit_2([*base, "--eps", "1.5"], capsys, "eps must lie in (0, 1]")
+    _one_line_exit_2([*base, "--eps", "-0.1", "--norm", "l2"], capsys, "eps must be > 0")
+    _one_line_exit_2([*base, "--eps", "0.1", "--norm", "l7"], capsys, "invalid choice")
+    _one_line_exit_2([*base, "--eps", "0.1", "--version", "plus"], capsys, "invalid choice")
+    _one_line_exit_2([*base, "--eps", "0.1", "--attacks", "square"], capsys, "--version custom")
+    _one_line_exit_2([*base, "--eps", "0.1", "--version", "custom"], capsys, "needs --attacks")
+    _one_line_exit_2([*base, "--eps", "0.1", "--version", "custom", "--attacks", "deepfool"], capsys,
+                     "unknown attack")
+    _one_line_exit_2([*base, "--eps", "0.1", "--n-targets", "10"], capsys, "n_targets=10")
+    _one_line_exit_2([*base, "--eps", "0.1", "--fail-under", "2"], capsys, "accuracy in [0, 1]")
+    _one_line_exit_2([*base, "--eps", "0.1", "--corruptions", "nope"], capsys, "nope")
+    _one_line_exit_2([*base, "--eps", "0.1", "--baseline", ck], capsys, "--corruptions")
+    assert not (tmp_path / "o").exists()  # nothing written
+
+
+def test_model_with_fewer_than_two_classes(tmp_path: Path, capsys):
+    # the zoo refuses one-class models, so the model comes as a TorchScript archive
+    torch.manual_seed(0)
+    model = torch.jit.script(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 1)))
+    ck = tmp_path / "one.pt"
+    model.save(str(ck))
+    npz = tmp_path / "zeros.npz"
+    rng = np.random.default_rng(0)
+    np.savez(npz, x=rng.integers(0, 256, (10, 8, 8), dtype=np.uint8), y=np.zeros(10, dtype=np.int64))
+    _one_line_exit_2(["eval", "--checkpoint", str(ck), "--torchscript", "--dataset", "npz", "--data-dir", str(npz),
+                      "--eps", "0.1", "--out", str(tmp_path / "o"), "--no-progress"], capsys, "at least 2 classes")
+    assert not (tmp_path / "o").exists()
+
+
+def test_corruptions_in_results(mlp_digits_checkpoint, tmp_path: Path):
+    out = tmp_path / "c"
+    rc = main(["eval", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--eps", "0.1", *FAST,
+               "--corruptions", "brightness,gaussian_noise", "--severities", "1,5", "--baseline",
+               mlp_digits_checkpoint, "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "results.json").read_text())
+    c = doc["corruptions"]
+    assert c["corruptions"] == ["brightness", "gaussian_noise"] and c["severities"] == [1, 5]
+    assert c["mce"] == pytest.approx(1.0)  # the model is its own baseline
+    assert doc["settings"]["baseline"] == mlp_digits_checkpoint
+    assert doc["attack_settings"]["corruptions"]["baseline_checkpoint"] == mlp_digits_checkpoint
+    assert doc["robustbench"]["corruptions_acc"] == f"{100 * c['mean_corruption_accuracy']:.2f}"
+    assert "Common corruptions" in (out / "report.html").read_text()

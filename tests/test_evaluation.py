@@ -1,0 +1,255 @@
+"""Tests of robustness.evaluate (the AutoAttack-style ensemble), its result and the autoattack option of
+robustness.measure."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+
+import pytest
+import torch
+
+from robustest import attacks, robustness
+from robustest.errors import ConfigError, DataError
+
+SMALL = [("apgd-ce", {"steps": 10}), ("apgd-t", {"steps": 10, "n_targets": 2}), ("fab-t", {"steps": 10,
+                                                                                       "n_targets": 2}),
+         ("square", {"queries": 100})]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def xy(digits_test):
+    x, y = digits_test.tensors
+    return x[:60].clone(), y[:60].clone()
+
+
+def test_plans():
+    std = robustness.ensemble_plan("standard", "linf", num_classes=10)
+    assert [p[0] for p in std] == ["apgd-ce", "apgd-t", "fab-t", "square"]
+    assert [p[1] for p in std] == ["apgd", "apgd_t", "fab_t", "square"]
+    assert std[0][2]["steps"] == 100 and std[1][2]["n_targets"] == 9 and std[2][2]["n_targets"] == 9
+    assert std[3][2]["queries"] == 5000 and std[3][2]["p_init"] == 0.8
+    assert all(p[2]["norm"] == "linf" for p in std)
+    assert std[0][2]["stop_on_success"] and std[1][2]["stop_on_success"] and std[2][2]["stop_on_success"]
+    # fewer classes: at most classes - 1 targets; APGD-T left out below 4 classes
+    five = robustness.ensemble_plan("standard", "l2", num_classes=5)
+    assert five[1][2]["n_targets"] == 4 and all(p[2]["norm"] == "l2" for p in five)
+    three = robustness.ensemble_plan("standard", "linf", num_classes=3)
+    assert [p[0] for p in three] == ["apgd-ce", "fab-t", "square"]
+    fast = robustness.ensemble_plan("fast", "linf", num_classes=10)
+    assert [p[0] for p in fast] == ["apgd-ce", "apgd-t"] and fast[1][2]["n_targets"] == 3
+    custom = robustness.ensemble_plan("custom", "linf", ["apgd_dlr", ("pgd", {"steps": 7}), "BIM"])
+    assert [p[0] for p in custom] == ["apgd-dlr", "pgd", "bim"] and custom[1][2]["steps"] == 7
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"version": "plus"}, "unknown version"),
+    ({"version": "standard", "attacks": ["square"]}, "version='custom'"),
+    ({"version": "custom"}, "needs attacks"),
+    ({"version": "custom", "attacks": ["nope"]}, "unknown attack"),
+    ({"version": "custom", "attacks": ["bim"], "norm": "l2"}, "L-inf only"),
+    ({"version": "custom", "attacks": [("pgd", {"eps": 3})]}, "does not take"),
+    ({"version": "custom", "attacks": ["square", "square"]}, "listed twice"),
+    ({"n_targets": 10}, "at most 9"),
+    ({"n_targets": 0}, "positive integer"),
+])
+def test_plan_bad_input(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        robustness.ensemble_plan(kw.pop("version", "standard"), kw.pop("norm", "linf"), kw.pop("attacks", None),
+                                 num_classes=10, **kw)
+
+
+def test_bad_input_found_before_any_work(trained_digits_model, xy, monkeypatch):
+    calls = []
+    monkeypatch.setitem(attacks._REGISTRY, "apgd", attacks._Entry(lambda *a, **k: calls.append(1), "spy"))
+    m = trained_digits_model
+    for eps in (0, -0.1, 1.5, float("nan"), "x"):
+        with pytest.raises(ConfigError, match="eps"):
+            robustness.evaluate(m, xy, eps)
+    with pytest.raises(ConfigError, match="norm"):
+        robustness.evaluate(m, xy, 0.1, norm="l7")
+    with pytest.raises(ConfigError, match="version"):
+        robustness.evaluate(m, xy, 0.1, version="plus")
+    with pytest.raises(ConfigError, match="n_targets"):
+        robustness.evaluate(m, xy, 0.1, n_targets=10)
+    with pytest.raises(DataError, match="labels"):
+        robustness.evaluate(m, xy[0], 0.1)
+    with pytest.raises(ConfigError, match="baseline"):
+        robustness.evaluate(m, xy, 0.1, baseline=m)
+    with pytest.raises(ConfigError, match="severities"):
+        robustness.evaluate(m, xy, 0.1, corruptions="fog", severities=(0,))
+    single = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 1))
+    with pytest.raises(ConfigError, match="at least 2 classes"):
+        robustness.evaluate(single, (xy[0], torch.zeros(60, dtype=torch.long)), 0.1)
+    assert calls == []
+
+
+def test_ensemble_bookkeeping(trained_digits_model, xy):
+    x, y = xy
+    m = trained_digits_model
+    r = robustness.evaluate(m, (x, y), 0.1, version="custom", attacks=SMALL, seed=0, keep_adv=True, batch_size=16)
+    n = x.shape[0]
+    assert r.num_samples == n and list(r.attacks) == ["apgd-ce", "apgd-t", "fab-t", "square"]
+    with torch.no_grad():
+        clean = m(x).argmax(1)
+        adv_pred = m(r.adv).argmax(1)
+    assert torch.equal(r.clean_correct, clean == y) and r.clean_accuracy == pytest.approx(float((clean == y).double()
+                                                                                                 .mean()))
+    # cumulative accuracies: non-increasing, the last one is the worst case
+    accs = [r.clean_accuracy, *r.attacks.values()]
+    assert all(a >= b for a, b in zip(accs, accs[1:]))
+    assert list(r.attacks.values())[-1] == pytest.approx(r.robust_accuracy)
+    # each attack ran only on the samples every earlier attack left robust
+    counts = int(r.clean_correct.sum())
+    for name in r.attacks:
+        assert r.attacked[name] == counts
+        counts -= r.breaks[name]
+    assert counts == int(r.robust.sum())
+    # the attack that broke each sample, and its adversarial image
+    for name in r.attacks:
+        assert r.broken_by.count(name) == r.breaks[name]
+    assert r.broken_by.count("misclassified") == int((~r.clean_correct).sum())
+    assert r.broken_by.count("") == int(r.robust.sum())
+    broken = torch.tensor([b in r.attacks for b in r.broken_by])
+    assert bool((adv_pred[broken] != y[broken]).all()) and torch.equal(adv_pred[broken], r.adv_pred[broken])
+    assert float(r.linf[broken].max()) <= 0.1 + 1e-6 and bool((r.linf[~broken] == 0).all())
+    assert torch.equal(r.adv[~broken], x[~broken])
+    assert r.breaks["apgd-ce"] > 0 and 0 < r.robust_accuracy < r.clean_accuracy
+    rows = r.rows()
+    assert len(rows) == n and rows[3]["broken_by"] == r.broken_by[3] and rows[3]["index"] == 3
+
+
+def test_only_robust_points_are_attacked(trained_digits_model, xy, monkeypatch):
+    seen = {}
+    for reg in ("apgd", "square"):
+        orig = attacks._REGISTRY[reg].fn
+
+        @functools.wraps(orig)  # keeps the signature evaluate checks parameters against
+        def spy(model, x, y, *a, _orig=orig, _reg=reg, **k):
+            seen[_reg] = (x.clone(), y.clone())
+            return _orig(model, x, y, *a, **k)
+
+        monkeypatch.setitem(attacks._REGISTRY, reg, attacks._Entry(spy, "spy"))
+    x, y = xy
+    r = robustness.evaluate(trained_digits_model, (x, y), 0.1, version="custom",
+                            attacks=[("apgd-ce", {"steps": 5}), ("square", {"queries": 20})], seed=1)
+    xa, _ = seen["apgd"]
+    xs, ys = seen["square"]
+    assert xa.shape[0] == int(r.clean_correct.sum())
+    survivors = r.clean_correct.clone()
+    survivors[torch.tensor([b == "apgd-ce" for b in r.broken_by])] = False
+    assert torch.equal(xs, x[survivors]) and torch.equal(ys, y[survivors])
+
+
+def test_ensemble_at_most_each_single_attack(trained_digits_model, xy):
+    x, y = xy
+    m = trained_digits_model
+    ens = robustness.evaluate(m, (x, y), 0.08, version="custom", attacks=SMALL, seed=0)
+    for k, item in enumerate(SMALL):
+        alone = robustness.evaluate(m, (x, y), 0.08, version="custom", attacks=[item], seed=k)
+        assert ens.robust_accuracy <= alone.robust_accuracy, item[0]
+    # the first attack sees the same samples and random stream in both runs: identical break set
+    first = robustness.evaluate(m, (x, y), 0.08, version="custom", attacks=[SMALL[0]], seed=0)
+    assert [b == "apgd-ce" for b in ens.broken_by] == [b == "apgd-ce" for b in first.broken_by]
+
+
+def test_seeded_and_blocked(trained_digits_model, xy):
+    m = trained_digits_model
+    kw = {"version": "custom", "attacks": SMALL[:2], "seed": 5}
+    a = robustness.evaluate(m, xy, 0.1, **kw)
+    b = robustness.evaluate(m, xy, 0.1, **kw)
+    assert a.broken_by == b.broken_by and torch.equal(a.linf, b.linf)
+    # streamed in blocks: same bookkeeping shape, every sample in data order
+    c = robustness.evaluate(m, xy, 0.1, block_size=25, **kw)
+    assert torch.equal(c.index, torch.arange(60)) and torch.equal(c.y, xy[1])
+    assert c.clean_accuracy == a.clean_accuracy
+
+
+def test_result_repr_and_dict(trained_digits_model, xy):
+    r = robustness.evaluate(trained_digits_model, xy, 0.5, norm="l2", version="fast", n_targets=2, seed=0)
+    text = repr(r)
+    assert "\n" not in text and text.startswith("EvalResult(l2 eps=0.5, fast, n=60") and "apgd-t" in text
+    d = r.to_dict()
+    json.dumps(d)
+    assert d["format"] == "robustest-eval-results" and d["version"] == 1 and d["world_size"] == 1
+    assert d["threat_model"] == "L2" and d["attacks"] == r.attacks and d["robust_accuracy"] == r.robust_accuracy
+    assert sum(d["share_of_breaks"].values()) == pytest.approx(1.0) or sum(r.breaks.values()) == 0
+    assert d["settings"]["attacks"][1]["params"]["n_targets"] == 2 and d["settings"]["version"] == "fast"
+    assert d["robustbench"]["autoattack_acc"] is None  # only the standard version is AutoAttack
+    assert d["robustbench"]["clean_acc"] == f"{100 * r.clean_accuracy:.2f}"
+    assert set(d["timings"]) >= {"clean_s", "apgd-ce_s", "apgd-t_s", "total_s"}
+    assert "corruptions" not in d
+
+
+def test_corruptions_and_mce(trained_digits_model, xy):
+    m = trained_digits_model
+    digits_model = copy.deepcopy(m)  # a weaker baseline: the same network with noisy weights
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in digits_model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    names = ["gaussian_noise", "brightness"]
+    r = robustness.evaluate(m, xy, 0.1, version="custom", attacks=[("apgd-ce", {"steps": 3})], corruptions=names,
+                            severities=(1, 5), baseline=digits_model)
+    c = r.corruption
+    ref = robustness.corruption_accuracy(m, xy, corruptions=names, severities=(1, 5))
+    base = robustness.corruption_accuracy(digits_model, xy, corruptions=names, severities=(1, 5))
+    assert c["mean_corruption_accuracy"] == pytest.approx(ref.mean_corruption_accuracy)
+    ce = {n: sum(ref.error[n].values()) / sum(base.error[n].values()) for n in names}
+    assert c["mce"] == pytest.approx(sum(ce.values()) / 2)
+    rel = {n: sum(e - (1 - ref.clean_accuracy) for e in ref.error[n].values())
+           / sum(e - (1 - base.clean_accuracy) for e in base.error[n].values()) for n in names}
+    assert c["relative_mce"] == pytest.approx(sum(rel.values()) / 2)
+    d = r.to_dict()
+    json.dumps(d)
+    assert d["corruptions"]["severities"] == [1, 5] and d["robustbench"]["corruptions_acc"]
+    # the model as its own baseline: mCE 1
+    same = robustness.evaluate(m, xy, 0.1, version="custom", attacks=[("apgd-ce", {"steps": 1})],
+                               corruptions=names, severities=(1,), baseline=ref)
+    assert same.corruption["mce"] == pytest.approx(1.0)
+
+
+def test_published_corruption_sets(trained_digits_model, xy):
+    from robustest.training import accuracy
+
+    x, y = xy
+    fog = (x.flip(-1), y)
+    noisy = ((x + 0.2 * torch.rand(x.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1), y)
+    r = robustness.evaluate(trained_digits_model, xy, 0.1, version="custom", attacks=[("apgd-ce", {"steps": 1})],
+                            corruptions={"fog": {3: fog}, "noise": {1: noisy, 2: fog}})
+    acc = r.corruption["accuracy"]
+    assert acc["fog"]["3"] == pytest.approx(accuracy(trained_digits_model, fog))
+    assert acc["noise"]["1"] == pytest.approx(accuracy(trained_digits_model, noisy))
+    assert r.corruption["table"] == "published" and r.settings["corruptions"]["source"] == "published"
+
+
+def test_measure_reports_autoattack(trained_digits_model, xy):
+    rep = robustness.measure(trained_digits_model, xy, eps=0.1, whitebox_limit=30, pgd_steps=3, apgd_steps=5,
+                             autoattack=True, autoattack_version="fast")
+    d = rep.to_dict()
+    assert d["autoattack_accuracy"] is not None and d["autoattack_accuracy"] <= d["clean_accuracy"]
+    assert d["settings"]["autoattack_version"] == "fast"
+    off = robustness.measure(trained_digits_model, xy, eps=0.1, whitebox=False)
+    assert off.autoattack_accuracy is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_model_cpu_data(trained_digits_model, xy):
+    model = trained_digits_model.cuda()
+    for name, kw in [("apgd_dlr", {"steps": 3}), ("apgd_t", {"steps": 3, "n_targets": 2}),
+                     ("fab_t", {"steps": 3, "n_targets": 2}), ("square", {"queries": 20})]:
+        adv = getattr(attacks, name)(model, xy[0][:16], xy[1][:16], eps=0.1, seed=0, **kw)
+        assert adv.device == xy[0].device
+    r = robustness.evaluate(model, xy, 0.1, version="custom", attacks=SMALL, seed=0, keep_adv=True)
+    again = robustness.evaluate(model, xy, 0.1, version="custom", attacks=SMALL, seed=0)
+    assert r.adv.device.type == "cpu" and r.settings["device"].startswith("cuda")
+    assert r.broken_by == again.broken_by
