@@ -172,3 +172,69 @@ def test_a_checkpoint_that_does_not_fit_the_data_is_refused_naming_both(capsys, 
                                 "--data-dir", colour_npz, *verb[1:], "--out", tmp_path / verb[0])[::2])
         assert "1-channel" in err and "3 channels" in err, err
         assert not (tmp_path / verb[0]).exists() or not any((tmp_path / verb[0]).iterdir())
+
+
+# ----------------------------------------------------------------------------- run / compare recipes
+ROBOT_TINY = {"dataset": "digits", "train_limit": 200, "test_limit": 40, "eps": 0.15, "epochs": 2, "batch_size": 64,
+              "whitebox_limit": 20, "whitebox_pgd_steps": 2, "whitebox_restarts": 1, "apgd_steps": 2,
+              "convergence_probe": 20, "pool_pgd_steps": 3, "verbose": False}
+
+
+@pytest.mark.parametrize("d, pattern", [
+    ({"finetune_options": {"lr": 0.1}}, "finetune_options: unknown option 'lr'"),
+    ({"finetune_options": {"milestones": [1]}}, "finetune_options: milestones go with schedule='step'"),
+    ({"finetune_options": {"schedule": "step", "milestones": [20]}}, "finetune_options: milestones must be"),
+    ({"finetune_options": {"amp": "fp8"}}, "finetune_options: unknown amp 'fp8'"),
+    ({"finetune_options": "crop-flip"}, "finetune_options must be a mapping"),
+    ({"train_options": {"momentum": 0.5}}, "train_options: momentum and nesterov are options of optimizer='sgd'"),
+    ({"train_options": {"batch_size": 0}}, "train_options: batch_size"),
+    ({"train_options": {"lr": float("nan")}}, "train_options: lr"),
+    ({"train_model": "resnet50"}, "train_model on digits: model 'resnet50' cannot take 1x8x8"),
+    ({"train_model": "resnet18", "dataset": "mnist"}, "train_model on mnist: model 'resnet18' cannot take 1x28x28"),
+])
+def test_robot_config_checks_training_options_and_the_model_size(d, pattern):
+    from robustest.robot import RobotConfig
+
+    with pytest.raises(ConfigError) as exc:
+        RobotConfig.from_dict({**ROBOT_TINY, **d})
+    assert pattern in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_run_refuses_a_train_model_that_cannot_take_the_data_before_any_work(capsys, tmp_path):
+    out = tmp_path / "run"
+    err = one_line(*run_cli(capsys, "run", "--dataset", "digits", "--train-model", "resnet50", "--out", out,
+                            "--no-progress")[::2])
+    assert "resnet50" in err and "1x8x8" in err and "digits_cnn" in err
+    assert not out.exists()
+    err = one_line(*run_cli(capsys, "compare", "--dataset", "digits", "--train-model", "wrn-16-4",
+                            "--finetune-options", '{"augment": "mixup"}', "--out", out, "--no-progress")[::2])
+    assert "finetune_options: unknown augment" in err and not out.exists()
+
+
+def test_compare_passes_the_recipe_options_to_training(tmp_path, monkeypatch):
+    from robustest import robot
+
+    calls = []
+    real = training.fit
+
+    def spy(model, data, **kw):
+        calls.append(kw)
+        return real(model, data, **kw)
+
+    monkeypatch.setattr(training, "fit", spy)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        res = robot.compare({**ROBOT_TINY, "train_model": "digits_cnn", "train_epochs": 1, "strategies": ["random"],
+                             "budgets": ["10%"], "out": str(tmp_path / "c"),
+                             "train_options": {"optimizer": "sgd", "lr": 0.05, "batch_size": 32, "momentum": 0.8},
+                             "finetune_options": {"schedule": "step", "milestones": [1], "augment": "crop-flip"}})
+    finally:
+        torch.set_num_threads(threads)
+    assert res["table"][0]["n"] > 0
+    original, finetune = calls[0], calls[1]
+    assert (original["optimizer"], original["lr"], original["batch_size"], original["momentum"]) == \
+        ("sgd", 0.05, 32, 0.8)
+    assert (finetune["optimizer"], finetune["schedule"], finetune["milestones"], finetune["augment"]) == \
+        ("adam", "step", [1], "crop-flip")
+    assert res["config"]["finetune_options"]["augment"] == "crop-flip"
