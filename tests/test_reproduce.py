@@ -107,3 +107,29 @@ def test_every_setting_dry_run_end_to_end(tmp_path, name, setting):
         third, _ = run_script(args)
         assert third.returncode == 0 and third.stdout.count("skipped") == 11
         assert json.loads((out / "results.json").read_text())["models"] == res["models"]
+
+
+def test_settings_benchmark_counts_the_work_of_each_setting():
+    bench = script("bench_settings")
+    robot = bench.setting("robot-cifar10-resnet20")
+    counts = bench.work(robot)
+    # 100 epochs on 50,000 images, then 5 budgets x 4 strategies x 3 seeds cells of 40 epochs on 45,000 + budget
+    assert counts["T"] == 100 * 50_000 + 40 * 12 * (5 * 45_000 + 1000 + 2000 + 4000 + 6000 + 10_000)
+    wrn = bench.setting("weakrobust-cifar10-wrn40-2")
+    c = bench.work(wrn)
+    assert c["T"] == 100 * 50_000 and c["E_aug"] == 10 * 50_000
+    assert c["F"] > 3 * 50_000 * 51  # three models' analyses with Q = 50 neighbours
+    fl = bench.flops(bench.setting("weakrobust-imagenet100-resnet50"))
+    assert fl["F"] == pytest.approx(2 * 4.1e9, rel=0.01) and fl["T"] == 3 * fl["F"]
+    assert bench.estimate({"T": 100.0, "A": 50.0, "F": 0.0}, {"T": 10.0, "A": 5.0, "F": 1.0}) == 20.0
+
+
+@pytest.mark.slow
+def test_settings_benchmark_measures_on_the_cpu(tmp_path):
+    proc, _ = run_script([str(BENCH / "bench_settings.py"), "--setting", "robot-cifar10-resnet20", "--steps", "2",
+                          "--train-batch", "8", "--attack-batch", "8", "--threads", "1", "--json",
+                          str(tmp_path / "b.json")])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads((tmp_path / "b.json").read_text())["rows"][0]
+    assert all(row["rates_per_s"][u] > 0 for u in ("T", "A", "F"))
+    assert row["estimate_s_measured"] > row["estimate_s_at_assumed"] > 0
