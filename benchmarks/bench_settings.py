@@ -103,6 +103,68 @@ def estimate(counts: dict[str, float], rates: dict[str, float]) -> float:
     return sum(counts[u] / rates[u] for u in ("T", "A", "F", "E_aug", "E_reva") if counts.get(u))
 
 
+# images per call of each unit in the library: the recipe's training batch, validate()'s attack and forward
+# batches (256); enhancement batches carry 3 (AugMix + JSD) or 4 (+ adversarial) copies of each image
+UNIT_BATCH = {"A": 256, "F": 256}
+
+
+def op_counts(s: dict[str, Any]) -> dict[str, int]:
+    """Top-level aten operators dispatched per call of each unit (training step with the recipe's optimiser,
+    foreach as on CUDA; one PGD step; one eval forward), counted with torch.profiler on the CPU at batch 2
+    (the count does not depend on the batch). On a GPU each costs launch/dispatch time however small its
+    kernels, which bounds small networks' throughput from below."""
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    c, h, _ = s["shape"]
+    model = models.create(s["model"], num_classes=s["classes"], in_channels=c, input_size=h, mean=0.5, std=0.25)
+    kw = s["recipe_kw"]
+    params = [p for p in model.parameters()]
+    opt = (torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=kw.get("nesterov", False), foreach=True)
+           if kw["optimizer"] == "sgd" else torch.optim.Adam(params, lr=1e-3, foreach=True))
+    x, y = torch.rand(2, c, h, h), torch.tensor([0, 1])
+
+    def train_step() -> None:
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(recipes.crop_flip(x)), y).backward()
+        opt.step()
+
+    def attack_step() -> None:
+        model.eval()
+        xa = x.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(F.cross_entropy(model(xa), y), xa)
+        torch.minimum(torch.maximum(xa.detach() + 0.01 * g.sign(), x - 0.03), x + 0.03).clamp_(0, 1)
+
+    def forward_step() -> None:
+        model.eval()
+        with torch.no_grad():
+            model(x).argmax(1)
+
+    out = {}
+    for unit, fn in (("T", train_step), ("A", attack_step), ("F", forward_step)):
+        fn()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+        out[unit] = sum(1 for e in prof.events() if e.name.startswith("aten::") and
+                        (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+    return out
+
+
+def floor_estimate(s: dict[str, Any], counts: dict[str, float], fl: dict[str, float], ops: dict[str, int],
+                   tflops: float, overhead_us: float) -> float:
+    """Seconds when every unit costs the larger of its FLOPs at ``tflops`` and its share of the per-call
+    dispatch overhead (``ops`` x ``overhead_us`` per call of ``batch`` images)."""
+    total = 0.0
+    batch = {"T": s["batch"], **UNIT_BATCH, "E_aug": s.get("enhance_batch", 64), "E_reva": s.get("enhance_batch", 64)}
+    per_call = {"T": ops["T"], "A": ops["A"], "F": ops["F"], "E_aug": 3 * ops["T"], "E_reva": 4 * ops["T"]}
+    for u in ("T", "A", "F", "E_aug", "E_reva"):
+        if counts.get(u):
+            unit_s = max(fl[u] / (tflops * 1e12), per_call[u] * overhead_us * 1e-6 / batch[u])
+            total += counts[u] * unit_s
+    return total
+
+
 # ------------------------------------------------------------------------------------------ measurement
 def sync(dev: torch.device) -> None:
     if dev.type == "cuda":
@@ -197,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--assume-tflops", type=float, default=64.0,
                     help="sustained TFLOP/s for the FLOP-based estimate (default 64: ResNet-50 AMP training on an "
                          "A100, 2,600 images/s, pytorch-image-models issue 1491)")
+    ap.add_argument("--overhead-us", type=float, default=10.0,
+                    help="dispatch/launch time per operator for the overhead-aware estimate (default 10 us)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.threads:
@@ -211,10 +275,14 @@ def main(argv: list[str] | None = None) -> int:
         counts = work(s)
         fl = flops(s)
         total_flops = sum(counts[u] * fl[u] for u in fl if counts.get(u))
+        ops = op_counts(s)
         row: dict[str, Any] = {"setting": name, "model": s["model"], "shape": list(s["shape"]), "counts": counts,
                                "flops_per_unit": fl, "total_pflop": total_flops / 1e15,
                                "assume_tflops": args.assume_tflops,
-                               "estimate_s_at_assumed": total_flops / (args.assume_tflops * 1e12)}
+                               "estimate_s_at_assumed": total_flops / (args.assume_tflops * 1e12),
+                               "ops_per_call": ops, "overhead_us": args.overhead_us,
+                               "estimate_s_with_overhead": floor_estimate(s, counts, fl, ops, args.assume_tflops,
+                                                                          args.overhead_us)}
         if not args.estimate_only:
             t0 = time.perf_counter()
             ab = args.attack_batch or (64 if s["shape"][1] > 64 else 256)
@@ -228,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                 + (f", enhance {counts['E_aug']:.3g} + {counts['E_reva']:.3g} image-epochs" if counts.get("E_aug")
                    else "")
                 + f"; {row['total_pflop']:.1f} PFLOP -> {hours(row['estimate_s_at_assumed'])} at "
-                  f"{args.assume_tflops:g} TFLOP/s")
+                  f"{args.assume_tflops:g} TFLOP/s; ops per call T {ops['T']}, A {ops['A']}, F {ops['F']} -> "
+                  f"{hours(row['estimate_s_with_overhead'])} with {args.overhead_us:g} us per op")
         if "rates_per_s" in row:
             r = row["rates_per_s"]
             line += (f"; measured T {r['T']:.1f}/s, A {r['A']:.1f}/s, F {r['F']:.1f}/s"
