@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -303,7 +303,3 @@ def recipe(name: str, epochs: int | None = None) -> dict[str, Any]:
         out["epochs"] = e
     return out
 
-
-def fit_keywords(options: Mapping[str, Any]) -> set[str]:
-    """The option names of :func:`check_options` found in ``options`` (helper for callers passing dicts)."""
-    return set(options) & set(TrainOptions.__dataclass_fields__)
