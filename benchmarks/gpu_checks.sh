@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The GPU checks in one run: the CUDA unit tests, then the three speed targets that need a GPU
 # (FOL vs a per-sample loop, fol_fuzz batched vs one seed at a time, corruptions vs imagecorruptions),
-# then the zoo's training throughput (forward + backward, batch 64, native sizes; fp32 and bf16 autocast).
+# then the zoo's training throughput (forward + backward, batch 64, native sizes; fp32 and bf16 autocast),
+# then the reduced full-setting runs: each seed setting's real architecture and per-step settings on synthetic
+# data of its shape (a few hundred training steps, PGD steps and forward passes; about a minute each), whose
+# measured rates give the full settings' run times (docs/REPRODUCING.md), and each setting's --dry-run on CUDA.
 # Usage (repository root, robustest and its test/bench extras installed with a CUDA build of torch):
 #     DATA_DIR=../shared/data OUT=/tmp/gpu bash benchmarks/gpu_checks.sh
-# Logs and JSON go to $OUT; about 5 minutes on one GPU, plus the AutoAttack comparison (bench_eval.py).
+# Logs and JSON go to $OUT; about 15 minutes on one GPU.
 set -uo pipefail
 DATA_DIR="${DATA_DIR:-../shared/data}"
 OUT="${OUT:-/tmp/robustest-gpu}"
@@ -34,3 +37,14 @@ tail -20 "$OUT/bench_zoo_cuda_amp.txt"
 python benchmarks/bench_eval.py --checkpoint "$CHECKPOINT" --data-dir "$DATA_DIR" --device cuda --n 1000 \
     --linf 0.1 0.3 --l2 2.0 --paper > "$OUT/bench_eval_cuda.txt" 2>&1
 tail -40 "$OUT/bench_eval_cuda.txt"
+for setting in robot-cifar10-resnet20 weakrobust-cifar10-wrn40-2 weakrobust-imagenet100-resnet50; do
+    python benchmarks/bench_settings.py --setting "$setting" --device cuda --amp bf16 --steps 300 \
+        --json "$OUT/bench_settings_$setting.json" > "$OUT/bench_settings_$setting.txt" 2>&1
+    tail -1 "$OUT/bench_settings_$setting.txt"
+done
+python benchmarks/reproduce_robot.py --setting cifar10-resnet20 --dry-run --device cuda --out "$OUT/dry_robot" \
+    > "$OUT/dry_robot.txt" 2>&1; echo "robot cifar10-resnet20 dry run on cuda: exit $?"
+for setting in cifar10-wrn40-2 imagenet100-resnet50; do
+    python benchmarks/reproduce_weakrobust.py --setting "$setting" --dry-run --device cuda --out "$OUT/dry_$setting" \
+        > "$OUT/dry_$setting.txt" 2>&1; echo "weak-robust $setting dry run on cuda: exit $?"
+done

@@ -1,4 +1,10 @@
-"""Evidence experiment for weak-robust validation (METHODS.md part B) on MNIST, sized for a few CPU cores.
+"""Evidence experiments for weak-robust validation (METHODS.md part B).
+
+``--setting mnist`` (default): MNIST, sized for a few CPU cores, in two parts (below; the figures in
+docs/WEAKROBUST.md). ``--setting cifar10-wrn40-2`` and ``--setting imagenet100-resnet50``: the paper's full
+settings for one GPU (standard model, analysis, weak set, validation under the 5 attacks and 19
+corruptions, AugMix and REVa enhancement, the B3 table), resumable step by step; see _weakrobust_full.py
+and docs/REPRODUCING.md. ``--dry-run`` runs a full setting end to end on synthetic data of its shape.
 
 Part ``family``: a family of MNIST models that differ in robustness (architecture, epochs, noise
 augmentation, AugMix, adversarial fine-tuning), all trained on the same training subset. For each model:
@@ -24,6 +30,11 @@ images are cached by index, so every model sees the same corrupted version of a 
 
     python benchmarks/reproduce_weakrobust.py --data-dir ../shared/data --part family --out /tmp/wr_family
     python benchmarks/reproduce_weakrobust.py --data-dir ../shared/data --part enhance --out /tmp/wr_enhance
+    python benchmarks/reproduce_weakrobust.py --setting cifar10-wrn40-2 --data-dir DIR/cifar-10-batches-py \
+        --device cuda --amp bf16 --out wr-cifar10
+    python benchmarks/reproduce_weakrobust.py --setting imagenet100-resnet50 --data-dir DIR/imagenet100 \
+        --device cuda --amp bf16 --workers 8 --out wr-imagenet100
+    python benchmarks/reproduce_weakrobust.py --setting cifar10-wrn40-2 --dry-run --out /tmp/wr-dry
 """
 
 from __future__ import annotations
@@ -38,12 +49,15 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-from robustest import corruptions as corr
-from robustest import data as datasets
-from robustest import models as zoo
-from robustest import training
-from robustest import weakrobust as wr
-from robustest.runtime import atomic_write_json, eval_mode
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _weakrobust_full as full  # noqa: E402
+from _repro import is_rank0  # noqa: E402
+from robustest import corruptions as corr  # noqa: E402
+from robustest import data as datasets  # noqa: E402
+from robustest import models as zoo  # noqa: E402
+from robustest import training  # noqa: E402
+from robustest import weakrobust as wr  # noqa: E402
+from robustest.runtime import atomic_write_json, eval_mode  # noqa: E402
 
 SLOW_CORRUPTIONS = ("frost", "snow", "spatter")  # slowest on the CPU; --all-corruptions includes them
 
@@ -160,7 +174,17 @@ def run_family(args: argparse.Namespace, out: Path) -> dict:
              for k in args.sizes}
     results = {"config": {k: v for k, v in vars(args).items() if k != "func"}, "corruptions": corrs,
                "attacks": attacks, "models": []}
+    done = {r["name"]: r for r in _previous(out / "family.json", results["config"]).get("models", [])}
     for cfg in FAMILY[: args.max_models]:
+        if cfg["name"] in done:  # finished before an interruption: reuse it, replaying its corruption-cache calls
+            rec = done[cfg["name"]]
+            for key in ("weak", "weak_correct", "random"):  # JSON turned the sizes into strings
+                rec[key] = {int(size): v for size, v in rec[key].items()}
+            for idx in rec.get("weak_indices", {}).values():
+                ctrain.ensure(torch.as_tensor(idx))
+            results["models"].append(rec)
+            log(f"{cfg['name']}: done before, skipped")
+            continue
         tm = time.perf_counter()
         model = build_model(cfg, x, y, mean, std, args.seed)
         t_train = time.perf_counter() - tm
@@ -190,7 +214,8 @@ def run_family(args: argparse.Namespace, out: Path) -> dict:
                "test_family": family_signal(test_err, attacks, corrs), "random": {},
                "frac_most_neighbours_wrong": float((an.frac_misclassified > 0.5).float().mean()),
                "clean_train_acc": float(an.clean_correct.float().mean()),
-               "seconds": {"train": t_train, "analyze": t_an, "validate": t_val}}
+               "seconds": {"train": t_train, "analyze": t_an, "validate": t_val},
+               "weak_indices": {name: i.tolist() for name, i in weak_sets.items()}}
         for name in weak_sets:
             rec[name] = {}
             for k in args.sizes:
@@ -202,16 +227,33 @@ def run_family(args: argparse.Namespace, out: Path) -> dict:
                 e = per_type_errors(res, offs["pool"] + d, cw_pool, d)
                 rec["random"][k].append({"types": e, "family": family_signal(e, attacks, corrs)})
         results["models"].append(rec)
-        atomic_write_json(out / "family.json", results)
+        if is_rank0():
+            atomic_write_json(out / "family.json", results)
         log(f"{cfg['name']}: clean test acc {clean_test:.3f}, test adv err {rec['test_family']['adversarial']:.3f}, "
             f"test corr err {rec['test_family']['corruption']:.3f}, weak({kmax}) adv err "
             f"{rec['weak'][kmax]['family']['adversarial']:.3f}, weak-correct({kmax}) adv err "
             f"{rec['weak_correct'][kmax]['family']['adversarial']:.3f}, train {t_train:.0f}s analyze {t_an:.0f}s "
             f"validate {t_val:.0f}s")
     results["correlations"] = correlations(results, args.sizes, attacks, corrs)
-    atomic_write_json(out / "family.json", results)
+    if is_rank0():
+        atomic_write_json(out / "family.json", results)
     print(markdown_family(results, args.sizes))
     return results
+
+
+def _previous(path: Path, config: dict) -> dict:
+    """What an interrupted run with the same settings saved at ``path`` (its finished models or variants);
+    empty when there is none or the settings differ (output folder and thread count aside)."""
+    if not path.is_file():
+        return {}
+    try:
+        prev = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    skip = ("out", "threads")
+    now = json.loads(json.dumps({k: v for k, v in config.items() if k not in skip}, default=str))
+    before = {k: v for k, v in (prev.get("config") or {}).items() if k not in skip}
+    return prev if before == now else {}
 
 
 def _rho(a: list[float], b: list[float]) -> float:
@@ -310,8 +352,14 @@ def run_enhance(args: argparse.Namespace, out: Path) -> dict:
     }
     ct = CorruptionCache(xt, held_out, (1, 2, 3, 4, 5), args.seed + 1)
     ct.ensure(torch.arange(xt.shape[0]))
+    config = {k: v for k, v in vars(args).items()}
+    done = {r["variant"]: r for r in _previous(out / "enhance.json", config).get("rows", [])}
     rows = []
     for name, v in variants.items():
+        if name in done:  # finished before an interruption
+            rows.append(done[name])
+            log(f"{name}: done before, skipped")
+            continue
         m = copy.deepcopy(base)
         te = time.perf_counter()
         res = wr.enhance(m, (x, y), v["weak"], epochs=args.ft_epochs, augmix=v["augmix"],
@@ -337,8 +385,9 @@ def run_enhance(args: argparse.Namespace, out: Path) -> dict:
             row[f"pgd-transfer@{e:g}"] = training.accuracy(m, (adv, yt))
         rows.append(row)
         log(f"{name}: {json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k not in ('per_corruption', 'pool')})}")  # noqa: E501
-        atomic_write_json(out / "enhance.json", {"weaknesses": weak_all, "pool_added": weak_corr, "held_out": held_out,
-                                                 "rows": rows, "config": {k: v for k, v in vars(args).items()}})
+        if is_rank0():
+            atomic_write_json(out / "enhance.json", {"weaknesses": weak_all, "pool_added": weak_corr,
+                                                     "held_out": held_out, "rows": rows, "config": config})
     cols = ["variant", "clean", "held_out_corruption_acc"] + [k for k in rows[0] if "@" in k]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
@@ -349,38 +398,69 @@ def run_enhance(args: argparse.Namespace, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", default="../shared/data")
-    p.add_argument("--part", choices=("family", "enhance"), required=True)
+    p.add_argument("--setting", choices=("mnist", *full.FULL_SETTINGS), default="mnist")
+    p.add_argument("--data-dir", default=None, help="the data (default for mnist: ../shared/data)")
+    p.add_argument("--part", choices=("family", "enhance"), default=None, help="mnist: which experiment (required)")
     p.add_argument("--out", required=True)
     p.add_argument("--train-size", type=int, default=2000)
-    p.add_argument("--test-size", type=int, default=500)
+    p.add_argument("--test-size", type=int, default=None, help="mnist: 500; full settings: test images used")
     p.add_argument("--random-pool", type=int, default=200)
     p.add_argument("--sizes", type=int, nargs="+", default=[25, 50, 100])
     p.add_argument("--draws", type=int, default=20)
-    p.add_argument("--neighbors", type=int, default=20)
-    p.add_argument("--eps", type=float, default=0.5, help="neighbour noise width (U[-eps/2, eps/2])")
+    p.add_argument("--neighbors", type=int, default=None, help="neighbours Q (mnist 20, cifar10 50, imagenet100 20)")
+    p.add_argument("--eps", type=float, default=None,
+                   help="neighbour noise width, U[-eps/2, eps/2] (mnist 0.5, cifar10 0.22, imagenet100 0.2)")
     p.add_argument("--eps-grid", type=float, nargs="+", default=[0.1, 0.2])
-    p.add_argument("--attack-steps", type=int, default=5)
+    p.add_argument("--attack-steps", type=int, default=None, help="steps of PGD/BIM/MI-FGSM (mnist 5, full 10)")
     p.add_argument("--all-corruptions", action="store_true")
     p.add_argument("--max-models", type=int, default=len(FAMILY))
     p.add_argument("--base-epochs", type=int, default=3)
     p.add_argument("--ft-epochs", type=int, default=2)
     p.add_argument("--adv-eps", type=float, default=0.15)
-    p.add_argument("--jsd-weight", type=float, default=6.0)
+    p.add_argument("--jsd-weight", type=float, default=None, help="JSD weight (mnist 6, full settings 12)")
     p.add_argument("--max-weaknesses", type=int, default=4)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    full.add_args(p)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log(" ".join(sys.argv))
-    if args.part == "family":
+    if is_rank0():
+        out.mkdir(parents=True, exist_ok=True)
+    log(" ".join(sys.argv if argv is None else ["reproduce_weakrobust.py", *argv]))
+    if args.setting != "mnist":
+        full.run_full(args, out)
+        return 0
+    if args.part is None and not args.dry_run:
+        p.error("--setting mnist needs --part family or --part enhance")
+    if args.dry_run:  # a synthetic MNIST-shaped npz (the mnist loader reads Keras-style npz files) and tiny sizes
+        from _repro import synthetic_npz
+
+        args.data_dir = str(synthetic_npz(out / "synthetic_mnist.npz", (1, 28, 28), 10, 64, 16))
+        for key, v in MNIST_DRY_RUN.items():
+            setattr(args, key, v)
+    for key, default in (("data_dir", "../shared/data"), ("test_size", 500), ("neighbors", 20), ("eps", 0.5),
+                         ("attack_steps", 5), ("jsd_weight", 6.0)):
+        if getattr(args, key) is None:
+            setattr(args, key, default)
+    if args.part in ("family", None):
         run_family(args, out)
-    else:
+    if args.part in ("enhance", None):
         run_enhance(args, out)
     return 0
 
 
+# --dry-run of the MNIST setting: both parts, every stage, on 64 synthetic training images
+MNIST_DRY_RUN = {"train_size": 48, "test_size": 16, "random_pool": 16, "sizes": [4, 8], "draws": 3,
+                 "neighbors": 2, "eps_grid": [0.1], "attack_steps": 1, "max_models": 3, "base_epochs": 1,
+                 "ft_epochs": 1, "max_weaknesses": 2}
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    from robustest.errors import ConfigError, DataError
+
+    try:
+        sys.exit(main())
+    except (ConfigError, DataError) as exc:
+        print(f"reproduce_weakrobust: error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -100,7 +100,8 @@ def test_train_on_digits_writes_checkpoint_and_report(tmp_path, capsys, results_
     assert sorted(os.listdir(out_dir)) == ["model.pt", "report.html", "results.json"]
     rep = results_contract(out_dir, "train")
     assert set(rep["settings"]) == {"dataset", "model", "epochs", "batch_size", "lr", "optimizer", "weight_decay",
-                                    "schedule", "normalize", "seed", "device"}  # no --split, --limit: not given
+                                    "decay_norm_bias", "warmup_epochs", "label_smoothing", "compile", "normalize",
+                                    "seed", "device"}  # no --split, --limit, schedule, momentum: not in effect
     assert rep["num_train"] == 1437 and rep["num_test"] == 360
     assert len(rep["history"]["epochs"]) == 1 and rep["settings"]["seed"] == 1
     assert rep["settings"]["lr"] == 3e-3 and rep["settings"]["batch_size"] == 32 and "out" not in rep["settings"]

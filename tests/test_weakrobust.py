@@ -403,3 +403,16 @@ def test_mnist_weak_set_is_less_robust_than_a_random_subset(mnist_root):
     rw, rr = wr.validate(m, (x, y), weak, **kw), wr.validate(m, (x, y), rand, **kw)
     assert rw.clean_error == 0.0  # correct_only
     assert rw.mean_adv_error > rr.mean_adv_error
+
+
+def test_validation_result_save_load(tmp_path):
+    res = _result([(("clean", "clean", 0.0), [0, 1, 0]), (("attack", "fgsm", 0.1), [1, 1, 0]),
+                   (("corruption", "fog", 3.0), [0, 1, 1])])
+    res.meta["seed"] = 3
+    res.save(tmp_path / "v.pt")
+    back = wr.ValidationResult.load(tmp_path / "v.pt")
+    assert back.keys == res.keys and torch.equal(back.wrong, res.wrong) and back.meta == res.meta
+    assert back.summary() == res.summary() and torch.equal(back.indices, res.indices)
+    torch.save({"format": "robustest-analysis"}, tmp_path / "other.pt")
+    with pytest.raises(DataError, match="not a robustest validation file"):
+        wr.ValidationResult.load(tmp_path / "other.pt")

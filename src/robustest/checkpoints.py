@@ -86,6 +86,7 @@ def state_fingerprint(model: nn.Module) -> str:
     for k, v in model.state_dict().items():
         t = v.detach().cpu().contiguous()
         h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
+        # reshape first: a 0-d tensor (batch norm's num_batches_tracked) cannot be viewed as bytes directly
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 

@@ -1,6 +1,8 @@
 """Training, evaluation and safe checkpoints.
 
-* :func:`fit` trains a classifier with Adam or SGD, optional LR schedule and validation, seeded.
+* :func:`fit` trains a classifier with Adam or SGD, optional LR schedule and validation, seeded; the recipe
+  options (momentum, warm-up, label smoothing, mixed precision, compile, crop-flip, per-epoch resume) come
+  from :mod:`robustest.recipes`.
 * :func:`accuracy` / :func:`predict` evaluate in batches on the model's device, restoring its mode.
 * :func:`save_checkpoint` / :func:`load_checkpoint` store weights + model spec + metadata in one file and
   load it with ``torch.load(weights_only=True)``; anything else (a whole pickled model, a random file) is
@@ -9,10 +11,13 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,9 +26,21 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from robustest.errors import ConfigError, DataError
+from robustest.recipes import (
+    autocast,
+    check_device,
+    check_options,
+    compile_error,
+    compile_model,
+    crop_flip,
+    grad_scaler,
+    make_optimizer,
+    make_schedule,
+)
 from robustest.runtime import (
     DataLike,
     as_tensors,
+    atomic_save,
     check_images,
     check_labels,
     converts_batches,
@@ -80,27 +97,6 @@ class History:
         return one_line(self, epochs=len(self.epochs), loss=last.loss if last else None,
                         accuracy=last.accuracy if last else None, val_accuracy=last.val_accuracy if last else None,
                         best_epoch=self.best_epoch, seconds=self.seconds)
-
-
-def _make_optimizer(model: nn.Module, optimizer: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    if optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay, nesterov=True)
-    raise ConfigError(f"unknown optimizer {optimizer!r}: use 'adam' or 'sgd'")
-
-
-def _make_schedule(opt: torch.optim.Optimizer, schedule: str | None, epochs: int, steps_per_epoch: int):
-    if schedule in (None, "none", "constant"):
-        return None
-    total = max(1, epochs * steps_per_epoch)
-    if schedule == "cosine":
-        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
-    if schedule == "step":  # x0.1 at 50% and 75% of training
-        return torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: 0.1 ** ((s >= 0.5 * total) + (s >= 0.75 * total)))
-    raise ConfigError(f"unknown schedule {schedule!r}: use None, 'cosine' or 'step'")
 
 
 def channel_stats(data: DataLike, batch_size: int = 1024) -> tuple[list[float], list[float]]:
@@ -230,6 +226,17 @@ def fit(
     progress: bool = True,
     restore_best: bool = False,
     on_epoch_end: Any = None,
+    *,
+    momentum: float | None = None,
+    nesterov: bool | None = None,
+    warmup_epochs: float = 0.0,
+    milestones: Sequence[float] | None = None,
+    label_smoothing: float = 0.0,
+    decay_norm_bias: bool = True,
+    amp: str | None = None,
+    compile: bool = False,
+    augment: str | None = None,
+    resume_file: str | os.PathLike[str] | None = None,
 ) -> History:
     """Train ``model`` in place on ``train`` ((x, y) pair, Dataset or DataLoader) for ``epochs`` epochs.
 
@@ -239,40 +246,103 @@ def fit(
     validation loss/accuracy, and ``restore_best=True`` restores the weights of the epoch with the best
     validation accuracy (the last epoch's figures stay in the history). The model ends in eval mode.
     ``on_epoch_end(epoch, model, stats)``, when given, is called after every epoch (model in train mode).
-    Returns the :class:`History`.
+
+    Recipe options (keyword only; their defaults leave training as it always was, see
+    :mod:`robustest.recipes`): ``optimizer="sgd"`` takes ``momentum`` (default 0.9) and ``nesterov``
+    (default True); ``schedule`` "cosine" or "step" (x0.1 at each of ``milestones``, epochs; default 50 % and
+    75 % of training), after ``warmup_epochs`` of linear warm-up; ``label_smoothing`` of the cross-entropy;
+    ``decay_norm_bias=False`` keeps weight decay off normalisation layers and biases; ``amp`` "bf16" (CUDA or
+    CPU autocast) or "fp16" (CUDA autocast + GradScaler); ``compile=True`` trains through ``torch.compile``;
+    ``augment="crop-flip"`` pads each training image by 4, crops it back at a random offset and flips it half
+    the time (batched, seeded by ``seed``; refused for a DataLoader, whose own transforms apply).
+    ``resume_file``: after every epoch the model, optimiser, schedule and random states are saved there
+    atomically; a later call with the same settings continues after the last saved epoch (bit-exact on the
+    in-memory path). Every option is checked before any work. Returns the :class:`History`.
     """
-    if epochs < 0:
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ConfigError(f"epochs must be >= 0, got {epochs}")
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    if lr <= 0:
+    if not lr > 0:
         raise ConfigError(f"lr must be positive, got {lr}")
     if restore_best and val is None:
         raise ConfigError("restore_best needs validation data (val=...)")
     for name, v in (("lr", lr), ("weight_decay", weight_decay)):
         if not math.isfinite(float(v)) or v < 0:
             raise ConfigError(f"{name} must be a finite non-negative number, got {v}")
+    opts = check_options(epochs, optimizer=optimizer, lr=lr, weight_decay=weight_decay, momentum=momentum,
+                         nesterov=nesterov, schedule=schedule, warmup_epochs=warmup_epochs, milestones=milestones,
+                         label_smoothing=label_smoothing, decay_norm_bias=decay_norm_bias, amp=amp,
+                         compile=compile, augment=augment)
+    if opts.augment is not None and isinstance(train, DataLoader):
+        raise ConfigError(f"augment={opts.augment!r} applies to in-memory data and Datasets; a DataLoader's own "
+                          "transforms apply: add the augmentation to its dataset's transform instead")
     dev = resolve_device(model, device)
+    check_device(opts, dev)
+    state_path = Path(resume_file) if resume_file is not None else None
+    if state_path is not None and state_path.exists() and not state_path.is_file():
+        raise ConfigError(f"resume_file {str(state_path)!r} exists and is not a file: choose another path")
     model.to(dev)
     seed_everything(seed)
     source = TrainData(train, batch_size, seed)
     num_classes = source.check(model, dev)
-    opt = _make_optimizer(model, optimizer, lr, weight_decay)
-    sched = _make_schedule(opt, schedule, epochs, source.steps_per_epoch)
+    opt = make_optimizer(model, opts)
+    sched = make_schedule(opt, opts, epochs, source.steps_per_epoch)
+    scaler = grad_scaler(opts.amp, dev)
+    aug_gen = make_generator((seed * 1_000_003 + 7_919) % 2**63) if opts.augment else None
+    step_model = compile_model(model) if opts.compile else model
     history = History()
     best_acc, best_state = -1.0, None
+    settings = json.dumps({"epochs": epochs, "batch_size": batch_size, "seed": seed, "n": source.n,
+                           "restore_best": restore_best, "val": val is not None, **opts.to_dict()}, sort_keys=True)
+    start, seconds_before = 1, 0.0
+    if state_path is not None and state_path.is_file():
+        st = _load_fit_state(state_path, settings)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["optimizer"])
+        if sched is not None:
+            sched.load_state_dict(st["schedule"])
+        if scaler is not None and st.get("scaler"):
+            scaler.load_state_dict(st["scaler"])
+        source.gen.set_state(st["gen"])
+        if aug_gen is not None:
+            aug_gen.set_state(st["aug_gen"])
+        torch.set_rng_state(st["torch_rng"])
+        if dev.type == "cuda" and st.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(st["cuda_rng"], dev)
+        history.epochs = [EpochStats(**e) for e in st["history"]]
+        history.best_epoch = st["best_epoch"]
+        best_acc, best_state = float(st["best_acc"]), st.get("best_state")
+        start, seconds_before = int(st["epoch"]) + 1, float(st["seconds"])
     t_start = time.perf_counter()
-    for epoch in progress_bar(range(1, epochs + 1), enabled=progress, desc="train", unit="epoch"):
+    first_step = start <= epochs
+    for epoch in progress_bar(range(start, epochs + 1), enabled=progress, desc="train", unit="epoch"):
         t0 = time.perf_counter()
         set_mode(model, True)
         total_loss, correct, n = 0.0, 0, 0
         for xb, yb in source.epoch(epoch, num_classes):
             xb, yb = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
-            logits = forward(model, xb)
-            loss = F.cross_entropy(logits, yb)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            if aug_gen is not None:
+                xb = crop_flip(xb, generator=aug_gen)
+            try:
+                with autocast(opts.amp, dev):
+                    logits = forward(step_model, xb)
+                    loss = (F.cross_entropy(logits, yb, label_smoothing=opts.label_smoothing)
+                            if opts.label_smoothing else F.cross_entropy(logits, yb))
+                opt.zero_grad(set_to_none=True)
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    loss.backward()
+                    opt.step()
+            except Exception as exc:
+                err = compile_error(exc) if (opts.compile and first_step) else None
+                if err is not None:
+                    raise err from exc
+                raise
+            first_step = False
             if sched is not None:
                 sched.step()
             total_loss += float(loss.detach()) * len(yb)
@@ -289,13 +359,44 @@ def fit(
                 history.best_epoch = epoch
         stats.seconds = time.perf_counter() - t0
         history.epochs.append(stats)
+        if state_path is not None:
+            atomic_save({"format": FIT_STATE_FORMAT, "settings": settings, "epoch": epoch,
+                         "model": model.state_dict(), "optimizer": opt.state_dict(),
+                         "schedule": sched.state_dict() if sched is not None else None,
+                         "scaler": scaler.state_dict() if scaler is not None else None,
+                         "gen": source.gen.get_state(), "aug_gen": aug_gen.get_state() if aug_gen is not None
+                         else None, "torch_rng": torch.get_rng_state(),
+                         "cuda_rng": torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None,
+                         "history": [asdict(e) for e in history.epochs], "best_epoch": history.best_epoch,
+                         "best_acc": best_acc, "best_state": best_state,
+                         "seconds": seconds_before + time.perf_counter() - t_start}, state_path)
         if on_epoch_end is not None:  # e.g. keep the last epoch's weights when restore_best is used
             on_epoch_end(epoch, model, stats)
     if restore_best and best_state is not None:
         model.load_state_dict(best_state)
     set_mode(model, False)
-    history.seconds = time.perf_counter() - t_start
+    history.seconds = seconds_before + time.perf_counter() - t_start
     return history
+
+
+FIT_STATE_FORMAT = "robustest-fit-state-1"
+
+
+def _load_fit_state(path: Path, settings: str) -> dict[str, Any]:
+    """The training state :func:`fit` saved at ``path``; a one-line ConfigError when it is not one or was
+    written with other settings."""
+    try:
+        st = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - truncated, foreign or unsafe file
+        raise ConfigError(f"resume_file {str(path)!r} is not a training state robustest wrote: delete it or "
+                          "choose another path") from exc
+    if not isinstance(st, dict) or st.get("format") != FIT_STATE_FORMAT:
+        raise ConfigError(f"resume_file {str(path)!r} is not a training state robustest wrote: delete it or "
+                          "choose another path")
+    if st.get("settings") != settings:
+        raise ConfigError(f"resume_file {str(path)!r} holds training with other settings (epochs, data, "
+                          "recipe): resume with the same settings, or delete it to start again")
+    return st
 
 
 @torch.no_grad()

@@ -132,6 +132,39 @@ linf_eps = _number_type(float, lambda v: 0 < v <= 1, "an L-inf radius in (0, 1] 
                         "linf_eps")
 noise_width = _number_type(float, lambda v: 0 < v <= 2, "a noise width in (0, 2] (pixel scale)", "noise_width")
 seed_int = _number_type(int, lambda v: 0 <= v < 2**63, "a seed: an integer in [0, 2^63)", "seed_int")
+below_one = _number_type(float, lambda v: 0 <= v < 1, "a number in [0, 1)", "below_one")  # momentum, smoothing
+
+
+def key_value(text: str) -> tuple[str, Any]:
+    """An argparse ``type=``: ``KEY=VALUE`` with VALUE read as JSON when it parses (numbers, true/false, null)
+    and as a string otherwise; non-finite numbers are refused."""
+    import json
+
+    key, sep, raw = text.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE such as dropout=0.3, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite value for {key}, got {raw!r}")
+    if not (value is None or isinstance(value, (bool, int, float, str))):
+        raise argparse.ArgumentTypeError(f"expected a number, a string, true/false or null for {key}, got {raw!r}")
+    return key, value
+
+
+def model_options_object(text: str) -> dict[str, Any]:
+    """An argparse ``type=``: a JSON object of zoo model options with plain, finite values."""
+    d = json_object(text)
+    for k, v in d.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"expected finite model options, got {k}={v}")
+        if not (v is None or isinstance(v, (bool, int, float, str))):
+            raise argparse.ArgumentTypeError(f"model option {k} must be a number, a string, true/false or null, "
+                                             f"got {v!r}")
+    return d
 
 
 def load_data(args: argparse.Namespace, split: str | None = None) -> Dataset:

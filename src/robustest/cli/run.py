@@ -73,6 +73,12 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=positive_int, help="fine-tuning epochs (default: 10)")
     p.add_argument("--batch-size", type=positive_int, help="fine-tuning batch size (default: 64)")
     p.add_argument("--lr", type=positive_float, help="fine-tuning learning rate, Adam (default: 1e-3)")
+    p.add_argument("--train-options", type=json_object, metavar="JSON",
+                   help="training recipe of --train-model: options of robustest.training.fit plus lr and "
+                        "batch_size, e.g. '{\"optimizer\": \"sgd\", \"lr\": 0.1, \"schedule\": \"cosine\"}'")
+    p.add_argument("--finetune-options", type=json_object, metavar="JSON",
+                   help="further fit options for fine-tuning, e.g. '{\"schedule\": \"step\", \"augment\": "
+                        "\"crop-flip\"}'")
     p.add_argument("--whitebox-limit", type=positive_int, metavar="N",
                    help="white-box attacks on the first N test images (default: 1000)")
     p.add_argument("--no-whitebox", dest="whitebox", action="store_const", const=False,
@@ -107,8 +113,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 _FLAG_KEYS = ("model", "model_factory", "model_args", "weights", "torchscript", "train_model", "train_epochs",
-              "dataset", "data_dir", "train_limit", "test_limit", "eps",
-              "pool", "pool_limit", "epochs", "batch_size", "lr", "whitebox_limit", "whitebox", "out", "resume",
+              "dataset", "data_dir", "train_limit", "test_limit", "eps", "pool", "pool_limit", "epochs", "batch_size",
+              "lr", "train_options", "finetune_options", "whitebox_limit", "whitebox", "out", "resume",
               "seed", "device", "strategy", "budget", "rounds", "time_budget", "target", "target_metric",
               "convergence_tol", "convergence_patience", "strategies", "budgets", "seeds")
 

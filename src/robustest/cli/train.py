@@ -6,6 +6,14 @@ Writes to --out:
   results.json  settings in effect, per-epoch history, test loss and accuracy, timings, peak memory
                 (schema: docs/schemas/train.schema.json)
   report.html   accuracy and loss per epoch, the epoch table, settings and timings
+  train_state.pt  with --resume: the state after every epoch, from which a rerun continues
+
+Without recipe flags training is as it always was (Adam 1e-3, batch 64, constant LR, no augmentation);
+--recipe fills in a seed's recipe (robustest.recipes.RECIPES) and the flags given override it.
+
+Example (AugMix's CIFAR recipe: SGD 0.1, Nesterov, weight decay 5e-4 off norms/biases, cosine, crop-flip):
+    robustest train --dataset cifar10 --data-dir DIR --model wrn-40-2 --recipe cifar-sgd --amp bf16 \\
+        --device cuda --resume --out wrn40
 """
 
 from __future__ import annotations
@@ -21,12 +29,16 @@ from robustest.checkpoints import source_of
 from robustest.cli._common import (
     add_data_args,
     add_run_args,
+    below_one,
     check_fits,
     data_settings,
     fmt,
     json_object,
+    key_value,
+    list_arg,
     load_data,
     log,
+    model_options_object,
     non_negative_float,
     out_dir,
     peak_rss_mib,
@@ -34,6 +46,7 @@ from robustest.cli._common import (
     positive_int,
 )
 from robustest.errors import ConfigError
+from robustest.recipes import RECIPES, TrainOptions, check_device, check_options, recipe
 from robustest.results import write_results
 from robustest.runtime import image_shape, labels_of, resolve_device, take
 from robustest.training import channel_stats
@@ -50,14 +63,43 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(imported from PYTHONPATH or the current folder: this RUNS YOUR CODE)")
     p.add_argument("--model-args", type=json_object, default=None, metavar="JSON",
                    help="keyword arguments for a pkg.module:factory --model, as a JSON object")
-    p.add_argument("--epochs", type=positive_int, required=True, help="training epochs")
-    p.add_argument("--batch-size", type=positive_int, default=64, help="batch size (default: 64)")
-    p.add_argument("--lr", type=positive_float, default=1e-3, help="learning rate (default: 1e-3)")
-    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="optimizer (default: adam)")
-    p.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="weight decay (default: 0)")
-    p.add_argument("--schedule", choices=("none", "cosine", "step"), default="none", help="LR schedule")
+    p.add_argument("--model-option", dest="model_option", action="append", type=key_value, default=None,
+                   metavar="KEY=VALUE", help="a zoo model option, e.g. dropout=0.3, patch=8, growth=12, depth=16, "
+                                             "width=4 (repeatable; robustest info --models lists the models)")
+    p.add_argument("--model-options", type=model_options_object, default=None, metavar="JSON",
+                   help="zoo model options as a JSON object, e.g. '{\"dropout\": 0.3}'")
+    p.add_argument("--epochs", type=positive_int, default=None, help="training epochs (required unless --recipe)")
     p.add_argument("--no-normalize", action="store_true",
                    help="do not put the training set's per-channel mean/std inside the model")
+    g = p.add_argument_group("training recipe (defaults: Adam 1e-3, batch 64, constant LR, no augmentation; "
+                             "--recipe fills in a seed's recipe, the flags given override it)")
+    g.add_argument("--recipe", choices=sorted(RECIPES), default=None,
+                   help="robot-cifar (RobOT's ResNet-20: Adam, steps at 50/75/90 %%), cifar-sgd (AugMix's WRN: SGD "
+                        "0.1 Nesterov, cosine), imagenet-sgd (AugMix's ResNet-50: SGD 0.1, steps at 1/3, 2/3); "
+                        "milestones scale with --epochs")
+    g.add_argument("--batch-size", type=positive_int, default=None, help="batch size (default: 64)")
+    g.add_argument("--lr", type=positive_float, default=None, help="learning rate (default: 1e-3)")
+    g.add_argument("--optimizer", choices=("adam", "sgd"), default=None, help="optimizer (default: adam)")
+    g.add_argument("--momentum", type=below_one, default=None, help="SGD momentum (default: 0.9)")
+    g.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None,
+                   help="Nesterov momentum for SGD (default: on)")
+    g.add_argument("--weight-decay", type=non_negative_float, default=None, help="weight decay (default: 0)")
+    g.add_argument("--decay-norm-bias", action=argparse.BooleanOptionalAction, default=None,
+                   help="apply weight decay to normalisation layers and biases too (default: yes; the recipes: no)")
+    g.add_argument("--schedule", choices=("none", "cosine", "step"), default=None, help="LR schedule (default: none)")
+    g.add_argument("--milestones", type=list_arg(positive_float, what="milestone"), default=None, metavar="LIST",
+                   help="epochs at which the step schedule multiplies the LR by 0.1, comma-separated "
+                        "(default: 50%% and 75%%)")
+    g.add_argument("--warmup-epochs", type=non_negative_float, default=None, metavar="E",
+                   help="linear LR warm-up over the first E epochs (default: 0)")
+    g.add_argument("--label-smoothing", type=below_one, default=None, help="label smoothing in [0, 1) (default: 0)")
+    g.add_argument("--augment", choices=("none", "crop-flip"), default=None,
+                   help="crop-flip: pad 4, random crop, horizontal flip, per batch (default: none)")
+    g.add_argument("--amp", choices=("bf16", "fp16"), default=None,
+                   help="mixed precision: bf16 autocast (CUDA or CPU) or fp16 autocast + GradScaler (CUDA)")
+    g.add_argument("--compile", action="store_true", default=None, help="train through torch.compile")
+    g.add_argument("--resume", action="store_true",
+                   help="save OUT/train_state.pt after every epoch and continue from it if it is there")
     add_run_args(p)
     p.set_defaults(func=run)
 
@@ -84,6 +126,79 @@ def _model_name(text: str) -> str:
     return text
 
 
+_RECIPE_FLAGS = ("batch_size", "lr", "optimizer", "momentum", "nesterov", "weight_decay", "decay_norm_bias",
+                 "schedule", "milestones", "warmup_epochs", "label_smoothing", "augment", "amp", "compile")
+_DEFAULTS: dict[str, Any] = {"batch_size": 64, "lr": 1e-3, "optimizer": "adam", "weight_decay": 0.0}
+
+
+def resolve_recipe(args: argparse.Namespace) -> tuple[int, int, TrainOptions, dict[str, Any]]:
+    """(epochs, batch size, validated options, fit keyword arguments) from --recipe and the flags given (which
+    override it); written back into ``args`` so results.json records what ran. One-line ConfigError otherwise."""
+    base: dict[str, Any] = dict(_DEFAULTS)
+    if args.recipe is not None:
+        base.update(recipe(args.recipe, epochs=args.epochs))
+    given = {k: getattr(args, k) for k in _RECIPE_FLAGS if getattr(args, k) is not None}
+    kw = {**base, **given}
+    epochs = args.epochs if args.epochs is not None else kw.pop("epochs", None)
+    kw.pop("epochs", None)
+    if epochs is None:
+        raise ConfigError("give --epochs N (or a --recipe, which brings its epochs)")
+    for flag, off in (("schedule", "none"), ("augment", "none")):
+        if kw.get(flag) == off:
+            kw[flag] = None
+    if kw["optimizer"] != "sgd":  # a recipe's SGD settings do not carry over to --optimizer adam
+        for k in ("momentum", "nesterov"):
+            if k not in given:
+                kw.pop(k, None)
+    if kw.get("schedule") != "step" and "milestones" not in given:
+        kw.pop("milestones", None)
+    batch_size = int(kw.pop("batch_size"))
+    opts = check_options(epochs, **kw)
+    for k, v in {**opts.to_dict(), "batch_size": batch_size, "epochs": epochs}.items():
+        setattr(args, k, v)
+    return epochs, batch_size, opts, kw
+
+
+def _in_effect(opts: TrainOptions) -> dict[str, Any]:
+    """The recipe options that shape this run: set ones only, SGD's momentum only with SGD."""
+    d = opts.to_dict()
+    if d.get("optimizer") != "sgd":
+        d.pop("momentum", None)
+        d.pop("nesterov", None)
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _zoo_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--model-option KEY=VALUE and --model-options JSON merged and checked against the model's options."""
+    given = dict(args.model_options or {})
+    for key, value in args.model_option or []:
+        if key in given and given[key] != value:
+            raise ConfigError(f"model option {key} is given twice ({given[key]!r} and {value!r}): drop one")
+        given[key] = value
+    if not given:
+        return {}
+    if ":" in args.model:
+        raise ConfigError("--model-option/--model-options apply to zoo models; pass keyword arguments of "
+                          "pkg.module:factory with --model-args")
+    known = zoo.options(args.model)
+    for key in given:
+        if key not in known:
+            raise ConfigError(f"model {args.model!r} has no option {key!r} (its options: "
+                              f"{', '.join(sorted(known)) or 'none'})")
+    return given
+
+
+def _model_name(text: str) -> str:
+    """A zoo model (parameterised ones included, e.g. wrn-28-10) or pkg.module:factory."""
+    if ":" in text:
+        return text
+    try:
+        zoo.resolve_name(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or pkg.module:factory for your own code)") from None
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -92,6 +207,9 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.out).exists():
         out_dir(args)  # a file in the way is a one-line error before any work; the folder is made after checks
     device = resolve_device(None, args.device) if args.device else torch.device("cpu")
+    epochs, batch_size, opts, fit_kw = resolve_recipe(args)
+    check_device(opts, device)
+    model_opts = _zoo_options(args)
     t0 = time.perf_counter()
     train = load_data(args, "train")
     test = load_data(args, "test")
@@ -107,37 +225,43 @@ def run(args: argparse.Namespace) -> int:
         model = load_model(factory=args.model, factory_args=args.model_args, map_location=device)
     else:
         if args.model_args is not None:
-            raise ConfigError("--model-args applies to a pkg.module:factory --model, not to zoo models")
+            raise ConfigError("--model-args applies to a pkg.module:factory --model, not to zoo models: use "
+                              "--model-option KEY=VALUE")
         c, h, w = image_shape(train)
         if h != w:
             raise ConfigError(f"images must be square for the zoo models, got {h}x{w}: pass --resize H W")
         y_tr, y_te = labels_of(train), labels_of(test)
-        num_classes = args.num_classes or int(max(int(y_tr.max()), int(y_te.max())) + 1)
+        num_classes = max(args.num_classes or int(max(int(y_tr.max()), int(y_te.max())) + 1), 2)
+        zoo.check_input(args.model, c, h, num_classes, **model_opts)  # before the statistics pass over the data
         mean = std = None
         if not args.no_normalize:
             mean, std = channel_stats(train)
-        model = zoo.create(args.model, num_classes=max(num_classes, 2), in_channels=c, input_size=h, mean=mean,
-                           std=std).to(device)
+        torch.manual_seed(args.seed)
+        model = zoo.create(args.model, num_classes=num_classes, in_channels=c, input_size=h, mean=mean, std=std,
+                           **model_opts).to(device)
     check_fits(model, train)
     out = out_dir(args)
-    history = fit(model, train, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                  optimizer=args.optimizer, weight_decay=args.weight_decay,
-                  schedule=None if args.schedule == "none" else args.schedule, seed=args.seed,
-                  device=device, progress=not args.no_progress)
+    history = fit(model, train, epochs=epochs, batch_size=batch_size, seed=args.seed, device=device,
+                  progress=not args.no_progress, resume_file=out / "train_state.pt" if args.resume else None,
+                  **fit_kw)
     t1 = time.perf_counter()
     test_loss, test_acc = evaluate(model, test)
     t_eval = time.perf_counter() - t1
-    meta = {"dataset": args.dataset, "epochs": args.epochs, "test_accuracy": test_acc, "seed": args.seed}
+    meta = {"dataset": args.dataset, "epochs": epochs, "test_accuracy": test_acc, "seed": args.seed}
     save_checkpoint(out / "model.pt", model, metadata=meta)
     settings = {**data_settings(args), "model": args.model, **({"model_args": args.model_args}
                                                                 if args.model_args is not None else {}),
-                "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "optimizer": args.optimizer,
-                "weight_decay": args.weight_decay, "schedule": args.schedule, "seed": args.seed,
+                **({"model_options": model_opts} if model_opts else {}),
+                **({"recipe": args.recipe} if args.recipe else {}),
+                "epochs": epochs, "batch_size": batch_size, **_in_effect(opts), "seed": args.seed,
                 "device": str(device)}
+    if args.resume:
+        settings["resume"] = True
     if ":" not in args.model:
         settings["normalize"] = not args.no_normalize
     results = {
         "model": source_of(model),
+        "recipe": {"name": args.recipe, "epochs": epochs, "batch_size": batch_size, **opts.to_dict()},
         "num_train": len(train),
         "num_test": len(test),
         "history": history.to_dict(),
@@ -152,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
     doc = write_results(out, "train", settings, results, timings)
     _report(doc, args).write(out / "report.html")
     last = history.last
-    log.info(f"trained {args.model} on {args.dataset}: {len(train)} images, {args.epochs} epochs, "
+    log.info(f"trained {args.model} on {args.dataset}: {len(train)} images, {epochs} epochs, "
              f"train loss {fmt(last.loss)}, train accuracy {fmt(last.accuracy, 'accuracy')}, "
              f"test accuracy {fmt(test_acc, 'accuracy')} ({fmt(history.seconds, 'train_s')} s)")
     log.info(f"wrote {out / 'model.pt'}, results.json and report.html")

@@ -53,6 +53,7 @@ __all__ = [
     "VisionTransformer",
     "WideResNet",
     "accepts_size",
+    "check_input",
     "convnet",
     "create",
     "densenet_bc",
@@ -65,6 +66,7 @@ __all__ = [
     "mlp",
     "names",
     "native",
+    "options",
     "preact_resnet18",
     "profile",
     "register",
@@ -173,6 +175,24 @@ def describe(name: str) -> str:
 def native(name: str) -> tuple[int, int, int]:
     """(in_channels, input_size, num_classes) model ``name`` is made for."""
     return _REGISTRY[resolve_name(name)[0]].native
+
+
+def options(name: str) -> dict[str, Any]:
+    """The architecture options of model ``name`` with their defaults (those carried by a parameterised name,
+    e.g. ``wrn-40-2``, filled in): the keywords :func:`create` accepts beyond the sizes."""
+    key, from_name = resolve_name(name)
+    return {**_REGISTRY[key].options, **from_name}
+
+
+def check_input(name: str, in_channels: int, input_size: int, num_classes: int | None = None,
+                **options: Any) -> dict[str, Any]:
+    """Check, before any work and without allocating weights (the model is built on the meta device), that
+    zoo model ``name`` with ``options`` takes ``in_channels`` x ``input_size`` x ``input_size`` images; returns
+    its spec. A size it cannot take is the one-line ConfigError of :func:`create`, naming the model, the
+    input and the zoo models that fit it; unknown or invalid options are refused the same way."""
+    with torch.device("meta"):
+        model = create(name, num_classes=num_classes, in_channels=in_channels, input_size=input_size, **options)
+    return spec_of(model)
 
 
 # Models worth suggesting for an input side up to the key (ordered; only those that take the size remain).

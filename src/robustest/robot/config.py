@@ -25,6 +25,9 @@ _RUNTIME_KEYS = ("out", "resume", "progress", "verbose", "device")
 # keys a resumed run may change: they decide how many rounds/cells run, not what a finished one contains
 # paths whose CONTENT a resumed run checks (model weights and data are fingerprinted), so a moved file is fine
 _PATH_KEYS = ("model", "weights", "data_dir")
+# recipe options of training.fit a config may give for training the original model / fine-tuning
+FIT_OPTION_KEYS = ("optimizer", "momentum", "nesterov", "weight_decay", "decay_norm_bias", "schedule", "milestones",
+                   "warmup_epochs", "label_smoothing", "amp", "compile", "augment")
 _EXTENDABLE_KEYS = ("rounds", "time_budget", "target", "target_metric", "strategies", "budgets", "seeds", "examples")
 
 
@@ -42,7 +45,10 @@ class RobotConfig:
     Selection: ``strategy`` (loop) or ``strategies`` (comparison) from best, kmst, gini, random, coverage;
     ``budget`` (loop) or ``budgets`` (comparison): a count (int) or a percentage of the pool ("5%").
     Fine-tuning: ``epochs``, ``batch_size``, ``lr`` (Adam), validation split ``val_fraction`` of the
-    training data (plus its adversarial examples when ``val_adversarial``).
+    training data (plus its adversarial examples when ``val_adversarial``). ``finetune_options``: further
+    recipe options of :func:`robustest.training.fit` for fine-tuning (``schedule``, ``milestones``,
+    ``augment``, ``weight_decay``, ``optimizer``, ``amp``, ...); ``train_options``: the same, plus ``lr`` and
+    ``batch_size``, for training ``train_model`` (default: Adam with ``lr`` and ``batch_size``).
     Loop: ``rounds``, ``time_budget`` (seconds), ``target`` (stop once ``target_metric`` >= target),
     convergence rule ``convergence_tol``/``convergence_patience``/``convergence_probe``.
     Measurement: ``whitebox`` (on the first ``whitebox_limit`` test images), PGD steps/restarts, APGD steps,
@@ -76,6 +82,8 @@ class RobotConfig:
     epochs: int = 10
     batch_size: int = 64
     lr: float = 1e-3
+    train_options: dict[str, Any] = field(default_factory=dict)
+    finetune_options: dict[str, Any] = field(default_factory=dict)
     val_fraction: float = 0.1
     val_adversarial: bool = True
     rounds: int = 3
@@ -302,6 +310,15 @@ class RobotConfig:
         pos_int("epochs")
         pos_int("batch_size")
         number("lr", 0.0, 10.0)
+        self._check_fit_options("train_options", self.train_epochs, ("lr", "batch_size"))
+        self._check_fit_options("finetune_options", self.epochs, ())
+        if self.model is None and self.model_factory is None:
+            shape = datasets.info(self.dataset).shape
+            if shape is not None:  # a built-in shape: the zoo model must take it, checked before any data loads
+                try:
+                    zoo.check_input(self.train_model, shape[0], shape[1], datasets.info(self.dataset).num_classes)
+                except ConfigError as exc:
+                    raise ConfigError(f"train_model on {self.dataset}: {exc}") from exc
         number("val_fraction", 0.0, 0.5)
         pos_int("rounds")
         number("time_budget", 0.0, float("inf"), allow_none=True)
@@ -329,6 +346,27 @@ class RobotConfig:
         if not isinstance(self.out, str) or not self.out:
             raise ConfigError(f"out must be a folder path, got {self.out!r}")
         return self
+
+
+    def _check_fit_options(self, name: str, epochs: int, extra: tuple[str, ...]) -> None:
+        from robustest.recipes import check_options
+
+        opts = getattr(self, name)
+        if not isinstance(opts, dict):
+            raise ConfigError(f"{name} must be a mapping of training options, got {opts!r}")
+        unknown = sorted(set(opts) - set(FIT_OPTION_KEYS) - set(extra))
+        if unknown:
+            raise ConfigError(f"{name}: unknown option {unknown[0]!r}: valid options are "
+                              f"{', '.join(sorted((*FIT_OPTION_KEYS, *extra)))}")
+        if "batch_size" in opts:
+            v = opts["batch_size"]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name}: batch_size must be an integer >= 1, got {v!r}")
+        kw = {k: v for k, v in opts.items() if k in FIT_OPTION_KEYS}
+        try:
+            check_options(max(int(epochs), 1), lr=opts.get("lr", self.lr), **kw)
+        except ConfigError as exc:
+            raise ConfigError(f"{name}: {exc}") from exc
 
 
 def parse_budget(budget: int | str, pool_size: int) -> int:

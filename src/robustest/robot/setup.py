@@ -65,7 +65,8 @@ def _limit(ds: Any, n: int | None) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _fingerprint(cfg: RobotConfig, kind: str) -> str:
-    d = {k: v for k, v in cfg.result_dict().items() if k not in _EXTENDABLE_KEYS and k not in _PATH_KEYS}
+    d = {k: v for k, v in cfg.result_dict().items() if k not in _EXTENDABLE_KEYS and k not in _PATH_KEYS
+         and not (k in ("train_options", "finetune_options") and not v)}  # runs from before these keys resume
     return hashlib.sha256(json.dumps([kind, d], sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -105,8 +106,10 @@ def _train_original(cfg: RobotConfig, x: torch.Tensor, y: torch.Tensor, num_clas
     torch.manual_seed(derive_seed(cfg.seed, "init"))
     model = zoo.create(cfg.train_model, num_classes=max(num_classes, 2), in_channels=x.shape[1],
                        input_size=x.shape[2], mean=mean, std=std).to(device)
-    fit(model, (x, y), epochs=cfg.train_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-        seed=derive_seed(cfg.seed, "train-original"), device=device, progress=cfg.progress)
+    opts = dict(cfg.train_options)
+    lr, batch_size = opts.pop("lr", cfg.lr), opts.pop("batch_size", cfg.batch_size)
+    fit(model, (x, y), epochs=cfg.train_epochs, batch_size=batch_size, lr=lr,
+        seed=derive_seed(cfg.seed, "train-original"), device=device, progress=cfg.progress, **opts)
     return model
 
 
@@ -243,9 +246,9 @@ def _finetune(model0: nn.Module, setup: _Setup, tests: Pool, cfg: RobotConfig, s
 
     x = torch.cat([setup.x_fit, tests.x]) if len(tests) else setup.x_fit
     y = torch.cat([setup.y_fit, tests.y]) if len(tests) else setup.y_fit
-    hist = fit(model, (x, y), epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, optimizer="adam",
-               val=setup.val, seed=seed, device=setup.device, progress=cfg.progress, restore_best=True,
-               on_epoch_end=keep_last)
+    opts = {"optimizer": "adam", **cfg.finetune_options}
+    hist = fit(model, (x, y), epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, val=setup.val, seed=seed,
+               device=setup.device, progress=cfg.progress, restore_best=True, on_epoch_end=keep_last, **opts)
     last_model = None
     if hist.best_epoch != cfg.epochs and "state" in last:
         last_model = clone_model(model)

@@ -23,6 +23,7 @@ from robustest.runtime import (
     check_labels,
     eval_mode,
     forward,
+    load_plain,
     num_samples,
     resolve_device,
     take,
@@ -148,6 +149,15 @@ class ValidationResult:
         return atomic_save({"format": "robustest-validation", "keys": [list(k) for k in self.keys],
                             "wrong": self.wrong, "indices": self.indices, "labels": self.labels_y,
                             "meta": dict(self.meta)}, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ValidationResult:
+        """Read a file written by :meth:`save` (safely: plain tensors and containers only)."""
+        d = load_plain(path, fmt="robustest-validation", what="robustest validation file",
+                       fix="write one with ValidationResult.save")
+        keys = [(str(f), str(t), float(lvl)) for f, t, lvl in d["keys"]]
+        return cls(keys=keys, wrong=d["wrong"].bool(), indices=d["indices"].long(), labels_y=d["labels"].long(),
+                   meta=dict(d.get("meta") or {}))
 
 
 def _parse_perturbations(perturbations: str | Sequence[str] | None) -> tuple[list[str], list[str]]:

@@ -1,0 +1,305 @@
+"""Training recipes: the optimiser, schedule, loss, precision and data options of
+:func:`robustest.training.fit`, checked up front, and the named recipes of the seeds' full-scale settings.
+
+* :func:`check_options` validates every option (finite, in range, known names) and returns a
+  :class:`TrainOptions`; :func:`check_device` refuses what the device cannot do (fp16 off CUDA).
+* :func:`make_optimizer`: Adam, or SGD with (Nesterov) momentum; with ``decay_norm_bias=False`` weight
+  decay skips the parameters of normalisation layers, biases and every other 1-D parameter.
+* :func:`make_schedule`: constant, cosine or step (x0.1 at each milestone epoch), after an optional linear
+  warm-up, stepped once per batch.
+* :func:`crop_flip`: CIFAR-style random crop from a zero-padded image plus horizontal flip, batched and
+  seeded (N x C x H x W in, same shape out).
+* :func:`autocast` / :func:`grad_scaler`: mixed precision (bf16 autocast on CUDA or the CPU; fp16 autocast
+  with a GradScaler on CUDA).
+* :func:`compile_model` / :func:`compile_error`: ``torch.compile``, with a one-line error when it is not
+  available or fails to compile.
+* :data:`RECIPES` / :func:`recipe`: the seeds' training recipes as ``fit`` keyword arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from robustest.config import check_bool, check_choice, check_float, check_int
+from robustest.errors import ConfigError
+
+__all__ = ["AMP_MODES", "AUGMENTS", "OPTIMIZERS", "RECIPES", "SCHEDULES", "TrainOptions", "autocast",
+           "check_device", "check_options", "compile_error", "compile_model", "crop_flip", "grad_scaler",
+           "make_optimizer", "make_schedule", "no_decay_parameters", "recipe"]
+
+OPTIMIZERS = ("adam", "sgd")
+SCHEDULES = ("cosine", "step")
+AMP_MODES = ("bf16", "fp16")
+AUGMENTS = ("crop-flip",)
+CROP_PADDING = 4
+
+#: torch's normalisation layers: their weights and biases get no weight decay with ``decay_norm_bias=False``
+_NORM_LAYERS: tuple[type, ...] = tuple(t for t in (
+    nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm,
+    getattr(nn, "RMSNorm", None)) if t is not None)
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """The validated recipe options of one :func:`robustest.training.fit` call (see :func:`check_options`)."""
+
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    nesterov: bool = True
+    schedule: str | None = None
+    warmup_epochs: float = 0.0
+    milestones: tuple[float, ...] | None = None
+    label_smoothing: float = 0.0
+    decay_norm_bias: bool = True
+    amp: str | None = None
+    compile: bool = False
+    augment: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["milestones"] = list(self.milestones) if self.milestones is not None else None
+        return d
+
+
+def check_options(epochs: int, *, optimizer: str = "adam", lr: float = 1e-3, weight_decay: float = 0.0,
+                  momentum: float | None = None, nesterov: bool | None = None, schedule: str | None = None,
+                  warmup_epochs: float = 0.0, milestones: Sequence[float] | None = None,
+                  label_smoothing: float = 0.0, decay_norm_bias: bool = True, amp: str | None = None,
+                  compile: bool = False, augment: str | None = None) -> TrainOptions:
+    """Validate the recipe options of a ``fit`` over ``epochs`` epochs; one-line :class:`ConfigError` otherwise.
+
+    ``momentum`` (default 0.9) and ``nesterov`` (default True) are SGD's and refused with Adam.
+    ``warmup_epochs`` lies in [0, epochs); ``milestones`` (epochs, strictly increasing, in (0, epochs])
+    go with ``schedule="step"`` (default: 50 % and 75 % of training); ``label_smoothing`` in [0, 1).
+    """
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {optimizer!r}: use 'adam' or 'sgd'")
+    if schedule in ("none", "constant"):
+        schedule = None
+    if schedule is not None and schedule not in SCHEDULES:
+        raise ConfigError(f"unknown schedule {schedule!r}: use None, 'cosine' or 'step'")
+    lr_f = check_float("lr", lr, 0.0, lo_open=True)
+    wd = check_float("weight_decay", weight_decay, 0.0)
+    if optimizer != "sgd" and (momentum is not None or nesterov is not None):
+        raise ConfigError(f"momentum and nesterov are options of optimizer='sgd', not {optimizer!r}: drop them "
+                          "or use optimizer='sgd'")
+    mom = check_float("momentum", 0.9 if momentum is None else momentum, 0.0, 1.0, hi_open=True)
+    nest = check_bool("nesterov", True if nesterov is None else nesterov)
+    if optimizer == "sgd" and nest and mom == 0:
+        raise ConfigError("nesterov needs a momentum > 0: give momentum=0.9 or nesterov=False")
+    warm = check_float("warmup_epochs", warmup_epochs, 0.0)
+    if warm > 0 and warm >= epochs:
+        raise ConfigError(f"warmup_epochs must be below the number of epochs ({epochs}), got {warmup_epochs}")
+    ms: tuple[float, ...] | None = None
+    if milestones is not None:
+        if schedule != "step":
+            raise ConfigError("milestones go with schedule='step': give schedule='step' or drop milestones")
+        if isinstance(milestones, (str, bytes)) or not isinstance(milestones, Sequence) or not milestones:
+            raise ConfigError(f"milestones must be a non-empty list of epochs, got {milestones!r}")
+        ms = tuple(check_float("milestones", m, 0.0, float(epochs), lo_open=True) for m in milestones)
+        if any(b <= a for a, b in zip(ms, ms[1:])):
+            raise ConfigError(f"milestones must be strictly increasing epochs, got {list(milestones)}")
+    ls = check_float("label_smoothing", label_smoothing, 0.0, 1.0, hi_open=True)
+    dnb = check_bool("decay_norm_bias", decay_norm_bias)
+    amp_v = check_choice("amp", amp, AMP_MODES, allow_none=True)
+    comp = check_bool("compile", compile)
+    aug = check_choice("augment", augment, AUGMENTS, allow_none=True)
+    return TrainOptions(optimizer=optimizer, lr=lr_f, weight_decay=wd, momentum=mom, nesterov=nest,  # type: ignore[arg-type]
+                        schedule=schedule, warmup_epochs=warm, milestones=ms, label_smoothing=ls,  # type: ignore[arg-type]
+                        decay_norm_bias=dnb, amp=amp_v, compile=comp, augment=aug)  # type: ignore[arg-type]
+
+
+def check_device(opts: TrainOptions, device: torch.device) -> None:
+    """Refuse, before any work, the options ``device`` cannot run: fp16 autocast needs CUDA (GradScaler);
+    bf16 autocast needs CUDA with bf16 support or the CPU."""
+    if opts.amp == "fp16" and device.type != "cuda":
+        raise ConfigError(f"amp='fp16' needs a CUDA device (autocast + GradScaler), not {device.type}: use "
+                          "amp='bf16' or no amp on the CPU")
+    if opts.amp == "bf16":
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ConfigError("amp='bf16' is not supported by this GPU: use amp='fp16'")
+        if device.type not in ("cuda", "cpu"):
+            raise ConfigError(f"amp='bf16' runs on CUDA or the CPU, not {device.type}: drop amp")
+
+
+# ------------------------------------------------------------------------------------------- optimiser
+def no_decay_parameters(model: nn.Module) -> set[int]:
+    """ids of the parameters weight decay skips with ``decay_norm_bias=False``: those of normalisation layers,
+    biases, and every other parameter with at most one dimension (gains and biases of custom norms)."""
+    skip: set[int] = set()
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if isinstance(module, _NORM_LAYERS) or name.endswith("bias") or p.ndim <= 1:
+                skip.add(id(p))
+    return skip
+
+
+def make_optimizer(model: nn.Module, opts: TrainOptions) -> torch.optim.Optimizer:
+    """The optimiser over the trainable parameters of ``model``: Adam, or SGD with ``opts.momentum`` and
+    ``opts.nesterov``; weight decay on every parameter, or (``decay_norm_bias=False``) not on norms/biases."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups: list[Any] = params
+    if not opts.decay_norm_bias and opts.weight_decay > 0:
+        skip = no_decay_parameters(model)
+        groups = [{"params": [p for p in params if id(p) not in skip]},
+                  {"params": [p for p in params if id(p) in skip], "weight_decay": 0.0}]
+        groups = [g for g in groups if g["params"]]
+    if opts.optimizer == "adam":
+        return torch.optim.Adam(groups, lr=opts.lr, weight_decay=opts.weight_decay)
+    return torch.optim.SGD(groups, lr=opts.lr, momentum=opts.momentum, weight_decay=opts.weight_decay,
+                           nesterov=opts.nesterov)
+
+
+def make_schedule(opt: torch.optim.Optimizer, opts: TrainOptions, epochs: int, steps_per_epoch: int
+                  ) -> torch.optim.lr_scheduler.LambdaLR | None:
+    """A per-batch LR schedule: ``warmup_epochs`` of linear warm-up ((s + 1) / warm-up steps), then constant,
+    cosine (from the end of warm-up to 0 at the last step) or step (x0.1 at each milestone epoch; by default
+    at 50 % and 75 % of training). None when there is neither a schedule nor a warm-up."""
+    total = max(1, epochs * steps_per_epoch)
+    warm = int(round(opts.warmup_epochs * steps_per_epoch))
+    if opts.schedule is None and warm == 0:
+        return None
+    if opts.schedule == "cosine":
+        span = max(1, total - warm)
+
+        def after(s: int) -> float:
+            return 0.5 * (1 + math.cos(math.pi * min(s - warm, span) / span))
+    elif opts.schedule == "step":
+        marks = ([0.5 * total, 0.75 * total] if opts.milestones is None
+                 else [m * steps_per_epoch for m in opts.milestones])
+
+        def after(s: int) -> float:
+            return 0.1 ** sum(s >= m for m in marks)
+    else:
+        def after(s: int) -> float:
+            return 1.0
+
+    if warm == 0:
+        return torch.optim.lr_scheduler.LambdaLR(opt, after)
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / warm if s < warm else after(s))
+
+
+# ------------------------------------------------------------------------------------------ augmentation
+def crop_flip(x: torch.Tensor, padding: int = CROP_PADDING, generator: torch.Generator | None = None
+              ) -> torch.Tensor:
+    """CIFAR-style augmentation of a batch ``x`` (N x C x H x W): each image is zero-padded by ``padding``
+    pixels, cropped back to H x W at a uniformly random offset and flipped horizontally with probability 1/2
+    (torchvision's ``RandomCrop(size, padding)`` + ``RandomHorizontalFlip()``), all in one gather. The random
+    draws come from ``generator`` (on the CPU), so the same generator state gives the same batch."""
+    if x.dim() != 4:
+        raise ConfigError(f"crop_flip takes images N x C x H x W, got shape {tuple(x.shape)}")
+    n, c, h, w = x.shape
+    p = int(padding)
+    if n == 0:
+        return x
+    oy = torch.randint(0, 2 * p + 1, (n,), generator=generator)
+    ox = torch.randint(0, 2 * p + 1, (n,), generator=generator)
+    flip = torch.rand(n, generator=generator) < 0.5
+    rows = oy[:, None] + torch.arange(h)  # n x h, in padded coordinates
+    ar = torch.arange(w)
+    cols = ox[:, None] + torch.where(flip[:, None], w - 1 - ar, ar)  # n x w
+    lin = (rows[:, :, None] * (w + 2 * p) + cols[:, None, :]).reshape(n, 1, h * w).to(x.device)
+    padded = F.pad(x, (p, p, p, p)).flatten(2)
+    return torch.gather(padded, 2, lin.expand(n, c, h * w)).view(n, c, h, w)
+
+
+# ------------------------------------------------------------------------------------- mixed precision
+@contextlib.contextmanager
+def autocast(amp: str | None, device: torch.device) -> Iterator[None]:
+    """``torch.autocast`` for ``amp`` ("bf16" or "fp16") on ``device``; nothing when ``amp`` is None."""
+    if amp is None:
+        yield
+        return
+    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
+    with torch.autocast(device_type=device.type, dtype=dtype):
+        yield
+
+
+def grad_scaler(amp: str | None, device: torch.device) -> torch.amp.GradScaler | None:
+    """A GradScaler for fp16 autocast on CUDA (None otherwise: bf16 needs no loss scaling)."""
+    if amp != "fp16":
+        return None
+    return torch.amp.GradScaler(device.type)
+
+
+# ------------------------------------------------------------------------------------------- compile
+def compile_model(model: nn.Module) -> nn.Module:
+    """``torch.compile(model)`` (sharing its parameters); a one-line ConfigError when torch has no compile or
+    refuses to set it up (e.g. an unsupported Python). Compilation itself happens at the first call: wrap
+    that call with :func:`compile_error`."""
+    fn = getattr(torch, "compile", None)
+    if fn is None:
+        raise ConfigError(f"compile=True needs torch.compile, which torch {torch.__version__} lacks: train "
+                          "without compile")
+    try:
+        return fn(model)
+    except Exception as exc:  # noqa: BLE001 - any refusal to set up compilation
+        raise ConfigError(f"torch.compile is not available here ({_first_line(exc)}): train without compile") \
+            from exc
+
+
+def compile_error(exc: BaseException) -> ConfigError | None:
+    """The one-line ConfigError for an exception raised while ``torch.compile`` compiled the first step
+    (dynamo, inductor or the C++/Triton toolchain), or None when ``exc`` did not come from compilation."""
+    mod = type(exc).__module__ or ""
+    text = str(exc)
+    if mod.startswith(("torch._dynamo", "torch._inductor")) or "inductor" in text.lower() or \
+            "triton" in text.lower() or "dynamo" in text.lower():
+        return ConfigError(f"torch.compile failed on this machine ({_first_line(exc)}): train without compile")
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return (text[:160] or type(exc).__name__)
+
+
+# --------------------------------------------------------------------------------------------- recipes
+RECIPES: dict[str, dict[str, Any]] = {
+    # RobOT's CIFAR-10 ResNet-20 (Testing4AI/RobOT, CIFAR-10/train_model.py): Keras Adam 1e-3, batch 64,
+    # 100 epochs, x0.1 from the 52nd, 77th and 92nd epoch (its 0-based "epoch > 50/75/90"), L2 1e-4 on the
+    # conv kernels (= weight decay 2e-4 on the gradient), random shifts, rotations and flips (here crop-flip).
+    "robot-cifar": {"optimizer": "adam", "lr": 1e-3, "batch_size": 64, "epochs": 100, "weight_decay": 2e-4,
+                    "decay_norm_bias": False, "schedule": "step", "milestones": [51, 76, 91],
+                    "augment": "crop-flip"},
+    # AugMix's CIFAR recipe (google-research/augmix, cifar.py; WRN-40-2): SGD 0.1, Nesterov momentum 0.9,
+    # weight decay 5e-4, batch 128, 100 epochs, cosine, random crop (pad 4) + flip.
+    "cifar-sgd": {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4,
+                  "decay_norm_bias": False, "batch_size": 128, "epochs": 100, "schedule": "cosine",
+                  "augment": "crop-flip"},
+    # AugMix's ImageNet ResNet-50 recipe (google-research/augmix, imagenet.py): SGD 0.1 for batch 256,
+    # momentum 0.9 (no Nesterov), weight decay 1e-4, 90 epochs, x0.1 at epochs 30 and 60, flips and crops.
+    "imagenet-sgd": {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": False, "weight_decay": 1e-4,
+                     "decay_norm_bias": False, "batch_size": 256, "epochs": 90, "schedule": "step",
+                     "milestones": [30, 60], "augment": "crop-flip"},
+}
+
+
+def recipe(name: str, epochs: int | None = None) -> dict[str, Any]:
+    """The keyword arguments of :func:`robustest.training.fit` for recipe ``name`` (a copy, ``epochs``
+    included). With ``epochs`` given, the schedule keeps its shape: milestones and warm-up are scaled by
+    ``epochs / recipe epochs``."""
+    if name not in RECIPES:
+        raise ConfigError(f"unknown recipe {name!r}: choose one of {', '.join(sorted(RECIPES))}")
+    out = {k: (list(v) if isinstance(v, list) else v) for k, v in RECIPES[name].items()}
+    if epochs is not None:
+        e = check_int("epochs", epochs, 1)
+        assert e is not None
+        scale = e / out["epochs"]
+        if out.get("milestones"):
+            out["milestones"] = [m * scale for m in out["milestones"]]
+        if out.get("warmup_epochs"):
+            out["warmup_epochs"] = out["warmup_epochs"] * scale
+        out["epochs"] = e
+    return out
+

@@ -1,0 +1,135 @@
+"""The reproduction scripts' settings: bad input refused before any work (fast), and every setting's
+--dry-run end to end on synthetic data of the setting's shape (slow)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from robustest.errors import ConfigError, DataError
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_robot_script_refuses_a_model_that_cannot_take_the_data(tmp_path):
+    robot = script("reproduce_robot")
+    with pytest.raises(ConfigError) as exc:
+        robot.main(["--setting", "mnist-lenet5", "--dataset", "digits", "--out", str(tmp_path / "o")])
+    msg = str(exc.value)
+    assert "lenet5" in msg and "1x8x8" in msg and "digits_cnn" in msg and "\n" not in msg
+    assert not list((tmp_path / "o").glob("original_*")) and not (tmp_path / "o" / "compare").exists()
+    with pytest.raises(DataError, match="unknown data set 'svhn'"):
+        robot.main(["--setting", "cifar10-resnet20", "--dataset", "svhn", "--data-dir", str(tmp_path),
+                    "--out", str(tmp_path / "p")])
+
+
+def test_weakrobust_script_refuses_a_model_that_cannot_take_the_data(tmp_path):
+    wr = script("reproduce_weakrobust")
+    with pytest.raises(ConfigError) as exc:
+        wr.main(["--setting", "imagenet100-resnet50", "--dataset", "digits", "--out", str(tmp_path / "o")])
+    msg = str(exc.value)
+    assert "resnet50" in msg and "1x8x8" in msg and "digits_cnn" in msg and "\n" not in msg
+    assert not (tmp_path / "o" / "steps").exists() and not (tmp_path / "o" / "state").exists()
+
+
+def test_settings_record_the_papers_values():
+    robot = script("reproduce_robot")
+    wr = script("reproduce_weakrobust")
+    cifar = robot.SETTINGS["cifar10-resnet20"]
+    assert (cifar["eps"], cifar["model"], cifar["epochs"], cifar["lr"], cifar["batch_size"]) == \
+        (0.01, "resnet20", 40, 1e-4, 64)
+    assert cifar["budgets"] == "1000,2000,4000,6000,10000" and cifar["recipe"] == "robot-cifar"
+    full = wr.full.FULL_SETTINGS
+    assert (full["imagenet100-resnet50"]["neighbors"], full["imagenet100-resnet50"]["eps"]) == (20, 0.2)  # U[-.1, .1]
+    assert (full["cifar10-wrn40-2"]["neighbors"], full["cifar10-wrn40-2"]["eps"]) == (50, 0.22)
+    for s in full.values():
+        assert s["attack_eps"] == [4 / 255, 8 / 255] and s["severities"] == [1, 2, 3, 4, 5]
+
+
+def run_script(args: list[str], timeout: int = 600) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return proc, time.perf_counter() - t0
+
+
+DRY_RUNS = [
+    ("reproduce_robot.py", "mnist-lenet5"), ("reproduce_robot.py", "cifar10-resnet20"),
+    ("reproduce_weakrobust.py", "mnist"), ("reproduce_weakrobust.py", "cifar10-wrn40-2"),
+    ("reproduce_weakrobust.py", "imagenet100-resnet50"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, setting", DRY_RUNS)
+def test_every_setting_dry_run_end_to_end(tmp_path, name, setting):
+    out = tmp_path / "out"
+    args = [str(BENCH / name), "--setting", setting, "--dry-run", "--out", str(out)]
+    proc, seconds = run_script(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    print(f"{name} --setting {setting} --dry-run: {seconds:.1f} s")
+    if name == "reproduce_robot.py":
+        rep = json.loads((out / "reproduction.json").read_text())
+        assert rep["dry_run"] and rep["setting"] == setting
+        assert len(rep["table"]) == 8  # 4 strategies x 2 budgets
+        assert "DRY RUN" in proc.stdout and (out / "compare" / "results.json").is_file()
+    elif setting == "mnist":
+        assert (out / "family.json").is_file() and (out / "enhance.json").is_file()
+        assert len(json.loads((out / "enhance.json").read_text())["rows"]) == 4
+    else:
+        res = json.loads((out / "results.json").read_text())
+        assert res["dry_run"] and set(res["models"]) == {"standard", "augmix", "reva"}
+        for m in res["models"].values():
+            assert 0 <= m["evaluation"]["clean"] <= 1 and m["test_corruption"] is not None
+        steps = sorted(p.name for p in (out / "steps").iterdir())
+        assert len(steps) == 12 and "DRY RUN" in proc.stdout
+        # resume: a rerun finds every step done and only summarises
+        again, seconds2 = run_script(args)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert again.stdout.count("skipped") == 12
+        assert json.loads((out / "results.json").read_text())["models"] == res["models"]
+        # a step lost in a kill is redone, the others are reused
+        (out / "steps" / "validation_reva.pt").unlink()
+        third, _ = run_script(args)
+        assert third.returncode == 0 and third.stdout.count("skipped") == 11
+        assert json.loads((out / "results.json").read_text())["models"] == res["models"]
+
+
+def test_settings_benchmark_counts_the_work_of_each_setting():
+    bench = script("bench_settings")
+    robot = bench.setting("robot-cifar10-resnet20")
+    counts = bench.work(robot)
+    # 100 epochs on 50,000 images, then 5 budgets x 4 strategies x 3 seeds cells of 40 epochs on 45,000 + budget
+    assert counts["T"] == 100 * 50_000 + 40 * 12 * (5 * 45_000 + 1000 + 2000 + 4000 + 6000 + 10_000)
+    wrn = bench.setting("weakrobust-cifar10-wrn40-2")
+    c = bench.work(wrn)
+    assert c["T"] == 100 * 50_000 and c["E_aug"] == 10 * 50_000
+    assert c["F"] > 3 * 50_000 * 51  # three models' analyses with Q = 50 neighbours
+    fl = bench.flops(bench.setting("weakrobust-imagenet100-resnet50"))
+    assert fl["F"] == pytest.approx(2 * 4.1e9, rel=0.01) and fl["T"] == 3 * fl["F"]
+    assert bench.estimate({"T": 100.0, "A": 50.0, "F": 0.0}, {"T": 10.0, "A": 5.0, "F": 1.0}) == 20.0
+
+
+@pytest.mark.slow
+def test_settings_benchmark_measures_on_the_cpu(tmp_path):
+    proc, _ = run_script([str(BENCH / "bench_settings.py"), "--setting", "robot-cifar10-resnet20", "--steps", "2",
+                          "--train-batch", "8", "--attack-batch", "8", "--threads", "1", "--json",
+                          str(tmp_path / "b.json")])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads((tmp_path / "b.json").read_text())["rows"][0]
+    assert all(row["rates_per_s"][u] > 0 for u in ("T", "A", "F"))
+    assert row["estimate_s_measured"] > row["estimate_s_at_assumed"] > 0
