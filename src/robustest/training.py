@@ -329,3 +329,6 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.devi
         raise CheckpointError(f"{path}: weights do not fit model {spec['name']!r} (corrupt checkpoint?)") from exc
     model.robustest_metadata = dict(payload.get("metadata") or {})  # type: ignore[assignment]
     return model.to(map_location).eval()
+
+
+from robustest.hardening import harden  # noqa: E402,F401  (training.harden: adversarial fine-tuning)
