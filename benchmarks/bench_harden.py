@@ -42,21 +42,35 @@ ALL = ("pgd-at", "reference", "trades", "fosc", "fol-budget", "fast-at")
 
 # ------------------------------------------------------------------------ the independent reference recipe
 def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: float, steps: int,
-                     alpha: float, epochs: int, batch_size: int, lr: float, seed: int, on_epoch_end) -> None:
+                     alpha: float, epochs: int, batch_size: int, lr: float, seed: int, on_epoch_end,
+                     twin: bool = False) -> None:
     """Madry et al. PGD adversarial training in plain PyTorch: per batch, ``steps`` signed-gradient steps of
     ``alpha`` from a uniform random start in the L-inf ball (model in eval mode), projected to the ball and to
-    [0, 1]; then one Adam step on the cross-entropy of the adversarial batch (model in train mode)."""
+    [0, 1]; then one Adam step on the cross-entropy of the adversarial batch (model in train mode).
+
+    Its random numbers are its own (one generator for shuffling and starts). ``twin=True`` draws instead the
+    numbers robustest's pgd-at draws (per-epoch generators seeded from (seed, epoch)), for the check that the
+    two recipes then give the same weights."""
     gen = torch.Generator().manual_seed(10_000 + seed)
     torch.manual_seed(20_000 + seed)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     n = x.shape[0]
     for epoch in range(1, epochs + 1):
-        perm = torch.randperm(n, generator=gen)
+        if twin:
+            from robustest.hardening import _derive_seed
+
+            torch.manual_seed(_derive_seed(seed, epoch, "global"))
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(_derive_seed(seed, epoch, "shuffle")))
+            gen = torch.Generator().manual_seed(_derive_seed(seed, epoch, "attack"))
+        else:
+            perm = torch.randperm(n, generator=gen)
         for s in range(0, n, batch_size):
             idx = perm[s:s + batch_size]
             xb, yb = x[idx], y[idx]
             model.eval()
-            x_adv = (xb + (torch.rand(xb.shape, generator=gen) * 2 - 1) * eps).clamp(0, 1)
+            noise = torch.rand(xb.shape, generator=gen)
+            noise = noise.mul_(2 * eps).sub_(eps) if twin else (noise * 2 - 1) * eps
+            x_adv = (xb + noise).clamp(0, 1)
             for _ in range(steps):
                 x_adv.requires_grad_(True)
                 loss = F.cross_entropy(model(x_adv), yb)
@@ -125,6 +139,7 @@ def timing(base, train, args, reps: int = 3, n: int = 2000) -> dict[str, Any]:
     from robustest.hardening import harden
 
     x, y = train[0][:n], train[1][:n]
+    n = int(x.shape[0])
     times: dict[str, list[float]] = {"pgd-at": [], "reference": [], "fol-budget": []}
     passes: dict[str, float] = {}
     for _ in range(reps):
@@ -147,6 +162,22 @@ def timing(base, train, args, reps: int = 3, n: int = 2000) -> dict[str, Any]:
             "pgd_at_over_reference": best["pgd-at"] / best["reference"],
             "fol_budget_time_ratio": best["fol-budget"] / best["pgd-at"],
             "fol_budget_pass_ratio": passes["fol-budget"] / passes["pgd-at"]}
+
+
+def twin_check(base, train, args, n: int = 2000, epochs: int = 2) -> dict[str, Any]:
+    """robustest's pgd-at and the reference, fed the same random numbers, on the first ``n`` training images:
+    the largest difference of any weight after ``epochs`` epochs (0.0 = the same recipe)."""
+    from robustest.hardening import harden
+
+    x, y = train[0][:n], train[1][:n]
+    ours, ref = copy.deepcopy(base), copy.deepcopy(base)
+    harden(ours, (x, y), "pgd-at", eps=args.eps, epochs=epochs, steps=args.steps, batch_size=args.batch_size,
+           lr=args.lr, seed=0)
+    reference_pgd_at(ref, x, y, eps=args.eps, steps=args.steps, alpha=2.5 * args.eps / args.steps, epochs=epochs,
+                     batch_size=args.batch_size, lr=args.lr, seed=0, on_epoch_end=lambda *a: None, twin=True)
+    a, b = ours.state_dict(), ref.state_dict()
+    return {"images": int(x.shape[0]), "epochs": epochs,
+            "max_abs_weight_difference": max(float((a[k] - b[k]).abs().max()) for k in a)}
 
 
 # ---------------------------------------------------------------------------------------------- summary
@@ -217,6 +248,10 @@ def write_summary(summary: dict[str, Any], out: Path, args) -> str:
                               for k in t["best_s"])
                   + f"; pgd-at / reference {t['pgd_at_over_reference']:.2f}x; fol-budget / pgd-at "
                   f"{t['fol_budget_time_ratio']:.2f}x in time for {t['fol_budget_pass_ratio']:.2f}x the passes"]
+    tw = summary.get("twin_check")
+    if tw:
+        lines += ["", f"Same random numbers, {tw['epochs']} epochs on {tw['images']} images: largest weight difference "
+                  f"between robustest's pgd-at and the reference {tw['max_abs_weight_difference']:.3g}"]
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text)
     return text
@@ -276,7 +311,8 @@ def main() -> None:
     ap.add_argument("--apgd-steps", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--timing", action="store_true",
-                    help="also time one epoch of pgd-at, the reference and fol-budget, interleaved (timing.json)")
+                    help="also time one epoch of pgd-at, the reference and fol-budget, interleaved (timing.json), "
+                         "and run the reference with robustest's random numbers (twin check)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -324,6 +360,7 @@ def main() -> None:
         if not tpath.is_file():
             tpath.write_text(json.dumps(timing(base, train, args), indent=1))
         summary["timing"] = json.loads(tpath.read_text())
+        summary["twin_check"] = twin_check(base, train, args)
     settings = {k: v for k, v in vars(args).items() if k != "seeds_text"}
     (out / "results.json").write_text(json.dumps({"settings": settings, "runs": runs, **summary}, indent=1))
     print(write_summary(summary, out, args))

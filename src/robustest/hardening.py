@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest.attacks import _grad, _pgd_core, _project, _random_start
+from robustest.attacks import _grad, _project, _random_start
 from robustest.errors import ConfigError, DataError
 from robustest.runtime import (
     DataLike,
@@ -281,17 +281,26 @@ def _fol(g: torch.Tensor, delta: torch.Tensor, eps: float) -> torch.Tensor:
     return eps * gf.abs().sum(1) - (delta.flatten(1) * gf).sum(1)
 
 
-def _early_stop_pgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator, *, eps: float,
-                    alpha: float, steps: int, threshold: float, first_check: int, stop_misclassified: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """L-inf PGD from a random start whose samples stop individually (FOL <= threshold, or misclassified).
+def _pgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator, *, eps: float, alpha: float,
+         steps: int, threshold: float | None = None, first_check: int = 0, stop_misclassified: bool = False
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """L-inf PGD from a uniform random start; with a stopping rule, its samples stop individually.
 
-    Returns (x_adv N x C x H x W, evals: int64 [N] gradient evaluations spent on each sample). Only the active
-    samples go through the model at each step.
+    Without a rule (``threshold`` None and ``stop_misclassified`` False) every sample takes ``steps`` steps of
+    ``alpha * sign(grad)``, projected into the ball and [0, 1]. With a rule, from gradient evaluation
+    ``first_check`` on (0-based), a sample whose FOL is <= ``threshold`` (or, with ``stop_misclassified``, that
+    is misclassified) keeps its current point and leaves the active set; only active samples go through the
+    model. x: N x C x H x W, y: int64 [N]. Returns (x_adv N x C x H x W, evals: int64 [N] gradient evaluations
+    spent on each sample).
     """
     lo, hi = (x - eps).clamp_(min=0.0), (x + eps).clamp_(max=1.0)
     adv = _random_start(x, eps, "linf", gen)
     n = x.shape[0]
+    if threshold is None and not stop_misclassified:
+        for _ in range(steps):
+            g, _ = _grad(model, adv, y)
+            adv = adv.add_(g.sign_(), alpha=alpha).clamp_(lo, hi)
+        return adv, torch.full((n,), steps, dtype=torch.long, device=x.device)
     evals = torch.zeros(n, dtype=torch.long, device=x.device)
     active = torch.arange(n, device=x.device)
     xa = adv
@@ -300,7 +309,9 @@ def _early_stop_pgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: tor
         g, logits = _grad(model, xa, ya)
         evals.index_add_(0, active, torch.ones_like(active))
         if k >= first_check:
-            stop = _fol(g, xa - x.index_select(0, active), eps) <= threshold
+            stop = torch.zeros_like(ya, dtype=torch.bool)
+            if threshold is not None:
+                stop |= _fol(g, xa - x.index_select(0, active), eps) <= threshold
             if stop_misclassified:
                 stop |= logits.argmax(1) != ya
             if bool(stop.any()):
@@ -341,16 +352,15 @@ def _batch(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, gen: torch.Gene
     with eval_mode(model), frozen_params(model):
         if m in ("pgd-at", "fast-at"):
             if m == "fast-at" or s["mix"] < 1.0:
-                adv = _pgd_core(model, xb, yb, gen, eps=eps, alpha=alpha, steps=steps, norm="linf",
-                                random_start=True, restarts=1).detach()
-                evals += steps
+                adv, evals = _pgd(model, xb, yb, gen, eps=eps, alpha=alpha, steps=steps)
+                adv = adv.detach()
         elif m == "trades":
             adv = _trades_adv(model, xb, gen, eps=eps, alpha=alpha, steps=steps)
             count.attack_forward += b
             evals += steps
         else:
             fosc = m == "fosc"
-            adv, evals = _early_stop_pgd(
+            adv, evals = _pgd(
                 model, xb, yb, gen, eps=eps, alpha=alpha, steps=steps,
                 threshold=fosc_c if fosc else s["fol_threshold"], first_check=1 if fosc else s["fol_min_steps"],
                 stop_misclassified=False if fosc else s["stop_misclassified"])
