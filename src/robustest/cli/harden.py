@@ -219,8 +219,9 @@ def run(args: argparse.Namespace) -> int:
             for name, r in (("before", before), ("after", after))]
     print_table(rows, ["model", "clean", "white-box", "pgd", "apgd"])
     c = res.compute
-    print(f"{res.method}: {len(res.epochs)} epochs on {len(train)} images, {c['passes']:.4g} forward+backward passes "
-          f"({c['passes'] / len(train):.2f} per image)")
+    n_ep = len(res.epochs)
+    print(f"{res.method}: {n_ep} epoch{'s' if n_ep != 1 else ''} on {len(train)} images, "
+          f"{c['passes']:.4g} forward+backward passes ({c['passes'] / len(train):.2f} per image)")
     print(f"wrote {out / 'model.pt'}, {out / 'results.json'} and {out / 'report.html'}")
     return 0
 
