@@ -1,0 +1,372 @@
+"""Robustness against compute for the hardening methods of ``robustest harden`` (docs/HARDEN.md).
+
+For every method and seed, a copy of the same pretrained model is fine-tuned adversarially on the first
+``--train-limit`` training images; after every epoch the script records the cumulative training compute
+(forward+backward passes, robustest.hardening's accounting), the white-box accuracy on a fixed test subset
+(per-sample worst case of PGD-``--pgd-steps`` with ``--restarts`` restarts and APGD-CE-``--apgd-steps``, the
+same attack seeds for every model: common random numbers) and the clean accuracy on the test split.
+
+Methods: pgd-at, trades, fosc, fol-budget, fast-at (robustest.hardening) and ``reference``: an independent
+plain-PyTorch PGD-AT of the same recipe written below (no robustest code in its training loop: own shuffling,
+random start, PGD loop, eval mode for the attack and train mode for the update, Adam), to check that our
+pgd-at lands where a textbook implementation does.
+
+Outputs (resumable: every finished run is OUT/runs/<method>_s<seed>.json and is skipped when rerun):
+OUT/results.json (settings, per-run curves, summary), OUT/summary.md (the tables), OUT/curves.png (white-box and
+clean accuracy against compute, mean over seeds with the spread as error bars).
+
+Usage:
+    robustest train --dataset mnist --data-dir ../shared/data --model lenet5 --epochs 3 --out /tmp/lenet5
+    python benchmarks/bench_harden.py --dataset mnist --data-dir ../shared/data --checkpoint /tmp/lenet5/model.pt \\
+        --eps 0.3 --train-limit 10000 --epochs 4 --out /tmp/bench-harden-mnist
+    robustest train --dataset digits --model digits_cnn --epochs 20 --out /tmp/digits
+    python benchmarks/bench_harden.py --dataset digits --checkpoint /tmp/digits/model.pt --eps 0.2 --epochs 5 \\
+        --eval-limit 360 --out /tmp/bench-harden-digits
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ALL = ("pgd-at", "reference", "trades", "fosc", "fol-budget", "fast-at")
+
+
+# ------------------------------------------------------------------------ the independent reference recipe
+def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: float, steps: int,
+                     alpha: float, epochs: int, batch_size: int, lr: float, seed: int, on_epoch_end,
+                     twin: bool = False) -> None:
+    """Madry et al. PGD adversarial training in plain PyTorch: per batch, ``steps`` signed-gradient steps of
+    ``alpha`` from a uniform random start in the L-inf ball (model in eval mode), projected to the ball and to
+    [0, 1]; then one Adam step on the cross-entropy of the adversarial batch (model in train mode).
+
+    Its random numbers are its own (one generator for shuffling and starts). ``twin=True`` draws instead the
+    numbers robustest's pgd-at draws (per-epoch generators seeded from (seed, epoch)), for the check that the
+    two recipes then give the same weights."""
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    torch.manual_seed(20_000 + seed)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+    n = x.shape[0]
+    for epoch in range(1, epochs + 1):
+        if twin:
+            from robustest.hardening import _derive_seed
+
+            torch.manual_seed(_derive_seed(seed, epoch, "global"))
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(_derive_seed(seed, epoch, "shuffle")))
+            gen = torch.Generator().manual_seed(_derive_seed(seed, epoch, "attack"))
+        else:
+            perm = torch.randperm(n, generator=gen)
+        for s in range(0, n, batch_size):
+            idx = perm[s:s + batch_size]
+            xb, yb = x[idx], y[idx]
+            model.eval()
+            noise = torch.rand(xb.shape, generator=gen)
+            noise = noise.mul_(2 * eps).sub_(eps) if twin else (noise * 2 - 1) * eps
+            x_adv = (xb + noise).clamp(0, 1)
+            for _ in range(steps):
+                x_adv.requires_grad_(True)
+                loss = F.cross_entropy(model(x_adv), yb)
+                (grad,) = torch.autograd.grad(loss, x_adv)
+                x_adv = x_adv.detach() + alpha * grad.sign()
+                x_adv = torch.min(torch.max(x_adv, xb - eps), xb + eps).clamp(0, 1)
+            model.train()
+            loss = F.cross_entropy(model(x_adv), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        model.eval()
+        on_epoch_end(epoch, model, {"compute": {"passes": float(n * (steps + 1))}})
+
+
+# ------------------------------------------------------------------------------------------------- runs
+def measure(model, test_x, test_y, wb_x, wb_y, args) -> dict[str, float]:
+    from robustest.robustness import whitebox_accuracy
+    from robustest.training import accuracy
+
+    wb = whitebox_accuracy(model, (wb_x, wb_y), args.eps, pgd_steps=args.pgd_steps, pgd_restarts=args.restarts,
+                           apgd_steps=args.apgd_steps, seed=12345)
+    return {"whitebox": wb["worst"], "whitebox_pgd": wb["pgd"], "whitebox_apgd": wb["apgd"],
+            "clean": accuracy(model, (test_x, test_y))}
+
+
+def one_run(name: str, seed: int, base, train, test, wb, args) -> dict[str, Any]:
+    from robustest.hardening import harden
+
+    model = copy.deepcopy(base)
+    curve: list[dict[str, Any]] = []
+    state = {"passes": 0.0, "train_s": 0.0, "t": time.perf_counter()}
+
+    def on_epoch_end(epoch, m, record):
+        state["train_s"] += time.perf_counter() - state["t"]
+        state["passes"] += float(record["compute"]["passes"])
+        row = {"epoch": epoch, "passes": state["passes"], "passes_per_image": state["passes"] / len(train[0]),
+               "train_s": state["train_s"], **measure(m, *test, *wb, args)}
+        for k in ("attack_evals_mean", "stopped_early", "fosc_c"):
+            if k in record:
+                row[k] = record[k]
+        curve.append(row)
+        print(f"  {name} s{seed} epoch {epoch}: {row['passes_per_image']:.1f} passes/image, white-box "
+              f"{row['whitebox']:.4f}, clean {row['clean']:.4f} ({state['train_s']:.0f}s)", flush=True)
+        state["t"] = time.perf_counter()
+
+    epochs = args.method_epochs.get(name, args.epochs)
+    if name == "reference":
+        reference_pgd_at(model, *train, eps=args.eps, steps=args.steps, alpha=2.5 * args.eps / args.steps,
+                         epochs=epochs, batch_size=args.batch_size, lr=args.lr, seed=seed, on_epoch_end=on_epoch_end)
+        settings = {"method": "reference PGD-AT (plain PyTorch)", "eps": args.eps, "steps": args.steps,
+                    "alpha": 2.5 * args.eps / args.steps, "epochs": epochs, "batch_size": args.batch_size,
+                    "lr": args.lr, "seed": seed}
+    else:
+        kw = dict(args.method_kw.get(name, {}))
+        res = harden(model, train, name, eps=args.eps, epochs=epochs, steps=None if name == "fast-at" else args.steps,
+                     batch_size=args.batch_size, lr=args.lr, seed=seed, on_epoch_end=on_epoch_end, **kw)
+        settings = res.settings
+    return {"method": name, "seed": seed, "settings": settings, "curve": curve}
+
+
+def timing(base, train, args, reps: int = 3, n: int = 2000) -> dict[str, Any]:
+    """Wall time of one epoch on the first ``n`` training images: robustest pgd-at vs the reference recipe vs
+    fol-budget, interleaved ``reps`` times (the machine is shared: the minimum of each is kept, and the ratios
+    of minima are what this measures). Returns seconds and seconds per forward+backward pass."""
+    from robustest.hardening import harden
+
+    x, y = train[0][:n], train[1][:n]
+    n = int(x.shape[0])
+    times: dict[str, list[float]] = {"pgd-at": [], "reference": [], "fol-budget": []}
+    passes: dict[str, float] = {}
+    for _ in range(reps):
+        for name in times:
+            model = copy.deepcopy(base)
+            t0 = time.perf_counter()
+            if name == "reference":
+                reference_pgd_at(model, x, y, eps=args.eps, steps=args.steps, alpha=2.5 * args.eps / args.steps,
+                                 epochs=1, batch_size=args.batch_size, lr=args.lr, seed=0,
+                                 on_epoch_end=lambda *a: None)
+                passes[name] = float(n * (args.steps + 1))
+            else:
+                res = harden(model, (x, y), name, eps=args.eps, epochs=1, steps=args.steps,
+                             batch_size=args.batch_size, lr=args.lr, seed=0)
+                passes[name] = float(res.compute["passes"])
+            times[name].append(time.perf_counter() - t0)
+    best = {k: min(v) for k, v in times.items()}
+    return {"images": n, "reps": reps, "seconds": times, "best_s": best, "passes": passes,
+            "ms_per_pass": {k: 1000 * best[k] / passes[k] for k in best},
+            "pgd_at_over_reference": best["pgd-at"] / best["reference"],
+            "fol_budget_time_ratio": best["fol-budget"] / best["pgd-at"],
+            "fol_budget_pass_ratio": passes["fol-budget"] / passes["pgd-at"]}
+
+
+def twin_check(base, train, args, n: int = 2000, epochs: int = 2) -> dict[str, Any]:
+    """robustest's pgd-at and the reference, fed the same random numbers, on the first ``n`` training images:
+    the largest difference of any weight after ``epochs`` epochs (0.0 = the same recipe)."""
+    from robustest.hardening import harden
+
+    x, y = train[0][:n], train[1][:n]
+    ours, ref = copy.deepcopy(base), copy.deepcopy(base)
+    harden(ours, (x, y), "pgd-at", eps=args.eps, epochs=epochs, steps=args.steps, batch_size=args.batch_size,
+           lr=args.lr, seed=0)
+    reference_pgd_at(ref, x, y, eps=args.eps, steps=args.steps, alpha=2.5 * args.eps / args.steps, epochs=epochs,
+                     batch_size=args.batch_size, lr=args.lr, seed=0, on_epoch_end=lambda *a: None, twin=True)
+    a, b = ours.state_dict(), ref.state_dict()
+    return {"images": int(x.shape[0]), "epochs": epochs,
+            "max_abs_weight_difference": max(float((a[k] - b[k]).abs().max()) for k in a)}
+
+
+# ---------------------------------------------------------------------------------------------- summary
+def _ms(vals: list[float]) -> tuple[float, float]:
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+def summarise(runs: list[dict[str, Any]], before: dict[str, float], args) -> dict[str, Any]:
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        by.setdefault(r["method"], []).append(r)
+    curves: dict[str, list[dict[str, float]]] = {}
+    for name, rs in by.items():
+        n_ep = min(len(r["curve"]) for r in rs)
+        rows = []
+        for i in range(n_ep):
+            pts = [r["curve"][i] for r in rs]
+            wb_m, wb_s = _ms([p["whitebox"] for p in pts])
+            cl_m, cl_s = _ms([p["clean"] for p in pts])
+            rows.append({"epoch": i + 1, "passes_per_image": statistics.fmean(p["passes_per_image"] for p in pts),
+                         "whitebox_mean": wb_m, "whitebox_std": wb_s, "clean_mean": cl_m, "clean_std": cl_s,
+                         "train_s_mean": statistics.fmean(p["train_s"] for p in pts)})
+        curves[name] = rows
+    table = []
+    ref = curves.get("pgd-at")
+    for name in [m for m in ALL if m in curves]:
+        last = curves[name][-1]
+        row = {"method": name, "seeds": len(by[name]), "epochs": last["epoch"],
+               "passes_per_image": last["passes_per_image"], "whitebox_mean": last["whitebox_mean"],
+               "whitebox_std": last["whitebox_std"], "clean_mean": last["clean_mean"], "clean_std": last["clean_std"],
+               "train_s_mean": last["train_s_mean"],
+               "per_seed_whitebox": [r["curve"][last["epoch"] - 1]["whitebox"] for r in by[name]]}
+        if ref:
+            target = ref[-1]["whitebox_mean"] - 0.01
+            row["compute_ratio"] = last["passes_per_image"] / ref[-1]["passes_per_image"]
+            hit = next((c for c in curves[name] if c["whitebox_mean"] >= target), None)
+            row["reaches_pgd_at_minus_1pt_at_ratio"] = (hit["passes_per_image"] / ref[-1]["passes_per_image"]
+                                                       if hit else None)
+            row["reaches_at_epoch"] = hit["epoch"] if hit else None
+        table.append(row)
+    return {"before": before, "curves": curves, "table": table}
+
+
+def write_summary(summary: dict[str, Any], out: Path, args) -> str:
+    b = summary["before"]
+    lines = [f"{args.dataset}, eps {args.eps}, {args.train_limit} training images, seeds {args.seeds_text}; "
+             f"white-box on {args.eval_limit} test images (PGD-{args.pgd_steps} x {args.restarts} restarts + "
+             f"APGD-CE-{args.apgd_steps}); before: white-box {b['whitebox']:.4f}, clean {b['clean']:.4f}", "",
+             "| method | epochs | passes / image | x pgd-at | white-box acc. | clean acc. | reaches pgd-at - 1 pt at "
+             "| train s |", "|---|---|---|---|---|---|---|---|"]
+    for r in summary["table"]:
+        reach = r.get("reaches_pgd_at_minus_1pt_at_ratio")
+        reach_txt = f"{reach:.2f}x (epoch {r['reaches_at_epoch']})" if reach is not None else "not reached"
+        lines.append(f"| {r['method']} | {r['epochs']} | {r['passes_per_image']:.1f} | {r.get('compute_ratio', 1):.2f} "
+                     f"| {100 * r['whitebox_mean']:.2f} ± {100 * r['whitebox_std']:.2f} "
+                     f"| {100 * r['clean_mean']:.2f} ± {100 * r['clean_std']:.2f} | {reach_txt} "
+                     f"| {r['train_s_mean']:.0f} |")
+    lines += ["", "Per epoch (mean over seeds):", "",
+              "| method | epoch | passes / image | white-box acc. | clean acc. |", "|---|---|---|---|---|"]
+    for name, rows in summary["curves"].items():
+        for c in rows:
+            lines.append(f"| {name} | {c['epoch']} | {c['passes_per_image']:.1f} | {100 * c['whitebox_mean']:.2f} ± "
+                         f"{100 * c['whitebox_std']:.2f} | {100 * c['clean_mean']:.2f} ± {100 * c['clean_std']:.2f} |")
+    t = summary.get("timing")
+    if t:
+        lines += ["", f"Wall time of one epoch on {t['images']} images (min of {t['reps']} interleaved runs): "
+                  + ", ".join(f"{k} {t['best_s'][k]:.1f} s ({t['ms_per_pass'][k]:.3f} ms per pass)"
+                              for k in t["best_s"])
+                  + f"; pgd-at / reference {t['pgd_at_over_reference']:.2f}x; fol-budget / pgd-at "
+                  f"{t['fol_budget_time_ratio']:.2f}x in time for {t['fol_budget_pass_ratio']:.2f}x the passes"]
+    tw = summary.get("twin_check")
+    if tw:
+        lines += ["", f"Same random numbers, {tw['epochs']} epochs on {tw['images']} images: largest weight difference "
+                  f"between robustest's pgd-at and the reference {tw['max_abs_weight_difference']:.3g}"]
+    text = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text(text)
+    return text
+
+
+def plot(summary: dict[str, Any], out: Path, args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    b = summary["before"]
+    for name, rows in summary["curves"].items():
+        xs = [0.0] + [c["passes_per_image"] for c in rows]
+        for ax, key, first in ((axes[0], "whitebox", b["whitebox"]), (axes[1], "clean", b["clean"])):
+            ax.errorbar(xs, [first] + [c[f"{key}_mean"] for c in rows], yerr=[0.0] + [c[f"{key}_std"] for c in rows],
+                        marker="o", capsize=2, label=name)
+    axes[0].set_ylabel("white-box accuracy (worst of PGD, APGD-CE)")
+    axes[1].set_ylabel("clean accuracy")
+    for ax in axes:
+        ax.set_xlabel("training compute: forward+backward passes per training image")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{args.dataset}, eps {args.eps}: mean over seeds {args.seeds_text} (bars: std)", fontsize=10)
+    fig.savefig(out / "curves.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _kv(text: str) -> dict[str, int]:
+    out = {}
+    for part in filter(None, (t.strip() for t in text.split(","))):
+        k, v = part.split("=")
+        out[k.strip()] = int(v)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", required=True, help="digits or mnist")
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--checkpoint", required=True, help="the pretrained model (robustest train)")
+    ap.add_argument("--eps", type=float, required=True)
+    ap.add_argument("--train-limit", type=int, default=None, help="fine-tune on the first N training images")
+    ap.add_argument("--eval-limit", type=int, default=500, help="white-box attacks on the first N test images")
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--method-epochs", type=_kv, default={}, help="per-method epochs, e.g. fast-at=8,fol-budget=6")
+    ap.add_argument("--method-kw", type=json.loads, default={}, help='per-method harden() arguments as JSON, e.g. '
+                    '\'{"fol-budget": {"fol_threshold": 0.1}}\'')
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--methods", default=",".join(ALL))
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--pgd-steps", type=int, default=20)
+    ap.add_argument("--restarts", type=int, default=2)
+    ap.add_argument("--apgd-steps", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--timing", action="store_true",
+                    help="also time one epoch of pgd-at, the reference and fol-budget, interleaved (timing.json), "
+                         "and run the reference with robustest's random numbers (twin check)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    args.seeds_text = args.seeds
+    seeds = [int(s) for s in args.seeds.split(",")]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = set(methods) - set(ALL)
+    if unknown:
+        raise SystemExit(f"unknown methods {sorted(unknown)}: choose from {', '.join(ALL)}")
+
+    from robustest import data as datasets
+    from robustest.training import load_checkpoint
+
+    out = Path(args.out)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    tr = datasets.load(args.dataset, root=args.data_dir, split="train").tensors
+    te = datasets.load(args.dataset, root=args.data_dir, split="test").tensors
+    n = args.train_limit or tr[0].shape[0]
+    args.train_limit = n
+    train = (tr[0][:n].contiguous(), tr[1][:n].contiguous())
+    test = (te[0], te[1])
+    wb = (te[0][:args.eval_limit], te[1][:args.eval_limit])
+    base = load_checkpoint(args.checkpoint).eval()
+    before_path = out / "before.json"
+    if before_path.is_file():
+        before = json.loads(before_path.read_text())
+    else:
+        before = measure(base, *test, *wb, args)
+        before_path.write_text(json.dumps(before))
+    print(f"before: white-box {before['whitebox']:.4f}, clean {before['clean']:.4f}", flush=True)
+    runs = []
+    for seed in seeds:
+        for name in methods:
+            path = out / "runs" / f"{name}_s{seed}.json"
+            if path.is_file():
+                runs.append(json.loads(path.read_text()))
+                continue
+            print(f"{name} seed {seed}", flush=True)
+            r = one_run(name, seed, base, train, test, wb, args)
+            path.write_text(json.dumps(r, indent=1))
+            runs.append(r)
+    summary = summarise(runs, before, args)
+    if args.timing:
+        tpath = out / "timing.json"
+        if not tpath.is_file():
+            tpath.write_text(json.dumps(timing(base, train, args), indent=1))
+        summary["timing"] = json.loads(tpath.read_text())
+        summary["twin_check"] = twin_check(base, train, args)
+    settings = {k: v for k, v in vars(args).items() if k != "seeds_text"}
+    (out / "results.json").write_text(json.dumps({"settings": settings, "runs": runs, **summary}, indent=1))
+    print(write_summary(summary, out, args))
+    plot(summary, out, args)
+    print(f"wrote {out / 'results.json'}, {out / 'summary.md'} and {out / 'curves.png'}")
+
+
+if __name__ == "__main__":
+    main()

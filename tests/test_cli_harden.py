@@ -1,0 +1,168 @@
+"""The ``robustest harden`` verb: results.json, report, checkpoint, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from robustest import hardening
+from robustest.cli import main
+from robustest.training import load_checkpoint
+
+TINY = ["--dataset", "digits", "--limit", "200", "--eps", "0.2", "--epochs", "2", "--steps", "3",
+        "--batch-size", "64", "--test-limit", "60", "--whitebox-limit", "30", "--whitebox-pgd-steps", "3",
+        "--whitebox-restarts", "1", "--apgd-steps", "3", "--monitor", "30", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A digits_cnn checkpoint trained 5 epochs on the first 300 digits (one thread)."""
+    from robustest import data, models, training
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    x, y = data.load("digits", split="train").tensors
+    torch.manual_seed(0)
+    m = models.create("digits_cnn", input_size=8, mean=float(x.mean()), std=float(x.std()))
+    training.fit(m, (x[:300], y[:300]), epochs=5, seed=0, progress=False)
+    path = tmp_path_factory.mktemp("harden_ckpt") / "model.pt"
+    training.save_checkpoint(path, m, metadata={"dataset": "digits"})
+    yield str(path)
+    torch.set_num_threads(threads)
+
+
+def test_harden_verb_writes_model_results_and_report(checkpoint, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["harden", "--checkpoint", checkpoint, *TINY, "--method", "fol-budget", "--fol-threshold", "0.2",
+               "--steps", "6", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "before" in text and "after" in text and "passes" in text
+    res = json.loads((out / "results.json").read_text())
+    assert res["format"] == "robustest-harden-results" and res["version"] == 1 and res["world_size"] == 1
+    s = res["settings"]
+    assert s["method"] == "fol-budget" and s["eps"] == 0.2 and s["steps"] == 6 and s["fol_threshold"] == 0.2
+    assert s["alpha"] == pytest.approx(2.5 * 0.2 / 6) and s["stop_misclassified"] is True
+    assert set(res["timings"]) >= {"load_s", "before_s", "harden_s", "after_s", "total_s"}
+    for key in ("before", "after"):
+        r = res[key]
+        assert 0 <= r["whitebox_accuracy"] <= r["clean_accuracy"] <= 1
+        assert r["num_eval"] == 60 and r["num_whitebox"] == 30
+    assert len(res["epochs"]) == 2 and res["data"]["num_train"] == 200
+    assert res["compute"]["passes"] == pytest.approx(sum(e["compute"]["passes"] for e in res["epochs"]))
+    assert res["compute"]["passes"] < 2 * 200 * (6 + 1)  # fol-budget stops some samples early
+    assert all("val_pgd_accuracy" in e for e in res["epochs"])
+    html = (out / "report.html").read_text()
+    assert "robustest harden" in html and "Robustness before and after" in html and "data:image/png" in html
+    hardened, original = load_checkpoint(out / "model.pt"), load_checkpoint(checkpoint)
+    assert hardened.robustest_metadata["hardened"]["settings"]["method"] == "fol-budget"
+    assert hardened.robustest_metadata["dataset"] == "digits"  # the original metadata is kept
+    assert any(not torch.equal(a, b) for a, b in zip(hardened.state_dict().values(), original.state_dict().values()))
+    # running again into the same folder needs --resume
+    rc = main(["harden", "--checkpoint", checkpoint, *TINY, "--method", "fol-budget", "--fol-threshold", "0.2",
+               "--steps", "6", "--out", str(out)])
+    assert rc == 2 and "--resume" in capsys.readouterr().err
+
+
+def test_pgd_at_compute_in_results_is_analytic(checkpoint, tmp_path):
+    out = tmp_path / "pgd"
+    assert main(["harden", "--checkpoint", checkpoint, *TINY, "--monitor", "0", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["compute"]["passes"] == pytest.approx(2 * 200 * (3 + 1))
+    assert "val_pgd_accuracy" not in res["epochs"][0]
+
+
+def test_interrupted_run_resumes_to_the_same_model(checkpoint, tmp_path, monkeypatch, capsys):
+    full, part = tmp_path / "full", tmp_path / "part"
+    args = ["harden", "--checkpoint", checkpoint, *TINY, "--epochs", "3", "--method", "trades"]
+    assert main([*args, "--out", str(full)]) == 0
+    real = hardening.harden
+
+    def interrupted(*a, **kw):
+        def stop(epoch, model, record):
+            if epoch == 2:
+                raise KeyboardInterrupt
+
+        return real(*a, **kw, on_epoch_end=stop)
+
+    monkeypatch.setattr(hardening, "harden", interrupted)
+    assert main([*args, "--out", str(part)]) == 130
+    monkeypatch.setattr(hardening, "harden", real)
+    capsys.readouterr()
+    assert main([*args, "--beta", "3", "--out", str(part), "--resume"]) == 2  # other settings: refused
+    assert "other settings" in capsys.readouterr().err
+    assert main([*args, "--out", str(part), "--resume"]) == 0
+    a, b = load_checkpoint(full / "model.pt").state_dict(), load_checkpoint(part / "model.pt").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ra, rb = json.loads((full / "results.json").read_text()), json.loads((part / "results.json").read_text())
+    assert rb["resumed_epochs"] == 2 and ra["after"] == rb["after"] and ra["compute"] == rb["compute"]
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--eps", "1.5"], "eps"),
+    (["--eps", "nan"], "eps"),
+    (["--method", "fol-budget", "--fol-threshold", "inf"], "fol_threshold"),
+    (["--method", "fosc", "--fosc-c-max", "nan"], "fosc_c_max"),
+    (["--beta", "2"], "trades only"),
+    (["--method", "fast-at", "--steps", "4"], "one step"),
+])
+def test_bad_input_is_one_line_exit_2_before_any_work(extra, match, checkpoint, tmp_path, capsys):
+    out = tmp_path / "bad"
+    rc = main(["harden", "--checkpoint", checkpoint, *TINY, *extra, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and match in err and err.count("\n") == 1
+    assert not out.exists()  # nothing was started
+
+
+def test_bad_arguments_rejected_by_the_parser(checkpoint, tmp_path, capsys):
+    for extra in (["--epochs", "0"], ["--method", "madry"], ["--eps", "abc"]):
+        with pytest.raises(SystemExit) as info:
+            main(["harden", "--checkpoint", checkpoint, *TINY, *extra, "--out", str(tmp_path / "x")])
+        assert info.value.code == 2
+        assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.freeze is deprecated in 2.13
+def test_a_frozen_model_is_refused(tmp_path, capsys):
+    from robustest import models
+
+    m = models.create("mlp", input_size=8)
+    path = tmp_path / "frozen.pt"
+    torch.jit.save(torch.jit.freeze(torch.jit.script(m.eval())), str(path))
+    rc = main(["harden", "--checkpoint", str(path), "--torchscript", *TINY, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no trainable parameters" in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_killed_process_resumes_to_the_same_model(checkpoint, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, "-m", "robustest", "harden", "--checkpoint", checkpoint, *TINY, "--limit", "600",
+           "--epochs", "4", "--steps", "5", "--method", "pgd-at"]
+    subprocess.run([*cmd, "--out", str(tmp_path / "full")], check=True, env=env, capture_output=True, timeout=600)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([*cmd, "--out", str(killed)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    state = killed / "state" / hardening.STATE_FILE
+    deadline = time.time() + 300
+    while not state.is_file() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed: make it longer"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "model.pt").exists()
+    done = subprocess.run([*cmd, "--out", str(killed), "--resume"], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    res = json.loads((killed / "results.json").read_text())
+    assert res["resumed_epochs"] >= 1
+    a = load_checkpoint(tmp_path / "full" / "model.pt").state_dict()
+    b = load_checkpoint(killed / "model.pt").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)

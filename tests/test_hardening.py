@@ -1,0 +1,279 @@
+"""Adversarial fine-tuning (robustest.hardening): robustness gains, compute accounting, determinism, resume,
+argument validation."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from robustest import hardening, metrics, robustness, training
+from robustest.errors import ConfigError
+from robustest.hardening import METHODS, harden, harden_settings
+
+EPS = 0.15
+
+
+@pytest.fixture(scope="module")
+def digits_split():
+    """(train, test) tensors: the first 600 digits training images and the first 150 test images."""
+    from robustest import data
+
+    tr, te = data.load("digits", split="train"), data.load("digits", split="test")
+    return (tr.tensors[0][:600], tr.tensors[1][:600]), (te.tensors[0][:150], te.tensors[1][:150])
+
+
+@pytest.fixture(scope="module")
+def base_model(digits_split):
+    """digits_cnn trained 15 epochs on the 600 images (clean accuracy about 0.97, white-box at eps 0.15 about 0.14)."""
+    from robustest import models
+
+    x, y = digits_split[0]
+    torch.manual_seed(0)
+    m = models.create("digits_cnn", input_size=8, mean=float(x.mean()), std=float(x.std()))
+    training.fit(m, (x, y), epochs=15, batch_size=32, seed=0, progress=False)
+    return m.eval()
+
+
+def _whitebox(model, data) -> float:
+    return robustness.whitebox_accuracy(model, data, EPS, pgd_steps=10, pgd_restarts=1, apgd_steps=20)["worst"]
+
+
+def _states_equal(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# ------------------------------------------------------------------------------------------- robustness
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_raises_whitebox_accuracy(method, base_model, digits_split):
+    (x, y), test = digits_split
+    before = _whitebox(base_model, test)
+    model = copy.deepcopy(base_model)
+    # 3 epochs on 400 images lift every method by 0.2-0.43 (seeds 0 and 1; TRADES gains least)
+    res = harden(model, (x[:400], y[:400]), method, eps=EPS, epochs=3, steps=None if method == "fast-at" else 5,
+                 batch_size=32, lr=2e-3, seed=0)
+    after = _whitebox(model, test)
+    assert before < 0.2
+    assert after >= before + 0.15, (method, before, after)
+    assert training.accuracy(model, test) > 0.75
+    assert len(res.epochs) == 3 and not model.training
+
+
+# ------------------------------------------------------------------------------------------ compute counts
+def test_pgd_at_compute_equals_the_analytic_count(base_model, digits_split):
+    x, y = digits_split[0][0][:100], digits_split[0][1][:100]
+    n, k, e = 100, 4, 2
+    res = harden(copy.deepcopy(base_model), (x, y), "pgd-at", eps=EPS, epochs=e, steps=k, batch_size=32)
+    c = res.compute
+    assert c["attack_forward"] == c["attack_backward"] == e * n * k
+    assert c["train_forward"] == c["train_backward"] == e * n
+    assert c["passes"] == pytest.approx(e * n * (k + 1))
+    assert all(r["compute"]["passes"] == pytest.approx(n * (k + 1)) for r in res.epochs)
+    assert all(r["attack_evals_mean"] == k for r in res.epochs)
+
+    mixed = harden(copy.deepcopy(base_model), (x, y), "pgd-at", eps=EPS, epochs=1, steps=k, mix=0.5).compute
+    assert mixed["passes"] == pytest.approx(n * (k + 2))
+    clean = harden(copy.deepcopy(base_model), (x, y), "pgd-at", eps=EPS, epochs=1, steps=k, mix=1.0).compute
+    assert clean["passes"] == pytest.approx(n) and clean["attack_forward"] == 0
+    trades = harden(copy.deepcopy(base_model), (x, y), "trades", eps=EPS, epochs=1, steps=k).compute
+    assert trades["attack_forward"] == n * (k + 1) and trades["attack_backward"] == n * k
+    assert trades["passes"] == pytest.approx(n * (k + 2 + 1 / 3))
+    fast = harden(copy.deepcopy(base_model), (x, y), "fast-at", eps=EPS, epochs=1).compute
+    assert fast["passes"] == pytest.approx(2 * n)
+
+
+def test_pgd_at_is_the_textbook_loop_given_the_same_random_numbers(base_model, digits_split):
+    """A plain-PyTorch PGD-AT loop fed the random numbers harden draws (per-epoch shuffling and random starts)
+    ends with bit-identical weights: the recipe has nothing else in it."""
+    import torch.nn.functional as F
+
+    from robustest.runtime import make_generator
+
+    x, y = digits_split[0][0][:160], digits_split[0][1][:160]
+    eps, steps, alpha, bs = EPS, 3, 0.06, 64
+    ours = copy.deepcopy(base_model)
+    harden(ours, (x, y), "pgd-at", eps=eps, epochs=2, steps=steps, alpha=alpha, batch_size=bs, seed=4)
+    plain = copy.deepcopy(base_model)
+    opt = torch.optim.Adam(plain.parameters(), lr=1e-3)
+    for epoch in (1, 2):
+        torch.manual_seed(hardening._derive_seed(4, epoch, "global"))  # dropout
+        perm = torch.randperm(160, generator=make_generator(hardening._derive_seed(4, epoch, "shuffle")))
+        gen = make_generator(hardening._derive_seed(4, epoch, "attack"))
+        for s in range(0, 160, bs):
+            xb, yb = x[perm[s:s + bs]], y[perm[s:s + bs]]
+            plain.eval()
+            xa = (xb + torch.rand(xb.shape, generator=gen).mul_(2 * eps).sub_(eps)).clamp(0, 1)
+            for _ in range(steps):
+                xa.requires_grad_(True)
+                (g,) = torch.autograd.grad(F.cross_entropy(plain(xa), yb, reduction="sum"), xa)
+                xa = torch.min(torch.max(xa.detach() + alpha * g.sign(), (xb - eps).clamp(min=0)),
+                               (xb + eps).clamp(max=1))
+            plain.train()
+            loss = F.cross_entropy(plain(xa), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    plain.eval()
+    assert _states_equal(ours, plain)
+
+
+def test_fol_budget_spends_fewer_passes_than_pgd_at(base_model, digits_split):
+    x, y = digits_split[0]
+    pgd = harden(copy.deepcopy(base_model), (x, y), "pgd-at", eps=EPS, epochs=1, steps=10)
+    fol = harden(copy.deepcopy(base_model), (x, y), "fol-budget", eps=EPS, epochs=1, steps=10)
+    assert fol.compute["passes"] < 0.8 * pgd.compute["passes"]
+    rec = fol.epochs[0]
+    assert 1 <= rec["attack_evals_mean"] < 10 and rec["stopped_early"] > 0.3
+    # the count is the active set's size summed over the steps: attack forwards = backwards = evaluations
+    assert fol.compute["attack_forward"] == fol.compute["attack_backward"] == round(rec["attack_evals_mean"] * 600)
+
+
+def test_early_stopping_pgd_is_pgd_when_nothing_stops(base_model, digits_split):
+    x, y = digits_split[1]
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    adv, evals = hardening._pgd(base_model, x, y, g1, eps=EPS, alpha=0.05, steps=5, threshold=-1.0,
+                                first_check=0, stop_misclassified=False)
+    ref, ref_evals = hardening._pgd(base_model, x, y, g2, eps=EPS, alpha=0.05, steps=5)
+    assert torch.equal(adv, ref) and torch.equal(evals, ref_evals) and bool((evals == 5).all())
+
+
+def test_early_stopping_pgd_stays_in_the_ball_and_stops_misclassified(base_model, digits_split):
+    x, y = digits_split[1]
+    adv, evals = hardening._pgd(base_model, x, y, torch.Generator().manual_seed(0), eps=EPS, alpha=0.05, steps=10,
+                                threshold=0.0, first_check=1, stop_misclassified=True)
+    assert float((adv - x).abs().max()) <= EPS + 1e-6 and float(adv.min()) >= 0 and float(adv.max()) <= 1
+    stopped = evals < 10
+    assert bool(stopped.any()) and bool((evals >= 1).all())
+    with torch.no_grad():
+        wrong = base_model(adv).argmax(1) != y
+    assert bool(wrong[stopped].all())  # stopped by the misclassification rule (threshold 0 is never met here)
+
+
+def test_fol_of_the_inner_loop_is_robot_fol(base_model, digits_split):
+    x, y = digits_split[1]
+    x_adv = (x + 0.1 * torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).sign()).clamp(0, 1)
+    from robustest.attacks import _grad
+
+    g, _ = _grad(base_model, x_adv, y)
+    ours = hardening._fol(g, x_adv - x, EPS)
+    ref = metrics.fol(base_model, x_adv, y, x0=x, eps=EPS)
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_fosc_schedule_falls_linearly_to_zero():
+    vals = [hardening.fosc_schedule(e, 10, 0.5, 0.8) for e in range(1, 11)]
+    assert vals[0] == 0.5 and vals[-1] == 0.0 and vals[8] == 0.0
+    assert vals[1] == pytest.approx(0.5 * (1 - 1 / 8))
+    assert all(a >= b for a, b in zip(vals, vals[1:]))
+
+
+def test_adversarial_examples_do_not_touch_batchnorm_statistics(digits_split):
+    x, y = digits_split[0][0][:128], digits_split[0][1][:128]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 64, 10))
+    calls = []
+    model[1].register_forward_hook(lambda m, i, o: calls.append(m.training))
+    harden(model, (x, y), "pgd-at", eps=EPS, epochs=1, steps=3, batch_size=64)
+    # the label check (one eval forward), then per batch 3 attack steps in eval mode and 1 update in train mode
+    assert calls == [False] + ([False] * 3 + [True]) * 2
+
+
+# --------------------------------------------------------------------------------- determinism and resume
+def test_same_seed_same_model_other_seed_other_model(base_model, digits_split):
+    x, y = digits_split[0][0][:200], digits_split[0][1][:200]
+    runs = []
+    for seed in (0, 0, 1):
+        m = copy.deepcopy(base_model)
+        harden(m, (x, y), "fol-budget", eps=EPS, epochs=2, steps=4, seed=seed)
+        runs.append(m)
+    assert _states_equal(runs[0], runs[1])
+    assert not _states_equal(runs[0], runs[2])
+
+
+@pytest.mark.parametrize("method", ["pgd-at", "fosc"])
+def test_resume_after_an_interruption_gives_the_same_model(method, base_model, digits_split, tmp_path):
+    x, y = digits_split[0][0][:200], digits_split[0][1][:200]
+    kw = {"eps": EPS, "epochs": 3, "steps": 3, "batch_size": 64, "seed": 5}
+    full = copy.deepcopy(base_model)
+    ref = harden(full, (x, y), method, **kw, state_dir=tmp_path / "full")
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(epoch, model, record):
+        if epoch == 2:
+            raise Stop
+
+    part = copy.deepcopy(base_model)
+    with pytest.raises(Stop):
+        harden(part, (x, y), method, **kw, state_dir=tmp_path / "part", on_epoch_end=interrupt)
+    with pytest.raises(ConfigError, match="resume"):  # the state is never silently overwritten
+        harden(copy.deepcopy(base_model), (x, y), method, **kw, state_dir=tmp_path / "part")
+    with pytest.raises(ConfigError, match="other settings"):
+        harden(copy.deepcopy(base_model), (x, y), method, **{**kw, "seed": 6}, state_dir=tmp_path / "part",
+               resume=True)
+    resumed = copy.deepcopy(base_model)  # a fresh copy of the original: the state brings the trained weights
+    res = harden(resumed, (x, y), method, **kw, state_dir=tmp_path / "part", resume=True)
+    assert res.resumed_epochs == 2 and len(res.epochs) == 3
+    assert _states_equal(full, resumed)
+    strip = [{k: v for k, v in e.items() if k != "seconds"} for e in ref.epochs]
+    assert strip == [{k: v for k, v in e.items() if k != "seconds"} for e in res.epochs]
+    assert res.compute == ref.compute
+
+
+def test_validation_data_is_measured_every_epoch(base_model, digits_split):
+    (x, y), test = digits_split
+    res = harden(copy.deepcopy(base_model), (x[:100], y[:100]), "fast-at", eps=EPS, epochs=2, val=test, val_steps=3)
+    for r in res.epochs:
+        assert 0 <= r["val_pgd_accuracy"] <= r["val_clean_accuracy"] <= 1
+
+
+# ----------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("kw, match", [
+    ({"eps": 0.0}, "eps"), ({"eps": 1.5}, "eps"), ({"eps": float("nan")}, "eps"), ({"method": "madry"}, "unknown"),
+    ({"epochs": 0}, "epochs"), ({"method": "fol-budget", "fol_threshold": float("inf")}, "fol_threshold"),
+    ({"method": "fol-budget", "fol_threshold": float("nan")}, "fol_threshold"),
+    ({"method": "fosc", "fosc_c_max": float("inf")}, "fosc_c_max"), ({"method": "fosc", "fosc_warmup": 0}, "warmup"),
+    ({"mix": 1.5}, "mix"), ({"method": "trades", "mix": 0.5}, "pgd-at only"), ({"beta": 3.0}, "trades only"),
+    ({"method": "fast-at", "steps": 5}, "one step"), ({"steps": 0}, "steps"), ({"lr": -1.0}, "lr"),
+    ({"optimizer": "lbfgs"}, "optimizer"), ({"method": "fol-budget", "fol_min_steps": 10}, "fol_min_steps"),
+])
+def test_bad_arguments_fail_before_any_work(kw, match, base_model, digits_split, monkeypatch):
+    monkeypatch.setattr(hardening, "_batch", lambda *a, **k: pytest.fail("work started"))
+    args = {"method": "pgd-at", "eps": EPS, "epochs": 1, **kw}
+    with pytest.raises(ConfigError, match=match) as info:
+        harden(copy.deepcopy(base_model), digits_split[0], **args)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match=match):
+        harden_settings(**args)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.freeze is deprecated in 2.13
+def test_models_without_trainable_parameters_are_refused(base_model, digits_split, monkeypatch):
+    monkeypatch.setattr(hardening, "_batch", lambda *a, **k: pytest.fail("work started"))
+    frozen = copy.deepcopy(base_model)
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(ConfigError, match="no trainable parameters"):
+        harden(frozen, digits_split[0], eps=EPS, epochs=1)
+    scripted = torch.jit.freeze(torch.jit.script(copy.deepcopy(base_model).eval()))
+    with pytest.raises(ConfigError, match="no trainable parameters"):
+        harden(scripted, digits_split[0], eps=EPS, epochs=1)
+
+
+def test_settings_resolve_the_method_defaults():
+    s = harden_settings("pgd-at", eps=0.3)
+    assert s["steps"] == 10 and s["alpha"] == pytest.approx(0.075) and s["mix"] == 0.0
+    assert harden_settings("fast-at", eps=0.2)["alpha"] == pytest.approx(0.25)
+    assert harden_settings("trades", eps=0.3)["beta"] == 6.0
+    f = harden_settings("fosc", eps=0.3)
+    assert f["fosc_c_max"] == 0.5 and f["fosc_warmup"] == 0.8
+    assert "beta" not in harden_settings("fol-budget", eps=0.3)
+
+
+def test_training_reexports_harden():
+    assert training.harden is harden
