@@ -68,7 +68,7 @@ def child(args: argparse.Namespace) -> None:
         ds = (x, y)
     t0 = time.perf_counter()
     if args.job == "analyze":
-        res = weakrobust.analyze(model, ds, n_neighbors=args.neighbors, eps=0.1, batch_size=4096)
+        res = weakrobust.analyze(model, ds, n_neighbors=args.neighbors, eps=0.1)
         check = float(res.score.double().sum())
     else:
         res = metrics.score(model, ds, "fol", eps=0.03, batch_size=512)

@@ -101,7 +101,9 @@ def _add_analysis_args(p: argparse.ArgumentParser) -> None:
                    help="noise width: delta ~ U[-eps/2, eps/2] per pixel (default: 0.22)")
     g.add_argument("--noise", choices=("uniform", "gaussian"), default="uniform", help="noise law (default: uniform)")
     g.add_argument("--no-quantize", action="store_true", help="do not round neighbours to the 256 uint8 levels")
-    g.add_argument("--batch-size", type=positive_int, default=4096, help="images per forward pass (default: 4096)")
+    g.add_argument("--batch-size", type=positive_int, default=None,
+                   help="images per forward pass (default: about 4 million pixel values' worth: 5349 images of "
+                        "28x28, 341 of 3x64x64)")
     g.add_argument("--save-every", type=positive_int, default=ANALYSIS_STEP, metavar="N",
                    help=f"save the analysis every N samples; rerunning the same command after a kill continues "
                         f"from there (default: {ANALYSIS_STEP})")
@@ -236,8 +238,10 @@ def _weakest_rows(analysis, n: int = 20) -> list[dict]:
 
 # --------------------------------------------------------------------------------------------- verbs
 def _analysis_settings(args: argparse.Namespace) -> dict[str, Any]:
-    return {"neighbors": args.neighbors, "eps": args.eps, "noise": args.noise, "quantize": not args.no_quantize,
-            "batch_size": args.batch_size}
+    d = {"neighbors": args.neighbors, "eps": args.eps, "noise": args.noise, "quantize": not args.no_quantize}
+    if args.batch_size is not None:
+        d["batch_size"] = args.batch_size
+    return d
 
 
 def run_analyze(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ from robustest.runtime import (
     eval_mode,
     forward,
     frozen_params,
+    image_shape,
     iter_batches,
     load_plain,
     make_generator,
@@ -37,6 +38,7 @@ from robustest.runtime import (
 from robustest.runtime import progress as progress_bar
 
 NOISE_BLOCK = 16
+VALUES_PER_PASS = 2**22  # pixel values per forward pass when batch_size is not given (about 16 MB of input)
 """Samples per noise block: the unit whose neighbour noise is drawn from one seeded generator."""
 
 
@@ -203,7 +205,7 @@ def analyze(
     eps: float = 0.22,
     noise: str = "uniform",
     quantize: bool = True,
-    batch_size: int = 4096,
+    batch_size: int | None = None,
     seed: int = 0,
     device: torch.device | str | None = None,
     progress: bool = False,
@@ -216,7 +218,9 @@ def analyze(
     the uniform noise. With ``quantize`` the neighbours are rounded to the 256 uint8 levels. Misprediction
     score of a neighbour: ``Ms = 0`` if ``argmax p = y`` else ``max_{k != y} p_k``.
 
-    ``batch_size`` is the number of images (neighbours + the clean sample) per forward pass: the data set is
+    ``batch_size`` is the number of images (neighbours + the clean sample) per forward pass (default: as many
+    as hold :data:`VALUES_PER_PASS` pixel values, 5349 MNIST-sized or 341 images of 3 x 64 x 64, so memory does
+    not grow with the image size); the data set is
     streamed in chunks of whole noise blocks, so memory is bounded by the chunk, not by N. Results do not
     depend on ``batch_size`` (see the module docstring). ``span=(lo, hi)`` analyses only the samples at those
     positions (their results, indices and neighbours are those of the whole run). Under torchrun each rank
@@ -225,12 +229,13 @@ def analyze(
     """
     check_int("n_neighbors", n_neighbors, 1, 100_000)
     check_float("eps", eps, 0.0, 2.0, lo_open=True)
+    if batch_size is None:
+        c, h, w = image_shape(data)
+        batch_size = max(1, VALUES_PER_PASS // max(1, c * h * w))
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
     if noise not in ("uniform", "gaussian"):
         raise ConfigError(f"unknown noise {noise!r}: use 'uniform' or 'gaussian'")
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     dev = resolve_device(model, device)
     q = int(n_neighbors)
     chunk = NOISE_BLOCK * max(1, batch_size // (NOISE_BLOCK * (q + 1)))
