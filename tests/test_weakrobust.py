@@ -416,3 +416,48 @@ def test_validation_result_save_load(tmp_path):
     torch.save({"format": "robustest-analysis"}, tmp_path / "other.pt")
     with pytest.raises(DataError, match="not a robustest validation file"):
         wr.ValidationResult.load(tmp_path / "other.pt")
+
+
+def test_jsd_gradient_stays_finite_when_a_softmax_underflows() -> None:
+    # regression: with probabilities as the KL target, a class at exactly 0 probability gave NaN gradients
+    # (log 0 * 0) and a REVa fine-tune of an untrained ResNet-50 ended with every weight NaN
+    logits = [torch.tensor([[200.0, 0.0, -200.0]], requires_grad=True),
+              torch.tensor([[0.0, 0.0, 0.0]], requires_grad=True),
+              torch.tensor([[-300.0, 0.0, 300.0]], requires_grad=True)]
+    j = augment._jsd(logits)
+    j.backward()
+    assert math.isfinite(float(j.detach())) and 0 < float(j.detach()) <= math.log(3)
+    assert all(bool(torch.isfinite(lg.grad).all()) for lg in logits)
+
+
+def test_jsd_matches_its_definition() -> None:
+    g = torch.Generator().manual_seed(0)
+    logits = [torch.randn(5, 4, generator=g) for _ in range(3)]
+    ps = [lg.softmax(1) for lg in logits]
+    m = sum(ps) / 3
+    want = sum((p * (p.log() - m.log())).sum(1).mean() for p in ps) / 3
+    assert torch.allclose(augment._jsd(logits), want, atol=1e-6)
+
+
+class _Exploding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1)) * float("inf")
+
+
+def test_enhance_stops_with_one_line_when_the_loss_is_not_finite() -> None:
+    from robustest.errors import TrainingDiverged
+    x, y = torch.rand(16, 1, 8, 8), torch.arange(16) % 3
+    with pytest.raises(TrainingDiverged, match=r"enhance diverged at epoch 1, step 1: .*lower the learning rate"):
+        wr.enhance(_Exploding(), (x, y), (), epochs=1, augmix=False, adversarial=False, progress=False)
+
+
+def test_analyze_refuses_a_model_with_nan_outputs() -> None:
+    m = nn.Sequential(nn.Flatten(), nn.Linear(64, 3))
+    with torch.no_grad():
+        m[1].weight.fill_(float("nan"))
+    with pytest.raises(DataError, match="NaN or infinite logits"):
+        wr.analyze(m, (torch.rand(8, 1, 8, 8), torch.arange(8) % 3), n_neighbors=2, progress=False)

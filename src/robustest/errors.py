@@ -26,3 +26,8 @@ class ConfigError(RobustestError, ValueError):
 class OutputError(RobustestError, OSError):
     """An output folder or file cannot be written (read-only, disk full, file size limit): nothing already
     written is lost, and the same command continues the work once the cause is fixed."""
+
+
+class TrainingDiverged(RobustestError, ArithmeticError):
+    """Training produced a non-finite loss (NaN or infinity); the weights are not saved, and the message names
+    the epoch, the step and the setting to lower."""

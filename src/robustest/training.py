@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from robustest.errors import ConfigError, DataError
+from robustest.errors import ConfigError, DataError, TrainingDiverged
 from robustest.recipes import (
     autocast,
     check_device,
@@ -329,6 +329,9 @@ def fit(
                     logits = forward(step_model, xb)
                     loss = (F.cross_entropy(logits, yb, label_smoothing=opts.label_smoothing)
                             if opts.label_smoothing else F.cross_entropy(logits, yb))
+                if not bool(torch.isfinite(loss)):
+                    raise TrainingDiverged(f"training diverged at epoch {epoch}: the loss is {float(loss)}; lower "
+                                           f"the learning rate (lr={opts.lr:g}) or check the data for NaN")
                 opt.zero_grad(set_to_none=True)
                 if scaler is not None:
                     scaler.scale(loss).backward()

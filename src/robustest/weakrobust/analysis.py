@@ -272,6 +272,9 @@ def analyze(
                 xn.mul_(255.0).round_().div_(255.0)
             inp[s * q:].copy_(xb)
             logits = forward(model, inp).float()
+            if not bool(torch.isfinite(logits).all()):
+                raise DataError("the model outputs NaN or infinite logits: check its weights (a diverged training "
+                                "run leaves NaN weights) and its input scaling")
             k = logits.shape[1]
             if int(yb.max()) >= k:
                 raise DataError(f"data has label {int(yb.max())} but the model has {k} classes")

@@ -171,6 +171,8 @@ def _augmix(x: torch.Tensor, ops: Sequence[Callable], rng: np.random.Generator, 
 
 
 def _jsd(logits: Sequence[torch.Tensor]) -> torch.Tensor:
-    ps = [lg.softmax(1) for lg in logits]
-    logm = torch.clamp(sum(ps) / len(ps), 1e-7, 1).log()
-    return sum(F.kl_div(logm, p, reduction="batchmean") for p in ps) / len(ps)
+    # KL(p || m) from log-probabilities (log_target): with probabilities as the target, a class whose
+    # softmax underflows to exactly 0 gives the gradient log(0) * 0 = NaN and poisons every weight.
+    logps = [lg.float().log_softmax(1) for lg in logits]
+    logm = torch.clamp(sum(lp.exp() for lp in logps) / len(logps), 1e-7, 1).log()
+    return sum(F.kl_div(logm, lp, reduction="batchmean", log_target=True) for lp in logps) / len(logps)

@@ -16,7 +16,7 @@ from torch import nn
 
 from robustest import _repr
 from robustest.checkpoints import clone_model
-from robustest.errors import ConfigError
+from robustest.errors import ConfigError, TrainingDiverged
 from robustest.runtime import (
     DataLike,
     forward,
@@ -159,6 +159,11 @@ def enhance(
             if adversarial:
                 adv = F.cross_entropy(logits[-1], yb)
                 loss = loss + adv_weight * adv
+            if not bool(torch.isfinite(loss)):
+                raise TrainingDiverged(
+                    f"enhance diverged at epoch {ep}, step {s + 1}: the loss is {float(loss)} (cross-entropy "
+                    f"{float(ce)}, JSD {float(jsd)}, adversarial {float(adv)}); lower the learning rate "
+                    f"(lr={lr:g}) or the loss weights")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
