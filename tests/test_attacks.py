@@ -332,3 +332,31 @@ def test_expanded_input_gradient_does_not_break_in_place_steps(name):
     adv = getattr(attacks, name)(_InputBlindModel(), x, y, eps=0.1)
     assert adv.shape == x.shape
     assert float((adv - x).abs().max()) <= 0.1 + 1e-6
+
+
+def test_attack_streams_a_shuffled_loader_and_says_which_sample_each_row_is(trained_digits_model, digits_test):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = _digits_xy(digits_test, 40)
+    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True,
+                        generator=torch.Generator().manual_seed(3))
+    r = attacks.attack("fgsm", trained_digits_model, loader, eps=0.1)
+    assert sorted(r.index.tolist()) == list(range(40)) and r.index.tolist() != list(range(40))
+    direct = attacks.fgsm(trained_digits_model, x, y, eps=0.1)  # FGSM is deterministic: compare per sample
+    assert torch.allclose(r.adv, direct[r.index], atol=1e-6) and torch.equal(r.y, y[r.index])
+    plain = attacks.attack("fgsm", trained_digits_model, x, y, eps=0.1)
+    assert torch.equal(plain.index, torch.arange(40))
+    with pytest.raises(ConfigError, match="labels y only with an image tensor"):
+        attacks.attack("fgsm", trained_digits_model, TensorDataset(x, y), y, eps=0.1)
+
+
+def test_attack_batches_draw_their_own_random_numbers(trained_digits_model, digits_test):
+    # batch k's random start depends on its position only: attacking the second half alone (a data set of its
+    # own, one batch) differs from the whole run's second batch, while the whole run is reproducible
+    x, y = _digits_xy(digits_test, 32)
+    a = attacks.attack("pgd", trained_digits_model, x, y, eps=0.1, steps=1, batch_size=16, seed=2)
+    b = attacks.attack("pgd", trained_digits_model, x, y, eps=0.1, steps=1, batch_size=16, seed=2)
+    first = attacks.attack("pgd", trained_digits_model, x[:16], y[:16], eps=0.1, steps=1, batch_size=16, seed=2)
+    assert torch.equal(a.adv, b.adv) and torch.equal(a.adv[:16], first.adv)
+    swapped = attacks.attack("pgd", trained_digits_model, x[16:], y[16:], eps=0.1, steps=1, batch_size=16, seed=2)
+    assert not torch.equal(a.adv[16:], swapped.adv)

@@ -131,7 +131,7 @@ def test_train_on_idx_folder_with_limit(tmp_path, capsys):
     (["--dataset", "digits", "--model", "resnet1000"], "unknown model 'resnet1000'"),
     (["--dataset", "digits", "--model", "lenet5"], "cannot take 1x8x8"),
     (["--dataset", "digits", "--model", "digits_cnn", "--device", "warp-drive"], "unknown device"),
-    (["--dataset", "digits", "--model", "digits_cnn", "--lr", "-1"], "positive"),
+    (["--dataset", "digits", "--model", "digits_cnn", "--lr", "-1"], "learning rate in (0, 10]"),
     (["--dataset", "digits", "--model", "digits_cnn", "--batch-size", "0"], "positive"),
     (["--dataset", "digits", "--model", "digits_cnn", "--limit", "x"], "positive integer"),
 ])

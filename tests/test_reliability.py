@@ -70,7 +70,7 @@ def test_corrupt_killed_and_rerun_writes_the_same_files(tmp_path) -> None:
     _kill_when(proc, lambda: len(list(out.glob("*.npz"))) >= 3)
     assert main([*args, "--out", str(out)]) == 0
     assert main([*args, "--out", str(tmp_path / "whole")]) == 0
-    files = lambda p: json.loads((p / "manifest.json").read_text())["corruptions"]  # noqa: E731
+    files = lambda p: json.loads((p / "results.json").read_text())["corruptions"]  # noqa: E731
     got, want = files(out), files(tmp_path / "whole")
     assert {k: v["sha256"] for k, v in got.items()} == {k: v["sha256"] for k, v in want.items()}
     assert not list(out.rglob("*.tmp"))

@@ -94,3 +94,15 @@ def test_corrupt(tmp_path) -> None:
     one = json.loads((tmp_path / "c1" / "results.json").read_text())["corruptions"]
     two = json.loads((tmp_path / "c2" / "results.json").read_text())["corruptions"]
     assert {k: v["sha256"] for k, v in one.items()} == {k: v["sha256"] for k, v in two.items()}
+
+
+def test_generate_attack(model, tmp_path) -> None:
+    # PGD with a random start: batch k draws from seed + k * stride wherever it runs, so the ranks' shares
+    # give the single process's tests
+    args = ["generate", "--checkpoint", model, "--dataset", "digits", "--method", "pgd", "--eps", "0.1",
+            "--steps", "3", "--batch-size", "64", "--keep-all", "--limit", "300"]
+    assert single(*args, "--out", str(tmp_path / "g1")).returncode == 0
+    res = ranks(*args, "--out", str(tmp_path / "g2"))
+    assert res.returncode == 0, res.stderr
+    _same_tensors(tmp_path / "g1" / "tests.pt", tmp_path / "g2" / "tests.pt")
+    assert _world(tmp_path / "g2") == 2

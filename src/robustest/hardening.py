@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest.attacks import _grad, _project, _random_start
-from robustest.errors import ConfigError, DataError
+from robustest.errors import ConfigError, DataError, TrainingDiverged
 from robustest.runtime import (
     DataLike,
     as_tensors,
@@ -212,12 +212,12 @@ def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *
     eps_f = _number(eps, "eps", lo=0.0, hi=1.0, lo_open=True, hint=" (L-inf radius in pixel scale, images in [0, 1])")
     s: dict[str, Any] = {"method": m, "eps": eps_f, "norm": "linf", "epochs": _integer(epochs, "epochs"),
                          "batch_size": _integer(batch_size, "batch_size"),
-                         "lr": _number(lr, "lr", lo=0.0, lo_open=True)}
+                         "lr": _number(lr, "lr", lo=0.0, hi=10.0, lo_open=True)}
     opt = str(optimizer).lower()
     if opt not in ("adam", "sgd"):
         raise ConfigError(f"unknown optimizer {optimizer!r}: use 'adam' or 'sgd'")
     s["optimizer"] = opt
-    s["weight_decay"] = _number(weight_decay, "weight_decay", lo=0.0)
+    s["weight_decay"] = _number(weight_decay, "weight_decay", lo=0.0, hi=1.0)
     for key, owners in _OWNER.items():
         if given.get(key) is not None and m not in owners:
             raise ConfigError(f"{key} applies to method {' / '.join(owners)} only, not {m!r}: leave it unset")
@@ -228,7 +228,7 @@ def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *
     else:
         s["steps"] = _integer(DEFAULTS["steps"] if steps is None else steps, "steps")
     default_alpha = 1.25 * eps_f if m == "fast-at" else 2.5 * eps_f / s["steps"]
-    s["alpha"] = default_alpha if alpha is None else _number(alpha, "alpha", lo=0.0, lo_open=True)
+    s["alpha"] = default_alpha if alpha is None else _number(alpha, "alpha", lo=0.0, hi=1.0, lo_open=True)
     if m == "pgd-at":
         s["mix"] = _number(DEFAULTS["mix"] if given.get("mix") is None else given["mix"], "mix", lo=0.0, hi=1.0)
     elif m == "trades":
@@ -389,6 +389,9 @@ def _batch(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, gen: torch.Gene
         logits_adv = forward(model, adv)
         loss = F.cross_entropy(logits_adv, yb)
         used = b
+    if not bool(torch.isfinite(loss)):
+        raise TrainingDiverged(f"harden diverged: the {m} loss is {float(loss)}; lower the learning rate "
+                               f"(lr={s['lr']:g})" + (" or beta" if m == "trades" else ""))
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()

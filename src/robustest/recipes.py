@@ -88,8 +88,8 @@ def check_options(epochs: int, *, optimizer: str = "adam", lr: float = 1e-3, wei
         schedule = None
     if schedule is not None and schedule not in SCHEDULES:
         raise ConfigError(f"unknown schedule {schedule!r}: use None, 'cosine' or 'step'")
-    lr_f = check_float("lr", lr, 0.0, lo_open=True)
-    wd = check_float("weight_decay", weight_decay, 0.0)
+    lr_f = check_float("lr", lr, 0.0, 10.0, lo_open=True)
+    wd = check_float("weight_decay", weight_decay, 0.0, 1.0)
     if optimizer != "sgd" and (momentum is not None or nesterov is not None):
         raise ConfigError(f"momentum and nesterov are options of optimizer='sgd', not {optimizer!r}: drop them "
                           "or use optimizer='sgd'")

@@ -49,9 +49,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from robustest.attacks._core import (  # noqa: F401 - re-exported for callers and tests
     _DEFAULT_CHUNK,
+    BATCH_SEED_STRIDE,
     NORMS,
     _check_eps,
     _check_norm,
@@ -73,7 +75,6 @@ from robustest.attacks.square import square
 from robustest.errors import ConfigError
 from robustest.runtime import (
     DataLike,
-    as_tensors,
     check_images,
     check_labels,
     eval_mode,
@@ -178,6 +179,8 @@ class AttackResult:
     linf / l2: per-sample L-inf and L2 norms of adv - x.
     target: the target classes of a targeted attack (int64 [N]; None for an untargeted one); then
     ``target_success`` (adv_pred == target) is what the attack aimed for.
+    index: int64 [N], the position in the data set of each row (rows follow the data's order, which for a
+    shuffled DataLoader is its sampler's draw).
     """
 
     name: str
@@ -192,6 +195,7 @@ class AttackResult:
     params: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     target: torch.Tensor | None = None
+    index: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.success.shape[0])
@@ -257,60 +261,81 @@ def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | N
     """Run attack ``name`` (see :func:`names`) on images or a data set, in batches of ``batch_size``.
 
     ``x_or_data``: an image tensor N x C x H x W in [0, 1] (then ``y`` int64 [N]; when ``y`` is None the model's
-    own predictions are attacked), an ``(x, y)`` pair, a ``Dataset`` or a ``DataLoader``. ``kw`` are the attack's
-    parameters (eps, steps, alpha, norm, restarts, ...). One random generator on the model's device seeded with
-    ``seed`` serves all batches in order, so the result equals the attack function's with the same seed and
-    ``batch_size``. ``progress`` shows a progress bar over batches. ``target`` (targeted attacks) may be one class
-    or int64 [N]; it is split into batches with the images. Returns an :class:`AttackResult`.
+    own predictions are attacked), an ``(x, y)`` pair, a ``Dataset`` or a ``DataLoader`` (streamed batch by
+    batch). ``kw`` are the attack's parameters (eps, steps, alpha, norm, restarts, ...). Batch ``k`` (images
+    ``k * batch_size`` on in the data's order; a DataLoader's own batches) draws its random numbers from a
+    generator on the model's device seeded with ``seed + k * BATCH_SEED_STRIDE``, so the result equals the
+    attack function's with the same seed and ``batch_size``, and under torchrun (each rank attacks whole
+    batches of its share; the results are gathered on every rank) one process's. ``progress`` shows a
+    progress bar over batches. ``target`` (targeted attacks) may be one class or int64 [N] (by position in
+    the data set). Returns an :class:`AttackResult`.
     """
+    from robustest import distributed
+    from robustest.runtime import iter_batches, num_samples
+    from robustest.runtime import progress as _progress
+
     entry = _entry(name)
     if "generator" in kw or "batch_size" in kw:
         raise ConfigError("attack() takes seed and batch_size itself; do not pass generator")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
-    x, y_data = as_tensors(x_or_data)
-    y = y if y is not None else y_data
-    x = check_images(x)
-    n = x.shape[0]
+    data = (x_or_data, y) if isinstance(x_or_data, torch.Tensor) else x_or_data
+    if isinstance(x_or_data, torch.Tensor):
+        check_images(x_or_data)
+    n = num_samples(data)
     device = resolve_device(model)
+    k_classes = _num_classes(model)
+    if y is not None and not isinstance(x_or_data, torch.Tensor):
+        raise ConfigError("give labels y only with an image tensor; a data set brings its own labels")
     if y is not None:
-        if not isinstance(y, torch.Tensor):
-            y = torch.as_tensor(y)
-        y = check_labels(y, n, _num_classes(model))
+        y = check_labels(torch.as_tensor(y), n, k_classes)
+        data = (x_or_data, y)
     target = kw.pop("target", None)
     if target is not None:
         if isinstance(target, bool) or not isinstance(target, (int, torch.Tensor)):
             raise ConfigError(f"target must be a class index or a tensor of N class indices, got {target!r}")
         if isinstance(target, int):
             target = torch.full((n,), target, dtype=torch.long)
-        target = check_labels(target, n, _num_classes(model), name="target").long()
-    gen = make_generator(seed, device)
+        target = check_labels(target, n, k_classes, name="target").long()
     t0 = time.perf_counter()
-    advs, clean_preds, adv_preds, ys = [], [], [], []
-    starts = range(0, n, batch_size)
-    from robustest.runtime import progress as _progress
-
-    for s in _progress(starts, enabled=progress, desc=_canonical_name(name), total=len(starts), unit="batch"):
-        xb = x[s:s + batch_size].to(device)
+    advs, clean_preds, adv_preds, ys, xs_delta, idxs = [], [], [], [], [], []
+    shard = distributed.Shard.current()
+    # batch ordinals count in the data's order (a DataLoader yields its own batches, of its own size)
+    step = data.batch_size if isinstance(data, DataLoader) and data.batch_size else batch_size
+    pos = shard.bounds(n, align=step)[0]
+    batches = iter_batches(data, batch_size, with_index=True, shard=shard)
+    for idx, xb, yb in _progress(batches, enabled=progress, desc=_canonical_name(name),
+                                 total=-(-n // step), unit="batch"):
+        xb = check_images(xb).to(device)
+        k, pos = pos // step, pos + len(xb)
+        idxs.append(idx.cpu().long())
+        gen = make_generator(None if seed is None else int(seed) + k * BATCH_SEED_STRIDE, device)
         with eval_mode(model), torch.no_grad():
             cp = forward(model, xb).argmax(1)
-        yb = cp if y is None else y[s:s + batch_size].to(device)
+        yb = cp if yb is None else check_labels(torch.as_tensor(yb), len(xb), k_classes).to(device).long()
         if target is not None:
-            kw["target"] = target[s:s + batch_size].to(device)
+            kw["target"] = target[idx].to(device)
         adv = entry.fn(model, xb, yb, batch_size=None, generator=gen, **kw)
         with eval_mode(model), torch.no_grad():
             ap = forward(model, adv).argmax(1)
-        advs.append(adv.to(x.device))
+        advs.append(adv.detach())
+        xs_delta.append((adv.detach() - xb).flatten(1).cpu())
         clean_preds.append(cp.cpu())
         adv_preds.append(ap.cpu())
         ys.append(yb.cpu())
-    if n == 0:
-        empty = torch.empty(0, dtype=torch.long)
-        advs, clean_preds, adv_preds, ys = [x.clone()], [empty], [empty], [empty]
-    adv_all = torch.cat(advs)
-    clean_pred, adv_pred, y_cpu = torch.cat(clean_preds), torch.cat(adv_preds), torch.cat(ys).long()
-    delta = (adv_all.detach() - x.detach()).flatten(1).cpu()
     kw.pop("target", None)
+    out_dev = x_or_data.device if isinstance(x_or_data, torch.Tensor) else torch.device("cpu")
+    cat = (lambda ts: torch.cat(ts) if ts else None)  # noqa: E731
+    parts = distributed.all_gather_cat({"adv": cat([a.to(out_dev) for a in advs]), "clean": cat(clean_preds),
+                                        "advp": cat(adv_preds), "y": cat(ys), "delta": cat(xs_delta),
+                                        "index": cat(idxs)})
+    if parts["adv"] is None:  # no samples at all
+        shape = (0, *(x_or_data.shape[1:] if isinstance(x_or_data, torch.Tensor) else ()))
+        empty = torch.empty(0, dtype=torch.long)
+        parts = {"adv": torch.empty(shape), "clean": empty, "advp": empty, "y": empty, "delta": torch.empty(0, 0),
+                 "index": empty}
+    adv_all, clean_pred, adv_pred, y_cpu = parts["adv"].to(out_dev), parts["clean"], parts["advp"], parts["y"].long()
+    delta = parts["delta"]
     params = {**kw, "seed": seed, "batch_size": batch_size}
     if target is not None:
         params["target"] = "per-sample"
@@ -319,6 +344,7 @@ def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | N
         clean_correct=clean_pred == y_cpu, clean_pred=clean_pred, adv_pred=adv_pred,
         linf=delta.abs().amax(1) if delta.shape[1] else delta.sum(1), l2=delta.norm(p=2, dim=1),
         params=params, seconds=time.perf_counter() - t0, target=None if target is None else target.cpu(),
+        index=parts["index"].long(),
     )
 
 

@@ -226,14 +226,21 @@ def _margin(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------ chunked runner
+BATCH_SEED_STRIDE = 1_000_003  # chunk k of an attack draws from seed + k * this (chunk 0: the seed itself)
+
+
 def _run(core: Callable[..., torch.Tensor], model: nn.Module, x: torch.Tensor, y: torch.Tensor,
          seed: int | None, batch_size: int | None, gen: torch.Generator | None = None, *,
          per_sample: dict[str, torch.Tensor | None] | None = None, **kw: Any) -> torch.Tensor:
     """Run ``core`` over x in chunks on the model's device, in eval mode with frozen parameters.
 
+    Randomness: a given ``gen`` serves every chunk in order; otherwise chunk ``k`` draws from its own
+    generator seeded with ``seed + k * BATCH_SEED_STRIDE`` (as :func:`robustest.attacks.attack` does), so a
+    chunk's result depends only on its position, not on what ran before it.
     ``per_sample``: tensors of length N (e.g. target classes) sliced with the chunk and passed to ``core`` by
     name (None values are passed as None)."""
     device = resolve_device(model)
+    per_chunk = gen is None and seed is not None
     if gen is None:
         gen = make_generator(seed, device)
     elif gen.device.type != device.type:
@@ -248,8 +255,10 @@ def _run(core: Callable[..., torch.Tensor], model: nn.Module, x: torch.Tensor, y
     per_sample = per_sample or {}
     out = torch.empty_like(x)
     with eval_mode(model), frozen_params(model):
-        for s in range(0, n, bs):
+        for k, s in enumerate(range(0, n, bs)):
             e = min(s + bs, n)
+            if per_chunk and k:
+                gen = make_generator(int(seed) + k * BATCH_SEED_STRIDE, device)  # type: ignore[arg-type]
             xb = x[s:e].to(device, torch.float32).detach()
             yb = y[s:e].to(device, torch.long)
             extra = {k: (None if v is None else v[s:e].to(device, torch.long)) for k, v in per_sample.items()}

@@ -101,6 +101,10 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
 
 
+# the largest magnitude a float flag accepts: beyond it, products with float32 tensors overflow to inf/NaN
+MAX_MAGNITUDE = 1e9
+
+
 def _number_type(convert: Callable[[str], Any], ok: Callable[[Any], bool], what: str, name: str
                  ) -> Callable[[str], Any]:
     """An argparse ``type=``: ``convert`` the text, then require a finite value and ``ok``; otherwise one line
@@ -113,6 +117,9 @@ def _number_type(convert: Callable[[str], Any], ok: Callable[[Any], bool], what:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if isinstance(v, float) and not math.isfinite(v):
             raise argparse.ArgumentTypeError(f"expected {what} (finite), got {text!r}")
+        if isinstance(v, float) and abs(v) > MAX_MAGNITUDE:
+            raise argparse.ArgumentTypeError(f"expected {what} no larger than {MAX_MAGNITUDE:g} in magnitude "
+                                             f"(larger values overflow the float32 computations), got {text!r}")
         if not ok(v):
             raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
         return v
@@ -132,6 +139,7 @@ linf_eps = _number_type(float, lambda v: 0 < v <= 1, "an L-inf radius in (0, 1] 
                         "linf_eps")
 noise_width = _number_type(float, lambda v: 0 < v <= 2, "a noise width in (0, 2] (pixel scale)", "noise_width")
 seed_int = _number_type(int, lambda v: 0 <= v < 2**63, "a seed: an integer in [0, 2^63)", "seed_int")
+learning_rate = _number_type(float, lambda v: 0 < v <= 10, "a learning rate in (0, 10]", "learning_rate")
 below_one = _number_type(float, lambda v: 0 <= v < 1, "a number in [0, 1)", "below_one")  # momentum, smoothing
 
 

@@ -33,6 +33,7 @@ from robustest.cli._common import (
     check_fits,
     data_settings,
     fmt,
+    learning_rate,
     load_data,
     load_model,
     log,
@@ -45,7 +46,7 @@ from robustest.cli._common import (
 )
 from robustest.errors import ConfigError
 from robustest.results import write_results
-from robustest.runtime import atomic_write_json, forward, model_device
+from robustest.runtime import atomic_write_json, forward, image_shape, model_device, take
 
 ORDER = 30
 
@@ -82,7 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--binary-steps", type=positive_int, default=5, help="cw: binary search steps over c (default: 5)")
     g.add_argument("--keep-all", action="store_true", help="keep unsuccessful adversarial images too")
     f = p.add_argument_group("fuzzing options")
-    f.add_argument("--lr", type=positive_float, default=None, help="fol-fuzz step size; cw Adam learning rate "
+    f.add_argument("--lr", type=learning_rate, default=None, help="fol-fuzz step size; cw Adam learning rate "
                    "(default: 0.1 for both)")
     f.add_argument("--max-rel-l2", type=positive_float, default=0.5,
                    help="fol-fuzz: bound on ||x - x0||_2 / ||x0||_2 (default: 0.5)")
@@ -107,8 +108,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _default_eps(x: torch.Tensor) -> float:
-    return 0.3 if x.shape[1] == 1 else 8 / 255
+def _default_eps(channels: int) -> float:
+    return 0.3 if channels == 1 else 8 / 255
 
 
 def _attack_kwargs(args: argparse.Namespace, eps: float) -> dict[str, Any]:
@@ -181,13 +182,12 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     ds = load_data(args)
     check_fits(model, ds)
-    x, y = ds.tensors[0], ds.tensors[1].long()
-    n_seeds = int(x.shape[0])
+    n_seeds = len(ds)
     if n_seeds == 0:
         raise ConfigError(f"the {args.split} split of {args.dataset} is empty: check --dataset/--split/--limit")
     if args.keep_all and args.method in FUZZERS:
         raise ConfigError(f"--keep-all applies to attacks; {args.method} only returns failing tests")
-    eps = args.eps if args.eps is not None else _default_eps(x)
+    eps = args.eps if args.eps is not None else _default_eps(image_shape(ds)[0])
     fol_norm = args.fol_norm or ("l2" if args.method == "cw" else args.norm)
     method = args.method
     summary: dict[str, Any] = {"method": method, "dataset": args.dataset, "split": args.split,
@@ -197,12 +197,13 @@ def run(args: argparse.Namespace) -> int:
 
     if method in ATTACKS:
         kw = _attack_kwargs(args, eps)
-        res = attacks.attack(method, model, x, y, batch_size=args.batch_size, seed=args.seed, progress=progress,
+        # streamed batch by batch (and shared out over torchrun's ranks); the seeds of kept tests are read back
+        res = attacks.attack(method, model, ds, batch_size=args.batch_size, seed=args.seed, progress=progress,
                              **kw)
         keep = torch.ones(n_seeds, dtype=torch.bool) if args.keep_all else res.success
         idx = torch.nonzero(keep).flatten()
-        tx, ty, tpred = res.adv[idx], y[idx], res.adv_pred[idx]
-        x0 = x[idx]
+        tx, ty, tpred = res.adv[idx], res.y[idx], res.adv_pred[idx]
+        x0 = take(ds, res.index[idx])[0] if len(idx) else tx.clone()
         summary.update({
             "params": {k: v for k, v in kw.items()}, "clean_accuracy": res.clean_accuracy,
             "robust_accuracy": res.robust_accuracy, "success_rate": res.success_rate,
@@ -210,7 +211,10 @@ def run(args: argparse.Namespace) -> int:
             "kept": "all" if args.keep_all else "successful",
         })
         extra: dict[str, Any] = {"pred": tpred, "success": res.success[idx]}
-    elif method == "fol-fuzz":
+    else:  # the fuzzers work on the whole seed set at once (their randomness is per run, not per sample)
+        x, y = take(ds, torch.arange(n_seeds))
+        y = y.long()
+    if method == "fol-fuzz":
         from robustest import fuzzing
 
         fuzz_fol = fol_norm if fol_norm in fuzzing.FOL_VARIANTS else "gradnorm"
@@ -232,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
                         "tests_per_seed": _quantiles(per_seed.float())})
         extra = {"pred": tpred, "step": fr.step.cpu()}
         fuzz_fol_values = fr.fol.cpu()
-    else:
+    elif method in FUZZERS:
         from robustest import fuzzing
         from robustest.metrics.coverage import CoverageProfile
 

@@ -29,6 +29,8 @@ from robustest.cli._common import (
     add_run_args,
     check_fits,
     data_settings,
+    finite_float,
+    learning_rate,
     load_data,
     load_model,
     log,
@@ -47,11 +49,7 @@ ORDER = 35
 _RUNTIME_ARGS = ("func", "resume", "no_progress", "device", "out", "debug", "verb")
 
 
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+_float = finite_float  # ranges are checked by hardening.resolve_settings, with the method in view
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -89,7 +87,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t = p.add_argument_group("training")
     t.add_argument("--epochs", type=positive_int, default=5, help="fine-tuning epochs (default: 5)")
     t.add_argument("--batch-size", type=positive_int, default=128, help="batch size (default: 128)")
-    t.add_argument("--lr", type=_float, default=1e-3, help="learning rate (default: 1e-3)")
+    t.add_argument("--lr", type=learning_rate, default=1e-3, help="learning rate (default: 1e-3)")
     t.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="optimizer (default: adam)")
     t.add_argument("--weight-decay", type=_float, default=0.0, help="weight decay (default: 0)")
     m = p.add_argument_group("measurement")

@@ -20,6 +20,7 @@ from typing import Any
 from robustest.cli._common import (
     fmt,
     json_object,
+    learning_rate,
     linf_eps,
     log,
     non_negative_float,
@@ -72,7 +73,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pool-limit", type=positive_int, metavar="N", help="generate tests from N training images")
     p.add_argument("--epochs", type=positive_int, help="fine-tuning epochs (default: 10)")
     p.add_argument("--batch-size", type=positive_int, help="fine-tuning batch size (default: 64)")
-    p.add_argument("--lr", type=positive_float, help="fine-tuning learning rate, Adam (default: 1e-3)")
+    p.add_argument("--lr", type=learning_rate, help="fine-tuning learning rate, Adam (default: 1e-3)")
     p.add_argument("--train-options", type=json_object, metavar="JSON",
                    help="training recipe of --train-model: options of robustest.training.fit plus lr and "
                         "batch_size, e.g. '{\"optimizer\": \"sgd\", \"lr\": 0.1, \"schedule\": \"cosine\"}'")

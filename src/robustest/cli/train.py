@@ -35,6 +35,7 @@ from robustest.cli._common import (
     fmt,
     json_object,
     key_value,
+    learning_rate,
     list_arg,
     load_data,
     log,
@@ -78,7 +79,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "0.1 Nesterov, cosine), imagenet-sgd (AugMix's ResNet-50: SGD 0.1, steps at 1/3, 2/3); "
                         "milestones scale with --epochs")
     g.add_argument("--batch-size", type=positive_int, default=None, help="batch size (default: 64)")
-    g.add_argument("--lr", type=positive_float, default=None, help="learning rate (default: 1e-3)")
+    g.add_argument("--lr", type=learning_rate, default=None, help="learning rate (default: 1e-3)")
     g.add_argument("--optimizer", choices=("adam", "sgd"), default=None, help="optimizer (default: adam)")
     g.add_argument("--momentum", type=below_one, default=None, help="SGD momentum (default: 0.9)")
     g.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None,

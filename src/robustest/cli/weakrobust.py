@@ -24,6 +24,7 @@ from robustest.cli._common import (
     fmt,
     fraction,
     int_list,
+    learning_rate,
     linf_eps,
     linf_eps_list,
     list_arg,
@@ -37,7 +38,6 @@ from robustest.cli._common import (
     non_negative_int,
     out_dir,
     peak_rss_mib,
-    positive_float,
     positive_int,
     print_table,
 )
@@ -170,7 +170,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adv-steps", type=positive_int, default=10, help="PGD steps (default: 10)")
     p.add_argument("--adv-source", choices=("offline", "online"), default="offline",
                    help="PGD against the starting model once (offline) or the current model per batch")
-    p.add_argument("--lr", type=positive_float, default=5e-4, help="learning rate (default: 5e-4)")
+    p.add_argument("--lr", type=learning_rate, default=5e-4, help="learning rate (default: 5e-4)")
     p.add_argument("--batch-size", type=positive_int, default=64, help="batch size (default: 64)")
     p.add_argument("--eval-limit", type=non_negative_int, default=1000, metavar="N",
                    help="test samples for the before/after comparison (0: none; default: 1000)")
