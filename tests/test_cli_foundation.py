@@ -341,3 +341,27 @@ def test_train_says_when_the_data_has_no_separate_test_split(capsys, tmp_path):
     assert "no separate test split" in err
     report = json.loads((tmp_path / "out" / "results.json").read_text())
     assert report["test_split_is_training_data"] is True
+
+
+def test_output_into_a_closed_pipe_is_quiet() -> None:
+    # regression: `robustest info | head -1` printed one logging traceback per remaining line
+    proc = subprocess.run(f"{sys.executable} -m robustest info | head -1", shell=True, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.stdout.startswith("robustest ") and proc.stderr == ""
+
+
+def test_every_verb_takes_threads(capsys) -> None:
+    import torch
+
+    from robustest.cli import main
+
+    before = torch.get_num_threads()
+    try:
+        assert main(["info", "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    from robustest.cli import build_parser
+
+    verbs = build_parser()._subparsers._group_actions[0].choices
+    assert all("--threads" in sp._option_string_actions for sp in verbs.values())

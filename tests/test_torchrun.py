@@ -106,3 +106,17 @@ def test_generate_attack(model, tmp_path) -> None:
     assert res.returncode == 0, res.stderr
     _same_tensors(tmp_path / "g1" / "tests.pt", tmp_path / "g2" / "tests.pt")
     assert _world(tmp_path / "g2") == 2
+
+
+def test_train_with_ddp(tmp_path) -> None:
+    # DDP: each rank trains on its half of every global batch; gradients are averaged, so the model follows
+    # the single process's closely (not bit for bit: float sums in another order, per-rank batch norm)
+    args = ["train", "--dataset", "digits", "--model", "digits_cnn", "--epochs", "3"]
+    assert single(*args, "--out", str(tmp_path / "t1")).returncode == 0
+    res = ranks(*args, "--out", str(tmp_path / "t2"))
+    assert res.returncode == 0, res.stderr
+    one = json.loads((tmp_path / "t1" / "results.json").read_text())
+    two = json.loads((tmp_path / "t2" / "results.json").read_text())
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    assert abs(one["test_accuracy"] - two["test_accuracy"]) <= 0.01
+    assert (tmp_path / "t2" / "model.pt").is_file() and not list((tmp_path / "t2").rglob("*.tmp"))

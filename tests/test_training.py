@@ -346,3 +346,28 @@ def test_fit_stops_with_one_line_when_the_loss_is_not_finite() -> None:
     x, y = torch.rand(16, 1, 8, 8), torch.arange(16) % 3
     with pytest.raises(TrainingDiverged, match=r"training diverged at epoch 1: the loss is nan"):
         training.fit(Exploding(), (x, y), epochs=1, progress=False)
+
+
+def test_train_data_splits_each_global_batch_between_ranks() -> None:
+    from robustest.distributed import Shard
+
+    x, y = torch.rand(21, 1, 4, 4), torch.arange(21) % 3
+    whole = [idx for idx, _, _ in training.TrainData((x, y), 8, seed=4).indexed_epoch(1, 3)]
+    parts = []
+    for rank in (0, 1):
+        src = training.TrainData((x, y), 8, seed=4, shard=Shard(rank, 2))
+        got = []
+        for idx, xb, yb in src.indexed_epoch(1, 3):
+            assert torch.equal(xb, x[idx]) and torch.equal(yb, y[idx])
+            got.append((idx, src.batch_weight))
+        assert len(got) == src.steps_per_epoch == 3
+        parts.append(got)
+    for k, full in enumerate(whole):  # batches of 8, 8, 5: each rank holds its contiguous half
+        a, b = parts[0][k][0], parts[1][k][0]
+        assert torch.equal(torch.cat([a, b]), full)
+        # the weights make DDP's average of the two ranks' mean losses the global batch's mean loss
+        wa, wb = parts[0][k][1], parts[1][k][1]
+        assert abs((wa + wb) / 2 - 1.0) < 1e-9 and abs(wa / len(a) - 2 / len(full)) < 1e-9
+        assert abs(wb / len(b) - 2 / len(full)) < 1e-9
+    single = training.TrainData((x[:17], y[:17]), 8, seed=4, shard=Shard(0, 2))  # tail of 1 < 2 ranks: skipped
+    assert single.steps_per_epoch == 2 and len(list(single.indexed_epoch(1, 3))) == 2

@@ -22,8 +22,8 @@ import torch
 
 from robustest.errors import ConfigError, RobustestError
 
-__all__ = ["RankFailure", "Shard", "all_gather_cat", "all_gather_objects", "barrier", "broadcast", "init",
-           "is_main", "shutdown", "world_size"]
+__all__ = ["RankFailure", "Shard", "all_gather_cat", "all_gather_objects", "all_reduce_sum", "barrier",
+           "broadcast", "init", "is_main", "rank", "shutdown", "world_size"]
 
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -63,6 +63,11 @@ def _dist() -> Any:
 def _rank() -> int:
     d = _dist()
     return int(d.get_rank()) if d is not None else 0
+
+
+def rank() -> int:
+    """This process's rank (0 without a process group)."""
+    return _rank()
 
 
 def world_size() -> int:
@@ -148,6 +153,17 @@ def all_gather_objects(obj: Any) -> list[Any]:
         return [obj]
     out: list[Any] = [None] * d.get_world_size()
     _collective(d.all_gather_object, out, obj)
+    return out
+
+
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """The element-wise sum of ``values`` over every rank (``values`` itself in a single process). The tensor
+    stays on its device (nccl needs CUDA tensors, gloo takes CPU ones)."""
+    d = _dist()
+    if d is None:
+        return values
+    out = values.clone()
+    _collective(d.all_reduce, out)
     return out
 
 

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from robustest import distributed
+from robustest.distributed import Shard
 from robustest.errors import ConfigError, DataError, TrainingDiverged
 from robustest.recipes import (
     autocast,
@@ -124,22 +126,40 @@ class TrainData:
     A DataLoader is iterated as it is, every epoch, so its transforms (random augmentation) and sampler
     apply; a sampler with ``set_epoch`` (DistributedSampler) is told the epoch. Any other Dataset is read
     through a shuffling DataLoader seeded with ``seed`` (workers from its ``num_workers`` attribute).
+
+    With a ``shard`` of several ranks (DistributedDataParallel under torchrun): on the in-memory path every
+    rank draws the same permutation and takes its contiguous part of each global batch of ``batch_size``
+    (``batch_weight`` then rescales the rank's mean loss so that DDP's gradient average equals the global
+    batch's mean gradient; a final batch with fewer samples than ranks is skipped); a Dataset or DataLoader
+    is read through a ``DistributedSampler`` (seeded, ``set_epoch`` every epoch), a DataLoader's batch size
+    being per rank.
     """
 
-    def __init__(self, data: DataLike, batch_size: int, seed: int) -> None:
+    def __init__(self, data: DataLike, batch_size: int, seed: int, shard: Shard | None = None) -> None:
         self.batch_size = batch_size
         self.gen = make_generator(seed)
+        self.shard = shard or Shard()
+        self.batch_weight = 1.0
         self.loader: DataLoader | None = None
         self.x = self.y = None
         self.ds = None
+        world, rank = self.shard.world_size, self.shard.rank
         if isinstance(data, DataLoader):
-            self.loader = data
+            self.loader = data if world == 1 else _distributed_loader(data, self.shard, seed)
         elif converts_batches(data):
             self.ds = data
             self.y = labels_of(data)
         elif isinstance(data, Dataset) and not isinstance(data, TensorDataset):
-            self.loader = DataLoader(data, batch_size=batch_size, shuffle=True, generator=self.gen,
-                                     num_workers=int(getattr(data, "num_workers", 0) or 0))
+            workers = int(getattr(data, "num_workers", 0) or 0)
+            if world == 1:
+                self.loader = DataLoader(data, batch_size=batch_size, shuffle=True, generator=self.gen,
+                                         num_workers=workers)
+            else:
+                from torch.utils.data.distributed import DistributedSampler
+
+                sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=seed)
+                self.loader = DataLoader(data, batch_size=-(-batch_size // world), sampler=sampler,
+                                         num_workers=workers)
         else:
             self.x, self.y = as_tensors(data)
             if self.y is None:
@@ -149,7 +169,8 @@ class TrainData:
             assert self.y is not None
             self.n = int(self.y.shape[0])
             check_labels(self.y, self.n, name="training labels")
-            self.steps_per_epoch = math.ceil(self.n / batch_size)
+            full, tail = divmod(self.n, batch_size)
+            self.steps_per_epoch = full + (1 if tail >= world else 0)
         else:
             self.n = len(self.loader.dataset)  # type: ignore[arg-type]
             try:
@@ -196,8 +217,15 @@ class TrainData:
         (whose items may be augmented views rather than stored samples)."""
         if self.loader is None:
             perm = torch.randperm(self.n, generator=self.gen)
+            world = self.shard.world_size
             for s in range(0, self.n, self.batch_size):
                 idx = perm[s:s + self.batch_size]
+                if world > 1:
+                    if len(idx) < world:  # every rank needs samples for DDP's gradient exchange
+                        continue
+                    full = len(idx)
+                    idx = idx.tensor_split(world)[self.shard.rank]
+                    self.batch_weight = len(idx) * world / full
                 yield (idx, *self._gather(idx))
             return
         sampler = getattr(self.loader, "sampler", None)
@@ -209,6 +237,27 @@ class TrainData:
                 raise ConfigError("training data needs labels: the DataLoader yields images only")
             x = check_images(x, "training images")
             yield None, x, check_labels(torch.as_tensor(y), len(x), num_classes, name="training labels")
+
+
+def _distributed_loader(loader: DataLoader, shard: Shard, seed: int) -> DataLoader:
+    """``loader`` re-read through a DistributedSampler for this rank (same dataset, batch size per rank,
+    collate function, workers; shuffled when the loader shuffles)."""
+    from torch.utils.data import RandomSampler
+    from torch.utils.data.distributed import DistributedSampler
+
+    if isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        raise ConfigError("an IterableDataset cannot be split across torchrun's ranks by robustest: shard the "
+                          "stream yourself per rank, or train in one process")
+    if loader.batch_size is None:
+        raise ConfigError("under torchrun a DataLoader with its own batch_sampler cannot be split across ranks: "
+                          "give it a batch_size (per rank) instead")
+    sampler = loader.sampler if isinstance(loader.sampler, DistributedSampler) else DistributedSampler(
+        loader.dataset, num_replicas=shard.world_size, rank=shard.rank,
+        shuffle=isinstance(loader.sampler, RandomSampler), seed=seed)
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler,
+                      num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+                      drop_last=loader.drop_last, worker_init_fn=loader.worker_init_fn,
+                      persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False)
 
 
 def fit(
@@ -284,13 +333,19 @@ def fit(
         raise ConfigError(f"resume_file {str(state_path)!r} exists and is not a file: choose another path")
     model.to(dev)
     seed_everything(seed)
-    source = TrainData(train, batch_size, seed)
+    shard = Shard.current()
+    ddp = shard.world_size > 1
+    source = TrainData(train, batch_size, seed, shard=shard)
     num_classes = source.check(model, dev)
     opt = make_optimizer(model, opts)
     sched = make_schedule(opt, opts, epochs, source.steps_per_epoch)
     scaler = grad_scaler(opts.amp, dev)
     aug_gen = make_generator((seed * 1_000_003 + 7_919) % 2**63) if opts.augment else None
     step_model = compile_model(model) if opts.compile else model
+    if ddp:  # gradients averaged over the ranks; rank 0's weights and buffers broadcast at the start
+        from torch.nn.parallel import DistributedDataParallel
+
+        step_model = DistributedDataParallel(step_model, device_ids=[dev.index] if dev.type == "cuda" else None)
     history = History()
     best_acc, best_state = -1.0, None
     settings = json.dumps({"epochs": epochs, "batch_size": batch_size, "seed": seed, "n": source.n,
@@ -329,16 +384,20 @@ def fit(
                     logits = forward(step_model, xb)
                     loss = (F.cross_entropy(logits, yb, label_smoothing=opts.label_smoothing)
                             if opts.label_smoothing else F.cross_entropy(logits, yb))
-                if not bool(torch.isfinite(loss)):
+                bad = ~torch.isfinite(loss.detach())
+                if ddp:  # every rank stops together, not only the one that saw it
+                    bad = distributed.all_reduce_sum(bad.float().reshape(1)) > 0
+                if bool(bad):
                     raise TrainingDiverged(f"training diverged at epoch {epoch}: the loss is {float(loss)}; lower "
                                            f"the learning rate (lr={opts.lr:g}) or check the data for NaN")
                 opt.zero_grad(set_to_none=True)
+                step_loss = loss * source.batch_weight if ddp else loss
                 if scaler is not None:
-                    scaler.scale(loss).backward()
+                    scaler.scale(step_loss).backward()
                     scaler.step(opt)
                     scaler.update()
                 else:
-                    loss.backward()
+                    step_loss.backward()
                     opt.step()
             except Exception as exc:
                 err = compile_error(exc) if (opts.compile and first_step) else None
@@ -351,6 +410,9 @@ def fit(
             total_loss += float(loss.detach()) * len(yb)
             correct += int((logits.detach().argmax(1) == yb).sum())
             n += len(yb)
+        if ddp:  # the epoch's figures over every rank's samples
+            total_loss, correct, n = distributed.all_reduce_sum(
+                torch.tensor([total_loss, float(correct), float(n)], dtype=torch.float64, device=dev)).tolist()
         n = max(n, 1)
         stats = EpochStats(epoch=epoch, loss=total_loss / n, accuracy=correct / n,
                            lr=opt.param_groups[0]["lr"], seconds=0.0)

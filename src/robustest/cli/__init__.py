@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 
 from robustest import __version__
-from robustest.cli._common import add_output_flags, configure_logging, plain, progress_enabled
+from robustest.cli._common import add_output_flags, configure_logging, plain, positive_int, progress_enabled
 from robustest.errors import RobustestError
 
 EXIT_USAGE = 2
@@ -40,8 +40,12 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _finish_verb_parser(p: argparse.ArgumentParser) -> None:
-    """What every verb shares: --quiet and --no-progress, and help texts in plain text."""
+    """What every verb shares: --quiet, --no-progress and --threads, and help texts in plain text."""
     add_output_flags(p)
+    if "--threads" not in p._option_string_actions:
+        p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                       help="CPU threads for torch in this process (default: torch's choice; under torchrun give "
+                            "each rank its share of the cores)")
     p.description = plain(p.description)
     p.epilog = plain(p.epilog)
     for action in p._actions:
@@ -92,6 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     restore_logging = configure_logging(args.verb, quiet=bool(getattr(args, "quiet", False)))
     args.no_progress = not progress_enabled(args)  # what every verb reads: off when stderr is not a terminal
     try:
+        if getattr(args, "threads", None):
+            import torch
+
+            torch.set_num_threads(args.threads)
         distributed.init(getattr(args, "device", None))  # under torchrun: join the process group
         main_rank = distributed.is_main()
         if not main_rank:  # only rank 0 prints; outputs are written by rank 0 alone (runtime's writers)

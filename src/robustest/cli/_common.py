@@ -332,6 +332,19 @@ class _LiveStream(logging.StreamHandler):
         self.stream = getattr(sys, self._name)
         super().emit(record)
 
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        """A reader that went away (``robustest info | head``): the rest of the output goes to /dev/null,
+        quietly, instead of one traceback per message."""
+        if isinstance(sys.exc_info()[1], BrokenPipeError):
+            import os
+
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+            except (OSError, ValueError, AttributeError):
+                setattr(sys, self._name, open(os.devnull, "w"))  # noqa: SIM115 - for the rest of the process
+            return
+        super().handleError(record)
+
 
 class _Formatter(logging.Formatter):
     def __init__(self, verb: str) -> None:
