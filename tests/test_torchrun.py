@@ -120,3 +120,30 @@ def test_train_with_ddp(tmp_path) -> None:
     assert two["world_size"] == 2 and one["world_size"] == 1
     assert abs(one["test_accuracy"] - two["test_accuracy"]) <= 0.01
     assert (tmp_path / "t2" / "model.pt").is_file() and not list((tmp_path / "t2").rglob("*.tmp"))
+
+
+def test_validate(model, tmp_path) -> None:
+    args = ["validate", "--checkpoint", model, "--dataset", "digits", "--split", "train", "--limit", "400",
+            "--neighbors", "4", "--k", "40", "--perturbations", "fgsm,pgd,gaussian_noise,fog", "--attack-eps", "0.1",
+            "--severities", "1,3", "--test-limit", "120"]
+    assert single(*args, "--out", str(tmp_path / "v1")).returncode == 0
+    res = ranks(*args, "--out", str(tmp_path / "v2"))
+    assert res.returncode == 0, res.stderr
+    _same_tensors(tmp_path / "v1" / "validation.pt", tmp_path / "v2" / "validation.pt")
+    _same_tensors(tmp_path / "v1" / "weakset.pt", tmp_path / "v2" / "weakset.pt")
+    assert _world(tmp_path / "v2") == 2
+
+
+def test_eval(model, tmp_path) -> None:
+    # blocks of 128 images: 2 of the 3 blocks on rank 0, 1 on rank 1; per-block generators make them agree
+    args = ["eval", "--checkpoint", model, "--dataset", "digits", "--limit", "300", "--eps", "0.1",
+            "--version", "fast", "--block-size", "128", "--save-adv"]
+    assert single(*args, "--out", str(tmp_path / "e1")).returncode == 0
+    res = ranks(*args, "--out", str(tmp_path / "e2"))
+    assert res.returncode == 0, res.stderr
+    one = json.loads((tmp_path / "e1" / "results.json").read_text())
+    two = json.loads((tmp_path / "e2" / "results.json").read_text())
+    assert one["robust_accuracy"] == two["robust_accuracy"] and one["attacks"] == two["attacks"]
+    assert (tmp_path / "e1" / "samples.csv").read_text() == (tmp_path / "e2" / "samples.csv").read_text()
+    _same_tensors(tmp_path / "e1" / "adv.pt", tmp_path / "e2" / "adv.pt")
+    assert two["world_size"] == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pickle
@@ -371,3 +372,20 @@ def test_train_data_splits_each_global_batch_between_ranks() -> None:
         assert abs(wb / len(b) - 2 / len(full)) < 1e-9
     single = training.TrainData((x[:17], y[:17]), 8, seed=4, shard=Shard(0, 2))  # tail of 1 < 2 ranks: skipped
     assert single.steps_per_epoch == 2 and len(list(single.indexed_epoch(1, 3))) == 2
+
+
+def test_resume_with_another_number_of_ranks_is_one_line(tmp_path) -> None:
+    x, y = torch.rand(32, 1, 4, 4), torch.arange(32) % 3
+    state = tmp_path / "fit_state.pt"
+
+    def net() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+
+    training.fit(net(), (x, y), epochs=2, batch_size=8, progress=False, resume_file=state)
+    st = torch.load(state, weights_only=True)
+    settings = json.loads(st["settings"])
+    st["settings"] = json.dumps({**settings, "world_size": 2}, sort_keys=True)  # as a 2-rank DDP run writes it
+    torch.save(st, state)
+    with pytest.raises(ConfigError, match=r"training by 2 process\(es\) and this run has 1: .*--nproc-per-node 2"):
+        training.fit(net(), (x, y), epochs=2, batch_size=8, progress=False, resume_file=state)

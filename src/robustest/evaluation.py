@@ -314,8 +314,11 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
 
     ``data``: anything :func:`robustest.runtime.iter_batches` takes, with labels (images N x C x H x W in [0, 1],
     int64 labels [N]); it is processed in blocks of ``block_size`` images (memory stays bounded), the attacks in
-    batches of ``batch_size``. Attack k draws its randomness from ``torch.Generator`` seeded ``seed + k`` on the
-    model's device, so the same seed, data and sizes give the same result.
+    batches of ``batch_size``. Attack k on block b draws its randomness from a ``torch.Generator`` on the
+    model's device seeded ``seed + k + b * BATCH_SEED_STRIDE`` (the first block: ``seed + k``), so the same
+    seed, data and sizes give the same result, and under torchrun (each rank evaluates whole blocks of its
+    share; per-sample results are gathered on every rank, counts summed, timings summed over the ranks) the
+    same result as one process.
 
     ``corruptions``: None; ``"all"``, a group or a list of names (the 19 common corruptions of
     :mod:`robustest.corruptions` at ``severities``, via :func:`robustest.robustness.corruption_accuracy`); or
@@ -328,6 +331,8 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     """
     from robustest import attacks as _atk
     from robustest import corruptions as _corr
+    from robustest import distributed
+    from robustest.attacks import BATCH_SEED_STRIDE
     from robustest.robustness import CorruptionResult, corruption_accuracy
     from robustest.runtime import (
         check_images,
@@ -336,6 +341,7 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
         forward,
         iter_batches,
         make_generator,
+        num_samples,
         resolve_device,
     )
     from robustest.runtime import progress as _progress
@@ -380,15 +386,21 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     num_classes = int(probe.shape[1])
     plan = ensemble_plan(version, norm, attacks, n_targets=n_targets, num_classes=num_classes)
     steps = [_Step(d, r, _atk._REGISTRY[r].fn, p) for d, r, p in plan]
-    gens = [make_generator(seed + k, device) for k in range(len(steps))]
     tol = eps * 1e-6 + 1e-6
+    shard = distributed.Shard.current()
+    from torch.utils.data import DataLoader
+
+    block = data.batch_size if isinstance(data, DataLoader) and data.batch_size else block_size
+    pos = shard.bounds(num_samples(data), align=block)[0]
 
     idx_all, ys, cps, aps, codes, linfs, l2s, advs = [], [], [], [], [], [], [], []
     breaks = {s.name: 0 for s in steps}
     attacked = {s.name: 0 for s in steps}
     seconds = {s.name: 0.0 for s in steps}
     t_clean = 0.0
-    for idx, xb, yb in iter_batches(data, block_size, device, with_index=True):
+    for idx, xb, yb in iter_batches(data, block_size, device, with_index=True, shard=shard):
+        b, pos = pos // block, pos + len(idx)
+        gens = [make_generator(seed + k + b * BATCH_SEED_STRIDE, device) for k in range(len(steps))]
         if yb is None:
             raise DataError("evaluate needs labels: pass (x, y) or a labelled data set")
         xb = check_images(xb).float()
@@ -430,9 +442,19 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
         l2s.append(delta.norm(dim=1).cpu())
         if keep_adv:
             advs.append(adv.cpu())
-    y = torch.cat(ys)
+    cat = (lambda ts: torch.cat(ts) if ts else None)  # noqa: E731
+    parts = distributed.all_gather_cat({"index": cat(idx_all), "y": cat(ys), "clean_pred": cat(cps),
+                                        "adv_pred": cat(aps), "code": cat(codes), "linf": cat(linfs),
+                                        "l2": cat(l2s), "adv": cat(advs)})
+    if distributed.world_size() > 1:  # counts and compute time of every rank
+        for tally in (breaks, attacked, seconds):
+            every = distributed.all_gather_objects(dict(tally))
+            for k_ in tally:
+                tally[k_] = sum(t[k_] for t in every)
+        t_clean = sum(distributed.all_gather_objects(t_clean))
+    y = parts["y"]
     n = int(y.shape[0])
-    code = torch.cat(codes)
+    code = parts["code"]
     clean_correct = code != -2
     labels = [s.name for s in steps]
     broken_by = ["" if c == -1 else "misclassified" if c == -2 else labels[c] for c in code.tolist()]
@@ -455,9 +477,9 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     result = EvalResult(
         eps=eps, norm=norm, version=version, clean_accuracy=float(clean_correct.double().mean()),
         robust_accuracy=float((code == -1).double().mean()), attacks=per_attack, breaks=breaks, attacked=attacked,
-        index=torch.cat(idx_all).long(), y=y, clean_pred=torch.cat(cps), adv_pred=torch.cat(aps),
-        clean_correct=clean_correct, robust=code == -1, broken_by=broken_by, linf=torch.cat(linfs),
-        l2=torch.cat(l2s), adv=torch.cat(advs) if keep_adv else None, settings=settings, timings=timings)
+        index=parts["index"].long(), y=y, clean_pred=parts["clean_pred"], adv_pred=parts["adv_pred"],
+        clean_correct=clean_correct, robust=code == -1, broken_by=broken_by, linf=parts["linf"],
+        l2=parts["l2"], adv=parts["adv"] if keep_adv else None, settings=settings, timings=timings)
     if corr_names is not None or sets is not None:
         t0 = time.perf_counter()
         if sets is not None:

@@ -349,7 +349,9 @@ def fit(
     history = History()
     best_acc, best_state = -1.0, None
     settings = json.dumps({"epochs": epochs, "batch_size": batch_size, "seed": seed, "n": source.n,
-                           "restore_best": restore_best, "val": val is not None, **opts.to_dict()}, sort_keys=True)
+                           "restore_best": restore_best, "val": val is not None, **opts.to_dict(),
+                           # DDP training depends on the number of ranks (each rank's share of a batch)
+                           **({"world_size": shard.world_size} if ddp else {})}, sort_keys=True)
     start, seconds_before = 1, 0.0
     if state_path is not None and state_path.is_file():
         st = _load_fit_state(state_path, settings)
@@ -459,6 +461,15 @@ def _load_fit_state(path: Path, settings: str) -> dict[str, Any]:
         raise ConfigError(f"resume_file {str(path)!r} is not a training state robustest wrote: delete it or "
                           "choose another path")
     if st.get("settings") != settings:
+        try:
+            old, new = json.loads(st["settings"]), json.loads(settings)
+        except (TypeError, ValueError):
+            old, new = {}, {}
+        w_old, w_new = old.pop("world_size", 1), new.pop("world_size", 1)
+        if w_old != w_new and old == new:
+            raise ConfigError(f"resume_file {str(path)!r} holds training by {w_old} process(es) and this run has "
+                              f"{w_new}: resume with the same number (torchrun --nproc-per-node {w_old}), or delete "
+                              "it to start again")
         raise ConfigError(f"resume_file {str(path)!r} holds training with other settings (epochs, data, "
                           "recipe): resume with the same settings, or delete it to start again")
     return st

@@ -86,6 +86,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="exit with status 1 when the robust accuracy is below ACC (0.85 or 85%%)")
     p.add_argument("--batch-size", type=positive_int, default=256, metavar="B",
                    help="images per attack batch (default: 256)")
+    p.add_argument("--block-size", type=positive_int, default=4096, metavar="N",
+                   help="images read and attacked per block (memory stays bounded; under torchrun the ranks share "
+                        "out whole blocks; default: 4096)")
     p.add_argument("--save-adv", action="store_true", help="also write the worst-case images to adv.pt")
     add_run_args(p)
     p.set_defaults(func=run)
@@ -140,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     t_load = time.perf_counter() - t0
     result = evaluate(model, ds, args.eps, norm=args.norm, version=args.version, attacks=attacks,
                       n_targets=args.n_targets, seed=args.seed, batch_size=args.batch_size,
+                      block_size=args.block_size,
                       corruptions=args.corruptions, severities=severities or (1, 2, 3, 4, 5), baseline=baseline,
                       keep_adv=True, progress=not args.no_progress)
     out = out_dir(args)
@@ -171,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
     report.write_csv(out / "samples.csv", result.rows())
     timings["total_s"] = time.perf_counter() - t0
     settings = {**model_settings(args), **data_settings(args), "eps": args.eps, "norm": args.norm,
-                "version": args.version, "batch_size": args.batch_size, "seed": args.seed,
+                "version": args.version, "batch_size": args.batch_size, "block_size": args.block_size,
+                "seed": args.seed,
                 "device": str(model_device(model))}
     for key in ("attacks", "n_targets", "fail_under", "baseline"):
         if getattr(args, key) is not None:
