@@ -147,3 +147,36 @@ def test_eval(model, tmp_path) -> None:
     assert (tmp_path / "e1" / "samples.csv").read_text() == (tmp_path / "e2" / "samples.csv").read_text()
     _same_tensors(tmp_path / "e1" / "adv.pt", tmp_path / "e2" / "adv.pt")
     assert two["world_size"] == 2
+
+
+def test_a_rank_that_dies_ends_the_job_with_one_line_and_the_rerun_continues(model, tmp_path) -> None:
+    import signal
+    import time
+
+    if TORCHRUN is None:
+        pytest.skip("torchrun not found")
+    args = ["analyze", "--checkpoint", model, "--dataset", "digits", "--split", "train", "--neighbors", "200",
+            "--save-every", "128", "--no-progress"]
+    out = tmp_path / "killed"
+    cmd = [TORCHRUN, "--nproc-per-node=2", f"--master-port={_port()}", "-m", "robustest", *args, "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    deadline = time.monotonic() + 300
+    while not (out / "state" / "steps" / "analysis_00001.pt").exists():  # two steps saved
+        assert proc.poll() is None and time.monotonic() < deadline, "the job ended before it could be killed"
+        time.sleep(0.2)
+    # the two workers (torchrun starts them as "python -u -m robustest ..."; its own command line has no -u)
+    ranks_ = subprocess.run(["pgrep", "-f", "--", f"-u -m robustest analyze .*--out {out}"], capture_output=True,
+                            text=True)
+    pids = sorted(int(p) for p in ranks_.stdout.split())
+    assert len(pids) == 2, ranks_.stdout
+    os.kill(pids[-1], signal.SIGKILL)  # the rank started last: rank 1
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    ours = [ln for ln in err.splitlines() if ln.startswith("robustest analyze:")]
+    assert len(ours) == 1 and ("stopped by torchrun" in ours[0] or "another rank stopped" in ours[0]), err[-2000:]
+    again = ranks(*args, "--out", str(out))
+    assert again.returncode == 0, again.stderr
+    assert "reused" in again.stderr
+    whole = tmp_path / "whole"
+    assert single(*args, "--out", str(whole)).returncode == 0
+    _same_tensors(out / "analysis.pt", whole / "analysis.pt")

@@ -20,6 +20,7 @@ import pkgutil
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from robustest import __version__
 from robustest.cli._common import add_output_flags, configure_logging, plain, positive_int, progress_enabled
@@ -100,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             import torch
 
             torch.set_num_threads(args.threads)
+        if distributed.launched() and hasattr(signal, "SIGTERM"):  # torchrun stops the others when a rank dies
+            signal.signal(signal.SIGTERM, _stopped_by_launcher)
         distributed.init(getattr(args, "device", None))  # under torchrun: join the process group
         main_rank = distributed.is_main()
         if not main_rank:  # only rank 0 prints; outputs are written by rank 0 alone (runtime's writers)
@@ -135,6 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         distributed.shutdown()
         restore_logging()
+
+
+def _stopped_by_launcher(signum: int, frame: Any) -> None:
+    from robustest.distributed import RankFailure
+
+    raise RankFailure("stopped by torchrun (another rank failed, or the job was cancelled); rerun the same "
+                      "command to continue from the last saved step (run/compare: with --resume)")
 
 
 def _one_line(exc: BaseException) -> str:
