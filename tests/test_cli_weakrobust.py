@@ -110,3 +110,16 @@ def test_enhance_verb(tmp_path, checkpoint, capsys, results_contract):
     rc = main(["enhance", "--checkpoint", str(checkpoint), "--dataset", "digits", "--weaknesses", str(bad),
                "--epochs", "1", "--out", str(out)])
     assert rc == 2 and "no 'weaknesses' list" in capsys.readouterr().err
+
+
+def test_analyze_amp_bf16_is_recorded_and_is_a_different_run(tmp_path, checkpoint, capsys, results_contract):
+    base = ["analyze", "--checkpoint", str(checkpoint), "--dataset", "digits", "--limit", "60", "--neighbors", "4",
+            "--no-progress", "--out", str(tmp_path / "a")]
+    assert main(base) == 0
+    assert main([*base, "--amp", "bf16"]) == 0
+    err = capsys.readouterr().err
+    assert "reused" not in err  # float32 steps are not reused for a bf16 run
+    res = results_contract(tmp_path / "a", "analyze")
+    assert res["settings"]["amp"] == "bf16"
+    assert main([*base[:-2], "--amp", "fp16", "--out", str(tmp_path / "b")]) == 2
+    assert "needs CUDA" in capsys.readouterr().err

@@ -461,3 +461,18 @@ def test_analyze_refuses_a_model_with_nan_outputs() -> None:
         m[1].weight.fill_(float("nan"))
     with pytest.raises(DataError, match="NaN or infinite logits"):
         wr.analyze(m, (torch.rand(8, 1, 8, 8), torch.arange(8) % 3), n_neighbors=2, progress=False)
+
+
+def test_analyze_under_bf16_autocast_follows_float32(trained_digits_model, digits_test) -> None:
+    x, y = digits_test.tensors[0][:120], digits_test.tensors[1][:120]
+    full = wr.analyze(trained_digits_model, (x, y), n_neighbors=8, progress=False)
+    half = wr.analyze(trained_digits_model, (x, y), n_neighbors=8, progress=False, amp="bf16")
+    assert half.params["amp"] == "bf16" and "amp" not in full.params
+    assert torch.equal(full.index, half.index) and torch.equal(full.label, half.label)
+    # logits rounded to bf16: the same samples are weak, scores within a few hundredths
+    assert (full.score - half.score).abs().mean() < 0.02
+    assert (full.clean_correct == half.clean_correct).float().mean() >= 0.97
+    with pytest.raises(ConfigError, match="fp16' needs CUDA"):
+        wr.analyze(trained_digits_model, (x, y), n_neighbors=2, progress=False, amp="fp16")
+    with pytest.raises(ConfigError, match="unknown amp"):
+        wr.analyze(trained_digits_model, (x, y), n_neighbors=2, progress=False, amp="int8")
