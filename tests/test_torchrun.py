@@ -180,3 +180,77 @@ def test_a_rank_that_dies_ends_the_job_with_one_line_and_the_rerun_continues(mod
     whole = tmp_path / "whole"
     assert single(*args, "--out", str(whole)).returncode == 0
     _same_tensors(out / "analysis.pt", whole / "analysis.pt")
+
+
+ROBOT_YAML = "whitebox_pgd_steps: 3\nwhitebox_restarts: 1\napgd_steps: 3\nconvergence_probe: 30\npool_pgd_steps: 5\n"
+ROBOT_FLAGS = ["--dataset", "digits", "--train-limit", "300", "--test-limit", "60", "--eps", "0.15", "--epochs", "1",
+               "--whitebox-limit", "20", "--no-progress"]
+
+
+def test_run_and_compare(model, tmp_path) -> None:
+    # the ranks share out the pool generation and the robustness measurements (attack()) and each fine-tunes
+    # every cell by itself, so the tables equal one process's
+    cfg = tmp_path / "robot.yaml"
+    cfg.write_text(ROBOT_YAML)
+    run = ["run", "--config", str(cfg), "--checkpoint", model, *ROBOT_FLAGS, "--budget", "10%", "--rounds", "2"]
+    assert single(*run, "--out", str(tmp_path / "r1")).returncode == 0
+    res = ranks(*run, "--out", str(tmp_path / "r2"))
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "r1" / "summary.csv").read_text() == (tmp_path / "r2" / "summary.csv").read_text()
+    assert _world(tmp_path / "r2") == 2
+    cmp_ = ["compare", "--config", str(cfg), "--checkpoint", model, *ROBOT_FLAGS, "--strategies", "random,kmst",
+            "--budgets", "5%", "--seeds", "0"]
+    assert single(*cmp_, "--out", str(tmp_path / "c1")).returncode == 0
+    res = ranks(*cmp_, "--out", str(tmp_path / "c2"))
+    assert res.returncode == 0, res.stderr
+    one = json.loads((tmp_path / "c1" / "results.json").read_text())
+    two = json.loads((tmp_path / "c2" / "results.json").read_text())
+    assert one["cells"] == two["cells"] and two["world_size"] == 2
+
+
+def _same_weights(a: Path, b: Path) -> None:
+    from robustest.checkpoints import load_model
+
+    sa, sb = load_model(a).state_dict(), load_model(b).state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_enhance_and_harden(model, tmp_path) -> None:
+    # every rank trains the same model by itself (no DDP: small fine-tuning sets); their measurements go
+    # through attack(), shared out; rank 0 writes
+    weak = tmp_path / "weak.json"
+    weak.write_text(json.dumps({"weaknesses": ["gaussian_noise", "pgd"]}))
+    enh = ["enhance", "--checkpoint", model, "--dataset", "digits", "--limit", "96", "--weaknesses", str(weak),
+           "--epochs", "1", "--adv-steps", "2", "--eval-limit", "60"]
+    assert single(*enh, "--out", str(tmp_path / "e1")).returncode == 0
+    res = ranks(*enh, "--out", str(tmp_path / "e2"))
+    assert res.returncode == 0, res.stderr
+    _same_weights(tmp_path / "e1" / "model.pt", tmp_path / "e2" / "model.pt")
+    one = json.loads((tmp_path / "e1" / "results.json").read_text())
+    two = json.loads((tmp_path / "e2" / "results.json").read_text())
+    assert one["after"] == two["after"] and two["world_size"] == 2
+    hard = ["harden", "--checkpoint", model, "--dataset", "digits", "--limit", "200", "--eps", "0.2", "--epochs", "1",
+            "--steps", "3", "--batch-size", "64", "--test-limit", "60", "--whitebox-limit", "30",
+            "--whitebox-pgd-steps", "3", "--whitebox-restarts", "1", "--apgd-steps", "3", "--monitor-images", "30"]
+    assert single(*hard, "--out", str(tmp_path / "h1")).returncode == 0
+    res = ranks(*hard, "--out", str(tmp_path / "h2"))
+    assert res.returncode == 0, res.stderr
+    _same_weights(tmp_path / "h1" / "model.pt", tmp_path / "h2" / "model.pt")
+    one = json.loads((tmp_path / "h1" / "results.json").read_text())
+    two = json.loads((tmp_path / "h2" / "results.json").read_text())
+    assert one["after"] == two["after"] and one["compute"] == two["compute"]
+
+
+def test_no_option_is_taken_by_torchrun() -> None:
+    # torchrun's parser reads every --option after the module too, expanding abbreviations: an option of ours
+    # that is a prefix of one of torchrun's would be taken by torchrun or refused as ambiguous
+    from torch.distributed.run import get_args_parser
+
+    from robustest.cli import build_parser
+
+    theirs = [o for a in get_args_parser()._actions for o in a.option_strings if o.startswith("--")]
+    verbs = build_parser()._subparsers._group_actions[0].choices
+    clashes = {(verb, o) for verb, sp in verbs.items() if verb != "select"  # select runs no model: one process
+               for a in sp._actions for o in a.option_strings[-1:]  # the spelling the battery and docs use
+               if o.startswith("--") and o != "--help" and any(t.startswith(o) for t in theirs)}
+    assert not clashes

@@ -532,6 +532,10 @@ def harden(
         opt.load_state_dict(st["optimizer"])
         result.epochs = [dict(e) for e in st["history"]]
         start = result.resumed_epochs = int(st["epoch"])
+    if state_path is not None:  # under torchrun every rank has read the state before rank 0 writes the next
+        from robustest import distributed
+
+        distributed.barrier()
 
     bs = s["batch_size"]
     for epoch in range(start + 1, s["epochs"] + 1):

@@ -286,6 +286,7 @@ def fit(
     compile: bool = False,
     augment: str | None = None,
     resume_file: str | os.PathLike[str] | None = None,
+    ddp: bool | None = None,
 ) -> History:
     """Train ``model`` in place on ``train`` ((x, y) pair, Dataset or DataLoader) for ``epochs`` epochs.
 
@@ -306,7 +307,11 @@ def fit(
     the time (batched, seeded by ``seed``; refused for a DataLoader, whose own transforms apply).
     ``resume_file``: after every epoch the model, optimiser, schedule and random states are saved there
     atomically; a later call with the same settings continues after the last saved epoch (bit-exact on the
-    in-memory path). Every option is checked before any work. Returns the :class:`History`.
+    in-memory path). ``ddp``: under torchrun with several ranks (None, the default, or True) the model trains
+    with DistributedDataParallel, each rank on its part of every global batch (see :class:`TrainData`);
+    ``ddp=False`` lets every rank train on all the data by itself, identically (for small fine-tuning sets
+    whose results must equal one process's). Every option is checked before any work. Returns the
+    :class:`History`.
     """
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ConfigError(f"epochs must be >= 0, got {epochs}")
@@ -333,7 +338,7 @@ def fit(
         raise ConfigError(f"resume_file {str(state_path)!r} exists and is not a file: choose another path")
     model.to(dev)
     seed_everything(seed)
-    shard = Shard.current()
+    shard = Shard.current() if ddp is not False else Shard()
     ddp = shard.world_size > 1
     source = TrainData(train, batch_size, seed, shard=shard)
     num_classes = source.check(model, dev)
@@ -371,6 +376,8 @@ def fit(
         history.best_epoch = st["best_epoch"]
         best_acc, best_state = float(st["best_acc"]), st.get("best_state")
         start, seconds_before = int(st["epoch"]) + 1, float(st["seconds"])
+    if state_path is not None:  # every rank has read the state before rank 0 writes the next one
+        distributed.barrier()
     t_start = time.perf_counter()
     first_step = start <= epochs
     for epoch in progress_bar(range(start, epochs + 1), enabled=progress, desc="train", unit="epoch"):

@@ -118,26 +118,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RobustestError as exc:
         if args.debug:
             raise
-        if main_rank:
-            sys.stderr.write(f"robustest {args.verb}: error: {_one_line(exc)}\n")
+        if main_rank or not isinstance(exc, distributed.RankFailure):  # a rank's own failure is the cause
+            sys.stderr.write(f"{_who(args.verb, main_rank)}: error: {_one_line(exc)}\n")
         return EXIT_USAGE
     except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
         if args.debug:
             raise
         where = f": {exc.filename}" if exc.filename else ""
-        if main_rank:
-            sys.stderr.write(f"robustest {args.verb}: error: {exc.strerror or _one_line(exc)}{where}\n")
+        sys.stderr.write(f"{_who(args.verb, main_rank)}: error: {exc.strerror or _one_line(exc)}{where}\n")
         return EXIT_USAGE
     except Exception as exc:  # noqa: BLE001 - last resort: never a bare traceback
         if args.debug:
             raise
-        if main_rank:
-            sys.stderr.write(f"robustest {args.verb}: internal error: {type(exc).__name__}: {_one_line(exc)} "
-                             "(rerun with --debug for the traceback)\n")
+        sys.stderr.write(f"{_who(args.verb, main_rank)}: internal error: {type(exc).__name__}: {_one_line(exc)} "
+                         "(rerun with --debug for the traceback)\n")
         return 1
     finally:
         distributed.shutdown()
         restore_logging()
+
+
+def _who(verb: str, main_rank: bool) -> str:
+    """How an error line starts: the verb, and the rank when it is not rank 0 (whose errors every rank may
+    share; another rank's own failure is printed by that rank)."""
+    if main_rank:
+        return f"robustest {verb}"
+    from robustest.distributed import rank
+
+    return f"robustest {verb} (rank {rank()})"
 
 
 def _stopped_by_launcher(signum: int, frame: Any) -> None:

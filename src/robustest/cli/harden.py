@@ -100,8 +100,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--whitebox-pgd-steps", type=positive_int, default=20, help="PGD steps (default: 20)")
     m.add_argument("--whitebox-restarts", type=positive_int, default=2, help="PGD restarts (default: 2)")
     m.add_argument("--apgd-steps", type=non_negative_int, default=50, help="APGD-CE steps, 0 skips (default: 50)")
-    m.add_argument("--monitor", type=non_negative_int, default=200, metavar="N",
-                   help="after every epoch, clean and PGD-10 accuracy on the first N test images (default: 200)")
+    m.add_argument("--monitor", "--monitor-images", dest="monitor", type=non_negative_int, default=200, metavar="N",
+                   help="after every epoch, clean and PGD-10 accuracy on the first N test images (default: 200; "
+                        "under torchrun spell it --monitor-images: torchrun takes --monitor for its own "
+                        "--monitor-interval)")
     p.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
     add_run_args(p)
     p.set_defaults(func=run)
@@ -126,6 +128,9 @@ def _prepare_out(args: argparse.Namespace) -> Path:
         if prev != settings:
             raise ConfigError(f"{out} holds a run with other settings: resume with the same options or choose "
                               "another --out")
+    from robustest import distributed
+
+    distributed.barrier()  # every rank has looked at --out before rank 0 writes the marker
     atomic_write_json(marker, {"args": settings})
     return out
 

@@ -86,6 +86,9 @@ def _prepare_out(cfg: RobotConfig, kind: str) -> Path:
         if prev.get("fingerprint") != fp:
             raise ConfigError(f"{out} holds a run with different settings: resume with the same config or use "
                               "another --out")
+    from robustest import distributed
+
+    distributed.barrier()  # under torchrun every rank has looked at --out before rank 0 writes the marker
     return out
 
 
@@ -109,7 +112,7 @@ def _train_original(cfg: RobotConfig, x: torch.Tensor, y: torch.Tensor, num_clas
     opts = dict(cfg.train_options)
     lr, batch_size = opts.pop("lr", cfg.lr), opts.pop("batch_size", cfg.batch_size)
     fit(model, (x, y), epochs=cfg.train_epochs, batch_size=batch_size, lr=lr,
-        seed=derive_seed(cfg.seed, "train-original"), device=device, progress=cfg.progress, **opts)
+        seed=derive_seed(cfg.seed, "train-original"), device=device, progress=cfg.progress, ddp=False, **opts)
     return model
 
 
@@ -247,8 +250,12 @@ def _finetune(model0: nn.Module, setup: _Setup, tests: Pool, cfg: RobotConfig, s
     x = torch.cat([setup.x_fit, tests.x]) if len(tests) else setup.x_fit
     y = torch.cat([setup.y_fit, tests.y]) if len(tests) else setup.y_fit
     opts = {"optimizer": "adam", **cfg.finetune_options}
+    # under torchrun every rank fine-tunes the whole cell by itself (ddp=False), identically, so the results
+    # equal one process's; the per-sample work around it (pool generation, robustness measurements) is what
+    # the ranks share out
     hist = fit(model, (x, y), epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, val=setup.val, seed=seed,
-               device=setup.device, progress=cfg.progress, restore_best=True, on_epoch_end=keep_last, **opts)
+               device=setup.device, progress=cfg.progress, restore_best=True, on_epoch_end=keep_last, ddp=False,
+               **opts)
     last_model = None
     if hist.best_epoch != cfg.epochs and "state" in last:
         last_model = clone_model(model)
