@@ -48,3 +48,13 @@ for setting in cifar10-wrn40-2 imagenet100-resnet50; do
     python benchmarks/reproduce_weakrobust.py --setting "$setting" --dry-run --device cuda --out "$OUT/dry_$setting" \
         > "$OUT/dry_$setting.txt" 2>&1; echo "weak-robust $setting dry run on cuda: exit $?"
 done
+# analyze on CUDA: float32 against --amp bf16 (20,000 MNIST training images, Q = 20), and the same under
+# torchrun on one GPU (nccl, a single rank: the process-group path on CUDA; several GPUs need a bigger machine)
+for amp in "" "--amp bf16"; do
+    /usr/bin/time -f "analyze cuda ${amp:-fp32}: %e s wall" python -m robustest analyze --checkpoint "$CHECKPOINT" \
+        --dataset mnist --data-dir "$DATA_DIR" --split train --limit 20000 --neighbors 20 --device cuda $amp \
+        --quiet --out "$OUT/analyze_cuda${amp:+_bf16}" 2>&1 | tail -1
+done
+torchrun --nproc-per-node 1 -m robustest analyze --checkpoint "$CHECKPOINT" --dataset mnist --data-dir "$DATA_DIR" \
+    --split train --limit 20000 --neighbors 20 --device cuda --quiet --out "$OUT/analyze_cuda_torchrun" \
+    > "$OUT/analyze_cuda_torchrun.txt" 2>&1; echo "analyze under torchrun (nccl, 1 rank): exit $?"
