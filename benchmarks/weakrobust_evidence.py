@@ -16,9 +16,9 @@ The two claimed uses:
 
 1. Ranking models by robustness: Spearman's rho across models between the validation-set signal (mean
    adversarial error, mCE, and each perturbation type's error, averaged over types) and the same on the test
-   split; mean over subset seeds, and a 95 % bootstrap interval over models (resampling models with
-   replacement; the seeds' mean rho recomputed on every resample). Paired differences to ``random`` on the
-   same resamples.
+   split; mean over subset seeds (x --draws draws per seed for stratified and random sets), and a 95 %
+   bootstrap interval over models (resampling models with replacement; the mean rho recomputed on every
+   resample). Paired differences to ``random`` on the same resamples.
 2. Per-model profile: within each model, Spearman's rho across perturbation types between validation-set and
    test error, and the share of types whose strength/weakness label (error above its family's mean) agrees
    with the label on the test split; mean over models and seeds, bootstrap over models.
@@ -213,23 +213,27 @@ def evaluate(recs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, 
     rng = np.random.default_rng(12345)
     boot = rng.integers(0, m_count, size=(args.bootstrap, m_count))  # the same resamples for every strategy
 
-    # validation signals per (strategy, K): arrays [S, M] / [S, M, T]; 'all' = the whole training set
+    # validation signals per (strategy, K): arrays [R, M] / [R, M, T], R = seeds (weak, weak-correct: the set is
+    # fixed by the analysis) or seeds x draws (stratified, random: --draws samples per analysis seed, draw d of
+    # seed s drawn with seed s + 1000 d); 'all' = the whole training set
     sets: dict[tuple[str, int], dict[str, np.ndarray]] = OrderedDict()
     for k in [*args.sizes, n_train]:
         for strat in (STRATEGIES if k != n_train else ("all",)):
-            adv = np.zeros((len(args.seeds), m_count))
-            cor, pt = np.zeros_like(adv), np.zeros((len(args.seeds), m_count, len(types)))
+            sampled = strat.startswith("strat") or strat == "random"
+            runs = [(i, s + 1000 * d) for i, s in enumerate(args.seeds) for d in range(args.draws if sampled else 1)]
+            adv = np.zeros((len(runs), m_count))
+            cor, pt = np.zeros_like(adv), np.zeros((len(runs), m_count, len(types)))
             prof_rho, agree = np.zeros_like(adv), np.zeros_like(adv)
             for j, r in enumerate(recs):
                 base = wr.ValidationResult(keys, r["train_wrong"], torch.arange(n_train),
                                            torch.zeros(n_train, dtype=torch.long))
-                for i, s in enumerate(args.seeds):
+                ans = [wr.Analysis.from_dict(a) for a in r["analyses"]]
+                for i, (a_i, seed) in enumerate(runs):
                     if strat == "all":
                         sub = base
                     else:
-                        an = wr.Analysis.from_dict(r["analyses"][i])
-                        ws = wr.select_weak(an, k=k, strategy=strat.split("-")[0] if strat.startswith("strat")
-                                            else strat, strata=args.strata, seed=s,
+                        name = "stratified" if strat.startswith("strat") else strat
+                        ws = wr.select_weak(ans[a_i], k=k, strategy=name, strata=args.strata, seed=seed,
                                             allocation="neyman" if strat.endswith("neyman") else "proportional")
                         sub = base.subset(ws.indices, weights=ws.weights)
                     p, lab, a, c = signals(sub)
@@ -255,7 +259,7 @@ def evaluate(recs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, 
         rs = rank[(strat, k)]
         for sig, (per_seed, bvals) in rs.items():
             row = {"strategy": strat, "k": k, "signal": sig, "rho_mean": float(np.nanmean(per_seed)),
-                   "rho_per_seed": [float(r) for r in per_seed], "ci95": interval(bvals)}
+                   "rho_per_draw": [float(r) for r in per_seed], "ci95": interval(bvals)}
             if strat != "all" and strat != "random":
                 diff = bvals - rank[("random", k)][sig][1]
                 row["minus_random"] = float(np.nanmean(per_seed) - np.nanmean(rank[("random", k)][sig][0]))
@@ -265,8 +269,8 @@ def evaluate(recs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, 
         profile.append({"strategy": strat, "k": k, "rho_types_mean": float(np.nanmean(pm)),
                         "rho_types_ci95": interval(np.nanmean(pm[boot], 1)),
                         "label_agreement_mean": float(am.mean()), "label_agreement_ci95": interval(am[boot].mean(1)),
-                        "rho_types_per_seed": [float(np.nanmean(r)) for r in v["prof_rho"]],
-                        "label_agreement_per_seed": [float(r.mean()) for r in v["agree"]]})
+                        "rho_types_per_draw": [float(np.nanmean(r)) for r in v["prof_rho"]],
+                        "label_agreement_per_draw": [float(r.mean()) for r in v["agree"]]})
         f_adv = np.array([f[2] for f in full])
         f_cor = np.array([f[3] for f in full])
         estimation.append({"strategy": strat, "k": k,
@@ -295,7 +299,7 @@ def markdown(ev: dict[str, Any]) -> str:
                      f"{m['train_adv_error']:.3f} | {m['train_mce']:.3f} | "
                      f"{s['train'] + s['validate'] + s['analyze']:.0f} |")
     lines += ["", "Claim 1, ranking models: Spearman rho across models, validation set vs test split (mean over "
-              "seeds [95 % bootstrap interval over models]; minus random: paired difference to random at the "
+              "seeds and draws [95 % bootstrap interval over models]; minus random: paired difference to random at the "
               "same K):", "",
               "| K | strategy | adversarial | corruption | per-type | adv. minus random | corr. minus random | "
               "per-type minus random |", "|---|---|---|---|---|---|---|---|"]
@@ -308,13 +312,13 @@ def markdown(ev: dict[str, Any]) -> str:
         lines.append(f"| {k if strat != 'all' else str(k) + ' (all)'} | {strat} | " + " | ".join(cells + diffs) + " |")
     lines += ["", "Claim 2, per-model profile: within a model, Spearman rho across perturbation types (validation "
               "set vs test split) and the share of strength/weakness labels that agree with the test split's "
-              "(mean over models and seeds [95 % bootstrap interval over models]):", "",
+              "(mean over models, seeds and draws [95 % bootstrap interval over models]):", "",
               "| K | strategy | rho across types | label agreement |", "|---|---|---|---|"]
     for r in ev["profile"]:
         lines.append(f"| {r['k']} | {r['strategy']} | {f(r['rho_types_mean'])} {ci(r['rho_types_ci95'])} | "
                      f"{f(r['label_agreement_mean'])} {ci(r['label_agreement_ci95'])} |")
     lines += ["", "Estimation: mean |validation-set error - error on every training sample| (and mean signed "
-              "difference, bias), over models and seeds:", "",
+              "difference, bias), over models, seeds and draws:", "",
               "| K | strategy | adv. MAE | adv. bias | mCE MAE | mCE bias |", "|---|---|---|---|---|---|"]
     for r in ev["estimation"]:
         if r["strategy"] == "all":
@@ -342,6 +346,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--severities", type=int, nargs="+", default=[1, 3, 5])
     p.add_argument("--corruptions", default=None,
                    help="comma-separated, or 'all' (default: all but frost, snow, spatter, the slowest)")
+    p.add_argument("--draws", type=int, default=10,
+                   help="stratified and random sets drawn per analysis seed (statistics only: cheap)")
     p.add_argument("--strata", type=int, default=10)
     p.add_argument("--bootstrap", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0, help="training and perturbation seed")
@@ -367,8 +373,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if len(chosen) < 3:
         raise ConfigError("--models needs at least 3 models to rank")
     args.models = chosen
-    if min(args.sizes) < 1 or args.bootstrap < 1 or args.strata < 1 or not args.seeds:
-        raise ConfigError("--sizes, --bootstrap and --strata must be >= 1 and --seeds not empty")
+    if min(args.sizes) < 1 or args.bootstrap < 1 or args.strata < 1 or args.draws < 1 or not args.seeds:
+        raise ConfigError("--sizes, --bootstrap, --draws and --strata must be >= 1 and --seeds not empty")
     return args
 
 
@@ -378,7 +384,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    config = {k: v for k, v in vars(args).items() if k not in ("out", "threads", "bootstrap", "models")}
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "threads", "bootstrap", "models", "draws")}
     cfg_path = out / "config.json"
     if cfg_path.is_file() and json.loads(cfg_path.read_text()) != json.loads(json.dumps(config)):
         raise ConfigError(f"{out} holds a run with other settings: use another --out")
@@ -416,7 +422,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ev = evaluate(recs, args)
     ev["seconds"] = {"statistics": time.perf_counter() - t0, "this_run": time.perf_counter() - t_start,
                      "models": float(sum(sum(r["seconds"].values()) for r in recs))}
-    ev["config"] = {**config, "models": args.models, "bootstrap": args.bootstrap}
+    ev["config"] = {**config, "models": args.models, "bootstrap": args.bootstrap, "draws": args.draws}
     atomic_write_json(out / "evidence.json", ev)
     md = markdown(ev)
     atomic_write_text(out / "evidence.md", md + "\n")

@@ -39,7 +39,7 @@ def test_vectorised_spearman_matches_scipy():
 TINY = ["--dataset", "digits", "--models", "mlp-w32-e2,cnn-w4-e3,digits_cnn-e1", "--train-size", "120",
         "--test-size", "40", "--sizes", "10", "--seeds", "0", "1", "--neighbors", "4", "--attack-eps", "0.1",
         "--attack-steps", "1", "--severities", "3", "--corruptions", "gaussian_noise,contrast", "--strata", "3",
-        "--bootstrap", "50"]
+        "--bootstrap", "50", "--draws", "2"]
 
 
 def test_evidence_run_statistics_and_resume(tmp_path, capsys):
@@ -53,13 +53,13 @@ def test_evidence_run_statistics_and_resume(tmp_path, capsys):
     for strat in ("weak", "weak-correct", "stratified", "stratified-neyman", "random"):
         for sig in ("adversarial", "corruption", "per-type"):
             r = rows[(strat, 10, sig)]
-            assert len(r["rho_per_seed"]) == 2
+            assert len(r["rho_per_draw"]) == (2 if strat.startswith("weak") else 4)  # 2 seeds (x 2 draws)
             lo, hi = r["ci95"]
             assert np.isnan(lo) or -1 <= lo <= hi <= 1
             assert ("minus_random" in r) == (strat != "random")
     assert ("all", 120, "adversarial") in rows
     for p in res["profile"]:
-        assert 0 <= p["label_agreement_mean"] <= 1 and len(p["rho_types_per_seed"]) == 2
+        assert 0 <= p["label_agreement_mean"] <= 1 and len(p["rho_types_per_draw"]) in (2, 4)
     est = {r["strategy"]: r for r in res["estimation"] if r["k"] == 10}
     assert est["weak"]["bias_adv_vs_train"] >= 0  # the weakest samples err at least as often as the average
     # the whole training set estimates itself exactly
