@@ -72,11 +72,12 @@ Chooses training samples from an analysis (--analysis FILE from 'robustest analy
 --threshold 0.5), 'weak-correct' (the same among correctly classified samples), 'stratified' (K samples drawn
 across --strata quantile strata of the robustness score, errors weighted by stratum share: unbiased for the
 training distribution) or 'random' (K at random); stratified and random take K from --k, --fraction or
---threshold, default {DEFAULT_SUBSET_SIZE}. Default: {DEFAULT_STRATEGY}, the strategy whose errors ranked models by
-test robustness best in the evidence experiment (docs/WEAKROBUST.md). Then measures the model's error on the set
+--threshold, default {DEFAULT_SUBSET_SIZE}. Default: {DEFAULT_STRATEGY}: in the evidence experiment (docs/WEAKROBUST.md)
+it was unbiased with the smallest estimation error and ranked models by test robustness as well as any training
+subset, while the paper's weak set did clearly worse. Then measures the model's error on the set
 under gradient attacks and common corruptions, next to the same errors on the test split; every perturbation
 type is labelled a strength or a weakness (its error on the set above the mean of its family). Writes to --out:
-  weakset.pt, weakset.json   the weak set (indices, labels, scores, rule)
+  weakset.pt, weakset.json   the set (indices, labels, scores, rule; weights of a stratified set)
   validation.pt              per-sample outcomes under every perturbation and level
   results.json               settings in effect, errors per type, strengths and weaknesses, timings
   report.html                errors per perturbation type (weak set vs test split), the analysis, settings
@@ -147,8 +148,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--strategy", choices=STRATEGIES, default=None,
                    help=f"weak: the paper's weakest samples; weak-correct: the weakest correctly classified ones; "
                         f"stratified: K drawn across robustness-score strata, errors weighted by stratum share; "
-                        f"random: K at random (default: {DEFAULT_STRATEGY}, the best predictor of test robustness "
-                        f"in docs/WEAKROBUST.md; weak-correct with --correct-only, weak with --per-class)")
+                        f"random: K at random (default: {DEFAULT_STRATEGY}, unbiased with the smallest estimation "
+                        f"error in docs/WEAKROBUST.md; weak-correct with --correct-only, weak with --per-class)")
     g.add_argument("--strata", type=positive_int, default=10,
                    help="stratified: quantile strata of the robustness score (default: 10)")
     g.add_argument("--allocation", choices=ALLOCATIONS, default="proportional",
