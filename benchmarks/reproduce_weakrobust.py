@@ -1,10 +1,13 @@
 """Evidence experiments for weak-robust validation (METHODS.md part B).
 
 ``--setting mnist`` (default): MNIST, sized for a few CPU cores, in two parts (below; the figures in
-docs/WEAKROBUST.md). ``--setting cifar10-wrn40-2`` and ``--setting imagenet100-resnet50``: the paper's full
-settings for one GPU (standard model, analysis, weak set, validation under the 5 attacks and 19
-corruptions, AugMix and REVa enhancement, the B3 table), resumable step by step; see _weakrobust_full.py
-and docs/REPRODUCING.md. ``--dry-run`` runs a full setting end to end on synthetic data of its shape.
+docs/WEAKROBUST.md). ``--dataset NAME`` runs the same two parts on any robustest.data loader's data
+(models built for its channels, image size and classes; ``--arch-map lenet1=digits_cnn,lenet5=digits_cnn``
+replaces family architectures that cannot take the images, e.g. 8x8 digits).
+``--setting cifar10-wrn40-2`` and ``--setting imagenet100-resnet50``: the paper's full settings for one GPU
+(standard model, analysis, weak set, validation under the 5 attacks and 19 corruptions, AugMix and REVa
+enhancement, the B3 table), resumable step by step; see _weakrobust_full.py and docs/REPRODUCING.md.
+``--dry-run`` runs a full setting end to end on synthetic data of its shape.
 
 Part ``family``: a family of MNIST models that differ in robustness (architecture, epochs, noise
 augmentation, AugMix, adversarial fine-tuning), all trained on the same training subset. For each model:
@@ -30,6 +33,8 @@ images are cached by index, so every model sees the same corrupted version of a 
 
     python benchmarks/reproduce_weakrobust.py --data-dir ../shared/data --part family --out /tmp/wr_family
     python benchmarks/reproduce_weakrobust.py --data-dir ../shared/data --part enhance --out /tmp/wr_enhance
+    python benchmarks/reproduce_weakrobust.py --dataset digits --part family --train-size 1437 --test-size 360 \
+        --arch-map lenet1=digits_cnn,lenet5=digits_cnn --out /tmp/wr_family_digits
     python benchmarks/reproduce_weakrobust.py --setting cifar10-wrn40-2 --data-dir DIR/cifar-10-batches-py \
         --device cuda --amp bf16 --out wr-cifar10
     python benchmarks/reproduce_weakrobust.py --setting imagenet100-resnet50 --data-dir DIR/imagenet100 \
@@ -57,6 +62,7 @@ from robustest import data as datasets  # noqa: E402
 from robustest import models as zoo  # noqa: E402
 from robustest import training  # noqa: E402
 from robustest import weakrobust as wr  # noqa: E402
+from robustest.errors import ConfigError  # noqa: E402
 from robustest.runtime import atomic_write_json, eval_mode  # noqa: E402
 
 SLOW_CORRUPTIONS = ("frost", "snow", "spatter")  # slowest on the CPU; --all-corruptions includes them
@@ -119,9 +125,43 @@ def family_signal(errs: dict[str, float], attacks: list[str], corrs: list[str]) 
 
 
 # --------------------------------------------------------------------------------------- model family
-def build_model(cfg: dict, x: torch.Tensor, y: torch.Tensor, mean: float, std: float, seed: int) -> torch.nn.Module:
+def load_split(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                  torch.Generator]:
+    """The training subset (--train-size, seeded) and the first --test-size test images of --dataset, and the
+    generator that drew the subset (the random pool continues from it)."""
+    train = datasets.load(args.dataset, root=args.data_dir, split="train")
+    test = datasets.load(args.dataset, root=args.data_dir, split="test")
+    g = torch.Generator().manual_seed(args.seed)
+    tr_idx = torch.randperm(len(train), generator=g)[: args.train_size]
+    x, y = train.tensors[0][tr_idx], train.tensors[1][tr_idx].long()
+    xt, yt = test.tensors[0][: args.test_size], test.tensors[1][: args.test_size].long()
+    if x.shape[2] != x.shape[3]:
+        raise ConfigError(f"the zoo models take square images, {args.dataset} has {x.shape[2]}x{x.shape[3]}")
+    return x, y, xt, yt, g
+
+
+def arch_of(name: str, args: argparse.Namespace) -> str:
+    return (args.arch_map or {}).get(name, name)
+
+
+def check_archs(archs: list[str], args: argparse.Namespace, x: torch.Tensor, k: int) -> None:
+    """Every architecture the run will build can take the data: one line naming the fix, before any work."""
+    c, h = x.shape[1], x.shape[2]
+    for a in dict.fromkeys(archs):
+        try:
+            zoo.create(arch_of(a, args), num_classes=k, in_channels=c, input_size=h)
+        except ConfigError as exc:
+            fit = ", ".join(zoo.suggest(h)) or "none in the zoo"
+            raise ConfigError(f"{exc}; --dataset {args.dataset} has {c}x{h}x{h} images: map the family's "
+                              f"{a} with --arch-map {a}=NAME (models for {h}x{h}: {fit})") from None
+
+
+def build_model(cfg: dict, x: torch.Tensor, y: torch.Tensor, mean: list[float], std: list[float], seed: int,
+                args: argparse.Namespace | None = None) -> torch.nn.Module:
     torch.manual_seed(seed)
-    m = zoo.create(cfg["arch"], num_classes=10, in_channels=1, input_size=28, mean=[mean], std=[std])
+    arch = cfg["arch"] if args is None else arch_of(cfg["arch"], args)
+    k = int(y.max()) + 1 if args is None else args.num_classes
+    m = zoo.create(arch, num_classes=max(k, 2), in_channels=x.shape[1], input_size=x.shape[2], mean=mean, std=std)
     xt, yt = x, y
     if cfg.get("noise_aug"):
         g = torch.Generator().manual_seed(seed + 1)
@@ -149,15 +189,15 @@ FAMILY = [
 ]
 
 
+def channel_stats(x: torch.Tensor) -> tuple[list[float], list[float]]:
+    return x.mean(dim=(0, 2, 3)).tolist(), x.std(dim=(0, 2, 3)).clamp(min=1e-3).tolist()
+
+
 def run_family(args: argparse.Namespace, out: Path) -> dict:
-    train = datasets.load("mnist", root=args.data_dir, split="train")
-    test = datasets.load("mnist", root=args.data_dir, split="test")
-    g = torch.Generator().manual_seed(args.seed)
-    tr_idx = torch.randperm(len(train), generator=g)[: args.train_size]
-    x, y = train.tensors[0][tr_idx], train.tensors[1][tr_idx].long()
-    xt, yt = test.tensors[0][: args.test_size], test.tensors[1][: args.test_size].long()
-    mean, std = float(x.mean()), float(x.std())
-    pool = torch.randperm(args.train_size, generator=g)[: args.random_pool]
+    x, y, xt, yt, g = load_split(args)
+    check_archs([c["arch"] for c in FAMILY[: args.max_models]], args, x, args.num_classes)
+    mean, std = channel_stats(x)
+    pool = torch.randperm(x.shape[0], generator=g)[: args.random_pool]
     attacks = list(wr.ATTACKS)
     corrs = [c for c in corr.names() if args.all_corruptions or c not in SLOW_CORRUPTIONS]
     sev = (1, 2, 3, 4, 5)
@@ -186,7 +226,7 @@ def run_family(args: argparse.Namespace, out: Path) -> dict:
             log(f"{cfg['name']}: done before, skipped")
             continue
         tm = time.perf_counter()
-        model = build_model(cfg, x, y, mean, std, args.seed)
+        model = build_model(cfg, x, y, mean, std, args.seed, args)
         t_train = time.perf_counter() - tm
         clean_test = training.accuracy(model, (xt, yt))
         ta = time.perf_counter()
@@ -323,16 +363,13 @@ def run_enhance(args: argparse.Namespace, out: Path) -> dict:
 
     from robustest import attacks as atk
 
-    train = datasets.load("mnist", root=args.data_dir, split="train")
-    test = datasets.load("mnist", root=args.data_dir, split="test")
-    g = torch.Generator().manual_seed(args.seed)
-    tr_idx = torch.randperm(len(train), generator=g)[: args.train_size]
-    x, y = train.tensors[0][tr_idx], train.tensors[1][tr_idx].long()
-    xt, yt = test.tensors[0][: args.test_size], test.tensors[1][: args.test_size].long()
-    mean, std = float(x.mean()), float(x.std())
+    x, y, xt, yt, _g = load_split(args)
+    check_archs(["lenet5"], args, x, args.num_classes)
+    mean, std = channel_stats(x)
     t0 = time.perf_counter()
-    base = build_model({"arch": "lenet5", "epochs": args.base_epochs}, x, y, mean, std, args.seed)
-    log(f"base lenet5 trained in {time.perf_counter() - t0:.0f}s, test acc {training.accuracy(base, (xt, yt)):.3f}")
+    base = build_model({"arch": "lenet5", "epochs": args.base_epochs}, x, y, mean, std, args.seed, args)
+    log(f"base {arch_of('lenet5', args)} trained in {time.perf_counter() - t0:.0f}s, "
+        f"test acc {training.accuracy(base, (xt, yt)):.3f}")
     # weaknesses from the weak-robust validation set of the base model (corruptions only; training pool)
     an = wr.analyze(base, (x, y), n_neighbors=args.neighbors, eps=args.eps, seed=args.seed)
     ws = wr.select_weak(an, k=max(args.sizes))
@@ -421,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-weaknesses", type=int, default=4)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arch-map", type=arch_map, default=None, metavar="A=B,...",
+                   help="mnist setting: build zoo model B wherever the family uses A (for data A cannot take)")
     full.add_args(p)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -439,15 +478,31 @@ def main(argv: list[str] | None = None) -> int:
         args.data_dir = str(synthetic_npz(out / "synthetic_mnist.npz", (1, 28, 28), 10, 64, 16))
         for key, v in MNIST_DRY_RUN.items():
             setattr(args, key, v)
-    for key, default in (("data_dir", "../shared/data"), ("test_size", 500), ("neighbors", 20), ("eps", 0.5),
-                         ("attack_steps", 5), ("jsd_weight", 6.0)):
+    args.dataset = args.dataset or "mnist"
+    for key, default in (("test_size", 500), ("neighbors", 20), ("eps", 0.5), ("attack_steps", 5),
+                         ("jsd_weight", 6.0)):
         if getattr(args, key) is None:
             setattr(args, key, default)
+    if args.data_dir is None and args.dataset == "mnist":
+        args.data_dir = "../shared/data"
+    y_all = datasets.load(args.dataset, root=args.data_dir, split="train").tensors[1]
+    args.num_classes = max(int(y_all.max()) + 1, 2)
     if args.part in ("family", None):
         run_family(args, out)
     if args.part in ("enhance", None):
         run_enhance(args, out)
     return 0
+
+
+def arch_map(text: str) -> dict[str, str]:
+    """``A=B,C=D`` -> {A: B, C: D} (argparse type)."""
+    out = {}
+    for item in text.split(","):
+        a, sep, b = item.partition("=")
+        if not sep or not a.strip() or not b.strip():
+            raise argparse.ArgumentTypeError(f"expected A=B pairs, comma-separated, got {item!r}")
+        out[a.strip()] = b.strip()
+    return out
 
 
 # --dry-run of the MNIST setting: both parts, every stage, on 64 synthetic training images

@@ -36,7 +36,8 @@ def test_analyze_then_validate_from_file(tmp_path, checkpoint, capsys, results_c
 
     val = tmp_path / "val"
     rc = main(["validate", "--checkpoint", str(checkpoint), "--dataset", "digits", "--limit", "120",
-               "--analysis", str(out / "analysis.pt"), "--k", "10", "--perturbations", "fgsm,contrast",
+               "--analysis", str(out / "analysis.pt"), "--strategy", "weak", "--k", "10",
+               "--perturbations", "fgsm,contrast",
                "--attack-eps", "0.1", "--severities", "2", "--test-limit", "40", "--out", str(val), "--no-progress"])
     assert rc == 0
     res = results_contract(val, "validate")

@@ -57,13 +57,27 @@ weaker). Writes to --out:
   report.html   score histograms, the weakest samples as images, settings and timings
 """
 
-VALIDATE_DESCRIPTION = """robustest validate: the weak-robust validation set and the model's errors on it.
+# robustest.weakrobust.selection's names, repeated so that the CLI does not import the package to build its
+# parser (tests/test_cli_weakrobust.py checks that they agree)
+STRATEGIES = ("weak", "weak-correct", "stratified", "random")
+ALLOCATIONS = ("proportional", "neyman")
+DEFAULT_SUBSET_SIZE = 1000
+DEFAULT_STRATEGY = "stratified"
+"""validate's default --strategy: the one that predicted test robustness best in docs/WEAKROBUST.md."""
 
-Takes the weakest samples of an analysis (--analysis FILE from 'robustest analyze', or analysed inline) by top-K,
-fraction or threshold, then measures the model's error on them under gradient attacks and common corruptions,
-next to the same errors on the test split; every perturbation type is labelled a strength or a weakness (its
-error on the weak set above the mean of its family). Writes to --out:
-  weakset.pt, weakset.json   the weak set (indices, labels, scores, rule)
+VALIDATE_DESCRIPTION = f"""robustest validate: a validation set chosen by local robustness and the model's errors on it.
+
+Chooses training samples from an analysis (--analysis FILE from 'robustest analyze', or analysed inline) by
+--strategy: 'weak' (the paper's rule: the weakest samples by --k, --fraction or --threshold, default
+--threshold 0.5), 'weak-correct' (the same among correctly classified samples), 'stratified' (K samples drawn
+across --strata quantile strata of the robustness score, errors weighted by stratum share: unbiased for the
+training distribution) or 'random' (K at random); stratified and random take K from --k, --fraction or
+--threshold, default {DEFAULT_SUBSET_SIZE}. Default: {DEFAULT_STRATEGY}: in the evidence experiment (docs/WEAKROBUST.md)
+it was unbiased with the smallest estimation error and ranked models by test robustness as well as any training
+subset, while the paper's weak set did clearly worse. Then measures the model's error on the set
+under gradient attacks and common corruptions, next to the same errors on the test split; every perturbation
+type is labelled a strength or a weakness (its error on the set above the mean of its family). Writes to --out:
+  weakset.pt, weakset.json   the set (indices, labels, scores, rule; weights of a stratified set)
   validation.pt              per-sample outcomes under every perturbation and level
   results.json               settings in effect, errors per type, strengths and weaknesses, timings
   report.html                errors per perturbation type (weak set vs test split), the analysis, settings
@@ -133,14 +147,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--analysis", metavar="FILE", default=None,
                    help="analysis.pt from 'robustest analyze' (default: analyse inline)")
     _add_analysis_args(p)
-    g = p.add_argument_group("weak-set selection (one of; default --threshold 0.5)")
+    g = p.add_argument_group("validation-set selection")
+    g.add_argument("--strategy", choices=STRATEGIES, default=None,
+                   help=f"weak: the paper's weakest samples; weak-correct: the weakest correctly classified ones; "
+                        f"stratified: K drawn across robustness-score strata, errors weighted by stratum share; "
+                        f"random: K at random (default: {DEFAULT_STRATEGY}, unbiased with the smallest estimation "
+                        f"error in docs/WEAKROBUST.md; weak-correct with --correct-only, weak with --per-class)")
+    g.add_argument("--strata", type=positive_int, default=10,
+                   help="stratified: quantile strata of the robustness score (default: 10)")
+    g.add_argument("--allocation", choices=ALLOCATIONS, default="proportional",
+                   help="stratified: samples per stratum proportional to its size, or Neyman (size x pilot "
+                        "standard deviation) (default: proportional)")
     sel = g.add_mutually_exclusive_group()
-    sel.add_argument("--k", type=positive_int, default=None, help="the K weakest samples")
-    sel.add_argument("--fraction", type=fraction, default=None, help="the weakest fraction of the samples")
+    sel.add_argument("--k", type=positive_int, default=None,
+                     help=f"the K weakest samples (weak), or K samples (stratified, random; default: "
+                          f"{DEFAULT_SUBSET_SIZE})")
+    sel.add_argument("--fraction", type=fraction, default=None,
+                     help="the weakest fraction of the samples (weak), or as many samples (stratified, random)")
     sel.add_argument("--threshold", type=_unit, default=None,
-                     help="samples with more than this share of neighbours misclassified (paper: 0.5)")
-    g.add_argument("--per-class", action="store_true", help="balance the weak set over the classes")
-    g.add_argument("--correct-only", action="store_true", help="rank only samples classified correctly")
+                     help="samples with more than this share of neighbours misclassified (weak; paper and default "
+                          "there: 0.5), or as many samples (stratified, random)")
+    g.add_argument("--per-class", action="store_true", help="weak strategies: balance the set over the classes")
+    g.add_argument("--correct-only", action="store_true",
+                   help="rank only samples classified correctly (= --strategy weak-correct)")
     g = p.add_argument_group("perturbations")
     g.add_argument("--perturbations", type=name_list("perturbation"), default=["all"], metavar="LIST",
                    help="'all', 'attacks', 'corruptions' or names of attacks/corruptions, comma-separated "
@@ -312,6 +341,13 @@ def run_validate(args: argparse.Namespace) -> int:
     from robustest import weakrobust as wr
     from robustest.report import HtmlReport, save_hbars
 
+    if args.strategy is None:  # the old flags keep their meaning
+        args.strategy = "weak-correct" if args.correct_only else "weak" if args.per_class else DEFAULT_STRATEGY
+    if args.strategy in ("stratified", "random") and (args.correct_only or args.per_class):
+        flag = "--correct-only" if args.correct_only else "--per-class"
+        raise ConfigError(f"{flag} applies to --strategy weak or weak-correct, not {args.strategy}")
+    if args.strategy == "weak" and args.correct_only:
+        args.strategy = "weak-correct"
     out = out_dir(args)
     t0 = time.perf_counter()
     model = load_model(args)
@@ -329,7 +365,8 @@ def run_validate(args: argparse.Namespace) -> int:
         analysis.save(out / "analysis.pt")
     t_analysis = time.perf_counter() - t0
     weak = wr.select_weak(analysis, k=args.k, fraction=args.fraction, threshold=args.threshold,
-                          per_class=args.per_class, correct_only=args.correct_only)
+                          per_class=args.per_class, strategy=args.strategy, strata=args.strata,
+                          allocation=args.allocation, seed=args.seed)
     if len(weak) == 0:
         raise DataError("the weak set is empty (no sample has that many neighbours misclassified): "
                         "use --k, --fraction or a lower --threshold")
@@ -356,8 +393,10 @@ def run_validate(args: argparse.Namespace) -> int:
     for t, d in summary["per_type"].items():
         rows.append({"type": t, "family": d["family"], "weak_error": d["error"],
                      "test_error": test_pt[t][1] if t in test_pt else None, "label": d["label"] or "-"})
-    results = {"n_analysed": len(analysis), "weak_set": {"n": len(weak), "rule": weak.rule,
-                                                         "indices": weak.indices.tolist()},
+    results = {"n_analysed": len(analysis), "weak_set": {"n": len(weak), "strategy": weak.rule["strategy"],
+                                                         "rule": weak.rule, "indices": weak.indices.tolist(),
+                                                         "weights": None if weak.weights is None
+                                                         else weak.weights.tolist()},
                "validation": res.to_dict(), "test": test_res.to_dict() if test_res else None,
                "weaknesses": res.weaknesses(), "strengths": [t for t, v in res.labels().items() if v == "strength"],
                "table": rows, "peak_rss_mib": peak_rss_mib(),
@@ -365,10 +404,11 @@ def run_validate(args: argparse.Namespace) -> int:
                          "report": "report.html", **({} if args.analysis else {"analysis": "analysis.pt"})}}
     settings = {**model_settings(args), **data_settings(args)}
     settings.update({"analysis": str(args.analysis)} if args.analysis else _analysis_settings(args))
-    settings.update({k: v for k, v in (("k", args.k), ("fraction", args.fraction)) if v is not None})
-    if args.k is None and args.fraction is None:
-        settings["threshold"] = args.threshold if args.threshold is not None else weak.rule.get("threshold", 0.5)
-    settings.update(per_class=args.per_class, correct_only=args.correct_only,
+    settings["strategy"] = weak.rule["strategy"]
+    if args.strategy == "stratified":
+        settings.update(strata=args.strata, allocation=args.allocation)
+    settings.update({key: weak.rule[key] for key in ("k", "fraction", "threshold") if key in weak.rule})
+    settings.update(per_class=args.per_class, correct_only=weak.rule["strategy"] == "weak-correct",
                     perturbations=list(res.meta.get("attacks", [])) + list(res.meta.get("corruptions", [])))
     if res.meta.get("attacks"):
         settings["attack_eps"] = list(res.meta.get("eps", []))
@@ -381,9 +421,12 @@ def run_validate(args: argparse.Namespace) -> int:
                "total_s": time.perf_counter() - t0}
     doc = write_results(out, "validate", settings, results, timings)
     rep = HtmlReport.from_results(doc, f"robustest validate: {args.dataset}")
-    rep.paragraph(f"Weak-robust set: {len(weak)} of {len(analysis)} {args.split} samples ({weak.rule['rule']}). "
-                  "A perturbation type is a weakness when its error on the weak set exceeds the mean error of its "
-                  "family (attacks vs attacks, corruptions vs corruptions), else a strength.")
+    how = {"weak": "the weakest", "weak-correct": "the weakest correctly classified",
+           "stratified": f"stratified over {weak.rule.get('strata')} score strata, errors weighted by stratum share",
+           "random": "uniformly at random"}[weak.rule["strategy"]]
+    rep.paragraph(f"Validation set ({weak.rule['strategy']}): {len(weak)} of {len(analysis)} {args.split} samples, "
+                  f"{how}. A perturbation type is a weakness when its error on the set exceeds the mean error of "
+                  "its family (attacks vs attacks, corruptions vs corruptions), else a strength.")
     rep.table([{"set": "weak", "n": len(weak), "clean_error": res.clean_error, "mean_adv_error": res.mean_adv_error,
                 "mce": res.mce}] + ([{"set": "test", "n": len(test_res), "clean_error": test_res.clean_error,
                                       "mean_adv_error": test_res.mean_adv_error, "mce": test_res.mce}]
@@ -398,8 +441,9 @@ def run_validate(args: argparse.Namespace) -> int:
     _analysis_report(rep, ds, analysis, 32)
     rep.write(out / "report.html")
     print_table(rows, ["type", "family", "weak_error", "test_error", "label"])
-    log.info(f"weak set: {len(weak)} samples; mean adversarial error {fmt(res.mean_adv_error, 'error')}, "
-             f"mCE {fmt(res.mce, 'mce')}; weaknesses: {', '.join(res.weaknesses()) or 'none'}")
+    log.info(f"{weak.rule['strategy']} set: {len(weak)} samples; mean adversarial error "
+             f"{fmt(res.mean_adv_error, 'error')}, mCE {fmt(res.mce, 'mce')}; "
+             f"weaknesses: {', '.join(res.weaknesses()) or 'none'}")
     log.info(f"wrote {out / 'results.json'} and {out / 'report.html'}")
     return 0
 

@@ -4,8 +4,10 @@ validation under attacks and corruptions, and targeted enhancement (METHODS.md p
 * :func:`analyze` draws ``Q`` noisy neighbours of every sample and scores how often / how confidently they
   are mispredicted (statistical, black-box). :func:`adversarial_radius` is the white-box counterpart: the
   smallest L-inf PGD budget that flips each sample, found by a batched bisection.
-* :func:`select_weak` turns an :class:`Analysis` into a :class:`WeakSet` (top-K, top fraction, the
-  "most neighbours misclassified" threshold, optionally class-balanced).
+* :func:`select_weak` turns an :class:`Analysis` into a :class:`WeakSet`: the paper's weak set (top-K, top
+  fraction, the "most neighbours misclassified" threshold, optionally class-balanced; ``weak``), the same among
+  correctly classified samples (``weak-correct``), a sample stratified by the local robustness score and
+  weighted by stratum share (``stratified``), or a random subset (``random``).
 * :func:`validate` measures the error of a model on a set of samples (the weak set, a random subset, a
   test split) under gradient attacks and common corruptions and labels every perturbation type a strength
   or a weakness.
@@ -27,13 +29,22 @@ from __future__ import annotations
 from robustest.weakrobust.analysis import NOISE_BLOCK, Analysis, adversarial_radius, analyze
 from robustest.weakrobust.augment import AUGMIX_OPS, augmentation_pool
 from robustest.weakrobust.enhance import EnhanceResult, enhance
-from robustest.weakrobust.selection import WeakSet, select_weak
+from robustest.weakrobust.selection import (
+    ALLOCATIONS,
+    DEFAULT_SUBSET_SIZE,
+    STRATEGIES,
+    WeakSet,
+    select_weak,
+)
 from robustest.weakrobust.validation import ATTACKS, ValidationResult, default_eps_grid, validate
 
 __all__ = [
+    "ALLOCATIONS",
     "ATTACKS",
     "AUGMIX_OPS",
+    "DEFAULT_SUBSET_SIZE",
     "NOISE_BLOCK",
+    "STRATEGIES",
     "Analysis",
     "EnhanceResult",
     "ValidationResult",

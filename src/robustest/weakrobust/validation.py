@@ -47,7 +47,9 @@ class ValidationResult:
 
     ``keys``: list of ``(family, type, level)`` with family ``"clean"``, ``"attack"`` (level = eps) or
     ``"corruption"`` (level = severity); ``wrong``: BoolTensor [len(keys), N], True where the prediction on
-    the perturbed sample is not the label; ``indices``: the samples' positions in the data set.
+    the perturbed sample is not the label; ``indices``: the samples' positions in the data set; ``weights``:
+    None (every sample counts the same) or float64 [N] (a stratified set's weights, see
+    :func:`~robustest.weakrobust.select_weak`): every error is then the weighted mean of the outcomes.
     Aggregates (:meth:`summary`): top-1 error per (type, level), per type (mean over levels), clean error,
     mean corruption error (mCE, unnormalised mean over corruption types), mean adversarial error (mean over
     attack types), and every type labelled ``weakness`` or ``strength`` by :meth:`labels`.
@@ -58,6 +60,18 @@ class ValidationResult:
     indices: torch.Tensor
     labels_y: torch.Tensor
     meta: dict[str, Any] = field(default_factory=dict)
+    weights: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.weights is not None:
+            w = torch.as_tensor(self.weights, dtype=torch.float64).reshape(-1)
+            if w.shape[0] != self.wrong.shape[1] or not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+                raise DataError(f"weights must be {self.wrong.shape[1]} finite non-negative numbers, one per sample")
+            self.weights = w
+
+    @property
+    def weighted(self) -> bool:
+        return self.weights is not None
 
     def __len__(self) -> int:
         return int(self.wrong.shape[1])
@@ -68,14 +82,23 @@ class ValidationResult:
                               corruption_runs=families.count("corruption"), clean_error=self.clean_error,
                               mean_adv_error=self.mean_adv_error, mce=self.mce, weaknesses=len(self.weaknesses()))
 
-    def subset(self, positions: torch.Tensor | Sequence[int]) -> ValidationResult:
-        """The result restricted to some of its samples (positions 0..N-1 of this result)."""
+    def subset(self, positions: torch.Tensor | Sequence[int],
+               weights: torch.Tensor | Sequence[float] | None = None) -> ValidationResult:
+        """The result restricted to some of its samples (positions 0..N-1 of this result), keeping their
+        weights (if any); ``weights`` (one per position) replaces them, e.g. a stratified set's
+        :attr:`WeakSet.weights` when this result covers every analysed sample."""
         p = torch.as_tensor(positions, dtype=torch.long)
-        return ValidationResult(self.keys, self.wrong[:, p], self.indices[p], self.labels_y[p], dict(self.meta))
+        w = weights if weights is not None else (None if self.weights is None else self.weights[p])
+        return ValidationResult(self.keys, self.wrong[:, p], self.indices[p], self.labels_y[p], dict(self.meta),
+                                weights=None if w is None else torch.as_tensor(w, dtype=torch.float64))
 
     def errors(self) -> dict[tuple[str, str, float], float]:
-        n = max(1, len(self))
-        e = self.wrong.float().sum(dim=1) / n
+        """(family, type, level) -> error: the share of wrong outcomes, or their weighted mean when weighted."""
+        if self.weights is not None:
+            w = self.weights / self.weights.sum().clamp(min=1e-300)
+            e = (self.wrong.double() * w).sum(dim=1)
+        else:
+            e = self.wrong.double().sum(dim=1) / max(1, len(self))
         return {k: float(v) for k, v in zip(self.keys, e.tolist())}
 
     def per_type(self) -> dict[str, tuple[str, float]]:
@@ -134,6 +157,7 @@ class ValidationResult:
         lab = self.labels(reference)
         return {
             "n": len(self),
+            "weighted": self.weighted,
             "clean_error": self.clean_error,
             "mce": self.mce,
             "mean_adv_error": self.mean_adv_error,
@@ -146,9 +170,11 @@ class ValidationResult:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Per-sample outcomes as plain tensors (``.pt``)."""
-        return atomic_save({"format": "robustest-validation", "keys": [list(k) for k in self.keys],
-                            "wrong": self.wrong, "indices": self.indices, "labels": self.labels_y,
-                            "meta": dict(self.meta)}, path)
+        d = {"format": "robustest-validation", "keys": [list(k) for k in self.keys], "wrong": self.wrong,
+             "indices": self.indices, "labels": self.labels_y, "meta": dict(self.meta)}
+        if self.weights is not None:
+            d["weights"] = self.weights
+        return atomic_save(d, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ValidationResult:
@@ -157,7 +183,7 @@ class ValidationResult:
                        fix="write one with ValidationResult.save")
         keys = [(str(f), str(t), float(lvl)) for f, t, lvl in d["keys"]]
         return cls(keys=keys, wrong=d["wrong"].bool(), indices=d["indices"].long(), labels_y=d["labels"].long(),
-                   meta=dict(d.get("meta") or {}))
+                   meta=dict(d.get("meta") or {}), weights=d.get("weights"))
 
 
 def _parse_perturbations(perturbations: str | Sequence[str] | None) -> tuple[list[str], list[str]]:
@@ -221,10 +247,13 @@ def validate(
     seed: int = 0,
     device: torch.device | str | None = None,
     progress: bool = False,
+    weights: torch.Tensor | Sequence[float] | None = None,
 ) -> ValidationResult:
     """Error of ``model`` on the samples ``weak_set`` of ``data`` under each perturbation (METHODS B2).
 
     ``weak_set``: a :class:`WeakSet`, positions into ``data``, or None for every sample (e.g. a test split).
+    ``weights``: one non-negative weight per sample (default: the weak set's own, which a ``stratified`` set
+    has); errors are then weighted means (:class:`ValidationResult`).
     ``perturbations``: ``"all"`` (default), ``"attacks"``, ``"corruptions"``, or names of attacks
     (:data:`ATTACKS` and any other ``robustest.attacks`` name) and corruptions (``robustest.corruptions``).
     Attacks run white-box at every budget of ``eps`` (default :func:`default_eps_grid`) with the attack's
@@ -236,6 +265,8 @@ def validate(
     from robustest import corruptions as corr
 
     n_all = num_samples(data)
+    if weights is None and isinstance(weak_set, WeakSet):
+        weights = weak_set.weights
     if weak_set is None:
         idx = torch.arange(n_all)
     elif isinstance(weak_set, WeakSet):
@@ -247,6 +278,11 @@ def validate(
     if int(idx.max()) >= n_all or int(idx.min()) < 0:
         raise DataError(f"weak set indices reach {int(idx.max())} but the data set has {n_all} samples: "
                         "validate on the data set that was analysed")
+    if weights is not None:
+        weights = torch.as_tensor(weights, dtype=torch.float64).reshape(-1)
+        if weights.shape[0] != idx.numel() or not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()) \
+                or float(weights.sum()) <= 0:
+            raise ConfigError(f"weights must be {idx.numel()} finite non-negative numbers (one per sample, not all 0)")
     x, y = take(data, idx)  # only these samples are read: the indices refer to the data set, whatever its order
     if y is None:
         raise DataError("validate needs labels: pass (x, y) or a labelled Dataset")
@@ -279,5 +315,6 @@ def validate(
             keys.append((fam, name, lvl))
     meta = {"eps": list(grid), "severities": list(sev), "attacks": attacks_, "corruptions": corrs, "seed": seed,
             "seconds": time.perf_counter() - t0}
-    return ValidationResult(keys=keys, wrong=torch.stack(rows), indices=idx.clone(), labels_y=y.clone(), meta=meta)
+    return ValidationResult(keys=keys, wrong=torch.stack(rows), indices=idx.clone(), labels_y=y.clone(), meta=meta,
+                            weights=None if weights is None else weights.clone())
 
