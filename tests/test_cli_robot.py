@@ -61,6 +61,21 @@ def test_compare_verb(checkpoint, tmp_path, capsys, results_contract):
     assert not {"strategy", "budget", "rounds", "convergence_tol", "kmst_k", "coverage_metric"} & set(res["settings"])
     assert [r["strategy"] for r in res["table"]] == ["best", "random"]
     assert all(r["seeds"] == 2 for r in res["table"])
+    # compute per cell and the paired comparison with random are printed
+    assert "passes (k)" in text and "paired by seed, strategy minus random" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("best ") and "[" in ln)
+    p = next(p for p in res["paired_vs_random"] if p["metric"] == "fixed_set_accuracy")
+    assert f"{p['mean_diff']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]" in line
+    assert line.count("*") == sum(1 for q in res["paired_vs_random"] if q["ci_low"] > 0 or q["ci_high"] < 0)
+
+
+def test_paired_cell_marks_intervals_that_exclude_zero():
+    from robustest.cli.run import paired_cell
+
+    assert paired_cell({"mean_diff": 0.031, "ci_low": 0.01, "ci_high": 0.052}) == "+0.031 [+0.010, +0.052] *"
+    assert paired_cell({"mean_diff": -0.02, "ci_low": -0.05, "ci_high": 0.01}) == "-0.020 [-0.050, +0.010]"
+    assert paired_cell({"mean_diff": -0.02, "ci_low": None, "ci_high": None}) == "-0.020"
+    assert paired_cell({"mean_diff": None, "ci_low": None, "ci_high": None}) == "-"
 
 
 def test_bad_input_is_one_line(checkpoint, tmp_path, capsys):
