@@ -187,7 +187,7 @@ def paired_vs_random(cells: list[dict[str, Any]], metrics: tuple[str, ...] = PAI
     """Each strategy against random selection, paired by seed.
 
     For every (strategy, budget) group other than random and every metric, the differences
-    ``strategy - random`` on the seeds both ran (same seed: same fine-tuning order and measurement attacks)
+    ``strategy - random`` on the seeds both ran (same seed: same white-box attack seeds, so attack noise cancels)
     give ``mean_diff`` and its ``level`` t-interval ``mean_diff +- t_{(1+level)/2, n-1} * sd / sqrt(n)``
     (``ci_low``, ``ci_high``; None with one seed, equal to the mean when every difference is the same).
     A budget-free strategy (``all``, ``adv-train``) is compared with random at every budget random ran, and
