@@ -166,3 +166,12 @@ def test_loop_runs_adv_train_and_all(checkpoint, tmp_path, results_contract):
     rec = res["rounds"][0]
     assert rec["selected"]["n"] == rec["pool"]["size"] > 0 and rec["compute"]["selection_scoring"] == 0
     assert rec["compute"]["pool_generation"] > 0 and rec["compute"]["adversarial"] == 0
+
+
+def test_cell_compute_sums_its_parts_and_marks_uncounted_ones():
+    from robustest.robot.compute import cell_compute
+
+    rec = cell_compute(pool_generation=100, selection_scoring=10.5, finetune=30, adversarial=0)
+    assert rec == {"pool_generation": 100.0, "selection_scoring": 10.5, "finetune": 30.0, "adversarial": 0.0,
+                   "total": 140.5}
+    assert cell_compute(pool_generation=None, finetune=3)["total"] is None
