@@ -82,12 +82,8 @@ def generate_pool(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: Robot
     ``generation`` (the attacks or the fuzzer, with a coverage profile it builds) and ``fol_scoring``."""
     from robustest.robot.compute import PassCounter
 
-    gen_count = PassCounter(model)
-    gen_count.__enter__()
-    try:
+    with PassCounter(model) as gen_count:
         xa, ya, x0i, meth = _generate(model, x, y, cfg, seed, profile)
-    finally:
-        gen_count.__exit__()
     with PassCounter(model) as fol_count:
         fol = _fol(model, xa, ya, x[x0i], cfg.eps)
     if compute is not None:
