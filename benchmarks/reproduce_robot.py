@@ -1,10 +1,11 @@
 """Reproduce RobOT's strategy comparison (Wang et al., ICSE 2021; METHODS.md A4) in one of its settings.
 
-``--setting mnist-lenet5`` (default): MNIST LeNet-5, eps = 0.3, sized for two CPU cores (the figures in
-docs/RESULTS.md). The original LeNet-5 is trained 3 epochs on all 60,000 training images (Adam 1e-3, batch
-64); the pool and fine-tuning use the first ``--train-limit`` (10,000) training images, the fixed set the
-first ``--test-limit`` (2,000) test images, white-box attacks ``--whitebox-limit`` (300) images; budgets 1,
-2, 4, 8 % of the pool; 3 fine-tuning epochs (Adam 1e-3, batch 64; the paper: 10); seeds 0, 1, 2.
+``--setting mnist-lenet5`` (the default without ``--dataset``): MNIST LeNet-5, eps = 0.3, sized for two CPU
+cores (the figures in docs/RESULTS.md). The original LeNet-5 is trained 3 epochs on all 60,000 training
+images (Adam 1e-3, batch 64); the pool and fine-tuning use the first ``--train-limit`` (10,000) training
+images, the fixed set the first ``--test-limit`` (2,000) test images, white-box attacks ``--whitebox-limit``
+(300) images; budgets 1, 2, 4, 8 % of the pool; 3 fine-tuning epochs (Adam 1e-3, batch 64; the paper: 10);
+seeds 0, 1, 2.
 
 ``--setting cifar10-resnet20``: RobOT's CIFAR-10 setting from its reference code (Testing4AI/RobOT,
 CIFAR-10/{train_model,gen_adv,select_retrain}.py), for one GPU. ResNet-20 trained with the ``robot-cifar``
@@ -18,8 +19,15 @@ Deviations from the reference code, all deliberate: checkpoints are picked on a 
 training data (the reference picked them on the evaluation set itself), random selection is added,
 our ResNet-20 has option-A shortcuts (He et al.) where the Keras model used 1x1 projections.
 
-Every flag overrides the setting's value. ``--dataset`` takes any loader name (``--dataset npz --data-dir
-svhn.npz`` runs the CIFAR setting on SVHN); the model is built for the data's channels, size and classes
+``--setting digits-cnn``: the built-in 8x8 digits (no files needed), ``digits_cnn`` trained 20 epochs, eps =
+0.15 (the demo's), 5 fine-tuning epochs (Adam 1e-3, batch 64), budgets 1, 2, 4, 8 % of the pool, seeds 0-4,
+every strategy including the new ones (stratified, fol-prop) and the baselines all and adv-train; white-box on
+all 360 test images.
+
+Every flag overrides the setting's value. ``--dataset`` takes any loader name; without ``--setting`` the
+setting of that data set is used when there is one (digits, mnist, cifar10), else mnist-lenet5's
+(``--dataset npz --data-dir svhn.npz --setting cifar10-resnet20`` runs the CIFAR setting on SVHN).
+``--model`` replaces the setting's zoo model; the model is built for the data's channels, size and classes
 and refused with one line, before any work, when it cannot take them. ``--dry-run`` swaps in a synthetic
 data set of the setting's shape (1x28x28 or 3x32x32, 10 classes, 96 training / 48 test images) and a
 handful of steps, to show the whole pipeline works before anyone spends GPU hours.
@@ -29,10 +37,12 @@ per-epoch state (OUT/original_state.pt) and ``robot.compare`` keeps every finish
 Under torchrun only rank 0 writes this script's files.
 
     python benchmarks/reproduce_robot.py --data-dir ../shared/data --out /tmp/robot-mnist
+    python benchmarks/reproduce_robot.py --dataset digits --out /tmp/robot-digits
     python benchmarks/reproduce_robot.py --setting cifar10-resnet20 --data-dir DIR/cifar-10-batches-py \\
         --device cuda --out robot-cifar10
     python benchmarks/reproduce_robot.py --setting cifar10-resnet20 --dry-run --out /tmp/robot-dry
-Prints a markdown table (mean ± std over seeds) and the paper's comparison figures.
+Prints a markdown table (mean ± std over seeds, compute per cell in forward+backward passes), each strategy's
+paired difference to random selection with its 95 % t-interval, and the paper's comparison figures.
 """
 
 from __future__ import annotations
@@ -66,6 +76,13 @@ SETTINGS: dict[str, dict[str, Any]] = {
         "budgets": "1000,2000,4000,6000,10000", "strategies": "best,kmst,gini,random", "seeds": "0,1,2",
         "pgd_steps": 20, "apgd_steps": 50,
     },
+    "digits-cnn": {
+        "title": "digits digits_cnn", "dataset": "digits", "model": "digits_cnn", "shape": (1, 8, 8), "classes": 10,
+        "recipe": None, "train_epochs": 20, "eps": 0.15, "train_limit": None, "test_limit": None,
+        "whitebox_limit": 360, "epochs": 5, "lr": 1e-3, "batch_size": 64, "finetune_options": {},
+        "budgets": "1%,2%,4%,8%", "strategies": "best,kmst,gini,random,stratified,fol-prop,all,adv-train",
+        "seeds": "0,1,2,3,4", "pgd_steps": 10, "apgd_steps": 20,
+    },
 }
 DRY_RUN = {"n_train": 96, "n_test": 48, "train_epochs": 1, "epochs": 1, "budgets": "10%,20%", "seeds": "0",
            "whitebox_limit": 8, "pgd_steps": 2, "apgd_steps": 2, "train_limit": None, "test_limit": None}
@@ -73,8 +90,10 @@ DRY_RUN = {"n_train": 96, "n_test": 48, "train_epochs": 1, "epochs": 1, "budgets
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--setting", choices=sorted(SETTINGS), default="mnist-lenet5")
+    ap.add_argument("--setting", choices=sorted(SETTINGS), default=None,
+                    help="default: the setting of --dataset when there is one, else mnist-lenet5")
     ap.add_argument("--dataset", default=None, help="any robustest.data loader name (default: the setting's)")
+    ap.add_argument("--model", default=None, help="zoo model of the original (default: the setting's)")
     ap.add_argument("--data-dir", default=None, help="folder or file holding the data (default: ../shared/data)")
     ap.add_argument("--out", default=None, help="output folder (resumable; default: robot-<setting>)")
     ap.add_argument("--checkpoint", default=None, help="original model (default: train one with the setting's recipe)")
@@ -96,7 +115,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dry-run", action="store_true",
                     help="synthetic data of the setting's shape and a handful of steps: checks the pipeline")
     args = ap.parse_args(argv)
+    if args.setting is None:
+        by_data = {v["dataset"]: k for k, v in SETTINGS.items()}
+        args.setting = by_data.get(args.dataset, "mnist-lenet5")
     s = SETTINGS[args.setting]
+    if args.model is None:
+        args.model = s["model"]
     fill = {**s, **(DRY_RUN if args.dry_run else {})}
     for key in ("train_epochs", "train_limit", "test_limit", "whitebox_limit", "epochs", "budgets", "strategies",
                 "seeds", "eps", "pgd_steps", "apgd_steps"):
@@ -131,7 +155,7 @@ def train_original(args: argparse.Namespace, s: dict[str, Any], out: Path, ckpt:
     test = load_split(args, "test")
     c, h, w = image_shape(train)
     classes = int(max(int(labels_of(train).max()), int(labels_of(test).max())) + 1)
-    zoo.check_input(s["model"], c, h, max(classes, 2))  # one line naming model and data, before any work
+    zoo.check_input(args.model, c, h, max(classes, 2))  # one line naming model and data, before any work
     x, y = train.tensors
     kw: dict[str, Any] = {}
     if s["recipe"]:
@@ -140,7 +164,7 @@ def train_original(args: argparse.Namespace, s: dict[str, Any], out: Path, ckpt:
     if args.amp:
         kw["amp"] = args.amp
     torch.manual_seed(0)
-    model = zoo.create(s["model"], num_classes=max(classes, 2), in_channels=c, input_size=h,
+    model = zoo.create(args.model, num_classes=max(classes, 2), in_channels=c, input_size=h,
                        mean=x.mean(dim=(0, 2, 3)).tolist(), std=x.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist())
     state = out / ("original_state.pt" if rank() == 0 else f"original_state.rank{rank()}.pt")
     dev = torch.device(args.device) if args.device else None
@@ -150,7 +174,7 @@ def train_original(args: argparse.Namespace, s: dict[str, Any], out: Path, ckpt:
     if is_rank0():
         training.save_checkpoint(ckpt, model, metadata={"dataset": args.dataset, "epochs": args.train_epochs,
                                                         "test_accuracy": acc, "recipe": s["recipe"] or "adam"})
-    log(f"trained {s['model']} on {len(x)} {args.dataset} images ({args.train_epochs} epochs, "
+    log(f"trained {args.model} on {len(x)} {args.dataset} images ({args.train_epochs} epochs, "
         f"{hist.seconds:.0f} s): test accuracy {acc:.4f}")
 
 
@@ -175,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                                           DRY_RUN["n_test"]))
     datasets.canonical(args.dataset)  # an unknown name is one line before any work
     t0 = time.perf_counter()
-    ckpt = Path(args.checkpoint) if args.checkpoint else out / f"original_{s['model']}.pt"
+    ckpt = Path(args.checkpoint) if args.checkpoint else out / f"original_{args.model}.pt"
     if args.checkpoint and not ckpt.is_file():
         raise ConfigError(f"--checkpoint {str(ckpt)!r} does not exist: pass an existing model file")
     if not ckpt.is_file():
@@ -217,12 +241,48 @@ def _pm(row: dict, m: str) -> str:
     return "-" if mean is None else f"{100 * mean:.2f} ± {100 * (std or 0):.2f}"
 
 
+def print_compute(res: dict) -> None:
+    """Compute of one cell per strategy (first seed, first budget it ran), split into its parts, in passes."""
+    print("\n| strategy | budget | pool generation | selection scoring | fine-tuning | adversarial | total |")
+    print("|---|---|---|---|---|---|---|")
+    seen = set()
+    for c in res["cells"]:
+        if c["strategy"] in seen or "compute" not in c:
+            continue
+        seen.add(c["strategy"])
+        k = c["compute"]
+        cells = " | ".join("-" if k[p] is None else f"{k[p]:,.0f}" for p in
+                           ("pool_generation", "selection_scoring", "finetune", "adversarial", "total"))
+        print(f"| {c['strategy']} | {c['budget']} | {cells} |")
+
+
+def print_paired(res: dict) -> None:
+    """Each strategy minus random on the same seed (percentage points): mean [95 % t-interval], * = excludes 0."""
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    for p in res.get("paired_vs_random") or []:
+        mean, lo, hi = p["mean_diff"], p["ci_low"], p["ci_high"]
+        text = "-" if mean is None else (f"{100 * mean:+.2f}" if lo is None else
+                                         f"{100 * mean:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]"
+                                         + (" *" if lo > 0 or hi < 0 else ""))
+        rows.setdefault((str(p["budget"]), p["strategy"]), {})[p["metric"]] = text
+        n = p["n_seeds"]
+    if not rows:
+        return
+    print(f"\nPaired vs random (strategy - random on the same seed, points; 95 % t-interval over {n} seeds; "
+          "* = excludes 0):\n")
+    print("| budget | strategy | fixed-set | white-box | clean |")
+    print("|---|---|---|---|---|")
+    for (b, s), m in rows.items():
+        print(f"| {b} | {s} | {m.get('fixed_set_accuracy', '-')} | {m.get('whitebox_accuracy', '-')} | "
+              f"{m.get('clean_accuracy', '-')} |")
+
+
 def print_tables(res: dict, args: argparse.Namespace, s: dict[str, Any], elapsed: float, t_train: float) -> None:
     if not is_rank0():
         return
     d = res["data"]
     base = res["baseline"]
-    title = s["title"] if args.dataset == s["dataset"] else f"{args.dataset} {s['model']}"
+    title = s["title"] if (args.dataset, args.model) == (s["dataset"], s["model"]) else f"{args.dataset} {args.model}"
     if args.dry_run:
         title += " (DRY RUN: synthetic data, not a result)"
     print(f"\n{title}, eps {args.eps}: original model clean {100 * base['clean_accuracy']:.2f} %, fixed set "
@@ -231,13 +291,17 @@ def print_tables(res: dict, args: argparse.Namespace, s: dict[str, Any], elapsed
     print(f"pool: {res['pool']['size']} tests {res['pool']['by_method']} from {d['num_fit']} training images; "
           f"validation {d['num_val']} images; {args.epochs} fine-tuning epochs; seeds {args.seeds}; "
           f"total {elapsed / 60:.1f} min (original model {t_train:.0f} s)\n")
-    print("| budget | strategy | n | fixed-set acc. (%) | white-box acc. (%) | clean acc. (%) | last-epoch fixed (%) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| budget | strategy | n | fixed-set acc. (%) | white-box acc. (%) | clean acc. (%) | last-epoch fixed (%) "
+          "| passes / cell (k) |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in res["table"]:
         last = row.get("last_epoch_fixed_set_accuracy_mean")
+        passes = row.get("compute_passes_mean")
         print(f"| {row['budget']} | {row['strategy']} | {row['n']} | {_pm(row, 'fixed_set_accuracy')} | "
               f"{_pm(row, 'whitebox_accuracy')} | {_pm(row, 'clean_accuracy')} | "
-              f"{'-' if last is None else f'{100 * last:.2f}'} |")
+              f"{'-' if last is None else f'{100 * last:.2f}'} | {'-' if passes is None else f'{passes / 1e3:.1f}'} |")
+    print_compute(res)
+    print_paired(res)
     # the paper's two headline figures, computed per budget from the means
     by = {(r["strategy"], str(r["budget"])): r for r in res["table"]}
     strategies = args.strategies.split(",")

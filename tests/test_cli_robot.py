@@ -61,6 +61,44 @@ def test_compare_verb(checkpoint, tmp_path, capsys, results_contract):
     assert not {"strategy", "budget", "rounds", "convergence_tol", "kmst_k", "coverage_metric"} & set(res["settings"])
     assert [r["strategy"] for r in res["table"]] == ["best", "random"]
     assert all(r["seeds"] == 2 for r in res["table"])
+    # compute per cell and the paired comparison with random are printed
+    assert "passes (k)" in text and "paired by seed, strategy minus random" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("best ") and "[" in ln)
+    p = next(p for p in res["paired_vs_random"] if p["metric"] == "fixed_set_accuracy")
+    assert f"{p['mean_diff']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]" in line
+    assert line.count("*") == sum(1 for q in res["paired_vs_random"] if q["ci_low"] > 0 or q["ci_high"] < 0)
+
+
+def test_run_and_compare_verbs_take_the_new_strategies(checkpoint, tmp_path, capsys, results_contract):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(TINY_YAML)
+    out = tmp_path / "strat"
+    assert main(["run", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--strategy", "stratified",
+                 "--budget", "10", "--rounds", "1", "--out", str(out)]) == 0
+    res = results_contract(out, "run")
+    assert res["settings"]["stratified_bins"] == 4 and res["rounds"][0]["selected"]["n"] == 10
+    assert res["rounds"][0]["compute"]["selection_scoring"] == res["rounds"][0]["pool"]["size"]  # the FOL passes
+    capsys.readouterr()
+    out = tmp_path / "cmp"
+    assert main(["compare", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--strategies",
+                 "fol-prop,adv-train,random", "--budgets", "10", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    res = results_contract(out, "compare")
+    assert "adv-train  online (0)" in text and "fol-prop" in text
+    assert [r["strategy"] for r in res["table"]] == ["fol-prop", "random", "adv-train"]
+    rc = main(["compare", "--checkpoint", checkpoint, *TINY_FLAGS, "--strategies", "adv-train",
+               "--finetune-options", '{"schedule": "cosine"}', "--out", str(tmp_path / "bad")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "adv-train fine-tunes with" in err and err.count("\n") == 1
+
+
+def test_paired_cell_marks_intervals_that_exclude_zero():
+    from robustest.cli.run import paired_cell
+
+    assert paired_cell({"mean_diff": 0.031, "ci_low": 0.01, "ci_high": 0.052}) == "+0.031 [+0.010, +0.052] *"
+    assert paired_cell({"mean_diff": -0.02, "ci_low": -0.05, "ci_high": 0.01}) == "-0.020 [-0.050, +0.010]"
+    assert paired_cell({"mean_diff": -0.02, "ci_low": None, "ci_high": None}) == "-0.020"
+    assert paired_cell({"mean_diff": None, "ci_low": None, "ci_high": None}) == "-"
 
 
 def test_bad_input_is_one_line(checkpoint, tmp_path, capsys):

@@ -159,7 +159,7 @@ def test_score_tests_file_against_seeds(ckpt, model, test_split, tmp_path, capsy
 def test_select_strategies_fraction_csv_and_warning(tmp_path, capsys, results_contract):
     scores = torch.linspace(0, 1, 40) ** 3
     torch.save({"scores": scores, "metric": "fol"}, tmp_path / "s.pt")
-    for strategy in selection.names()[:-1]:
+    for strategy in [s for s in selection.names() if s != "coverage"]:
         out = tmp_path / strategy
         assert main(["select", "--scores", str(tmp_path / "s.pt"), "--fraction", "0.25", "--strategy", strategy,
                      "--k", "3", "--seed", "4", "--out", str(out)]) == 0
@@ -169,7 +169,8 @@ def test_select_strategies_fraction_csv_and_warning(tmp_path, capsys, results_co
         rows = list(csv.DictReader((out / "selected.csv").open()))
         assert [int(r["index"]) for r in rows] == got["indices"].tolist()
         settings = results_contract(out, "select")["settings"]
-        assert ("k" in settings) == (strategy == "kmst") and ("seed" in settings) == (strategy in ("kmst", "random"))
+        assert ("k" in settings) == (strategy in ("kmst", "stratified"))
+        assert ("seed" in settings) == (strategy in ("kmst", "random", "stratified", "fol-prop"))
         assert settings["fraction"] == 0.25 and "n" not in settings and "fill" not in settings
     # a scores.csv works as input
     (tmp_path / "s.csv").write_text("index,score\n" + "".join(f"{i},{float(v)}\n" for i, v in enumerate(scores)))

@@ -37,6 +37,16 @@ def test_robot_script_refuses_a_model_that_cannot_take_the_data(tmp_path):
                     "--out", str(tmp_path / "p")])
 
 
+def test_robot_script_takes_any_data_set_and_model():
+    robot = script("reproduce_robot")
+    a = robot.parse_args(["--dataset", "digits"])
+    assert (a.setting, a.model, a.eps, a.data_dir) == ("digits-cnn", "digits_cnn", 0.15, None)
+    assert "adv-train" in a.strategies and "stratified" in a.strategies and a.seeds == "0,1,2,3,4"
+    a = robot.parse_args(["--dataset", "fashion-mnist", "--model", "lenet1"])
+    assert (a.setting, a.model, a.dataset) == ("mnist-lenet5", "lenet1", "fashion-mnist")
+    assert robot.parse_args([]).setting == "mnist-lenet5"
+
+
 def test_weakrobust_script_refuses_a_model_that_cannot_take_the_data(tmp_path):
     wr = script("reproduce_weakrobust")
     with pytest.raises(ConfigError) as exc:
@@ -69,6 +79,7 @@ def run_script(args: list[str], timeout: int = 600) -> tuple[subprocess.Complete
 
 DRY_RUNS = [
     ("reproduce_robot.py", "mnist-lenet5"), ("reproduce_robot.py", "cifar10-resnet20"),
+    ("reproduce_robot.py", "digits-cnn"),
     ("reproduce_weakrobust.py", "mnist"), ("reproduce_weakrobust.py", "cifar10-wrn40-2"),
     ("reproduce_weakrobust.py", "imagenet100-resnet50"),
 ]
@@ -85,7 +96,8 @@ def test_every_setting_dry_run_end_to_end(tmp_path, name, setting):
     if name == "reproduce_robot.py":
         rep = json.loads((out / "reproduction.json").read_text())
         assert rep["dry_run"] and rep["setting"] == setting
-        assert len(rep["table"]) == 8  # 4 strategies x 2 budgets
+        # 4 strategies x 2 budgets; digits: 6 x 2 and the budget-free baselines all and adv-train once each
+        assert len(rep["table"]) == (14 if setting == "digits-cnn" else 8)
         assert "DRY RUN" in proc.stdout and (out / "compare" / "results.json").is_file()
     elif setting == "mnist":
         assert (out / "family.json").is_file() and (out / "enhance.json").is_file()

@@ -24,7 +24,7 @@ pools = st.one_of(
     # many ties on a few values
     st.lists(st.sampled_from([0.0, 1.0, 2.0, 10.0]), min_size=1, max_size=120),
 )
-SCORE_STRATEGIES = ["best", "kmst", "top", "bottom", "random"]
+SCORE_STRATEGIES = ["best", "kmst", "top", "bottom", "random", "stratified"]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -183,7 +183,83 @@ def test_errors():
 
 
 def test_names_and_describe():
-    assert selection.names() == ["best", "kmst", "top", "bottom", "random", "coverage"]
+    assert selection.names() == ["best", "kmst", "top", "bottom", "random", "coverage", "stratified", "fol-prop"]
     assert "BE-ST" in selection.describe("best")
     with pytest.raises(ConfigError):
         selection.describe("nope")
+
+
+# ------------------------------------------------------------------------------- stratified and fol-prop
+@SETTINGS
+@given(scores=pools, frac=st.floats(0, 1), seed=st.integers(0, 2**31 - 1), classes=st.integers(1, 5))
+def test_fol_prop_and_labelled_stratified_exact_count_distinct_deterministic(scores, frac, seed, classes):
+    s = torch.tensor(scores, dtype=torch.float64).abs()  # fol-prop needs non-negative weights
+    n = int(round(frac * len(scores)))
+    labels = torch.arange(len(scores)) % classes
+    for strategy, kw in (("fol-prop", {}), ("stratified", {"labels": labels})):
+        idx = select(s, n, strategy, seed=seed, **kw)
+        assert idx.dtype == torch.int64 and idx.shape == (n,) and len(set(idx.tolist())) == n
+        assert torch.equal(idx, select(s, n, strategy, seed=seed, **kw))
+
+
+def test_quantile_bins_are_equal_frequency():
+    s = torch.tensor([5.0, 1.0, 3.0, 2.0, 4.0, 0.0, 7.0, 6.0])
+    assert selection.quantile_bins(s, 4).tolist() == [2, 0, 1, 1, 2, 0, 3, 3]
+    b = selection.quantile_bins(torch.rand(1003), 7)
+    counts = torch.bincount(b)
+    assert len(counts) == 7 and int(counts.max() - counts.min()) <= 1
+    assert sorted(selection.quantile_bins(torch.rand(3), 10).tolist()) == [0, 3, 6]
+    with pytest.raises(ConfigError, match="k must"):
+        selection.quantile_bins(torch.rand(3), 0)
+
+
+def test_stratified_gives_every_stratum_its_proportional_share():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.rand(997, generator=g)
+    labels = torch.randint(0, 10, (997,), generator=g)
+    bins = selection.quantile_bins(scores, 4)
+    strata = labels * 4 + bins
+    sizes = torch.bincount(strata, minlength=40).double()
+    for n in (13, 40, 100, 500):
+        for seed in range(5):
+            idx = select(scores, n, "stratified", k=4, seed=seed, labels=labels)
+            got = torch.bincount(strata[idx], minlength=40).double()
+            share = sizes * n / 997
+            assert bool((got >= torch.floor(share)).all()) and bool((got <= torch.ceil(share)).all())
+            assert int(got.sum()) == n
+    # equal strata: one from each at n = number of strata, which a uniform random draw rarely manages
+    lab = torch.arange(400) % 10
+    sc = torch.arange(400, dtype=torch.float64)  # each class spreads over every quantile bin
+    one_each = select(sc, 40, "stratified", k=4, seed=3, labels=lab)
+    st_ = lab[one_each] * 4 + selection.quantile_bins(sc, 4)[one_each]
+    assert sorted(st_.tolist()) == list(range(40))
+    # without labels the strata are the score bins alone
+    idx = select(sc, 8, "stratified", k=4, seed=1)
+    assert torch.bincount(selection.quantile_bins(sc, 4)[idx], minlength=4).tolist() == [2, 2, 2, 2]
+
+
+def test_fol_prop_draws_in_proportion_to_the_score():
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0, 0.0])
+    first = torch.tensor([int(select(w, 1, "fol-prop", seed=s)[0]) for s in range(3000)])
+    freq = torch.bincount(first, minlength=5).double() / 3000
+    assert torch.allclose(freq, w.double() / 10, atol=0.03), freq
+    assert int(freq[4]) == 0  # a score of 0 is never drawn while positive scores remain
+    # a score of 0 comes last, only once every positive score is taken
+    idx = select(w, 5, "fol-prop", seed=0)
+    assert int(idx[-1]) == 4 and sorted(idx.tolist()) == [0, 1, 2, 3, 4]
+    # inclusion rises with the score: pick 2 of 4, many seeds
+    inc = torch.zeros(5)
+    for s in range(500):
+        inc[select(w, 2, "fol-prop", seed=s)] += 1
+    assert inc[0] < inc[1] < inc[2] < inc[3] and inc[4] == 0
+
+
+def test_new_strategy_errors():
+    with pytest.raises(ConfigError, match="must be >= 0"):
+        select(torch.tensor([0.5, -0.1]), 1, "fol-prop")
+    with pytest.raises(ConfigError, match="labels apply to strategy 'stratified' only"):
+        select(torch.rand(4), 1, "random", labels=torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ConfigError, match="one label per score"):
+        select(torch.rand(4), 1, "stratified", labels=torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ConfigError, match="integer class indices"):
+        select(torch.rand(4), 1, "stratified", labels=torch.zeros(4))

@@ -13,6 +13,17 @@ distinct, exactly ``min(n, N)`` of them). Strategies:
 * ``top`` / ``bottom``: the ``n`` highest / lowest scores in rank order (ties: lower index first). Use
   ``top`` for DeepGini, entropy, LSA/DSA, FOL; ``bottom`` for margin or max probability.
 * ``random``: ``n`` inputs uniformly at random (seeded).
+* ``stratified``: stratified random sampling. The pool is cut into ``k`` equal-frequency score bins (score
+  quantiles; ties split by index) and, when ``labels`` are given, crossed with the class: ``k x C`` strata.
+  Each stratum gets its proportional share ``n * size / N`` (rounded down; the leftover units go to the
+  strata with the largest fractional parts, ties broken at random), drawn uniformly at random inside it. It
+  is random selection with the variance over the score range and the classes taken out: a random draw of a
+  small budget can miss a class or over-sample one end of the FOL range, this one cannot. Order: stratum by
+  stratum, random within.
+* ``fol-prop``: weighted sampling without replacement with probability proportional to the score (e.g. FOL;
+  scores must be >= 0), by the exponential-key method of Efraimidis and Spirakis (2006): each input draws
+  ``u ~ U(0, 1)`` and the ``n`` largest keys ``log(u) / score`` win, in one sort. Inputs of score 0 come
+  last, in random order, and only when fewer than ``n`` inputs have a positive score. Order: draw order.
 * ``coverage``: greedy additional coverage. ``scores`` is a ``BoolTensor[N, F]`` saying which coverage cells
   (e.g. KMNC sections, NC neurons; :meth:`robustest.metrics.coverage.CoverageProfile.bits`) each input
   covers. Each step picks the input that covers the most cells not yet covered (ties: lower index). Once no
@@ -33,7 +44,7 @@ import torch
 
 from robustest.errors import ConfigError
 
-__all__ = ["STRATEGIES", "describe", "names", "sections", "select"]
+__all__ = ["STRATEGIES", "describe", "names", "quantile_bins", "sections", "select"]
 
 STRATEGIES: dict[str, str] = {
     "best": "BE-ST: n//2 lowest and n - n//2 highest scores (RobOT)",
@@ -42,6 +53,8 @@ STRATEGIES: dict[str, str] = {
     "bottom": "the n lowest scores (e.g. smallest margin first)",
     "random": "n inputs uniformly at random",
     "coverage": "greedy additional coverage over a BoolTensor[N, F] of covered cells",
+    "stratified": "stratified random: k score-quantile bins (x class with labels), proportional shares",
+    "fol-prop": "n inputs drawn without replacement with probability proportional to the score (>= 0)",
 }
 
 FILLS = ("total", "random")
@@ -157,6 +170,66 @@ def _kmst(s: torch.Tensor, n: int, k: int, gen: torch.Generator) -> torch.Tensor
     return order[rank < alloc[sec[order]]]
 
 
+def quantile_bins(scores: Any, k: int) -> torch.Tensor:
+    """Equal-frequency bin of each score ``[N]`` -> int64 ``[N]`` in ``[0, min(k, N))``: the scores in rank order
+    (ties: lower index first) are cut into ``k`` runs of (nearly) equal length, bin 0 the lowest."""
+    s = _check_scores(scores)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ConfigError(f"k must be a positive integer, got {k!r}")
+    num = s.shape[0]
+    out = torch.empty(num, dtype=torch.int64)
+    out[torch.sort(s, stable=True).indices] = torch.arange(num) * int(k) // max(num, 1)
+    return out
+
+
+def _check_labels(labels: Any, num: int) -> torch.Tensor:
+    lab = _as_tensor(labels)
+    if lab.dim() != 1 or lab.shape[0] != num:
+        raise ConfigError(f"labels must be a 1-D tensor with one label per score ({num}), got shape "
+                          f"{tuple(lab.shape)}")
+    if lab.is_floating_point() or lab.dtype == torch.bool or lab.is_complex():
+        raise ConfigError(f"labels must be integer class indices, got dtype {lab.dtype}")
+    return lab.to(torch.int64)
+
+
+def _stratified(s: torch.Tensor, n: int, k: int, labels: torch.Tensor | None, gen: torch.Generator) -> torch.Tensor:
+    num = s.shape[0]
+    strata = quantile_bins(s, k)
+    if labels is not None:
+        cls = torch.unique(labels, return_inverse=True)[1]
+        strata = cls * int(k) + strata
+    strata = torch.unique(strata, return_inverse=True)[1]  # dense ids 0..S-1
+    counts = torch.bincount(strata)
+    quota = counts.to(torch.float64) * n / num
+    alloc = torch.floor(quota).to(torch.int64)
+    rest = n - int(alloc.sum())
+    if rest > 0:  # largest remainders, ties at random: sort by (fraction desc, random key)
+        frac = quota - alloc
+        shuffled = torch.randperm(len(counts), generator=gen)
+        order = shuffled[torch.sort(frac[shuffled], descending=True, stable=True).indices]
+        alloc[order[:rest]] += 1
+    perm = torch.randperm(num, generator=gen)
+    order = perm[torch.sort(strata[perm], stable=True).indices]
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(num) - starts[strata[order]]
+    return order[rank < alloc[strata[order]]]
+
+
+def _proportional(s: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
+    if bool((s < 0).any()):
+        raise ConfigError(f"strategy 'fol-prop' samples with probability proportional to the score, which must be "
+                          f">= 0; got a minimum of {float(s.min()):.4g} (use FOL, DeepGini or another non-negative "
+                          "score)")
+    u = torch.rand(s.shape[0], generator=gen, dtype=torch.float64).clamp_min_(1e-300)
+    pos = torch.nonzero(s > 0).flatten()
+    keys = torch.log(u[pos]) / s[pos]
+    first = pos[torch.sort(keys, descending=True, stable=True).indices[:n]]
+    if first.numel() >= n:
+        return first
+    zero = torch.nonzero(s <= 0).flatten()
+    return torch.cat([first, zero[torch.randperm(zero.numel(), generator=gen)[: n - first.numel()]]])
+
+
 def _greedy_coverage(bits: torch.Tensor, n: int, fill: str, gen: torch.Generator) -> torch.Tensor:
     num = bits.shape[0]
     bf = bits.to(torch.float32)
@@ -195,6 +268,7 @@ def select(
     k: int = 4,
     seed: int | None = 0,
     fill: str = "total",
+    labels: Any = None,
 ) -> torch.Tensor:
     """Select ``n`` inputs from a scored pool.
 
@@ -202,10 +276,14 @@ def select(
         scores: ``[N]`` real scores (tensor, array or list), or for ``strategy="coverage"`` a
             ``BoolTensor[N, F]`` of covered coverage cells.
         n: how many to select (>= 0); more than ``N`` returns the whole pool with a warning.
-        strategy: ``best``, ``kmst``, ``top``, ``bottom``, ``random`` or ``coverage`` (see module docstring).
-        k: number of KM-ST sections (``kmst`` only).
-        seed: seed of the random draws (``kmst``, ``random``, ``coverage`` with ``fill="random"``).
+        strategy: ``best``, ``kmst``, ``top``, ``bottom``, ``random``, ``coverage``, ``stratified`` or
+            ``fol-prop`` (see module docstring).
+        k: number of KM-ST sections (``kmst``) or of score-quantile bins (``stratified``).
+        seed: seed of the random draws (``kmst``, ``random``, ``stratified``, ``fol-prop``, ``coverage`` with
+            ``fill="random"``).
         fill: how ``coverage`` completes the selection once nothing adds coverage: ``total`` or ``random``.
+        labels: ``stratified`` only (optional): int64 ``[N]`` class of each input; the strata are then score
+            bin x class.
 
     Returns:
         int64 CPU tensor of ``min(n, N)`` distinct indices into the pool.
@@ -219,6 +297,9 @@ def select(
         raise ConfigError(f"fill must be 'total' or 'random', got {fill!r}")
     s = _check_bits(scores) if strategy == "coverage" else _check_scores(scores)
     pool = s.shape[0]
+    if labels is not None and strategy != "stratified":
+        raise ConfigError(f"labels apply to strategy 'stratified' only, not {strategy!r}: leave them out")
+    lab = _check_labels(labels, pool) if labels is not None else None
     if n > pool:
         warnings.warn(f"asked for {n} inputs but the pool holds only {pool}: returning the whole pool",
                       UserWarning, stacklevel=2)
@@ -240,6 +321,10 @@ def select(
         out = torch.randperm(pool, generator=gen)[:n]
     elif strategy == "kmst":
         out = _kmst(s, n, int(k), gen)
+    elif strategy == "stratified":
+        out = _stratified(s, n, int(k), lab, gen)
+    elif strategy == "fol-prop":
+        out = _proportional(s, n, gen)
     else:
         out = _greedy_coverage(s, n, fill, gen)
     return out.to(torch.int64)

@@ -35,7 +35,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
     p.add_argument("--strategies", type=list_arg(_strategy, what="strategy"), metavar="LIST",
-                   help="comma-separated strategies (default: best,kmst,gini,random,coverage)")
+                   help="comma-separated strategies: best, kmst, gini, random, coverage, stratified (FOL quantile x "
+                        "class), fol-prop (probability proportional to FOL), and the baselines all (the whole pool) "
+                        "and adv-train (PGD adversarial training against the current model, no pool; run once per "
+                        "seed) (default: best,kmst,gini,random,coverage)")
     p.add_argument("--budgets", type=list_arg(budget_arg, ranges=True, what="budget"), metavar="LIST",
                    help="comma-separated budgets: counts (ranges too, 10-12) or percentages of the pool "
                         "(default: 5%%)")
@@ -47,7 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from robustest import robot
 
-    cfg = build_config(args, defaults={"strategies": list(robot.STRATEGIES)})
+    cfg = build_config(args, defaults={"strategies": list(robot.DEFAULT_STRATEGIES)})
     results = robot.compare(cfg)
     print_results(results, cfg.out)
     return 0

@@ -98,8 +98,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="the RobOT loop: test, select by FOL, retrain, measure, until converged",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
-    p.add_argument("--strategy", choices=("best", "kmst", "gini", "random", "coverage"),
-                   help="selection strategy (default: best)")
+    p.add_argument("--strategy", choices=("best", "kmst", "gini", "random", "coverage", "stratified", "fol-prop",
+                                          "all", "adv-train"),
+                   help="selection strategy (default: best); all: the whole pool every round; adv-train: PGD "
+                        "adversarial training against the current model instead of a pool")
     p.add_argument("--budget", type=budget_arg, help="tests selected per round: a count or '5%%' of the pool")
     p.add_argument("--rounds", type=positive_int, help="maximum number of rounds (default: 3)")
     p.add_argument("--time-budget", type=positive_float, metavar="SECONDS", help="stop starting rounds after this")
@@ -178,8 +180,45 @@ def print_compare_table(results: dict[str, Any], file=None) -> None:
                      "white-box after": pm(r, "whitebox_accuracy"),
                      "clean before": fmt(r["before_clean_accuracy"], "accuracy"),
                      "clean after": pm(r, "clean_accuracy")})
-    print_table(rows, ["strategy", "budget", "fixed-set before", "fixed-set after", "white-box before",
-                       "white-box after", "clean before", "clean after"], file=file)
+    cols = ["strategy", "budget", "fixed-set before", "fixed-set after", "white-box before", "white-box after",
+            "clean before", "clean after"]
+    passes = [r.get("compute_passes_mean") for r in results["table"]]
+    if any(v is not None for v in passes):
+        for row, v in zip(rows, passes):
+            row["passes (k)"] = "-" if v is None else f"{v / 1e3:.1f}"
+        cols.append("passes (k)")
+    print_table(rows, cols, file=file)
+    print_paired_table(results.get("paired_vs_random") or [], file=file)
+
+
+def print_paired_table(paired: list[dict[str, Any]], file=None) -> None:
+    """The paired differences to random selection: one row per (strategy, budget), one column per metric with
+    ``mean [low, high]``, marked ``*`` where the interval excludes 0."""
+    if not paired:
+        return
+    labels = {"fixed_set_accuracy": "fixed-set vs random", "whitebox_accuracy": "white-box vs random",
+              "clean_accuracy": "clean vs random"}
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    seeds = sorted({int(p["n_seeds"]) for p in paired})
+    for p in paired:
+        row = rows.setdefault((p["strategy"], str(p["budget"])), {"strategy": p["strategy"], "budget": p["budget"]})
+        row[labels.get(p["metric"], p["metric"])] = paired_cell(p)
+    cols = ["strategy", "budget"] + [v for v in labels.values() if any(v in r for r in rows.values())]
+    out = (lambda text: print(text, file=file)) if file is not None else log.info
+    out(f"\npaired by seed, strategy minus random: mean [95 % t-interval] over {', '.join(map(str, seeds))} "
+        "seed(s); * = the interval excludes 0")
+    print_table([{c: r.get(c, "-") for c in cols} for r in rows.values()], cols, file=file)
+
+
+def paired_cell(p: dict[str, Any]) -> str:
+    """``+0.031 [+0.010, +0.052] *``: a paired difference, its interval and the mark when it excludes 0."""
+    mean, lo, hi = p.get("mean_diff"), p.get("ci_low"), p.get("ci_high")
+    if mean is None:
+        return "-"
+    if lo is None or hi is None:
+        return f"{mean:+.3f}"
+    mark = " *" if lo > 0 or hi < 0 else ""
+    return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]{mark}"
 
 
 def _figs(rob: dict[str, Any]) -> dict[str, Any]:

@@ -56,13 +56,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     budget.add_argument("--fraction", type=fraction, metavar="F", help="fraction of the pool to select (0, 1]")
     p.add_argument("--strategy", required=True, choices=selection.names(),
                    help="; ".join(selection.describe(s) for s in selection.names()))
-    p.add_argument("--k", type=positive_int, default=4, help="KM-ST sections (default: 4)")
+    p.add_argument("--k", type=positive_int, default=4,
+                   help="KM-ST sections, or stratified's score-quantile bins (default: 4)")
     p.add_argument("--fill", choices=("total", "random"), default="total",
                    help="coverage: how to complete once no input adds coverage (default: total)")
     p.add_argument("--tests", metavar="FILE", default=None,
                    help="the tests file that was scored: also write the selected tests to OUT/selected_tests.pt")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
-    p.add_argument("--seed", type=seed_int, default=0, help="random seed of random and kmst (default: 0)")
+    p.add_argument("--seed", type=seed_int, default=0,
+                   help="random seed of random, kmst, stratified and fol-prop (default: 0)")
     add_output_flags(p)
     p.set_defaults(func=run)
 
@@ -177,11 +179,12 @@ def run(args: argparse.Namespace) -> int:
                         **({"tests": "selected_tests.pt"} if args.tests else {})}
     settings: dict[str, Any] = {"scores": str(args.scores), "strategy": args.strategy}
     settings.update({"n": args.n} if args.n is not None else {"fraction": args.fraction})
-    if args.strategy == "kmst":
+    if args.strategy in ("kmst", "stratified"):
         settings["k"] = args.k
     if args.strategy == "coverage":
         settings["fill"] = args.fill
-    if args.strategy in ("kmst", "random") or (args.strategy == "coverage" and args.fill == "random"):
+    if args.strategy in ("kmst", "random", "stratified", "fol-prop") or (
+            args.strategy == "coverage" and args.fill == "random"):
         settings["seed"] = args.seed
     if args.tests is not None:
         settings["tests"] = str(args.tests)

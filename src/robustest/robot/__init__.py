@@ -33,20 +33,34 @@ wall-clock timings live in ``timings.json``.
 Package layout: ``config`` (RobotConfig, parse_budget, derive_seed), ``pool`` (Pool, generate_pool,
 select_tests), ``setup`` (what run and compare share: output folder and resume marker, data, original model,
 fixed set and baseline, fine-tuning, measurement), ``loop`` (run, the rounds, the convergence rule),
-``compare`` (compare, comparison_table), ``report`` (results.json, timings.json, summary.csv, report.html).
+``compare`` (compare, comparison_table, paired_vs_random), ``compute`` (PassCounter: compute in
+forward+backward passes), ``report`` (results.json, timings.json, summary.csv, report.html).
 """
 
 from __future__ import annotations
 
-from robustest.robot.compare import compare, comparison_table
-from robustest.robot.config import METRICS, POOLS, STRATEGIES, RobotConfig, derive_seed, parse_budget
+from robustest.robot.compare import compare, comparison_table, paired_vs_random
+from robustest.robot.compute import PassCounter
+from robustest.robot.config import (
+    BUDGET_FREE,
+    DEFAULT_STRATEGIES,
+    METRICS,
+    POOLS,
+    STRATEGIES,
+    RobotConfig,
+    derive_seed,
+    parse_budget,
+)
 from robustest.robot.loop import convergence_update, run
 from robustest.robot.pool import Pool, generate_pool, select_tests
 from robustest.robot.report import RESULTS_FORMAT, RESULTS_VERSION
 
 __all__ = [
+    "BUDGET_FREE",
+    "DEFAULT_STRATEGIES",
     "METRICS",
     "POOLS",
+    "PassCounter",
     "RESULTS_FORMAT",
     "RESULTS_VERSION",
     "STRATEGIES",
@@ -57,6 +71,7 @@ __all__ = [
     "convergence_update",
     "derive_seed",
     "generate_pool",
+    "paired_vs_random",
     "parse_budget",
     "run",
     "select_tests",

@@ -11,13 +11,28 @@ import numpy as np
 import torch
 from torch import nn
 
-from robustest.errors import DataError
-from robustest.robot.config import STRATEGIES, RobotConfig, derive_seed, parse_budget
+from robustest.errors import ConfigError, DataError
+from robustest.robot.compute import PassCounter, cell_compute
+from robustest.robot.config import BUDGET_FREE, DEFAULT_STRATEGIES, RobotConfig, derive_seed, parse_budget
 from robustest.robot.pool import Pool, _coverage_profile, generate_pool, select_tests
 from robustest.robot.report import RESULTS_FORMAT, RESULTS_VERSION, _write_outputs
-from robustest.robot.setup import _f, _finetune, _last_figures, _log, _measure, _prepare_out, _quantiles, _rob, _setup
+from robustest.robot.setup import (
+    _adv_finetune,
+    _f,
+    _finetune,
+    _last_figures,
+    _log,
+    _measure,
+    _prepare_out,
+    _quantiles,
+    _rob,
+    _setup,
+)
 from robustest.robustness import RobustnessReport
 from robustest.runtime import atomic_save, atomic_write_json
+
+#: the figures paired_vs_random compares
+PAIRED_METRICS = ("fixed_set_accuracy", "whitebox_accuracy", "clean_accuracy")
 
 
 # ------------------------------------------------------------------------------------------- compare()
@@ -25,13 +40,17 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
     """Compare selection strategies on ONE pool generated against the original model.
 
     For every budget in ``config.budgets`` (default ``[config.budget]``), strategy in ``config.strategies``
-    (default all of :data:`STRATEGIES`) and seed in ``config.seeds``, the ORIGINAL model is fine-tuned on
-    the training data + the selected tests and measured. Writes results.json (with a per (strategy, budget)
-    table of means and standard deviations), timings.json, summary.csv and report.html; returns results.
+    (default :data:`DEFAULT_STRATEGIES`) and seed in ``config.seeds``, the ORIGINAL model is fine-tuned on
+    the training data + the selected tests and measured. The budget-free baselines (``all``: the whole pool;
+    ``adv-train``: PGD adversarial training, no pool) run once per seed, under the budget label of
+    :data:`BUDGET_FREE`. Every cell records its compute in forward+backward passes (pool generation, selection
+    scoring, fine-tuning, adversarial generation). Writes results.json (a per (strategy, budget) table of means
+    and standard deviations, and :func:`paired_vs_random`), timings.json, summary.csv and report.html; returns
+    the results.
     """
     cfg = config if isinstance(config, RobotConfig) else RobotConfig.from_dict(config)
     if cfg.strategies is None:
-        cfg.strategies = list(STRATEGIES)
+        cfg.strategies = list(DEFAULT_STRATEGIES)
     cfg.validate()
     out = _prepare_out(cfg, "compare")
     t_start = time.perf_counter()
@@ -42,55 +61,80 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
     strategies = list(cfg.strategies)
     profile = None
     pool_path = state / "pool.pt"
+    cost_path = state / "pool_compute.json"
     t0 = time.perf_counter()
+    cache: dict[str, Any] = {}
     if pool_path.is_file():
         pool = Pool.from_payload(torch.load(pool_path, map_location="cpu", weights_only=True))
+        pool_cost = json.loads(cost_path.read_text()) if cost_path.is_file() else \
+            {"generation": None, "fol_scoring": None, "profile": None}
     else:
         _log(cfg, f"generating the {cfg.pool} pool from {len(setup.x_fit)} training images")
+        pool_cost = {"profile": None}
         if "coverage" in strategies or cfg.pool == "cov-fuzz":
-            profile = _coverage_profile(setup.model0, setup.x_fit, cfg)
+            with PassCounter(setup.model0) as pc:
+                profile = _coverage_profile(setup.model0, setup.x_fit, cfg)
+            pool_cost["profile"] = pc.passes
         pool = generate_pool(setup.model0, setup.x_fit, setup.y_fit, cfg, derive_seed(cfg.seed, "pool"),
-                             profile=profile)
+                             profile=profile, compute=pool_cost)
         atomic_save(pool.payload(), pool_path)
+        atomic_write_json(cost_path, pool_cost)
     timings["pool_s"] = time.perf_counter() - t0
     if len(pool) == 0:
         raise DataError("the test pool is empty (no successful attacks): raise eps or use another pool generator")
     _log(cfg, f"pool: {len(pool)} tests {pool.counts()}")
-    cache: dict[str, Any] = {}
+    generation = pool_cost.get("generation")
+    if cfg.pool == "cov-fuzz" and generation is not None:  # the fuzzer needs the profile: part of generating
+        generation = None if pool_cost.get("profile") is None else generation + pool_cost["profile"]
+    elif profile is not None:
+        cache["profile_passes"] = pool_cost.get("profile")
+    cache["fol_passes"] = pool_cost.get("fol_scoring")
     cells: list[dict[str, Any]] = []
     selected_by_strategy: dict[str, torch.Tensor] = {}
     from robustest.runtime import progress as progress_bar
 
-    plan = [(b, s, sd) for b in budgets for s in strategies for sd in cfg.seeds]
+    plan = [(b, s, sd) for b in budgets for s in strategies if s not in BUDGET_FREE for sd in cfg.seeds]
+    plan += [(BUDGET_FREE[s], s, sd) for s in strategies if s in BUDGET_FREE for sd in cfg.seeds]
     for b, s, sd in progress_bar(plan, enabled=cfg.progress, desc="cells", unit="cell"):
-        key = f"{s}_b{str(b).replace('%', 'pct')}_s{sd}"
+        key = f"{s}_s{sd}" if s in BUDGET_FREE else f"{s}_b{str(b).replace('%', 'pct')}_s{sd}"
         cdir = state / "cells" / key
         rec_path = cdir / "cell.json"
-        n = parse_budget(b, len(pool))
+        n = 0 if s == "adv-train" else parse_budget(b, len(pool))
         if rec_path.is_file():
             rec = json.loads(rec_path.read_text())
             idx = torch.load(cdir / "selected.pt", map_location="cpu", weights_only=True)["pool_index"]
         else:
             if profile is None and s == "coverage" and "bits" not in cache:
-                profile = _coverage_profile(setup.model0, setup.x_fit, cfg)
+                with PassCounter(setup.model0) as pc:
+                    profile = _coverage_profile(setup.model0, setup.x_fit, cfg)
+                cache["profile_passes"] = pc.passes
             tc = time.perf_counter()
             cseed = derive_seed(cfg.seed, "cell", s, str(b), sd)
-            idx = select_tests(s, setup.model0, pool, n, cfg, derive_seed(cseed, "select"), profile=profile,
-                               cache=cache)
+            sel_cost: dict[str, Any] = {"selection_scoring": 0.0}
+            if s == "adv-train":
+                idx = torch.zeros(0, dtype=torch.long)
+                new_model, last_model, tr = _adv_finetune(setup.model0, setup, cfg, derive_seed(cseed, "finetune"))
+            else:
+                idx = select_tests(s, setup.model0, pool, n, cfg, derive_seed(cseed, "select"), profile=profile,
+                                   cache=cache, compute=sel_cost)
+                new_model, last_model, tr = _finetune(setup.model0, setup, pool.subset(idx), cfg,
+                                                      derive_seed(cseed, "finetune"))
             sel = pool.subset(idx)
-            new_model, last_model, tr = _finetune(setup.model0, setup, sel, cfg, derive_seed(cseed, "finetune"))
             rob = _measure(new_model, setup.test, setup.fixed, cfg, derive_seed(cfg.seed, "measure-cell", sd))
             last = _last_figures(rob, last_model, setup, cfg, derive_seed(cfg.seed, "measure-cell", sd))
+            compute = cell_compute(pool_generation=0.0 if s == "adv-train" else generation,
+                                   selection_scoring=sel_cost["selection_scoring"], finetune=tr["passes"],
+                                   adversarial=tr["adversarial_passes"])
             rec = {"strategy": s, "budget": b, "seed": sd, "n": len(sel), "by_method": sel.counts(),
                    "fol": _quantiles(sel.fol), "train": tr["history"], "robustness": _rob(rob),
-                   "robustness_last_epoch": last}
+                   "robustness_last_epoch": last, "compute": compute}
             from robustest.checkpoints import save_weights
 
             save_weights(cdir / "model.pt", new_model, metadata={"strategy": s, "budget": str(b), "seed": sd})
             atomic_save({"pool_index": idx}, cdir / "selected.pt")
             atomic_write_json(rec_path, rec)  # written last: marks the cell finished
             timings["cells"].append({"cell": key, "seconds": time.perf_counter() - tc})
-        if sd == cfg.seeds[0] and b == budgets[0]:
+        if sd == cfg.seeds[0] and (b == budgets[0] or s == "all"):
             selected_by_strategy[s] = idx
         cells.append(rec)
         rb = rec["robustness"]
@@ -100,8 +144,10 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
     results = {
         "format": RESULTS_FORMAT, "version": RESULTS_VERSION, "kind": "compare",
         "config": cfg.result_dict(), "data": setup.info, "baseline": _rob(setup.baseline),
-        "pool": {"size": len(pool), "by_method": pool.counts(), "fol": _quantiles(pool.fol)},
-        "cells": cells, "table": table,
+        "pool": {"size": len(pool), "by_method": pool.counts(), "fol": _quantiles(pool.fol),
+                 "compute": {"generation": generation, "fol_scoring": pool_cost.get("fol_scoring"),
+                             "coverage_profile": pool_cost.get("profile") if cfg.pool != "cov-fuzz" else None}},
+        "cells": cells, "table": table, "paired_vs_random": paired_vs_random(cells),
     }
     timings["elapsed_s"] = time.perf_counter() - t_start
     examples = {s: pool.subset(i[: cfg.examples]) for s, i in selected_by_strategy.items()}
@@ -130,5 +176,63 @@ def comparison_table(cells: list[dict[str, Any]], baseline: RobustnessReport | d
         lv = [c["robustness_last_epoch"].get("fixed_set_accuracy") for c in cs]
         lv = [v for v in lv if v is not None]
         row["last_epoch_fixed_set_accuracy_mean"] = float(np.mean(lv)) if lv else None
+        cv = [(c.get("compute") or {}).get("total") for c in cs]
+        row["compute_passes_mean"] = float(np.mean(cv)) if cv and all(v is not None for v in cv) else None
         rows.append(row)
+    return rows
+
+
+def paired_vs_random(cells: list[dict[str, Any]], metrics: tuple[str, ...] = PAIRED_METRICS,
+                     level: float = 0.95) -> list[dict[str, Any]]:
+    """Each strategy against random selection, paired by seed.
+
+    For every (strategy, budget) group other than random and every metric, the differences
+    ``strategy - random`` on the seeds both ran (same seed: same white-box attack seeds, so attack noise cancels)
+    give ``mean_diff`` and its ``level`` t-interval ``mean_diff +- t_{(1+level)/2, n-1} * sd / sqrt(n)``
+    (``ci_low``, ``ci_high``; None with one seed, equal to the mean when every difference is the same).
+    A budget-free strategy (``all``, ``adv-train``) is compared with random at every budget random ran, and
+    the row carries random's budget. Rows: ``{strategy, budget, metric, mean_diff, ci_low, ci_high,
+    n_seeds}``, in the order of the cells; an empty list without random cells.
+    """
+    from scipy import stats
+
+    if not 0 < level < 1:
+        raise ConfigError(f"level must lie in (0, 1), got {level!r}")
+    rand: dict[str, dict[int, dict[str, Any]]] = {}
+    order: list[tuple[str, str]] = []
+    groups: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    for c in cells:
+        b = str(c["budget"])
+        if c["strategy"] == "random":
+            rand.setdefault(b, {})[c["seed"]] = c
+        else:
+            if (c["strategy"], b) not in groups:
+                order.append((c["strategy"], b))
+            groups.setdefault((c["strategy"], b), {})[c["seed"]] = c
+    budget_of = {str(c["budget"]): c["budget"] for c in cells}
+    rows: list[dict[str, Any]] = []
+    for s, b in order:
+        targets = list(rand) if s in BUDGET_FREE else [b]
+        for rb in targets:
+            if rb not in rand:
+                continue
+            for m in metrics:
+                diffs = []
+                for sd, c in groups[(s, b)].items():
+                    r = rand[rb].get(sd)
+                    if r is None:
+                        continue
+                    a, z = c["robustness"].get(m), r["robustness"].get(m)
+                    if a is not None and z is not None:
+                        diffs.append(float(a) - float(z))
+                if not diffs:
+                    continue
+                mean = float(np.mean(diffs))
+                lo = hi = None
+                if len(diffs) > 1:
+                    half = float(stats.t.ppf((1 + level) / 2, len(diffs) - 1)) * float(np.std(diffs, ddof=1)) \
+                        / np.sqrt(len(diffs))
+                    lo, hi = float(mean - half), float(mean + half)
+                rows.append({"strategy": s, "budget": budget_of[rb], "metric": m, "mean_diff": mean, "ci_low": lo,
+                             "ci_high": hi, "n_seeds": len(diffs)})
     return rows

@@ -17,7 +17,15 @@ from robustest.config import check_bool, check_float, check_int, check_keywords,
 from robustest.errors import ConfigError
 
 POOLS = ("attack", "fol-fuzz", "cov-fuzz")
-STRATEGIES = ("best", "kmst", "gini", "random", "coverage")
+STRATEGIES = ("best", "kmst", "gini", "random", "coverage", "stratified", "fol-prop", "all", "adv-train")
+#: what ``compare`` runs when no strategies are given (the paper's strategies, random and coverage)
+DEFAULT_STRATEGIES = ("best", "kmst", "gini", "random", "coverage")
+#: strategies that select nothing from a budget: ``all`` takes the whole pool, ``adv-train`` fine-tunes on PGD
+#: examples generated against the current model every batch (Madry et al.) and uses no pool; a comparison runs
+#: them once per seed, under the budget label of BUDGET_FREE
+BUDGET_FREE = {"all": "100%", "adv-train": "online"}
+#: finetune_options adv-train can honour (its update step is robustest.hardening's pgd-at)
+ADV_TRAIN_OPTIONS = ("optimizer", "weight_decay")
 METRICS = ("clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy", "whitebox_pgd_accuracy",
            "whitebox_apgd_accuracy")
 # config keys that do not change results (left out of results.json and of the resume check)
@@ -42,8 +50,10 @@ class RobotConfig:
     Tests: ``eps`` (L-inf radius, pixel scale); ``pool`` is ``attack`` (successful FGSM + PGD examples of the
     training set, the paper's pool), ``fol-fuzz`` or ``cov-fuzz``; ``pool_limit`` uses only N training
     images as seeds; ``fuzz_options`` are passed to the fuzzer.
-    Selection: ``strategy`` (loop) or ``strategies`` (comparison) from best, kmst, gini, random, coverage;
-    ``budget`` (loop) or ``budgets`` (comparison): a count (int) or a percentage of the pool ("5%").
+    Selection: ``strategy`` (loop) or ``strategies`` (comparison) from best, kmst, gini, random, coverage,
+    stratified (``stratified_bins`` FOL-quantile bins x class), fol-prop (probability proportional to FOL),
+    and the baselines all (the whole pool) and adv-train (PGD adversarial training against the current model,
+    no pool); ``budget`` (loop) or ``budgets`` (comparison): a count (int) or a percentage of the pool ("5%").
     Fine-tuning: ``epochs``, ``batch_size``, ``lr`` (Adam), validation split ``val_fraction`` of the
     training data (plus its adversarial examples when ``val_adversarial``). ``finetune_options``: further
     recipe options of :func:`robustest.training.fit` for fine-tuning (``schedule``, ``milestones``,
@@ -76,6 +86,7 @@ class RobotConfig:
     budget: int | str = "5%"
     budgets: list[int | str] | None = None
     kmst_k: int = 4
+    stratified_bins: int = 4
     coverage_metric: str = "kmnc"
     coverage_options: dict[str, Any] = field(default_factory=dict)
     coverage_profile_limit: int = 2000
@@ -304,6 +315,17 @@ class RobotConfig:
                 parse_budget(b, 100)
             self.budgets = list(self.budgets)
         pos_int("kmst_k")
+        pos_int("stratified_bins")
+        used = list(self.strategies) if self.strategies is not None else [self.strategy]
+        if "adv-train" in used:
+            extra = sorted(set(self.finetune_options) - set(ADV_TRAIN_OPTIONS))
+            if extra:
+                raise ConfigError(f"finetune_options: adv-train fine-tunes with robustest.hardening's pgd-at, which "
+                                  f"takes only {' and '.join(ADV_TRAIN_OPTIONS)}, not {extra[0]!r}: drop it or "
+                                  "drop adv-train")
+            if self.finetune_options.get("optimizer", "adam") not in ("adam", "sgd"):
+                raise ConfigError(f"finetune_options: adv-train takes optimizer adam or sgd, got "
+                                  f"{self.finetune_options['optimizer']!r}")
         if self.coverage_metric not in ("nc", "kmnc", "nbc", "snac", "tknc"):
             raise ConfigError(f"unknown coverage_metric {self.coverage_metric!r}: use nc, kmnc, nbc, snac or tknc")
         pos_int("coverage_profile_limit")

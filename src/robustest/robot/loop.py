@@ -14,10 +14,12 @@ from torch import nn
 
 from robustest.errors import ConfigError
 from robustest.robot.compare import compare
+from robustest.robot.compute import PassCounter, cell_compute
 from robustest.robot.config import RobotConfig, derive_seed, parse_budget
 from robustest.robot.pool import Pool, _coverage_profile, _fol, generate_pool, select_tests
 from robustest.robot.report import RESULTS_FORMAT, RESULTS_VERSION, _write_outputs
 from robustest.robot.setup import (
+    _adv_finetune,
     _f,
     _finetune,
     _last_figures,
@@ -157,22 +159,43 @@ def _one_round(r: int, model_cur: nn.Module, setup: _Setup, tests: Pool, cfg: Ro
 
     t0 = time.perf_counter()
     seed_r = derive_seed(cfg.seed, "round", r)
-    profile = _coverage_profile(model_cur, setup.x_fit, cfg) if (
-        cfg.strategy == "coverage" or cfg.pool == "cov-fuzz") else None
-    pool = generate_pool(model_cur, setup.x_fit, setup.y_fit, cfg, derive_seed(seed_r, "pool"), profile=profile)
+    adv = cfg.strategy == "adv-train"
+    profile = None
+    cost: dict[str, Any] = {"generation": 0.0, "fol_scoring": 0.0}
+    sel_cost: dict[str, Any] = {"selection_scoring": 0.0}
+    if cfg.strategy == "coverage" or cfg.pool == "cov-fuzz":
+        with PassCounter(model_cur) as pc:
+            profile = _coverage_profile(model_cur, setup.x_fit, cfg)
+        cost["profile"] = pc.passes
+    if adv:  # adversarial training generates its own examples every batch: no pool, no selection
+        pool = Pool.empty_like(setup.x_fit)
+    else:
+        pool = generate_pool(model_cur, setup.x_fit, setup.y_fit, cfg, derive_seed(seed_r, "pool"), profile=profile,
+                             compute=cost)
     t_pool = time.perf_counter() - t0
     n = parse_budget(cfg.budget, len(pool))
     t1 = time.perf_counter()
-    idx = select_tests(cfg.strategy, model_cur, pool, n, cfg, derive_seed(seed_r, "select"), profile=profile)
+    cache: dict[str, Any] = {"fol_passes": cost["fol_scoring"],
+                             "profile_passes": cost.get("profile") if cfg.pool != "cov-fuzz" else 0.0}
+    idx = torch.zeros(0, dtype=torch.long) if adv else select_tests(
+        cfg.strategy, model_cur, pool, n, cfg, derive_seed(seed_r, "select"), profile=profile, cache=cache,
+        compute=sel_cost)
     sel = pool.subset(idx)
     t2 = time.perf_counter()
-    new_model, last_model, tr = _finetune(model_cur, setup, tests.concat(sel), cfg, derive_seed(seed_r, "finetune"))
+    if adv:
+        new_model, last_model, tr = _adv_finetune(model_cur, setup, cfg, derive_seed(seed_r, "finetune"))
+    else:
+        new_model, last_model, tr = _finetune(model_cur, setup, tests.concat(sel), cfg,
+                                              derive_seed(seed_r, "finetune"))
     t3 = time.perf_counter()
     rob = _measure(new_model, setup.test, setup.fixed, cfg, derive_seed(seed_r, "measure"))
     last = _last_figures(rob, last_model, setup, cfg, derive_seed(seed_r, "measure"))
     fol_r, conv = _convergence_stat(new_model, setup, cfg, derive_seed(cfg.seed, "probe-attack", r))
     rule = convergence_update(stats + [conv["fol"]["median"]], cfg.convergence_tol, cfg.convergence_patience)
     t4 = time.perf_counter()
+    gen_cost = cost["generation"]
+    if cfg.pool == "cov-fuzz" and gen_cost is not None:  # the fuzzer needs the profile: part of generating
+        gen_cost = None if cost.get("profile") is None else gen_cost + cost["profile"]
     rec = {
         "round": r,
         "pool": {"size": len(pool), "by_method": pool.counts(), "fol": _quantiles(pool.fol)},
@@ -183,6 +206,8 @@ def _one_round(r: int, model_cur: nn.Module, setup: _Setup, tests: Pool, cfg: Ro
         "robustness": _rob(rob),
         "robustness_last_epoch": last,
         "convergence": {**rule, **conv},
+        "compute": cell_compute(pool_generation=gen_cost, selection_scoring=sel_cost["selection_scoring"],
+                                finetune=tr["passes"], adversarial=tr["adversarial_passes"]),
     }
     save_weights(rdir / "model.pt", new_model, metadata={"round": r})
     atomic_save({**sel.payload(), "pool_index": idx}, rdir / "selected.pt")

@@ -74,9 +74,26 @@ def _fol(model: nn.Module, x: torch.Tensor, y: torch.Tensor, x0: torch.Tensor, e
 
 
 def generate_pool(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: RobotConfig, seed: int,
-                  profile: Any = None) -> Pool:
+                  profile: Any = None, compute: dict[str, Any] | None = None) -> Pool:
     """Generate a test pool from seeds ``x`` (N x C x H x W) / ``y`` (int64 [N]) against ``model`` with the
-    configured generator, and score every test by FOL (L-inf, ``cfg.eps``) w.r.t. its seed."""
+    configured generator, and score every test by FOL (L-inf, ``cfg.eps``) w.r.t. its seed.
+
+    ``compute``: a dict that receives the passes spent (:class:`~robustest.robot.compute.PassCounter`):
+    ``generation`` (the attacks or the fuzzer, with a coverage profile it builds) and ``fol_scoring``."""
+    from robustest.robot.compute import PassCounter
+
+    with PassCounter(model) as gen_count:
+        xa, ya, x0i, meth = _generate(model, x, y, cfg, seed, profile)
+    with PassCounter(model) as fol_count:
+        fol = _fol(model, xa, ya, x[x0i], cfg.eps)
+    if compute is not None:
+        compute["generation"] = gen_count.passes
+        compute["fol_scoring"] = fol_count.passes
+    return Pool(xa, ya.long(), x0i.long(), list(meth), fol)
+
+
+def _generate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: RobotConfig, seed: int, profile: Any
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
     if cfg.pool_limit is not None and cfg.pool_limit < x.shape[0]:
         g = torch.Generator().manual_seed(derive_seed(seed, "pool-seeds"))
         keep = torch.sort(torch.randperm(x.shape[0], generator=g)[:cfg.pool_limit]).values
@@ -102,9 +119,7 @@ def generate_pool(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: Robot
         res = fuzzing.coverage_fuzz(model, xs, ys, profile, seed=derive_seed(seed, "cov-fuzz"), **opts)
         x0i = keep[res.seed_index.long().cpu()]
         xa, ya, meth = res.x.detach().float().cpu(), y[x0i], ["cov-fuzz"] * int(res.x.shape[0])
-    xa = xa.clamp(0, 1)
-    fol = _fol(model, xa, ya, x[x0i], cfg.eps)
-    return Pool(xa, ya.long(), x0i.long(), list(meth), fol)
+    return xa.clamp(0, 1), ya, x0i, list(meth)
 
 
 def _coverage_profile(model: nn.Module, x: torch.Tensor, cfg: RobotConfig) -> Any:
@@ -113,31 +128,60 @@ def _coverage_profile(model: nn.Module, x: torch.Tensor, cfg: RobotConfig) -> An
     return CoverageProfile.build(model, x[:cfg.coverage_profile_limit])
 
 
+#: strategies that rank or sample by the pool's FOL: their selection cost includes scoring the pool by FOL
+FOL_STRATEGIES = ("best", "kmst", "stratified", "fol-prop")
+
+
 def select_tests(strategy: str, model: nn.Module, pool: Pool, n: int, cfg: RobotConfig, seed: int,
-                 profile: Any = None, cache: dict[str, Any] | None = None) -> torch.Tensor:
+                 profile: Any = None, cache: dict[str, Any] | None = None,
+                 compute: dict[str, Any] | None = None) -> torch.Tensor:
     """Indices (int64 [min(n, len(pool))]) of the tests ``strategy`` selects from ``pool``.
 
-    best / kmst rank by the pool's FOL; gini takes the highest DeepGini scores of ``model``; random draws
-    uniformly; coverage greedily maximises the ``coverage_metric`` cells covered (profile of ``model``).
-    ``cache`` keeps per-pool scores (gini, coverage bits) between calls on the same pool.
+    best / kmst rank by the pool's FOL; stratified draws at random within FOL-quantile x class strata;
+    fol-prop samples with probability proportional to FOL; gini takes the highest DeepGini scores of
+    ``model``; random draws uniformly; coverage greedily maximises the ``coverage_metric`` cells covered
+    (profile of ``model``); all takes the whole pool. ``cache`` keeps per-pool scores (gini, coverage bits)
+    between calls on the same pool, with the passes they cost. ``compute``: a dict whose ``selection_scoring``
+    receives the passes the strategy's scores cost on this pool (FOL strategies: ``cache["fol_passes"]``, the
+    FOL scoring of the pool; also when the scores came from the cache), 0 for random and all.
     """
     from robustest import selection
+    from robustest.robot.compute import PassCounter
 
     cache = {} if cache is None else cache
+    cost: float | None = 0.0
+    if strategy in FOL_STRATEGIES:
+        cost = cache.get("fol_passes")
+    if compute is not None:
+        compute["selection_scoring"] = cost
+    if strategy == "all":
+        return torch.arange(len(pool), dtype=torch.long)
     if len(pool) == 0 or n == 0:
         return torch.zeros(0, dtype=torch.long)
-    if strategy in ("best", "kmst", "random"):
+    if strategy in ("best", "kmst", "random", "fol-prop"):
         return selection.select(pool.fol, n, strategy, k=cfg.kmst_k, seed=seed)
+    if strategy == "stratified":
+        return selection.select(pool.fol, n, "stratified", k=cfg.stratified_bins, seed=seed, labels=pool.y)
     if strategy == "gini":
         if "gini" not in cache:
             from robustest import metrics
 
-            cache["gini"] = metrics.gini(model, pool.x, batch_size=512).detach().float().cpu()
+            with PassCounter(model) as pc:
+                cache["gini"] = metrics.gini(model, pool.x, batch_size=512).detach().float().cpu()
+            cache["gini_passes"] = pc.passes
+        if compute is not None:
+            compute["selection_scoring"] = cache["gini_passes"]
         return selection.select(cache["gini"], n, "top", seed=seed)
     if strategy == "coverage":
         if "bits" not in cache:
-            prof = profile if profile is not None else _coverage_profile(model, pool.x, cfg)
-            cache["bits"] = prof.bits(pool.x, cfg.coverage_metric, **cfg.coverage_options).cpu()
+            with PassCounter(model) as pc:
+                prof = profile if profile is not None else _coverage_profile(model, pool.x, cfg)
+                cache["bits"] = prof.bits(pool.x, cfg.coverage_metric, **cfg.coverage_options).cpu()
+            cache["bits_passes"] = pc.passes
+        if compute is not None:
+            prof_cost = cache.get("profile_passes", 0.0)
+            compute["selection_scoring"] = None if None in (prof_cost, cache["bits_passes"]) else \
+                prof_cost + cache["bits_passes"]
         return selection.select(cache["bits"], n, "coverage", seed=seed)
     raise ConfigError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
 

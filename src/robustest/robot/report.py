@@ -11,7 +11,7 @@ import torch
 
 from robustest.report import format_value
 from robustest.results import RESULTS_VERSION, document, results_format
-from robustest.robot.config import STRATEGIES, RobotConfig
+from robustest.robot.config import DEFAULT_STRATEGIES, RobotConfig
 from robustest.robot.pool import Pool
 from robustest.robot.setup import _log, _Setup
 from robustest.runtime import atomic_write_json
@@ -44,7 +44,7 @@ def settings_in_effect(cfg: RobotConfig, kind: str, device: Any = None) -> dict[
         if cfg.target is None:
             d.pop("target_metric", None)
     else:
-        used = list(cfg.strategies or STRATEGIES)
+        used = list(cfg.strategies or DEFAULT_STRATEGIES)
         d["strategies"] = used
         d["budgets"] = list(cfg.budgets) if cfg.budgets is not None else [cfg.budget]
         for k in _LOOP_ONLY:
@@ -53,6 +53,8 @@ def settings_in_effect(cfg: RobotConfig, kind: str, device: Any = None) -> dict[
             d.pop("pool_pgd_steps", None)
     if "kmst" not in used:
         d.pop("kmst_k", None)
+    if "stratified" not in used:
+        d.pop("stratified_bins", None)
     if "coverage" not in used and cfg.pool != "cov-fuzz":
         for k in _COVERAGE:
             d.pop(k, None)
@@ -199,9 +201,13 @@ def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotC
                  "white-box before": _acc(r["before_whitebox_accuracy"]),
                  "white-box after": _pm(r, "whitebox_accuracy"),
                  "clean after": _pm(r, "clean_accuracy"),
-                 "fixed set, last epoch": _acc(r.get("last_epoch_fixed_set_accuracy_mean"))} for r in table]
+                 "fixed set, last epoch": _acc(r.get("last_epoch_fixed_set_accuracy_mean")),
+                 "compute (passes)": "-" if r.get("compute_passes_mean") is None
+                 else f"{r['compute_passes_mean']:,.0f}"} for r in table]
         rep.table(rows, caption="Accuracies after retraining: mean ± sample standard deviation over seeds; "
-                  "budget = requested (tests selected); before = the original model.")
+                  "budget = requested (tests selected; 'online' = adversarial training, no pool); before = the "
+                  "original model; compute = forward+backward passes over one image per cell (pool generation, "
+                  "selection scoring, fine-tuning and adversarial generation; results.json has the parts).")
         if results.get("paired_vs_random"):
             rep.significance(results["paired_vs_random"])
         for m, label in (("fixed_set_accuracy", "fixed-set accuracy"), ("whitebox_accuracy", "white-box accuracy")):

@@ -66,7 +66,8 @@ def _limit(ds: Any, n: int | None) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _fingerprint(cfg: RobotConfig, kind: str) -> str:
     d = {k: v for k, v in cfg.result_dict().items() if k not in _EXTENDABLE_KEYS and k not in _PATH_KEYS
-         and not (k in ("train_options", "finetune_options") and not v)}  # runs from before these keys resume
+         and not (k in ("train_options", "finetune_options") and not v)  # runs from before these keys resume
+         and not (k == "stratified_bins" and v == 4)}
     return hashlib.sha256(json.dumps([kind, d], sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -247,15 +248,18 @@ def _finetune(model0: nn.Module, setup: _Setup, tests: Pool, cfg: RobotConfig, s
         if epoch == cfg.epochs:
             last["state"] = {k: v.detach().clone() for k, v in m.state_dict().items()}
 
+    from robustest.robot.compute import PassCounter
+
     x = torch.cat([setup.x_fit, tests.x]) if len(tests) else setup.x_fit
     y = torch.cat([setup.y_fit, tests.y]) if len(tests) else setup.y_fit
     opts = {"optimizer": "adam", **cfg.finetune_options}
     # under torchrun every rank fine-tunes the whole cell by itself (ddp=False), identically, so the results
     # equal one process's; the per-sample work around it (pool generation, robustness measurements) is what
     # the ranks share out
-    hist = fit(model, (x, y), epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, val=setup.val, seed=seed,
-               device=setup.device, progress=cfg.progress, restore_best=True, on_epoch_end=keep_last, ddp=False,
-               **opts)
+    with PassCounter(model) as pc:
+        hist = fit(model, (x, y), epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, val=setup.val, seed=seed,
+                   device=setup.device, progress=cfg.progress, restore_best=True, on_epoch_end=keep_last, ddp=False,
+                   **opts)
     last_model = None
     if hist.best_epoch != cfg.epochs and "state" in last:
         last_model = clone_model(model)
@@ -266,7 +270,55 @@ def _finetune(model0: nn.Module, setup: _Setup, tests: Pool, cfg: RobotConfig, s
         e.pop("seconds", None)
     secs = h.pop("seconds", 0.0)
     h["num_train"] = int(len(x))
-    return model, last_model, {"history": h, "seconds": secs}
+    return model, last_model, {"history": h, "seconds": secs, "passes": pc.passes, "adversarial_passes": 0.0}
+
+
+def _adv_finetune(model0: nn.Module, setup: _Setup, cfg: RobotConfig, seed: int
+                  ) -> tuple[nn.Module, nn.Module | None, dict[str, Any]]:
+    """The ``adv-train`` baseline: fine-tune a copy of ``model0`` on the training images with PGD adversarial
+    training (Madry et al.; :func:`robustest.hardening.harden`, method pgd-at: ``cfg.pool_pgd_steps`` steps of
+    2.5 eps / steps from a random start, generated against the model as it learns, every batch), with the
+    epochs, batch size, learning rate and optimiser of the other cells; the checkpoint is picked on the same
+    validation split by accuracy, as :func:`_finetune` does. Returns what :func:`_finetune` returns; the history
+    dict's ``passes`` are the update steps and validation, ``adversarial_passes`` the attacks."""
+    from robustest.hardening import harden
+    from robustest.robot.compute import PassCounter
+    from robustest.training import evaluate
+
+    model = clone_model(model0)
+    best: dict[str, Any] = {"acc": -1.0, "epoch": None, "state": None}
+    last: dict[str, Any] = {}
+    epochs: list[dict[str, Any]] = []
+
+    def on_end(epoch: int, m: nn.Module, rec: dict[str, Any]) -> None:
+        val_loss, val_acc = evaluate(m, setup.val, batch_size=max(256, cfg.batch_size))
+        epochs.append({"epoch": epoch, "loss": rec["loss"], "accuracy": rec["adv_accuracy"], "lr": rec["lr"],
+                       "val_loss": val_loss, "val_accuracy": val_acc})
+        state = {k: v.detach().clone() for k, v in m.state_dict().items()}
+        if val_acc > best["acc"]:
+            best.update(acc=val_acc, epoch=epoch, state=state)
+        if epoch == cfg.epochs:
+            last["state"] = state
+
+    opts = cfg.finetune_options
+    with PassCounter(model) as pc:
+        res = harden(model, (setup.x_fit, setup.y_fit), "pgd-at", eps=cfg.eps, epochs=cfg.epochs,
+                     batch_size=cfg.batch_size, lr=cfg.lr, optimizer=opts.get("optimizer", "adam"),
+                     weight_decay=float(opts.get("weight_decay", 0.0)), steps=cfg.pool_pgd_steps, seed=seed,
+                     device=setup.device, progress=cfg.progress, on_epoch_end=on_end)
+    last_model = None
+    if best["epoch"] != cfg.epochs and "state" in last:
+        last_model = clone_model(model)
+        last_model.load_state_dict(last["state"])
+        set_mode(last_model, False)
+    if best["state"] is not None:
+        model.load_state_dict(best["state"])
+    set_mode(model, False)
+    attack = float(res.compute["attack_passes"])
+    passes = None if pc.passes is None else pc.passes - attack
+    h = {"epochs": epochs, "best_epoch": best["epoch"], "num_train": int(len(setup.x_fit)), "method": "pgd-at",
+         "settings": {k: res.settings[k] for k in ("eps", "steps", "alpha", "optimizer", "lr", "batch_size")}}
+    return model, last_model, {"history": h, "seconds": res.seconds, "passes": passes, "adversarial_passes": attack}
 
 
 def _last_figures(best: RobustnessReport, last_model: nn.Module | None, setup: _Setup, cfg: RobotConfig,

@@ -1,0 +1,177 @@
+"""The comparison's baselines (all, adv-train), the new selection strategies (stratified, fol-prop), compute
+counted in forward+backward passes, and the paired comparison with random selection (tiny digits settings)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy import stats
+
+from robustest import robot
+from robustest.errors import ConfigError
+from robustest.robot import PassCounter, paired_vs_random
+
+TINY = {
+    "dataset": "digits", "train_limit": 300, "test_limit": 60, "eps": 0.15, "epochs": 1, "batch_size": 64,
+    "whitebox_limit": 30, "whitebox_pgd_steps": 3, "whitebox_restarts": 1, "apgd_steps": 3,
+    "convergence_probe": 40, "pool_pgd_steps": 5, "verbose": False,
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(mlp_digits_checkpoint):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield mlp_digits_checkpoint
+    torch.set_num_threads(threads)
+
+
+# ------------------------------------------------------------------------------------------ PassCounter
+def test_pass_counter_counts_forwards_backwards_and_matches_harden():
+    from robustest import hardening, models
+    from robustest.runtime import forward
+
+    torch.manual_seed(0)
+    model = models.create("mlp", num_classes=10, in_channels=1, input_size=8)
+    x, y = torch.rand(20, 1, 8, 8), torch.arange(20) % 10
+    with PassCounter(model) as pc:
+        with torch.no_grad():
+            forward(model, x)  # 20 forwards, no backward
+        assert (pc.forward, pc.backward) == (20, 0) and pc.passes == pytest.approx(20 / 3)
+        xa = x[:7].clone().requires_grad_(True)
+        loss = F.cross_entropy(forward(model, xa), y[:7])
+        torch.autograd.grad(loss, xa)  # an attack step on 7 images
+        forward(model, x[:5]).sum().backward()  # a training step on 5
+    assert (pc.forward, pc.backward) == (32, 12) and pc.passes == pytest.approx((32 + 24) / 3)
+    forward(model, x).sum().backward()  # closed: nothing counted, hook removed
+    assert (pc.forward, pc.backward) == (32, 12) and not model._forward_hooks
+    # the counter agrees with harden's own analytic count, pgd-at's N (k + 1) passes per epoch, plus the one-image
+    # forward harden makes to check the labels against the model's outputs
+    with PassCounter(model) as pc:
+        res = hardening.harden(model, (x, y), "pgd-at", eps=0.1, epochs=2, steps=3, batch_size=8)
+    assert res.compute["passes"] == pytest.approx(2 * 20 * 4)
+    assert pc.passes == pytest.approx(res.compute["passes"] + 1 / 3)
+
+
+# --------------------------------------------------------------------------------------- paired_vs_random
+def _cell(strategy, budget, seed, fixed, wb=0.5, clean=0.9):
+    return {"strategy": strategy, "budget": budget, "seed": seed,
+            "robustness": {"fixed_set_accuracy": fixed, "whitebox_accuracy": wb, "clean_accuracy": clean}}
+
+
+def test_paired_vs_random_is_a_paired_t_interval():
+    rnd = [0.50, 0.40, 0.60, 0.55]
+    diffs = [0.05, 0.04, 0.06, 0.03]
+    cells = [_cell("random", "5%", s, v) for s, v in enumerate(rnd)]
+    cells += [_cell("kmst", "5%", s, v + d) for s, (v, d) in enumerate(zip(rnd, diffs))]
+    cells += [_cell("random", "10%", s, 0.7) for s in range(4)]
+    cells += [_cell("adv-train", "online", s, 0.3, wb=0.6) for s in range(3)]  # one seed fewer
+    cells.append(_cell("gini", "10%", 0, 0.1))  # one seed: no interval
+    rows = paired_vs_random(cells)
+    k = next(r for r in rows if r["strategy"] == "kmst" and r["metric"] == "fixed_set_accuracy")
+    mean, sd = sum(diffs) / 4, float(torch.tensor(diffs, dtype=torch.float64).std())
+    half = stats.t.ppf(0.975, 3) * sd / math.sqrt(4)
+    assert k["budget"] == "5%" and k["n_seeds"] == 4 and k["mean_diff"] == pytest.approx(mean)
+    assert (k["ci_low"], k["ci_high"]) == (pytest.approx(mean - half), pytest.approx(mean + half))
+    assert k["ci_low"] > 0  # every seed gains: the interval excludes 0
+    same = next(r for r in rows if r["strategy"] == "kmst" and r["metric"] == "clean_accuracy")
+    assert same["mean_diff"] == pytest.approx(0.0) and same["ci_low"] == pytest.approx(0.0)
+    # a budget-free baseline is compared with random at every budget, on the seeds both ran
+    adv = [r for r in rows if r["strategy"] == "adv-train" and r["metric"] == "fixed_set_accuracy"]
+    assert [r["budget"] for r in adv] == ["5%", "10%"] and all(r["n_seeds"] == 3 for r in adv)
+    assert adv[1]["mean_diff"] == pytest.approx(0.3 - 0.7) and adv[1]["ci_low"] == pytest.approx(-0.4)
+    gini = [r for r in rows if r["strategy"] == "gini"]
+    assert len(gini) == 3 and gini[0]["n_seeds"] == 1 and gini[0]["ci_low"] is None
+    assert {r["metric"] for r in rows} == {"fixed_set_accuracy", "whitebox_accuracy", "clean_accuracy"}
+    assert paired_vs_random([c for c in cells if c["strategy"] != "random"]) == []
+    with pytest.raises(ConfigError, match="level"):
+        paired_vs_random(cells, level=1.5)
+
+
+# --------------------------------------------------------------------------------------------- config
+@pytest.mark.parametrize("bad, pattern", [
+    ({"strategies": ["adv-train"], "finetune_options": {"schedule": "cosine"}}, "adv-train fine-tunes with"),
+    ({"strategy": "adv-train", "finetune_options": {"label_smoothing": 0.1}}, "not 'label_smoothing'"),
+    ({"stratified_bins": 0}, "stratified_bins must be an integer >= 1"),
+    ({"strategies": ["random", "kcenter"]}, "unknown strategy 'kcenter'"),
+])
+def test_config_refuses_bad_values_of_the_new_strategies(bad, pattern):
+    with pytest.raises(ConfigError, match=pattern) as info:
+        robot.RobotConfig.from_dict(bad)
+    assert "\n" not in str(info.value)
+    robot.RobotConfig.from_dict({"strategies": ["adv-train"], "finetune_options": {"optimizer": "sgd"}})
+
+
+# ----------------------------------------------------------------------------------- compare end to end
+def test_compare_with_baselines_new_strategies_compute_and_paired(checkpoint, tmp_path, results_contract):
+    out = tmp_path / "cmp"
+    res = robot.compare({**TINY, "model": checkpoint, "budgets": [15], "seeds": [0, 1], "out": str(out),
+                         "strategies": ["stratified", "fol-prop", "random", "all", "adv-train"]})
+    results_contract(out, "compare")
+    cells = res["cells"]
+    assert [(c["strategy"], c["budget"]) for c in cells[::2]] == [
+        ("stratified", 15), ("fol-prop", 15), ("random", 15), ("all", "100%"), ("adv-train", "online")]
+    pool, num_fit, num_val = res["pool"]["size"], res["data"]["num_fit"], res["data"]["num_val"]
+    by = {(c["strategy"], c["seed"]): c for c in cells}
+    assert by[("all", 0)]["n"] == pool and by[("adv-train", 0)]["n"] == 0 and by[("stratified", 1)]["n"] == 15
+    # compute, in passes: the pool's FOL scoring is one pass per test; fine-tuning one per training image and
+    # epoch plus a forward per validation image (and one for the label check); adv-train's attack
+    # pool_pgd_steps passes per image and epoch
+    pc = res["pool"]["compute"]
+    assert pc["fol_scoring"] == pytest.approx(pool) and pc["generation"] > 2 * num_fit
+    for (s, _), c in by.items():
+        k = c["compute"]
+        assert k["total"] == pytest.approx(k["pool_generation"] + k["selection_scoring"] + k["finetune"]
+                                           + k["adversarial"])
+        if s == "adv-train":
+            assert k["pool_generation"] == 0 and k["selection_scoring"] == 0
+            assert k["adversarial"] == pytest.approx(TINY["epochs"] * num_fit * TINY["pool_pgd_steps"])
+            assert k["finetune"] == pytest.approx(TINY["epochs"] * (num_fit + num_val / 3) + 1 / 3)
+        else:
+            assert k["pool_generation"] == pytest.approx(pc["generation"]) and k["adversarial"] == 0
+            assert k["selection_scoring"] == pytest.approx(pool if s in ("stratified", "fol-prop") else 0)
+            assert k["finetune"] == pytest.approx(TINY["epochs"] * (num_fit + c["n"] + num_val / 3) + 1 / 3)
+    rows = {r["strategy"]: r for r in res["table"]}
+    assert rows["all"]["compute_passes_mean"] > rows["random"]["compute_passes_mean"] > 0
+    # paired with random: the budgeted ones at 15, the baselines against random's 15
+    paired = res["paired_vs_random"]
+    assert {(p["strategy"], p["budget"]) for p in paired} == {(s, 15) for s in ("stratified", "fol-prop", "all",
+                                                                                  "adv-train")}
+    assert all(p["n_seeds"] == 2 for p in paired) and len(paired) == 12
+    p = next(p for p in paired if p["strategy"] == "all" and p["metric"] == "clean_accuracy")
+    diff = [by[("all", s)]["robustness"]["clean_accuracy"] - by[("random", s)]["robustness"]["clean_accuracy"]
+            for s in (0, 1)]
+    assert p["mean_diff"] == pytest.approx(sum(diff) / 2)
+    # the report shows the paired table and the compute column
+    html = (out / "report.html").read_text()
+    assert "against random selection (paired over seeds)" in html and "compute (passes)" in html
+    # fol-prop leans to high FOL
+    pool_fol = torch.load(out / "state" / "pool.pt", weights_only=True)["fol"]
+    sel = torch.load(out / "state" / "cells" / "fol-prop_b15_s0" / "selected.pt", weights_only=True)["pool_index"]
+    assert float(pool_fol[sel].mean()) > float(pool_fol.mean())
+
+
+def test_loop_runs_adv_train_and_all(checkpoint, tmp_path, results_contract):
+    res = robot.run({**TINY, "model": checkpoint, "strategy": "adv-train", "rounds": 1, "convergence_tol": 0.0,
+                     "out": str(tmp_path / "adv")})
+    results_contract(tmp_path / "adv", "run")
+    rec = res["rounds"][0]
+    assert rec["pool"]["size"] == 0 and rec["selected"]["n"] == 0 and rec["train"]["method"] == "pgd-at"
+    assert rec["compute"]["adversarial"] == pytest.approx(TINY["epochs"] * res["data"]["num_fit"] * 5)
+    res = robot.run({**TINY, "model": checkpoint, "strategy": "all", "rounds": 1, "convergence_tol": 0.0,
+                     "out": str(tmp_path / "all")})
+    rec = res["rounds"][0]
+    assert rec["selected"]["n"] == rec["pool"]["size"] > 0 and rec["compute"]["selection_scoring"] == 0
+    assert rec["compute"]["pool_generation"] > 0 and rec["compute"]["adversarial"] == 0
+
+
+def test_cell_compute_sums_its_parts_and_marks_uncounted_ones():
+    from robustest.robot.compute import cell_compute
+
+    rec = cell_compute(pool_generation=100, selection_scoring=10.5, finetune=30, adversarial=0)
+    assert rec == {"pool_generation": 100.0, "selection_scoring": 10.5, "finetune": 30.0, "adversarial": 0.0,
+                   "total": 140.5}
+    assert cell_compute(pool_generation=None, finetune=3)["total"] is None
