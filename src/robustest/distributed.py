@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -23,7 +25,7 @@ import torch
 from robustest.errors import ConfigError, RobustestError
 
 __all__ = ["RankFailure", "Shard", "all_gather_cat", "all_gather_objects", "all_reduce_sum", "barrier",
-           "broadcast", "init", "is_main", "rank", "shutdown", "world_size"]
+           "broadcast", "in_sharded_work", "init", "is_main", "rank", "sharded_work", "shutdown", "world_size"]
 
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -52,6 +54,27 @@ class Shard:
         blocks = -(-n // align)
         per = -(-blocks // self.world_size)
         return min(n, self.rank * per * align), min(n, (self.rank + 1) * per * align)
+
+
+_SHARDED_DEPTH = 0
+
+
+@contextmanager
+def sharded_work() -> Iterator[None]:
+    """Mark a block whose work the ranks share out (each rank does its part, e.g. :func:`attack`'s batches),
+    so that counters of work done (``robot.compute.PassCounter``) add up the ranks' parts there and count
+    the rest, which every rank repeats, once."""
+    global _SHARDED_DEPTH
+    _SHARDED_DEPTH += 1
+    try:
+        yield
+    finally:
+        _SHARDED_DEPTH -= 1
+
+
+def in_sharded_work() -> bool:
+    """Whether the caller runs inside :func:`sharded_work` under a process group of several ranks."""
+    return _SHARDED_DEPTH > 0 and world_size() > 1
 
 
 def _dist() -> Any:

@@ -304,25 +304,26 @@ def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | N
     step = data.batch_size if isinstance(data, DataLoader) and data.batch_size else batch_size
     pos = shard.bounds(n, align=step)[0]
     batches = iter_batches(data, batch_size, with_index=True, shard=shard)
-    for idx, xb, yb in _progress(batches, enabled=progress, desc=_canonical_name(name),
-                                 total=-(-n // step), unit="batch"):
-        xb = check_images(xb).to(device)
-        k, pos = pos // step, pos + len(xb)
-        idxs.append(idx.cpu().long())
-        gen = make_generator(None if seed is None else int(seed) + k * BATCH_SEED_STRIDE, device)
-        with eval_mode(model), torch.no_grad():
-            cp = forward(model, xb).argmax(1)
-        yb = cp if yb is None else check_labels(torch.as_tensor(yb), len(xb), k_classes).to(device).long()
-        if target is not None:
-            kw["target"] = target[idx].to(device)
-        adv = entry.fn(model, xb, yb, batch_size=None, generator=gen, **kw)
-        with eval_mode(model), torch.no_grad():
-            ap = forward(model, adv).argmax(1)
-        advs.append(adv.detach())
-        xs_delta.append((adv.detach() - xb).flatten(1).cpu())
-        clean_preds.append(cp.cpu())
-        adv_preds.append(ap.cpu())
-        ys.append(yb.cpu())
+    with distributed.sharded_work():  # each rank attacks its share (work counters add the ranks up)
+        for idx, xb, yb in _progress(batches, enabled=progress, desc=_canonical_name(name),
+                                     total=-(-n // step), unit="batch"):
+            xb = check_images(xb).to(device)
+            k, pos = pos // step, pos + len(xb)
+            idxs.append(idx.cpu().long())
+            gen = make_generator(None if seed is None else int(seed) + k * BATCH_SEED_STRIDE, device)
+            with eval_mode(model), torch.no_grad():
+                cp = forward(model, xb).argmax(1)
+            yb = cp if yb is None else check_labels(torch.as_tensor(yb), len(xb), k_classes).to(device).long()
+            if target is not None:
+                kw["target"] = target[idx].to(device)
+            adv = entry.fn(model, xb, yb, batch_size=None, generator=gen, **kw)
+            with eval_mode(model), torch.no_grad():
+                ap = forward(model, adv).argmax(1)
+            advs.append(adv.detach())
+            xs_delta.append((adv.detach() - xb).flatten(1).cpu())
+            clean_preds.append(cp.cpu())
+            adv_preds.append(ap.cpu())
+            ys.append(yb.cpu())
     kw.pop("target", None)
     out_dev = x_or_data.device if isinstance(x_or_data, torch.Tensor) else torch.device("cpu")
     cat = (lambda ts: torch.cat(ts) if ts else None)  # noqa: E731

@@ -6,6 +6,9 @@ The counter is measured, not estimated: a forward hook on the model adds the bat
 when the output takes part in autograd a hook on the output tensor adds the batch size again when a backward
 (``loss.backward()`` or ``torch.autograd.grad`` w.r.t. the input) runs through it. Forwards without a backward
 (evaluation, scoring under ``no_grad``) therefore count 1/3 each; a training step or an attack step 1.
+Under torchrun the work that the ranks share out (:func:`robustest.distributed.sharded_work`, e.g. the
+batches of ``attack()``) is summed over the ranks, and what every rank repeats is counted once, so the
+count equals one process's.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from robustest import distributed
 
 
 def _first_tensor(out: Any) -> torch.Tensor | None:
@@ -40,22 +45,30 @@ class PassCounter:
         self.model = model
         self.forward = 0
         self.backward = 0
+        self._shared = [0, 0]  # forwards and backwards of work the ranks share out (summed over ranks on exit)
         self.available = True
         self._handle: Any = None
         self._open = False
 
-    def _on_backward(self, n: int) -> None:
+    def _on_backward(self, n: int, shared: bool) -> None:
         if self._open:
-            self.backward += n
+            if shared:
+                self._shared[1] += n
+            else:
+                self.backward += n
 
     def _hook(self, module: nn.Module, inputs: Any, output: Any) -> None:
         t = _first_tensor(output)
         if t is None:
             return
         n = int(t.shape[0]) if t.dim() > 0 else 1
-        self.forward += n
+        shared = distributed.in_sharded_work()
+        if shared:
+            self._shared[0] += n
+        else:
+            self.forward += n
         if t.requires_grad:
-            t.register_hook(lambda grad, n=n: self._on_backward(n))
+            t.register_hook(lambda grad, n=n, shared=shared: self._on_backward(n, shared))
 
     def __enter__(self) -> PassCounter:
         try:
@@ -65,11 +78,16 @@ class PassCounter:
         self._open = True
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self._open = False
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+        if distributed.world_size() > 1 and exc_type is None:  # every rank leaves the block at the same point
+            parts = distributed.all_gather_objects(list(self._shared))  # any backend (nccl takes no CPU tensor)
+            self._shared = [0, 0]
+            self.forward += sum(int(p[0]) for p in parts)
+            self.backward += sum(int(p[1]) for p in parts)
 
     @property
     def passes(self) -> float | None:
