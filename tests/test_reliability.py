@@ -60,6 +60,32 @@ def test_analyze_killed_and_rerun_equals_an_uninterrupted_run(tmp_path, mlp_digi
 
 
 @pytest.mark.slow
+def test_enhance_killed_and_rerun_equals_an_uninterrupted_run(tmp_path, mlp_digits_checkpoint) -> None:
+    import json
+
+    weak = tmp_path / "weak.json"
+    weak.write_text(json.dumps({"weaknesses": ["fog", "pgd"]}))
+    args = ["enhance", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--weaknesses", str(weak),
+            "--epochs", "6", "--adv-steps", "3", "--eval-limit", "0", "--no-progress"]
+    out = tmp_path / "killed"
+    proc = _cli(*args, "--out", str(out))
+    _kill_when(proc, lambda: bool(list((out / "state").glob("enhance_*.pt"))))  # after the first epoch
+    done = _cli(*args, "--out", str(out))
+    assert done.wait() == 0, done.stderr.read()
+    assert "continuing the interrupted enhancement" in done.stderr.read()
+    ref = _cli(*args, "--out", str(tmp_path / "whole"))
+    assert ref.wait() == 0, ref.stderr.read()
+    from robustest.checkpoints import load_model
+
+    a, b = load_model(out / "model.pt").state_dict(), load_model(tmp_path / "whole" / "model.pt").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ra = json.loads((out / "results.json").read_text())["enhance"]["epochs"]
+    rb = json.loads((tmp_path / "whole" / "results.json").read_text())["enhance"]["epochs"]
+    assert [e["loss"] for e in ra] == [e["loss"] for e in rb]
+    assert not list(out.rglob("*.tmp"))
+
+
+@pytest.mark.slow
 def test_corrupt_killed_and_rerun_writes_the_same_files(tmp_path) -> None:
     import json
 

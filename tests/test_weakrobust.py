@@ -476,3 +476,39 @@ def test_analyze_under_bf16_autocast_follows_float32(trained_digits_model, digit
         wr.analyze(trained_digits_model, (x, y), n_neighbors=2, progress=False, amp="fp16")
     with pytest.raises(ConfigError, match="unknown amp"):
         wr.analyze(trained_digits_model, (x, y), n_neighbors=2, progress=False, amp="int8")
+
+
+def test_enhance_resumes_after_an_interruption_bit_exact(tmp_path, monkeypatch) -> None:
+    import importlib
+
+    enhance_mod = importlib.import_module("robustest.weakrobust.enhance")  # the module, not the function
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(48, 1, 8, 8, generator=g), torch.arange(48) % 3
+
+    def net() -> nn.Module:
+        torch.manual_seed(1)
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Dropout(0.2), nn.ReLU(), nn.Linear(16, 3))
+
+    kw = dict(epochs=3, batch_size=16, adv_steps=2, seed=5, progress=False)
+    whole = net()
+    full = wr.enhance(whole, (x, y), ["fog"], **kw)
+    real, calls = enhance_mod.atomic_save, []
+
+    def save_then_stop(obj, path, **k):
+        real(obj, path, **k)
+        calls.append(path)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # killed right after epoch 1 was saved
+
+    state = tmp_path / "state.pt"
+    monkeypatch.setattr(enhance_mod, "atomic_save", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        wr.enhance(net(), (x, y), ["fog"], resume_file=state, **kw)
+    monkeypatch.setattr(enhance_mod, "atomic_save", real)
+    resumed = net()
+    res = wr.enhance(resumed, (x, y), ["fog"], resume_file=state, **kw)
+    assert [e["epoch"] for e in res.epochs] == [1, 2, 3]
+    assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()))
+    assert [e["loss"] for e in res.epochs] == [e["loss"] for e in full.epochs]
+    with pytest.raises(ConfigError, match="other settings, another starting model or other data"):
+        wr.enhance(net(), (x, y), ["fog"], resume_file=state, **{**kw, "seed": 6})

@@ -467,6 +467,30 @@ def _read_weaknesses(items: list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _enhance_state(args: argparse.Namespace, out: Path, model, train, weaknesses: list[str]) -> Path:
+    """Where enhance saves its state after every epoch: a file named by the run's fingerprint (settings,
+    starting model, data), so rerunning the same command continues and a changed one starts afresh."""
+    from robustest.checkpoints import state_fingerprint
+    from robustest.steps import data_fingerprint, fingerprint
+
+    keys = ("epochs", "no_augmix", "no_adversarial", "jsd_weight", "adv_weight", "adv_eps", "adv_steps",
+            "adv_source", "lr", "batch_size", "seed")
+    fp = fingerprint("enhance", {k: getattr(args, k) for k in keys}, sorted(weaknesses), state_fingerprint(model),
+                     data_fingerprint(train))[:16]
+    path = out / "state" / f"enhance_{fp}.pt"
+    stale = [f for f in (out / "state").glob("enhance_*.pt") if f != path] if (out / "state").is_dir() else []
+    from robustest import distributed
+
+    if stale and distributed.is_main():
+        for f in stale:
+            f.unlink(missing_ok=True)
+        print("note: the enhancement state of an earlier run with other settings was removed: starting afresh",
+              file=sys.stderr)
+    if path.is_file() and distributed.is_main():
+        print(f"note: continuing the interrupted enhancement saved in {path}", file=sys.stderr)
+    return path
+
+
 def run_enhance(args: argparse.Namespace) -> int:
     from robustest import corruptions as corr
     from robustest import weakrobust as wr
@@ -499,7 +523,8 @@ def run_enhance(args: argparse.Namespace) -> int:
     res = wr.enhance(model, train, weaknesses, epochs=args.epochs, augmix=not args.no_augmix,
                      adversarial=not args.no_adversarial, jsd_weight=args.jsd_weight, adv_weight=args.adv_weight,
                      adv_eps=args.adv_eps, adv_steps=args.adv_steps, adv_source=args.adv_source, lr=args.lr,
-                     batch_size=args.batch_size, seed=args.seed, progress=not args.no_progress)
+                     batch_size=args.batch_size, seed=args.seed, progress=not args.no_progress,
+                     resume_file=_enhance_state(args, out, model, train, weaknesses))
     after = measure(model, held_out)
     meta = dict(getattr(model, "robustest_metadata", {}) or {})
     meta.update({"enhanced": res.config, "weaknesses": weaknesses})

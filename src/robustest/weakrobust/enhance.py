@@ -3,10 +3,13 @@ copy of each image, the augmentation pool extended by the corruptions found to b
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +22,7 @@ from robustest.checkpoints import clone_model
 from robustest.errors import ConfigError, TrainingDiverged
 from robustest.runtime import (
     DataLike,
+    atomic_save,
     forward,
     image_shape,
     resolve_device,
@@ -73,6 +77,7 @@ def enhance(
     seed: int = 0,
     device: torch.device | str | None = None,
     progress: bool = False,
+    resume_file: str | os.PathLike[str] | None = None,
 ) -> EnhanceResult:
     """Targeted enhancement (METHODS B3): train ``model`` in place on labelled ``train`` with
     ``L = CE(x) + jsd_weight * JSD(p(x), p(aug1), p(aug2)) + adv_weight * CE(x_adv)``.
@@ -85,6 +90,11 @@ def enhance(
     recipe) or against the current model every batch (``"online"``). ``augmix=False`` drops the JSD term
     (adversarial fine-tuning only); ``adversarial=False`` drops ``x_adv`` (AugMix only); both False is
     plain training with the same budget. The model ends in eval mode.
+
+    ``resume_file``: after every epoch the model, optimiser and random states are saved there atomically; a
+    later call with the same settings, starting model and data size continues after the last saved epoch
+    (bit-exact on the in-memory path; a DataLoader's own shuffling restarts), another one is refused with one
+    line.
     """
     from robustest import attacks as atk_mod
 
@@ -132,8 +142,31 @@ def enhance(
             set_mode(frozen, False)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     rng = np.random.default_rng(seed)
-    history = []
-    for ep in progress_bar(range(1, epochs + 1), enabled=progress, desc="enhance", unit="epoch"):
+    history: list[dict[str, float]] = []
+    config = {"epochs": epochs, "augmix": augmix, "adversarial": adversarial, "jsd_weight": jsd_weight,
+              "adv_weight": adv_weight, "adv_eps": eps, "adv_steps": adv_steps, "adv_alpha": alpha,
+              "adv_source": adv_source, "width": width, "severity": severity, "lr": lr, "batch_size": batch_size,
+              "seed": seed}
+    state_path = Path(resume_file) if resume_file is not None else None
+    start, seconds_before = 1, 0.0
+    if state_path is not None:
+        from robustest.checkpoints import state_fingerprint
+
+        settings = json.dumps({**config, "pool": pool_names, "n": source.n,
+                               "model": state_fingerprint(model)}, sort_keys=True, default=str)
+        if state_path.is_file():
+            st = _load_state(state_path, settings)
+            model.load_state_dict(st["model"])
+            opt.load_state_dict(st["optimizer"])
+            rng.bit_generator.state = json.loads(st["numpy_rng"])
+            torch.set_rng_state(st["torch_rng"])
+            source.gen.set_state(st["gen"])
+            history = [dict(e) for e in st["history"]]
+            start, seconds_before = int(st["epoch"]) + 1, float(st["seconds"])
+        from robustest import distributed
+
+        distributed.barrier()  # every rank has read the state before rank 0 writes the next one
+    for ep in progress_bar(range(start, epochs + 1), enabled=progress, desc="enhance", unit="epoch"):
         te = time.perf_counter()
         tot = {"loss": 0.0, "ce": 0.0, "jsd": 0.0, "adv": 0.0}
         n = 0
@@ -173,10 +206,31 @@ def enhance(
                 tot[k_] += float(v.detach()) * m
         history.append({"epoch": ep, **{k_: v / max(n, 1) for k_, v in tot.items()},
                         "seconds": time.perf_counter() - te})
+        if state_path is not None:
+            atomic_save({"format": STATE_FORMAT, "settings": settings, "epoch": ep, "model": model.state_dict(),
+                         "optimizer": opt.state_dict(), "numpy_rng": json.dumps(rng.bit_generator.state),
+                         "torch_rng": torch.get_rng_state(), "gen": source.gen.get_state(), "history": history,
+                         "seconds": seconds_before + time.perf_counter() - t0}, state_path)
     set_mode(model, False)
-    config = {"epochs": epochs, "augmix": augmix, "adversarial": adversarial, "jsd_weight": jsd_weight,
-              "adv_weight": adv_weight, "adv_eps": eps, "adv_steps": adv_steps, "adv_alpha": alpha,
-              "adv_source": adv_source, "width": width, "severity": severity, "lr": lr, "batch_size": batch_size,
-              "seed": seed}
     return EnhanceResult(epochs=history, pool=pool_names, weaknesses=weak, config=config,
-                         seconds=time.perf_counter() - t0)
+                         seconds=seconds_before + time.perf_counter() - t0)
+
+
+STATE_FORMAT = "robustest-enhance-state-1"
+
+
+def _load_state(path: Path, settings: str) -> dict[str, Any]:
+    """The state :func:`enhance` saved at ``path``; a one-line ConfigError when it is not one or holds another
+    run (settings, starting model or data size)."""
+    try:
+        st = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - truncated, foreign or unsafe file
+        raise ConfigError(f"resume_file {str(path)!r} is not an enhancement state robustest wrote: delete it or "
+                          "choose another path") from exc
+    if not isinstance(st, dict) or st.get("format") != STATE_FORMAT:
+        raise ConfigError(f"resume_file {str(path)!r} is not an enhancement state robustest wrote: delete it or "
+                          "choose another path")
+    if st.get("settings") != settings:
+        raise ConfigError(f"resume_file {str(path)!r} holds an enhancement with other settings, another starting "
+                          "model or other data: resume with the same ones, or delete it to start again")
+    return st
