@@ -140,3 +140,28 @@ def test_demo_verb_wiring(tmp_path, capsys, monkeypatch, results_contract):
     assert main(["demo", "--out", str(out), "--no-progress"]) == 0
     again = json.loads((out / "results.json").read_text())
     assert {k: v for k, v in again.items() if k != "timings"} == {k: v for k, v in res.items() if k != "timings"}
+
+
+def test_every_harden_method_is_a_retraining_strategy(tmp_path, checkpoint, capsys, results_contract):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(TINY_YAML)
+    out = tmp_path / "cmp"
+    assert main(["compare", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--strategies",
+                 "random,fol-budget,fast-at,trades", "--budgets", "10", "--out", str(out)]) == 0
+    res = results_contract(out, "compare")
+    cells = {c["strategy"]: c for c in res["cells"]}
+    for s, method in (("fol-budget", "fol-budget"), ("fast-at", "fast-at"), ("trades", "trades")):
+        assert cells[s]["budget"] == "online" and cells[s]["n"] == 0 and cells[s]["train"]["method"] == method
+        assert cells[s]["compute"]["adversarial"] > 0 and cells[s]["compute"]["pool_generation"] == 0
+    assert cells["fast-at"]["train"]["settings"]["steps"] == 1  # FGSM with a random start: one step
+    # fol-budget stops easy samples early: fewer attack passes than fast-at's one step per sample is impossible,
+    # more than the full PGD budget is too
+    full = cells["fast-at"]["compute"]["adversarial"] * 5  # pool_pgd_steps: 5 in TINY_YAML
+    assert cells["fast-at"]["compute"]["adversarial"] <= cells["fol-budget"]["compute"]["adversarial"] <= full
+    assert {r["strategy"] for r in res["paired_vs_random"]} >= {"fol-budget", "fast-at", "trades"}
+    capsys.readouterr()
+    run_out = tmp_path / "run"
+    assert main(["run", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--strategy", "fosc",
+                 "--rounds", "1", "--out", str(run_out)]) == 0
+    run = results_contract(run_out, "run")
+    assert run["rounds"][0]["compute"]["adversarial"] > 0

@@ -99,9 +99,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
     p.add_argument("--strategy", choices=("best", "kmst", "gini", "random", "coverage", "stratified", "fol-prop",
-                                          "all", "adv-train"),
+                                          "all", "adv-train", "trades", "fosc", "fol-budget", "fast-at"),
                    help="selection strategy (default: best); all: the whole pool every round; adv-train: PGD "
-                        "adversarial training against the current model instead of a pool")
+                        "adversarial training against the current model instead of a pool; trades, fosc, "
+                        "fol-budget, fast-at: the other methods of 'robustest harden', the same way")
     p.add_argument("--budget", type=budget_arg, help="tests selected per round: a count or '5%%' of the pool")
     p.add_argument("--rounds", type=positive_int, help="maximum number of rounds (default: 3)")
     p.add_argument("--time-budget", type=positive_float, metavar="SECONDS", help="stop starting rounds after this")

@@ -13,7 +13,14 @@ from torch import nn
 
 from robustest.errors import ConfigError, DataError
 from robustest.robot.compute import PassCounter, cell_compute
-from robustest.robot.config import BUDGET_FREE, DEFAULT_STRATEGIES, RobotConfig, derive_seed, parse_budget
+from robustest.robot.config import (
+    BUDGET_FREE,
+    DEFAULT_STRATEGIES,
+    HARDEN_STRATEGIES,
+    RobotConfig,
+    derive_seed,
+    parse_budget,
+)
 from robustest.robot.pool import Pool, _coverage_profile, generate_pool, select_tests
 from robustest.robot.report import RESULTS_FORMAT, RESULTS_VERSION, _write_outputs
 from robustest.robot.setup import (
@@ -99,7 +106,7 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
         key = f"{s}_s{sd}" if s in BUDGET_FREE else f"{s}_b{str(b).replace('%', 'pct')}_s{sd}"
         cdir = state / "cells" / key
         rec_path = cdir / "cell.json"
-        n = 0 if s == "adv-train" else parse_budget(b, len(pool))
+        n = 0 if s in HARDEN_STRATEGIES else parse_budget(b, len(pool))
         if rec_path.is_file():
             rec = json.loads(rec_path.read_text())
             idx = torch.load(cdir / "selected.pt", map_location="cpu", weights_only=True)["pool_index"]
@@ -111,9 +118,10 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
             tc = time.perf_counter()
             cseed = derive_seed(cfg.seed, "cell", s, str(b), sd)
             sel_cost: dict[str, Any] = {"selection_scoring": 0.0}
-            if s == "adv-train":
+            if s in HARDEN_STRATEGIES:
                 idx = torch.zeros(0, dtype=torch.long)
-                new_model, last_model, tr = _adv_finetune(setup.model0, setup, cfg, derive_seed(cseed, "finetune"))
+                new_model, last_model, tr = _adv_finetune(setup.model0, setup, cfg, derive_seed(cseed, "finetune"),
+                                                          method=HARDEN_STRATEGIES[s])
             else:
                 idx = select_tests(s, setup.model0, pool, n, cfg, derive_seed(cseed, "select"), profile=profile,
                                    cache=cache, compute=sel_cost)
@@ -122,7 +130,7 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
             sel = pool.subset(idx)
             rob = _measure(new_model, setup.test, setup.fixed, cfg, derive_seed(cfg.seed, "measure-cell", sd))
             last = _last_figures(rob, last_model, setup, cfg, derive_seed(cfg.seed, "measure-cell", sd))
-            compute = cell_compute(pool_generation=0.0 if s == "adv-train" else generation,
+            compute = cell_compute(pool_generation=0.0 if s in HARDEN_STRATEGIES else generation,
                                    selection_scoring=sel_cost["selection_scoring"], finetune=tr["passes"],
                                    adversarial=tr["adversarial_passes"])
             rec = {"strategy": s, "budget": b, "seed": sd, "n": len(sel), "by_method": sel.counts(),

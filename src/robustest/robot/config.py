@@ -17,13 +17,17 @@ from robustest.config import check_bool, check_float, check_int, check_keywords,
 from robustest.errors import ConfigError
 
 POOLS = ("attack", "fol-fuzz", "cov-fuzz")
-STRATEGIES = ("best", "kmst", "gini", "random", "coverage", "stratified", "fol-prop", "all", "adv-train")
+#: retraining by adversarial training against the current model (robustest.hardening), as strategies: the
+#: method each one runs (adv-train is Madry's PGD-AT)
+HARDEN_STRATEGIES = {"adv-train": "pgd-at", "trades": "trades", "fosc": "fosc", "fol-budget": "fol-budget",
+                     "fast-at": "fast-at"}
+STRATEGIES = ("best", "kmst", "gini", "random", "coverage", "stratified", "fol-prop", "all", *HARDEN_STRATEGIES)
 #: what ``compare`` runs when no strategies are given (the paper's strategies, random and coverage)
 DEFAULT_STRATEGIES = ("best", "kmst", "gini", "random", "coverage")
 #: strategies that select nothing from a budget: ``all`` takes the whole pool, ``adv-train`` fine-tunes on PGD
 #: examples generated against the current model every batch (Madry et al.) and uses no pool; a comparison runs
 #: them once per seed, under the budget label of BUDGET_FREE
-BUDGET_FREE = {"all": "100%", "adv-train": "online"}
+BUDGET_FREE = {"all": "100%", **{s: "online" for s in HARDEN_STRATEGIES}}
 #: finetune_options adv-train can honour (its update step is robustest.hardening's pgd-at)
 ADV_TRAIN_OPTIONS = ("optimizer", "weight_decay")
 METRICS = ("clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy", "whitebox_pgd_accuracy",
@@ -317,14 +321,15 @@ class RobotConfig:
         pos_int("kmst_k")
         pos_int("stratified_bins")
         used = list(self.strategies) if self.strategies is not None else [self.strategy]
-        if "adv-train" in used:
+        hard = [s for s in used if s in HARDEN_STRATEGIES]
+        if hard:
             extra = sorted(set(self.finetune_options) - set(ADV_TRAIN_OPTIONS))
             if extra:
-                raise ConfigError(f"finetune_options: adv-train fine-tunes with robustest.hardening's pgd-at, which "
+                raise ConfigError(f"finetune_options: {hard[0]} fine-tunes with robustest.hardening, which "
                                   f"takes only {' and '.join(ADV_TRAIN_OPTIONS)}, not {extra[0]!r}: drop it or "
-                                  "drop adv-train")
+                                  f"drop {hard[0]}")
             if self.finetune_options.get("optimizer", "adam") not in ("adam", "sgd"):
-                raise ConfigError(f"finetune_options: adv-train takes optimizer adam or sgd, got "
+                raise ConfigError(f"finetune_options: {hard[0]} takes optimizer adam or sgd, got "
                                   f"{self.finetune_options['optimizer']!r}")
         if self.coverage_metric not in ("nc", "kmnc", "nbc", "snac", "tknc"):
             raise ConfigError(f"unknown coverage_metric {self.coverage_metric!r}: use nc, kmnc, nbc, snac or tknc")

@@ -15,7 +15,7 @@ from torch import nn
 from robustest.errors import ConfigError
 from robustest.robot.compare import compare
 from robustest.robot.compute import PassCounter, cell_compute
-from robustest.robot.config import RobotConfig, derive_seed, parse_budget
+from robustest.robot.config import HARDEN_STRATEGIES, RobotConfig, derive_seed, parse_budget
 from robustest.robot.pool import Pool, _coverage_profile, _fol, generate_pool, select_tests
 from robustest.robot.report import RESULTS_FORMAT, RESULTS_VERSION, _write_outputs
 from robustest.robot.setup import (
@@ -159,7 +159,7 @@ def _one_round(r: int, model_cur: nn.Module, setup: _Setup, tests: Pool, cfg: Ro
 
     t0 = time.perf_counter()
     seed_r = derive_seed(cfg.seed, "round", r)
-    adv = cfg.strategy == "adv-train"
+    adv = cfg.strategy in HARDEN_STRATEGIES
     profile = None
     cost: dict[str, Any] = {"generation": 0.0, "fol_scoring": 0.0}
     sel_cost: dict[str, Any] = {"selection_scoring": 0.0}
@@ -183,7 +183,8 @@ def _one_round(r: int, model_cur: nn.Module, setup: _Setup, tests: Pool, cfg: Ro
     sel = pool.subset(idx)
     t2 = time.perf_counter()
     if adv:
-        new_model, last_model, tr = _adv_finetune(model_cur, setup, cfg, derive_seed(seed_r, "finetune"))
+        new_model, last_model, tr = _adv_finetune(model_cur, setup, cfg, derive_seed(seed_r, "finetune"),
+                                                  method=HARDEN_STRATEGIES[cfg.strategy])
     else:
         new_model, last_model, tr = _finetune(model_cur, setup, tests.concat(sel), cfg,
                                               derive_seed(seed_r, "finetune"))

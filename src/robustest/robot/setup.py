@@ -273,10 +273,11 @@ def _finetune(model0: nn.Module, setup: _Setup, tests: Pool, cfg: RobotConfig, s
     return model, last_model, {"history": h, "seconds": secs, "passes": pc.passes, "adversarial_passes": 0.0}
 
 
-def _adv_finetune(model0: nn.Module, setup: _Setup, cfg: RobotConfig, seed: int
+def _adv_finetune(model0: nn.Module, setup: _Setup, cfg: RobotConfig, seed: int, method: str = "pgd-at"
                   ) -> tuple[nn.Module, nn.Module | None, dict[str, Any]]:
-    """The ``adv-train`` baseline: fine-tune a copy of ``model0`` on the training images with PGD adversarial
-    training (Madry et al.; :func:`robustest.hardening.harden`, method pgd-at: ``cfg.pool_pgd_steps`` steps of
+    """The ``adv-train`` baseline and the other hardening strategies (``method``: pgd-at for adv-train, or
+    trades, fosc, fol-budget, fast-at): fine-tune a copy of ``model0`` on the training images with
+    adversarial training (Madry et al.; :func:`robustest.hardening.harden`, e.g. pgd-at: ``cfg.pool_pgd_steps`` steps of
     2.5 eps / steps from a random start, generated against the model as it learns, every batch), with the
     epochs, batch size, learning rate and optimiser of the other cells; the checkpoint is picked on the same
     validation split by accuracy, as :func:`_finetune` does. Returns what :func:`_finetune` returns; the history
@@ -302,9 +303,10 @@ def _adv_finetune(model0: nn.Module, setup: _Setup, cfg: RobotConfig, seed: int
 
     opts = cfg.finetune_options
     with PassCounter(model) as pc:
-        res = harden(model, (setup.x_fit, setup.y_fit), "pgd-at", eps=cfg.eps, epochs=cfg.epochs,
+        res = harden(model, (setup.x_fit, setup.y_fit), method, eps=cfg.eps, epochs=cfg.epochs,
                      batch_size=cfg.batch_size, lr=cfg.lr, optimizer=opts.get("optimizer", "adam"),
-                     weight_decay=float(opts.get("weight_decay", 0.0)), steps=cfg.pool_pgd_steps, seed=seed,
+                     weight_decay=float(opts.get("weight_decay", 0.0)),
+                     steps=None if method == "fast-at" else cfg.pool_pgd_steps, seed=seed,
                      device=setup.device, progress=cfg.progress, on_epoch_end=on_end)
     last_model = None
     if best["epoch"] != cfg.epochs and "state" in last:
@@ -316,8 +318,9 @@ def _adv_finetune(model0: nn.Module, setup: _Setup, cfg: RobotConfig, seed: int
     set_mode(model, False)
     attack = float(res.compute["attack_passes"])
     passes = None if pc.passes is None else pc.passes - attack
-    h = {"epochs": epochs, "best_epoch": best["epoch"], "num_train": int(len(setup.x_fit)), "method": "pgd-at",
-         "settings": {k: res.settings[k] for k in ("eps", "steps", "alpha", "optimizer", "lr", "batch_size")}}
+    h = {"epochs": epochs, "best_epoch": best["epoch"], "num_train": int(len(setup.x_fit)), "method": method,
+         "settings": {k: res.settings[k] for k in ("eps", "steps", "alpha", "optimizer", "lr", "batch_size")
+                      if k in res.settings}}
     return model, last_model, {"history": h, "seconds": res.seconds, "passes": passes, "adversarial_passes": attack}
 
 
