@@ -604,3 +604,19 @@ def test_real_mnist(mnist_root):
     te = data.load("mnist", root=mnist_root / "mnist.npz", split="test")
     assert_contract(te, 10000, (1, 28, 28))
     assert sorted(set(te.tensors[1].tolist())) == list(range(10))
+
+
+def test_npz_labels_load_without_a_warning_and_are_writable(tmp_path) -> None:
+    # regression: the bounded npz reader gives read-only arrays, and torch warned "The given NumPy array is not
+    # writable" on the labels, a stray line before the CLI's one-line messages
+    import warnings
+
+    npz = tmp_path / "d.npz"
+    np.savez(npz, x=np.zeros((6, 8, 8), dtype=np.uint8), y=np.arange(6, dtype=np.int64) % 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = data.load("npz", npz)
+        x, y = ds.get_batch(slice(0, 6))
+    assert torch.equal(y, torch.tensor([0, 1, 2, 0, 1, 2])) and x.shape == (6, 1, 8, 8)
+    ds.labels[0] = 2  # a tensor of its own, not a view of the file's read-only buffer
+    assert int(ds.labels[0]) == 2

@@ -67,7 +67,11 @@ class ImageDataset(Dataset):
         self._x = images
         self.layout = layout
         self.source = source
-        y = labels if isinstance(labels, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(labels))
+        if isinstance(labels, torch.Tensor):
+            y = labels
+        else:  # the labels are public and small: a writable copy when the array is read-only (frombuffer, memmap)
+            arr = np.ascontiguousarray(labels)
+            y = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
         self.labels = y.to(torch.int64).reshape(-1)
         if self.labels.shape[0] != images.shape[0]:
             raise DataError(f"{source}: {images.shape[0]} images but {self.labels.shape[0]} labels")
@@ -325,4 +329,4 @@ def arrays_to_dataset(x: np.ndarray, y: np.ndarray, source: str, num_classes: in
                 raise DataError(f"{source}: float pixels lie in [{lo:.4g}, {hi:.4g}]; store uint8 or floats in [0, 1]")
     else:
         raise DataError(f"{source}: images have dtype {x.dtype}, not image data (use uint8 or float)")
-    return ImageDataset(x, torch.from_numpy(yv), layout=layout, source=source)
+    return ImageDataset(x, yv, layout=layout, source=source)
