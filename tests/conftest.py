@@ -147,3 +147,20 @@ def check_results(out: str | os.PathLike[str], verb: str, schema: str | None = N
 def results_contract():
     """:func:`check_results`: ``results_contract(out_dir, verb)`` validates a verb's results.json."""
     return check_results
+
+
+class _Exploding(torch.nn.Module):
+    """A linear model over 1 x 8 x 8 images whose logits are all infinite: every loss on it is NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1)) * float("inf")
+
+
+@pytest.fixture
+def exploding_model() -> torch.nn.Module:
+    """A fresh model whose training loss is never finite (for the divergence checks of fit, harden, enhance)."""
+    return _Exploding()

@@ -279,17 +279,9 @@ def test_training_reexports_harden():
     assert training.harden is harden
 
 
-def test_harden_stops_with_one_line_when_the_loss_is_not_finite() -> None:
+def test_harden_stops_with_one_line_when_the_loss_is_not_finite(exploding_model) -> None:
     from robustest.errors import TrainingDiverged
-
-    class Exploding(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc = nn.Linear(64, 3)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.fc(x.flatten(1)) * float("inf")
 
     x, y = torch.rand(16, 1, 8, 8), torch.arange(16) % 3
     with pytest.raises(TrainingDiverged, match=r"harden diverged: the pgd-at loss is nan"):
-        harden(Exploding(), (x, y), method="pgd-at", eps=0.1, epochs=1, progress=False)
+        harden(exploding_model, (x, y), method="pgd-at", eps=0.1, epochs=1, progress=False)

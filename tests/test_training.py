@@ -333,20 +333,12 @@ def test_load_to_missing_cuda_is_a_config_error(tmp_path, digits_model):
     assert same_weights(training.load_checkpoint(p, map_location="cpu"), digits_model)
 
 
-def test_fit_stops_with_one_line_when_the_loss_is_not_finite() -> None:
+def test_fit_stops_with_one_line_when_the_loss_is_not_finite(exploding_model) -> None:
     from robustest.errors import TrainingDiverged
-
-    class Exploding(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc = nn.Linear(64, 3)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.fc(x.flatten(1)) * float("inf")
 
     x, y = torch.rand(16, 1, 8, 8), torch.arange(16) % 3
     with pytest.raises(TrainingDiverged, match=r"training diverged at epoch 1: the loss is nan"):
-        training.fit(Exploding(), (x, y), epochs=1, progress=False)
+        training.fit(exploding_model, (x, y), epochs=1, progress=False)
 
 
 def test_train_data_splits_each_global_batch_between_ranks() -> None:

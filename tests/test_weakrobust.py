@@ -439,20 +439,12 @@ def test_jsd_matches_its_definition() -> None:
     assert torch.allclose(augment._jsd(logits), want, atol=1e-6)
 
 
-class _Exploding(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(64, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x.flatten(1)) * float("inf")
-
-
-def test_enhance_stops_with_one_line_when_the_loss_is_not_finite() -> None:
+def test_enhance_stops_with_one_line_when_the_loss_is_not_finite(exploding_model) -> None:
     from robustest.errors import TrainingDiverged
+
     x, y = torch.rand(16, 1, 8, 8), torch.arange(16) % 3
     with pytest.raises(TrainingDiverged, match=r"enhance diverged at epoch 1, step 1: .*lower the learning rate"):
-        wr.enhance(_Exploding(), (x, y), (), epochs=1, augmix=False, adversarial=False, progress=False)
+        wr.enhance(exploding_model, (x, y), (), epochs=1, augmix=False, adversarial=False, progress=False)
 
 
 def test_analyze_refuses_a_model_with_nan_outputs() -> None:

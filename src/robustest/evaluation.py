@@ -335,13 +335,13 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     from robustest.attacks import BATCH_SEED_STRIDE
     from robustest.robustness import CorruptionResult, corruption_accuracy
     from robustest.runtime import (
+        batch_origin,
         check_images,
         check_labels,
         eval_mode,
         forward,
         iter_batches,
         make_generator,
-        num_samples,
         resolve_device,
     )
     from robustest.runtime import progress as _progress
@@ -388,10 +388,7 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     steps = [_Step(d, r, _atk._REGISTRY[r].fn, p) for d, r, p in plan]
     tol = eps * 1e-6 + 1e-6
     shard = distributed.Shard.current()
-    from torch.utils.data import DataLoader
-
-    block = data.batch_size if isinstance(data, DataLoader) and data.batch_size else block_size
-    pos = shard.bounds(num_samples(data), align=block)[0]
+    block, pos = batch_origin(data, block_size, shard)
 
     idx_all, ys, cps, aps, codes, linfs, l2s, advs = [], [], [], [], [], [], [], []
     breaks = {s.name: 0 for s in steps}

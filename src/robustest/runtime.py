@@ -378,6 +378,14 @@ def _loader_index_batches(loader: DataLoader, shard: Shard, span: tuple[int, int
     return [flat[s:s + size] for s in range(0, len(flat), size)]
 
 
+def batch_origin(data: DataLike, batch_size: int, shard: Shard | None = None) -> tuple[int, int]:
+    """(batch length, first position): the length of the batches :func:`iter_batches` yields for ``data``
+    (``batch_size``, or a DataLoader's own) and the position in the data of ``shard``'s first sample, so that
+    a caller numbers its batches ``k = position // length`` exactly as a single process would."""
+    step = data.batch_size if isinstance(data, DataLoader) and data.batch_size else batch_size
+    return step, (shard or Shard()).bounds(num_samples(data), align=step)[0]
+
+
 def iter_batches(
     data: DataLike,
     batch_size: int = 256,

@@ -49,7 +49,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from robustest.attacks._core import (  # noqa: F401 - re-exported for callers and tests
     _DEFAULT_CHUNK,
@@ -271,7 +270,7 @@ def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | N
     the data set). Returns an :class:`AttackResult`.
     """
     from robustest import distributed
-    from robustest.runtime import iter_batches, num_samples
+    from robustest.runtime import batch_origin, iter_batches, num_samples
     from robustest.runtime import progress as _progress
 
     entry = _entry(name)
@@ -301,8 +300,7 @@ def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | N
     advs, clean_preds, adv_preds, ys, xs_delta, idxs = [], [], [], [], [], []
     shard = distributed.Shard.current()
     # batch ordinals count in the data's order (a DataLoader yields its own batches, of its own size)
-    step = data.batch_size if isinstance(data, DataLoader) and data.batch_size else batch_size
-    pos = shard.bounds(n, align=step)[0]
+    step, pos = batch_origin(data, batch_size, shard)
     batches = iter_batches(data, batch_size, with_index=True, shard=shard)
     with distributed.sharded_work():  # each rank attacks its share (work counters add the ranks up)
         for idx, xb, yb in _progress(batches, enabled=progress, desc=_canonical_name(name),

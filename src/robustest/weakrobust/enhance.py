@@ -25,6 +25,7 @@ from robustest.runtime import (
     atomic_save,
     forward,
     image_shape,
+    load_plain,
     resolve_device,
     seed_everything,
     set_mode,
@@ -220,16 +221,10 @@ STATE_FORMAT = "robustest-enhance-state-1"
 
 
 def _load_state(path: Path, settings: str) -> dict[str, Any]:
-    """The state :func:`enhance` saved at ``path``; a one-line ConfigError when it is not one or holds another
-    run (settings, starting model or data size)."""
-    try:
-        st = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - truncated, foreign or unsafe file
-        raise ConfigError(f"resume_file {str(path)!r} is not an enhancement state robustest wrote: delete it or "
-                          "choose another path") from exc
-    if not isinstance(st, dict) or st.get("format") != STATE_FORMAT:
-        raise ConfigError(f"resume_file {str(path)!r} is not an enhancement state robustest wrote: delete it or "
-                          "choose another path")
+    """The state :func:`enhance` saved at ``path`` (read by :func:`robustest.runtime.load_plain`); a one-line
+    ConfigError when it holds another run (settings, starting model or data size)."""
+    st = load_plain(path, fmt=STATE_FORMAT, what="enhancement state robustest wrote",
+                    fix="delete it or choose another resume_file")
     if st.get("settings") != settings:
         raise ConfigError(f"resume_file {str(path)!r} holds an enhancement with other settings, another starting "
                           "model or other data: resume with the same ones, or delete it to start again")
