@@ -198,14 +198,20 @@ def test_run_and_compare(model, tmp_path) -> None:
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "r1" / "summary.csv").read_text() == (tmp_path / "r2" / "summary.csv").read_text()
     assert _world(tmp_path / "r2") == 2
-    cmp_ = ["compare", "--config", str(cfg), "--checkpoint", model, *ROBOT_FLAGS, "--strategies", "random,kmst",
-            "--budgets", "5%", "--seeds", "0"]
+    # compare: the ranks take whole cells (3 cells on 2 ranks: a round of two, then one), rank 0 writes them
+    cmp_ = ["compare", "--config", str(cfg), "--checkpoint", model, *ROBOT_FLAGS, "--strategies",
+            "random,kmst,adv-train", "--budgets", "5%", "--seeds", "0"]
     assert single(*cmp_, "--out", str(tmp_path / "c1")).returncode == 0
     res = ranks(*cmp_, "--out", str(tmp_path / "c2"))
     assert res.returncode == 0, res.stderr
     one = json.loads((tmp_path / "c1" / "results.json").read_text())
     two = json.loads((tmp_path / "c2" / "results.json").read_text())
     assert one["cells"] == two["cells"] and two["world_size"] == 2
+    cells = sorted(p.name for p in (tmp_path / "c1" / "state" / "cells").iterdir())
+    assert len(cells) == 3
+    for name in cells:
+        _same_weights(tmp_path / "c1" / "state" / "cells" / name / "model.pt",
+                      tmp_path / "c2" / "state" / "cells" / name / "model.pt")
 
 
 def _same_weights(a: Path, b: Path) -> None:
@@ -254,3 +260,36 @@ def test_no_option_is_taken_by_torchrun() -> None:
                for a in sp._actions for o in a.option_strings[-1:]  # the spelling the battery and docs use
                if o.startswith("--") and o != "--help" and any(t.startswith(o) for t in theirs)}
     assert not clashes
+
+
+LOCAL_WORK_SCRIPT = """
+import json, sys
+import torch.distributed as dist
+from robustest import distributed
+from robustest.runtime import Shard
+distributed.init()
+out = {"outside": [distributed.world_size(), distributed.rank(), Shard.current().bounds(10)]}
+with distributed.local_work():
+    # a rank alone: a world of one, collectives do nothing, the rank (and so who writes) unchanged
+    out["inside"] = [distributed.world_size(), distributed.rank(), Shard.current().bounds(10),
+                     distributed.all_gather_objects(distributed.rank()), distributed.is_main(),
+                     distributed.in_local_work()]
+out["gathered"] = distributed.all_gather_objects(distributed.rank())
+distributed.shutdown()
+print(json.dumps(out))
+"""
+
+
+def test_local_work_is_a_world_of_one(tmp_path) -> None:
+    if TORCHRUN is None:
+        pytest.skip("torchrun not found")
+    script = tmp_path / "local.py"
+    script.write_text(LOCAL_WORK_SCRIPT)
+    res = subprocess.run([TORCHRUN, "--nproc-per-node=2", f"--master-port={_port()}", str(script)],
+                         capture_output=True, text=True, env=_env(), timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = sorted((json.loads(ln) for ln in res.stdout.splitlines() if ln.startswith("{")),
+                  key=lambda r: r["outside"][1])
+    assert [r["outside"] for r in rows] == [[2, 0, [0, 5]], [2, 1, [5, 10]]]
+    assert [r["inside"] for r in rows] == [[1, 0, [0, 10], [0], True, True], [1, 1, [0, 10], [1], False, True]]
+    assert all(r["gathered"] == [0, 1] for r in rows)

@@ -9,6 +9,8 @@
   puts the parts back together in data-set order on every rank, so results equal a single process's
   whenever each sample's randomness depends on its index alone.
 * :func:`is_main` guards every write: robustest's atomic writers do nothing on other ranks.
+* :func:`local_work` marks work a rank does by itself (whole cells of a comparison): inside it the library
+  sees a world of one, so its calls do not wait for the other ranks.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import torch
 from robustest.errors import ConfigError, RobustestError
 
 __all__ = ["RankFailure", "Shard", "all_gather_cat", "all_gather_objects", "all_reduce_sum", "barrier",
-           "broadcast", "in_sharded_work", "init", "is_main", "rank", "sharded_work", "shutdown", "world_size"]
+           "broadcast", "in_local_work", "in_sharded_work", "init", "is_main", "local_work", "rank", "sharded_work",
+           "shutdown", "world_size"]
 
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -46,7 +49,7 @@ class Shard:
 
     @staticmethod
     def current() -> Shard:
-        return Shard(_rank(), world_size())
+        return Shard() if _LOCAL_DEPTH else Shard(_rank(), world_size())
 
     def bounds(self, n: int, align: int = 1) -> tuple[int, int]:
         """[lo, hi) of this rank's contiguous part of ``n`` samples; part boundaries fall on multiples of
@@ -57,6 +60,7 @@ class Shard:
 
 
 _SHARDED_DEPTH = 0
+_LOCAL_DEPTH = 0
 
 
 @contextmanager
@@ -77,14 +81,41 @@ def in_sharded_work() -> bool:
     return _SHARDED_DEPTH > 0 and world_size() > 1
 
 
+@contextmanager
+def local_work() -> Iterator[None]:
+    """A block this rank runs by itself, on work of its own (e.g. whole cells of ``compare``, each rank other
+    cells): inside it :meth:`Shard.current` is the whole data set, :func:`world_size` is 1 and the collectives
+    are no-ops, so the library's calls (attacks, scoring, training) do the whole job in this process without
+    waiting for the other ranks. :func:`rank` and :func:`is_main` keep their values: writes stay with rank 0,
+    so the results of other ranks' work reach rank 0 through a collective after the block."""
+    global _LOCAL_DEPTH
+    _LOCAL_DEPTH += 1
+    try:
+        yield
+    finally:
+        _LOCAL_DEPTH -= 1
+
+
+def in_local_work() -> bool:
+    """Whether the caller runs inside :func:`local_work`."""
+    return _LOCAL_DEPTH > 0
+
+
 def _dist() -> Any:
+    """torch.distributed when a process group is up and the caller is not inside :func:`local_work`."""
+    if _LOCAL_DEPTH:
+        return None
+    return _initialized()
+
+
+def _initialized() -> Any:
     import torch.distributed as dist
 
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
 def _rank() -> int:
-    d = _dist()
+    d = _initialized()
     return int(d.get_rank()) if d is not None else 0
 
 
@@ -122,7 +153,7 @@ def init(device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Sha
     ``device``: "cuda"/"cuda:N"/"auto" selects nccl and ``cuda:LOCAL_RANK``; otherwise gloo on the CPU.
     Every collective times out after ``timeout_s`` seconds.
     """
-    if not launched() or _dist() is not None:
+    if not launched() or _initialized() is not None:
         return Shard.current()
     import torch.distributed as dist
 
@@ -148,7 +179,7 @@ def rank_device(device: str | None) -> str | None:
 
 def shutdown() -> None:
     """Leave the process group (a no-op without one)."""
-    d = _dist()
+    d = _initialized()
     if d is not None:
         d.destroy_process_group()
 

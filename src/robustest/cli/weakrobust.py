@@ -122,8 +122,9 @@ def _add_analysis_args(p: argparse.ArgumentParser) -> None:
                    help="run the analysis's forward passes in bf16 (CPU or CUDA) or fp16 (CUDA) autocast: faster on "
                         "GPUs, scores rounded accordingly (default: float32)")
     g.add_argument("--save-every", type=positive_int, default=ANALYSIS_STEP, metavar="N",
-                   help=f"save the analysis every N samples; rerunning the same command after a kill continues "
-                        f"from there (default: {ANALYSIS_STEP})")
+                   help=f"save the analysis every N samples per process (under torchrun a step covers N x "
+                        f"ranks samples); rerunning the same command after a kill continues from there "
+                        f"(default: {ANALYSIS_STEP})")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -214,17 +215,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _analysis_from_args(args: argparse.Namespace, model, ds, out: Path):
-    """The local robustness analysis of ``ds``, in saved steps of :data:`ANALYSIS_STEP` samples: rerunning
-    the same command after a kill continues from the last finished step."""
+    """The local robustness analysis of ``ds``, in saved steps of ``--save-every`` samples per process:
+    rerunning the same command after a kill continues from the last finished step.
+
+    Under torchrun a step covers ``save_every x world_size`` samples, so each rank does as much work
+    between two saves (one gather, one atomic write) as a single process does; the scores do not depend on
+    the step size (neighbour noise is seeded per block of samples), only the resume points do."""
     from robustest import weakrobust as wr
     from robustest.checkpoints import state_fingerprint
+    from robustest.distributed import world_size
     from robustest.steps import Steps, data_fingerprint, fingerprint
 
-    settings = {k: getattr(args, k) for k in ("neighbors", "eps", "noise", "no_quantize", "seed", "save_every",
-                                              "amp")}
+    every = args.save_every * world_size()
+    settings = {k: getattr(args, k) for k in ("neighbors", "eps", "noise", "no_quantize", "seed", "amp")}
+    settings["step"] = every
     steps = Steps(out, fingerprint("analyze", settings, state_fingerprint(model), data_fingerprint(ds)),
                   log=lambda msg: print(f"note: {msg}", file=sys.stderr))
-    n, parts, every = len(ds), [], args.save_every
+    n, parts = len(ds), []
     for k, lo in enumerate(range(0, n, every)):
         span = (lo, min(lo + every, n))
         d = steps.run(f"analysis_{k:05d}", lambda span=span: wr.analyze(

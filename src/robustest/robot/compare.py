@@ -3,6 +3,7 @@ fine-tuned once per (budget, strategy, seed) cell, and the aggregated table."""
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from typing import Any
@@ -11,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from robustest import distributed
 from robustest.errors import ConfigError, DataError
 from robustest.robot.compute import PassCounter, cell_compute
 from robustest.robot.config import (
@@ -102,46 +104,44 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
 
     plan = [(b, s, sd) for b in budgets for s in strategies if s not in BUDGET_FREE for sd in cfg.seeds]
     plan += [(BUDGET_FREE[s], s, sd) for s in strategies if s in BUDGET_FREE for sd in cfg.seeds]
-    for b, s, sd in progress_bar(plan, enabled=cfg.progress, desc="cells", unit="cell"):
-        key = f"{s}_s{sd}" if s in BUDGET_FREE else f"{s}_b{str(b).replace('%', 'pct')}_s{sd}"
-        cdir = state / "cells" / key
-        rec_path = cdir / "cell.json"
-        n = 0 if s in HARDEN_STRATEGIES else parse_budget(b, len(pool))
-        if rec_path.is_file():
-            rec = json.loads(rec_path.read_text())
-            idx = torch.load(cdir / "selected.pt", map_location="cpu", weights_only=True)["pool_index"]
-        else:
-            if profile is None and s == "coverage" and "bits" not in cache:
-                with PassCounter(setup.model0) as pc:
-                    profile = _coverage_profile(setup.model0, setup.x_fit, cfg)
-                cache["profile_passes"] = pc.passes
-            tc = time.perf_counter()
-            cseed = derive_seed(cfg.seed, "cell", s, str(b), sd)
-            sel_cost: dict[str, Any] = {"selection_scoring": 0.0}
-            if s in HARDEN_STRATEGIES:
-                idx = torch.zeros(0, dtype=torch.long)
-                new_model, last_model, tr = _adv_finetune(setup.model0, setup, cfg, derive_seed(cseed, "finetune"),
-                                                          method=HARDEN_STRATEGIES[s])
-            else:
-                idx = select_tests(s, setup.model0, pool, n, cfg, derive_seed(cseed, "select"), profile=profile,
-                                   cache=cache, compute=sel_cost)
-                new_model, last_model, tr = _finetune(setup.model0, setup, pool.subset(idx), cfg,
-                                                      derive_seed(cseed, "finetune"))
-            sel = pool.subset(idx)
-            rob = _measure(new_model, setup.test, setup.fixed, cfg, derive_seed(cfg.seed, "measure-cell", sd))
-            last = _last_figures(rob, last_model, setup, cfg, derive_seed(cfg.seed, "measure-cell", sd))
-            compute = cell_compute(pool_generation=0.0 if s in HARDEN_STRATEGIES else generation,
-                                   selection_scoring=sel_cost["selection_scoring"], finetune=tr["passes"],
-                                   adversarial=tr["adversarial_passes"])
-            rec = {"strategy": s, "budget": b, "seed": sd, "n": len(sel), "by_method": sel.counts(),
-                   "fol": _quantiles(sel.fol), "train": tr["history"], "robustness": _rob(rob),
-                   "robustness_last_epoch": last, "compute": compute}
+    keys = [_cell_key(b, s, sd) for b, s, sd in plan]
+    todo = [i for i, k in enumerate(keys) if not (state / "cells" / k / "cell.json").is_file()]
+    world, me = distributed.world_size(), distributed.rank()
+    fresh: dict[int, tuple[dict[str, Any], torch.Tensor]] = {}
+    ctx = {"setup": setup, "pool": pool, "cfg": cfg, "cache": cache, "profile": profile,
+           "generation": generation}
+    # Whole cells per rank: under torchrun rank r fine-tunes and measures cells r, r + W, ... by itself
+    # (local_work: no collectives inside a cell), then the W cells of a round go to rank 0, which writes them.
+    # Every cell is seeded by its (strategy, budget, seed), so the files equal one process's.
+    for start in progress_bar(range(0, len(todo), world), enabled=cfg.progress, desc="cells",
+                              unit=f"{world} cells" if world > 1 else "cell"):
+        mine = todo[start + me] if start + me < len(todo) else None
+        done: dict[str, Any] | None = None
+        if mine is not None:
+            with distributed.local_work():
+                done = _run_cell(ctx, *plan[mine])
+            done["i"] = mine
+        for res in (distributed.all_gather_objects(done) if world > 1 else [done]):
+            if res is None:
+                continue
+            cdir = state / "cells" / keys[res["i"]]
+            b, s, sd = plan[res["i"]]
             from robustest.checkpoints import save_weights
 
-            save_weights(cdir / "model.pt", new_model, metadata={"strategy": s, "budget": str(b), "seed": sd})
-            atomic_save({"pool_index": idx}, cdir / "selected.pt")
-            atomic_write_json(rec_path, rec)  # written last: marks the cell finished
-            timings["cells"].append({"cell": key, "seconds": time.perf_counter() - tc})
+            weights = copy.deepcopy(setup.model0).cpu()
+            weights.load_state_dict(res.pop("state"))
+            save_weights(cdir / "model.pt", weights, metadata={"strategy": s, "budget": str(b), "seed": sd})
+            atomic_save({"pool_index": res["idx"]}, cdir / "selected.pt")
+            atomic_write_json(cdir / "cell.json", res["rec"])  # written last: marks the cell finished
+            timings["cells"].append({"cell": keys[res["i"]], "seconds": res["seconds"]})
+            fresh[res["i"]] = (res["rec"], res["idx"])
+    for i, ((b, s, sd), key) in enumerate(zip(plan, keys)):
+        if i in fresh:
+            rec, idx = fresh[i]
+        else:  # finished by an earlier run
+            cdir = state / "cells" / key
+            rec = json.loads((cdir / "cell.json").read_text())
+            idx = torch.load(cdir / "selected.pt", map_location="cpu", weights_only=True)["pool_index"]
         if sd == cfg.seeds[0] and (b == budgets[0] or s == "all"):
             selected_by_strategy[s] = idx
         cells.append(rec)
@@ -162,6 +162,44 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
     _write_outputs(out, results, timings, setup, cfg, fol_by_round=None, examples=None,
                    compare_data={"pool": pool, "examples": examples, "selected": selected_by_strategy})
     return results
+
+
+def _cell_key(b: Any, s: str, sd: int) -> str:
+    return f"{s}_s{sd}" if s in BUDGET_FREE else f"{s}_b{str(b).replace('%', 'pct')}_s{sd}"
+
+
+def _run_cell(ctx: dict[str, Any], b: Any, s: str, sd: int) -> dict[str, Any]:
+    """Fine-tune the original model for one (budget, strategy, seed) cell and measure it: the cell record,
+    the selected pool indices, the weights (CPU state dict) and the seconds it took."""
+    setup, pool, cfg, cache = ctx["setup"], ctx["pool"], ctx["cfg"], ctx["cache"]
+    n = 0 if s in HARDEN_STRATEGIES else parse_budget(b, len(pool))
+    if ctx["profile"] is None and s == "coverage" and "bits" not in cache:
+        with PassCounter(setup.model0) as pc:
+            ctx["profile"] = _coverage_profile(setup.model0, setup.x_fit, cfg)
+        cache["profile_passes"] = pc.passes
+    tc = time.perf_counter()
+    cseed = derive_seed(cfg.seed, "cell", s, str(b), sd)
+    sel_cost: dict[str, Any] = {"selection_scoring": 0.0}
+    if s in HARDEN_STRATEGIES:
+        idx = torch.zeros(0, dtype=torch.long)
+        new_model, last_model, tr = _adv_finetune(setup.model0, setup, cfg, derive_seed(cseed, "finetune"),
+                                                  method=HARDEN_STRATEGIES[s])
+    else:
+        idx = select_tests(s, setup.model0, pool, n, cfg, derive_seed(cseed, "select"), profile=ctx["profile"],
+                           cache=cache, compute=sel_cost)
+        new_model, last_model, tr = _finetune(setup.model0, setup, pool.subset(idx), cfg,
+                                              derive_seed(cseed, "finetune"))
+    sel = pool.subset(idx)
+    rob = _measure(new_model, setup.test, setup.fixed, cfg, derive_seed(cfg.seed, "measure-cell", sd))
+    last = _last_figures(rob, last_model, setup, cfg, derive_seed(cfg.seed, "measure-cell", sd))
+    compute = cell_compute(pool_generation=0.0 if s in HARDEN_STRATEGIES else ctx["generation"],
+                           selection_scoring=sel_cost["selection_scoring"], finetune=tr["passes"],
+                           adversarial=tr["adversarial_passes"])
+    rec = {"strategy": s, "budget": b, "seed": sd, "n": len(sel), "by_method": sel.counts(),
+           "fol": _quantiles(sel.fol), "train": tr["history"], "robustness": _rob(rob),
+           "robustness_last_epoch": last, "compute": compute}
+    return {"rec": rec, "idx": idx, "state": {k: v.detach().cpu() for k, v in new_model.state_dict().items()},
+            "seconds": time.perf_counter() - tc}
 
 
 def comparison_table(cells: list[dict[str, Any]], baseline: RobustnessReport | dict[str, Any]
