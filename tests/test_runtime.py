@@ -162,6 +162,20 @@ def test_iter_batches_with_shard(xy):
     assert [b[0].tolist() for b in spanned] == [[2, 3, 4], [5, 6, 7], [8]]
 
 
+def test_iter_batches_align_balances_the_rank_parts(xy):
+    """With batches larger than a rank's fair share, parts aligned to batches leave rank 1 idle; a small
+    ``align`` splits the samples evenly (10 samples, batches of 8, align 2: [0, 6) and [6, 10))."""
+    x, y = xy
+    by_batch = [collect(runtime.iter_batches((x, y), batch_size=8, with_index=True, shard=runtime.Shard(r, 2)))
+                for r in range(2)]
+    assert [sum(len(b[0]) for b in part) for part in by_batch] == [8, 2]
+    aligned = [collect(runtime.iter_batches((x, y), batch_size=8, with_index=True, shard=runtime.Shard(r, 2),
+                                            align=2)) for r in range(2)]
+    assert [[b[0].tolist() for b in part] for part in aligned] == [[[0, 1, 2, 3, 4, 5]], [[6, 7, 8, 9]]]
+    with pytest.raises(ConfigError, match="align"):
+        collect(runtime.iter_batches((x, y), batch_size=8, align=0))
+
+
 # ------------------------------------------------------------------------------------------------ modes
 def make_net() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.BatchNorm1d(4), nn.Linear(4, 2))

@@ -75,6 +75,11 @@ def test_score_fol_and_kmnc(model, tmp_path) -> None:
         assert res.returncode == 0, res.stderr
         _same_tensors(one / "scores.pt", two / "scores.pt")
         assert _world(two) == 2 and _world(one) == 1
+        if metric == "fol":  # each rank's share of the scored images
+            n = len(torch.load(one / "scores.pt", weights_only=True)["scores"])
+            shares = json.loads((two / "results.json").read_text())["rank_samples"]
+            assert len(shares) == 2 and min(shares) > 0 and sum(shares) == n
+            assert "rank_samples" not in json.loads((one / "results.json").read_text())
 
 
 def test_analyze(model, tmp_path) -> None:
@@ -83,6 +88,8 @@ def test_analyze(model, tmp_path) -> None:
     res = ranks(*args, "--out", str(tmp_path / "a2"))
     assert res.returncode == 0, res.stderr
     _same_tensors(tmp_path / "a1" / "analysis.pt", tmp_path / "a2" / "analysis.pt")
+    doc = json.loads((tmp_path / "a2" / "results.json").read_text())
+    assert sum(doc["rank_samples"]) == doc["n"] and min(doc["rank_samples"]) > 0
 
 
 def test_corrupt(tmp_path) -> None:

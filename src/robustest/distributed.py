@@ -27,8 +27,8 @@ import torch
 from robustest.errors import ConfigError, RobustestError
 
 __all__ = ["RankFailure", "Shard", "all_gather_cat", "all_gather_objects", "all_reduce_sum", "barrier",
-           "broadcast", "in_local_work", "in_sharded_work", "init", "is_main", "local_work", "rank", "sharded_work",
-           "shutdown", "world_size"]
+           "broadcast", "count_share", "in_local_work", "in_sharded_work", "init", "is_main", "local_work", "rank",
+           "shares", "sharded_work", "shutdown", "world_size"]
 
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -94,6 +94,23 @@ def local_work() -> Iterator[None]:
         yield
     finally:
         _LOCAL_DEPTH -= 1
+
+
+_SHARE = [0]
+
+
+def count_share(n: int) -> None:
+    """Add ``n`` samples to this rank's tally of shared-out work (``runtime.iter_batches`` counts every batch it
+    reads of a rank's part)."""
+    _SHARE[0] += int(n)
+
+
+def shares() -> list[int] | None:
+    """Samples each rank read of its parts so far, in rank order (None in a single process). A collective:
+    every rank calls it at the same point (``results.write_results`` does, for ``rank_samples``)."""
+    if world_size() == 1:
+        return None
+    return [int(v) for v in all_gather_objects(_SHARE[0])]
 
 
 def in_local_work() -> bool:

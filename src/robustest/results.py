@@ -7,6 +7,7 @@ A results document is a JSON object with a fixed header followed by the verb's o
     settings     the options in effect for that verb, with resolved defaults (never argparse's namespace)
     timings      wall-clock seconds: keys ending in ``_s`` (``total_s`` always present)
     world_size   number of processes that produced the results (1 unless run under torchrun)
+    rank_samples under torchrun only: samples each rank read of its share, in rank order
     ...          the verb's results (documented per verb in docs/RESULTS_SCHEMA.md)
 
 :func:`write_results` builds the document and writes it atomically; :func:`document` only builds it.
@@ -30,7 +31,7 @@ __all__ = ["HEADER_KEYS", "RESULTS_FILE", "RESULTS_VERSION", "document", "read_r
 
 RESULTS_FILE = "results.json"
 RESULTS_VERSION = 1
-HEADER_KEYS = ("format", "version", "settings", "timings", "world_size")
+HEADER_KEYS = ("format", "version", "settings", "timings", "world_size", "rank_samples")
 
 
 def results_format(verb: str) -> str:
@@ -72,8 +73,15 @@ def document(verb: str, settings: Mapping[str, Any], results: Mapping[str, Any],
 
 def write_results(out: str | os.PathLike[str], verb: str, settings: Mapping[str, Any], results: Mapping[str, Any],
                   timings: Mapping[str, Any], world_size: int | None = None) -> dict[str, Any]:
-    """Write ``OUT/results.json`` (see :func:`document`) atomically and return the document written."""
+    """Write ``OUT/results.json`` (see :func:`document`) atomically and return the document written. Under
+    torchrun every rank calls it; ``rank_samples`` then records the samples each rank read of its share
+    (in rank order)."""
+    from robustest import distributed
+
     doc = document(verb, settings, results, timings, world_size)
+    shares = distributed.shares()  # a collective: every rank writes (only rank 0's write lands)
+    if shares is not None:
+        doc["rank_samples"] = shares
     atomic_write_json(Path(out) / RESULTS_FILE, doc)
     return doc
 

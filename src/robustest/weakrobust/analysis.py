@@ -258,7 +258,7 @@ def analyze(
     n_seen = 0
     buf: torch.Tensor | None = None
     with eval_mode(model):
-        it = iter_batches(data, chunk, dev, with_index=True, shard=shard, span=span)
+        it = iter_batches(data, chunk, dev, with_index=True, shard=shard, span=span, align=NOISE_BLOCK)
         try:
             total: int | None = -(-num_samples(data) // chunk)
         except Exception:  # noqa: BLE001 - only for the progress bar
