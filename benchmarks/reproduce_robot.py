@@ -108,6 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eps", type=float, default=None)
     ap.add_argument("--pgd-steps", type=int, default=None, help="white-box PGD steps (2 restarts)")
     ap.add_argument("--apgd-steps", type=int, default=None, help="white-box APGD-CE steps")
+    ap.add_argument("--autoattack", choices=("fast", "standard"), default=None,
+                    help="add robustness.evaluate's ensemble to every measurement (AutoAttack column; default off)")
     ap.add_argument("--amp", choices=("bf16", "fp16"), default=None, help="mixed precision for training (CUDA)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: LeNet-5 gains little from more, and busy cores punish it)")
@@ -225,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         "whitebox_pgd_steps": args.pgd_steps, "whitebox_restarts": 2, "apgd_steps": args.apgd_steps,
         "out": str(out / "compare"), "resume": True, "device": args.device,
     }
+    if args.autoattack:
+        cfg["autoattack"] = args.autoattack
     res = robot.compare(cfg)
     elapsed = time.perf_counter() - t0
     print_tables(res, args, s, elapsed, t_train)
@@ -270,11 +274,12 @@ def print_paired(res: dict) -> None:
         return
     print(f"\nPaired vs random (strategy - random on the same seed, points; 95 % t-interval over {n} seeds; "
           "* = excludes 0):\n")
-    print("| budget | strategy | fixed-set | white-box | clean |")
-    print("|---|---|---|---|---|")
+    aa = any("autoattack_accuracy" in m for m in rows.values())
+    print("| budget | strategy | fixed-set | white-box |" + (" AutoAttack |" if aa else "") + " clean |")
+    print("|---|---|---|---|" + ("---|" if aa else "") + "---|")
     for (b, s), m in rows.items():
         print(f"| {b} | {s} | {m.get('fixed_set_accuracy', '-')} | {m.get('whitebox_accuracy', '-')} | "
-              f"{m.get('clean_accuracy', '-')} |")
+              + (f"{m.get('autoattack_accuracy', '-')} | " if aa else "") + f"{m.get('clean_accuracy', '-')} |")
 
 
 def print_tables(res: dict, args: argparse.Namespace, s: dict[str, Any], elapsed: float, t_train: float) -> None:
@@ -287,18 +292,22 @@ def print_tables(res: dict, args: argparse.Namespace, s: dict[str, Any], elapsed
         title += " (DRY RUN: synthetic data, not a result)"
     print(f"\n{title}, eps {args.eps}: original model clean {100 * base['clean_accuracy']:.2f} %, fixed set "
           f"{100 * base['fixed_set_accuracy']:.2f} % ({d['fixed_set']['size']} examples from {d['num_test']} test "
-          f"images), white-box {100 * base['whitebox_accuracy']:.2f} % (first {base['num_whitebox']} test images)")
+          f"images), white-box {100 * base['whitebox_accuracy']:.2f} % (first {base['num_whitebox']} test images)"
+          + ("" if base.get("autoattack_accuracy") is None else
+             f", AutoAttack ({args.autoattack}) {100 * base['autoattack_accuracy']:.2f} %"))
     print(f"pool: {res['pool']['size']} tests {res['pool']['by_method']} from {d['num_fit']} training images; "
           f"validation {d['num_val']} images; {args.epochs} fine-tuning epochs; seeds {args.seeds}; "
           f"total {elapsed / 60:.1f} min (original model {t_train:.0f} s)\n")
-    print("| budget | strategy | n | fixed-set acc. (%) | white-box acc. (%) | clean acc. (%) | last-epoch fixed (%) "
-          "| passes / cell (k) |")
-    print("|---|---|---|---|---|---|---|---|")
+    aa = any("autoattack_accuracy_mean" in r for r in res["table"])
+    print("| budget | strategy | n | fixed-set acc. (%) | white-box acc. (%) |"
+          + (" AutoAttack acc. (%) |" if aa else "") + " clean acc. (%) | last-epoch fixed (%) | passes / cell (k) |")
+    print("|---|---|---|---|---|" + ("---|" if aa else "") + "---|---|---|")
     for row in res["table"]:
         last = row.get("last_epoch_fixed_set_accuracy_mean")
         passes = row.get("compute_passes_mean")
         print(f"| {row['budget']} | {row['strategy']} | {row['n']} | {_pm(row, 'fixed_set_accuracy')} | "
-              f"{_pm(row, 'whitebox_accuracy')} | {_pm(row, 'clean_accuracy')} | "
+              f"{_pm(row, 'whitebox_accuracy')} | " + (f"{_pm(row, 'autoattack_accuracy')} | " if aa else "")
+              + f"{_pm(row, 'clean_accuracy')} | "
               f"{'-' if last is None else f'{100 * last:.2f}'} | {'-' if passes is None else f'{passes / 1e3:.1f}'} |")
     print_compute(res)
     print_paired(res)

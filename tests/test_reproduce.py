@@ -77,6 +77,28 @@ def run_script(args: list[str], timeout: int = 600) -> tuple[subprocess.Complete
     return proc, time.perf_counter() - t0
 
 
+def test_robot_script_takes_autoattack():
+    robot = script("reproduce_robot")
+    assert robot.parse_args(["--dataset", "digits"]).autoattack is None
+    assert robot.parse_args(["--dataset", "digits", "--autoattack", "fast"]).autoattack == "fast"
+    with pytest.raises(SystemExit):
+        robot.parse_args(["--autoattack", "strong"])
+
+
+@pytest.mark.slow
+def test_robot_script_dry_run_with_the_autoattack_column(tmp_path):
+    out = tmp_path / "out"
+    proc, _ = run_script([str(BENCH / "reproduce_robot.py"), "--setting", "digits-cnn", "--dry-run", "--autoattack",
+                          "fast", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = json.loads((out / "reproduction.json").read_text())
+    assert all(0 <= r["autoattack_accuracy_mean"] <= 1 for r in rep["table"])
+    assert "AutoAttack acc. (%)" in proc.stdout and "| fixed-set | white-box | AutoAttack | clean |" in proc.stdout
+    res = json.loads((out / "compare" / "results.json").read_text())
+    assert res["settings"]["autoattack"] == "fast"
+    assert {p["metric"] for p in res["paired_vs_random"]} >= {"autoattack_accuracy"}
+
+
 DRY_RUNS = [
     ("reproduce_robot.py", "mnist-lenet5"), ("reproduce_robot.py", "cifar10-resnet20"),
     ("reproduce_robot.py", "digits-cnn"),

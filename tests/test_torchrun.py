@@ -221,6 +221,23 @@ def test_run_and_compare(model, tmp_path) -> None:
                       tmp_path / "c2" / "state" / "cells" / name / "model.pt")
 
 
+def test_compare_with_autoattack(model, tmp_path) -> None:
+    # the ensemble inside every measurement is robustness.evaluate, which shares its blocks of 4096 images out
+    # over the ranks and gathers the outcomes (test_eval checks that with several blocks); here the white-box
+    # images make one block, so rank 0 attacks them all and every rank gets its figure: equal to one process's
+    cfg = tmp_path / "robot.yaml"
+    cfg.write_text(ROBOT_YAML)
+    cmp_ = ["compare", "--config", str(cfg), "--checkpoint", model, *ROBOT_FLAGS, "--strategies", "random,kmst",
+            "--budgets", "5%", "--seeds", "0", "--autoattack", "fast"]
+    assert single(*cmp_, "--out", str(tmp_path / "c1")).returncode == 0
+    res = ranks(*cmp_, "--out", str(tmp_path / "c2"))
+    assert res.returncode == 0, res.stderr
+    one = json.loads((tmp_path / "c1" / "results.json").read_text())
+    two = json.loads((tmp_path / "c2" / "results.json").read_text())
+    assert all(c["robustness"]["autoattack_accuracy"] is not None for c in one["cells"])
+    assert one["cells"] == two["cells"] and one["baseline"] == two["baseline"] and two["world_size"] == 2
+
+
 def _same_weights(a: Path, b: Path) -> None:
     from robustest.checkpoints import load_model
 

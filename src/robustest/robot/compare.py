@@ -40,8 +40,8 @@ from robustest.robot.setup import (
 from robustest.robustness import RobustnessReport
 from robustest.runtime import atomic_save, atomic_write_json
 
-#: the figures paired_vs_random compares
-PAIRED_METRICS = ("fixed_set_accuracy", "whitebox_accuracy", "clean_accuracy")
+#: the figures paired_vs_random compares (autoattack_accuracy only where it was measured: config ``autoattack``)
+PAIRED_METRICS = ("fixed_set_accuracy", "whitebox_accuracy", "clean_accuracy", "autoattack_accuracy")
 
 
 # ------------------------------------------------------------------------------------------- compare()
@@ -146,8 +146,9 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
             selected_by_strategy[s] = idx
         cells.append(rec)
         rb = rec["robustness"]
+        aa = f", AutoAttack {_f(rb['autoattack_accuracy'])}" if rb.get("autoattack_accuracy") is not None else ""
         _log(cfg, f"{s:>8} budget {b} ({rec['n']}) seed {sd}: clean {_f(rb['clean_accuracy'])}, "
-                  f"fixed-set {_f(rb['fixed_set_accuracy'])}, white-box {_f(rb['whitebox_accuracy'])}")
+                  f"fixed-set {_f(rb['fixed_set_accuracy'])}, white-box {_f(rb['whitebox_accuracy'])}{aa}")
     table = comparison_table(cells, setup.baseline)
     results = {
         "format": RESULTS_FORMAT, "version": RESULTS_VERSION, "kind": "compare",
@@ -205,15 +206,19 @@ def _run_cell(ctx: dict[str, Any], b: Any, s: str, sd: int) -> dict[str, Any]:
 def comparison_table(cells: list[dict[str, Any]], baseline: RobustnessReport | dict[str, Any]
                      ) -> list[dict[str, Any]]:
     """Aggregate comparison cells into one row per (strategy, budget): mean and standard deviation over
-    seeds of each robustness figure (``*_mean``/``*_std``), plus the original model's figures (``before_*``)."""
+    seeds of each robustness figure (``*_mean``/``*_std``), plus the original model's figures (``before_*``).
+    ``autoattack_accuracy`` gets its three columns only when some cell measured it (config ``autoattack``)."""
     base = baseline.to_dict() if isinstance(baseline, RobustnessReport) else baseline
+    metrics = ["fixed_set_accuracy", "whitebox_accuracy", "clean_accuracy"]
+    if any(c["robustness"].get("autoattack_accuracy") is not None for c in cells):
+        metrics.append("autoattack_accuracy")
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for c in cells:
         groups.setdefault((c["strategy"], str(c["budget"])), []).append(c)
     rows = []
     for (s, b), cs in groups.items():
         row: dict[str, Any] = {"strategy": s, "budget": b, "n": cs[0]["n"], "seeds": len(cs)}
-        for m in ("fixed_set_accuracy", "whitebox_accuracy", "clean_accuracy"):
+        for m in metrics:
             row[f"before_{m}"] = base.get(m)
             vals = [c["robustness"].get(m) for c in cs]
             vals = [v for v in vals if v is not None]

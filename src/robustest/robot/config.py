@@ -31,7 +31,9 @@ BUDGET_FREE = {"all": "100%", **{s: "online" for s in HARDEN_STRATEGIES}}
 #: finetune_options adv-train can honour (its update step is robustest.hardening's pgd-at)
 ADV_TRAIN_OPTIONS = ("optimizer", "weight_decay")
 METRICS = ("clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy", "whitebox_pgd_accuracy",
-           "whitebox_apgd_accuracy")
+           "whitebox_apgd_accuracy", "autoattack_accuracy")
+#: versions of robustness.evaluate's ensemble a run may add to every measurement (config key ``autoattack``)
+AUTOATTACK_VERSIONS = ("fast", "standard")
 # config keys that do not change results (left out of results.json and of the resume check)
 _RUNTIME_KEYS = ("out", "resume", "progress", "verbose", "device")
 # keys a resumed run may change: they decide how many rounds/cells run, not what a finished one contains
@@ -66,7 +68,9 @@ class RobotConfig:
     Loop: ``rounds``, ``time_budget`` (seconds), ``target`` (stop once ``target_metric`` >= target),
     convergence rule ``convergence_tol``/``convergence_patience``/``convergence_probe``.
     Measurement: ``whitebox`` (on the first ``whitebox_limit`` test images), PGD steps/restarts, APGD steps,
-    ``corruptions`` (None, "all" or a list). ``seeds``: comparison seeds; ``seed``: everything else.
+    ``autoattack`` (None, "fast" or "standard": also :func:`robustness.evaluate`'s ensemble on the same
+    images, recorded as ``autoattack_accuracy``), ``corruptions`` (None, "all" or a list).
+    ``seeds``: comparison seeds; ``seed``: everything else.
     """
 
     model: str | None = None
@@ -114,6 +118,7 @@ class RobotConfig:
     whitebox_restarts: int = 2
     apgd_steps: int = 50
     whitebox_last: bool = False
+    autoattack: str | None = None
     corruptions: str | list[str] | None = None
     seeds: list[int] = field(default_factory=lambda: [0])
     seed: int = 0
@@ -219,6 +224,7 @@ class RobotConfig:
         from robustest.metrics import names as metric_names
 
         choices = {"pool": list(POOLS), "strategy": list(STRATEGIES), "target_metric": list(METRICS),
+                   "autoattack": list(AUTOATTACK_VERSIONS),
                    "coverage_metric": metric_names("coverage")}
         types = {"bool": {"type": "boolean"}, "str": {"type": "string", "minLength": 1},
                  "int": {"type": "integer"}, "float": {"type": "number"}, "dict[str,Any]": {"type": "object"},
@@ -352,6 +358,9 @@ class RobotConfig:
         if self.target_metric not in METRICS:
             raise ConfigError(f"unknown target_metric {self.target_metric!r}: use one of {', '.join(METRICS)}")
         number("target", 0.0, 1.0, allow_none=True, lo_open=False)
+        if self.target is not None and self.target_metric == "autoattack_accuracy" and self.autoattack is None:
+            raise ConfigError("target_metric autoattack_accuracy needs autoattack set: add autoattack: fast or "
+                              "standard (--autoattack)")
         number("convergence_tol", 0.0, float("inf"), lo_open=False)
         pos_int("convergence_patience")
         pos_int("convergence_probe")
@@ -359,6 +368,11 @@ class RobotConfig:
         pos_int("whitebox_pgd_steps")
         pos_int("whitebox_restarts")
         pos_int("apgd_steps", minimum=0)
+        if self.autoattack is not None and self.autoattack not in AUTOATTACK_VERSIONS:
+            raise ConfigError(f"unknown autoattack {self.autoattack!r}: use fast or standard (or leave it unset)")
+        if self.autoattack is not None and not self.whitebox:
+            raise ConfigError("autoattack runs on the white-box images: drop --no-whitebox (whitebox: false) or "
+                              "autoattack")
         if not isinstance(self.seeds, (list, tuple)) or not self.seeds or \
                 not all(isinstance(s, int) and not isinstance(s, bool) for s in self.seeds):
             raise ConfigError(f"seeds must be a non-empty list of integers, got {self.seeds!r}")

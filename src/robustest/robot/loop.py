@@ -127,9 +127,10 @@ def run(config: RobotConfig | dict[str, Any], model: nn.Module | None = None) ->
             stats.append(rec["convergence"]["statistic"])
             timings["rounds"].append(tr)
         rob = rec["robustness"]
+        aa = f"AutoAttack {_f(rob['autoattack_accuracy'])}, " if rob.get("autoattack_accuracy") is not None else ""
         _log(cfg, f"round {r}: pool {rec['pool']['size']}, selected {rec['selected']['n']}, "
                   f"clean {_f(rob['clean_accuracy'])}, "
-                  f"fixed-set {_f(rob['fixed_set_accuracy'])}, white-box {_f(rob['whitebox_accuracy'])}, "
+                  f"fixed-set {_f(rob['fixed_set_accuracy'])}, white-box {_f(rob['whitebox_accuracy'])}, {aa}"
                   f"median FOL {rec['convergence']['statistic']:.4g}")
         if cfg.target is not None and rob.get(cfg.target_metric) is not None and rob[cfg.target_metric] >= cfg.target:
             stop_reason = "requirement"

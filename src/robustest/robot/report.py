@@ -22,7 +22,10 @@ _VERB = {"loop": "run", "compare": "compare"}
 _LOOP_ONLY = ("strategy", "budget", "rounds", "time_budget", "target", "target_metric", "convergence_tol",
               "convergence_patience", "convergence_probe")
 _COMPARE_ONLY = ("strategies", "budgets", "seeds")
-_WHITEBOX = ("whitebox_limit", "whitebox_pgd_steps", "whitebox_restarts", "apgd_steps", "whitebox_last")
+_WHITEBOX = ("whitebox_limit", "whitebox_pgd_steps", "whitebox_restarts", "apgd_steps", "whitebox_last", "autoattack")
+#: what each autoattack version runs (robustness.ensemble_plan), for the report's text
+_AA_PLAN = {"fast": "APGD-CE 100 steps, then APGD-T on the 3 most likely other classes",
+            "standard": "APGD-CE, APGD-T, FAB-T and Square, AutoAttack's standard version"}
 _COVERAGE = ("coverage_metric", "coverage_options", "coverage_profile_limit")
 
 
@@ -112,13 +115,18 @@ def _write_outputs(out: Path, results: dict[str, Any], timings: dict[str, Any], 
 
 def _summary_row(r: int, rob: dict[str, Any], rec: dict[str, Any] | None, last: dict[str, Any] | None
                  ) -> dict[str, Any]:
-    return {"round": r, "pool": rec["pool"]["size"] if rec else None, "selected": rec["selected"]["n"] if rec else 0,
+    row = {"round": r, "pool": rec["pool"]["size"] if rec else None, "selected": rec["selected"]["n"] if rec else 0,
             "clean_accuracy": rob["clean_accuracy"], "fixed_set_accuracy": rob["fixed_set_accuracy"],
             "whitebox_pgd_accuracy": rob["whitebox_pgd_accuracy"],
             "whitebox_apgd_accuracy": rob["whitebox_apgd_accuracy"], "whitebox_accuracy": rob["whitebox_accuracy"],
             "last_epoch_fixed_set_accuracy": last["fixed_set_accuracy"] if last else None,
             "median_fol": rec["convergence"]["statistic"] if rec else None,
             "fol_rel_change": rec["convergence"]["rel_change"] if rec else None}
+    if rob.get("autoattack_accuracy") is not None:  # measured (config autoattack): after the white-box figures
+        items = list(row.items())
+        at = [k for k, _ in items].index("whitebox_accuracy") + 1
+        row = dict(items[:at] + [("autoattack_accuracy", rob["autoattack_accuracy"])] + items[at:])
+    return row
 
 
 def _pm(row: dict[str, Any], metric: str) -> str:
@@ -152,7 +160,10 @@ def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotC
     rep.paragraph("Robustness measures: clean accuracy; accuracy on the fixed adversarial set (the paper's "
                   "measure; 0 for the original model); white-box accuracy of the retrained model itself "
                   f"(per-sample worst case of PGD {cfg.whitebox_pgd_steps} steps x {cfg.whitebox_restarts} "
-                  f"restarts and APGD-CE {cfg.apgd_steps} steps, first {n_wb} test images).")
+                  f"restarts and APGD-CE {cfg.apgd_steps} steps, first {n_wb} test images)"
+                  + ("." if cfg.autoattack is None else
+                     f"; AutoAttack accuracy: robust accuracy under robustness.evaluate's {cfg.autoattack} ensemble "
+                     f"({_AA_PLAN[cfg.autoattack]}) on the same images."))
     base = results["baseline"]
     if results["kind"] == "loop":
         rounds = results["rounds"]
@@ -162,20 +173,22 @@ def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotC
         xs = list(range(len(rounds) + 1))
         series = {}
         for m, label in (("clean_accuracy", "clean"), ("fixed_set_accuracy", "fixed set"),
-                         ("whitebox_accuracy", "white-box")):
+                         ("whitebox_accuracy", "white-box"), ("autoattack_accuracy", "AutoAttack")):
             ys = [base.get(m)] + [rec["robustness"].get(m) for rec in rounds]
             if all(v is not None for v in ys):
                 series[label] = (xs, ys)
         if series:
             rep.image(save_lines(series, None, title="robustness per round", xlabel="round", ylabel="accuracy"),
                       "Accuracy per round (round 0 = the original model).")
-        cols = ["round", "pool", "selected", "clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy",
-                "median_fol", "fol_rel_change"]
-        rows = [{"round": 0, "pool": None, "selected": 0, **{k: base.get(k) for k in cols[3:6]},
+        figs = ["clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy"]
+        if base.get("autoattack_accuracy") is not None:
+            figs.append("autoattack_accuracy")
+        cols = ["round", "pool", "selected", *figs, "median_fol", "fol_rel_change"]
+        rows = [{"round": 0, "pool": None, "selected": 0, **{k: base.get(k) for k in figs},
                  "median_fol": results["convergence_rule"]["round0"]["fol"]["median"], "fol_rel_change": None}]
         for rec in rounds:
             rows.append({"round": rec["round"], "pool": rec["pool"]["size"], "selected": rec["selected"]["n"],
-                         **{k: rec["robustness"].get(k) for k in cols[3:6]},
+                         **{k: rec["robustness"].get(k) for k in figs},
                          "median_fol": rec["convergence"]["statistic"],
                          "fol_rel_change": rec["convergence"]["rel_change"]})
         rep.table(rows, cols)
@@ -200,6 +213,8 @@ def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotC
                  "fixed set after": _pm(r, "fixed_set_accuracy"),
                  "white-box before": _acc(r["before_whitebox_accuracy"]),
                  "white-box after": _pm(r, "whitebox_accuracy"),
+                 **({"AutoAttack before": _acc(r["before_autoattack_accuracy"]),
+                     "AutoAttack after": _pm(r, "autoattack_accuracy")} if "autoattack_accuracy_mean" in r else {}),
                  "clean after": _pm(r, "clean_accuracy"),
                  "fixed set, last epoch": _acc(r.get("last_epoch_fixed_set_accuracy_mean")),
                  "compute (passes)": "-" if r.get("compute_passes_mean") is None
@@ -210,7 +225,8 @@ def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotC
                   "selection scoring, fine-tuning and adversarial generation; results.json has the parts).")
         if results.get("paired_vs_random"):
             rep.significance(results["paired_vs_random"])
-        for m, label in (("fixed_set_accuracy", "fixed-set accuracy"), ("whitebox_accuracy", "white-box accuracy")):
+        for m, label in (("fixed_set_accuracy", "fixed-set accuracy"), ("whitebox_accuracy", "white-box accuracy"),
+                         ("autoattack_accuracy", "AutoAttack accuracy")):
             groups: dict[str, dict[str, float]] = {}
             errs: dict[str, dict[str, float]] = {}
             if base.get(m) is not None:

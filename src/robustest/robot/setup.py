@@ -67,7 +67,8 @@ def _limit(ds: Any, n: int | None) -> tuple[torch.Tensor, torch.Tensor]:
 def _fingerprint(cfg: RobotConfig, kind: str) -> str:
     d = {k: v for k, v in cfg.result_dict().items() if k not in _EXTENDABLE_KEYS and k not in _PATH_KEYS
          and not (k in ("train_options", "finetune_options") and not v)  # runs from before these keys resume
-         and not (k == "stratified_bins" and v == 4)}
+         and not (k == "stratified_bins" and v == 4)
+         and not (k == "autoattack" and v is None)}  # runs from before the key resume
     return hashlib.sha256(json.dumps([kind, d], sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -122,7 +123,8 @@ def _measure(model: nn.Module, setup_test: tuple[torch.Tensor, torch.Tensor], fi
     return measure(model, setup_test, eps=cfg.eps, fixed=fixed,
                    whitebox=cfg.whitebox if whitebox is None else whitebox, whitebox_limit=cfg.whitebox_limit,
                    pgd_steps=cfg.whitebox_pgd_steps, pgd_restarts=cfg.whitebox_restarts, apgd_steps=cfg.apgd_steps,
-                   corruptions=cfg.corruptions, seed=seed)
+                   corruptions=cfg.corruptions, seed=seed, autoattack=cfg.autoattack is not None,
+                   autoattack_version=cfg.autoattack or "standard")
 
 
 def _rob(rep: RobustnessReport) -> dict[str, Any]:
