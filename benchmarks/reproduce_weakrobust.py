@@ -472,9 +472,11 @@ def enhance_metrics(rows: list[dict]) -> list[str]:
 def aggregate_enhance(per_seed: list[dict], level: float = 0.95) -> dict:
     """Per-seed enhancement results -> per variant the mean and sample sd over seeds of every metric, and each
     variant's difference to the plain fine-tune, paired by seed, with its ``level`` t-interval
-    (robot.paired_vs_random with the plain fine-tune as the reference; no interval with one seed).
+    (robot.paired_vs_random with the plain fine-tune as the reference; no interval with one seed), and the
+    targeted recipe's difference to each alternative in the same way.
     Returns ``{"seeds", "rows": [{variant, n_seeds, METRIC_mean, METRIC_sd}], "paired": [{strategy, metric,
-    mean_diff, ci_low, ci_high, n_seeds}]}``."""
+    mean_diff, ci_low, ci_high, n_seeds}], "targeted_vs": [the same rows for the targeted recipe, with
+    baseline: the alternative]}``."""
     from robustest.robot import paired_vs_random
 
     metrics = enhance_metrics(per_seed[0]["rows"])
@@ -497,9 +499,16 @@ def aggregate_enhance(per_seed: list[dict], level: float = 0.95) -> dict:
             row[f"{m}_sd"] = float(np.std(vals[m], ddof=1)) if len(vals[m]) > 1 else 0.0
         rows.append(row)
     paired = paired_vs_random(cells, metrics=tuple(metrics), level=level, baseline=BASELINE_VARIANT)
-    for p in paired:
+    # the claim itself: the targeted recipe against each alternative, paired by seed the same way
+    targeted = list(ENHANCE_VARIANTS)[-1]
+    vs = []
+    for alt in list(ENHANCE_VARIANTS)[:-1]:
+        two = [c for c in cells if c["strategy"] in (alt, targeted)]
+        vs += [{**p, "baseline": alt} for p in paired_vs_random(two, metrics=tuple(metrics), level=level,
+                                                                baseline=alt)]
+    for p in paired + vs:
         p.pop("budget", None)
-    return {"seeds": [res["seed"] for res in per_seed], "rows": rows, "paired": paired}
+    return {"seeds": [res["seed"] for res in per_seed], "rows": rows, "paired": paired, "targeted_vs": vs}
 
 
 def _signed(v: float | None) -> str:
@@ -514,22 +523,24 @@ def markdown_enhance(agg: dict) -> str:
     for r in agg["rows"]:
         lines.append(f"| {r['variant']} | " + " | ".join(f"{r[m + '_mean']:.3f} ± {r[m + '_sd']:.3f}"
                                                           for m in metrics) + " |")
-    lines += ["", f"Difference to {BASELINE_VARIANT}, paired by seed (mean [95 % t-interval]; * excludes 0):", "",
-              "| variant | " + " | ".join(metrics) + " |", "|" + "---|" * (len(metrics) + 1)]
-    for name in ENHANCE_VARIANTS:
-        ps = {p["metric"]: p for p in agg["paired"] if p["strategy"] == name}
-        if not ps:
-            continue
-        cells = []
-        for m in metrics:
-            p = ps.get(m)
-            if p is None:
-                cells.append("-")
-                continue
-            star = "*" if p["ci_low"] is not None and (p["ci_low"] > 0 or p["ci_high"] < 0) else ""
-            cells.append(f"{_signed(p['mean_diff'])} [{_signed(p['ci_low'])}, {_signed(p['ci_high'])}]{star}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    targeted = list(ENHANCE_VARIANTS)[-1]
+    for title, key, label in (
+            (f"Difference to {BASELINE_VARIANT}", "paired", "strategy"),
+            (f"{targeted} minus each alternative", "targeted_vs", "baseline")):
+        lines += ["", f"{title}, paired by seed (mean [95 % t-interval]; * excludes 0):", "",
+                  "| variant | " + " | ".join(metrics) + " |", "|" + "---|" * (len(metrics) + 1)]
+        for name in ENHANCE_VARIANTS:
+            ps = {p["metric"]: p for p in agg.get(key, []) if p[label] == name}
+            if ps:
+                lines.append(f"| {name} | " + " | ".join(_interval(ps.get(m)) for m in metrics) + " |")
     return "\n".join(lines)
+
+
+def _interval(p: dict | None) -> str:
+    if p is None:
+        return "-"
+    star = "*" if p["ci_low"] is not None and (p["ci_low"] > 0 or p["ci_high"] < 0) else ""
+    return f"{_signed(p['mean_diff'])} [{_signed(p['ci_low'])}, {_signed(p['ci_high'])}]{star}"
 
 
 def run_enhance(args: argparse.Namespace, out: Path) -> dict:

@@ -82,9 +82,16 @@ def test_enhance_aggregates_seeds_with_paired_intervals_to_the_plain_fine_tune()
     assert adv["mean_diff"] == pytest.approx(0.1) and adv["ci_low"] == pytest.approx(0.1) and adv["n_seeds"] == 3
     tgt = paired[("targeted (AugMix+JSD+PGD+weaknesses)", "pgd@0.1")]  # -0.05, +0.04, -0.10
     assert tgt["mean_diff"] == pytest.approx(-0.11 / 3) and tgt["ci_low"] < 0 < tgt["ci_high"]
+    vs = {(p["baseline"], p["metric"]): p for p in agg["targeted_vs"]}
+    assert {b for b, _ in vs} == set(list(wr.ENHANCE_VARIANTS)[:-1]) and {p["strategy"] for p in vs.values()} == {
+        "targeted (AugMix+JSD+PGD+weaknesses)"}
+    against_adv = vs[("adversarial fine-tuning only", "pgd@0.1")]  # -0.15, -0.06, -0.20
+    assert against_adv["mean_diff"] == pytest.approx(-0.41 / 3) and against_adv["n_seeds"] == 3
+    assert against_adv["ci_low"] < against_adv["mean_diff"] < against_adv["ci_high"]
     table = wr.markdown_enhance(agg)
     assert "0.400 ± 0.100" in table and "+0.100 [+0.100, +0.100]*" in table
-    assert table.count("]*") == sum(1 for p in agg["paired"] if p["ci_low"] > 0 or p["ci_high"] < 0)
+    assert table.count("]*") == sum(1 for p in agg["paired"] + agg["targeted_vs"]
+                                    if p["ci_low"] > 0 or p["ci_high"] < 0)
     one = wr.aggregate_enhance(per_seed[:1])  # one seed: means, sd 0, no interval
     assert one["rows"][0]["pgd@0.1_sd"] == 0.0 and all(p["ci_low"] is None for p in one["paired"])
 
