@@ -26,7 +26,9 @@ corruption error) and averaged over the individual perturbation types.
 Part ``enhance``: a standard LeNet-5, then the same fine-tuning budget four ways (plain, AugMix only,
 adversarial only, targeted = AugMix + JSD + PGD copy with the measured corruption weaknesses added to the
 pool); accuracy on the test subset under corruptions held out from every training pool and under white-box
-attacks on the fine-tuned model itself.
+attacks on the fine-tuned model itself (FGSM, PGD-20, BIM-10 and the fast AutoAttack-style ensemble).
+``--seeds 0,1,2`` repeats it per seed (base model, weaknesses, fine-tuning, attack seeds) and reports the mean
++- sd and each variant's difference to the plain fine-tune, paired by seed, with a 95 % t-interval.
 
 Corrupted images are computed once per (corruption, severity) for every image that needs them (training
 images are cached by index, so every model sees the same corrupted version of a given sample).
@@ -358,79 +360,205 @@ def markdown_family(results: dict, sizes: list[int]) -> str:
 
 
 # ---------------------------------------------------------------------------------------- enhancement
-def run_enhance(args: argparse.Namespace, out: Path) -> dict:
+BASELINE_VARIANT = "standard (plain fine-tune)"
+ENHANCE_VARIANTS = {
+    BASELINE_VARIANT: {"augmix": False, "adversarial": False, "targeted": False},
+    "AugMix only": {"augmix": True, "adversarial": False, "targeted": False},
+    "adversarial fine-tuning only": {"augmix": False, "adversarial": True, "targeted": False},
+    "targeted (AugMix+JSD+PGD+weaknesses)": {"augmix": True, "adversarial": True, "targeted": True},
+}
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``0,1,2`` -> [0, 1, 2] (argparse type): distinct non-negative integers."""
+    try:
+        seeds = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"expected distinct non-negative integers, got {text!r}")
+    return seeds
+
+
+def run_enhance_seed(args: argparse.Namespace, out: Path, seed: int, data: tuple, ct: CorruptionCache) -> dict:
+    """One seed of the enhancement experiment: the base model (trained with ``seed``: its initialisation and
+    data order), its weak set and measured weaknesses, then the four fine-tuning variants (fine-tuning seed,
+    data order and attack seeds all ``seed``). Resumable: every finished variant is saved atomically to
+    ``enhance_seed{seed}.json`` and skipped by a rerun with the same settings."""
     import copy
 
     from robustest import attacks as atk
+    from robustest import robustness
 
-    x, y, xt, yt, _g = load_split(args)
-    check_archs(["lenet5"], args, x, args.num_classes)
+    x, y, xt, yt = data
     mean, std = channel_stats(x)
+    path = out / f"enhance_seed{seed}.json"
+    config = {k: v for k, v in vars(args).items() if k != "seeds"}
+    config["seed"] = seed
+    prev = _previous(path, config)
+    done = {r["variant"]: r for r in prev.get("rows", [])}
+    if all(name in done for name in ENHANCE_VARIANTS):
+        log(f"seed {seed}: done before, skipped")
+        return prev
     t0 = time.perf_counter()
-    base = build_model({"arch": "lenet5", "epochs": args.base_epochs}, x, y, mean, std, args.seed, args)
-    log(f"base {arch_of('lenet5', args)} trained in {time.perf_counter() - t0:.0f}s, "
-        f"test acc {training.accuracy(base, (xt, yt)):.3f}")
+    base = build_model({"arch": "lenet5", "epochs": args.base_epochs}, x, y, mean, std, seed, args)
+    base_acc = training.accuracy(base, (xt, yt))
+    log(f"seed {seed}: base {arch_of('lenet5', args)} trained in {time.perf_counter() - t0:.0f}s, "
+        f"test acc {base_acc:.3f}")
     # weaknesses from the weak-robust validation set of the base model (corruptions only; training pool)
-    an = wr.analyze(base, (x, y), n_neighbors=args.neighbors, eps=args.eps, seed=args.seed)
+    an = wr.analyze(base, (x, y), n_neighbors=args.neighbors, eps=args.eps, seed=seed)
     ws = wr.select_weak(an, k=max(args.sizes))
     cand = [c for c in corr.names() if c not in SLOW_CORRUPTIONS]
     val = wr.validate(base, (x, y), ws, perturbations=["attacks"] + cand, eps=args.eps_grid,
                       attack_kwargs={a: {"steps": args.attack_steps} for a in ("pgd", "bim", "mifgsm")},
-                      seed=args.seed)
+                      seed=seed)
     weak_all = val.weaknesses()
     weak_corr = [w for w in weak_all if w in cand][: args.max_weaknesses]
     held_out = [c for c in corr.names() if c not in weak_corr]
-    log(f"weaknesses on the weak set: {weak_all}; training pool adds {weak_corr}; held out: {held_out}")
-    variants = {
-        "standard (plain fine-tune)": {"augmix": False, "adversarial": False, "weak": []},
-        "AugMix only": {"augmix": True, "adversarial": False, "weak": []},
-        "adversarial fine-tuning only": {"augmix": False, "adversarial": True, "weak": []},
-        "targeted (AugMix+JSD+PGD+weaknesses)": {"augmix": True, "adversarial": True, "weak": weak_corr},
-    }
-    ct = CorruptionCache(xt, held_out, (1, 2, 3, 4, 5), args.seed + 1)
-    ct.ensure(torch.arange(xt.shape[0]))
-    config = {k: v for k, v in vars(args).items()}
-    done = {r["variant"]: r for r in _previous(out / "enhance.json", config).get("rows", [])}
+    log(f"seed {seed}: weaknesses on the weak set: {weak_all}; training pool adds {weak_corr}; "
+        f"held out: {held_out}")
     rows = []
-    for name, v in variants.items():
+    for name, v in ENHANCE_VARIANTS.items():
         if name in done:  # finished before an interruption
             rows.append(done[name])
-            log(f"{name}: done before, skipped")
+            log(f"seed {seed}: {name}: done before, skipped")
             continue
         m = copy.deepcopy(base)
         te = time.perf_counter()
-        res = wr.enhance(m, (x, y), v["weak"], epochs=args.ft_epochs, augmix=v["augmix"],
-                         adversarial=v["adversarial"], adv_eps=args.adv_eps, adv_steps=args.attack_steps,
-                         jsd_weight=args.jsd_weight, lr=5e-4, seed=args.seed)
+        res = wr.enhance(m, (x, y), weak_corr if v["targeted"] else [], epochs=args.ft_epochs,
+                         augmix=v["augmix"], adversarial=v["adversarial"], adv_eps=args.adv_eps,
+                         adv_steps=args.attack_steps, jsd_weight=args.jsd_weight, lr=5e-4, seed=seed)
         t_ft = time.perf_counter() - te
         clean = training.accuracy(m, (xt, yt))
         cw = ct.wrong(m, torch.arange(xt.shape[0]), yt)
-        per_c = {}
+        per_c: dict[str, list[float]] = {}
         for (n, _s), w in cw.items():
-            per_c.setdefault(n, []).append(1 - float(w.float().mean()))
+            if n in held_out:
+                per_c.setdefault(n, []).append(1 - float(w.float().mean()))
         row = {"variant": name, "clean": clean, "held_out_corruption_acc": float(np.mean([np.mean(a) for a in
                                                                                       per_c.values()])),
                "per_corruption": {n: float(np.mean(a)) for n, a in per_c.items()}, "finetune_s": t_ft,
                "pool": res.pool}
         for e in args.eps_grid:
             for a, kw in (("fgsm", {}), ("pgd", {"steps": 20, "restarts": 1}), ("bim", {"steps": 10})):
-                r = atk.attack(a, m, (xt, yt), eps=e, seed=args.seed, **kw)
+                r = atk.attack(a, m, (xt, yt), eps=e, seed=seed, **kw)
                 row[f"{a}@{e:g}"] = r.robust_accuracy
+            # AutoAttack-style ensemble, fast version: APGD-CE -> APGD-T (3 target classes), white-box
+            row[f"autoattack@{e:g}"] = robustness.evaluate(m, (xt, yt), eps=e, version="fast",
+                                                           seed=seed).robust_accuracy
         # transferred from the base model (the reference code's evaluation), for comparison
         for e in args.eps_grid:
-            adv = atk.pgd(base, xt, yt, eps=e, steps=20, seed=args.seed)
+            adv = atk.pgd(base, xt, yt, eps=e, steps=20, seed=seed)
             row[f"pgd-transfer@{e:g}"] = training.accuracy(m, (adv, yt))
         rows.append(row)
-        log(f"{name}: {json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k not in ('per_corruption', 'pool')})}")  # noqa: E501
+        log(f"seed {seed}: {name}: {json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k not in ('per_corruption', 'pool')})}")  # noqa: E501
         if is_rank0():
-            atomic_write_json(out / "enhance.json", {"weaknesses": weak_all, "pool_added": weak_corr,
-                                                     "held_out": held_out, "rows": rows, "config": config})
-    cols = ["variant", "clean", "held_out_corruption_acc"] + [k for k in rows[0] if "@" in k]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(r[c] if isinstance(r[c], str) else f"{r[c]:.3f}" for c in cols) + " |")
-    print("\n".join(lines))
-    return {"rows": rows}
+            atomic_write_json(path, _seed_result(seed, base_acc, weak_all, weak_corr, held_out, rows, config))
+    return _seed_result(seed, base_acc, weak_all, weak_corr, held_out, rows, config)
+
+
+def _seed_result(seed: int, base_acc: float, weak_all: list[str], weak_corr: list[str], held_out: list[str],
+                 rows: list[dict], config: dict) -> dict:
+    return {"seed": seed, "base_test_acc": base_acc, "weaknesses": weak_all, "pool_added": weak_corr,
+            "held_out": held_out, "rows": rows, "config": config}
+
+
+def enhance_metrics(rows: list[dict]) -> list[str]:
+    """The numeric columns of the enhancement rows, in table order: clean, held-out corruptions, then every
+    ``attack@eps`` column as the rows have them."""
+    return ["clean", "held_out_corruption_acc"] + [k for k in rows[0] if "@" in k]
+
+
+def aggregate_enhance(per_seed: list[dict], level: float = 0.95) -> dict:
+    """Per-seed enhancement results -> per variant the mean and sample sd over seeds of every metric, and each
+    variant's difference to the plain fine-tune, paired by seed, with its ``level`` t-interval
+    (robot.paired_vs_random with the plain fine-tune as the reference; no interval with one seed), and the
+    targeted recipe's difference to each alternative in the same way.
+    Returns ``{"seeds", "rows": [{variant, n_seeds, METRIC_mean, METRIC_sd}], "paired": [{strategy, metric,
+    mean_diff, ci_low, ci_high, n_seeds}], "targeted_vs": [the same rows for the targeted recipe, with
+    baseline: the alternative]}``."""
+    from robustest.robot import paired_vs_random
+
+    metrics = enhance_metrics(per_seed[0]["rows"])
+    cells, rows = [], []
+    for name in ENHANCE_VARIANTS:
+        vals = {m: [] for m in metrics}
+        for res in per_seed:
+            r = next((r for r in res["rows"] if r["variant"] == name), None)
+            if r is None:
+                continue
+            cells.append({"strategy": name, "budget": "-", "seed": res["seed"],
+                          "robustness": {m: r[m] for m in metrics}})
+            for m in metrics:
+                vals[m].append(float(r[m]))
+        if not vals[metrics[0]]:
+            continue
+        row = {"variant": name, "n_seeds": len(vals[metrics[0]])}
+        for m in metrics:
+            row[f"{m}_mean"] = float(np.mean(vals[m]))
+            row[f"{m}_sd"] = float(np.std(vals[m], ddof=1)) if len(vals[m]) > 1 else 0.0
+        rows.append(row)
+    paired = paired_vs_random(cells, metrics=tuple(metrics), level=level, baseline=BASELINE_VARIANT)
+    # the claim itself: the targeted recipe against each alternative, paired by seed the same way
+    targeted = list(ENHANCE_VARIANTS)[-1]
+    vs = []
+    for alt in list(ENHANCE_VARIANTS)[:-1]:
+        two = [c for c in cells if c["strategy"] in (alt, targeted)]
+        vs += [{**p, "baseline": alt} for p in paired_vs_random(two, metrics=tuple(metrics), level=level,
+                                                                baseline=alt)]
+    for p in paired + vs:
+        p.pop("budget", None)
+    return {"seeds": [res["seed"] for res in per_seed], "rows": rows, "paired": paired, "targeted_vs": vs}
+
+
+def _signed(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.3f}"
+
+
+def markdown_enhance(agg: dict) -> str:
+    """The enhancement tables: mean +- sd per variant, then the paired differences to the plain fine-tune with
+    their intervals (``*``: the interval excludes 0)."""
+    metrics = [k[: -len("_mean")] for k in agg["rows"][0] if k.endswith("_mean")]
+    lines = ["| variant | " + " | ".join(metrics) + " |", "|" + "---|" * (len(metrics) + 1)]
+    for r in agg["rows"]:
+        lines.append(f"| {r['variant']} | " + " | ".join(f"{r[m + '_mean']:.3f} ± {r[m + '_sd']:.3f}"
+                                                          for m in metrics) + " |")
+    targeted = list(ENHANCE_VARIANTS)[-1]
+    for title, key, label in (
+            (f"Difference to {BASELINE_VARIANT}", "paired", "strategy"),
+            (f"{targeted} minus each alternative", "targeted_vs", "baseline")):
+        lines += ["", f"{title}, paired by seed (mean [95 % t-interval]; * excludes 0):", "",
+                  "| variant | " + " | ".join(metrics) + " |", "|" + "---|" * (len(metrics) + 1)]
+        for name in ENHANCE_VARIANTS:
+            ps = {p["metric"]: p for p in agg.get(key, []) if p[label] == name}
+            if ps:
+                lines.append(f"| {name} | " + " | ".join(_interval(ps.get(m)) for m in metrics) + " |")
+    return "\n".join(lines)
+
+
+def _interval(p: dict | None) -> str:
+    if p is None:
+        return "-"
+    star = "*" if p["ci_low"] is not None and (p["ci_low"] > 0 or p["ci_high"] < 0) else ""
+    return f"{_signed(p['mean_diff'])} [{_signed(p['ci_low'])}, {_signed(p['ci_high'])}]{star}"
+
+
+def run_enhance(args: argparse.Namespace, out: Path) -> dict:
+    """Every seed of --seeds (default: --seed) in turn, then the aggregate, saved to ``enhance.json``."""
+    x, y, xt, yt, _g = load_split(args)
+    check_archs(["lenet5"], args, x, args.num_classes)
+    # the test images under every corruption once, shared by the seeds (held-out sets differ per seed)
+    ct = CorruptionCache(xt, corr.names(), (1, 2, 3, 4, 5), args.seed + 1)
+    ct.ensure(torch.arange(xt.shape[0]))
+    t0 = time.perf_counter()
+    per_seed = [run_enhance_seed(args, out, s, (x, y, xt, yt), ct) for s in (args.seeds or [args.seed])]
+    agg = aggregate_enhance(per_seed)
+    agg["per_seed"] = per_seed
+    agg["wall_s"] = time.perf_counter() - t0
+    if is_rank0():
+        atomic_write_json(out / "enhance.json", agg)
+    print(markdown_enhance(agg))
+    return agg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -457,7 +585,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jsd-weight", type=float, default=None, help="JSD weight (mnist 6, full settings 12)")
     p.add_argument("--max-weaknesses", type=int, default=4)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="the training subset, the random pool and the corrupted test images; the seed of a run")
+    p.add_argument("--seeds", type=parse_seeds, default=None, metavar="S,S,...",
+                   help="part enhance: one run per seed (its own base model, weaknesses and fine-tuning; the "
+                        "training subset and test images fixed by --seed), then mean +- sd and the paired "
+                        "differences to the plain fine-tune (default: --seed alone)")
     p.add_argument("--arch-map", type=arch_map, default=None, metavar="A=B,...",
                    help="mnist setting: build zoo model B wherever the family uses A (for data A cannot take)")
     full.add_args(p)

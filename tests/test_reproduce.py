@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -54,6 +55,53 @@ def test_weakrobust_script_refuses_a_model_that_cannot_take_the_data(tmp_path):
     msg = str(exc.value)
     assert "resnet50" in msg and "1x8x8" in msg and "digits_cnn" in msg and "\n" not in msg
     assert not (tmp_path / "o" / "steps").exists() and not (tmp_path / "o" / "state").exists()
+
+
+def _enh_seed(seed, values):
+    """A per-seed enhancement result: variant -> (clean, pgd@0.1)."""
+    wr = script("reproduce_weakrobust")
+    rows = [{"variant": n, "clean": c, "held_out_corruption_acc": 0.8, "pgd@0.1": p, "autoattack@0.1": p - 0.01,
+             "finetune_s": 1.0, "pool": []} for n, (c, p) in zip(wr.ENHANCE_VARIANTS, values)]
+    return {"seed": seed, "rows": rows}
+
+
+def test_enhance_aggregates_seeds_with_paired_intervals_to_the_plain_fine_tune():
+    wr = script("reproduce_weakrobust")
+    per_seed = [_enh_seed(0, [(0.90, 0.50), (0.90, 0.52), (0.91, 0.60), (0.90, 0.45)]),
+                _enh_seed(1, [(0.80, 0.40), (0.81, 0.41), (0.82, 0.50), (0.80, 0.44)]),
+                _enh_seed(2, [(0.85, 0.30), (0.85, 0.35), (0.86, 0.40), (0.85, 0.20)])]
+    agg = wr.aggregate_enhance(per_seed)
+    assert agg["seeds"] == [0, 1, 2] and [r["n_seeds"] for r in agg["rows"]] == [3, 3, 3, 3]
+    std = agg["rows"][0]
+    assert std["variant"] == wr.BASELINE_VARIANT and std["clean_mean"] == pytest.approx(0.85)
+    assert std["pgd@0.1_sd"] == pytest.approx(0.1)  # sample sd of 0.5, 0.4, 0.3
+    assert "finetune_s_mean" not in std and "autoattack@0.1_mean" in std
+    paired = {(p["strategy"], p["metric"]): p for p in agg["paired"]}
+    assert {s for s, _ in paired} == set(list(wr.ENHANCE_VARIANTS)[1:])  # the reference is not paired with itself
+    adv = paired[("adversarial fine-tuning only", "pgd@0.1")]  # +0.10 on every seed: the interval is that point
+    assert adv["mean_diff"] == pytest.approx(0.1) and adv["ci_low"] == pytest.approx(0.1) and adv["n_seeds"] == 3
+    tgt = paired[("targeted (AugMix+JSD+PGD+weaknesses)", "pgd@0.1")]  # -0.05, +0.04, -0.10
+    assert tgt["mean_diff"] == pytest.approx(-0.11 / 3) and tgt["ci_low"] < 0 < tgt["ci_high"]
+    vs = {(p["baseline"], p["metric"]): p for p in agg["targeted_vs"]}
+    assert {b for b, _ in vs} == set(list(wr.ENHANCE_VARIANTS)[:-1]) and {p["strategy"] for p in vs.values()} == {
+        "targeted (AugMix+JSD+PGD+weaknesses)"}
+    against_adv = vs[("adversarial fine-tuning only", "pgd@0.1")]  # -0.15, -0.06, -0.20
+    assert against_adv["mean_diff"] == pytest.approx(-0.41 / 3) and against_adv["n_seeds"] == 3
+    assert against_adv["ci_low"] < against_adv["mean_diff"] < against_adv["ci_high"]
+    table = wr.markdown_enhance(agg)
+    assert "0.400 ± 0.100" in table and "+0.100 [+0.100, +0.100]*" in table
+    assert table.count("]*") == sum(1 for p in agg["paired"] + agg["targeted_vs"]
+                                    if p["ci_low"] > 0 or p["ci_high"] < 0)
+    one = wr.aggregate_enhance(per_seed[:1])  # one seed: means, sd 0, no interval
+    assert one["rows"][0]["pgd@0.1_sd"] == 0.0 and all(p["ci_low"] is None for p in one["paired"])
+
+
+def test_enhance_seeds_argument():
+    wr = script("reproduce_weakrobust")
+    assert wr.parse_seeds("0,1,2") == [0, 1, 2] and wr.parse_seeds("5") == [5]
+    for bad in ("0,0", "a,1", "-1", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            wr.parse_seeds(bad)
 
 
 def test_settings_record_the_papers_values():
@@ -124,6 +172,7 @@ def test_every_setting_dry_run_end_to_end(tmp_path, name, setting):
     elif setting == "mnist":
         assert (out / "family.json").is_file() and (out / "enhance.json").is_file()
         assert len(json.loads((out / "enhance.json").read_text())["rows"]) == 4
+
     else:
         res = json.loads((out / "results.json").read_text())
         assert res["dry_run"] and set(res["models"]) == {"standard", "augmix", "reva"}
@@ -141,6 +190,27 @@ def test_every_setting_dry_run_end_to_end(tmp_path, name, setting):
         third, _ = run_script(args)
         assert third.returncode == 0 and third.stdout.count("skipped") == 11
         assert json.loads((out / "results.json").read_text())["models"] == res["models"]
+
+
+@pytest.mark.slow
+def test_weakrobust_enhance_over_seeds_resumes_per_seed(tmp_path):
+    """--seeds: one result file per seed, the aggregate with paired intervals; a rerun with one more seed
+    reuses the finished seeds (skipped, same numbers) and runs only the new one."""
+    out = tmp_path / "out"
+    base = [str(BENCH / "reproduce_weakrobust.py"), "--part", "enhance", "--dry-run", "--out", str(out)]
+    proc, _ = run_script([*base, "--seeds", "0,1"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first = json.loads((out / "enhance_seed1.json").read_text())
+    agg = json.loads((out / "enhance.json").read_text())
+    assert agg["seeds"] == [0, 1] and len(agg["rows"]) == 4 and all(r["n_seeds"] == 2 for r in agg["rows"])
+    assert {"autoattack@0.1_mean", "pgd@0.1_mean"} <= set(agg["rows"][0])
+    assert all(p["n_seeds"] == 2 and p["ci_low"] <= p["mean_diff"] <= p["ci_high"] for p in agg["paired"])
+    proc, _ = run_script([*base, "--seeds", "0,1,2"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "seed 0: done before, skipped" in proc.stdout and "seed 1: done before, skipped" in proc.stdout
+    assert "seed 2: base" in proc.stdout and "seed 1: base" not in proc.stdout
+    assert json.loads((out / "enhance_seed1.json").read_text()) == first
+    assert json.loads((out / "enhance.json").read_text())["seeds"] == [0, 1, 2]
 
 
 def test_settings_benchmark_counts_the_work_of_each_setting():

@@ -91,6 +91,17 @@ def test_paired_vs_random_is_a_paired_t_interval():
         paired_vs_random(cells, level=1.5)
 
 
+def test_paired_vs_random_takes_another_baseline():
+    base = [0.50, 0.40, 0.60]
+    cells = [_cell("standard", "-", s, v) for s, v in enumerate(base)]
+    cells += [_cell("targeted", "-", s, v + d) for s, (v, d) in enumerate(zip(base, [0.02, -0.01, 0.05]))]
+    cells += [_cell("random", "-", s, 0.0) for s in range(3)]  # an ordinary strategy now, not the reference
+    rows = paired_vs_random(cells, metrics=("fixed_set_accuracy",), baseline="standard")
+    assert [r["strategy"] for r in rows] == ["targeted", "random"]
+    assert rows[0]["mean_diff"] == pytest.approx(0.02) and rows[0]["ci_low"] < 0 < rows[0]["ci_high"]
+    assert rows[1]["mean_diff"] == pytest.approx(-0.5) and rows[1]["n_seeds"] == 3
+
+
 # --------------------------------------------------------------------------------------------- config
 @pytest.mark.parametrize("bad, pattern", [
     ({"strategies": ["adv-train"], "finetune_options": {"schedule": "cosine"}}, "adv-train fine-tunes with"),

@@ -234,8 +234,8 @@ def comparison_table(cells: list[dict[str, Any]], baseline: RobustnessReport | d
 
 
 def paired_vs_random(cells: list[dict[str, Any]], metrics: tuple[str, ...] = PAIRED_METRICS,
-                     level: float = 0.95) -> list[dict[str, Any]]:
-    """Each strategy against random selection, paired by seed.
+                     level: float = 0.95, baseline: str = "random") -> list[dict[str, Any]]:
+    """Each strategy against random selection (or the strategy named ``baseline``), paired by seed.
 
     For every (strategy, budget) group other than random and every metric, the differences
     ``strategy - random`` on the seeds both ran (same seed: same white-box attack seeds, so attack noise cancels)
@@ -243,7 +243,9 @@ def paired_vs_random(cells: list[dict[str, Any]], metrics: tuple[str, ...] = PAI
     (``ci_low``, ``ci_high``; None with one seed, equal to the mean when every difference is the same).
     A budget-free strategy (``all``, ``adv-train``) is compared with random at every budget random ran, and
     the row carries random's budget. Rows: ``{strategy, budget, metric, mean_diff, ci_low, ci_high,
-    n_seeds}``, in the order of the cells; an empty list without random cells.
+    n_seeds}``, in the order of the cells; an empty list without random cells. ``baseline`` names the
+    reference strategy in place of random (e.g. a plain fine-tune against the enhancement recipes), with
+    everything else the same.
     """
     from scipy import stats
 
@@ -254,7 +256,7 @@ def paired_vs_random(cells: list[dict[str, Any]], metrics: tuple[str, ...] = PAI
     groups: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     for c in cells:
         b = str(c["budget"])
-        if c["strategy"] == "random":
+        if c["strategy"] == baseline:
             rand.setdefault(b, {})[c["seed"]] = c
         else:
             if (c["strategy"], b) not in groups:
