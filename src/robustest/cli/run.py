@@ -99,7 +99,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
     p.add_argument("--strategy", choices=("best", "kmst", "gini", "random", "coverage", "stratified", "fol-prop",
-                                          "all", "adv-train", "trades", "fosc", "fol-budget", "fast-at"),
+                                          "kcenter", "all", "adv-train", "trades", "fosc", "fol-budget", "fast-at"),
                    help="selection strategy (default: best); all: the whole pool every round; adv-train: PGD "
                         "adversarial training against the current model instead of a pool; trades, fosc, "
                         "fol-budget, fast-at: the other methods of 'robustest harden', the same way")

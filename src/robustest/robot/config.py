@@ -21,7 +21,8 @@ POOLS = ("attack", "fol-fuzz", "cov-fuzz")
 #: method each one runs (adv-train is Madry's PGD-AT)
 HARDEN_STRATEGIES = {"adv-train": "pgd-at", "trades": "trades", "fosc": "fosc", "fol-budget": "fol-budget",
                      "fast-at": "fast-at"}
-STRATEGIES = ("best", "kmst", "gini", "random", "coverage", "stratified", "fol-prop", "all", *HARDEN_STRATEGIES)
+STRATEGIES = ("best", "kmst", "gini", "random", "coverage", "stratified", "fol-prop", "kcenter", "all",
+              *HARDEN_STRATEGIES)
 #: what ``compare`` runs when no strategies are given (the paper's strategies, random and coverage)
 DEFAULT_STRATEGIES = ("best", "kmst", "gini", "random", "coverage")
 #: strategies that select nothing from a budget: ``all`` takes the whole pool, ``adv-train`` fine-tunes on PGD
@@ -56,8 +57,9 @@ class RobotConfig:
     images as seeds; ``fuzz_options`` are passed to the fuzzer.
     Selection: ``strategy`` (loop) or ``strategies`` (comparison) from best, kmst, gini, random, coverage,
     stratified (``stratified_bins`` FOL-quantile bins x class), fol-prop (probability proportional to FOL),
-    and the baselines all (the whole pool) and adv-train (PGD adversarial training against the current model,
-    no pool); ``budget`` (loop) or ``budgets`` (comparison): a count (int) or a percentage of the pool ("5%").
+    kcenter (k-center greedy on penultimate-layer features), and the baselines all (the whole pool) and
+    adv-train (PGD adversarial training against the current model, no pool); ``budget`` (loop) or ``budgets``
+    (comparison): a count (int) or a percentage of the pool ("5%").
     Fine-tuning: ``epochs``, ``batch_size``, ``lr`` (Adam), validation split ``val_fraction`` of the
     training data (plus its adversarial examples when ``val_adversarial``). ``finetune_options``: further
     recipe options of :func:`robustest.training.fit` for fine-tuning (``schedule``, ``milestones``,

@@ -128,6 +128,15 @@ def _coverage_profile(model: nn.Module, x: torch.Tensor, cfg: RobotConfig) -> An
     return CoverageProfile.build(model, x[:cfg.coverage_profile_limit])
 
 
+def penultimate_features(model: nn.Module, x: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
+    """Penultimate-layer features of ``model`` on images ``x`` [N, C, H, W]: float32 ``[N, D]`` on the model's
+    device, the output of the deepest default layer (the last hidden activation module, or the last Conv/Linear
+    before the logits; :func:`robustest.metrics.activations.default_layers`), conv outputs averaged over space."""
+    from robustest.metrics.activations import default_layers, extract
+
+    return extract(model, x, default_layers(model)[-1:], batch_size=batch_size)[0]
+
+
 #: strategies that rank or sample by the pool's FOL: their selection cost includes scoring the pool by FOL
 FOL_STRATEGIES = ("best", "kmst", "stratified", "fol-prop")
 
@@ -138,7 +147,8 @@ def select_tests(strategy: str, model: nn.Module, pool: Pool, n: int, cfg: Robot
     """Indices (int64 [min(n, len(pool))]) of the tests ``strategy`` selects from ``pool``.
 
     best / kmst rank by the pool's FOL; stratified draws at random within FOL-quantile x class strata;
-    fol-prop samples with probability proportional to FOL; gini takes the highest DeepGini scores of
+    fol-prop samples with probability proportional to FOL; kcenter runs k-center greedy (core-set) on the
+    penultimate-layer features of ``model`` (:func:`penultimate_features`); gini takes the highest DeepGini scores of
     ``model``; random draws uniformly; coverage greedily maximises the ``coverage_metric`` cells covered
     (profile of ``model``); all takes the whole pool. ``cache`` keeps per-pool scores (gini, coverage bits)
     between calls on the same pool, with the passes they cost. ``compute``: a dict whose ``selection_scoring``
@@ -172,6 +182,14 @@ def select_tests(strategy: str, model: nn.Module, pool: Pool, n: int, cfg: Robot
         if compute is not None:
             compute["selection_scoring"] = cache["gini_passes"]
         return selection.select(cache["gini"], n, "top", seed=seed)
+    if strategy == "kcenter":
+        if "features" not in cache:
+            with PassCounter(model) as pc:
+                cache["features"] = penultimate_features(model, pool.x)
+            cache["features_passes"] = pc.passes
+        if compute is not None:
+            compute["selection_scoring"] = cache["features_passes"]
+        return selection.select(cache["features"], n, "kcenter", seed=seed)
     if strategy == "coverage":
         if "bits" not in cache:
             with PassCounter(model) as pc:
