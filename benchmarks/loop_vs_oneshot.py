@@ -12,6 +12,8 @@ seed 0) and the seed's own validation split, fixed adversarial set and white-box
 * ``adv-train``: PGD adversarial training (Madry et al.; ``robustest.hardening``'s pgd-at) from the original
   model for the number of epochs whose forward+backward passes come closest to the loop's (random strategy,
   first seed; ``--adv-epochs`` fixes it instead): equal compute.
+* ``adv-train-oneshot``: the same, with the epochs whose passes come closest to a one-shot cell's (random,
+  first seed): adversarial training at the one-shot selection's compute.
 
 Compute is counted by :class:`robustest.robot.PassCounter` per cell (pool generation, selection scoring,
 fine-tuning, adversarial generation; the loop summed over its rounds; measuring robustness and the loop's
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = original_model(out, args.train_epochs)
     total_n, total_e = args.rounds * args.n, args.rounds * args.epochs_per_round
     cells: list[dict[str, Any]] = []
-    adv_epochs = args.adv_epochs
+    adv_epochs, adv_epochs_small = args.adv_epochs, None
     for sd in seeds:
         for s in strategies:
             cells.append(loop_cell(args, ckpt, s, sd, out))
@@ -160,6 +162,15 @@ def main(argv: list[str] | None = None) -> int:
             adv_epochs = max(1, int(round(target / one["compute"])))
             print(f"adv-train: {one['compute']:,.0f} passes per epoch, loop {target:,.0f}: {adv_epochs} epochs",
                   flush=True)
+        if adv_epochs_small is None:
+            one = compare_cells(args, ckpt, ["adv-train"], seeds[0], 1, total_n, out / "adv-calibration",
+                                "calibration")[0]
+            target = next(c["compute"] for c in cells if c["arm"] == "oneshot" and c["strategy"] == strategies[0])
+            adv_epochs_small = max(1, int(round(target / one["compute"])))
+            print(f"adv-train at one-shot compute ({target:,.0f} passes): {adv_epochs_small} epochs", flush=True)
+        small = compare_cells(args, ckpt, ["adv-train"], sd, adv_epochs_small, total_n,
+                              out / "adv-train-oneshot" / f"s{sd}", "adv-train-oneshot")
+        cells += [{**c, "strategy": "adv-train"} for c in small]
         cells += compare_cells(args, ckpt, ["adv-train"], sd, adv_epochs, total_n, out / "adv-train" / f"s{sd}",
                                "adv-train")
     elapsed = time.perf_counter() - t0
@@ -169,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{100 * base['clean_accuracy']:.2f} %, white-box {100 * base['whitebox_accuracy']:.2f} %; "
           f"loop {args.rounds} rounds x {args.n} tests x {args.epochs_per_round} epochs; "
           f"one-shot {total_n} tests x {total_e} epochs; "
-          f"adv-train {adv_epochs} epochs; {elapsed / 60:.1f} min\n")
+          f"adv-train {adv_epochs} epochs (at one-shot compute: {adv_epochs_small}); {elapsed / 60:.1f} min\n")
     print("| arm | strategy | tests | epochs | fixed-set | white-box | clean | passes / cell |")
     print("|---|---|---|---|---|---|---|---|")
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -185,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         comparisons.append((f"loop {s} - one-shot {s}", groups[("loop", s)], groups[("oneshot", s)]))
     for s in strategies:
         comparisons.append((f"loop {s} - adv-train", groups[("loop", s)], groups[("adv-train", "adv-train")]))
+    for s in strategies:
+        comparisons.append((f"one-shot {s} - adv-train at one-shot compute", groups[("oneshot", s)],
+                            groups[("adv-train-oneshot", "adv-train")]))
     for arm in ("loop", "oneshot"):
         for s in strategies[1:]:
             comparisons.append((f"{arm} {s} - {arm} {strategies[0]}", groups[(arm, s)], groups[(arm, strategies[0])]))
@@ -206,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     from robustest.runtime import atomic_write_text
 
     atomic_write_text(out / "loop_vs_oneshot.json", json.dumps(
-        {"settings": vars(args), "adv_epochs": adv_epochs, "elapsed_s": elapsed,
+        {"settings": vars(args), "adv_epochs": adv_epochs, "adv_epochs_oneshot": adv_epochs_small, "elapsed_s": elapsed,
          "cells": [{k: v for k, v in c.items() if k != "baseline"} for c in cells], "baseline": base,
          "paired": summary_pairs}, indent=1, default=float))
     return 0

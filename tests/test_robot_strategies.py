@@ -177,6 +177,10 @@ def test_kcenter_in_compare_and_loop_selects_by_penultimate_features(checkpoint,
             assert idx[i] == int(torch.argmax(d))
         firsts.add(idx[0])
     assert len(firsts) == 2  # seeded per cell
+    # compare does not use the loop's strategy: another value (or the former default) resumes the same comparison
+    again = robot.compare({**TINY, "model": checkpoint, "budgets": [12], "seeds": [0, 1], "out": str(out),
+                           "strategies": ["kcenter", "random"], "strategy": "best", "resume": True})
+    assert again["cells"] == res["cells"]
     k = next(c for c in res["cells"] if c["strategy"] == "kcenter")["compute"]
     assert k["selection_scoring"] == pytest.approx(len(pool["x"]) / 3)  # one forward per pool test
     loop = robot.run({**TINY, "model": checkpoint, "strategy": "kcenter", "budget": 10, "rounds": 1,
