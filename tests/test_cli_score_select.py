@@ -157,7 +157,7 @@ def test_score_tests_file_against_seeds(ckpt, model, test_split, tmp_path, capsy
 
 
 def test_select_kcenter_on_the_models_features(ckpt, model, test_split, tmp_path, capsys, results_contract):
-    from robustest.robot.pool import penultimate_features
+    from robustest.metrics.activations import penultimate_features
 
     tf = tmp_path / "tests.pt"
     xt, _, _ = _tests_file(tf, test_split)

@@ -156,7 +156,7 @@ def test_compare_with_baselines_new_strategies_compute_and_paired(checkpoint, tm
 
 def test_kcenter_in_compare_and_loop_selects_by_penultimate_features(checkpoint, tmp_path):
     from robustest.checkpoints import load_model
-    from robustest.robot.pool import penultimate_features
+    from robustest.metrics.activations import penultimate_features
 
     out = tmp_path / "kc"
     res = robot.compare({**TINY, "model": checkpoint, "budgets": [12], "seeds": [0, 1], "out": str(out),

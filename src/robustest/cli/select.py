@@ -248,7 +248,7 @@ def _stats(s: torch.Tensor) -> dict[str, Any]:
 def _features(args: argparse.Namespace, tests: dict[str, Any]) -> torch.Tensor:
     """Penultimate-layer features [N, D] of the scored tests (in the scores' order), on the model's device."""
     from robustest.cli._common import check_fits, load_model
-    from robustest.robot.pool import penultimate_features
+    from robustest.metrics.activations import penultimate_features
 
     model = load_model(args)
     x = tests["scored_x"]

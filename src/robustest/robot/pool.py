@@ -128,15 +128,6 @@ def _coverage_profile(model: nn.Module, x: torch.Tensor, cfg: RobotConfig) -> An
     return CoverageProfile.build(model, x[:cfg.coverage_profile_limit])
 
 
-def penultimate_features(model: nn.Module, x: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
-    """Penultimate-layer features of ``model`` on images ``x`` [N, C, H, W]: float32 ``[N, D]`` on the model's
-    device, the output of the deepest default layer (the last hidden activation module, or the last Conv/Linear
-    before the logits; :func:`robustest.metrics.activations.default_layers`), conv outputs averaged over space."""
-    from robustest.metrics.activations import default_layers, extract
-
-    return extract(model, x, default_layers(model)[-1:], batch_size=batch_size)[0]
-
-
 #: strategies that rank or sample by the pool's FOL: their selection cost includes scoring the pool by FOL
 FOL_STRATEGIES = ("best", "kmst", "stratified", "fol-prop")
 
@@ -148,9 +139,10 @@ def select_tests(strategy: str, model: nn.Module, pool: Pool, n: int, cfg: Robot
 
     best / kmst rank by the pool's FOL; stratified draws at random within FOL-quantile x class strata;
     fol-prop samples with probability proportional to FOL; kcenter runs k-center greedy (core-set) on the
-    penultimate-layer features of ``model`` (:func:`penultimate_features`); gini takes the highest DeepGini scores of
-    ``model``; random draws uniformly; coverage greedily maximises the ``coverage_metric`` cells covered
-    (profile of ``model``); all takes the whole pool. ``cache`` keeps per-pool scores (gini, coverage bits)
+    penultimate-layer features of ``model`` (:func:`robustest.metrics.activations.penultimate_features`);
+    gini takes the highest DeepGini scores of ``model``; random draws uniformly; coverage greedily maximises
+    the ``coverage_metric`` cells covered (profile of ``model``); all takes the whole pool. ``cache`` keeps
+    per-pool scores (gini, coverage bits, kcenter features)
     between calls on the same pool, with the passes they cost. ``compute``: a dict whose ``selection_scoring``
     receives the passes the strategy's scores cost on this pool (FOL strategies: ``cache["fol_passes"]``, the
     FOL scoring of the pool; also when the scores came from the cache), 0 for random and all.
@@ -183,6 +175,8 @@ def select_tests(strategy: str, model: nn.Module, pool: Pool, n: int, cfg: Robot
             compute["selection_scoring"] = cache["gini_passes"]
         return selection.select(cache["gini"], n, "top", seed=seed)
     if strategy == "kcenter":
+        from robustest.metrics.activations import penultimate_features
+
         if "features" not in cache:
             with PassCounter(model) as pc:
                 cache["features"] = penultimate_features(model, pool.x)
