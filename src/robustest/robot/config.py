@@ -329,8 +329,9 @@ class RobotConfig:
             extra = sorted(set(self.finetune_options) - set(ADV_TRAIN_OPTIONS))
             if extra:
                 raise ConfigError(f"finetune_options: {hard[0]} fine-tunes with robustest.hardening, which "
-                                  f"takes only {' and '.join(ADV_TRAIN_OPTIONS)}, not {extra[0]!r}: drop it or "
-                                  f"drop {hard[0]}")
+                                  f"takes only {' and '.join(ADV_TRAIN_OPTIONS)}, not {extra[0]!r}: drop it, or "
+                                  f"choose a selection strategy instead of {hard[0]} (the loop's default), e.g. "
+                                  "random")
             if self.finetune_options.get("optimizer", "adam") not in ("adam", "sgd"):
                 raise ConfigError(f"finetune_options: {hard[0]} takes optimizer adam or sgd, got "
                                   f"{self.finetune_options['optimizer']!r}")
