@@ -118,6 +118,16 @@ def test_run_defaults_to_adversarial_training_and_refuses_a_budget_without_a_sel
     assert main(["run", "--config", str(tmp_path / "b.yaml"), "--checkpoint", checkpoint, *TINY_FLAGS,
                  "--out", str(tmp_path / "b")]) == 2
     assert "--strategy random" in capsys.readouterr().err
+    # a config file is validated with the flags in: its selection fine-tuning options go with --strategy random
+    (tmp_path / "s.yaml").write_text(TINY_YAML + "finetune_options: {schedule: cosine}\n")
+    assert main(["run", "--config", str(tmp_path / "s.yaml"), "--checkpoint", checkpoint, *TINY_FLAGS, "--rounds",
+                 "1", "--strategy", "random", "--budget", "10", "--out", str(tmp_path / "s")]) == 0
+    assert json.loads((tmp_path / "s" / "results.json").read_text())["config"]["finetune_options"] == \
+        {"schedule": "cosine"}
+    capsys.readouterr()
+    assert main(["run", "--config", str(tmp_path / "s.yaml"), "--checkpoint", checkpoint, *TINY_FLAGS,
+                 "--out", str(tmp_path / "s2")]) == 2
+    assert "choose a selection strategy instead of adv-train" in capsys.readouterr().err
     # so is a fuzzing pool, which only selection strategies use
     assert main(["run", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--pool", "fol-fuzz",
                  "--out", str(tmp_path / "f")]) == 2

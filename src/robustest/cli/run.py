@@ -136,7 +136,7 @@ def build_config(args: argparse.Namespace, defaults: dict[str, Any] | None = Non
 
     d: dict[str, Any] = {}
     if args.config:
-        d = RobotConfig.from_yaml(args.config).to_dict()
+        d = RobotConfig.from_yaml(args.config, validate=False).to_dict()  # validated once the flags are in
         given = set(_yaml_keys(args.config))
         for k, v in (defaults or {}).items():
             if k not in given:

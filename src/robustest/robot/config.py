@@ -129,8 +129,9 @@ class RobotConfig:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RobotConfig:
-        """Build and validate a config from a plain dict; unknown keys are a one-line ConfigError."""
+    def from_dict(cls, d: dict[str, Any], validate: bool = True) -> RobotConfig:
+        """Build and validate a config from a plain dict; unknown keys are a one-line ConfigError.
+        ``validate=False`` checks the keys only (for a file that flags complete before the whole is validated)."""
         if not isinstance(d, dict):
             raise ConfigError(f"a RobOT config must be a mapping of settings, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
@@ -139,11 +140,12 @@ class RobotConfig:
         if unknown:
             raise ConfigError(f"unknown config key {unknown[0]!r}: valid keys are {', '.join(sorted(known))}")
         cfg = cls(**norm)
-        cfg.validate()
+        if validate:
+            cfg.validate()
         return cfg
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> RobotConfig:
+    def from_yaml(cls, path: str | Path, validate: bool = True) -> RobotConfig:
         """Read a YAML (or JSON) config file; see :meth:`from_dict`."""
         import yaml
 
@@ -156,7 +158,7 @@ class RobotConfig:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark is not None else ""
             raise ConfigError(f"config file {path} is not valid YAML{where}: fix the syntax") from exc
-        return cls.from_dict(d or {})
+        return cls.from_dict(d or {}, validate=validate)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
