@@ -43,7 +43,7 @@ METRICS = ("fixed_set_accuracy", "whitebox_accuracy", "clean_accuracy")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output folder (resumable)")
-    ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--seeds", default="0,1,2,3,4,5,6,7")
     ap.add_argument("--strategies", default="random,stratified,kcenter",
                     help="selection strategies run both in the loop and one-shot")
     ap.add_argument("--rounds", type=int, default=4, help="loop rounds R")
