@@ -47,6 +47,8 @@ def test_run_verb(checkpoint, tmp_path, capsys, results_contract):
 
 
 def test_compare_verb(checkpoint, tmp_path, capsys, results_contract):
+    from robustest.cli.run import paired_verdict
+
     cfg = tmp_path / "cmp.yaml"
     cfg.write_text(TINY_YAML)
     out = tmp_path / "cmp"
@@ -67,6 +69,7 @@ def test_compare_verb(checkpoint, tmp_path, capsys, results_contract):
     p = next(p for p in res["paired_vs_random"] if p["metric"] == "fixed_set_accuracy")
     assert f"{p['mean_diff']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]" in line
     assert line.count("*") == sum(1 for q in res["paired_vs_random"] if q["ci_low"] > 0 or q["ci_high"] < 0)
+    assert line.rstrip().endswith(paired_verdict(res["paired_vs_random"]))  # one verdict per strategy, in words
 
 
 def test_run_and_compare_verbs_take_the_new_strategies(checkpoint, tmp_path, capsys, results_contract):
@@ -92,6 +95,46 @@ def test_run_and_compare_verbs_take_the_new_strategies(checkpoint, tmp_path, cap
     assert rc == 2 and "adv-train fine-tunes with" in err and err.count("\n") == 1
 
 
+def test_run_defaults_to_adversarial_training_and_refuses_a_budget_without_a_selection_strategy(
+        checkpoint, tmp_path, capsys, results_contract):
+    from robustest import robot
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(TINY_YAML)
+    out = tmp_path / "adv"
+    assert main(["run", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--rounds", "1",
+                 "--out", str(out)]) == 0
+    res = results_contract(out, "run")
+    assert res["config"]["strategy"] == "adv-train" == robot.RobotConfig().strategy
+    rec = res["rounds"][0]
+    assert rec["pool"]["size"] == 0 and rec["selected"]["n"] == 0 and rec["compute"]["adversarial"] > 0
+    capsys.readouterr()
+    # a budget means the selection loop: without a selection strategy it is one line, before any work
+    assert main(["run", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--budget", "10",
+                 "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "--strategy random" in err and err.count("\n") == 1 and not (tmp_path / "b").exists()
+    (tmp_path / "b.yaml").write_text(TINY_YAML + "budget: 10\n")
+    assert main(["run", "--config", str(tmp_path / "b.yaml"), "--checkpoint", checkpoint, *TINY_FLAGS,
+                 "--out", str(tmp_path / "b")]) == 2
+    assert "--strategy random" in capsys.readouterr().err
+    # a config file is validated with the flags in: its selection fine-tuning options go with --strategy random
+    (tmp_path / "s.yaml").write_text(TINY_YAML + "finetune_options: {schedule: cosine}\n")
+    assert main(["run", "--config", str(tmp_path / "s.yaml"), "--checkpoint", checkpoint, *TINY_FLAGS, "--rounds",
+                 "1", "--strategy", "random", "--budget", "10", "--out", str(tmp_path / "s")]) == 0
+    assert json.loads((tmp_path / "s" / "results.json").read_text())["config"]["finetune_options"] == \
+        {"schedule": "cosine"}
+    capsys.readouterr()
+    assert main(["run", "--config", str(tmp_path / "s.yaml"), "--checkpoint", checkpoint, *TINY_FLAGS,
+                 "--out", str(tmp_path / "s2")]) == 2
+    assert "choose a selection strategy instead of adv-train" in capsys.readouterr().err
+    # so is a fuzzing pool, which only selection strategies use
+    assert main(["run", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--pool", "fol-fuzz",
+                 "--out", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err
+    assert "uses no pool" in err and err.count("\n") == 1 and not (tmp_path / "f").exists()
+
+
 def test_paired_cell_marks_intervals_that_exclude_zero():
     from robustest.cli.run import paired_cell
 
@@ -99,6 +142,20 @@ def test_paired_cell_marks_intervals_that_exclude_zero():
     assert paired_cell({"mean_diff": -0.02, "ci_low": -0.05, "ci_high": 0.01}) == "-0.020 [-0.050, +0.010]"
     assert paired_cell({"mean_diff": -0.02, "ci_low": None, "ci_high": None}) == "-0.020"
     assert paired_cell({"mean_diff": None, "ci_low": None, "ci_high": None}) == "-"
+
+
+def test_paired_verdict_says_how_a_strategy_compares_with_random():
+    from robustest.cli.run import paired_verdict
+
+    def row(metric, mean, lo, hi):
+        return {"metric": metric, "mean_diff": mean, "ci_low": lo, "ci_high": hi}
+
+    wb, fs, cl = "whitebox_accuracy", "fixed_set_accuracy", "clean_accuracy"
+    assert paired_verdict([row(fs, 0.1, 0.05, 0.15), row(wb, 0.2, 0.19, 0.21), row(cl, -0.01, -0.02, -0.001)]) == \
+        "better than random on white-box, fixed-set; worse on clean"  # largest difference first
+    assert paired_verdict([row(fs, -0.17, -0.26, -0.08), row(wb, 0.01, -0.1, 0.1)]) == "worse than random on fixed-set"
+    assert paired_verdict([row(fs, 0.02, -0.1, 0.14), row(wb, 0.0, 0.0, 0.0)]) == "not distinguishable from random"
+    assert paired_verdict([row(fs, 0.02, None, None)]) == "no interval (1 seed)"
 
 
 def test_bad_input_is_one_line(checkpoint, tmp_path, capsys):
@@ -124,7 +181,7 @@ def test_demo_verb_wiring(tmp_path, capsys, monkeypatch, results_contract):
 
     small = {**demo.DEMO_SETTINGS, "train_model": "mlp", "train_epochs": 3, "train_limit": 300, "test_limit": 60,
              "epochs": 1, "whitebox_limit": 20, "whitebox_pgd_steps": 3, "whitebox_restarts": 1, "apgd_steps": 3,
-             "strategies": ["best", "gini", "coverage"], "pool_pgd_steps": 5}
+             "strategies": ["best", "gini", "coverage", "random"], "pool_pgd_steps": 5}
     monkeypatch.setattr(demo, "DEMO_SETTINGS", small)
     out = tmp_path / "demo"
     assert main(["demo", "--out", str(out), "--no-progress"]) == 0
@@ -135,7 +192,14 @@ def test_demo_verb_wiring(tmp_path, capsys, monkeypatch, results_contract):
     assert (out / "report.html").is_file() and (out / "state" / "original_model.pt").is_file()
     res = results_contract(out, "compare")  # the demo is a comparison with fixed settings
     assert res["settings"]["train_model"] == "mlp" and "coverage_metric" in res["settings"]
-    assert res["baseline"]["fixed_set_accuracy"] == 0.0 and len(res["table"]) == 3
+    assert res["baseline"]["fixed_set_accuracy"] == 0.0 and len(res["table"]) == 4
+    # one line per strategy says in words how it compares with random
+    from robustest.cli.run import paired_verdict
+
+    paired = text[text.index("paired by seed"):].splitlines()
+    for s in ("best", "gini", "coverage"):
+        line = next(ln for ln in paired if ln.startswith(s + " "))
+        assert line.rstrip().endswith(paired_verdict([p for p in res["paired_vs_random"] if p["strategy"] == s]))
     # a second demo into the same folder reuses the finished work and prints the same table
     assert main(["demo", "--out", str(out), "--no-progress"]) == 0
     again = json.loads((out / "results.json").read_text())

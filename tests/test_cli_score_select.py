@@ -156,10 +156,39 @@ def test_score_tests_file_against_seeds(ckpt, model, test_split, tmp_path, capsy
     assert torch.equal(picked["x"], xt[chosen["indices"]]) and torch.equal(picked["x0_index"], chosen["x0_index"])
 
 
+def test_select_kcenter_on_the_models_features(ckpt, model, test_split, tmp_path, capsys, results_contract):
+    from robustest.metrics.activations import penultimate_features
+
+    tf = tmp_path / "tests.pt"
+    xt, _, _ = _tests_file(tf, test_split)
+    # the scores name the tests in another order: the features must follow the scores' index
+    index = torch.arange(30).flip(0)
+    torch.save({"scores": torch.rand(30, generator=torch.Generator().manual_seed(0)), "index": index},
+               tmp_path / "scores.pt")
+    base = ["select", "--scores", str(tmp_path / "scores.pt"), "--n", "7", "--strategy", "kcenter"]
+    assert main([*base, "--tests", str(tf), "--checkpoint", str(ckpt), "--seed", "3", "--out",
+                 str(tmp_path / "sel")]) == 0
+    results_contract(tmp_path / "sel", "select")
+    chosen = torch.load(tmp_path / "sel" / "selected.pt", weights_only=True)
+    expect = selection.select(penultimate_features(model, xt[index]), 7, "kcenter", seed=3)
+    assert torch.equal(chosen["indices"], index[expect])
+    picked = data.load_tests(tmp_path / "sel" / "selected_tests.pt")
+    assert torch.equal(picked["x"], xt[chosen["indices"]])
+    assert json.loads((tmp_path / "sel" / "results.json").read_text())["settings"]["seed"] == 3
+    # kcenter needs the tests and a model, said before anything is written
+    capsys.readouterr()
+    assert main([*base, "--checkpoint", str(ckpt), "--out", str(tmp_path / "no")]) == 2
+    assert "--tests" in _err(capsys) and not (tmp_path / "no").exists()
+    assert main([*base, "--tests", str(tf), "--out", str(tmp_path / "no")]) == 2
+    assert "--checkpoint" in _err(capsys) and not (tmp_path / "no").exists()
+    assert main([*base[:-1], "random", "--checkpoint", str(ckpt), "--out", str(tmp_path / "no")]) == 2
+    assert "applies to --strategy kcenter only" in _err(capsys) and not (tmp_path / "no").exists()
+
+
 def test_select_strategies_fraction_csv_and_warning(tmp_path, capsys, results_contract):
     scores = torch.linspace(0, 1, 40) ** 3
     torch.save({"scores": scores, "metric": "fol"}, tmp_path / "s.pt")
-    for strategy in [s for s in selection.names() if s != "coverage"]:
+    for strategy in [s for s in selection.names() if s not in ("coverage", "kcenter")]:  # kcenter: own test
         out = tmp_path / strategy
         assert main(["select", "--scores", str(tmp_path / "s.pt"), "--fraction", "0.25", "--strategy", strategy,
                      "--k", "3", "--seed", "4", "--out", str(out)]) == 0

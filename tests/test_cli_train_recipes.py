@@ -178,7 +178,7 @@ def test_a_checkpoint_that_does_not_fit_the_data_is_refused_naming_both(capsys, 
 # ----------------------------------------------------------------------------- run / compare recipes
 ROBOT_TINY = {"dataset": "digits", "train_limit": 200, "test_limit": 40, "eps": 0.15, "epochs": 2, "batch_size": 64,
               "whitebox_limit": 20, "whitebox_pgd_steps": 2, "whitebox_restarts": 1, "apgd_steps": 2,
-              "convergence_probe": 20, "pool_pgd_steps": 3, "verbose": False}
+              "convergence_probe": 20, "pool_pgd_steps": 3, "verbose": False, "strategy": "random"}
 
 
 @pytest.mark.parametrize("d, pattern", [

@@ -70,6 +70,19 @@ def test_default_layers_and_choice_by_name_suffix_type() -> None:
         A.resolve_layers(amb, "r")
 
 
+def test_penultimate_features_are_the_last_hidden_layer() -> None:
+    torch.manual_seed(0)
+    m, x = TinyConv(), torch.rand(7, 1, 8, 8)
+    feats = A.penultimate_features(m, x, batch_size=3)
+    with torch.no_grad():
+        m.eval()
+        want = F.relu(m.block.fc(F.relu(m.conv(x)).flatten(1)))  # block.act: the input of the logits layer
+    assert feats.shape == (7, 5) and feats.dtype == torch.float32
+    torch.testing.assert_close(feats, want)
+    f = FunctionalNet()
+    assert A.penultimate_features(f, x).shape == (7, 6)  # no activation modules: the Linear before the logits
+
+
 def test_per_channel_reduction_matches_manual_mean() -> None:
     torch.manual_seed(0)
     m = TinyConv().eval()

@@ -104,7 +104,7 @@ def reports(tmp_path_factory, _trained_digits_session) -> dict[str, Path]:
                      "--severities", "2", "--test-limit", "30"],
         "enhance": ["enhance", *m, "--dataset", "digits", "--limit", "64", "--epochs", "1", "--adv-steps", "1",
                     "--eval-limit", "40", "--weaknesses", "fog"],
-        "run": ["run", *robot, "--budget", "10%", "--rounds", "1"],
+        "run": ["run", *robot, "--strategy", "random", "--budget", "10%", "--rounds", "1"],
         "compare": ["compare", *robot, "--strategies", "best,kmst,random", "--budgets", "10,5%", "--seeds", "0-1"],
     }
     out: dict[str, Path] = {}

@@ -237,3 +237,35 @@ def test_settings_benchmark_measures_on_the_cpu(tmp_path):
     row = json.loads((tmp_path / "b.json").read_text())["rows"][0]
     assert all(row["rates_per_s"][u] > 0 for u in ("T", "A", "F"))
     assert row["estimate_s_measured"] > row["estimate_s_at_assumed"] > 0
+
+
+@pytest.mark.slow
+def test_loop_vs_oneshot_end_to_end(tmp_path, capsys):
+    """benchmarks/loop_vs_oneshot.py at a tiny size: equal tests and epochs in loop and one-shot, adv-train's
+    epochs matched to the loop's compute, the paired rows from paired_vs_random."""
+    bench = script("loop_vs_oneshot")
+    out = tmp_path / "lvo"
+    assert bench.main(["--out", str(out), "--seeds", "0,1", "--strategies", "random,kcenter", "--rounds", "2",
+                       "--n", "6", "--epochs-per-round", "1", "--train-epochs", "2", "--whitebox-limit", "10",
+                       "--pgd-steps", "1", "--apgd-steps", "1"]) == 0
+    res = json.loads((out / "loop_vs_oneshot.json").read_text())
+    cells = res["cells"]
+    loops = [c for c in cells if c["arm"] == "loop"]
+    one = [c for c in cells if c["arm"] == "oneshot"]
+    assert len(loops) == len(one) == 4 and all(c["n"] == 12 and c["epochs"] == 2 for c in loops + one)
+    for c in loops:  # the loop's compute is the sum of its rounds'
+        rounds = json.loads((out / "loop" / c["strategy"] / f"s{c['seed']}" / "results.json").read_text())["rounds"]
+        assert c["compute"] == pytest.approx(sum(r["compute"]["total"] for r in rounds))
+    adv = [c for c in cells if c["arm"] == "adv-train"]
+    per_epoch = json.loads((out / "adv-calibration" / "results.json").read_text())["cells"][0]["compute"]["total"]
+    loop_random = next(c["compute"] for c in loops if c["strategy"] == "random" and c["seed"] == 0)
+    assert res["adv_epochs"] == max(1, round(loop_random / per_epoch)) and all(c["epochs"] == res["adv_epochs"]
+                                                                                for c in adv)
+    labels = [p["comparison"] for p in res["paired"]]
+    assert "loop random - one-shot random" in labels and "loop kcenter - adv-train" in labels
+    p = next(p for p in res["paired"] if p["comparison"] == "loop random - one-shot random")["whitebox_accuracy"]
+    diffs = [next(c for c in loops if c["strategy"] == "random" and c["seed"] == s)["robustness"]["whitebox_accuracy"]
+             - next(c for c in one if c["strategy"] == "random" and c["seed"] == s)["robustness"]["whitebox_accuracy"]
+             for s in (0, 1)]
+    assert p["mean_diff"] == pytest.approx(sum(diffs) / 2) and p["n_seeds"] == 2
+    assert "| loop | random | 12 | 2 |" in capsys.readouterr().out

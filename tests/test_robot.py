@@ -126,12 +126,14 @@ def test_loop_on_digits(checkpoint, tmp_path):
     assert (out / "state" / "round002" / "model.pt").is_file()
     # the same --out again without resume is refused; with resume nothing is redone
     with pytest.raises(ConfigError, match="--resume"):
-        robot.run({**TINY, "model": checkpoint, "budget": 20, "rounds": 2, "convergence_tol": 0.0, "out": str(out)})
-    again = robot.run({**TINY, "model": checkpoint, "budget": 20, "rounds": 2, "convergence_tol": 0.0,
-                       "out": str(out), "resume": True})
+        robot.run({**TINY, "model": checkpoint, "budget": 20, "strategy": "best", "rounds": 2, "convergence_tol": 0.0,
+                   "out": str(out)})
+    again = robot.run({**TINY, "model": checkpoint, "budget": 20, "strategy": "best", "rounds": 2,
+                       "convergence_tol": 0.0, "out": str(out), "resume": True})
     assert without_timings(again) == without_timings(res)  # wall-clock timings are the only difference
     with pytest.raises(ConfigError, match="different settings"):
-        robot.run({**TINY, "model": checkpoint, "budget": 30, "rounds": 2, "out": str(out), "resume": True})
+        robot.run({**TINY, "model": checkpoint, "budget": 30, "strategy": "best", "rounds": 2, "out": str(out),
+                   "resume": True})
 
 
 def test_loop_stops_on_requirement_and_convergence(checkpoint, tmp_path):
@@ -172,8 +174,8 @@ def test_compare_on_digits(checkpoint, tmp_path):
 @pytest.mark.slow
 def test_resume_after_sigkill_matches_uninterrupted_run(checkpoint, tmp_path):
     args = ["--checkpoint", checkpoint, "--dataset", "digits", "--train-limit", "300", "--test-limit", "60",
-            "--eps", "0.15", "--epochs", "2", "--budget", "20", "--rounds", "3", "--whitebox-limit", "30",
-            "--convergence-tol", "0", "--seed", "3", "--no-progress"]
+            "--eps", "0.15", "--epochs", "2", "--strategy", "best", "--budget", "20", "--rounds", "3",
+            "--whitebox-limit", "30", "--convergence-tol", "0", "--seed", "3", "--no-progress"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "robustest", "run", *args]
     full, killed = tmp_path / "full", tmp_path / "killed"

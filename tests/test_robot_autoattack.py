@@ -54,9 +54,11 @@ def test_fingerprint_holds_autoattack_only_when_set():
     from robustest.robot.setup import _fingerprint
 
     cfg = robot.RobotConfig.from_dict({})
-    # the default config's fingerprints as computed before the key existed: runs started then still resume
+    # the fingerprints as computed before the key existed (the loop's with its strategy of then, best): runs
+    # started then still resume
     assert _fingerprint(cfg, "compare") == "6d3a74903bf0d919931f1cfd591070f6019a4e7600166a6f63d5a0cd7ffbeba7"
-    assert _fingerprint(cfg, "loop") == "83ecdce8d676183f7d5a3775d26dbbd154086f5b8b59b119a61685575b59047b"
+    assert _fingerprint(robot.RobotConfig.from_dict({"strategy": "best"}), "loop") == \
+        "83ecdce8d676183f7d5a3775d26dbbd154086f5b8b59b119a61685575b59047b"
     fast = robot.RobotConfig.from_dict({"autoattack": "fast"})
     std = robot.RobotConfig.from_dict({"autoattack": "standard"})
     assert len({_fingerprint(cfg, "compare"), _fingerprint(fast, "compare"), _fingerprint(std, "compare")}) == 3
@@ -133,7 +135,8 @@ def test_cli_autoattack_flag_on_run_and_compare(checkpoint, tmp_path, capsys, re
     p = next(p for p in res["paired_vs_random"] if p["metric"] == "autoattack_accuracy")
     assert f"{p['mean_diff']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]" in line
     out = tmp_path / "run"
-    assert main(["run", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--budget", "10",
+    assert main(["run", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--strategy", "random",
+                 "--budget", "10",
                  "--rounds", "1", "--autoattack", "fast", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     res = results_contract(out, "run")
@@ -146,7 +149,8 @@ def test_cli_autoattack_flag_on_run_and_compare(checkpoint, tmp_path, capsys, re
         [res["baseline"]["autoattack_accuracy"], res["rounds"][0]["robustness"]["autoattack_accuracy"]])
     # without the flag nothing of it appears
     out = tmp_path / "off"
-    assert main(["run", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--budget", "10",
+    assert main(["run", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--strategy", "random",
+                 "--budget", "10",
                  "--rounds", "1", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     res = json.loads((out / "results.json").read_text())

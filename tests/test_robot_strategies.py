@@ -107,7 +107,7 @@ def test_paired_vs_random_takes_another_baseline():
     ({"strategies": ["adv-train"], "finetune_options": {"schedule": "cosine"}}, "adv-train fine-tunes with"),
     ({"strategy": "adv-train", "finetune_options": {"label_smoothing": 0.1}}, "not 'label_smoothing'"),
     ({"stratified_bins": 0}, "stratified_bins must be an integer >= 1"),
-    ({"strategies": ["random", "kcenter"]}, "unknown strategy 'kcenter'"),
+    ({"strategies": ["random", "core-set"]}, "unknown strategy 'core-set'"),
 ])
 def test_config_refuses_bad_values_of_the_new_strategies(bad, pattern):
     with pytest.raises(ConfigError, match=pattern) as info:
@@ -163,6 +163,40 @@ def test_compare_with_baselines_new_strategies_compute_and_paired(checkpoint, tm
     pool_fol = torch.load(out / "state" / "pool.pt", weights_only=True)["fol"]
     sel = torch.load(out / "state" / "cells" / "fol-prop_b15_s0" / "selected.pt", weights_only=True)["pool_index"]
     assert float(pool_fol[sel].mean()) > float(pool_fol.mean())
+
+
+def test_kcenter_in_compare_and_loop_selects_by_penultimate_features(checkpoint, tmp_path):
+    from robustest.checkpoints import load_model
+    from robustest.metrics.activations import penultimate_features
+
+    out = tmp_path / "kc"
+    res = robot.compare({**TINY, "model": checkpoint, "budgets": [12], "seeds": [0, 1], "out": str(out),
+                         "strategies": ["kcenter", "random"]})
+    pool = torch.load(out / "state" / "pool.pt", weights_only=True)
+    model0 = load_model(checkpoint)
+    feats = penultimate_features(model0, pool["x"]).double()
+    assert feats.dim() == 2 and feats.shape[0] == len(pool["x"]) and feats.shape[1] < 10 * 64
+    firsts = set()
+    for sd in (0, 1):
+        idx = torch.load(out / "state" / "cells" / f"kcenter_b12_s{sd}" / "selected.pt",
+                         weights_only=True)["pool_index"].tolist()
+        assert len(idx) == 12 == len(set(idx))
+        # every pick after the first is the pool test farthest from its nearest chosen centre
+        for i in range(1, len(idx)):
+            d = torch.cdist(feats, feats[idx[:i]]).min(dim=1).values
+            d[idx[:i]] = -1
+            assert idx[i] == int(torch.argmax(d))
+        firsts.add(idx[0])
+    assert len(firsts) == 2  # seeded per cell
+    # compare does not use the loop's strategy: another value (or the former default) resumes the same comparison
+    again = robot.compare({**TINY, "model": checkpoint, "budgets": [12], "seeds": [0, 1], "out": str(out),
+                           "strategies": ["kcenter", "random"], "strategy": "best", "resume": True})
+    assert again["cells"] == res["cells"]
+    k = next(c for c in res["cells"] if c["strategy"] == "kcenter")["compute"]
+    assert k["selection_scoring"] == pytest.approx(len(pool["x"]) / 3)  # one forward per pool test
+    loop = robot.run({**TINY, "model": checkpoint, "strategy": "kcenter", "budget": 10, "rounds": 1,
+                      "convergence_tol": 0.0, "out": str(tmp_path / "kcloop")})
+    assert loop["rounds"][0]["selected"]["n"] == 10 and loop["rounds"][0]["compute"]["selection_scoring"] > 0
 
 
 def test_loop_runs_adv_train_and_all(checkpoint, tmp_path, results_contract):

@@ -183,7 +183,8 @@ def test_errors():
 
 
 def test_names_and_describe():
-    assert selection.names() == ["best", "kmst", "top", "bottom", "random", "coverage", "stratified", "fol-prop"]
+    assert selection.names() == ["best", "kmst", "top", "bottom", "random", "coverage", "stratified", "fol-prop",
+                                "kcenter"]
     assert "BE-ST" in selection.describe("best")
     with pytest.raises(ConfigError):
         selection.describe("nope")
@@ -263,3 +264,69 @@ def test_new_strategy_errors():
         select(torch.rand(4), 1, "stratified", labels=torch.zeros(3, dtype=torch.long))
     with pytest.raises(ConfigError, match="integer class indices"):
         select(torch.rand(4), 1, "stratified", labels=torch.zeros(4))
+
+
+# ------------------------------------------------------------------------------------------------ kcenter
+def _kcenter_reference(f: torch.Tensor, n: int, first: int) -> list[int]:
+    """k-center greedy written the slow, obvious way: recompute every distance to every centre each step."""
+    f = f.double()
+    out = [first]
+    for _ in range(n - 1):
+        d = torch.cdist(f, f[out]).min(dim=1).values
+        d[out] = -1.0
+        out.append(int(torch.argmax(d)))
+    return out
+
+
+def test_kcenter_known_answer_on_clusters():
+    # four tight clusters at the corners of a square and one point in the middle: whatever the first centre,
+    # the greedy takes one point of every corner before the middle, then the middle (farthest from all corners)
+    g = torch.Generator().manual_seed(0)
+    corners = torch.tensor([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0], [10.0, 10.0]])
+    pts = torch.cat([corners.repeat_interleave(5, 0) + 0.01 * torch.rand(20, 2, generator=g),
+                     torch.tensor([[5.0, 5.0]])])
+    for seed in range(6):
+        idx = select(pts, 5, "kcenter", seed=seed)
+        first = int(idx[0])
+        corners_hit = {int(i) // 5 for i in idx[:4]}
+        if first == 20:  # the first centre drawn is the middle: then one of each corner
+            assert {int(i) // 5 for i in idx[1:]} == {0, 1, 2, 3}
+        else:
+            assert corners_hit == {0, 1, 2, 3} and int(idx[4]) == 20
+    # points on a line, worked by hand for every first centre (from 2.0: 0.0 and 4.0 tie at 2, the lower index wins)
+    line = torch.tensor([[0.0], [1.0], [2.0], [4.0], [10.0]])
+    known = {0: [0, 4, 3], 1: [1, 4, 3], 2: [2, 4, 0], 3: [3, 4, 0], 4: [4, 0, 3]}
+    seen = set()
+    for seed in range(40):
+        idx = select(line, 3, "kcenter", seed=seed).tolist()
+        assert idx == known[idx[0]]
+        seen.add(idx[0])
+    assert seen == set(known)
+
+
+@given(st.integers(1, 60), st.integers(1, 6), st.integers(0, 2**31 - 1))
+@SETTINGS
+def test_kcenter_matches_the_obvious_greedy_and_is_seeded(num, dim, seed):
+    f = torch.randn(num, dim, generator=torch.Generator().manual_seed(seed))
+    n = max(1, num // 3)
+    idx = select(f, n, "kcenter", seed=seed)
+    assert idx.dtype == torch.int64 and idx.device.type == "cpu" and len(idx) == n == len(set(idx.tolist()))
+    assert idx.tolist() == _kcenter_reference(f, n, int(idx[0]))
+    assert torch.equal(idx, select(f, n, "kcenter", seed=seed))  # same seed, same selection
+    firsts = {int(select(f, 1, "kcenter", seed=s)[0]) for s in range(20)}
+    assert num == 1 or len(firsts) > 1  # the first centre comes from the seed
+
+
+def test_kcenter_duplicates_whole_pool_and_errors():
+    dup = torch.tensor([[0.0], [0.0], [0.0], [1.0]])
+    idx = select(dup, 4, "kcenter", seed=0)
+    assert sorted(idx.tolist()) == [0, 1, 2, 3]
+    assert set(select(dup, 2, "kcenter", seed=1).tolist()) in ({0, 3}, {1, 3}, {2, 3})  # distinct points first
+    with pytest.warns(UserWarning, match="whole pool"):
+        assert len(select(dup, 9, "kcenter")) == 4
+    assert len(select(dup, 0, "kcenter")) == 0
+    with pytest.raises(ConfigError, match=r"\[N, D\] of features"):
+        select(torch.rand(5), 2, "kcenter")
+    with pytest.raises(ConfigError, match="NaN or infinite"):
+        select(torch.tensor([[0.0], [float("nan")]]), 1, "kcenter")
+    assert "core-set" in selection.describe("kcenter")

@@ -199,7 +199,8 @@ def test_run_and_compare(model, tmp_path) -> None:
     # every cell by itself, so the tables equal one process's
     cfg = tmp_path / "robot.yaml"
     cfg.write_text(ROBOT_YAML)
-    run = ["run", "--config", str(cfg), "--checkpoint", model, *ROBOT_FLAGS, "--budget", "10%", "--rounds", "2"]
+    run = ["run", "--config", str(cfg), "--checkpoint", model, *ROBOT_FLAGS, "--strategy", "random", "--budget", "10%",
+           "--rounds", "2"]
     assert single(*run, "--out", str(tmp_path / "r1")).returncode == 0
     res = ranks(*run, "--out", str(tmp_path / "r2"))
     assert res.returncode == 0, res.stderr

@@ -159,11 +159,12 @@ def test_every_verb_with_your_model(in_workspace, tmp_path, capsys, how) -> None
             "--whitebox-limit", "10", "--pool-limit", "60", "--no-whitebox", "--no-progress"]
     robot_model = (FACTORY + ["--weights", str(root / "weights.pt")] if how == "factory"
                    else ["--checkpoint", str(root / "net.ts"), "--torchscript"])
-    rc, err = _run(["run", *robot_model, *tiny, "--rounds", "1", "--budget", "10", "--out", str(out / "run")], capsys)
+    rc, err = _run(["run", *robot_model, *tiny, "--rounds", "1", "--strategy", "random", "--budget", "10", "--out",
+                    str(out / "run")], capsys)
     assert rc == 0, err
     res = json.loads((out / "run" / "results.json").read_text())
     assert res["data"]["model"]["kind"] == ("factory" if how == "factory" else "torchscript")
-    rc, err = _run(["run", *robot_model, *tiny, "--rounds", "1", "--budget", "10", "--resume",
+    rc, err = _run(["run", *robot_model, *tiny, "--rounds", "1", "--strategy", "random", "--budget", "10", "--resume",
                     "--out", str(out / "run")], capsys)
     assert rc == 0, err  # resume reloads the round into a copy of your model
     rc, err = _run(["compare", *robot_model, *tiny, "--strategies", "best,random", "--budgets", "10",
@@ -184,7 +185,8 @@ def test_train_your_factory(in_workspace, tmp_path, capsys) -> None:
 def test_resume_refuses_a_replaced_model(in_workspace, tmp_path, capsys) -> None:
     root, net = in_workspace
     tiny = ["--dataset", "digits", "--train-limit", "200", "--test-limit", "40", "--eps", "0.15", "--epochs", "1",
-            "--pool-limit", "60", "--no-whitebox", "--no-progress", "--budget", "10", "--out", str(tmp_path / "r")]
+            "--pool-limit", "60", "--no-whitebox", "--no-progress", "--strategy", "random", "--budget", "10",
+            "--out", str(tmp_path / "r")]
     w = tmp_path / "w.pt"
     torch.save(net.state_dict(), w)
     assert _run(["run", *FACTORY, "--weights", str(w), *tiny, "--rounds", "1"], capsys)[0] == 0

@@ -29,6 +29,12 @@ distinct, exactly ``min(n, N)`` of them). Strategies:
   covers. Each step picks the input that covers the most cells not yet covered (ties: lower index). Once no
   input adds coverage, the rest is filled by ``fill``: ``"total"`` (default; most cells covered, ties lower
   index) or ``"random"`` (seeded).
+* ``kcenter``: k-center greedy (the core-set selection of Sener and Savarese, 2018). ``scores`` is a float
+  ``[N, D]`` tensor of features (e.g. penultimate-layer activations). The first centre is drawn uniformly
+  at random (seeded); each further step picks the input farthest (Euclidean) from its nearest chosen centre
+  (ties: lower index), so the selection covers the feature space with the smallest radius the greedy rule
+  finds (within twice the optimal radius). One ``[N, D]`` distance update per pick on the features' device;
+  duplicates are picked only once every distinct point is taken. Order: pick order.
 
 Errors are :class:`robustest.errors.ConfigError` with a one-line message; ``n`` larger than the pool returns
 the whole pool with a :class:`UserWarning`.
@@ -55,6 +61,7 @@ STRATEGIES: dict[str, str] = {
     "coverage": "greedy additional coverage over a BoolTensor[N, F] of covered cells",
     "stratified": "stratified random: k score-quantile bins (x class with labels), proportional shares",
     "fol-prop": "n inputs drawn without replacement with probability proportional to the score (>= 0)",
+    "kcenter": "k-center greedy (core-set) over a float [N, D] of features: each pick the farthest from the chosen",
 }
 
 FILLS = ("total", "random")
@@ -109,6 +116,19 @@ def _check_bits(bits: Any) -> torch.Tensor:
             raise ConfigError("strategy 'coverage' needs 0/1 (boolean) coverage cells [N, F], got other values")
         b = b.bool()
     return b
+
+
+def _check_features(feats: Any) -> torch.Tensor:
+    f = feats.detach() if isinstance(feats, torch.Tensor) else _as_tensor(feats)  # keeps the features' device
+    if f.dim() != 2:
+        raise ConfigError(f"strategy 'kcenter' needs a float tensor [N, D] of features (e.g. penultimate-layer "
+                          f"activations), got shape {tuple(f.shape)}")
+    if f.dtype == torch.bool or f.is_complex():
+        raise ConfigError(f"kcenter features must be real numbers, got dtype {f.dtype}")
+    f = f.float() if not f.is_floating_point() or f.dtype in (torch.float16, torch.bfloat16) else f
+    if not bool(torch.isfinite(f).all()):
+        raise ConfigError("kcenter features contain NaN or infinite values: recompute them (is the model diverged?)")
+    return f
 
 
 def _check_n(n: Any) -> int:
@@ -260,6 +280,26 @@ def _greedy_coverage(bits: torch.Tensor, n: int, fill: str, gen: torch.Generator
     return torch.tensor(picked, dtype=torch.int64)
 
 
+def _kcenter(f: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
+    """k-center greedy on features ``f`` [N, D]: ``n`` distinct indices in pick order, on ``f``'s device."""
+    f = f.to(torch.float64)  # ||a||^2 - 2<a, c> + ||c||^2 loses little in float64
+    num = f.shape[0]
+    sq = f.pow(2).sum(dim=1)
+    first = int(torch.randint(num, (1,), generator=gen))
+    picked = torch.empty(n, dtype=torch.int64, device=f.device)
+    picked[0] = first
+    # squared distance of every input to its nearest centre; -1 marks the centres themselves
+    dist = (sq - 2 * (f @ f[first]) + sq[first]).clamp_min_(0)
+    dist[first] = -1.0
+    for i in range(1, n):  # O(n) iterations, each one batched [N, D] x [D] update; no host sync on CUDA
+        j = torch.argmax(dist).view(1)  # first maximum: ties go to the lower index
+        picked[i] = j[0]
+        c = f.index_select(0, j)[0]
+        dist = torch.minimum(dist, (sq - 2 * (f @ c) + sq[j]).clamp_min_(0))
+        dist.index_fill_(0, j, -1.0)
+    return picked.cpu()
+
+
 def select(
     scores: Any,
     n: int,
@@ -274,13 +314,14 @@ def select(
 
     Args:
         scores: ``[N]`` real scores (tensor, array or list), or for ``strategy="coverage"`` a
-            ``BoolTensor[N, F]`` of covered coverage cells.
+            ``BoolTensor[N, F]`` of covered coverage cells, or for ``strategy="kcenter"`` a float ``[N, D]``
+            tensor of features (the greedy runs on its device).
         n: how many to select (>= 0); more than ``N`` returns the whole pool with a warning.
-        strategy: ``best``, ``kmst``, ``top``, ``bottom``, ``random``, ``coverage``, ``stratified`` or
-            ``fol-prop`` (see module docstring).
+        strategy: ``best``, ``kmst``, ``top``, ``bottom``, ``random``, ``coverage``, ``stratified``,
+            ``fol-prop`` or ``kcenter`` (see module docstring).
         k: number of KM-ST sections (``kmst``) or of score-quantile bins (``stratified``).
-        seed: seed of the random draws (``kmst``, ``random``, ``stratified``, ``fol-prop``, ``coverage`` with
-            ``fill="random"``).
+        seed: seed of the random draws (``kmst``, ``random``, ``stratified``, ``fol-prop``, ``kcenter``'s first
+            centre, ``coverage`` with ``fill="random"``).
         fill: how ``coverage`` completes the selection once nothing adds coverage: ``total`` or ``random``.
         labels: ``stratified`` only (optional): int64 ``[N]`` class of each input; the strata are then score
             bin x class.
@@ -295,7 +336,12 @@ def select(
         raise ConfigError(f"k must be a positive integer, got {k!r}")
     if fill not in FILLS:
         raise ConfigError(f"fill must be 'total' or 'random', got {fill!r}")
-    s = _check_bits(scores) if strategy == "coverage" else _check_scores(scores)
+    if strategy == "coverage":
+        s = _check_bits(scores)
+    elif strategy == "kcenter":
+        s = _check_features(scores)
+    else:
+        s = _check_scores(scores)
     pool = s.shape[0]
     if labels is not None and strategy != "stratified":
         raise ConfigError(f"labels apply to strategy 'stratified' only, not {strategy!r}: leave them out")
@@ -325,6 +371,8 @@ def select(
         out = _stratified(s, n, int(k), lab, gen)
     elif strategy == "fol-prop":
         out = _proportional(s, n, gen)
+    elif strategy == "kcenter":
+        out = _kcenter(s, n, gen)
     else:
         out = _greedy_coverage(s, n, fill, gen)
     return out.to(torch.int64)

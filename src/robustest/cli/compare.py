@@ -36,9 +36,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_common_args(p)
     p.add_argument("--strategies", type=list_arg(_strategy, what="strategy"), metavar="LIST",
                    help="comma-separated strategies: best, kmst, gini, random, coverage, stratified (FOL quantile x "
-                        "class), fol-prop (probability proportional to FOL), and the baselines all (the whole pool) "
-                        "and adv-train (PGD adversarial training against the current model, no pool; run once per "
-                        "seed) (default: best,kmst,gini,random,coverage)")
+                        "class), fol-prop (probability proportional to FOL), kcenter (k-center greedy on "
+                        "penultimate-layer features), and the baselines all (the whole pool) and adv-train (PGD "
+                        "adversarial training against the current model, no pool; run once per seed) "
+                        "(default: best,kmst,gini,random,coverage)")
     p.add_argument("--budgets", type=list_arg(budget_arg, ranges=True, what="budget"), metavar="LIST",
                    help="comma-separated budgets: counts (ranges too, 10-12) or percentages of the pool "
                         "(default: 5%%)")

@@ -5,7 +5,8 @@ set, retrains the model per selection strategy (best, kmst, gini, random, covera
 pool, and, side by side, fine-tunes it by adversarial training against the model as it learns (adv-train:
 PGD-AT; fol-budget: PGD that stops per sample once its FOL is small; no pool, see docs/HARDEN.md), then
 prints every strategy's robustness before and after retraining, and each one's paired difference to random
-selection with its 95 % interval: accuracy on the fixed
+selection with its 95 % interval and a verdict in words (better or worse than random on which figures, or
+not distinguishable from it): accuracy on the fixed
 adversarial set (successful attacks on the test split against the original model, so 0 before) and
 white-box accuracy (PGD with restarts + APGD-CE against the retrained model itself). Writes the report to
 ./robustest-demo/ (or --out): results.json (the comparison's results, schema

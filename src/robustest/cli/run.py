@@ -1,6 +1,11 @@
 """``robustest run``: the RobOT loop - generate tests, select them by FOL, fine-tune, measure robustness,
 repeat until the robustness requirement is met, the FOL convergence rule fires, or rounds/time run out.
 
+The default strategy is adv-train: every round fine-tunes by PGD adversarial training against the current
+model (no pool, no selection), the strategy the measurements support (docs/RESULTS.md: no selection strategy
+beats random selection, and at equal compute adversarial training raised white-box robustness far more
+than the selection loop). ``--strategy random`` (or best, kmst, ...) runs the selection loop with ``--budget``.
+
 Settings come from ``--config run.yaml`` (keys of robustest.robot.RobotConfig, see docs/RESULTS_SCHEMA.md)
 and are overridden by the flags given. A config with ``strategies: [...]`` runs the strategy comparison
 (as ``robustest compare``). Writes OUT/results.json (schema: docs/schemas/run.schema.json), OUT/summary.csv,
@@ -8,8 +13,9 @@ OUT/report.html, OUT/timings.json and the per-round state in OUT/state/; ``--res
 interrupted run without redoing rounds.
 
 Example:
-    robustest run --checkpoint model.pt --dataset digits --eps 0.15 --strategy best --budget 5% \\
-        --rounds 3 --epochs 5 --out robot-out
+    robustest run --checkpoint model.pt --dataset digits --eps 0.15 --rounds 3 --epochs 2 --out robot-out
+    robustest run --checkpoint model.pt --dataset digits --eps 0.15 --strategy random --budget 5% \\
+        --rounds 3 --epochs 5 --out robot-sel
 """
 
 from __future__ import annotations
@@ -103,10 +109,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
     p.add_argument("--strategy", choices=("best", "kmst", "gini", "random", "coverage", "stratified", "fol-prop",
-                                          "all", "adv-train", "trades", "fosc", "fol-budget", "fast-at"),
-                   help="selection strategy (default: best); all: the whole pool every round; adv-train: PGD "
-                        "adversarial training against the current model instead of a pool; trades, fosc, "
-                        "fol-budget, fast-at: the other methods of 'robustest harden', the same way")
+                                          "kcenter", "all", "adv-train", "trades", "fosc", "fol-budget", "fast-at"),
+                   help="strategy (default: adv-train: PGD adversarial training against the current model, no "
+                        "pool); a selection strategy (random, best, ...) selects --budget tests from a fresh pool "
+                        "every round; all: the whole pool every round; trades, fosc, fol-budget, fast-at: the other "
+                        "methods of 'robustest harden', as adv-train")
     p.add_argument("--budget", type=budget_arg, help="tests selected per round: a count or '5%%' of the pool")
     p.add_argument("--rounds", type=positive_int, help="maximum number of rounds (default: 3)")
     p.add_argument("--time-budget", type=positive_float, metavar="SECONDS", help="stop starting rounds after this")
@@ -134,7 +141,7 @@ def build_config(args: argparse.Namespace, defaults: dict[str, Any] | None = Non
 
     d: dict[str, Any] = {}
     if args.config:
-        d = RobotConfig.from_yaml(args.config).to_dict()
+        d = RobotConfig.from_yaml(args.config, validate=False).to_dict()  # validated once the flags are in
         given = set(_yaml_keys(args.config))
         for k, v in (defaults or {}).items():
             if k not in given:
@@ -211,14 +218,35 @@ def print_paired_table(paired: list[dict[str, Any]], file=None) -> None:
               "autoattack_accuracy": "AutoAttack vs random", "clean_accuracy": "clean vs random"}
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     seeds = sorted({int(p["n_seeds"]) for p in paired})
+    by_row: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for p in paired:
         row = rows.setdefault((p["strategy"], str(p["budget"])), {"strategy": p["strategy"], "budget": p["budget"]})
         row[labels.get(p["metric"], p["metric"])] = paired_cell(p)
-    cols = ["strategy", "budget"] + [v for v in labels.values() if any(v in r for r in rows.values())]
+        by_row.setdefault((p["strategy"], str(p["budget"])), []).append(p)
+    for key, row in rows.items():
+        row["verdict"] = paired_verdict(by_row[key])
+    cols = ["strategy", "budget"] + [v for v in labels.values() if any(v in r for r in rows.values())] + ["verdict"]
     out = (lambda text: print(text, file=file)) if file is not None else log.info
     out(f"\npaired by seed, strategy minus random: mean [95 % t-interval] over {', '.join(map(str, seeds))} "
         "seed(s); * = the interval excludes 0")
     print_table([{c: r.get(c, "-") for c in cols} for r in rows.values()], cols, file=file)
+
+
+def paired_verdict(rows: list[dict[str, Any]]) -> str:
+    """One strategy's paired rows (one per metric) in words: which figures its 95 % intervals put above or below
+    random's, e.g. ``better than random on white-box, fixed-set; worse on clean``, or ``not distinguishable from
+    random`` when every interval holds 0 (``no interval (1 seed)`` when there is none)."""
+    names = {"fixed_set_accuracy": "fixed-set", "whitebox_accuracy": "white-box", "clean_accuracy": "clean"}
+    if all(p.get("ci_low") is None for p in rows):
+        return "no interval (1 seed)"
+    order = sorted(rows, key=lambda p: -abs(p.get("mean_diff") or 0.0))
+    up = [names.get(p["metric"], p["metric"]) for p in order if p.get("ci_low") is not None and p["ci_low"] > 0]
+    down = [names.get(p["metric"], p["metric"]) for p in order if p.get("ci_high") is not None and p["ci_high"] < 0]
+    if not up and not down:
+        return "not distinguishable from random"
+    parts = ([f"better than random on {', '.join(up)}"] if up else []) + \
+        ([f"{'worse' if up else 'worse than random'} on {', '.join(down)}"] if down else [])
+    return "; ".join(parts)
 
 
 def paired_cell(p: dict[str, Any]) -> str:
@@ -241,6 +269,14 @@ def run(args: argparse.Namespace) -> int:
     from robustest import robot
 
     cfg = build_config(args)
+    budget_given = args.budget is not None or (args.config and "budget" in _yaml_keys(args.config))
+    from robustest.robot.config import HARDEN_STRATEGIES
+
+    if budget_given and cfg.strategies is None and cfg.strategy in HARDEN_STRATEGIES:
+        from robustest.errors import ConfigError
+
+        raise ConfigError(f"a budget selects tests from a pool, which strategy {cfg.strategy} (the default) does not "
+                          "use: add --strategy random (or another selection strategy) to run the selection loop")
     results = robot.run(cfg)
     print_results(results, cfg.out)
     return 0

@@ -2,7 +2,9 @@
 
 Strategies: best (BE-ST: half lowest, half highest), kmst (KM-ST: equal random shares of k equal-width
 score sections), top, bottom, random, coverage (greedy additional coverage; needs a scores.pt of a
-coverage metric, which holds the covered cells). The budget is --n inputs or --fraction of the pool.
+coverage metric, which holds the covered cells), stratified, fol-prop, kcenter (k-center greedy, the core-set
+selection, on the penultimate-layer features of a model: needs --tests and --checkpoint/--model; the scores
+are only carried along). The budget is --n inputs or --fraction of the pool.
 
 --scores takes the scores.pt written by 'robustest score' (or a scores.csv with an index,score header).
 With --tests TESTS.pt (the tests file that was scored) the selected tests are also written as
@@ -31,6 +33,7 @@ import torch
 
 from robustest import selection
 from robustest.cli._common import (
+    add_model_args,
     add_output_flags,
     fmt,
     fraction,
@@ -64,7 +67,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the tests file that was scored: also write the selected tests to OUT/selected_tests.pt")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
     p.add_argument("--seed", type=seed_int, default=0,
-                   help="random seed of random, kmst, stratified and fol-prop (default: 0)")
+                   help="random seed of random, kmst, stratified, fol-prop and kcenter's first centre (default: 0)")
+    p.add_argument("--device", default=None, metavar="D",
+                   help="kcenter: where the features are computed and the greedy runs: cpu, cuda, cuda:N or auto "
+                        "(default: cpu)")
+    add_model_args(p)
     add_output_flags(p)
     p.set_defaults(func=run)
 
@@ -133,6 +140,14 @@ def run(args: argparse.Namespace) -> int:
     data = read_scores(args.scores)
     scores = data["scores"]
     pool = len(scores)
+    given = [f for f, v in (("--checkpoint", args.checkpoint), ("--model", args.model_factory),
+                            ("--weights", args.weights), ("--model-args", args.model_args),
+                            ("--torchscript", args.torchscript or None), ("--device", args.device)) if v is not None]
+    if given and args.strategy != "kcenter":
+        raise ConfigError(f"{given[0]} applies to --strategy kcenter only (the model's features): drop it")
+    if args.strategy == "kcenter" and args.tests is None:
+        raise ConfigError("--strategy kcenter selects by the model's features of the tests: pass --tests TESTS.pt "
+                          "(the file that was scored) and --checkpoint MODEL")
     tests = _read_tests(args.tests, data["index"]) if args.tests is not None else None
     n = args.n if args.n is not None else int(math.ceil(args.fraction * pool))
     if args.strategy == "coverage":
@@ -141,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--strategy coverage needs covered cells: score with --metric nc|kmnc|nbc|snac|tknc "
                               "and pass that scores.pt")
         source: Any = bits
+    elif args.strategy == "kcenter":
+        source = _features(args, tests)
     else:
         if not bool(torch.isfinite(scores).all()):
             bad = int((~torch.isfinite(scores)).sum())
@@ -183,7 +200,9 @@ def run(args: argparse.Namespace) -> int:
         settings["k"] = args.k
     if args.strategy == "coverage":
         settings["fill"] = args.fill
-    if args.strategy in ("kmst", "random", "stratified", "fol-prop") or (
+    if args.strategy == "kcenter":
+        settings["model"] = args.checkpoint or args.model_factory
+    if args.strategy in ("kmst", "random", "stratified", "fol-prop", "kcenter") or (
             args.strategy == "coverage" and args.fill == "random"):
         settings["seed"] = args.seed
     if args.tests is not None:
@@ -226,6 +245,17 @@ def _stats(s: torch.Tensor) -> dict[str, Any]:
             "median": float(s.median())}
 
 
+def _features(args: argparse.Namespace, tests: dict[str, Any]) -> torch.Tensor:
+    """Penultimate-layer features [N, D] of the scored tests (in the scores' order), on the model's device."""
+    from robustest.cli._common import check_fits, load_model
+    from robustest.metrics.activations import penultimate_features
+
+    model = load_model(args)
+    x = tests["scored_x"]
+    check_fits(model, (x, tests["scored_y"]))
+    return penultimate_features(model, x)
+
+
 def _read_tests(path: str, index: torch.Tensor) -> dict[str, Any]:
     """The tests file the scores index into, read and checked before anything is written."""
     from robustest import data as datasets
@@ -234,6 +264,7 @@ def _read_tests(path: str, index: torch.Tensor) -> dict[str, Any]:
     if int(index.max()) >= t["x"].shape[0]:
         raise DataError(f"the scores index test {int(index.max())} but {path} holds {t['x'].shape[0]} tests: pass the "
                         "tests file that was scored")
+    t["scored_x"], t["scored_y"] = t["x"][index.long()], t["y"][index.long()]
     return t
 
 

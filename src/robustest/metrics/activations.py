@@ -37,6 +37,7 @@ __all__ = [
     "default_layers",
     "extract",
     "iter_traces",
+    "penultimate_features",
     "reduce_output",
     "resolve_layers",
 ]
@@ -216,3 +217,12 @@ def extract(model: nn.Module, data: Any, layers: LayerSpec = None, batch_size: i
     if not acts:
         raise DataError("no inputs given: the data set is empty")
     return torch.cat(acts), torch.cat(logits)
+
+
+def penultimate_features(model: nn.Module, data: Any, batch_size: int = 512,
+                         device: torch.device | str | None = None) -> torch.Tensor:
+    """Penultimate-layer features of ``data`` (images ``[N, C, H, W]`` in [0, 1], or any data set): float32
+    ``[N, D]`` on the model's device, the output of the deepest default layer (the last hidden activation
+    module, or the last Conv/Linear before the logits; :func:`default_layers`), conv outputs averaged over
+    space. The embedding core-set selection (``selection.select(..., "kcenter")``) works on."""
+    return extract(model, data, default_layers(model)[-1:], batch_size=batch_size, device=device)[0]

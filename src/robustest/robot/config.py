@@ -21,7 +21,8 @@ POOLS = ("attack", "fol-fuzz", "cov-fuzz")
 #: method each one runs (adv-train is Madry's PGD-AT)
 HARDEN_STRATEGIES = {"adv-train": "pgd-at", "trades": "trades", "fosc": "fosc", "fol-budget": "fol-budget",
                      "fast-at": "fast-at"}
-STRATEGIES = ("best", "kmst", "gini", "random", "coverage", "stratified", "fol-prop", "all", *HARDEN_STRATEGIES)
+STRATEGIES = ("best", "kmst", "gini", "random", "coverage", "stratified", "fol-prop", "kcenter", "all",
+              *HARDEN_STRATEGIES)
 #: what ``compare`` runs when no strategies are given (the paper's strategies, random and coverage)
 DEFAULT_STRATEGIES = ("best", "kmst", "gini", "random", "coverage")
 #: strategies that select nothing from a budget: ``all`` takes the whole pool, ``adv-train`` fine-tunes on PGD
@@ -56,10 +57,12 @@ class RobotConfig:
     Tests: ``eps`` (L-inf radius, pixel scale); ``pool`` is ``attack`` (successful FGSM + PGD examples of the
     training set, the paper's pool), ``fol-fuzz`` or ``cov-fuzz``; ``pool_limit`` uses only N training
     images as seeds; ``fuzz_options`` are passed to the fuzzer.
-    Selection: ``strategy`` (loop) or ``strategies`` (comparison) from best, kmst, gini, random, coverage,
+    Selection: ``strategy`` (loop; default adv-train, see docs/RESULTS.md "The loop against one-shot selection
+    and adversarial training") or ``strategies`` (comparison) from best, kmst, gini, random, coverage,
     stratified (``stratified_bins`` FOL-quantile bins x class), fol-prop (probability proportional to FOL),
-    and the baselines all (the whole pool) and adv-train (PGD adversarial training against the current model,
-    no pool); ``budget`` (loop) or ``budgets`` (comparison): a count (int) or a percentage of the pool ("5%").
+    kcenter (k-center greedy on penultimate-layer features), and the baselines all (the whole pool) and
+    adv-train (PGD adversarial training against the current model, no pool); ``budget`` (loop) or ``budgets``
+    (comparison): a count (int) or a percentage of the pool ("5%").
     Fine-tuning: ``epochs``, ``batch_size``, ``lr`` (Adam), validation split ``val_fraction`` of the
     training data (plus its adversarial examples when ``val_adversarial``). ``finetune_options``: further
     recipe options of :func:`robustest.training.fit` for fine-tuning (``schedule``, ``milestones``,
@@ -89,7 +92,7 @@ class RobotConfig:
     pool_limit: int | None = None
     pool_pgd_steps: int = 10
     fuzz_options: dict[str, Any] = field(default_factory=dict)
-    strategy: str = "best"
+    strategy: str = "adv-train"
     strategies: list[str] | None = None
     budget: int | str = "5%"
     budgets: list[int | str] | None = None
@@ -131,8 +134,9 @@ class RobotConfig:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RobotConfig:
-        """Build and validate a config from a plain dict; unknown keys are a one-line ConfigError."""
+    def from_dict(cls, d: dict[str, Any], validate: bool = True) -> RobotConfig:
+        """Build and validate a config from a plain dict; unknown keys are a one-line ConfigError.
+        ``validate=False`` checks the keys only (for a file that flags complete before the whole is validated)."""
         if not isinstance(d, dict):
             raise ConfigError(f"a RobOT config must be a mapping of settings, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
@@ -141,11 +145,12 @@ class RobotConfig:
         if unknown:
             raise ConfigError(f"unknown config key {unknown[0]!r}: valid keys are {', '.join(sorted(known))}")
         cfg = cls(**norm)
-        cfg.validate()
+        if validate:
+            cfg.validate()
         return cfg
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> RobotConfig:
+    def from_yaml(cls, path: str | Path, validate: bool = True) -> RobotConfig:
         """Read a YAML (or JSON) config file; see :meth:`from_dict`."""
         import yaml
 
@@ -158,7 +163,7 @@ class RobotConfig:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark is not None else ""
             raise ConfigError(f"config file {path} is not valid YAML{where}: fix the syntax") from exc
-        return cls.from_dict(d or {})
+        return cls.from_dict(d or {}, validate=validate)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -332,8 +337,9 @@ class RobotConfig:
             extra = sorted(set(self.finetune_options) - set(ADV_TRAIN_OPTIONS))
             if extra:
                 raise ConfigError(f"finetune_options: {hard[0]} fine-tunes with robustest.hardening, which "
-                                  f"takes only {' and '.join(ADV_TRAIN_OPTIONS)}, not {extra[0]!r}: drop it or "
-                                  f"drop {hard[0]}")
+                                  f"takes only {' and '.join(ADV_TRAIN_OPTIONS)}, not {extra[0]!r}: drop it, or "
+                                  f"choose a selection strategy instead of {hard[0]} (the loop's default), e.g. "
+                                  "random")
             if self.finetune_options.get("optimizer", "adam") not in ("adam", "sgd"):
                 raise ConfigError(f"finetune_options: {hard[0]} takes optimizer adam or sgd, got "
                                   f"{self.finetune_options['optimizer']!r}")

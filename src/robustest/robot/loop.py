@@ -69,6 +69,10 @@ def _convergence_stat(model: nn.Module, setup: _Setup, cfg: RobotConfig, seed: i
 def run(config: RobotConfig | dict[str, Any], model: nn.Module | None = None) -> dict[str, Any]:
     """Run the RobOT loop (or, when ``config.strategies`` is set, the strategy comparison :func:`compare`).
 
+    Each round either generates a pool against the current model, selects ``budget`` tests with a selection
+    strategy and fine-tunes on the training data + every test selected so far, or (a harden strategy; the
+    default ``adv-train``) fine-tunes by adversarial training against the current model, no pool.
+
     ``model``: the model to test and improve (default: ``config.model`` loaded, or trained from scratch).
     Writes results.json, timings.json, summary.csv and report.html to ``config.out`` and returns the
     results dict (schema in docs/RESULTS_SCHEMA.md).
@@ -77,6 +81,10 @@ def run(config: RobotConfig | dict[str, Any], model: nn.Module | None = None) ->
     cfg.validate()
     if cfg.strategies is not None:
         return compare(cfg, model=model)
+    if cfg.strategy in HARDEN_STRATEGIES and (cfg.pool != "attack" or cfg.fuzz_options):
+        raise ConfigError(f"pool {cfg.pool!r} feeds the selection strategies, but strategy {cfg.strategy!r} (the "
+                          "default) trains on examples it generates against the current model and uses no pool: set "
+                          "strategy to a selection strategy (e.g. random) or drop the pool settings")
     out = _prepare_out(cfg, "loop")
     t_start = time.perf_counter()
     setup = _setup(cfg, out, model, "loop")

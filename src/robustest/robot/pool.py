@@ -138,9 +138,11 @@ def select_tests(strategy: str, model: nn.Module, pool: Pool, n: int, cfg: Robot
     """Indices (int64 [min(n, len(pool))]) of the tests ``strategy`` selects from ``pool``.
 
     best / kmst rank by the pool's FOL; stratified draws at random within FOL-quantile x class strata;
-    fol-prop samples with probability proportional to FOL; gini takes the highest DeepGini scores of
-    ``model``; random draws uniformly; coverage greedily maximises the ``coverage_metric`` cells covered
-    (profile of ``model``); all takes the whole pool. ``cache`` keeps per-pool scores (gini, coverage bits)
+    fol-prop samples with probability proportional to FOL; kcenter runs k-center greedy (core-set) on the
+    penultimate-layer features of ``model`` (:func:`robustest.metrics.activations.penultimate_features`);
+    gini takes the highest DeepGini scores of ``model``; random draws uniformly; coverage greedily maximises
+    the ``coverage_metric`` cells covered (profile of ``model``); all takes the whole pool. ``cache`` keeps
+    per-pool scores (gini, coverage bits, kcenter features)
     between calls on the same pool, with the passes they cost. ``compute``: a dict whose ``selection_scoring``
     receives the passes the strategy's scores cost on this pool (FOL strategies: ``cache["fol_passes"]``, the
     FOL scoring of the pool; also when the scores came from the cache), 0 for random and all.
@@ -172,6 +174,16 @@ def select_tests(strategy: str, model: nn.Module, pool: Pool, n: int, cfg: Robot
         if compute is not None:
             compute["selection_scoring"] = cache["gini_passes"]
         return selection.select(cache["gini"], n, "top", seed=seed)
+    if strategy == "kcenter":
+        from robustest.metrics.activations import penultimate_features
+
+        if "features" not in cache:
+            with PassCounter(model) as pc:
+                cache["features"] = penultimate_features(model, pool.x)
+            cache["features_passes"] = pc.passes
+        if compute is not None:
+            compute["selection_scoring"] = cache["features_passes"]
+        return selection.select(cache["features"], n, "kcenter", seed=seed)
     if strategy == "coverage":
         if "bits" not in cache:
             with PassCounter(model) as pc:

@@ -69,6 +69,8 @@ def _fingerprint(cfg: RobotConfig, kind: str) -> str:
          and not (k in ("train_options", "finetune_options") and not v)  # runs from before these keys resume
          and not (k == "stratified_bins" and v == 4)
          and not (k == "autoattack" and v is None)}  # runs from before the key resume
+    if kind == "compare":  # compare does not use the loop's strategy: fixed at its former default, so comparisons
+        d["strategy"] = "best"  # started before the default became adv-train still resume
     return hashlib.sha256(json.dumps([kind, d], sort_keys=True, default=str).encode()).hexdigest()
 
 
