@@ -175,6 +175,16 @@ def test_channels_last_forced_on_the_cpu_keeps_outputs(monkeypatch, trained_digi
     torch.testing.assert_close(on.scores, off.scores, rtol=1e-4, atol=1e-6)
 
 
+def test_channels_last_conversion_under_inference_mode_keeps_autograd(monkeypatch, digits_model) -> None:
+    monkeypatch.setenv("ROBUSTEST_CHANNELS_LAST", "on")
+    x = torch.rand(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():  # the first call, which converts the model, is an inference-mode one
+        runtime.forward(digits_model, x)
+    xg = x.clone().requires_grad_(True)
+    runtime.forward(digits_model, xg).sum().backward()  # the weights are not inference tensors
+    assert xg.grad is not None and torch.isfinite(xg.grad).all()
+
+
 @cuda
 def test_channels_last_is_automatic_on_cuda(monkeypatch, trained_digits_model, digits_test) -> None:
     monkeypatch.delenv("ROBUSTEST_CHANNELS_LAST", raising=False)

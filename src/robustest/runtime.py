@@ -183,7 +183,8 @@ def channels_last_wanted(model: nn.Module, device: torch.device | str, mode: str
                 isinstance(m, nn.Conv2d) for m in model.modules())
             _HAS_CONV[model] = has
         if has and not _IN_CHANNELS_LAST.get(model, False):
-            model.to(memory_format=torch.channels_last)
+            with torch.inference_mode(False):  # the converted weights stay usable by autograd
+                model.to(memory_format=torch.channels_last)
             _IN_CHANNELS_LAST[model] = True
     except (TypeError, RuntimeError):  # a module that cannot be weak-referenced or converted runs as it is
         with contextlib.suppress(TypeError):
