@@ -80,6 +80,22 @@ def test_evaluate_clean_pass_in_bf16(trained_digits_model, digits_test) -> None:
         evaluate(trained_digits_model, (x, y), 0.1, amp="fp16", **kw)
 
 
+@cuda
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_score_and_eval_amp_on_cuda(trained_digits_model, digits_test, amp) -> None:
+    if amp == "bf16" and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    x, y = digits_test.tensors[0][:200], digits_test.tensors[1][:200]
+    model = trained_digits_model.cuda()
+    full = score(model, (x, y), "entropy", batch_size=64)
+    half = score(model, (x, y), "entropy", batch_size=64, amp=amp)
+    assert half.scores.dtype == torch.float32 and (full.scores - half.scores).abs().mean() < 0.02
+    kw = {"version": "custom", "attacks": ["fgsm"], "batch_size": 64}
+    e_full = evaluate(model, (x, y), 0.1, **kw)
+    e_half = evaluate(model, (x, y), 0.1, amp=amp, **kw)
+    assert (e_full.clean_pred == e_half.clean_pred).float().mean() >= 0.97
+
+
 def test_cli_score_amp(ckpt, tmp_path, capsys, results_contract) -> None:
     base = ["score", "--checkpoint", str(ckpt), "--dataset", "digits", "--limit", "120", "--no-progress",
             "--metric", "gini"]
@@ -188,13 +204,15 @@ def test_channels_last_conversion_under_inference_mode_keeps_autograd(monkeypatc
 @cuda
 def test_channels_last_is_automatic_on_cuda(monkeypatch, trained_digits_model, digits_test) -> None:
     monkeypatch.delenv("ROBUSTEST_CHANNELS_LAST", raising=False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # full float32 convolutions to compare
     x = digits_test.tensors[0][:64].cuda()
     model = trained_digits_model.cuda()
     with torch.no_grad():
         out = runtime.forward(model, x)
     conv = next(m for m in model.modules() if isinstance(m, nn.Conv2d))
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
-    ref = trained_digits_model.cpu()(digits_test.tensors[0][:64])
+    with torch.no_grad():
+        ref = runtime.forward(trained_digits_model.cpu(), digits_test.tensors[0][:64])
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-3, atol=1e-3)
 
 
