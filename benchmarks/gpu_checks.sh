@@ -7,7 +7,9 @@
 # measured rates give the full settings' run times (docs/REPRODUCING.md), and each setting's --dry-run on CUDA.
 # Usage (repository root, robustest and its test/bench extras installed with a CUDA build of torch):
 #     DATA_DIR=../shared/data OUT=/tmp/gpu bash benchmarks/gpu_checks.sh
-# Logs and JSON go to $OUT; about 15 minutes on one GPU.
+# Then the hot-path switches (docs/SCALING.md): score --amp bf16, eval's clean pass in bf16, channels_last off/on
+# (inference and input gradients of wrn; training throughput of resnet20 and wrn) and the --batch-size auto probe.
+# Logs and JSON go to $OUT; about 17 minutes on one GPU.
 set -uo pipefail
 DATA_DIR="${DATA_DIR:-../shared/data}"
 OUT="${OUT:-/tmp/robustest-gpu}"
@@ -58,3 +60,44 @@ done
 torchrun --nproc-per-node 1 -m robustest analyze --checkpoint "$CHECKPOINT" --dataset mnist --data-dir "$DATA_DIR" \
     --split train --limit 20000 --neighbors 20 --device cuda --quiet --out "$OUT/analyze_cuda_torchrun" \
     > "$OUT/analyze_cuda_torchrun.txt" 2>&1; echo "analyze under torchrun (nccl, 1 rank): exit $?"
+# hot-path switches: score (gini) and eval's clean pass in float32 against bf16 autocast (compute time from
+# results.json: score_s, clean_s), on the 10,000 MNIST test images
+for amp in "" "--amp bf16"; do
+    tag="${amp:+_bf16}"
+    python -m robustest score --checkpoint "$CHECKPOINT" --dataset mnist --data-dir "$DATA_DIR" --metric gini \
+        --batch-size 1024 --device cuda $amp --quiet --out "$OUT/score_gini$tag" > "$OUT/score_gini$tag.txt" 2>&1
+    python -m robustest eval --checkpoint "$CHECKPOINT" --dataset mnist --data-dir "$DATA_DIR" --eps 0.1 \
+        --version custom --attacks fgsm --batch-size 1024 --device cuda $amp --quiet --out "$OUT/eval_clean$tag" \
+        > "$OUT/eval_clean$tag.txt" 2>&1
+    python - "$OUT" "$tag" "$([ -n "$amp" ] && echo bf16 || echo fp32)" <<'PY'
+import json, sys
+out, tag, name = sys.argv[1:]
+try:
+    s = json.load(open(f"{out}/score_gini{tag}/results.json"))
+    e = json.load(open(f"{out}/eval_clean{tag}/results.json"))
+    print(f"{name}: score gini {s['timings']['score_s']:.2f} s (mean {s['mean']:.4f}); eval clean pass "
+          f"{e['timings']['clean_s']:.2f} s (clean accuracy {e['clean_accuracy']:.4f})")
+except (OSError, KeyError, ValueError) as exc:
+    print(f"{name}: score/eval did not finish ({exc}); see {out}/score_gini{tag}.txt, eval_clean{tag}.txt")
+PY
+done
+# channels_last off against auto (on, on CUDA) for a conv net of the zoo, and the probe's batch sizes
+python benchmarks/bench_gpu_switches.py --device cuda --model wrn --batch 256 --steps 10 --warmup 3 \
+    --json "$OUT/bench_gpu_switches.json" > "$OUT/bench_gpu_switches.txt" 2>&1
+tail -6 "$OUT/bench_gpu_switches.txt"
+for cl in off auto; do
+    ROBUSTEST_CHANNELS_LAST=$cl python benchmarks/bench_zoo.py --device cuda --models resnet20,wrn --batch 128 \
+        --steps 5 --warmup 2 --json "$OUT/bench_zoo_channels_last_$cl.json" > "$OUT/bench_zoo_channels_last_$cl.txt" 2>&1
+    echo "training throughput, channels_last $cl:"; tail -3 "$OUT/bench_zoo_channels_last_$cl.txt"
+done
+# --batch-size auto on a real verb: the size score --metric fol (input gradients) and analyze picked
+python -m robustest score --checkpoint "$CHECKPOINT" --dataset mnist --data-dir "$DATA_DIR" --metric fol \
+    --batch-size auto --device cuda --quiet --out "$OUT/score_fol_auto" > "$OUT/score_fol_auto.txt" 2>&1
+python -m robustest analyze --checkpoint "$CHECKPOINT" --dataset mnist --data-dir "$DATA_DIR" --split train \
+    --limit 20000 --neighbors 20 --batch-size auto --device cuda --quiet --out "$OUT/analyze_auto" \
+    > "$OUT/analyze_auto.txt" 2>&1
+for run in score_fol_auto analyze_auto; do
+    python -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[2], 'batch size', \
+d['settings']['batch_size'], 'total', round(d['timings']['total_s'], 2), 's')" "$OUT/$run/results.json" "$run" \
+        || echo "$run did not finish: see $OUT/$run.txt"
+done

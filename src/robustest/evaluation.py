@@ -302,7 +302,8 @@ def _published_corruptions(model: nn.Module, sets: dict, clean_accuracy: float, 
 def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", version: str = "standard",
              attacks: Any = None, *, n_targets: int | None = None, seed: int = 0, batch_size: int = 256,
              block_size: int = 4096, corruptions: Any = None, severities: Any = (1, 2, 3, 4, 5),
-             baseline: Any = None, keep_adv: bool = False, progress: bool = False) -> EvalResult:
+             baseline: Any = None, keep_adv: bool = False, progress: bool = False,
+             amp: str | None = None) -> EvalResult:
     """Evaluate the robustness of ``model`` on labelled ``data`` at radius ``eps`` (L-inf or L2, pixel scale).
 
     Runs the attacks of :func:`ensemble_plan` (``version`` "standard": APGD-CE -> APGD-T -> FAB-T -> Square,
@@ -326,6 +327,10 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     loaders). ``baseline``: a model (or a :class:`robustest.robustness.CorruptionResult`) whose corruption errors
     normalise the mCE. ``keep_adv`` keeps the worst-case images (N x C x H x W) in the result.
 
+    ``amp``: "bf16" (CPU or CUDA) or "fp16" (CUDA) runs the clean pass (the predictions that decide which
+    samples are attacked) under ``torch.autocast``; the attacks and their predictions stay in float32. A
+    sample on the decision boundary may then count as a clean error that float32 classifies correctly.
+
     Bad input (raised before any attack runs, as one-line ConfigError/DataError): eps <= 0 (or > 1 for L-inf),
     an unknown norm or version, a model with fewer than 2 outputs, more target classes than classes - 1.
     """
@@ -333,6 +338,7 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     from robustest import corruptions as _corr
     from robustest import distributed
     from robustest.attacks import BATCH_SEED_STRIDE
+    from robustest.recipes import autocast, check_amp
     from robustest.robustness import CorruptionResult, corruption_accuracy
     from robustest.runtime import (
         batch_origin,
@@ -371,6 +377,7 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     if baseline is not None and corruptions is None:
         raise ConfigError("a baseline is only used for the mCE: pass corruptions too")
     device = resolve_device(model)
+    amp = check_amp(amp, device)
     # one forward pass on the first image: the number of classes, before any work
     first = next(iter(iter_batches(data, 1)), None)
     if first is None or first[0].shape[0] == 0:
@@ -403,7 +410,7 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
         xb = check_images(xb).float()
         yb = check_labels(yb, xb.shape[0], num_classes).long()
         t0 = time.perf_counter()
-        with eval_mode(model), torch.no_grad():
+        with eval_mode(model), torch.no_grad(), autocast(amp, device):
             cp = torch.cat([forward(model, xb[s:s + batch_size]).argmax(1) for s in range(0, xb.shape[0], batch_size)])
         t_clean += time.perf_counter() - t0
         robust = cp == yb
@@ -463,7 +470,7 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     timings = {"clean_s": t_clean, **{f"{k}_s": v for k, v in seconds.items()}}
     settings: dict[str, Any] = {
         "version": version, "norm": norm, "eps": eps, "num_classes": num_classes, "seed": seed,
-        "batch_size": batch_size, "block_size": block_size, "device": str(device),
+        "batch_size": batch_size, "block_size": block_size, "device": str(device), **({"amp": amp} if amp else {}),
         "attacks": [{"name": s.name, "attack": s.attack, "params": dict(s.params), "seed": seed + k}
                     for k, s in enumerate(steps)],
     }

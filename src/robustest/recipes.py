@@ -31,7 +31,7 @@ from torch import nn
 from robustest.config import check_bool, check_choice, check_float, check_int
 from robustest.errors import ConfigError
 
-__all__ = ["AMP_MODES", "AUGMENTS", "OPTIMIZERS", "RECIPES", "SCHEDULES", "TrainOptions", "autocast",
+__all__ = ["AMP_MODES", "AUGMENTS", "OPTIMIZERS", "RECIPES", "SCHEDULES", "TrainOptions", "autocast", "check_amp",
            "check_device", "check_options", "compile_error", "compile_model", "crop_flip", "grad_scaler",
            "make_optimizer", "make_schedule", "no_decay_parameters", "recipe"]
 
@@ -223,6 +223,20 @@ def autocast(amp: str | None, device: torch.device) -> Iterator[None]:
     dtype = torch.bfloat16 if amp == "bf16" else torch.float16
     with torch.autocast(device_type=device.type, dtype=dtype):
         yield
+
+
+def check_amp(amp: str | None, device: torch.device) -> str | None:
+    """``amp`` for inference forward passes under :func:`autocast` on ``device``, refused in one line when it
+    cannot run there: None, "bf16" (the CPU, or a GPU with bf16 support) or "fp16" (CUDA only)."""
+    if amp not in (None, *AMP_MODES):
+        raise ConfigError(f"unknown amp {amp!r}: use None, 'bf16' or 'fp16'")
+    if amp == "fp16" and device.type != "cuda":
+        raise ConfigError("amp='fp16' needs CUDA: use amp='bf16' on the CPU")
+    if amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("amp='bf16' is not supported by this GPU: use amp='fp16'")
+    if amp is not None and device.type not in ("cuda", "cpu"):
+        raise ConfigError(f"amp={amp!r} runs on CUDA or the CPU, not {device.type}: drop amp")
+    return amp
 
 
 def grad_scaler(amp: str | None, device: torch.device) -> torch.amp.GradScaler | None:

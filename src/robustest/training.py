@@ -43,6 +43,7 @@ from robustest.runtime import (
     DataLike,
     as_tensors,
     atomic_save,
+    channels_last_wanted,
     check_images,
     check_labels,
     converts_batches,
@@ -346,6 +347,7 @@ def fit(
     sched = make_schedule(opt, opts, epochs, source.steps_per_epoch)
     scaler = grad_scaler(opts.amp, dev)
     aug_gen = make_generator((seed * 1_000_003 + 7_919) % 2**63) if opts.augment else None
+    channels_last_wanted(model, dev)  # a conv net on CUDA goes channels_last now, before DDP lays out its buckets
     step_model = compile_model(model) if opts.compile else model
     if ddp:  # gradients averaged over the ranks; rank 0's weights and buffers broadcast at the start
         from torch.nn.parallel import DistributedDataParallel

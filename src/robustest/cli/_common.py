@@ -132,6 +132,25 @@ positive_int = _number_type(int, lambda v: v >= 1, "a positive integer", "positi
 positive_float = _number_type(float, lambda v: v > 0, "a positive number", "positive_float")
 non_negative_int = _number_type(int, lambda v: v >= 0, "a non-negative integer", "non_negative_int")
 non_negative_float = _number_type(float, lambda v: v >= 0, "a non-negative number", "non_negative_float")
+def batch_size_arg(text: str) -> int | str:
+    """An argparse ``type=``: a positive integer, or ``auto`` (a probe fills the device's memory on CUDA; the
+    verb's default elsewhere: see robustest.batchsize)."""
+    return "auto" if str(text).strip().lower() == "auto" else positive_int(text)
+
+
+def resolve_batch_size(args: argparse.Namespace, model: nn.Module, data: Any, *, default: int, grad: bool,
+                       amp: str | None = None) -> int:
+    """Replace ``args.batch_size`` ``auto`` by the size :func:`robustest.batchsize.auto_batch_size` picks for
+    ``model`` and ``data`` (``args.batch_size_auto`` then True: the settings record both); returns it."""
+    from robustest.batchsize import AUTO, auto_batch_size
+
+    args.batch_size_auto = args.batch_size == AUTO
+    args.batch_size = auto_batch_size(args.batch_size, model, data, default=default, grad=grad, amp=amp)
+    if args.batch_size_auto:
+        log.info(f"--batch-size auto: {args.batch_size}")
+    return int(args.batch_size)
+
+
 finite_float = _number_type(float, lambda v: True, "a number", "finite_float")
 fraction = _number_type(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]", "fraction")  # a number in (0, 1]
 unit_float = _number_type(float, lambda v: 0 <= v <= 1, "a number in [0, 1]", "unit_float")

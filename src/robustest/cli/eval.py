@@ -23,6 +23,7 @@ from robustest.cli._common import (
     add_checkpoint_arg,
     add_data_args,
     add_run_args,
+    batch_size_arg,
     check_fits,
     data_settings,
     int_list,
@@ -34,6 +35,7 @@ from robustest.cli._common import (
     out_dir,
     peak_rss_mib,
     positive_int,
+    resolve_batch_size,
 )
 from robustest.errors import ConfigError
 
@@ -84,8 +86,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="checkpoint of a baseline model whose corruption errors normalise the mCE")
     p.add_argument("--fail-under", type=parse_accuracy, default=None, metavar="ACC",
                    help="exit with status 1 when the robust accuracy is below ACC (0.85 or 85%%)")
-    p.add_argument("--batch-size", type=positive_int, default=256, metavar="B",
-                   help="images per attack batch (default: 256)")
+    p.add_argument("--batch-size", type=batch_size_arg, default=256, metavar="B",
+                   help="images per attack batch, or 'auto': the largest that fits the GPU with the attacks' "
+                        "gradients (the default 256 on the CPU)")
+    p.add_argument("--amp", choices=("bf16", "fp16"), default=None,
+                   help="run the clean pass in bf16 (CPU or CUDA) or fp16 (CUDA) autocast; the attacks stay in "
+                        "float32 (default: float32)")
     p.add_argument("--block-size", type=positive_int, default=4096, metavar="N",
                    help="images read and attacked per block (memory stays bounded; under torchrun the ranks share "
                         "out whole blocks; default: 4096)")
@@ -140,12 +146,16 @@ def run(args: argparse.Namespace) -> int:
         baseline = load_file(args.baseline, torchscript=args.torchscript, map_location=model_device(model))
     ds = load_data(args)
     check_fits(model, ds)
+    from robustest.recipes import check_amp
+
+    check_amp(args.amp, model_device(model))
+    resolve_batch_size(args, model, ds, default=256, grad=True)
     t_load = time.perf_counter() - t0
     result = evaluate(model, ds, args.eps, norm=args.norm, version=args.version, attacks=attacks,
                       n_targets=args.n_targets, seed=args.seed, batch_size=args.batch_size,
                       block_size=args.block_size,
                       corruptions=args.corruptions, severities=severities or (1, 2, 3, 4, 5), baseline=baseline,
-                      keep_adv=True, progress=not args.no_progress)
+                      keep_adv=True, progress=not args.no_progress, amp=args.amp)
     out = out_dir(args)
     spec = getattr(model, "robustest_spec", None)
     doc = result.to_dict()
@@ -178,7 +188,9 @@ def run(args: argparse.Namespace) -> int:
                 "version": args.version, "batch_size": args.batch_size, "block_size": args.block_size,
                 "seed": args.seed,
                 "device": str(model_device(model))}
-    for key in ("attacks", "n_targets", "fail_under", "baseline"):
+    if args.batch_size_auto:
+        settings["batch_size_auto"] = True
+    for key in ("attacks", "n_targets", "fail_under", "baseline", "amp"):
         if getattr(args, key) is not None:
             settings[key] = attacks if key == "attacks" else getattr(args, key)
     if args.corruptions is not None:

@@ -30,6 +30,7 @@ from robustest.cli._common import (
     add_checkpoint_arg,
     add_data_args,
     add_run_args,
+    batch_size_arg,
     check_fits,
     data_settings,
     fmt,
@@ -43,6 +44,7 @@ from robustest.cli._common import (
     peak_rss_mib,
     positive_float,
     positive_int,
+    resolve_batch_size,
 )
 from robustest.errors import ConfigError
 from robustest.results import write_results
@@ -101,7 +103,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--fol-norm", choices=("linf", "l2", "l1", "gradnorm"), default=None,
                    help="norm of the FOL stored with each test (default: --norm; gradnorm = ||grad||_2)")
     s.add_argument("--fol-eps", type=positive_float, default=None, help="eps of the FOL (default: --eps)")
-    p.add_argument("--batch-size", type=positive_int, default=256, help="images per batch (default: 256)")
+    p.add_argument("--batch-size", type=batch_size_arg, default=256, metavar="B",
+                   help="images per batch, or 'auto': the largest that fits the GPU with the gradients (the "
+                        "default 256 on the CPU)")
     p.add_argument("--grid", type=positive_int, default=8, help="examples shown in examples.png (default: 8)")
     add_run_args(p)
     p.set_defaults(func=run)
@@ -182,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     ds = load_data(args)
     check_fits(model, ds)
+    resolve_batch_size(args, model, ds, default=256, grad=True)
     n_seeds = len(ds)
     if n_seeds == 0:
         raise ConfigError(f"the {args.split} split of {args.dataset} is empty: check --dataset/--split/--limit")
@@ -330,6 +335,8 @@ def _settings(args: argparse.Namespace, method: str, params: dict[str, Any], fol
         d["keep_all"] = bool(args.keep_all)
     d.update(fol_norm=fol_norm, fol_eps=fol_eps, batch_size=args.batch_size, grid=args.grid, seed=args.seed,
              device=str(model_device(model)))
+    if getattr(args, "batch_size_auto", False):
+        d["batch_size_auto"] = True
     return d
 
 

@@ -37,6 +37,7 @@ from robustest.cli._common import (
     add_checkpoint_arg,
     add_data_args,
     add_run_args,
+    batch_size_arg,
     check_fits,
     data_settings,
     finite_float,
@@ -51,8 +52,10 @@ from robustest.cli._common import (
     peak_rss_mib,
     positive_float,
     positive_int,
+    resolve_batch_size,
 )
 from robustest.errors import ConfigError, DataError
+from robustest.metrics.scoring import AMP_METRICS
 from robustest.results import write_results
 from robustest.runtime import atomic_save, atomic_write_json, image_shape, model_device, take
 
@@ -66,7 +69,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_checkpoint_arg(p)
     add_data_args(p, split="test")
     p.add_argument("--metric", required=True, choices=metrics.names(), help="metric to compute")
-    p.add_argument("--batch-size", type=positive_int, default=256, help="batch size (default: 256)")
+    p.add_argument("--batch-size", type=batch_size_arg, default=256, metavar="B",
+                   help="batch size, or 'auto': the largest that fits the GPU (the default 256 on the CPU)")
+    p.add_argument("--amp", choices=("bf16", "fp16"), default=None,
+                   help="run the forward passes of zol, gini, entropy, margin and max_prob in bf16 (CPU or CUDA) "
+                        "or fp16 (CUDA) autocast: faster on GPUs, scores rounded accordingly (default: float32; "
+                        "the other metrics refuse it)")
     g = p.add_argument_group("loss metrics (fol, zol, fol_gradnorm)")
     g.add_argument("--eps", type=positive_float, default=0.3, help="FOL ball radius (default: 0.3)")
     g.add_argument("--norm", choices=("linf", "l2", "l1"), default="linf",
@@ -182,6 +190,10 @@ def _check_options(args: argparse.Namespace) -> None:
     bad = [k for k, v in given.items() if v]
     if bad:
         raise ConfigError(f"{', '.join(bad)} does not apply to --metric {m}: drop it")
+    if args.amp is not None and m not in AMP_METRICS:
+        why = "input gradients" if kind == "loss" else "layer activations compared with a float32 reference"
+        raise ConfigError(f"--amp applies to {', '.join(AMP_METRICS)} (computed from the logits alone); --metric {m} "
+                          f"needs {why} in float32: drop --amp")
     for opt, needs, given_ in (("--seeds-data-dir", "--seeds-dataset", args.seeds_data_dir and not args.seeds_dataset),
                                ("--seeds-split", "--seeds-dataset", args.seeds_split and not args.seeds_dataset),
                                ("--train-data-dir", "--train-dataset", args.train_data_dir and not args.train_dataset),
@@ -222,10 +234,16 @@ def run(args: argparse.Namespace) -> int:
     layers = args.layers or None
     train = _load_train(args) if info.needs_train else None
     device = model_device(model)
+    from robustest.recipes import check_amp
+
+    check_amp(args.amp, device)
+    # input gradients (fol, fol_gradnorm) and kept activations (coverage, surprise) hold about what a backward
+    # pass holds: they are probed with one
+    resolve_batch_size(args, model, inputs["data"], default=256, amp=args.amp, grad=args.metric not in AMP_METRICS)
     t_load = time.perf_counter() - t0
     t1 = time.perf_counter()
     res = score(model, inputs["data"], args.metric, train=train, x0=inputs["x0"], layers=layers,
-                batch_size=args.batch_size, progress=not args.no_progress, **opts)
+                batch_size=args.batch_size, progress=not args.no_progress, amp=args.amp, **opts)
     t_score = time.perf_counter() - t1
     scores, index, y = res.scores, res.index, res.labels
     opts = res.options
@@ -287,6 +305,10 @@ def _settings(args: argparse.Namespace, device: Any, opts: dict[str, Any]) -> di
     kind = metrics.info(args.metric).kind
     d: dict[str, Any] = {**model_settings(args), **data_settings(args), "metric": args.metric,
                          "batch_size": args.batch_size}
+    if getattr(args, "batch_size_auto", False):
+        d["batch_size_auto"] = True
+    if args.amp is not None:
+        d["amp"] = args.amp
     if args.metric in ("fol", "zol", "fol_gradnorm"):
         if args.metric == "fol":
             d.update(eps=args.eps, norm=args.norm)

@@ -19,6 +19,7 @@ from robustest.cli._common import (
     add_checkpoint_arg,
     add_data_args,
     add_run_args,
+    batch_size_arg,
     check_fits,
     data_settings,
     fmt,
@@ -40,6 +41,7 @@ from robustest.cli._common import (
     peak_rss_mib,
     positive_int,
     print_table,
+    resolve_batch_size,
 )
 from robustest.errors import ConfigError, DataError
 from robustest.results import write_results
@@ -115,9 +117,9 @@ def _add_analysis_args(p: argparse.ArgumentParser) -> None:
                    help="noise width: delta ~ U[-eps/2, eps/2] per pixel (default: 0.22)")
     g.add_argument("--noise", choices=("uniform", "gaussian"), default="uniform", help="noise law (default: uniform)")
     g.add_argument("--no-quantize", action="store_true", help="do not round neighbours to the 256 uint8 levels")
-    g.add_argument("--batch-size", type=positive_int, default=None,
-                   help="images per forward pass (default: about 4 million pixel values' worth: 5349 images of "
-                        "28x28, 341 of 3x64x64)")
+    g.add_argument("--batch-size", type=batch_size_arg, default=None, metavar="B",
+                   help="images per forward pass, or 'auto': the largest that fits the GPU (on the CPU the "
+                        "default: about 4 million pixel values' worth: 5349 images of 28x28, 341 of 3x64x64)")
     g.add_argument("--amp", choices=("bf16", "fp16"), default=None,
                    help="run the analysis's forward passes in bf16 (CPU or CUDA) or fp16 (CUDA) autocast: faster on "
                         "GPUs, scores rounded accordingly (default: float32)")
@@ -226,6 +228,8 @@ def _analysis_from_args(args: argparse.Namespace, model, ds, out: Path):
     from robustest.distributed import world_size
     from robustest.steps import Steps, data_fingerprint, fingerprint
 
+    if args.batch_size == "auto":
+        resolve_batch_size(args, model, ds, default=wr.default_batch_size(ds), grad=False, amp=args.amp)
     every = args.save_every * world_size()
     settings = {k: getattr(args, k) for k in ("neighbors", "eps", "noise", "no_quantize", "seed", "amp")}
     settings["step"] = every
@@ -282,6 +286,8 @@ def _analysis_settings(args: argparse.Namespace) -> dict[str, Any]:
     d = {"neighbors": args.neighbors, "eps": args.eps, "noise": args.noise, "quantize": not args.no_quantize}
     if args.batch_size is not None:
         d["batch_size"] = args.batch_size
+    if getattr(args, "batch_size_auto", False):
+        d["batch_size_auto"] = True
     if args.amp is not None:
         d["amp"] = args.amp
     return d

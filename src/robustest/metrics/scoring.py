@@ -19,7 +19,10 @@ from torch import nn
 from robustest import distributed, runtime
 from robustest.errors import ConfigError, DataError
 
-__all__ = ["ScoreResult", "score"]
+__all__ = ["AMP_METRICS", "ScoreResult", "score"]
+
+#: the metrics computed from the logits of one forward pass alone, which ``amp`` may run under autocast
+AMP_METRICS = ("zol", "gini", "entropy", "margin", "max_prob")
 
 
 @dataclass
@@ -55,20 +58,30 @@ class ScoreResult:
 def score(model: nn.Module, data: Any, metric: str, *, train: Any = None,
           x0: torch.Tensor | Callable[[torch.Tensor], torch.Tensor] | None = None, layers: Any = None,
           batch_size: int = 256, device: torch.device | str | None = None, progress: bool = False,
-          **opts: Any) -> ScoreResult:
+          amp: str | None = None, **opts: Any) -> ScoreResult:
     """Score every sample of ``data`` with ``metric`` (a name of :func:`robustest.metrics.names`).
 
     ``x0``: FOL's seeds, a tensor aligned with ``data`` or a function mapping a batch's data-set positions
     to its seed images. ``train``: the training data coverage and surprise metrics build their reference
     from (streamed too). ``opts`` go to the metric (FOL: ``eps``, ``norm``, ``label``; coverage: ``k``,
     ``threshold``, ``top_k``, ``scale``; surprise: ``var_threshold``, ``max_features``, ``filter_scope``).
+    ``amp``: "bf16" (CPU or CUDA) or "fp16" (CUDA) runs the model's forward passes under ``torch.autocast``
+    for the metrics of :data:`AMP_METRICS` (from the logits alone; the logits are returned in float32 and the
+    softmax, loss and scores computed in float32). Metrics that need input gradients (fol, fol_gradnorm) or
+    layer activations compared with a float32 reference (coverage, surprise) refuse it.
     """
     from robustest import metrics
+    from robustest.recipes import autocast, check_amp
 
     m = metrics.info(metric)
     if m.needs_train and train is None:
         raise ConfigError(f"metric {metric!r} needs training data for its reference profile: pass train=")
+    if amp is not None and metric not in AMP_METRICS:
+        why = "input gradients" if m.kind == "loss" else "layer activations compared with a float32 reference"
+        raise ConfigError(f"amp applies to the metrics computed from the logits alone ({', '.join(AMP_METRICS)}); "
+                          f"{metric} needs {why} in float32: drop amp")
     dev = runtime.resolve_device(model, device)
+    amp = check_amp(amp, dev)
     scores, index, labels, bits = [], [], [], []
     result = ScoreResult(metric, torch.empty(0), torch.empty(0, dtype=torch.int64), None, dict(opts))
     per_batch: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor]
@@ -109,7 +122,8 @@ def score(model: nn.Module, data: Any, metric: str, *, train: Any = None,
                 seeds = seeds.to(xb.device)
             if m.needs_labels and yb is None and opts.get("label", "true") != "pred":
                 raise ConfigError(f"metric {metric!r} needs labels: the data set has none (or use label='pred')")
-            return metrics.compute(metric, model, xb, yb, x0=seeds, batch_size=batch_size, **opts)
+            with autocast(amp, dev):
+                return metrics.compute(metric, model, xb, yb, x0=seeds, batch_size=batch_size, **opts)
 
     total = runtime.num_samples(data)
     shard = distributed.Shard.current()  # under torchrun each rank scores its part; the parts are gathered

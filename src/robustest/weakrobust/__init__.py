@@ -26,7 +26,7 @@ JSD loss), ``enhance`` (EnhanceResult, enhance).
 
 from __future__ import annotations
 
-from robustest.weakrobust.analysis import NOISE_BLOCK, Analysis, adversarial_radius, analyze
+from robustest.weakrobust.analysis import NOISE_BLOCK, Analysis, adversarial_radius, analyze, default_batch_size
 from robustest.weakrobust.augment import AUGMIX_OPS, augmentation_pool
 from robustest.weakrobust.enhance import EnhanceResult, enhance
 from robustest.weakrobust.selection import (
@@ -52,6 +52,7 @@ __all__ = [
     "adversarial_radius",
     "analyze",
     "augmentation_pool",
+    "default_batch_size",
     "default_eps_grid",
     "enhance",
     "select_weak",

@@ -20,7 +20,7 @@ from robustest import _repr
 from robustest.config import check_float, check_int
 from robustest.distributed import Shard, all_gather_cat
 from robustest.errors import ConfigError, DataError
-from robustest.recipes import autocast
+from robustest.recipes import autocast, check_amp
 from robustest.runtime import (
     DataLike,
     atomic_save,
@@ -198,6 +198,12 @@ def _neighbour_noise(idx: torch.Tensor, q: int, shape: tuple[int, ...], eps: flo
     return out
 
 
+def default_batch_size(data: DataLike) -> int:
+    """Images per forward pass of :func:`analyze` when none is given: as many as hold :data:`VALUES_PER_PASS`
+    pixel values (5349 of 1 x 28 x 28, 341 of 3 x 64 x 64)."""
+    return max(1, VALUES_PER_PASS // max(1, math.prod(image_shape(data))))
+
+
 @torch.no_grad()
 def analyze(
     model: nn.Module,
@@ -233,19 +239,15 @@ def analyze(
     Returns an :class:`Analysis` (tensors on CPU).
     """
     check_int("n_neighbors", n_neighbors, 1, 100_000)
-    if amp not in (None, "bf16", "fp16"):
-        raise ConfigError(f"unknown amp {amp!r}: use None, 'bf16' or 'fp16'")
     check_float("eps", eps, 0.0, 2.0, lo_open=True)
     if batch_size is None:
-        c, h, w = image_shape(data)
-        batch_size = max(1, VALUES_PER_PASS // max(1, c * h * w))
+        batch_size = default_batch_size(data)
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
     if noise not in ("uniform", "gaussian"):
         raise ConfigError(f"unknown noise {noise!r}: use 'uniform' or 'gaussian'")
     dev = resolve_device(model, device)
-    if amp == "fp16" and dev.type != "cuda":
-        raise ConfigError("amp='fp16' needs CUDA: use amp='bf16' on the CPU")
+    amp = check_amp(amp, dev)
     q = int(n_neighbors)
     chunk = NOISE_BLOCK * max(1, batch_size // (NOISE_BLOCK * (q + 1)))
     # Results go into tensors allocated once up front: small per-chunk tensors kept alive between the large
