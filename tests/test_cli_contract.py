@@ -274,6 +274,7 @@ def test_document_header_and_json_safety(tmp_path):
 
 @pytest.mark.parametrize("call, message", [
     (lambda: results.document("x", {}, {"settings": 1}, {"total_s": 1}), "header key"),
+    (lambda: results.document("x", {}, {"rank_samples": [1]}, {"total_s": 1}), "header key"),
     (lambda: results.document("x", {}, {}, {"load_s": 1}), "total_s"),
     (lambda: results.document("x", {}, {}, {"total_s": math.nan}), "finite"),
     (lambda: results.document("x", {}, {}, {"total_s": "1"}), "finite"),
@@ -315,7 +316,8 @@ def test_one_valid_schema_per_verb_with_the_same_header():
         assert props["format"] == {"const": f"robustest-{verb}-results"} and props["version"] == {"const": 1}
         assert set(spec["required"]) >= set(results.HEADER_KEYS)
         assert props["settings"]["additionalProperties"] is False  # settings: only the documented options
-        common = (props["timings"], props["world_size"])
+        assert not set(spec["required"]) & set(results.OPTIONAL_HEADER_KEYS)
+        common = (props["timings"], props["world_size"], props["rank_samples"])
         header = header or common
         assert common == header, verb
 

@@ -26,12 +26,14 @@ from typing import Any
 from robustest.errors import DataError
 from robustest.runtime import _json_safe, atomic_write_json
 
-__all__ = ["HEADER_KEYS", "RESULTS_FILE", "RESULTS_VERSION", "document", "read_results", "results_format",
-           "write_results"]
+__all__ = ["HEADER_KEYS", "OPTIONAL_HEADER_KEYS", "RESULTS_FILE", "RESULTS_VERSION", "document", "read_results",
+           "results_format", "write_results"]
 
 RESULTS_FILE = "results.json"
 RESULTS_VERSION = 1
-HEADER_KEYS = ("format", "version", "settings", "timings", "world_size", "rank_samples")
+HEADER_KEYS = ("format", "version", "settings", "timings", "world_size")
+#: header keys present only in some documents (rank_samples: under torchrun)
+OPTIONAL_HEADER_KEYS = ("rank_samples",)
 
 
 def results_format(verb: str) -> str:
@@ -61,7 +63,7 @@ def document(verb: str, settings: Mapping[str, Any], results: Mapping[str, Any],
         from robustest.distributed import world_size as ranks
 
         world_size = ranks()
-    clash = [k for k in results if k in HEADER_KEYS]
+    clash = [k for k in results if k in HEADER_KEYS or k in OPTIONAL_HEADER_KEYS]
     if clash:
         raise ValueError(f"results may not use the header key(s) {', '.join(clash)}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
