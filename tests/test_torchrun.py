@@ -247,19 +247,21 @@ def _same_weights(a: Path, b: Path) -> None:
 
 
 def test_enhance_and_harden(model, tmp_path) -> None:
-    # every rank trains the same model by itself (no DDP: small fine-tuning sets); their measurements go
-    # through attack(), shared out; rank 0 writes
+    # enhance trains with DDP (each rank its part of every batch, its own AugMix draws): close to one process,
+    # not equal; harden: every rank trains the same model by itself, equal. Measurements go through attack(),
+    # shared out; rank 0 writes
     weak = tmp_path / "weak.json"
     weak.write_text(json.dumps({"weaknesses": ["gaussian_noise", "pgd"]}))
-    enh = ["enhance", "--checkpoint", model, "--dataset", "digits", "--limit", "96", "--weaknesses", str(weak),
-           "--epochs", "1", "--adv-steps", "2", "--eval-limit", "60"]
+    enh = ["enhance", "--checkpoint", model, "--dataset", "digits", "--limit", "192", "--weaknesses", str(weak),
+           "--epochs", "2", "--adv-steps", "2", "--eval-limit", "120"]
     assert single(*enh, "--out", str(tmp_path / "e1")).returncode == 0
     res = ranks(*enh, "--out", str(tmp_path / "e2"))
     assert res.returncode == 0, res.stderr
-    _same_weights(tmp_path / "e1" / "model.pt", tmp_path / "e2" / "model.pt")
     one = json.loads((tmp_path / "e1" / "results.json").read_text())
     two = json.loads((tmp_path / "e2" / "results.json").read_text())
-    assert one["after"] == two["after"] and two["world_size"] == 2
+    assert two["world_size"] == 2
+    for key in ("clean_accuracy", "mean_adv_error", "mce_held_out"):  # the tolerance docs/SCALING.md states
+        assert abs(one["after"][key] - two["after"][key]) <= 0.05, (key, one["after"], two["after"])
     hard = ["harden", "--checkpoint", model, "--dataset", "digits", "--limit", "200", "--eps", "0.2", "--epochs", "1",
             "--steps", "3", "--batch-size", "64", "--test-limit", "60", "--whitebox-limit", "30",
             "--whitebox-pgd-steps", "3", "--whitebox-restarts", "1", "--apgd-steps", "3", "--monitor-images", "30"]

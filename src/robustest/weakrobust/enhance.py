@@ -17,12 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest import _repr
+from robustest import _repr, distributed
 from robustest.checkpoints import clone_model
+from robustest.distributed import Shard
 from robustest.errors import ConfigError, TrainingDiverged
 from robustest.runtime import (
     DataLike,
     atomic_save,
+    channels_last_wanted,
     forward,
     image_shape,
     load_plain,
@@ -79,6 +81,7 @@ def enhance(
     device: torch.device | str | None = None,
     progress: bool = False,
     resume_file: str | os.PathLike[str] | None = None,
+    ddp: bool | None = None,
 ) -> EnhanceResult:
     """Targeted enhancement (METHODS B3): train ``model`` in place on labelled ``train`` with
     ``L = CE(x) + jsd_weight * JSD(p(x), p(aug1), p(aug2)) + adv_weight * CE(x_adv)``.
@@ -96,6 +99,12 @@ def enhance(
     later call with the same settings, starting model and data size continues after the last saved epoch
     (bit-exact on the in-memory path; a DataLoader's own shuffling restarts), another one is refused with one
     line.
+
+    Under torchrun with several ranks (``ddp=None``, the default, or True) the model trains with
+    DistributedDataParallel as :func:`robustest.training.fit` does: each rank takes its part of every global
+    batch of ``batch_size`` (its own AugMix draws and PGD starts), the loss is reweighted so that the averaged
+    gradient is the global batch's, and every rank ends with the same weights, close to (not equal to) one
+    process's. ``ddp=False``: every rank trains the whole model by itself (equal to one process).
     """
     from robustest import attacks as atk_mod
 
@@ -124,7 +133,9 @@ def enhance(
     dev = resolve_device(model, device)
     model.to(dev)
     seed_everything(seed)
-    source = TrainData(train, batch_size, seed)
+    shard = Shard.current() if ddp is not False else Shard()
+    use_ddp = shard.world_size > 1
+    source = TrainData(train, batch_size, seed, shard=shard)
     num_classes = source.check(model, dev)
     eps = float(adv_eps) if adv_eps is not None else default_eps_grid(image_shape(train)[0])[1]
     alpha = float(adv_alpha) if adv_alpha is not None else eps / 4
@@ -142,7 +153,14 @@ def enhance(
             frozen = clone_model(model)
             set_mode(frozen, False)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
-    rng = np.random.default_rng(seed)
+    # under DDP each rank draws its own augmentations and PGD starts (rank 0's are one process's)
+    rng = np.random.default_rng([seed, shard.rank] if shard.rank else seed)
+    channels_last_wanted(model, dev)  # a conv net on CUDA goes channels_last before DDP lays out its buckets
+    step_model: nn.Module = model
+    if use_ddp:  # gradients averaged over the ranks; rank 0's weights and buffers broadcast at the start
+        from torch.nn.parallel import DistributedDataParallel
+
+        step_model = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
     history: list[dict[str, float]] = []
     config = {"epochs": epochs, "augmix": augmix, "adversarial": adversarial, "jsd_weight": jsd_weight,
               "adv_weight": adv_weight, "adv_eps": eps, "adv_steps": adv_steps, "adv_alpha": alpha,
@@ -153,8 +171,10 @@ def enhance(
     if state_path is not None:
         from robustest.checkpoints import state_fingerprint
 
-        settings = json.dumps({**config, "pool": pool_names, "n": source.n,
-                               "model": state_fingerprint(model)}, sort_keys=True, default=str)
+        settings = json.dumps({**config, "pool": pool_names, "n": source.n, "model": state_fingerprint(model),
+                               # DDP training depends on the number of ranks (each rank's share of a batch)
+                               **({"world_size": shard.world_size} if use_ddp else {})},
+                              sort_keys=True, default=str)
         if state_path.is_file():
             st = _load_state(state_path, settings)
             model.load_state_dict(st["model"])
@@ -164,8 +184,6 @@ def enhance(
             source.gen.set_state(st["gen"])
             history = [dict(e) for e in st["history"]]
             start, seconds_before = int(st["epoch"]) + 1, float(st["seconds"])
-        from robustest import distributed
-
         distributed.barrier()  # every rank has read the state before rank 0 writes the next one
     for ep in progress_bar(range(start, epochs + 1), enabled=progress, desc="enhance", unit="epoch"):
         te = time.perf_counter()
@@ -181,9 +199,10 @@ def enhance(
                     inputs.append(x_adv_all[ib].to(dev))
                 else:
                     inputs.append(atk_mod.pgd(frozen if frozen is not None else model, xb, yb, eps=eps, alpha=alpha,
-                                              steps=adv_steps, seed=seed + ep * source.n + s * batch_size).detach())
+                                              steps=adv_steps, seed=seed + ep * source.n + s * batch_size
+                                              + shard.rank * 7_919).detach())
             set_mode(model, True)
-            logits = forward(model, torch.cat(inputs)).split(xb.shape[0])
+            logits = forward(step_model, torch.cat(inputs)).split(xb.shape[0])
             ce = F.cross_entropy(logits[0], yb)
             loss = ce
             jsd = adv = torch.zeros((), device=dev)
@@ -193,18 +212,25 @@ def enhance(
             if adversarial:
                 adv = F.cross_entropy(logits[-1], yb)
                 loss = loss + adv_weight * adv
-            if not bool(torch.isfinite(loss)):
+            bad = ~torch.isfinite(loss.detach())
+            if use_ddp:  # every rank stops together, not only the one that saw it
+                bad = distributed.all_reduce_sum(bad.float().reshape(1)) > 0
+            if bool(bad):
                 raise TrainingDiverged(
                     f"enhance diverged at epoch {ep}, step {s + 1}: the loss is {float(loss)} (cross-entropy "
                     f"{float(ce)}, JSD {float(jsd)}, adversarial {float(adv)}); lower the learning rate "
                     f"(lr={lr:g}) or the loss weights")
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss * source.batch_weight if use_ddp else loss).backward()
             opt.step()
             m = len(yb)
             n += m
             for k_, v in (("loss", loss), ("ce", ce), ("jsd", jsd), ("adv", adv)):
                 tot[k_] += float(v.detach()) * m
+        if use_ddp:  # the epoch's means over every rank's samples
+            sums = distributed.all_reduce_sum(torch.tensor([*tot.values(), float(n)], dtype=torch.float64,
+                                                           device=dev)).cpu().tolist()
+            tot, n = dict(zip(tot, sums[:-1])), int(sums[-1])
         history.append({"epoch": ep, **{k_: v / max(n, 1) for k_, v in tot.items()},
                         "seconds": time.perf_counter() - te})
         if state_path is not None:
