@@ -204,6 +204,17 @@ def test_demo_verb_wiring(tmp_path, capsys, monkeypatch, results_contract):
     assert main(["demo", "--out", str(out), "--no-progress"]) == 0
     again = json.loads((out / "results.json").read_text())
     assert {k: v for k, v in again.items() if k != "timings"} == {k: v for k, v in res.items() if k != "timings"}
+    # --autoattack adds the ensemble's column (a new folder: the setting is part of what a folder resumes)
+    out = tmp_path / "demo-aa"
+    assert main(["demo", "--out", str(out), "--no-progress", "--autoattack", "fast"]) == 0
+    assert "AutoAttack" in capsys.readouterr().out
+    res = results_contract(out, "compare")
+    assert res["config"]["autoattack"] == "fast"
+    assert all(0.0 <= c["robustness"]["autoattack_accuracy"] <= c["robustness"]["clean_accuracy"]
+               for c in res["cells"])
+    with pytest.raises(SystemExit) as info:
+        main(["demo", "--out", str(out), "--autoattack", "bogus"])
+    assert info.value.code == 2
 
 
 def test_every_harden_method_is_a_retraining_strategy(tmp_path, checkpoint, capsys, results_contract):

@@ -44,6 +44,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=positive_int, default=1, metavar="N",
                    help="CPU threads for torch (default: 1; the demo's models are too small to gain from more, "
                         "and extra threads slow down sharply when the cores are busy)")
+    p.add_argument("--autoattack", choices=("fast", "standard"), default=None,
+                   help="also measure every model's robust accuracy under robustest eval's AutoAttack-style ensemble "
+                        "(fast: APGD-CE + APGD-T; standard: + FAB-T + Square), an AutoAttack column in the tables "
+                        "(default: off; fast adds about a minute)")
     p.add_argument("--no-progress", action="store_true",
                    help="hide progress bars (they are off anyway when stderr is not a terminal)")
     p.set_defaults(func=run)
@@ -58,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     cfg = robot.RobotConfig.from_dict({**DEMO_SETTINGS, "out": args.out, "seed": args.seed, "resume": True,
-                                       "progress": not args.no_progress, "verbose": not args.quiet})
+                                       "progress": not args.no_progress, "verbose": not args.quiet,
+                                       **({"autoattack": args.autoattack} if args.autoattack else {})})
     results = robot.compare(cfg)
     log.info(f"robustest demo: {cfg.train_model} on digits, eps {fmt(cfg.eps)}, pool of {results['pool']['size']} "
              f"FGSM/PGD tests, budget {cfg.budgets[0]}, {cfg.epochs} fine-tuning epochs per strategy and seed "
