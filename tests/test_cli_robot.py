@@ -156,6 +156,9 @@ def test_paired_verdict_says_how_a_strategy_compares_with_random():
     assert paired_verdict([row(fs, -0.17, -0.26, -0.08), row(wb, 0.01, -0.1, 0.1)]) == "worse than random on fixed-set"
     assert paired_verdict([row(fs, 0.02, -0.1, 0.14), row(wb, 0.0, 0.0, 0.0)]) == "not distinguishable from random"
     assert paired_verdict([row(fs, 0.02, None, None)]) == "no interval (1 seed)"
+    # the AutoAttack figure is named as in the tables (regression: it printed "autoattack_accuracy")
+    assert paired_verdict([row("autoattack_accuracy", 0.2, 0.17, 0.23), row(wb, 0.21, 0.19, 0.23)]) == \
+        "better than random on white-box, AutoAttack"
 
 
 def test_bad_input_is_one_line(checkpoint, tmp_path, capsys):

@@ -236,7 +236,8 @@ def paired_verdict(rows: list[dict[str, Any]]) -> str:
     """One strategy's paired rows (one per metric) in words: which figures its 95 % intervals put above or below
     random's, e.g. ``better than random on white-box, fixed-set; worse on clean``, or ``not distinguishable from
     random`` when every interval holds 0 (``no interval (1 seed)`` when there is none)."""
-    names = {"fixed_set_accuracy": "fixed-set", "whitebox_accuracy": "white-box", "clean_accuracy": "clean"}
+    names = {"fixed_set_accuracy": "fixed-set", "whitebox_accuracy": "white-box", "clean_accuracy": "clean",
+             "autoattack_accuracy": "AutoAttack"}
     if all(p.get("ci_low") is None for p in rows):
         return "no interval (1 seed)"
     order = sorted(rows, key=lambda p: -abs(p.get("mean_diff") or 0.0))
