@@ -243,3 +243,30 @@ def test_every_harden_method_is_a_retraining_strategy(tmp_path, checkpoint, caps
                  "--rounds", "1", "--out", str(run_out)]) == 0
     run = results_contract(run_out, "run")
     assert run["rounds"][0]["compute"]["adversarial"] > 0
+
+
+def test_workers_reach_the_data_loader_and_stay_out_of_the_results(checkpoint, tmp_path, monkeypatch,
+                                                                   results_contract):
+    from robustest import data as datasets
+    from robustest import robot
+    from robustest.errors import ConfigError
+    from robustest.robot import setup
+
+    seen = []
+    real = datasets.load
+
+    def load(*a, **kw):
+        seen.append(kw.get("workers"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(setup.datasets, "load", load)
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY_YAML)
+    out = tmp_path / "cmp"
+    assert main(["compare", "--config", str(cfg), "--checkpoint", checkpoint, *TINY_FLAGS, "--strategies", "random",
+                 "--budgets", "10", "--workers", "2", "--out", str(out)]) == 0
+    assert seen == [2, 2]  # the training and the test split
+    res = results_contract(out, "compare")
+    assert "workers" not in res["config"]  # how the data is decoded does not change the results
+    with pytest.raises(ConfigError, match="workers"):
+        robot.RobotConfig.from_dict({"workers": -1})

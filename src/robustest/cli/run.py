@@ -30,6 +30,7 @@ from robustest.cli._common import (
     linf_eps,
     log,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
     print_table,
@@ -100,6 +101,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", metavar="D", help="cpu, cuda, cuda:N or auto (default: cpu)")
     p.add_argument("--threads", type=positive_int, metavar="N",
                    help="CPU threads for torch (default: torch's choice; 1 is often faster for small models)")
+    p.add_argument("--workers", type=non_negative_int, metavar="N",
+                   help="worker processes decoding the data set when it is read (default: 0, the main process)")
     p.add_argument("--no-progress", action="store_true",
                    help="hide progress bars (they are off anyway when stderr is not a terminal)")
 
@@ -131,7 +134,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 _FLAG_KEYS = ("model", "model_factory", "model_args", "weights", "torchscript", "train_model", "train_epochs",
               "dataset", "data_dir", "train_limit", "test_limit", "eps", "pool", "pool_limit", "epochs", "batch_size",
               "lr", "train_options", "finetune_options", "whitebox_limit", "whitebox", "autoattack", "out", "resume",
-              "seed", "device", "strategy", "budget", "rounds", "time_budget", "target", "target_metric",
+              "seed", "device", "workers", "strategy", "budget", "rounds", "time_budget", "target", "target_metric",
               "convergence_tol", "convergence_patience", "strategies", "budgets", "seeds")
 
 

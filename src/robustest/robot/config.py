@@ -36,7 +36,7 @@ METRICS = ("clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy", "whitebo
 #: versions of robustness.evaluate's ensemble a run may add to every measurement (config key ``autoattack``)
 AUTOATTACK_VERSIONS = ("fast", "standard")
 # config keys that do not change results (left out of results.json and of the resume check)
-_RUNTIME_KEYS = ("out", "resume", "progress", "verbose", "device")
+_RUNTIME_KEYS = ("out", "resume", "progress", "verbose", "device", "workers")
 # keys a resumed run may change: they decide how many rounds/cells run, not what a finished one contains
 # paths whose CONTENT a resumed run checks (model weights and data are fingerprinted), so a moved file is fine
 _PATH_KEYS = ("model", "weights", "data_dir")
@@ -127,6 +127,7 @@ class RobotConfig:
     seed: int = 0
     examples: int = 16
     device: str | None = None
+    workers: int = 0  # data-loading worker processes when decoding the data set (0: the main process)
     out: str = "robot-out"
     resume: bool = False
     progress: bool = False
@@ -388,6 +389,7 @@ class RobotConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
         pos_int("examples", minimum=0)
+        pos_int("workers", minimum=0)
         if self.corruptions is not None and not isinstance(self.corruptions, (str, list)):
             raise ConfigError(f"corruptions must be null, 'all' or a list of names, got {self.corruptions!r}")
         if not isinstance(self.out, str) or not self.out:
