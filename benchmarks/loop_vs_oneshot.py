@@ -58,7 +58,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--pgd-steps", type=int, default=10, help="white-box PGD steps (2 restarts)")
     ap.add_argument("--apgd-steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--autoattack", choices=("fast", "standard"), default=None,
+                    help="also measure every model under robustest eval's ensemble (an AutoAttack column)")
     return ap.parse_args(argv)
+
+
+def metrics(args: argparse.Namespace) -> tuple[str, ...]:
+    return METRICS + (("autoattack_accuracy",) if args.autoattack else ())
 
 
 def original_model(out: Path, train_epochs: int) -> Path:
@@ -84,7 +90,8 @@ def base_config(args: argparse.Namespace, ckpt: Path, seed: int) -> dict[str, An
     return {"model": str(ckpt), "dataset": "digits", "eps": args.eps, "pool": "attack", "pool_pgd_steps": 10,
             "batch_size": 64, "lr": 1e-3, "whitebox_limit": args.whitebox_limit,
             "whitebox_pgd_steps": args.pgd_steps, "whitebox_restarts": 2, "apgd_steps": args.apgd_steps,
-            "seed": seed, "resume": True, "verbose": False, "convergence_probe": 200}
+            "seed": seed, "resume": True, "verbose": False, "convergence_probe": 200,
+            **({"autoattack": args.autoattack} if args.autoattack else {})}
 
 
 def loop_cell(args: argparse.Namespace, ckpt: Path, strategy: str, seed: int, out: Path) -> dict[str, Any]:
@@ -99,7 +106,7 @@ def loop_cell(args: argparse.Namespace, ckpt: Path, strategy: str, seed: int, ou
     return {"arm": "loop", "strategy": strategy, "seed": seed, "n": res["num_selected_total"],
             "epochs": args.epochs_per_round * len(rounds), "robustness": rounds[-1]["robustness"],
             "compute": None if None in totals else float(sum(totals)), "baseline": res["baseline"],
-            "per_round": [{m: r["robustness"][m] for m in METRICS} for r in rounds]}
+            "per_round": [{m: r["robustness"][m] for m in metrics(args)} for r in rounds]}
 
 
 def compare_cells(args: argparse.Namespace, ckpt: Path, strategies: list[str], seed: int, epochs: int, budget: int,
@@ -139,6 +146,8 @@ def _diff(p: dict[str, Any] | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    ms = metrics(args)
+    aa = bool(args.autoattack)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -152,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     for sd in seeds:
         for s in strategies:
             cells.append(loop_cell(args, ckpt, s, sd, out))
-            print(f"seed {sd} loop {s}: {json.dumps({m: round(cells[-1]['robustness'][m], 4) for m in METRICS})}"
+            print(f"seed {sd} loop {s}: {json.dumps({m: round(cells[-1]['robustness'][m], 4) for m in ms})}"
                   f" passes {cells[-1]['compute']:,.0f} ({(time.perf_counter() - t0) / 60:.1f} min)", flush=True)
         cells += compare_cells(args, ckpt, strategies, sd, total_e, total_n, out / "oneshot" / f"s{sd}", "oneshot")
         print(f"seed {sd} one-shot done ({(time.perf_counter() - t0) / 60:.1f} min)", flush=True)
@@ -181,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
           f"loop {args.rounds} rounds x {args.n} tests x {args.epochs_per_round} epochs; "
           f"one-shot {total_n} tests x {total_e} epochs; "
           f"adv-train {adv_epochs} epochs (at one-shot compute: {adv_epochs_small}); {elapsed / 60:.1f} min\n")
-    print("| arm | strategy | tests | epochs | fixed-set | white-box | clean | passes / cell |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| arm | strategy | tests | epochs | fixed-set | white-box |" + (" AutoAttack |" if aa else "") +
+          " clean | passes / cell |")
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if aa else ""))
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for c in cells:
         groups.setdefault((c["arm"], c["strategy"]), []).append(c)
@@ -190,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         passes = [c["compute"] for c in cs]
         ptxt = "-" if None in passes else f"{np.mean(passes):,.0f}"
         print(f"| {arm} | {s} | {cs[0]['n']} | {cs[0]['epochs']} | {_pm(cs, 'fixed_set_accuracy')} | "
-              f"{_pm(cs, 'whitebox_accuracy')} | {_pm(cs, 'clean_accuracy')} | {ptxt} |")
+              f"{_pm(cs, 'whitebox_accuracy')} | " + (f"{_pm(cs, 'autoattack_accuracy')} | " if aa else "") +
+              f"{_pm(cs, 'clean_accuracy')} | {ptxt} |")
     comparisons = []
     for s in strategies:
         comparisons.append((f"loop {s} - one-shot {s}", groups[("loop", s)], groups[("oneshot", s)]))
@@ -203,18 +214,18 @@ def main(argv: list[str] | None = None) -> int:
         for s in strategies[1:]:
             comparisons.append((f"{arm} {s} - {arm} {strategies[0]}", groups[(arm, s)], groups[(arm, strategies[0])]))
     print("\nPaired differences (points, same seed; mean [95 % t-interval]; * = excludes 0):\n")
-    print("| comparison | fixed-set | white-box | clean |")
-    print("|---|---|---|---|")
+    print("| comparison | fixed-set | white-box |" + (" AutoAttack |" if aa else "") + " clean |")
+    print("|---|---|---|---|" + ("---|" if aa else ""))
     summary_pairs = []
     for label, a, b in comparisons:
         p = paired(a, b)
-        summary_pairs.append({"comparison": label, **{m: p.get(m) for m in METRICS}})
+        summary_pairs.append({"comparison": label, **{m: p.get(m) for m in ms}})
         print(f"| {label} | {_diff(p.get('fixed_set_accuracy'))} | {_diff(p.get('whitebox_accuracy'))} | "
-              f"{_diff(p.get('clean_accuracy'))} |")
-    print("\nLoop, per round (mean over seeds, %): fixed-set / white-box / clean")
+              + (f"{_diff(p.get('autoattack_accuracy'))} | " if aa else "") + f"{_diff(p.get('clean_accuracy'))} |")
+    print("\nLoop, per round (mean over seeds, %): fixed-set / white-box / clean" + (" / AutoAttack" if aa else ""))
     for s in strategies:
         per = groups[("loop", s)]
-        rows = [" / ".join(f"{100 * np.mean([c['per_round'][r][m] for c in per]):.1f}" for m in METRICS)
+        rows = [" / ".join(f"{100 * np.mean([c['per_round'][r][m] for c in per]):.1f}" for m in ms)
                 for r in range(min(len(c["per_round"]) for c in per))]
         print(f"  {s}: " + "  |  ".join(f"round {i + 1}: {t}" for i, t in enumerate(rows)))
     from robustest.runtime import atomic_write_text

@@ -247,9 +247,10 @@ def test_loop_vs_oneshot_end_to_end(tmp_path, capsys):
     out = tmp_path / "lvo"
     assert bench.main(["--out", str(out), "--seeds", "0,1", "--strategies", "random,kcenter", "--rounds", "2",
                        "--n", "6", "--epochs-per-round", "1", "--train-epochs", "2", "--whitebox-limit", "10",
-                       "--pgd-steps", "1", "--apgd-steps", "1"]) == 0
+                       "--pgd-steps", "1", "--apgd-steps", "1", "--autoattack", "fast"]) == 0
     res = json.loads((out / "loop_vs_oneshot.json").read_text())
     cells = res["cells"]
+    assert all(0.0 <= c["robustness"]["autoattack_accuracy"] <= 1.0 for c in cells)  # the AutoAttack column
     loops = [c for c in cells if c["arm"] == "loop"]
     one = [c for c in cells if c["arm"] == "oneshot"]
     assert len(loops) == len(one) == 4 and all(c["n"] == 12 and c["epochs"] == 2 for c in loops + one)
@@ -268,4 +269,6 @@ def test_loop_vs_oneshot_end_to_end(tmp_path, capsys):
              - next(c for c in one if c["strategy"] == "random" and c["seed"] == s)["robustness"]["whitebox_accuracy"]
              for s in (0, 1)]
     assert p["mean_diff"] == pytest.approx(sum(diffs) / 2) and p["n_seeds"] == 2
-    assert "| loop | random | 12 | 2 |" in capsys.readouterr().out
+    assert "autoattack_accuracy" in next(p for p in res["paired"] if p["comparison"] == "loop random - adv-train")
+    text = capsys.readouterr().out
+    assert "| loop | random | 12 | 2 |" in text and "| white-box | AutoAttack | clean |" in text
