@@ -303,7 +303,8 @@ with distributed.local_work():
                      distributed.in_local_work()]
 out["gathered"] = distributed.all_gather_objects(distributed.rank())
 distributed.shutdown()
-print(json.dumps(out))
+with open(f"{sys.argv[1]}/rank{out['outside'][1]}.json", "w") as fh:  # one file per rank: stdout lines interleave
+    json.dump(out, fh)
 """
 
 
@@ -312,11 +313,10 @@ def test_local_work_is_a_world_of_one(tmp_path) -> None:
         pytest.skip("torchrun not found")
     script = tmp_path / "local.py"
     script.write_text(LOCAL_WORK_SCRIPT)
-    res = subprocess.run([TORCHRUN, "--nproc-per-node=2", f"--master-port={_port()}", str(script)],
+    res = subprocess.run([TORCHRUN, "--nproc-per-node=2", f"--master-port={_port()}", str(script), str(tmp_path)],
                          capture_output=True, text=True, env=_env(), timeout=300)
     assert res.returncode == 0, res.stderr
-    rows = sorted((json.loads(ln) for ln in res.stdout.splitlines() if ln.startswith("{")),
-                  key=lambda r: r["outside"][1])
+    rows = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["outside"] for r in rows] == [[2, 0, [0, 5]], [2, 1, [5, 10]]]
     assert [r["inside"] for r in rows] == [[1, 0, [0, 10], [0], True, True], [1, 1, [0, 10], [1], False, True]]
     assert all(r["gathered"] == [0, 1] for r in rows)
