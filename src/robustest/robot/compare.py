@@ -107,6 +107,8 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
     keys = [_cell_key(b, s, sd) for b, s, sd in plan]
     todo = [i for i, k in enumerate(keys) if not (state / "cells" / k / "cell.json").is_file()]
     world, me = distributed.world_size(), distributed.rank()
+    if world > 1:  # rank 0's view of the finished cells decides the rounds for every rank
+        todo = distributed.broadcast(todo)
     fresh: dict[int, tuple[dict[str, Any], torch.Tensor]] = {}
     ctx = {"setup": setup, "pool": pool, "cfg": cfg, "cache": cache, "profile": profile,
            "generation": generation}
