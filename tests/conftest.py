@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,17 @@ def mlp_digits_checkpoint(tmp_path_factory: pytest.TempPathFactory, _digits_trai
 def trained_digits_model(_trained_digits_session: torch.nn.Module) -> torch.nn.Module:
     """A ``digits_cnn`` trained for two epochs on digits (about 94 % test accuracy); a deep copy per test."""
     return copy.deepcopy(_trained_digits_session).eval()
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op torch thread while the test runs (the machine's two cores are shared: more threads
+    oversubscribe them), the previous count restored after. Modules use it with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture

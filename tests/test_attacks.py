@@ -19,13 +19,7 @@ SHARED = Path(os.environ.get("ROBUSTEST_SHARED_DATA", Path(__file__).resolve().p
 MNIST_NPZ = SHARED / "mnist.npz"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # two shared cores: one intra-op thread avoids oversubscription when other processes run
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # two shared cores: one intra-op thread
 
 
 def _digits_xy(ds, n=120):

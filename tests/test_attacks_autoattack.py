@@ -19,12 +19,7 @@ FAST = {"apgd_dlr": {"steps": 10}, "apgd_t": {"steps": 10, "n_targets": 3}, "fab
         "fab": {"steps": 10}, "square": {"queries": 400}}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # two shared cores: one intra-op thread
 
 
 def _xy(ds, n=60):

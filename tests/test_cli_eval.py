@@ -16,12 +16,7 @@ from robustest.cli.eval import parse_accuracy, parse_eps
 FAST = ["--version", "custom", "--attacks", "fgsm,bim", "--limit", "40", "--no-progress"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # two shared cores: one intra-op thread
 
 
 def test_parsers():

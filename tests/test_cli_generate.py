@@ -10,14 +10,7 @@ import torch
 from robustest import data, metrics
 from robustest.cli import main
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # two shared cores: one intra-op thread avoids oversubscription when other processes run
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # two shared cores: one intra-op thread
 
 
 @pytest.fixture

@@ -17,12 +17,7 @@ SHARED = Path(os.environ.get("ROBUSTEST_SHARED_DATA", Path(__file__).resolve().p
 SETTINGS = [("linf", 0.1), ("linf", 0.3), ("l2", 2.0)]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # two shared cores: one intra-op thread
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,7 @@ SMALL = [("apgd-ce", {"steps": 10}), ("apgd-t", {"steps": 10, "n_targets": 2}), 
          ("square", {"queries": 100})]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # two shared cores: one intra-op thread
 
 
 @pytest.fixture

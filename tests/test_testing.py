@@ -9,7 +9,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 from robustest.errors import ConfigError
 from robustest.testing import assert_robust, robust_accuracy
@@ -18,12 +17,7 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 pytest_plugins = ["pytester"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # two shared cores: one intra-op thread
 
 
 def test_assert_robust_passes_and_fails(trained_digits_model, digits_test):
