@@ -132,6 +132,17 @@ positive_int = _number_type(int, lambda v: v >= 1, "a positive integer", "positi
 positive_float = _number_type(float, lambda v: v > 0, "a positive number", "positive_float")
 non_negative_int = _number_type(int, lambda v: v >= 0, "a non-negative integer", "non_negative_int")
 non_negative_float = _number_type(float, lambda v: v >= 0, "a non-negative number", "non_negative_float")
+finite_float = _number_type(float, lambda v: True, "a number", "finite_float")
+fraction = _number_type(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]", "fraction")  # a number in (0, 1]
+unit_float = _number_type(float, lambda v: 0 <= v <= 1, "a number in [0, 1]", "unit_float")
+linf_eps = _number_type(float, lambda v: 0 < v <= 1, "an L-inf radius in (0, 1] (pixel scale, e.g. 8/255 = 0.031)",
+                        "linf_eps")
+noise_width = _number_type(float, lambda v: 0 < v <= 2, "a noise width in (0, 2] (pixel scale)", "noise_width")
+seed_int = _number_type(int, lambda v: 0 <= v < 2**63, "a seed: an integer in [0, 2^63)", "seed_int")
+learning_rate = _number_type(float, lambda v: 0 < v <= 10, "a learning rate in (0, 10]", "learning_rate")
+below_one = _number_type(float, lambda v: 0 <= v < 1, "a number in [0, 1)", "below_one")  # momentum, smoothing
+
+
 def batch_size_arg(text: str) -> int | str:
     """An argparse ``type=``: a positive integer, or ``auto`` (a probe fills the device's memory on CUDA; the
     verb's default elsewhere: see robustest.batchsize)."""
@@ -149,17 +160,6 @@ def resolve_batch_size(args: argparse.Namespace, model: nn.Module, data: Any, *,
     if args.batch_size_auto:
         log.info(f"--batch-size auto: {args.batch_size}")
     return int(args.batch_size)
-
-
-finite_float = _number_type(float, lambda v: True, "a number", "finite_float")
-fraction = _number_type(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]", "fraction")  # a number in (0, 1]
-unit_float = _number_type(float, lambda v: 0 <= v <= 1, "a number in [0, 1]", "unit_float")
-linf_eps = _number_type(float, lambda v: 0 < v <= 1, "an L-inf radius in (0, 1] (pixel scale, e.g. 8/255 = 0.031)",
-                        "linf_eps")
-noise_width = _number_type(float, lambda v: 0 < v <= 2, "a noise width in (0, 2] (pixel scale)", "noise_width")
-seed_int = _number_type(int, lambda v: 0 <= v < 2**63, "a seed: an integer in [0, 2^63)", "seed_int")
-learning_rate = _number_type(float, lambda v: 0 < v <= 10, "a learning rate in (0, 10]", "learning_rate")
-below_one = _number_type(float, lambda v: 0 <= v < 1, "a number in [0, 1)", "below_one")  # momentum, smoothing
 
 
 def key_value(text: str) -> tuple[str, Any]:
