@@ -3,7 +3,6 @@ fine-tuned once per (budget, strategy, seed) cell, and the aggregated table."""
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from typing import Any
@@ -128,9 +127,9 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
                 continue
             cdir = state / "cells" / keys[res["i"]]
             b, s, sd = plan[res["i"]]
-            from robustest.checkpoints import save_weights
+            from robustest.checkpoints import clone_model, save_weights
 
-            weights = copy.deepcopy(setup.model0).cpu()
+            weights = clone_model(setup.model0).cpu()
             weights.load_state_dict(res.pop("state"))
             save_weights(cdir / "model.pt", weights, metadata={"strategy": s, "budget": str(b), "seed": sd})
             atomic_save({"pool_index": res["idx"]}, cdir / "selected.pt")
