@@ -4,7 +4,9 @@ For every method and seed, a copy of the same pretrained model is fine-tuned adv
 ``--train-limit`` training images; after every epoch the script records the cumulative training compute
 (forward+backward passes, robustest.hardening's accounting), the white-box accuracy on a fixed test subset
 (per-sample worst case of PGD-``--pgd-steps`` with ``--restarts`` restarts and APGD-CE-``--apgd-steps``, the
-same attack seeds for every model: common random numbers) and the clean accuracy on the test split.
+same attack seeds for every model: common random numbers) and the clean accuracy on the test split. With
+``--autoattack fast|standard``, the final model of every run (and the pretrained one) is also evaluated with
+robustest's AutoAttack-style ensemble (``robustness.evaluate``) on the same test subset.
 
 Methods: pgd-at, trades, fosc, fol-budget, fast-at (robustest.hardening) and ``reference``: an independent
 plain-PyTorch PGD-AT of the same recipe written below (no robustest code in its training loop: own shuffling,
@@ -97,6 +99,13 @@ def measure(model, test_x, test_y, wb_x, wb_y, args) -> dict[str, float]:
             "clean": accuracy(model, (test_x, test_y))}
 
 
+def autoattack_accuracy(model, wb_x, wb_y, args) -> float:
+    """Robust accuracy under robustness.evaluate's ensemble (``--autoattack`` version) on the white-box subset."""
+    from robustest.robustness import evaluate
+
+    return float(evaluate(model, (wb_x, wb_y), args.eps, version=args.autoattack, seed=12345).robust_accuracy)
+
+
 def one_run(name: str, seed: int, base, train, test, wb, args) -> dict[str, Any]:
     from robustest.hardening import harden
 
@@ -112,9 +121,12 @@ def one_run(name: str, seed: int, base, train, test, wb, args) -> dict[str, Any]
         for k in ("attack_evals_mean", "stopped_early", "fosc_c"):
             if k in record:
                 row[k] = record[k]
+        if args.autoattack and epoch == epochs:
+            row["autoattack"] = autoattack_accuracy(m, *wb, args)
         curve.append(row)
+        aa = f", AutoAttack {row['autoattack']:.4f}" if "autoattack" in row else ""
         print(f"  {name} s{seed} epoch {epoch}: {row['passes_per_image']:.1f} passes/image, white-box "
-              f"{row['whitebox']:.4f}, clean {row['clean']:.4f} ({state['train_s']:.0f}s)", flush=True)
+              f"{row['whitebox']:.4f}{aa}, clean {row['clean']:.4f} ({state['train_s']:.0f}s)", flush=True)
         state["t"] = time.perf_counter()
 
     epochs = args.method_epochs.get(name, args.epochs)
@@ -210,6 +222,9 @@ def summarise(runs: list[dict[str, Any]], before: dict[str, float], args) -> dic
                "whitebox_std": last["whitebox_std"], "clean_mean": last["clean_mean"], "clean_std": last["clean_std"],
                "train_s_mean": last["train_s_mean"],
                "per_seed_whitebox": [r["curve"][last["epoch"] - 1]["whitebox"] for r in by[name]]}
+        finals = [r["curve"][-1].get("autoattack") for r in by[name]]
+        if finals and all(a is not None for a in finals) and all(len(r["curve"]) == last["epoch"] for r in by[name]):
+            row["autoattack_mean"], row["autoattack_std"] = _ms(finals)
         if ref:
             target = ref[-1]["whitebox_mean"] - 0.01
             row["compute_ratio"] = last["passes_per_image"] / ref[-1]["passes_per_image"]
@@ -223,17 +238,24 @@ def summarise(runs: list[dict[str, Any]], before: dict[str, float], args) -> dic
 
 def write_summary(summary: dict[str, Any], out: Path, args) -> str:
     b = summary["before"]
+    has_aa = any("autoattack_mean" in r for r in summary["table"])
+    aa_before = f", AutoAttack ({args.autoattack}) {b['autoattack']:.4f}" if "autoattack" in b else ""
     lines = [f"{args.dataset}, eps {args.eps}, {args.train_limit} training images, seeds {args.seeds_text}; "
              f"white-box on {args.eval_limit} test images (PGD-{args.pgd_steps} x {args.restarts} restarts + "
-             f"APGD-CE-{args.apgd_steps}); before: white-box {b['whitebox']:.4f}, clean {b['clean']:.4f}", "",
-             "| method | epochs | passes / image | x pgd-at | white-box acc. | clean acc. | reaches pgd-at - 1 pt at "
-             "| train s |", "|---|---|---|---|---|---|---|---|"]
+             f"APGD-CE-{args.apgd_steps}); before: white-box {b['whitebox']:.4f}{aa_before}, clean {b['clean']:.4f}",
+             "", "| method | epochs | passes / image | x pgd-at | white-box acc. | "
+             + ("AutoAttack acc. | " if has_aa else "") + "clean acc. | reaches pgd-at - 1 pt at | train s |",
+             "|---|---|---|---|---|" + ("---|" if has_aa else "") + "---|---|---|"]
     for r in summary["table"]:
         reach = r.get("reaches_pgd_at_minus_1pt_at_ratio")
         reach_txt = f"{reach:.2f}x (epoch {r['reaches_at_epoch']})" if reach is not None else "not reached"
+        aa = ""
+        if has_aa:
+            aa = (f"{100 * r['autoattack_mean']:.2f} ± {100 * r['autoattack_std']:.2f} | " if "autoattack_mean" in r
+                  else "- | ")
         lines.append(f"| {r['method']} | {r['epochs']} | {r['passes_per_image']:.1f} | {r.get('compute_ratio', 1):.2f} "
-                     f"| {100 * r['whitebox_mean']:.2f} ± {100 * r['whitebox_std']:.2f} "
-                     f"| {100 * r['clean_mean']:.2f} ± {100 * r['clean_std']:.2f} | {reach_txt} "
+                     f"| {100 * r['whitebox_mean']:.2f} ± {100 * r['whitebox_std']:.2f} | {aa}"
+                     f"{100 * r['clean_mean']:.2f} ± {100 * r['clean_std']:.2f} | {reach_txt} "
                      f"| {r['train_s_mean']:.0f} |")
     lines += ["", "Per epoch (mean over seeds):", "",
               "| method | epoch | passes / image | white-box acc. | clean acc. |", "|---|---|---|---|---|"]
@@ -289,7 +311,7 @@ def _kv(text: str) -> dict[str, int]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True, help="digits or mnist")
     ap.add_argument("--data-dir", default=None)
@@ -309,12 +331,15 @@ def main() -> None:
     ap.add_argument("--pgd-steps", type=int, default=20)
     ap.add_argument("--restarts", type=int, default=2)
     ap.add_argument("--apgd-steps", type=int, default=50)
+    ap.add_argument("--autoattack", choices=("fast", "standard"), default=None,
+                    help="also evaluate every run's final model (and the pretrained one) with robustness.evaluate's "
+                         "ensemble of this version on the white-box subset")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--timing", action="store_true",
                     help="also time one epoch of pgd-at, the reference and fol-budget, interleaved (timing.json), "
                          "and run the reference with robustest's random numbers (twin check)")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     args.seeds_text = args.seeds
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -341,6 +366,9 @@ def main() -> None:
         before = json.loads(before_path.read_text())
     else:
         before = measure(base, *test, *wb, args)
+    if args.autoattack and "autoattack" not in before:
+        before["autoattack"] = autoattack_accuracy(base, *wb, args)
+    if not before_path.is_file() or args.autoattack:
         before_path.write_text(json.dumps(before))
     print(f"before: white-box {before['whitebox']:.4f}, clean {before['clean']:.4f}", flush=True)
     runs = []
@@ -348,8 +376,11 @@ def main() -> None:
         for name in methods:
             path = out / "runs" / f"{name}_s{seed}.json"
             if path.is_file():
-                runs.append(json.loads(path.read_text()))
-                continue
+                done = json.loads(path.read_text())
+                if not args.autoattack or "autoattack" in done["curve"][-1]:
+                    runs.append(done)
+                    continue
+                print(f"{name} seed {seed}: run again for its final model's AutoAttack accuracy", flush=True)
             print(f"{name} seed {seed}", flush=True)
             r = one_run(name, seed, base, train, test, wb, args)
             path.write_text(json.dumps(r, indent=1))
@@ -366,7 +397,8 @@ def main() -> None:
     print(write_summary(summary, out, args))
     plot(summary, out, args)
     print(f"wrote {out / 'results.json'}, {out / 'summary.md'} and {out / 'curves.png'}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -272,3 +272,33 @@ def test_loop_vs_oneshot_end_to_end(tmp_path, capsys):
     assert "autoattack_accuracy" in next(p for p in res["paired"] if p["comparison"] == "loop random - adv-train")
     text = capsys.readouterr().out
     assert "| loop | random | 12 | 2 |" in text and "| white-box | AutoAttack | clean |" in text
+
+
+@pytest.mark.slow
+def test_harden_benchmark_autoattack_column_and_resume(tmp_path, mlp_digits_checkpoint, one_thread, capsys):
+    """benchmarks/bench_harden.py --autoattack: every run's final model (and the pretrained one) gets an
+    AutoAttack accuracy, the table its column; a finished run without it is run again, to the same curve."""
+    bench = script("bench_harden")
+    common = ["--dataset", "digits", "--checkpoint", mlp_digits_checkpoint, "--eps", "0.2", "--epochs", "1",
+              "--method-epochs", "fast-at=2", "--train-limit", "100", "--eval-limit", "20", "--methods",
+              "pgd-at,fast-at", "--seeds", "0,1", "--steps", "2", "--pgd-steps", "2", "--restarts", "1",
+              "--apgd-steps", "2", "--out", str(tmp_path / "h")]
+    assert bench.main(common) == 0
+    plain = {p.name: json.loads(p.read_text()) for p in (tmp_path / "h" / "runs").glob("*.json")}
+    assert len(plain) == 4 and not any("autoattack" in c for r in plain.values() for c in r["curve"])
+    assert "AutoAttack" not in (tmp_path / "h" / "summary.md").read_text()
+
+    assert bench.main([*common, "--autoattack", "fast"]) == 0
+    assert "run again for its final model's AutoAttack accuracy" in capsys.readouterr().out
+    res = json.loads((tmp_path / "h" / "results.json").read_text())
+    assert 0.0 <= res["before"]["autoattack"] <= 1.0
+    for r in res["runs"]:
+        old = plain[f"{r['method']}_s{r['seed']}.json"]["curve"]
+        assert [(c["whitebox"], c["clean"]) for c in r["curve"]] == [(c["whitebox"], c["clean"]) for c in old]
+        assert [("autoattack" in c) for c in r["curve"]] == [False] * (len(r["curve"]) - 1) + [True]
+        assert 0.0 <= r["curve"][-1]["autoattack"] <= 1.0
+    for row in res["table"]:
+        finals = [r["curve"][-1]["autoattack"] for r in res["runs"] if r["method"] == row["method"]]
+        assert row["autoattack_mean"] == pytest.approx(sum(finals) / 2)
+    summary = (tmp_path / "h" / "summary.md").read_text()
+    assert "| white-box acc. | AutoAttack acc. | clean acc. |" in summary and "AutoAttack (fast)" in summary
