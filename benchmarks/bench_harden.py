@@ -123,6 +123,7 @@ def one_run(name: str, seed: int, base, train, test, wb, args) -> dict[str, Any]
                 row[k] = record[k]
         if args.autoattack and epoch == epochs:
             row["autoattack"] = autoattack_accuracy(m, *wb, args)
+            row["autoattack_version"] = args.autoattack
         curve.append(row)
         aa = f", AutoAttack {row['autoattack']:.4f}" if "autoattack" in row else ""
         print(f"  {name} s{seed} epoch {epoch}: {row['passes_per_image']:.1f} passes/image, white-box "
@@ -366,8 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         before = json.loads(before_path.read_text())
     else:
         before = measure(base, *test, *wb, args)
-    if args.autoattack and "autoattack" not in before:
+    if args.autoattack and before.get("autoattack_version") != args.autoattack:
         before["autoattack"] = autoattack_accuracy(base, *wb, args)
+        before["autoattack_version"] = args.autoattack
     if not before_path.is_file() or args.autoattack:
         before_path.write_text(json.dumps(before))
     print(f"before: white-box {before['whitebox']:.4f}, clean {before['clean']:.4f}", flush=True)
@@ -377,10 +379,11 @@ def main(argv: list[str] | None = None) -> int:
             path = out / "runs" / f"{name}_s{seed}.json"
             if path.is_file():
                 done = json.loads(path.read_text())
-                if not args.autoattack or "autoattack" in done["curve"][-1]:
+                if not args.autoattack or done["curve"][-1].get("autoattack_version") == args.autoattack:
                     runs.append(done)
                     continue
-                print(f"{name} seed {seed}: run again for its final model's AutoAttack accuracy", flush=True)
+                print(f"{name} seed {seed}: run again for its final model's AutoAttack ({args.autoattack}) accuracy",
+                      flush=True)
             print(f"{name} seed {seed}", flush=True)
             r = one_run(name, seed, base, train, test, wb, args)
             path.write_text(json.dumps(r, indent=1))

@@ -289,7 +289,7 @@ def test_harden_benchmark_autoattack_column_and_resume(tmp_path, mlp_digits_chec
     assert "AutoAttack" not in (tmp_path / "h" / "summary.md").read_text()
 
     assert bench.main([*common, "--autoattack", "fast"]) == 0
-    assert "run again for its final model's AutoAttack accuracy" in capsys.readouterr().out
+    assert "run again for its final model's AutoAttack (fast) accuracy" in capsys.readouterr().out
     res = json.loads((tmp_path / "h" / "results.json").read_text())
     assert 0.0 <= res["before"]["autoattack"] <= 1.0
     for r in res["runs"]:
@@ -302,3 +302,8 @@ def test_harden_benchmark_autoattack_column_and_resume(tmp_path, mlp_digits_chec
         assert row["autoattack_mean"] == pytest.approx(sum(finals) / 2)
     summary = (tmp_path / "h" / "summary.md").read_text()
     assert "| white-box acc. | AutoAttack acc. | clean acc. |" in summary and "AutoAttack (fast)" in summary
+    assert bench.main([*common, "--autoattack", "fast"]) == 0  # resumed: nothing to run again
+    assert "run again" not in capsys.readouterr().out
+    assert bench.main([*common, "--autoattack", "standard"]) == 0  # another version: every final model again
+    assert capsys.readouterr().out.count("run again for its final model's AutoAttack (standard) accuracy") == 4
+    assert json.loads((tmp_path / "h" / "before.json").read_text())["autoattack_version"] == "standard"
