@@ -394,3 +394,31 @@ def test_load_plain_reads_tagged_files_and_refuses_others(tmp_path):
     evil.write_bytes(pickle.dumps(DataError("x")))  # an arbitrary class: refused by weights_only loading
     with pytest.raises(DataError, match="cannot be read safely"):
         load_plain(evil, fmt="robustest-thing", what="thing file", fix="make one")
+
+
+def test_run_tasks_returns_results_in_task_order_and_raises_a_task_error():
+    import threading
+
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            names: set[str] = set()
+
+            def task(i: int, names: set[str] = names) -> int:
+                names.add(threading.current_thread().name)
+                return 3 * i
+
+            assert runtime.run_tasks(9, task) == [3 * i for i in range(9)]
+            assert runtime.run_tasks(0, task) == []
+            assert any(n.startswith("robustest-tasks") for n in names) == (threads == 2)
+
+            def failing(i: int) -> int:
+                if i == 5:
+                    raise ValueError("task 5 failed")
+                return i
+
+            with pytest.raises(ValueError, match="task 5 failed"):
+                runtime.run_tasks(8, failing)
+    finally:
+        torch.set_num_threads(before)

@@ -122,6 +122,33 @@ def test_gaussian_noise_has_the_uniform_noise_std():
     assert abs(float(n.mean())) < 0.002
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_neighbour_noise_blocks_drawn_on_threads_equal_serial_draws(threads, monkeypatch):
+    """Regression: the noise blocks are drawn as independent tasks on several threads; every block still
+    holds its generator's numbers, whatever the thread count or the order the tasks run in."""
+    q, shape, eps, seed, B = 7, (1, 5, 5), 0.3, 11, analysis.NOISE_BLOCK
+    blocks = [torch.empty((B, q, *shape)).uniform_(-eps / 2, eps / 2, generator=torch.Generator().manual_seed(
+        analysis._block_seed(seed, b))) for b in range(8)]
+    ref = torch.cat(blocks)
+    cpu = torch.device("cpu")
+    contiguous = torch.arange(5, 6 * B + 3)  # partial first and last blocks, 6 whole ones
+    scattered = torch.tensor([7 * B + 1, 3, 2 * B, 5 * B + 9, 4, B + 15, 3 * B, 6 * B + 2])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        for idx in (contiguous, scattered):
+            assert torch.equal(analysis._neighbour_noise(idx, q, shape, eps, "uniform", seed, cpu), ref[idx])
+
+        def reversed_order(count, task):
+            return [task(i) for i in reversed(range(count))][::-1]
+
+        monkeypatch.setattr(analysis, "run_tasks", reversed_order)
+        for idx in (contiguous, scattered):
+            assert torch.equal(analysis._neighbour_noise(idx, q, shape, eps, "uniform", seed, cpu), ref[idx])
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_determinism_and_batch_size_independence():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))

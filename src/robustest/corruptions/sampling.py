@@ -5,12 +5,10 @@ count)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
 
 import torch
 
-T = TypeVar("T")
+from robustest.runtime import run_tasks as _run_tasks
 
 DRAW_CHUNK = 1 << 18  # CPU random draws: values per independently seeded chunk
 SERIAL_CHUNK = 1 << 14  # values per tensor operation inside a chunk task: below torch's grain size (32768),
@@ -28,22 +26,6 @@ def _chunk_generators(numel: int, gen: torch.Generator, device: torch.device
     starts = range(0, numel, DRAW_CHUNK)
     seeds = torch.randint(0, 2**62, (len(starts),), generator=gen, device=device).tolist()
     return [(a, min(a + DRAW_CHUNK, numel), torch.Generator().manual_seed(s)) for a, s in zip(starts, seeds)]
-
-
-def _run_tasks(count: int, task: Callable[[int], T]) -> list[T]:
-    """``[task(0), ..., task(count - 1)]``, on up to ``torch.get_num_threads()`` threads that each take the
-    next task as soon as they finish one (dynamic scheduling: a thread that the OS deschedules because other
-    processes share the cores delays only the task it holds, never waits at a barrier for the others). The
-    tasks must not depend on each other or on the order they run in; results come back in task order."""
-    workers = min(torch.get_num_threads(), count)
-    if workers <= 1 or count < 4:  # a few tasks do not pay for starting threads
-        return [task(i) for i in range(count)]
-    # a pool per call: threads that outlive their work keep OpenMP thread teams alive, and with more
-    # OpenMP threads than cores libgomp stops spinning between parallel regions, which made every later
-    # small tensor operation of the process slower (measured: spatter 2x slower after shot_noise).
-    # ThreadPoolExecutor hands each idle worker the next queued task.
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="robustest-draws") as pool:
-        return list(pool.map(task, range(count)))
 
 
 def _chunked_draws(numel: int, gen: torch.Generator, device: torch.device,

@@ -35,6 +35,7 @@ from robustest.runtime import (
     make_generator,
     num_samples,
     resolve_device,
+    run_tasks,
 )
 from robustest.runtime import progress as progress_bar
 
@@ -176,8 +177,14 @@ def _neighbour_noise(idx: torch.Tensor, q: int, shape: tuple[int, ...], eps: flo
 
     idx = idx.cpu().long()
     lo, hi = int(idx[0]), int(idx[-1]) + 1
+    # Each block has its own generator, so blocks are independent tasks: on the CPU, where torch draws
+    # serially, they run on several threads (same numbers for any thread count or order).
+    run = run_tasks if device.type == "cpu" else (lambda count, task: [task(i) for i in range(count)])
     if hi - lo == n and torch.equal(idx, torch.arange(lo, hi)):
-        for b in range(lo // NOISE_BLOCK, (hi - 1) // NOISE_BLOCK + 1):
+        first = lo // NOISE_BLOCK
+
+        def contiguous(i: int) -> None:
+            b = first + i
             gen = make_generator(_block_seed(seed, b), device)
             s = max(lo, b * NOISE_BLOCK) - b * NOISE_BLOCK
             e = min(hi, (b + 1) * NOISE_BLOCK) - b * NOISE_BLOCK
@@ -188,13 +195,20 @@ def _neighbour_noise(idx: torch.Tensor, q: int, shape: tuple[int, ...], eps: flo
                 blk = torch.empty((NOISE_BLOCK, q, *shape), device=device)
                 fill(blk, gen)
                 dst.copy_(blk[s:e])
+
+        run((hi - 1) // NOISE_BLOCK + 1 - first, contiguous)
         return out
     blocks = idx // NOISE_BLOCK
-    blk = torch.empty((NOISE_BLOCK, q, *shape), device=device)
-    for b in torch.unique(blocks).tolist():
+    touched = torch.unique(blocks).tolist()
+
+    def scattered(i: int) -> None:
+        b = touched[i]
         rows = torch.nonzero(blocks == b).flatten()
+        blk = torch.empty((NOISE_BLOCK, q, *shape), device=device)
         fill(blk, make_generator(_block_seed(seed, b), device))
         out[rows.to(device)] = blk[(idx[rows] - b * NOISE_BLOCK).to(device)]
+
+    run(len(touched), scattered)
     return out
 
 
