@@ -19,6 +19,7 @@ from PIL import Image
 from scipy import ndimage
 
 from robustest import corruptions as C
+from robustest import runtime
 from robustest.corruptions import blur, filters, jpeg, noise, sampling, spatter, weather
 from robustest.errors import ConfigError, DataError
 
@@ -787,7 +788,7 @@ def test_draw_tasks_are_handed_out_dynamically() -> None:
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert sampling._run_tasks(count, task) == [i * i for i in range(count)]
+        assert runtime.run_tasks(count, task) == [i * i for i in range(count)]
     finally:
         torch.set_num_threads(before)
 
@@ -812,7 +813,7 @@ def test_shot_noise_independent_of_the_task_schedule(monkeypatch: pytest.MonkeyP
             th.join()
         return [results[i] for i in range(count)]
 
-    monkeypatch.setattr(noise, "_run_tasks", shuffled)
+    monkeypatch.setattr(noise, "run_tasks", shuffled)
     assert torch.equal(C.corrupt(x, "shot_noise", 4, seed=2), want[0])
     assert torch.equal(C.corrupt(x8, "shot_noise", 4, seed=2), want[1])
 

@@ -8,7 +8,8 @@ import math
 
 import torch
 
-from robustest.corruptions.sampling import SERIAL_CHUNK, _chunk_generators, _poisson, _randn, _run_tasks, _uniform
+from robustest.corruptions.sampling import SERIAL_CHUNK, _chunk_generators, _poisson, _randn, _uniform
+from robustest.runtime import run_tasks
 
 
 def _gaussian_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> torch.Tensor:
@@ -90,7 +91,7 @@ def _poisson_scaled(x: torch.Tensor, c: float, gen: torch.Generator) -> torch.Te
             torch.take(values, pos, out=out[s:e])
         return off_idx, off_rate
 
-    parts = _run_tasks(len(chunks), chunk)  # chunks handed out one at a time to whichever thread is free
+    parts = run_tasks(len(chunks), chunk)  # chunks handed out one at a time to whichever thread is free
     off_idx = [t for idx, _ in parts for t in idx]
     off_rate = [t for _, rate in parts for t in rate]
     if off_idx:  # rates off the 8-bit grid: add Poisson draws of the residual rates
