@@ -436,6 +436,12 @@ def test_profile_matches_published_figures(name, params, macs, rel):
 def test_profile_counts_exactly():
     # LeNet-5 on 28x28, by hand: conv1 28*28*6*25 + conv2 10*10*16*150 + fc 400*120 + 120*84 + 84*10
     assert models.profile("lenet5") == {"params": 61_706, "macs": 117_600 + 240_000 + 48_000 + 10_080 + 840}
+    # the adversarial-training CNNs on 28x28: Wong & Kolter's small net (166,406 parameters) and Madry et al.'s
+    # MNIST challenge net (3,274,634), the MACs by hand (output pixels x channels x kernel taps, then FC)
+    assert models.profile("mnist_small") == {"params": 166_406,
+                                             "macs": 14 * 14 * 16 * 16 + 7 * 7 * 32 * 256 + 1568 * 100 + 1000}
+    assert models.profile("madry_cnn") == {"params": 3_274_634,
+                                           "macs": 28 * 28 * 32 * 25 + 14 * 14 * 64 * 800 + 3136 * 1024 + 10240}
     net = nn.Sequential(nn.Flatten(), nn.Linear(12, 5))
     assert models.profile(net, input_size=2, in_channels=3) == {"params": 65, "macs": 60}
     with pytest.raises(ConfigError, match="give input_size and in_channels"):

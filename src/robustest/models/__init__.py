@@ -62,8 +62,10 @@ __all__ = [
     "from_spec",
     "lenet1",
     "lenet5",
+    "madry_cnn",
     "logits_of",
     "mlp",
+    "mnist_small",
     "names",
     "native",
     "options",
@@ -415,6 +417,6 @@ from robustest.models.preact_resnet import PreActResNet, preact_resnet18  # noqa
 from robustest.models.profiling import profile  # noqa: E402
 from robustest.models.resnet_cifar import ResNetCifar, resnet20  # noqa: E402
 from robustest.models.resnet_imagenet import ResNet, resnet18, resnet50  # noqa: E402
-from robustest.models.small import convnet, digits_cnn, lenet1, lenet5, mlp  # noqa: E402
+from robustest.models.small import convnet, digits_cnn, lenet1, lenet5, madry_cnn, mlp, mnist_small  # noqa: E402
 from robustest.models.vit import VisionTransformer, vit_tiny  # noqa: E402
 from robustest.models.wide_resnet import WideResNet, wrn  # noqa: E402

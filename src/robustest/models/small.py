@@ -1,4 +1,5 @@
-"""The small zoo models: LeNet-1, LeNet-5, RobOT's Fashion ConvNet, a CNN for 8x8 digits, an MLP.
+"""The small zoo models: LeNet-1, LeNet-5, RobOT's Fashion ConvNet, the two CNNs of the adversarial-training
+literature at MNIST scale (``mnist_small``, ``madry_cnn``), a CNN for 8x8 digits, an MLP.
 
 Each flattens its last feature map into fully-connected layers, so a model takes only the input size it was
 built for (the first FC layer is sized from it).
@@ -72,6 +73,31 @@ def convnet(num_classes: int = 10, in_channels: int = 1, input_size: int = 28) -
         ("fc1", nn.Linear(1, 512)), ("relu5", nn.ReLU()), ("dropout", nn.Dropout(0.5)),
         ("fc2", nn.Linear(512, num_classes)),
     ])
+    return _with_head(feats, head, in_channels, input_size, "fc1")
+
+
+@register("mnist_small", "small CNN of the adversarial-training literature: conv 16@4x4 s2, conv 32@4x4 s2, FC 100, K",
+          min_size=8)
+def mnist_small(num_classes: int = 10, in_channels: int = 1, input_size: int = 28) -> nn.Module:
+    """The MNIST network of Wong & Kolter (2018) and Wong et al. (2020): two stride-2 convolutions (4x4, padding 1)
+    and one hidden FC layer of 100; 166k parameters at 28x28."""
+    feats = OrderedDict([
+        ("conv1", nn.Conv2d(in_channels, 16, 4, stride=2, padding=1)), ("relu1", nn.ReLU()),
+        ("conv2", nn.Conv2d(16, 32, 4, stride=2, padding=1)), ("relu2", nn.ReLU()),
+    ])
+    head = OrderedDict([("fc1", nn.Linear(1, 100)), ("relu3", nn.ReLU()), ("fc2", nn.Linear(100, num_classes))])
+    return _with_head(feats, head, in_channels, input_size, "fc1")
+
+
+@register("madry_cnn", "Madry et al.'s MNIST CNN: conv 32@5x5 same, pool, conv 64@5x5 same, pool, FC 1024, K",
+          min_size=8)
+def madry_cnn(num_classes: int = 10, in_channels: int = 1, input_size: int = 28) -> nn.Module:
+    """The MNIST challenge network of Madry et al. (2018): 3.27M parameters at 28x28."""
+    feats = OrderedDict([
+        ("conv1", nn.Conv2d(in_channels, 32, 5, padding=2)), ("relu1", nn.ReLU()), ("pool1", nn.MaxPool2d(2)),
+        ("conv2", nn.Conv2d(32, 64, 5, padding=2)), ("relu2", nn.ReLU()), ("pool2", nn.MaxPool2d(2)),
+    ])
+    head = OrderedDict([("fc1", nn.Linear(1, 1024)), ("relu3", nn.ReLU()), ("fc2", nn.Linear(1024, num_classes))])
     return _with_head(feats, head, in_channels, input_size, "fc1")
 
 
