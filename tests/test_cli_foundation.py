@@ -183,7 +183,7 @@ def test_debug_flag_shows_the_exception(tmp_path, capsys):
                   "--out", str(tmp_path)])
 
 
-def test_internal_errors_are_one_line_exit_1(tmp_path, capsys, monkeypatch):
+def test_internal_errors_are_one_line_exit_3(tmp_path, capsys, monkeypatch):
     from robustest.cli import train as train_verb
 
     def boom(*a, **k):
@@ -192,7 +192,7 @@ def test_internal_errors_are_one_line_exit_1(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(train_verb, "load_data", boom)
     code, _, err = run_cli(capsys, "train", "--dataset", "digits", "--model", "digits_cnn", "--epochs", "1",
                            "--out", tmp_path)
-    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert code == cli.EXIT_INTERNAL == 3 and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert "internal error" in err and "--debug" in err
 
 

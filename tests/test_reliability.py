@@ -166,3 +166,94 @@ def test_atomic_write_failure_is_an_output_error(tmp_path) -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=small)
     assert "OUTPUT-ERROR" in res.stdout and "file size limit" in res.stdout
     assert not list(Path(tmp_path).glob(".*.tmp")) and not (tmp_path / "big.bin").exists()
+
+
+# --------------------------------------------------------------------- no wrong result with exit 0
+def _run(capsys, *argv) -> tuple[int, str]:
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def _one_line(code: int, err: str, match: str) -> None:
+    assert code == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err and match in err, err
+
+
+@pytest.fixture(scope="module")
+def nan_checkpoint(tmp_path_factory, mlp_digits_checkpoint) -> str:
+    """The mlp checkpoint with one NaN weight: every logit it computes is NaN."""
+    from robustest.training import load_checkpoint, save_checkpoint
+
+    model = load_checkpoint(mlp_digits_checkpoint)
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] = float("nan")
+    path = tmp_path_factory.mktemp("nan_model") / "model.pt"
+    save_checkpoint(path, model)
+    return str(path)
+
+
+@pytest.mark.parametrize("verb, extra", [
+    ("score", ["--metric", "gini"]),
+    ("generate", ["--method", "fgsm", "--eps", "0.1"]),
+    ("eval", ["--eps", "0.1", "--version", "fast", "--fail-under", "0.05"]),
+])
+def test_nan_logits_are_refused_before_the_work(verb, extra, nan_checkpoint, tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    code, err = _run(capsys, verb, "--checkpoint", nan_checkpoint, "--dataset", "digits", "--limit", "40",
+                     "--no-progress", "--out", out, *extra)
+    _one_line(code, err, "NaN or infinite logits")
+    assert not (out / "results.json").exists()
+
+
+def test_check_logits_is_the_one_check_of_model_outputs() -> None:
+    from robustest.errors import DataError
+
+    ok = torch.zeros(3, 4)
+    assert runtime.check_logits(ok) is ok
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        t = torch.zeros(3, 4)
+        t[1, 2] = bad
+        with pytest.raises(DataError, match="NaN or infinite logits"):
+            runtime.check_logits(t)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3))
+    x, y = torch.rand(40, 1, 8, 8), torch.zeros(40, dtype=torch.long)
+    runtime.check_finite_logits(model, (x, y))
+    x[0, 0, 0, 0] = 1e38  # a finite input whose logits overflow
+    with torch.no_grad():
+        model[1].weight.fill_(1e38)
+    with pytest.raises(DataError, match="NaN or infinite logits"):
+        runtime.check_finite_logits(model, (x, y))
+
+
+def test_internal_errors_have_their_own_exit_status(tmp_path, capsys, monkeypatch, mlp_digits_checkpoint) -> None:
+    from robustest import cli
+    from robustest.cli import score as score_verb
+
+    def boom(*a, **k):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(score_verb, "load_data", boom)
+    code, err = _run(capsys, "score", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--metric",
+                     "gini", "--out", tmp_path / "o")
+    assert code == cli.EXIT_INTERNAL == 3 and code not in (cli.EXIT_GATE, cli.EXIT_USAGE), err
+    assert "internal error" in err and err.count("\n") == 1
+
+
+def test_binary_yaml_config_is_bad_input(tmp_path, capsys) -> None:
+    cfg = tmp_path / "run.yaml"
+    cfg.write_bytes(b"eps: 0.1\n\xff\xfe\x00\x81binary\n")
+    code, err = _run(capsys, "run", "--config", cfg, "--out", tmp_path / "o")
+    _one_line(code, err, "binary bytes")
+
+
+def test_path_over_the_file_system_limit_is_bad_input(tmp_path, capsys) -> None:
+    long = tmp_path / ("x" * 300) / "model.pt"
+    code, err = _run(capsys, "score", "--checkpoint", long, "--dataset", "digits", "--metric", "gini",
+                     "--out", tmp_path / "o")
+    _one_line(code, err, "File name too long")
+    code, err = _run(capsys, "score", "--checkpoint", "x.pt", "--dataset", "digits", "--metric", "gini", "--out",
+                     tmp_path / ("y" * 300))
+    assert code == 2 and err.count("\n") == 1, err

@@ -41,6 +41,8 @@ __all__ = [
     "check_images",
     "check_labels",
     "channels_last_wanted",
+    "check_finite_logits",
+    "check_logits",
     "check_model_fits",
     "converts_batches",
     "eval_mode",
@@ -248,6 +250,27 @@ def check_model_fits(model: nn.Module, data: DataLike, *, device: torch.device |
         raise ConfigError(f"the data has label {int(y.max())} but the model has {k} classes: check the data set "
                           "against the model")
     return k
+
+
+def check_logits(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` unchanged when every value is finite; :class:`DataError` (one line) otherwise. The one check
+    of a model's outputs: a model with NaN weights (a diverged training run) or an input scaling that
+    overflows gives NaN or infinite logits, and every accuracy, score or attack computed on them is wrong."""
+    if not bool(torch.isfinite(logits).all()):
+        raise DataError("the model outputs NaN or infinite logits: check its weights (a diverged training run "
+                        "leaves NaN weights) and its input scaling")
+    return logits
+
+
+def check_finite_logits(model: nn.Module, data: DataLike, *, device: torch.device | str | None = None,
+                        n: int = 32) -> None:
+    """Before the work: the model's logits on the first ``n`` samples of ``data`` are finite
+    (:func:`check_logits`), so a verb never writes results computed from NaN or infinite logits."""
+    dev = resolve_device(model, device)
+    for xb, _ in iter_batches(data, n, dev):
+        with torch.no_grad(), eval_mode(model):
+            check_logits(forward(model, xb[:n]))
+        return
 
 
 # ----------------------------------------------------------------------------------------------- modes

@@ -3,7 +3,11 @@
 Each verb lives in its own module of this package and exposes ``add_parser(subparsers)``, which
 registers an argparse sub-parser whose ``func(args) -> int`` runs the verb. Verbs are discovered
 automatically, so adding one is adding one module. Every user error (:class:`robustest.RobustestError`,
-a missing file, a bad argument) is printed as one line on stderr with exit status 2, without a traceback.
+a missing file, a path the file system refuses, a config file that is not text, a bad argument) is printed as
+one line on stderr with exit status 2, without a traceback.
+
+Exit status: 0 done, 1 a gate failed (``eval --fail-under``), 2 bad input, 3 an internal error (a bug: one
+line that says to rerun with ``--debug``), 130 interrupted.
 
 Every verb gets ``--quiet`` and ``--no-progress`` here, plain-text help (reStructuredText markup stripped),
 and one logging set-up per command (:func:`robustest.cli._common.configure_logging`): the verb's report lines
@@ -14,6 +18,7 @@ when stderr is a terminal.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import pkgutil
@@ -26,7 +31,13 @@ from robustest import __version__
 from robustest.cli._common import add_output_flags, configure_logging, plain, positive_int, progress_enabled
 from robustest.errors import RobustestError
 
-EXIT_USAGE = 2
+EXIT_OK = 0
+EXIT_GATE = 1  # a gate failed: eval --fail-under
+EXIT_USAGE = 2  # bad input, or an output that cannot be written
+EXIT_INTERNAL = 3  # a bug: never the status of a result
+EXIT_INTERRUPTED = 130
+# OSError numbers that mean the path the user gave is unusable (besides the exceptions caught by type)
+_BAD_PATH_ERRNOS = (errno.ENAMETOOLONG, errno.ELOOP)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -114,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         sys.stderr.write("robustest: interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED
     except RobustestError as exc:
         if args.debug:
             raise
@@ -127,12 +138,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f": {exc.filename}" if exc.filename else ""
         sys.stderr.write(f"{_who(args.verb, main_rank)}: error: {exc.strerror or _one_line(exc)}{where}\n")
         return EXIT_USAGE
+    except OSError as exc:
+        if args.debug or exc.errno not in _BAD_PATH_ERRNOS:
+            raise
+        where = f": {_shorten(str(exc.filename))}" if exc.filename else ""
+        sys.stderr.write(f"{_who(args.verb, main_rank)}: error: {exc.strerror or _one_line(exc)} (the file system "
+                         f"refuses this path: shorten it){where}\n")
+        return EXIT_USAGE
+    except UnicodeDecodeError as exc:  # a text file (a YAML config, a CSV) holding binary bytes
+        if args.debug:
+            raise
+        sys.stderr.write(f"{_who(args.verb, main_rank)}: error: a file read as UTF-8 text holds binary bytes "
+                         f"(byte {exc.start}): pass a text file\n")
+        return EXIT_USAGE
     except Exception as exc:  # noqa: BLE001 - last resort: never a bare traceback
         if args.debug:
             raise
         sys.stderr.write(f"{_who(args.verb, main_rank)}: internal error: {type(exc).__name__}: {_one_line(exc)} "
                          "(rerun with --debug for the traceback)\n")
-        return 1
+        return EXIT_INTERNAL
     finally:
         distributed.shutdown()
         restore_logging()
@@ -153,6 +177,11 @@ def _stopped_by_launcher(signum: int, frame: Any) -> None:
 
     raise RankFailure("stopped by torchrun (another rank failed, or the job was cancelled); rerun the same "
                       "command to continue from the last saved step (run/compare: with --resume)")
+
+
+def _shorten(text: str, keep: int = 80) -> str:
+    """``text`` cut in the middle to about ``keep`` characters (a path over the file-system limit is long)."""
+    return text if len(text) <= keep else f"{text[:keep // 2]}...{text[-keep // 2:]}"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -225,9 +225,10 @@ def load_model(args: argparse.Namespace) -> nn.Module:
 
 
 def check_fits(model: nn.Module, ds: Any) -> int:
-    """Fail with one line when the data does not fit the model's input or label space; returns K."""
+    """Fail with one line when the data does not fit the model's input or label space, or when the model's
+    logits on the first batch are NaN or infinite; returns K."""
     from robustest import models as zoo
-    from robustest.runtime import check_model_fits, image_shape
+    from robustest.runtime import check_finite_logits, check_model_fits, image_shape
 
     spec = getattr(model, "robustest_spec", None)
     if spec:
@@ -238,7 +239,9 @@ def check_fits(model: nn.Module, ds: Any) -> int:
         if size is not None and not zoo.accepts_size(spec, h, w):
             raise ConfigError(f"the model takes {size}x{size} images but the data is {h}x{w}: models for "
                               f"{h}x{w} images: {', '.join(zoo.suggest(h)) or 'none in the zoo'}")
-    return check_model_fits(model, ds)
+    k = check_model_fits(model, ds)
+    check_finite_logits(model, ds)
+    return k
 
 
 def out_dir(args: argparse.Namespace) -> Path:

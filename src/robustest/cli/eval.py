@@ -19,6 +19,7 @@ import sys
 import time
 from fractions import Fraction
 
+from robustest.cli import EXIT_GATE
 from robustest.cli._common import (
     add_checkpoint_arg,
     add_data_args,
@@ -210,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     if passed is False:
         print(f"robustest eval: robust accuracy {result.robust_accuracy:.4f} is below --fail-under "
               f"{args.fail_under:.4f}", file=sys.stderr)
-        return 1
+        return EXIT_GATE
     return 0
 
 

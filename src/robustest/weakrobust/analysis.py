@@ -26,6 +26,7 @@ from robustest.runtime import (
     atomic_save,
     check_images,
     check_labels,
+    check_logits,
     eval_mode,
     forward,
     frozen_params,
@@ -298,10 +299,7 @@ def analyze(
             inp[s * q:].copy_(xb)
             with autocast(amp, dev):
                 logits = forward(model, inp)
-            logits = logits.float()
-            if not bool(torch.isfinite(logits).all()):
-                raise DataError("the model outputs NaN or infinite logits: check its weights (a diverged training "
-                                "run leaves NaN weights) and its input scaling")
+            logits = check_logits(logits.float())
             k = logits.shape[1]
             if int(yb.max()) >= k:
                 raise DataError(f"data has label {int(yb.max())} but the model has {k} classes")
