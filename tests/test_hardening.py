@@ -85,9 +85,13 @@ def test_pgd_at_compute_equals_the_analytic_count(base_model, digits_split):
     assert fast["passes"] == pytest.approx(2 * n)
 
 
-def test_pgd_at_is_the_textbook_loop_given_the_same_random_numbers(base_model, digits_split):
+@pytest.mark.parametrize("recipe", [{"schedule": None, "eps_warmup": 0.0}, {}])
+def test_pgd_at_is_the_textbook_loop_given_the_same_random_numbers(base_model, digits_split, recipe):
     """A plain-PyTorch PGD-AT loop fed the random numbers harden draws (per-epoch shuffling and random starts)
-    ends with bit-identical weights: the recipe has nothing else in it."""
+    ends with bit-identical weights: the recipe has nothing else in it. With the default recipe the plain loop
+    ramps eps linearly over the first 30 % of the batches (alpha with it) and decays the rate by a cosine."""
+    import math
+
     import torch.nn.functional as F
 
     from robustest.runtime import make_generator
@@ -95,27 +99,34 @@ def test_pgd_at_is_the_textbook_loop_given_the_same_random_numbers(base_model, d
     x, y = digits_split[0][0][:160], digits_split[0][1][:160]
     eps, steps, alpha, bs = EPS, 3, 0.06, 64
     ours = copy.deepcopy(base_model)
-    harden(ours, (x, y), "pgd-at", eps=eps, epochs=2, steps=steps, alpha=alpha, batch_size=bs, seed=4)
+    harden(ours, (x, y), "pgd-at", eps=eps, epochs=2, steps=steps, alpha=alpha, batch_size=bs, seed=4, **recipe)
     plain = copy.deepcopy(base_model)
     opt = torch.optim.Adam(plain.parameters(), lr=1e-3)
+    total, t = 2 * 3, 0  # 2 epochs of 3 batches
     for epoch in (1, 2):
         torch.manual_seed(hardening._derive_seed(4, epoch, "global"))  # dropout
         perm = torch.randperm(160, generator=make_generator(hardening._derive_seed(4, epoch, "shuffle")))
         gen = make_generator(hardening._derive_seed(4, epoch, "attack"))
         for s in range(0, 160, bs):
+            e = eps if recipe else eps * min(1.0, (t + 1) / (0.3 * total))
+            a = alpha * e / eps
             xb, yb = x[perm[s:s + bs]], y[perm[s:s + bs]]
             plain.eval()
-            xa = (xb + torch.rand(xb.shape, generator=gen).mul_(2 * eps).sub_(eps)).clamp(0, 1)
+            xa = (xb + torch.rand(xb.shape, generator=gen).mul_(2 * e).sub_(e)).clamp(0, 1)
             for _ in range(steps):
                 xa.requires_grad_(True)
                 (g,) = torch.autograd.grad(F.cross_entropy(plain(xa), yb, reduction="sum"), xa)
-                xa = torch.min(torch.max(xa.detach() + alpha * g.sign(), (xb - eps).clamp(min=0)),
-                               (xb + eps).clamp(max=1))
+                xa = torch.min(torch.max(xa.detach() + a * g.sign(), (xb - e).clamp(min=0)),
+                               (xb + e).clamp(max=1))
             plain.train()
             loss = F.cross_entropy(plain(xa), yb)
             opt.zero_grad()
             loss.backward()
             opt.step()
+            t += 1
+            if not recipe:
+                for group in opt.param_groups:
+                    group["lr"] = 1e-3 * 0.5 * (1 + math.cos(math.pi * t / total))
     plain.eval()
     assert _states_equal(ours, plain)
 
@@ -223,6 +234,92 @@ def test_resume_after_an_interruption_gives_the_same_model(method, base_model, d
     strip = [{k: v for k, v in e.items() if k != "seconds"} for e in ref.epochs]
     assert strip == [{k: v for k, v in e.items() if k != "seconds"} for e in res.epochs]
     assert res.compute == ref.compute
+
+
+def test_resume_keeps_the_best_epoch_and_the_schedule(base_model, digits_split, tmp_path):
+    """With validation data and keep='best', a resumed run ends with the same kept epoch and weights."""
+    (x, y), test = digits_split
+    x, y = x[:200], y[:200]
+    kw = {"eps": EPS, "epochs": 3, "steps": 2, "batch_size": 64, "seed": 5, "val": test, "val_steps": 2}
+    full = copy.deepcopy(base_model)
+    ref = harden(full, (x, y), "pgd-at", **kw, state_dir=tmp_path / "full")
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(epoch, model, record):
+        if epoch == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        harden(copy.deepcopy(base_model), (x, y), "pgd-at", **kw, state_dir=tmp_path / "part", on_epoch_end=interrupt)
+    resumed = copy.deepcopy(base_model)
+    res = harden(resumed, (x, y), "pgd-at", **kw, state_dir=tmp_path / "part", resume=True)
+    assert res.settings["keep"] == "best" and res.kept_epoch == ref.kept_epoch == ref.best_epoch
+    assert _states_equal(full, resumed)
+    assert [e["lr"] for e in res.epochs] == [e["lr"] for e in ref.epochs]
+
+
+def test_eps_schedule_ramps_linearly_then_holds():
+    assert [hardening.eps_schedule(s, 10, 0.3, 0.3) for s in range(5)] == pytest.approx([0.1, 0.2, 0.3, 0.3, 0.3])
+    assert hardening.eps_schedule(0, 10, 0.3, 0.0) == 0.3
+    assert hardening.eps_schedule(0, 2, 0.3, 0.3) == 0.3  # a warm-up shorter than one step is none
+
+
+def _scripted_validation(monkeypatch, scores):
+    """Make harden's validation return ``scores`` (PGD accuracy, one per epoch) and record the weights after
+    every epoch."""
+    it = iter(scores)
+    monkeypatch.setattr(hardening, "_validate", lambda *a, **k: {"val_clean_accuracy": 0.9,
+                                                                 "val_pgd_accuracy": next(it)})
+
+
+def test_keep_best_ends_with_the_best_validation_epoch(base_model, digits_split, monkeypatch):
+    (x, y), test = digits_split
+    x, y = x[:128], y[:128]
+    weights = {}
+
+    def snap(epoch, model, record):
+        weights[epoch] = copy.deepcopy(model)
+
+    for keep, kept in (("best", 2), ("last", 3)):
+        _scripted_validation(monkeypatch, [0.3, 0.5, 0.4])
+        m = copy.deepcopy(base_model)
+        res = harden(m, (x, y), "pgd-at", eps=EPS, epochs=3, steps=2, val=test, keep=keep, on_epoch_end=snap)
+        assert res.best_epoch == 2 and res.kept_epoch == kept and res.guard_epoch is None
+        assert _states_equal(m, weights[kept]) and not _states_equal(m, weights[5 - kept])
+    with pytest.raises(ConfigError, match="keep='best' picks the epoch by validation"):
+        harden(copy.deepcopy(base_model), (x, y), "pgd-at", eps=EPS, epochs=1, keep="best")
+    with pytest.raises(ConfigError, match="keep must be"):
+        harden(copy.deepcopy(base_model), (x, y), "pgd-at", eps=EPS, epochs=1, keep="first")
+
+
+def test_fast_at_guard_stops_at_the_collapse_and_restores_the_best(base_model, digits_split, monkeypatch):
+    (x, y), test = digits_split
+    x, y = x[:128], y[:128]
+    weights = {}
+
+    def snap(epoch, model, record):
+        weights[epoch] = copy.deepcopy(model)
+
+    _scripted_validation(monkeypatch, [0.40, 0.45, 0.20, 0.5, 0.5])  # 0.20 < 0.45 / 2 and 25 points down
+    m = copy.deepcopy(base_model)
+    res = harden(m, (x, y), "fast-at", eps=EPS, epochs=5, val=test, keep="last", on_epoch_end=snap)
+    assert res.settings["co_guard"] is True
+    assert res.guard_epoch == 3 and len(res.epochs) == 3 and res.epochs[-1]["guard"] == "collapsed"
+    assert res.kept_epoch == res.best_epoch == 2 and _states_equal(m, weights[2])
+    _scripted_validation(monkeypatch, [0.40, 0.45, 0.20, 0.5, 0.5])
+    off = harden(copy.deepcopy(base_model), (x, y), "fast-at", eps=EPS, epochs=5, val=test, keep="last",
+                 co_guard=False)
+    assert off.guard_epoch is None and len(off.epochs) == 5 and off.kept_epoch == 5
+    with pytest.raises(ConfigError, match="co_guard applies to method fast-at only"):
+        harden(copy.deepcopy(base_model), (x, y), "pgd-at", eps=EPS, epochs=1, co_guard=True)
+
+
+@pytest.mark.parametrize("score, best, collapsed", [(0.2, 0.45, True), (0.3, 0.45, False), (0.04, 0.1, False),
+                                                    (0.0, 0.1, True), (0.5, 0.5, False)])
+def test_collapse_rule(score, best, collapsed):
+    assert hardening._collapsed(score, best) is collapsed
 
 
 def test_validation_data_is_measured_every_epoch(base_model, digits_split):

@@ -146,6 +146,11 @@ def test_schedules_with_warmup_and_milestones():
     assert default == pytest.approx([1.0] * 10 + [0.1] * 5 + [0.01] * 5)
     ws = lrs(chk(4, schedule="step", milestones=[2], warmup_epochs=1), 4, 5)
     assert ws[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0]) and ws[5:] == pytest.approx([1.0] * 5 + [0.1] * 10)
+    # cyclic: 20 steps, peak at 40 % = step 8 (1-based), then down to 0 at the last step
+    cyc = lrs(chk(4, schedule="cyclic"), 4, 5)
+    assert cyc[:8] == pytest.approx([t / 8 for t in range(1, 9)])
+    assert cyc[8:] == pytest.approx([(20 - t) / 12 for t in range(9, 21)])
+    assert max(cyc) == pytest.approx(1.0) and cyc[-1] == 0.0
 
 
 # --------------------------------------------------------------------------------------------- fit
@@ -191,6 +196,7 @@ def test_label_smoothing_loss_is_torchs(digits_train):
     ({"nesterov": False}, "options of optimizer='sgd'"),
     ({"optimizer": "sgd", "nesterov": "no"}, "nesterov must be"),
     ({"warmup_epochs": 2}, "warmup_epochs must be below"),
+    ({"schedule": "cyclic", "warmup_epochs": 0.5}, "cyclic schedule has its own warm-up"),
     ({"warmup_epochs": -1}, "warmup_epochs"),
     ({"warmup_epochs": float("inf")}, "warmup_epochs"),
     ({"milestones": [1]}, "milestones go with schedule='step'"),

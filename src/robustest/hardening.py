@@ -35,6 +35,21 @@ total; ``passes = (forward + 2 * backward) / 3``. A PGD-AT epoch with k steps ov
 ``N * (k + 1)`` passes (``N * (k + 2)`` with ``0 < mix < 1``, ``N`` with ``mix = 1``); TRADES ``N * (k + 2 + 1/3)``;
 Fast-AT ``2 N``. Validation (``val=``) is reported apart and not counted as training compute.
 
+Recipe (the settings that make adversarial training stable; docs/HARDEN.md has the sweeps behind the defaults):
+``eps_warmup``: the radius grows linearly from 0 to ``eps`` over that fraction of the training steps (every batch
+its own radius ``eps_t``; the step ``alpha`` scales with it; stepped per batch), as Gowal et al. (2018) and Wong et
+al. (2020) do at MNIST's eps 0.3. ``schedule`` (None, "cosine", "step", "cyclic") with ``warmup_epochs`` and
+``milestones``: the learning-rate schedule of :func:`robustest.recipes.make_schedule`, stepped per batch.
+``optimizer`` "adam" or "sgd" (``momentum``, ``nesterov``), ``weight_decay``.
+
+Robust early stopping (Rice et al. 2020): with ``val`` (held-out labelled data), every epoch ends with the clean
+and PGD-``val_steps`` accuracy of the model on it; ``keep="best"`` ends with the weights of the epoch whose
+validation PGD accuracy was highest (the latest of equal ones), ``keep="last"`` with the last epoch's.
+Catastrophic-overfitting guard (``co_guard``, fast-at's default, needs ``val``): when an epoch's validation PGD
+accuracy falls below half the best so far and at least 10 points under it (FGSM training has "collapsed": Wong
+et al. 2020 report the same signature), training stops, the best epoch's weights are restored, and
+``HardenResult.guard_epoch`` records the epoch that collapsed.
+
 Randomness: epoch e draws its shuffling, random starts and dropout from seeds derived from ``(seed, e)``, so the
 epoch number is the whole random state: a run resumed from the state written after epoch e (``state_dir``,
 ``resume=True``) gives the same final weights as an uninterrupted run.
@@ -46,7 +61,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +72,7 @@ from torch import nn
 
 from robustest.attacks import _grad, _project, _random_start
 from robustest.errors import ConfigError, DataError, TrainingDiverged
+from robustest.recipes import check_options, make_schedule
 from robustest.runtime import (
     DataLike,
     as_tensors,
@@ -73,11 +89,12 @@ from robustest.runtime import (
 )
 from robustest.runtime import progress as progress_bar
 
-__all__ = ["METHODS", "ComputeCount", "HardenResult", "check_trainable", "fosc_schedule", "harden", "harden_settings"]
+__all__ = ["CO_MIN_DROP", "CO_RATIO", "KEEP", "METHODS", "RECIPE_DEFAULTS", "ComputeCount", "HardenResult",
+           "check_trainable", "eps_schedule", "fosc_schedule", "harden", "harden_settings"]
 
 METHODS = ("pgd-at", "trades", "fosc", "fol-budget", "fast-at")
 STATE_FORMAT = "robustest-harden-state"
-STATE_VERSION = 1
+STATE_VERSION = 2
 STATE_FILE = "harden_state.pt"
 
 #: Defaults of the method-specific parameters (None in :func:`harden` means "the method's default").
@@ -85,9 +102,16 @@ DEFAULTS: dict[str, Any] = {
     "steps": 10, "mix": 0.0, "beta": 6.0, "fosc_c_max": 0.5, "fosc_warmup": 0.8, "fol_threshold": 0.1,
     "stop_misclassified": True, "fol_min_steps": 2,
 }
+#: Recipe defaults of :func:`harden` (``robustest harden`` uses the same; docs/HARDEN.md gives the sweeps).
+RECIPE_DEFAULTS: dict[str, Any] = {"optimizer": "adam", "lr": 1e-3, "schedule": "cosine", "eps_warmup": 0.3}
+KEEP = ("best", "last")
+#: the catastrophic-overfitting rule: validation PGD accuracy below this fraction of the best so far ...
+CO_RATIO = 0.5
+#: ... and at least this far (absolute) below it
+CO_MIN_DROP = 0.1
 _OWNER = {"mix": ("pgd-at",), "beta": ("trades",), "fosc_c_max": ("fosc",), "fosc_warmup": ("fosc",),
           "fol_threshold": ("fol-budget",), "stop_misclassified": ("fol-budget",),
-          "fol_min_steps": ("fol-budget",)}
+          "fol_min_steps": ("fol-budget",), "co_guard": ("fast-at",)}
 
 
 # ------------------------------------------------------------------------------------------- compute counts
@@ -142,8 +166,12 @@ class HardenResult:
     ``loss``, ``adv_accuracy`` (train-mode accuracy on the training inputs of the loss' adversarial term),
     ``lr``, ``seconds``, ``compute`` (:meth:`ComputeCount.to_dict`), ``attack_evals_mean`` (gradient evaluations
     of the inner maximisation per sample), ``stopped_early`` (fraction of samples whose attack stopped before the
-    budget), ``fosc_c`` (fosc: the epoch's c_t) and, with ``val``, ``val_clean_accuracy`` / ``val_pgd_accuracy``.
-    ``compute``: the totals over all epochs. ``resumed_epochs``: epochs loaded from ``state_dir`` (0: fresh run).
+    budget), ``fosc_c`` (fosc: the epoch's c_t), ``eps`` (the radius of the epoch's last batch; below the target
+    during the eps warm-up) and, with ``val``, ``val_clean_accuracy`` / ``val_pgd_accuracy``. ``compute``: the
+    totals over all epochs. ``resumed_epochs``: epochs loaded from ``state_dir`` (0: fresh run). ``best_epoch``:
+    the epoch of the highest validation PGD accuracy (None without ``val``); ``kept_epoch``: the epoch whose
+    weights the model ends with; ``guard_epoch``: the epoch at which the catastrophic-overfitting guard stopped
+    training (None: it did not).
     """
 
     method: str
@@ -151,6 +179,9 @@ class HardenResult:
     epochs: list[dict[str, Any]] = field(default_factory=list)
     num_samples: int = 0
     resumed_epochs: int = 0
+    best_epoch: int | None = None
+    kept_epoch: int | None = None
+    guard_epoch: int | None = None
 
     @property
     def compute(self) -> dict[str, Any]:
@@ -166,7 +197,8 @@ class HardenResult:
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, "settings": dict(self.settings), "num_samples": self.num_samples,
                 "epochs": [dict(e) for e in self.epochs], "compute": self.compute, "seconds": self.seconds,
-                "resumed_epochs": self.resumed_epochs}
+                "resumed_epochs": self.resumed_epochs, "best_epoch": self.best_epoch, "kept_epoch": self.kept_epoch,
+                "guard_epoch": self.guard_epoch}
 
 
 # --------------------------------------------------------------------------------------------- validation
@@ -194,34 +226,53 @@ def _integer(v: Any, name: str, minimum: int = 1) -> int:
 
 
 def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *, batch_size: int = 128,
-                    lr: float = 1e-3, optimizer: str = "adam", weight_decay: float = 0.0, steps: int | None = None,
-                    alpha: float | None = None, mix: float | None = None, beta: float | None = None,
-                    fosc_c_max: float | None = None, fosc_warmup: float | None = None,
+                    lr: float = RECIPE_DEFAULTS["lr"], optimizer: str = RECIPE_DEFAULTS["optimizer"],
+                    weight_decay: float = 0.0, momentum: float | None = None, nesterov: bool | None = None,
+                    schedule: str | None = RECIPE_DEFAULTS["schedule"], warmup_epochs: float = 0.0,
+                    milestones: Sequence[float] | None = None, eps_warmup: float = RECIPE_DEFAULTS["eps_warmup"],
+                    steps: int | None = None, alpha: float | None = None, mix: float | None = None,
+                    beta: float | None = None, fosc_c_max: float | None = None, fosc_warmup: float | None = None,
                     fol_threshold: float | None = None, stop_misclassified: bool | None = None,
-                    fol_min_steps: int | None = None, seed: int = 0) -> dict[str, Any]:
+                    fol_min_steps: int | None = None, co_guard: bool | None = None, keep: str = "last",
+                    seed: int = 0) -> dict[str, Any]:
     """The settings :func:`harden` would use for these arguments (defaults resolved), without doing any work.
 
     Raises :class:`ConfigError` with one line for an unknown method, eps outside (0, 1], a non-finite or
     out-of-range number, epochs < 1, or a method parameter given to another method.
     """
     given = {"mix": mix, "beta": beta, "fosc_c_max": fosc_c_max, "fosc_warmup": fosc_warmup,
-             "fol_threshold": fol_threshold, "stop_misclassified": stop_misclassified, "fol_min_steps": fol_min_steps}
+             "fol_threshold": fol_threshold, "stop_misclassified": stop_misclassified, "fol_min_steps": fol_min_steps,
+             "co_guard": co_guard}
     m = str(method).lower().replace("_", "-")
     if m not in METHODS:
         raise ConfigError(f"unknown harden method {method!r}: choose one of {', '.join(METHODS)}")
     eps_f = _number(eps, "eps", lo=0.0, hi=1.0, lo_open=True, hint=" (L-inf radius in pixel scale, images in [0, 1])")
-    s: dict[str, Any] = {"method": m, "eps": eps_f, "norm": "linf", "epochs": _integer(epochs, "epochs"),
-                         "batch_size": _integer(batch_size, "batch_size"),
-                         "lr": _number(lr, "lr", lo=0.0, hi=10.0, lo_open=True)}
-    opt = str(optimizer).lower()
-    if opt not in ("adam", "sgd"):
-        raise ConfigError(f"unknown optimizer {optimizer!r}: use 'adam' or 'sgd'")
-    s["optimizer"] = opt
-    s["weight_decay"] = _number(weight_decay, "weight_decay", lo=0.0, hi=1.0)
+    n_epochs = _integer(epochs, "epochs")
+    s: dict[str, Any] = {"method": m, "eps": eps_f, "norm": "linf", "epochs": n_epochs,
+                         "batch_size": _integer(batch_size, "batch_size")}
+    opt_name = str(optimizer).lower()
+    if opt_name == "sgd" and nesterov is None:
+        nesterov = False  # harden's SGD: plain momentum unless asked (the adversarial-training papers' choice)
+    opts = check_options(n_epochs, optimizer=opt_name, lr=lr, weight_decay=weight_decay, momentum=momentum,
+                         nesterov=nesterov, schedule=schedule, warmup_epochs=warmup_epochs, milestones=milestones)
+    s.update({"lr": opts.lr, "optimizer": opts.optimizer, "weight_decay": opts.weight_decay})
+    if opts.optimizer == "sgd":
+        s.update({"momentum": opts.momentum, "nesterov": opts.nesterov})
+    s.update({"schedule": opts.schedule, "warmup_epochs": opts.warmup_epochs,
+              "milestones": list(opts.milestones) if opts.milestones is not None else None})
+    s["eps_warmup"] = _number(eps_warmup, "eps_warmup", lo=0.0, hi=1.0,
+                              hint=" (fraction of the training steps over which eps grows from 0)")
+    if s["eps_warmup"] >= 1.0:
+        raise ConfigError(f"eps_warmup must be below 1 (a fraction of training), got {eps_warmup!r}")
+    k = str(keep).lower()
+    if k not in KEEP:
+        raise ConfigError(f"keep must be 'best' (robust early stopping on the validation data) or 'last', got {keep!r}")
+    s["keep"] = k
     for key, owners in _OWNER.items():
         if given.get(key) is not None and m not in owners:
             raise ConfigError(f"{key} applies to method {' / '.join(owners)} only, not {m!r}: leave it unset")
     if m == "fast-at":
+        s["co_guard"] = True if co_guard is None else bool(co_guard)
         if steps is not None and steps != 1:
             raise ConfigError(f"fast-at takes exactly one step, got steps={steps!r}: use pgd-at for more")
         s["steps"] = 1
@@ -267,6 +318,15 @@ def fosc_schedule(epoch: int, epochs: int, c_max: float, warmup: float) -> float
     """Dynamic AT's criterion for ``epoch`` (1-based) of ``epochs``: ``c_max * max(0, 1 - (epoch - 1) / T')`` with
     ``T' = warmup * epochs`` (the reference code: ``c_max - c_max * ep / dynamic_epoch``, ep 0-based)."""
     return float(c_max * max(0.0, 1.0 - (epoch - 1) / (warmup * epochs)))
+
+
+def eps_schedule(step: int, total_steps: int, eps: float, warmup: float) -> float:
+    """The radius of training step ``step`` (0-based) of ``total_steps``: ``eps * min(1, (step + 1) / W)`` with
+    ``W = warmup * total_steps`` steps of linear warm-up (``warmup = 0``: ``eps`` from the first step)."""
+    w = warmup * total_steps
+    if w <= 1.0:
+        return float(eps)
+    return float(eps * min(1.0, (step + 1) / w))
 
 
 def _derive_seed(*parts: Any) -> int:
@@ -343,9 +403,12 @@ def _trades_adv(model: nn.Module, x: torch.Tensor, gen: torch.Generator, *, eps:
 
 # --------------------------------------------------------------------------------------------- one batch
 def _batch(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, gen: torch.Generator, s: dict[str, Any],
-           fosc_c: float | None, opt: torch.optim.Optimizer, count: ComputeCount) -> tuple[float, int, torch.Tensor]:
-    """One training step of method ``s["method"]`` on a batch; returns (loss, correct on adv, attack evals [B])."""
-    m, eps, alpha, steps = s["method"], s["eps"], s["alpha"], s["steps"]
+           eps: float, fosc_c: float | None, opt: torch.optim.Optimizer, count: ComputeCount
+           ) -> tuple[float, int, torch.Tensor]:
+    """One training step of method ``s["method"]`` on a batch at radius ``eps`` (the step ``alpha`` scaled by
+    ``eps / s["eps"]``); returns (loss, correct on adv, attack evals [B])."""
+    m, steps = s["method"], s["steps"]
+    alpha = s["alpha"] * eps / s["eps"]
     b = xb.shape[0]
     evals = torch.zeros(b, dtype=torch.long, device=xb.device)
     adv = None
@@ -390,7 +453,7 @@ def _batch(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, gen: torch.Gene
         loss = F.cross_entropy(logits_adv, yb)
         used = b
     if not bool(torch.isfinite(loss)):
-        raise TrainingDiverged(f"harden diverged: the {m} loss is {float(loss)}; lower the learning rate "
+        raise TrainingDiverged(f"harden diverged: the {m} loss is {float(loss.detach())}; lower the learning rate "
                                f"(lr={s['lr']:g})" + (" or beta" if m == "trades" else ""))
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -426,11 +489,40 @@ def _load_state(path: Path, fingerprint: str) -> dict[str, Any]:
     return st
 
 
-def _make_optimizer(model: nn.Module, s: dict[str, Any]) -> torch.optim.Optimizer:
+def _optimizer_and_schedule(model: nn.Module, s: dict[str, Any], steps_per_epoch: int
+                            ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR | None]:
+    """The optimiser and per-batch learning-rate schedule of settings ``s`` (robustest.recipes builds both)."""
+    opts = check_options(s["epochs"], optimizer=s["optimizer"], lr=s["lr"], weight_decay=s["weight_decay"],
+                         momentum=s.get("momentum"), nesterov=s.get("nesterov"), schedule=s["schedule"],
+                         warmup_epochs=s["warmup_epochs"], milestones=s["milestones"])
     params = [p for p in model.parameters() if p.requires_grad]
-    if s["optimizer"] == "adam":
-        return torch.optim.Adam(params, lr=s["lr"], weight_decay=s["weight_decay"])
-    return torch.optim.SGD(params, lr=s["lr"], momentum=0.9, weight_decay=s["weight_decay"])
+    if opts.optimizer == "adam":
+        opt: torch.optim.Optimizer = torch.optim.Adam(params, lr=opts.lr, weight_decay=opts.weight_decay)
+    else:
+        opt = torch.optim.SGD(params, lr=opts.lr, momentum=opts.momentum, weight_decay=opts.weight_decay,
+                              nesterov=opts.nesterov)
+    return opt, make_schedule(opt, opts, s["epochs"], steps_per_epoch)
+
+
+def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def _check_data(data: DataLike, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = as_tensors(data)
+    if y is None:
+        raise DataError(f"harden needs labelled {what} data: pass (x, y) or a labelled Dataset")
+    check_images(x, f"{what} images")
+    y = check_labels(y, x.shape[0], name=f"{what} labels")
+    if int(x.shape[0]) == 0:
+        raise DataError(f"the {what} data is empty: check the split, the path and --limit")
+    return x, y
+
+
+def _collapsed(score: float, best: float) -> bool:
+    """The catastrophic-overfitting rule: validation PGD accuracy under ``CO_RATIO`` of the best so far and at
+    least ``CO_MIN_DROP`` below it."""
+    return score < CO_RATIO * best and best - score >= CO_MIN_DROP
 
 
 # ----------------------------------------------------------------------------------------------- harden
@@ -442,9 +534,15 @@ def harden(
     epochs: int = 5,
     *,
     batch_size: int = 128,
-    lr: float = 1e-3,
-    optimizer: str = "adam",
+    lr: float = RECIPE_DEFAULTS["lr"],
+    optimizer: str = RECIPE_DEFAULTS["optimizer"],
     weight_decay: float = 0.0,
+    momentum: float | None = None,
+    nesterov: bool | None = None,
+    schedule: str | None = RECIPE_DEFAULTS["schedule"],
+    warmup_epochs: float = 0.0,
+    milestones: Sequence[float] | None = None,
+    eps_warmup: float = RECIPE_DEFAULTS["eps_warmup"],
     steps: int | None = None,
     alpha: float | None = None,
     mix: float | None = None,
@@ -454,6 +552,8 @@ def harden(
     fol_threshold: float | None = None,
     stop_misclassified: bool | None = None,
     fol_min_steps: int | None = None,
+    co_guard: bool | None = None,
+    keep: str | None = None,
     seed: int = 0,
     device: torch.device | str | None = None,
     progress: bool = False,
@@ -463,51 +563,52 @@ def harden(
     state_dir: str | Path | None = None,
     resume: bool = False,
 ) -> HardenResult:
-    """Adversarially fine-tune ``model`` in place on labelled ``data`` with ``method`` (see :data:`METHODS`).
+    """Adversarially train ``model`` in place on labelled ``data`` with ``method`` (see :data:`METHODS`): fine-tune a
+    trained model, or train one from its random initialisation with the same call.
 
     ``data``: an (x, y) pair, a Dataset or a DataLoader (materialised): images N x C x H x W in [0, 1], int64
-    labels [N]. ``eps``: L-inf radius in (0, 1]. ``steps`` (default 10; fast-at: 1) gradient steps of ``alpha``
-    (default ``2.5 * eps / steps``; fast-at ``1.25 * eps``) for the inner maximisation. Method parameters (None:
-    the default; setting one for another method is an error): ``mix`` (pgd-at, fraction of the loss on clean
-    inputs, default 0), ``beta`` (trades, default 6), ``fosc_c_max`` / ``fosc_warmup`` (fosc, defaults 0.5 /
-    0.8: c_t reaches 0 after 80 % of the epochs), ``fol_threshold`` / ``stop_misclassified`` (fol-budget,
-    defaults 0.1 / True). Training: ``optimizer`` "adam" or "sgd" (momentum 0.9), ``lr``, ``weight_decay``,
-    ``batch_size``, ``epochs``; randomness from ``seed`` only.
+    labels [N]. ``eps``: L-inf radius in (0, 1], reached after ``eps_warmup`` (default 0.3) of the training steps.
+    ``steps`` (default 10; fast-at: 1) gradient steps of ``alpha`` (default ``2.5 * eps / steps``; fast-at
+    ``1.25 * eps``) for the inner maximisation. Method parameters (None: the default; setting one for another
+    method is an error): ``mix`` (pgd-at, fraction of the loss on clean inputs, default 0), ``beta`` (trades,
+    default 6), ``fosc_c_max`` / ``fosc_warmup`` (fosc, defaults 0.5 / 0.8: c_t reaches 0 after 80 % of the
+    epochs), ``fol_threshold`` / ``stop_misclassified`` (fol-budget, defaults 0.1 / True), ``co_guard`` (fast-at,
+    default True: the catastrophic-overfitting guard, active with ``val``). Training: ``optimizer`` "adam" (default)
+    or "sgd" (``momentum`` 0.9, ``nesterov``), ``lr`` (default 1e-3), ``schedule`` (default "cosine"; None,
+    "step", "cyclic"), ``warmup_epochs``, ``milestones``, ``weight_decay``, ``batch_size``, ``epochs``; randomness
+    from ``seed`` only.
 
-    ``val``: labelled data measured after every epoch (clean accuracy and PGD-``val_steps`` accuracy, step
-    eps/4, random start; not counted as training compute). ``on_epoch_end(epoch, model, record)`` is called
-    after every epoch, after the epoch's state was written. ``state_dir``: write the state after every epoch
-    (model, optimizer, epoch, history) atomically to ``state_dir/harden_state.pt``; ``resume=True`` continues
-    from it (same settings and data required) and gives the same final weights as an uninterrupted run.
+    ``val``: held-out labelled data measured after every epoch (clean accuracy and PGD-``val_steps`` accuracy,
+    step eps/4, random start; not counted as training compute). ``keep``: "best" (the default with ``val``:
+    robust early stopping, the model ends with the weights of the best validation PGD accuracy) or "last" (the
+    default without). ``on_epoch_end(epoch, model, record)`` is called after every epoch, after the epoch's
+    state was written. ``state_dir``: write the state after every epoch (model, optimizer, schedule, best epoch,
+    history) atomically to ``state_dir/harden_state.pt``; ``resume=True`` continues from it (same settings and
+    data required) and gives the same final weights as an uninterrupted run.
 
     Every argument is checked before any work (ConfigError / DataError with one line). The model ends in eval
     mode. Returns a :class:`HardenResult` with per-epoch figures and compute.
     """
+    if keep is None:
+        keep = "best" if val is not None else "last"
     s = harden_settings(method, eps, epochs, batch_size=batch_size, lr=lr, optimizer=optimizer,
-                        weight_decay=weight_decay, steps=steps, alpha=alpha, mix=mix, beta=beta, fosc_c_max=fosc_c_max,
-                        fosc_warmup=fosc_warmup, fol_threshold=fol_threshold, stop_misclassified=stop_misclassified,
-                        fol_min_steps=fol_min_steps, seed=seed)
+                        weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, schedule=schedule,
+                        warmup_epochs=warmup_epochs, milestones=milestones, eps_warmup=eps_warmup, steps=steps,
+                        alpha=alpha, mix=mix, beta=beta, fosc_c_max=fosc_c_max, fosc_warmup=fosc_warmup,
+                        fol_threshold=fol_threshold, stop_misclassified=stop_misclassified,
+                        fol_min_steps=fol_min_steps, co_guard=co_guard, keep=keep, seed=seed)
     check_trainable(model)
     val_steps = _integer(val_steps, "val_steps")
     if on_epoch_end is not None and not callable(on_epoch_end):
         raise ConfigError("on_epoch_end must be callable (epoch, model, record) or None")
     if resume and state_dir is None:
         raise ConfigError("resume=True needs the state_dir of the interrupted run")
-    x, y = as_tensors(data)
-    if y is None:
-        raise DataError("harden needs labelled data: pass (x, y) or a labelled Dataset")
-    check_images(x, "training images")
-    y = check_labels(y, x.shape[0], name="training labels")
+    if s["keep"] == "best" and val is None:
+        raise ConfigError("keep='best' picks the epoch by validation PGD accuracy: pass val= (held-out labelled "
+                          "data) or keep='last'")
+    x, y = _check_data(data, "training")
+    xv, yv = _check_data(val, "validation") if val is not None else (None, None)
     n = int(x.shape[0])
-    if n == 0:
-        raise DataError("the training data is empty: check the split, the path and --limit")
-    xv = yv = None
-    if val is not None:
-        xv, yv = as_tensors(val)
-        if yv is None:
-            raise DataError("val needs labels: pass (x, y) or a labelled Dataset")
-        check_images(xv, "validation images")
-        yv = check_labels(yv, xv.shape[0], name="validation labels")
     dev = resolve_device(model, device)
     model.to(dev)
     with torch.no_grad(), eval_mode(model):  # labels must index the model's outputs
@@ -519,9 +620,14 @@ def harden(
     state_path = Path(state_dir) / STATE_FILE if state_dir is not None else None
     if state_path is not None and state_path.parent.exists() and not state_path.parent.is_dir():
         raise ConfigError(f"state_dir {str(state_path.parent)!r} exists and is not a folder")
-    fp = _fingerprint(s, _digest(x, y)) if state_path is not None else ""
-    opt = _make_optimizer(model, s)
+    fp = ""
+    if state_path is not None:
+        fp = _fingerprint(s, _digest(x, y) + (_digest(xv, yv) if xv is not None else ""))
+    bs = s["batch_size"]
+    steps_per_epoch = -(-n // bs)
+    opt, sched = _optimizer_and_schedule(model, s, steps_per_epoch)
     result = HardenResult(method=s["method"], settings=dict(s), num_samples=n)
+    best: dict[str, Any] = {"epoch": None, "score": -1.0, "model": None}
     start = 0
     if state_path is not None and state_path.is_file():
         if not resume:
@@ -530,55 +636,85 @@ def harden(
         st = _load_state(state_path, fp)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
+        if sched is not None:
+            sched.load_state_dict(st["schedule"])
         result.epochs = [dict(e) for e in st["history"]]
+        best = dict(st["best"])
+        result.guard_epoch = st.get("guard_epoch")
         start = result.resumed_epochs = int(st["epoch"])
     if state_path is not None:  # under torchrun every rank has read the state before rank 0 writes the next
         from robustest import distributed
 
         distributed.barrier()
 
-    bs = s["batch_size"]
+    total_steps = s["epochs"] * steps_per_epoch
     for epoch in range(start + 1, s["epochs"] + 1):
+        if result.guard_epoch is not None:
+            break
         t0 = time.perf_counter()
-        seed_everything(_derive_seed(s["seed"], epoch, "global"))  # dropout and any other global draws
-        perm = torch.randperm(n, generator=make_generator(_derive_seed(s["seed"], epoch, "shuffle")))
-        gen = make_generator(_derive_seed(s["seed"], epoch, "attack"), dev)
-        fosc_c = fosc_schedule(epoch, s["epochs"], s["fosc_c_max"], s["fosc_warmup"]) if s["method"] == "fosc" \
-            else None
-        count = ComputeCount()
-        total_loss, correct, evals_sum, early = 0.0, 0, 0, 0
-        starts = range(0, n, bs)
-        for b0 in progress_bar(starts, enabled=progress, desc=f"{s['method']} {epoch}/{s['epochs']}",
-                               total=len(starts), unit="batch"):
-            idx = perm[b0:b0 + bs]
-            xb = x[idx].to(dev, torch.float32, non_blocking=True)
-            yb = y[idx].to(dev, torch.long, non_blocking=True)
-            loss_sum, ok, evals = _batch(model, xb, yb, gen, s, fosc_c, opt, count)
-            total_loss += loss_sum
-            correct += ok
-            evals_sum += int(evals.sum())
-            if s["method"] in ("fosc", "fol-budget"):
-                early += int((evals < s["steps"]).sum())
-        model.eval()
-        record: dict[str, Any] = {
-            "epoch": epoch, "loss": total_loss / n, "adv_accuracy": correct / n, "lr": opt.param_groups[0]["lr"],
-            "attack_evals_mean": evals_sum / n, "stopped_early": early / n, "compute": count.to_dict(),
-        }
-        if fosc_c is not None:
-            record["fosc_c"] = fosc_c
+        record = _epoch(model, x, y, s, epoch, opt, sched, dev, progress, total_steps, steps_per_epoch)
         if xv is not None:
             record.update(_validate(model, xv, yv, s["eps"], val_steps, _derive_seed(s["seed"], "val")))
+            score = record["val_pgd_accuracy"]
+            if s.get("co_guard") and best["epoch"] is not None and _collapsed(score, best["score"]):
+                result.guard_epoch = epoch
+                record["guard"] = "collapsed"
+            elif score >= best["score"]:
+                best = {"epoch": epoch, "score": score, "model": _cpu_state(model)}
         record["seconds"] = time.perf_counter() - t0
         result.epochs.append(record)
         if state_path is not None:
             atomic_save({"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": fp, "epoch": epoch,
-                         "settings": dict(s),
-                         "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-                         "optimizer": opt.state_dict(), "history": result.epochs}, state_path)
+                         "settings": dict(s), "model": _cpu_state(model), "optimizer": opt.state_dict(),
+                         "schedule": sched.state_dict() if sched is not None else None, "best": best,
+                         "guard_epoch": result.guard_epoch, "history": result.epochs}, state_path)
         if on_epoch_end is not None:
             on_epoch_end(epoch, model, record)
+    result.best_epoch = best["epoch"]
+    result.kept_epoch = len(result.epochs) if result.epochs else None
+    if (s["keep"] == "best" or result.guard_epoch is not None) and best["model"] is not None:
+        model.load_state_dict(best["model"])
+        result.kept_epoch = best["epoch"]
     model.eval()
     return result
+
+
+def _epoch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, s: dict[str, Any], epoch: int,
+           opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LambdaLR | None, dev: torch.device,
+           progress: bool, total_steps: int, steps_per_epoch: int) -> dict[str, Any]:
+    """One training epoch over (x, y) in the epoch's seeded order; returns its record (without validation)."""
+    n, bs = int(x.shape[0]), s["batch_size"]
+    seed_everything(_derive_seed(s["seed"], epoch, "global"))  # dropout and any other global draws
+    perm = torch.randperm(n, generator=make_generator(_derive_seed(s["seed"], epoch, "shuffle")))
+    gen = make_generator(_derive_seed(s["seed"], epoch, "attack"), dev)
+    fosc_c = fosc_schedule(epoch, s["epochs"], s["fosc_c_max"], s["fosc_warmup"]) if s["method"] == "fosc" \
+        else None
+    count = ComputeCount()
+    total_loss, correct, evals_sum, early = 0.0, 0, 0, 0
+    eps_t = s["eps"]
+    starts = range(0, n, bs)
+    for i, b0 in enumerate(progress_bar(starts, enabled=progress, desc=f"{s['method']} {epoch}/{s['epochs']}",
+                                        total=len(starts), unit="batch")):
+        idx = perm[b0:b0 + bs]
+        xb = x[idx].to(dev, torch.float32, non_blocking=True)
+        yb = y[idx].to(dev, torch.long, non_blocking=True)
+        eps_t = eps_schedule((epoch - 1) * steps_per_epoch + i, total_steps, s["eps"], s["eps_warmup"])
+        loss_sum, ok, evals = _batch(model, xb, yb, gen, s, eps_t, fosc_c, opt, count)
+        if sched is not None:
+            sched.step()
+        total_loss += loss_sum
+        correct += ok
+        evals_sum += int(evals.sum())
+        if s["method"] in ("fosc", "fol-budget"):
+            early += int((evals < s["steps"]).sum())
+    model.eval()
+    record: dict[str, Any] = {
+        "epoch": epoch, "loss": total_loss / n, "adv_accuracy": correct / n, "lr": opt.param_groups[0]["lr"],
+        "eps": eps_t, "attack_evals_mean": evals_sum / n, "stopped_early": early / n, "compute": count.to_dict(),
+    }
+    if fosc_c is not None:
+        record["fosc_c"] = fosc_c
+    return record
 
 
 def _validate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int, seed: int

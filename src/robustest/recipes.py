@@ -6,7 +6,7 @@
 * :func:`make_optimizer`: Adam, or SGD with (Nesterov) momentum; with ``decay_norm_bias=False`` weight
   decay skips the parameters of normalisation layers, biases and every other 1-D parameter.
 * :func:`make_schedule`: constant, cosine or step (x0.1 at each milestone epoch), after an optional linear
-  warm-up, stepped once per batch.
+  warm-up, or cyclic (one triangle: linear from 0 up to the rate, then down to 0), stepped once per batch.
 * :func:`crop_flip`: CIFAR-style random crop from a zero-padded image plus horizontal flip, batched and
   seeded (N x C x H x W in, same shape out).
 * :func:`autocast` / :func:`grad_scaler`: mixed precision (bf16 autocast on CUDA or the CPU; fp16 autocast
@@ -31,12 +31,14 @@ from torch import nn
 from robustest.config import check_bool, check_choice, check_float, check_int
 from robustest.errors import ConfigError
 
-__all__ = ["AMP_MODES", "AUGMENTS", "OPTIMIZERS", "RECIPES", "SCHEDULES", "TrainOptions", "autocast", "check_amp",
-           "check_device", "check_options", "compile_error", "compile_model", "crop_flip", "grad_scaler",
+__all__ = ["AMP_MODES", "AUGMENTS", "CYCLIC_PEAK", "OPTIMIZERS", "RECIPES", "SCHEDULES", "TrainOptions", "autocast",
+           "check_amp", "check_device", "check_options", "compile_error", "compile_model", "crop_flip", "grad_scaler",
            "make_optimizer", "make_schedule", "no_decay_parameters", "recipe"]
 
 OPTIMIZERS = ("adam", "sgd")
-SCHEDULES = ("cosine", "step")
+SCHEDULES = ("cosine", "step", "cyclic")
+#: where the cyclic schedule peaks, as a fraction of training (Wong et al. 2020: 2/5 of the epochs)
+CYCLIC_PEAK = 0.4
 AMP_MODES = ("bf16", "fp16")
 AUGMENTS = ("crop-flip",)
 CROP_PADDING = 4
@@ -87,7 +89,7 @@ def check_options(epochs: int, *, optimizer: str = "adam", lr: float = 1e-3, wei
     if schedule in ("none", "constant"):
         schedule = None
     if schedule is not None and schedule not in SCHEDULES:
-        raise ConfigError(f"unknown schedule {schedule!r}: use None, 'cosine' or 'step'")
+        raise ConfigError(f"unknown schedule {schedule!r}: use None, 'cosine', 'step' or 'cyclic'")
     lr_f = check_float("lr", lr, 0.0, 10.0, lo_open=True)
     wd = check_float("weight_decay", weight_decay, 0.0, 1.0)
     if optimizer != "sgd" and (momentum is not None or nesterov is not None):
@@ -98,6 +100,9 @@ def check_options(epochs: int, *, optimizer: str = "adam", lr: float = 1e-3, wei
     if optimizer == "sgd" and nest and mom == 0:
         raise ConfigError("nesterov needs a momentum > 0: give momentum=0.9 or nesterov=False")
     warm = check_float("warmup_epochs", warmup_epochs, 0.0)
+    if warm > 0 and schedule == "cyclic":
+        raise ConfigError("the cyclic schedule has its own warm-up (it rises from 0 to the rate over the first "
+                          f"{CYCLIC_PEAK:.0%} of training): drop warmup_epochs")
     if warm > 0 and warm >= epochs:
         raise ConfigError(f"warmup_epochs must be below the number of epochs ({epochs}), got {warmup_epochs}")
     ms: tuple[float, ...] | None = None
@@ -164,11 +169,21 @@ def make_schedule(opt: torch.optim.Optimizer, opts: TrainOptions, epochs: int, s
                   ) -> torch.optim.lr_scheduler.LambdaLR | None:
     """A per-batch LR schedule: ``warmup_epochs`` of linear warm-up ((s + 1) / warm-up steps), then constant,
     cosine (from the end of warm-up to 0 at the last step) or step (x0.1 at each milestone epoch; by default
-    at 50 % and 75 % of training). None when there is neither a schedule nor a warm-up."""
+    at 50 % and 75 % of training), or cyclic: linear from 0 up to the rate at :data:`CYCLIC_PEAK` of training,
+    then linear down to 0 at the last step (Wong et al. 2020's one-cycle triangle; no separate warm-up). None
+    when there is neither a schedule nor a warm-up."""
     total = max(1, epochs * steps_per_epoch)
     warm = int(round(opts.warmup_epochs * steps_per_epoch))
     if opts.schedule is None and warm == 0:
         return None
+    if opts.schedule == "cyclic":
+        peak = max(1.0, CYCLIC_PEAK * total)
+
+        def cyclic(s: int) -> float:
+            t = s + 1  # the rate of step s; the first step trains at 1/peak of the rate, not at 0
+            return t / peak if t <= peak else max(0.0, (total - t) / max(1.0, total - peak))
+
+        return torch.optim.lr_scheduler.LambdaLR(opt, cyclic)
     if opts.schedule == "cosine":
         span = max(1, total - warm)
 
