@@ -7,6 +7,7 @@ import csv
 import io
 import os
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -245,3 +246,97 @@ def test_report_of_a_results_document_shows_settings_timings_and_significance(tm
     assert 'class="kv"' in text  # long values wrap inside a two-column table
     assert "robustest-compare-results" in text and rep.render() == text
     assert report.HtmlReport("x").significance([]).render() == report.HtmlReport("x").render()
+
+
+# ----------------------------------------------------------------------------- degenerate data
+_ULP = float(np.nextafter(np.float32(0.2), np.float32(1.0)))
+DEGENERATE = {
+    "empty": [],
+    "one point": [0.2],
+    "constant": [0.2] * 30,
+    "constant zero": [0.0] * 5,
+    "constant negative": [-3.0] * 4,
+    "all NaN": [float("nan")] * 3,
+    "NaN and inf": [float("nan"), float("inf"), -float("inf")],
+    "one float32 ulp apart": [0.2] * 10 + [_ULP],  # eval's norms at eps: 'Too many bins for data range'
+}
+
+
+def _as_plots(values: list[float]) -> dict:
+    """Each plot helper fed ``values``: a histogram (one array, a float32 tensor, overlaid), lines, bars, bars with
+    errors, horizontal bars and an image grid of constant images."""
+    t = torch.tensor(values, dtype=torch.float32)
+    cats = {f"c{i}": v for i, v in enumerate(values)}
+    return {
+        "histogram": lambda: report.save_histogram(values, None, bins=50),
+        "histogram float32": lambda: report.save_histogram(t, None),
+        "histogram overlaid": lambda: report.save_histogram({"a": t, "b": values[:1]}, None, log=True),
+        "lines": lambda: report.save_lines({"a": (list(range(len(values))), values)}, None),
+        "lines constant x": lambda: report.save_lines({"a": ([1] * len(values), values), "b": ([], [])}, None),
+        "bars": lambda: report.save_bars({"a": cats}, None),
+        "bars with errors": lambda: report.save_bars({"a": cats, "b": cats}, None, errors={"a": cats}),
+        "hbars": lambda: report.save_hbars({"a": cats}, None, errors={"a": cats}),
+        "image grid": lambda: report.save_image_grid(t.view(-1, 1, 1, 1).expand(-1, 1, 4, 4), None),
+    }
+
+
+@pytest.mark.filterwarnings("error")  # no "cannot be log-scaled", no "identical low and high ylims"
+@pytest.mark.parametrize("case", list(DEGENERATE))
+@pytest.mark.parametrize("plot", list(_as_plots([])))
+def test_every_plot_draws_degenerate_data(case, plot):
+    import matplotlib.pyplot as plt
+
+    before = len(plt.get_fignums())
+    w, h = png_size(_as_plots(DEGENERATE[case])[plot]())
+    assert w > 50 and h > 50
+    assert len(plt.get_fignums()) == before
+
+
+@pytest.mark.parametrize("values, centre", [([0.2] * 30, 0.2), ([0.2], 0.2), ([0.2] * 10 + [_ULP], 0.2),
+                                            ([0.0] * 5, 0.0), ([7.0, 7.0], 7.0)])
+def test_histogram_of_one_value_is_centred_on_it_and_never_negative(values, centre):
+    edges = report.histogram_edges(torch.tensor(values, dtype=torch.float32), bins=50)
+    assert np.all(np.diff(edges) > 0)
+    assert edges[0] >= 0  # norms: no bin below 0
+    assert edges[0] <= centre <= edges[-1]
+    assert edges[-1] - edges[0] <= 0.1 * max(centre, 1.0) + 1e-9  # a small range, not numpy's +-0.5
+    if centre > 0:
+        assert (edges[0] + edges[-1]) / 2 == pytest.approx(centre, rel=1e-6)
+    # negative data keep a symmetric range; spread data keep their own range and bin count
+    neg = report.histogram_edges([-3.0, -3.0])
+    assert (neg[0] + neg[-1]) / 2 == pytest.approx(-3.0) and neg[-1] < 0
+    spread = report.histogram_edges([1.0, 2.0, np.nan], bins=4)
+    assert spread.tolist() == [1.0, 1.25, 1.5, 1.75, 2.0]
+    assert report.histogram_edges([]).tolist()[0] == 0.0
+
+
+def _axes_of(monkeypatch, draw) -> Any:
+    """The axes of the figure that ``draw`` renders, drawn, before the figure is closed."""
+    seen = []
+    real = report.figure_png
+
+    def spy(fig):
+        fig.canvas.draw()
+        seen.append(fig.axes[0])
+        return real(fig)
+
+    monkeypatch.setattr(report, "figure_png", spy)
+    draw()
+    assert len(seen) == 1
+    return seen[0]
+
+
+@pytest.mark.parametrize("values", [[1.0, 2.0], [0.2] * 3, [0.5, 0.6, 0.7, 0.8, 0.9]])
+def test_histogram_counts_have_whole_number_ticks(monkeypatch, values):
+    ax = _axes_of(monkeypatch, lambda: report.save_histogram(values, None))
+    lo, hi = ax.get_ylim()
+    ticks = [t for t in ax.get_yticks() if lo <= t <= hi]
+    assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks)
+    assert ax.get_xlim()[0] >= -1e-9  # all values >= 0: the axis does not reach below 0 either
+
+
+def test_one_point_line_is_drawn_inside_the_axes(monkeypatch):
+    ax = _axes_of(monkeypatch, lambda: report.save_lines({"a": ([1], [0.5])}, None))
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    assert x0 < 1 < x1 and y0 < 0.5 < y1
+    assert all(float(t).is_integer() for t in ax.get_xticks())

@@ -5,7 +5,9 @@
   into words. The CLI prints with the same two functions, so a table reads the same on screen and in HTML.
 * :func:`save_histogram`, :func:`save_lines`, :func:`save_bars`, :func:`save_hbars` draw PNG plots with
   matplotlib (Agg); legends sit outside the data. :func:`save_hbars` (one bar per category, horizontal) grows in
-  height with the number of categories and keeps a fixed font size, so it stays legible at any count.
+  height with the number of categories and keeps a fixed font size, so it stays legible at any count. Every plot
+  draws any data: empty, all-NaN, one point, all values equal (:func:`histogram_edges`); count axes have
+  whole-number ticks.
 * :func:`save_image_grid` writes a grid of images (N x C x H x W in [0, 1]) with optional captions.
 * :class:`HtmlReport` assembles headings, paragraphs, tables (in a horizontal-scroll wrapper), images
   (embedded as base64), the settings in effect and the timings of a results document into one
@@ -31,8 +33,8 @@ import torch
 
 from robustest.runtime import atomic_write_bytes, atomic_write_text
 
-__all__ = ["HtmlReport", "figure_png", "format_value", "header_label", "save_bars", "save_hbars", "save_histogram",
-           "save_image_grid", "save_lines", "write_csv"]
+__all__ = ["HtmlReport", "figure_png", "format_value", "header_label", "histogram_edges", "save_bars", "save_hbars",
+           "save_histogram", "save_image_grid", "save_lines", "write_csv"]
 
 DPI = 110
 FONT = 9  # points: every label, tick and legend of a chart
@@ -145,18 +147,57 @@ def _done(fig: Any, path: str | os.PathLike[str] | None) -> bytes:
     return png
 
 
+_NARROW = 1e-6  # a value range this small relative to the values' magnitude draws as one value
+_DEGENERATE_BINS = 9  # odd: the one value sits in the middle bin
+
+
+def histogram_edges(values: Any, bins: int = 50) -> np.ndarray:
+    """Bin edges for the finite ``values`` that work for any data.
+
+    Spread data get ``bins`` equal bins over their range (computed in float64, so float32 values one ulp apart
+    cannot ask for more bins than the range holds). Data that are (almost) one value, such as perturbation
+    norms that all equal the radius, get a few bins on a small range centred on that value (5 % of it on each
+    side); when no value is negative the range is clipped at 0, so norms, counts and radii never seem to reach
+    below 0. Empty data get the unit interval."""
+    arr = _to_numpy(values).astype(np.float64).ravel()
+    arr = arr[np.isfinite(arr)]
+    if not arr.size:
+        return np.linspace(0.0, 1.0, bins + 1)
+    lo, hi = float(arr.min()), float(arr.max())
+    if hi - lo > _NARROW * max(abs(lo), abs(hi)):
+        return np.linspace(lo, hi, bins + 1)
+    centre = (lo + hi) / 2
+    half = 0.05 * abs(centre) if centre else 0.05
+    left, right = centre - half, centre + half
+    if lo >= 0 and left < 0:
+        left = 0.0
+    return np.linspace(left, right, _DEGENERATE_BINS + 1)
+
+
+def _integer_ticks(axis: Any) -> None:
+    """Whole-number ticks (counts, rounds, epochs), also on an axis narrower than 1 (one point: one tick)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+
+
 def save_histogram(values: Any | Mapping[str, Any], path: str | os.PathLike[str] | None, *, title: str = "",
                    xlabel: str = "", bins: int = 50, log: bool = False) -> bytes:
     """Histogram of one array, or of several (dict label -> values) overlaid. Returns the PNG bytes and,
-    when ``path`` is given, writes them there atomically."""
+    when ``path`` is given, writes them there atomically.
+
+    Non-finite values are left out; any data draw, also empty, all-NaN, one value or all values equal (bins
+    from :func:`histogram_edges`). The count axis has whole-number ticks."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.4))
     series = values if isinstance(values, Mapping) else {"": values}
-    finite = [a[np.isfinite(a)] for a in (_to_numpy(v).ravel() for v in series.values())]
-    allv = np.concatenate(finite) if finite else np.zeros(0)
-    edges = np.histogram_bin_edges(allv, bins=bins) if allv.size else bins
+    finite = [a[np.isfinite(a)] for a in (_to_numpy(v).astype(np.float64).ravel() for v in series.values())]
+    edges = histogram_edges(np.concatenate(finite) if finite else np.zeros(0), bins)
+    log = log and any(a.size for a in finite)  # nothing to count: a log axis would have no range
     for (label, _), arr in zip(series.items(), finite):
         ax.hist(arr, bins=edges, alpha=0.55 if len(series) > 1 else 0.9, label=label or None, log=log)
+    if not log:
+        _integer_ticks(ax.yaxis)
     _style(ax, title, xlabel, "count")
     if len(series) > 1:
         _legend_outside(ax)
@@ -168,12 +209,11 @@ def save_lines(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], pa
     """Line plot of ``label -> (xs, ys)``; returns PNG bytes, written to ``path`` when given."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.4))
-    for label, (xs, ys) in series.items():
-        ax.plot(list(xs), list(ys), marker="o", label=label)
-    if all(float(x).is_integer() for xs, _ in series.values() for x in xs):
-        from matplotlib.ticker import MaxNLocator
-
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds, epochs: whole numbers
+    points = {label: ([_num(x) for x in xs], [_num(y) for y in ys]) for label, (xs, ys) in series.items()}
+    for label, (xs, ys) in points.items():
+        ax.plot(xs, ys, marker="o", label=label)
+    if all(x.is_integer() for xs, _ in points.values() for x in xs):
+        _integer_ticks(ax.xaxis)  # rounds, epochs: whole numbers
     _style(ax, title, xlabel, ylabel)
     ax.grid(alpha=0.3)
     if series:
@@ -189,7 +229,16 @@ def _categories(groups: Mapping[str, Mapping[str, float]]) -> list[str]:
 
 
 def _num(v: Any) -> float:
-    return float("nan") if v is None else float(v)
+    """A value to draw: None and infinities (which no axis can show) become NaN, which draws nothing."""
+    f = float("nan") if v is None else float(v)
+    return f if math.isfinite(f) else float("nan")
+
+
+def _errs(errors: Mapping[str, Mapping[str, float]] | None, name: str, cats: Sequence[str]) -> list[float] | None:
+    """Error-bar half-widths of series ``name`` (their size: a negative half-width is drawn as its absolute)."""
+    if not errors or name not in errors:
+        return None
+    return [abs(_num(errors[name].get(c, 0.0))) for c in cats]
 
 
 def save_bars(groups: Mapping[str, Mapping[str, float]], path: str | os.PathLike[str] | None, *, title: str = "",
@@ -208,7 +257,7 @@ def save_bars(groups: Mapping[str, Mapping[str, float]], path: str | os.PathLike
     xs = np.arange(len(cats))
     for i, (name, d) in enumerate(groups.items()):
         vals = [_num(d.get(c)) for c in cats]
-        err = [_num(errors[name].get(c, 0.0)) for c in cats] if errors and name in errors else None
+        err = _errs(errors, name, cats)
         ax.bar(xs + i * width - 0.4 + width / 2, vals, width, yerr=err, label=name, capsize=2)
     ax.set_xticks(xs)
     ax.set_xticklabels(cats, rotation=30 if len(cats) > 4 else 0, ha="right" if len(cats) > 4 else "center")
@@ -235,11 +284,11 @@ def save_hbars(groups: Mapping[str, Mapping[str, float]], path: str | os.PathLik
     ys = np.arange(len(cats))
     for i, (name, d) in enumerate(groups.items()):
         vals = [_num(d.get(c)) for c in cats]
-        err = [_num(errors[name].get(c, 0.0)) for c in cats] if errors and name in errors else None
+        err = _errs(errors, name, cats)
         ax.barh(ys + i * height - 0.4 + height / 2, vals, height, xerr=err, label=name, capsize=2)
     ax.set_yticks(ys)
     ax.set_yticklabels(cats)
-    ax.set_ylim(len(cats) - 0.5, -0.5)
+    ax.set_ylim(max(1, len(cats)) - 0.5, -0.5)
     _style(ax, title, xlabel, "")
     ax.grid(axis="x", alpha=0.3)
     if len(groups) > 1:
