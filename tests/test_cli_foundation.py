@@ -97,6 +97,7 @@ def test_train_on_digits_writes_checkpoint_and_report(tmp_path, capsys, results_
                              "--batch-size", "32", "--lr", "3e-3", "--seed", "1", "--out", out_dir, "--no-progress")
     assert code == 0, err
     assert "test accuracy" in out and "model.pt" in out
+    assert "1437 images, 1 epoch, " in out  # not "1 epochs"
     assert sorted(os.listdir(out_dir)) == ["model.pt", "report.html", "results.json"]
     rep = results_contract(out_dir, "train")
     assert set(rep["settings"]) == {"dataset", "model", "epochs", "batch_size", "lr", "optimizer", "weight_decay",

@@ -98,6 +98,7 @@ def test_enhance_verb(tmp_path, checkpoint, capsys, results_contract):
     assert res["settings"]["weaknesses"] == ["gaussian_noise", "pgd"] and res["settings"]["adv_steps"] == 2
     assert "split" not in res["settings"] and res["before"] == {} and res["after"] == {}
     assert "gaussian_noise" in res["enhance"]["pool"] and res["enhance"]["weaknesses"] == ["gaussian_noise", "pgd"]
+    assert "<p>1 epoch; pool:" in (out / "report.html").read_text()  # not "1 epochs"
     from robustest.training import load_checkpoint
 
     m = load_checkpoint(out / "model.pt")

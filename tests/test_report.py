@@ -340,3 +340,19 @@ def test_one_point_line_is_drawn_inside_the_axes(monkeypatch):
     (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
     assert x0 < 1 < x1 and y0 < 0.5 < y1
     assert all(float(t).is_integer() for t in ax.get_xticks())
+
+
+@pytest.mark.parametrize("mean, std, n, text", [
+    (0.4, 0.1, 3, "0.400 ± 0.100"),
+    (1.0, 0.0, 1, "1.000 (n = 1)"),     # one seed has no spread: never "1.000 ± 0.000"
+    (0.5, None, 1, "0.500 (n = 1)"),
+    (0.5, None, None, "0.500 (n = 1)"),
+    (0.5, 0.0, 2, "0.500 ± 0.000"),     # two equal seeds: a measured spread of 0
+    (None, 0.1, 3, "-"),
+])
+def test_mean_std_says_n_for_one_seed(mean, std, n, text):
+    assert report.mean_std(mean, std, n) == text
+
+
+def test_plural():
+    assert [report.plural(n, "epoch") for n in (0, 1, 2)] == ["0 epochs", "1 epoch", "2 epochs"]

@@ -36,7 +36,8 @@ def checkpoint(mlp_digits_checkpoint):
 def test_config_validation_errors_are_one_line(tmp_path):
     cases = [
         ({"epsilon": 0.3}, "unknown config key 'epsilon'"),
-        ({"eps": 0}, "eps must be"),
+        ({"eps": 0}, "eps must lie in"),
+        ({"eps": 8}, "eps must lie in"),
         ({"budget": "0%"}, "budget"),
         ({"budget": -3}, "budget"),
         ({"strategy": "deepgini"}, "unknown strategy"),
@@ -122,6 +123,7 @@ def test_loop_on_digits(checkpoint, tmp_path):
     assert saved["rounds"][1]["robustness"] == res["rounds"][1]["robustness"]
     assert "seconds" not in json.dumps(saved["rounds"][0]["train"])  # wall time lives in timings.json
     assert (out / "timings.json").is_file() and (out / "report.html").stat().st_size > 1000
+    assert "<h1>robustest run: RobOT loop of mlp on digits</h1>" in (out / "report.html").read_text()
     assert (out / "summary.csv").read_text().count("\n") == 4  # header + rounds 0, 1, 2
     assert (out / "state" / "round002" / "model.pt").is_file()
     # the same --out again without resume is refused; with resume nothing is redone
@@ -136,10 +138,15 @@ def test_loop_on_digits(checkpoint, tmp_path):
                    "resume": True})
 
 
-def test_loop_stops_on_requirement_and_convergence(checkpoint, tmp_path):
+def test_loop_stops_on_requirement_and_convergence(checkpoint, tmp_path, results_contract):
     res = robot.run({**TINY, "model": checkpoint, "budget": 10, "rounds": 3, "target": 0.0,
                      "target_metric": "clean_accuracy", "out": str(tmp_path / "a")})
     assert res["stop_reason"] == "requirement" and res["rounds_completed"] == 1
+    # the default strategy (adv-train) uses no pool and no budget: its settings and report leave them out
+    doc = results_contract(tmp_path / "a", "run")
+    assert doc["settings"]["strategy"] == "adv-train" and not {"budget", "pool"} & set(doc["settings"])
+    html = (tmp_path / "a" / "report.html").read_text()
+    assert "no pool and no budget" in html and "after 1 round." in html
     res = robot.run({**TINY, "model": checkpoint, "budget": 10, "rounds": 3, "convergence_tol": 1e9,
                      "convergence_patience": 1, "out": str(tmp_path / "b")})
     assert res["stop_reason"] == "converged" and res["rounds_completed"] == 1
@@ -162,6 +169,8 @@ def test_compare_on_digits(checkpoint, tmp_path):
         sel[s] = torch.load(out / "state" / "cells" / f"{s}_b15_s0" / "selected.pt", weights_only=True)["pool_index"]
     assert not torch.equal(torch.sort(sel["best"]).values, torch.sort(sel["gini"]).values)
     csv = (out / "summary.csv").read_text().splitlines()
+    assert "<h1>robustest compare: selection strategies for mlp on digits</h1>" in \
+        (out / "report.html").read_text()
     assert len(csv) == 4 and "fixed_set_accuracy_mean" in csv[0]
     # a second budget is added on resume; the finished cells are reused
     more = robot.compare({**TINY, "model": checkpoint, "strategies": ["best", "gini", "random"],
@@ -249,3 +258,43 @@ def test_run_config_json_schema_is_current_and_matches_the_defaults() -> None:
     jsonschema.validate(robot.RobotConfig().to_dict(), schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**robot.RobotConfig().to_dict(), "whitebox": "no"}, schema)
+
+
+# ------------------------------------------------------------------------------- report wording
+def test_adv_train_loop_settings_leave_out_the_pool_and_the_budget():
+    from robustest.robot.report import settings_in_effect
+
+    adv = settings_in_effect(robot.RobotConfig(), "loop")  # the default strategy: adversarial training, no pool
+    assert adv["strategy"] == "adv-train"
+    assert not {"budget", "pool", "pool_limit", "fuzz_options", "examples"} & set(adv)
+    assert adv["pool_pgd_steps"] == 10  # the convergence probe attacks with it
+    sel = settings_in_effect(robot.RobotConfig(strategy="random", pool_limit=50), "loop")
+    assert sel["budget"] == "5%" and sel["pool"] == "attack" and sel["pool_limit"] == 50 and "examples" in sel
+
+
+def test_report_titles_name_the_verb_the_model_and_the_data():
+    from robustest.robot.report import report_title
+
+    data = {"dataset": "digits", "model": {"kind": "zoo", "name": "digits_cnn"}}
+    assert report_title({"kind": "loop", "data": data}) == "robustest run: RobOT loop of digits_cnn on digits"
+    assert report_title({"kind": "compare", "data": data}) == \
+        "robustest compare: selection strategies for digits_cnn on digits"
+    fac = {"dataset": "mnist", "model": {"kind": "factory", "factory": "pkg.mod:net", "args": {}}}
+    assert report_title({"kind": "loop", "data": fac}) == "robustest run: RobOT loop of pkg.mod:net on mnist"
+
+
+def test_compare_table_says_n_for_one_seed():
+    import io
+
+    from robustest.cli.run import print_compare_table
+    from robustest.robot.report import _pm
+
+    row = {"strategy": "best", "budget": "10%", "n": 5, "seeds": 1, "before_fixed_set_accuracy": 0.0,
+           "before_whitebox_accuracy": 0.2, "before_clean_accuracy": 0.9}
+    for m in ("fixed_set_accuracy", "whitebox_accuracy", "clean_accuracy"):
+        row[f"{m}_mean"], row[f"{m}_std"] = 1.0, 0.0
+    buf = io.StringIO()
+    print_compare_table({"table": [row]}, file=buf)
+    assert "1.000 (n = 1)" in buf.getvalue() and "±" not in buf.getvalue()
+    assert _pm(row, "clean_accuracy") == "1.000 (n = 1)"
+    assert _pm({**row, "seeds": 3, "clean_accuracy_std": 0.01}, "clean_accuracy") == "1.000 ± 0.010"

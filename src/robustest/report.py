@@ -2,7 +2,9 @@
 
 * :func:`format_value` rounds a figure to what it means (accuracies and error rates to 3 decimals, seconds to
   2 significant digits, other numbers to 4 significant digits); :func:`header_label` turns a snake_case key
-  into words. The CLI prints with the same two functions, so a table reads the same on screen and in HTML.
+  into words; :func:`mean_std` writes a mean over seeds with its spread (``n = 1`` for one seed) and
+  :func:`plural` a count with its noun. The CLI prints with the same functions, so a table reads the same on
+  screen and in HTML.
 * :func:`save_histogram`, :func:`save_lines`, :func:`save_bars`, :func:`save_hbars` draw PNG plots with
   matplotlib (Agg); legends sit outside the data. :func:`save_hbars` (one bar per category, horizontal) grows in
   height with the number of categories and keeps a fixed font size, so it stays legible at any count. Every plot
@@ -33,8 +35,8 @@ import torch
 
 from robustest.runtime import atomic_write_bytes, atomic_write_text
 
-__all__ = ["HtmlReport", "figure_png", "format_value", "header_label", "histogram_edges", "save_bars", "save_hbars",
-           "save_histogram", "save_image_grid", "save_lines", "write_csv"]
+__all__ = ["HtmlReport", "figure_png", "format_value", "header_label", "histogram_edges", "mean_std", "plural",
+           "save_bars", "save_hbars", "save_histogram", "save_image_grid", "save_lines", "write_csv"]
 
 DPI = 110
 FONT = 9  # points: every label, tick and legend of a chart
@@ -91,6 +93,21 @@ def format_value(v: Any, key: str = "") -> str:
     if isinstance(v, Mapping):
         return ", ".join(f"{a}={format_value(b, str(a))}" for a, b in v.items()) if v else "-"
     return str(v)
+
+
+def mean_std(mean: Any, std: Any, n: int | None, key: str = "accuracy") -> str:
+    """A mean over ``n`` runs (seeds) with its standard deviation, rounded by ``key``: ``0.400 ± 0.100``. One run
+    has no spread to show: ``0.400 (n = 1)``; no mean: ``-``."""
+    if mean is None:
+        return "-"
+    if (n is not None and n < 2) or std is None:
+        return f"{format_value(mean, key)} (n = {1 if n is None else n})"
+    return f"{format_value(mean, key)} ± {format_value(std, key)}"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 epoch``, ``2 epochs``, ``0 epochs``: a count with its noun (regular plurals only)."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def header_label(key: str) -> str:

@@ -185,9 +185,10 @@ def print_loop_table(results: dict[str, Any], file=None) -> None:
 
 
 def print_compare_table(results: dict[str, Any], file=None) -> None:
+    from robustest.report import mean_std
+
     def pm(r: dict[str, Any], m: str) -> str:
-        mean, std = r.get(f"{m}_mean"), r.get(f"{m}_std")
-        return "-" if mean is None else f"{fmt(mean, 'accuracy')} ± {fmt(std or 0.0, 'accuracy')}"
+        return mean_std(r.get(f"{m}_mean"), r.get(f"{m}_std"), r.get("seeds"))
 
     rows = []
     for r in results["table"]:

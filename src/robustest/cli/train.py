@@ -203,6 +203,7 @@ def _model_name(text: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from robustest.report import plural
     from robustest.training import evaluate, fit, save_checkpoint
 
     if Path(args.out).exists():
@@ -277,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
     doc = write_results(out, "train", settings, results, timings)
     _report(doc, args).write(out / "report.html")
     last = history.last
-    log.info(f"trained {args.model} on {args.dataset}: {len(train)} images, {epochs} epochs, "
+    log.info(f"trained {args.model} on {args.dataset}: {len(train)} images, {plural(epochs, 'epoch')}, "
              f"train loss {fmt(last.loss)}, train accuracy {fmt(last.accuracy, 'accuracy')}, "
              f"test accuracy {fmt(test_acc, 'accuracy')} ({fmt(history.seconds, 'train_s')} s)")
     log.info(f"wrote {out / 'model.pt'}, results.json and report.html")

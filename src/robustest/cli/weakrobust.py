@@ -507,7 +507,7 @@ def _enhance_state(args: argparse.Namespace, out: Path, model, train, weaknesses
 def run_enhance(args: argparse.Namespace) -> int:
     from robustest import corruptions as corr
     from robustest import weakrobust as wr
-    from robustest.report import HtmlReport, save_hbars
+    from robustest.report import HtmlReport, plural, save_hbars
     from robustest.training import accuracy, save_checkpoint
 
     out = out_dir(args)
@@ -559,7 +559,8 @@ def run_enhance(args: argparse.Namespace) -> int:
     timings = {"train_s": t_train, "total_s": time.perf_counter() - t0}
     doc = write_results(out, "enhance", settings, results, timings)
     rep = HtmlReport.from_results(doc, "robustest enhance")
-    rep.paragraph(f"{args.epochs} epochs; pool: {', '.join(res.pool)}; weaknesses: {', '.join(weaknesses) or 'none'}.")
+    rep.paragraph(f"{plural(args.epochs, 'epoch')}; pool: {', '.join(res.pool)}; "
+                  f"weaknesses: {', '.join(weaknesses) or 'none'}.")
     rep.heading("Epochs")
     rep.table(res.epochs)
     if before and after:

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from robustest.report import format_value
+from robustest.report import format_value, mean_std, plural
 from robustest.results import RESULTS_VERSION, document, results_format
-from robustest.robot.config import DEFAULT_STRATEGIES, RobotConfig
+from robustest.robot.config import DEFAULT_STRATEGIES, HARDEN_STRATEGIES, RobotConfig
 from robustest.robot.pool import Pool
 from robustest.robot.setup import _log, _Setup
 from robustest.runtime import atomic_write_json
@@ -27,6 +27,9 @@ _WHITEBOX = ("whitebox_limit", "whitebox_pgd_steps", "whitebox_restarts", "apgd_
 _AA_PLAN = {"fast": "APGD-CE 100 steps, then APGD-T on the 3 most likely other classes",
             "standard": "APGD-CE, APGD-T, FAB-T and Square, AutoAttack's standard version"}
 _COVERAGE = ("coverage_metric", "coverage_options", "coverage_profile_limit")
+#: loop settings that only a selection strategy uses (a harden strategy such as adv-train generates its own
+#: examples every batch); pool_pgd_steps stays: the convergence probe attacks with it
+_SELECTION_ONLY = ("budget", "pool", "pool_limit", "fuzz_options", "examples")
 
 
 # ------------------------------------------------------------------------------------------- outputs
@@ -44,6 +47,9 @@ def settings_in_effect(cfg: RobotConfig, kind: str, device: Any = None) -> dict[
         used = [cfg.strategy]
         for k in _COMPARE_ONLY:
             d.pop(k, None)
+        if cfg.strategy in HARDEN_STRATEGIES:  # adversarial training: no pool, no selection, no budget
+            for k in _SELECTION_ONLY:
+                d.pop(k, None)
         if cfg.target is None:
             d.pop("target_metric", None)
     else:
@@ -69,6 +75,16 @@ def settings_in_effect(cfg: RobotConfig, kind: str, device: Any = None) -> dict[
     if device is not None:
         d["device"] = str(device)
     return d
+
+
+def report_title(results: dict[str, Any]) -> str:
+    """The title of a run's or comparison's report: what ran, on which model and data set."""
+    d = results["data"]
+    m = d.get("model") or {}
+    model = m.get("name") or m.get("factory") or m.get("class") or m.get("kind") or "the model"
+    if results["kind"] == "loop":
+        return f"robustest run: RobOT loop of {model} on {d['dataset']}"
+    return f"robustest compare: selection strategies for {model} on {d['dataset']}"
 
 
 def _flat_timings(timings: dict[str, Any]) -> dict[str, float]:
@@ -130,11 +146,8 @@ def _summary_row(r: int, rob: dict[str, Any], rec: dict[str, Any] | None, last: 
 
 
 def _pm(row: dict[str, Any], metric: str) -> str:
-    """``mean ± std`` of a comparison row's metric, 3 decimals."""
-    mean, std = row.get(f"{metric}_mean"), row.get(f"{metric}_std")
-    if mean is None:
-        return "-"
-    return f"{format_value(mean, 'accuracy')} ± {format_value(std or 0.0, 'accuracy')}"
+    """``mean ± std`` of a comparison row's metric over its seeds, 3 decimals (``mean (n = 1)`` for one seed)."""
+    return mean_std(row.get(f"{metric}_mean"), row.get(f"{metric}_std"), row.get("seeds"))
 
 
 def _acc(v: Any) -> str:
@@ -147,8 +160,7 @@ def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotC
     from robustest.report import HtmlReport, save_bars, save_histogram, save_image_grid, save_lines
 
     d = results["data"]
-    rep = HtmlReport.from_results(results, "RobOT: robustness-oriented testing and retraining"
-                                  if results["kind"] == "loop" else "RobOT: selection strategy comparison")
+    rep = HtmlReport.from_results(results, report_title(results))
     fixed = d["fixed_set"]
     by_attack = ", ".join(f"{k} {v}" for k, v in fixed["by_attack"].items())
     rep.paragraph(f"Model {d['model'].get('name') or d['model'].get('kind')} on {d['dataset']}: {d['num_fit']} "
@@ -168,8 +180,10 @@ def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotC
     if results["kind"] == "loop":
         rounds = results["rounds"]
         rep.heading("Robustness per round")
-        rep.paragraph(f"Strategy {cfg.strategy}, budget {cfg.budget} per round, pool {cfg.pool}. "
-                      f"Stopped: {results['stop_reason']} after {results['rounds_completed']} round(s).")
+        how = (f"Strategy {cfg.strategy}: adversarial training ({HARDEN_STRATEGIES[cfg.strategy]}) against the current "
+               "model every round, no pool and no budget" if cfg.strategy in HARDEN_STRATEGIES else
+               f"Strategy {cfg.strategy}, budget {cfg.budget} per round, pool {cfg.pool}")
+        rep.paragraph(f"{how}. Stopped: {results['stop_reason']} after {plural(results['rounds_completed'], 'round')}.")
         xs = list(range(len(rounds) + 1))
         series = {}
         for m, label in (("clean_accuracy", "clean"), ("fixed_set_accuracy", "fixed set"),

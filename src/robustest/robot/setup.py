@@ -167,7 +167,8 @@ def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None, kind: str) -> _
         if orig_path.is_file():  # a zoo model: its checkpoint rebuilds it
             model = load_model(orig_path, map_location=device)
         else:
-            _log(cfg, f"training {cfg.train_model} on {cfg.dataset} ({len(x_tr)} images, {cfg.train_epochs} epochs)")
+            epochs = f"{cfg.train_epochs} epoch{'s' if cfg.train_epochs != 1 else ''}"
+            _log(cfg, f"training {cfg.train_model} on {cfg.dataset} ({len(x_tr)} images, {epochs})")
             model = _train_original(cfg, x_tr, y_tr, int(max(y_tr.max(), y_te.max())) + 1, device)
             save_weights(orig_path, model, metadata={"dataset": cfg.dataset, "epochs": cfg.train_epochs})
     set_mode(model.to(device), False)
