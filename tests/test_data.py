@@ -430,6 +430,40 @@ def test_folder_rgb_with_split_subfolders(tmp_path):
     assert te.tensors[1].tolist() == [0, 1, 2]
 
 
+def test_folder_limit_takes_a_seeded_class_stratified_subset(tmp_path):
+    """--limit on a class-per-folder set: each class in proportion to its size, drawn with the seed (the first N
+    files would all be the first class)."""
+    for cls, n in (("a", 10), ("b", 10), ("c", 4)):
+        for i in range(n):
+            write_png(tmp_path / cls / f"{i:02d}.png", np.full((2, 2), 10 * i, np.uint8))
+    ds = data.load("folder", root=tmp_path, limit=12)
+    assert len(ds) == 12 and torch.bincount(ds.labels).tolist() == [5, 5, 2]
+    again = data.load("folder", root=tmp_path, limit=12)
+    assert again.files == ds.files  # seeded: the same subset every time
+    other = data.load("folder", root=tmp_path, limit=12, seed=1)
+    assert torch.bincount(other.labels).tolist() == [5, 5, 2] and other.files != ds.files
+    assert ds.files == sorted(ds.files)  # folder order kept
+    assert {f.name for f in ds.files if f.parent.name == "a"} != {f"{i:02d}.png" for i in range(5)}  # drawn
+    small = data.load("folder", root=tmp_path, limit=2)
+    assert len(small) == 2 and len(set(small.labels.tolist())) == 2
+    assert len(data.load("folder", root=tmp_path, limit=100)) == 24
+    with pytest.raises(DataError, match="seed must be an integer"):
+        data.load("folder", root=tmp_path, limit=2, seed="x")
+
+
+def test_stratified_subset_shares_and_remainders():
+    from robustest.data.builtin import stratified_subset
+
+    labels = [0] * 50 + [1] * 30 + [2] * 20
+    for n in (1, 7, 10, 33, 99):
+        keep = stratified_subset(labels, n, seed=3)
+        assert len(keep) == n == len(set(keep)) and keep == sorted(keep)
+        counts = np.bincount([labels[i] for i in keep], minlength=3)
+        assert np.all(np.abs(counts - n * np.array([0.5, 0.3, 0.2])) < 1), (n, counts)
+    assert stratified_subset(labels, 100) == list(range(100))
+    assert stratified_subset(labels, 10, seed=0) == stratified_subset(labels, 10, seed=0)
+
+
 def test_folder_errors(tmp_path):
     write_png(tmp_path / "a" / "0.png", np.zeros((5, 5), np.uint8))
     write_png(tmp_path / "b" / "0.png", np.zeros((6, 5), np.uint8))

@@ -298,3 +298,28 @@ def test_compare_table_says_n_for_one_seed():
     assert "1.000 (n = 1)" in buf.getvalue() and "±" not in buf.getvalue()
     assert _pm(row, "clean_accuracy") == "1.000 (n = 1)"
     assert _pm({**row, "seeds": 3, "clean_accuracy_std": 0.01}, "clean_accuracy") == "1.000 ± 0.010"
+
+
+def test_train_and_test_limits_of_a_folder_take_every_class(tmp_path):
+    """train_limit/test_limit on a class-per-folder set keep a class-stratified subset, not the first class."""
+    import numpy as np
+    from PIL import Image
+
+    from robustest import models
+    from robustest.robot.setup import _prepare_out, _setup
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c in range(3):
+            (tmp_path / "d" / split / f"c{c}").mkdir(parents=True)
+            for i in range(20):
+                Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(
+                    tmp_path / "d" / split / f"c{c}" / f"{i:02d}.png")
+    cfg = robot.RobotConfig(dataset="folder", data_dir=str(tmp_path / "d"), train_limit=30, test_limit=12,
+                            whitebox=False, eps=0.1, verbose=False, out=str(tmp_path / "o"))
+    torch.manual_seed(0)
+    model = models.create("mlp", num_classes=3, in_channels=1, input_size=8)
+    s = _setup(cfg, _prepare_out(cfg, "loop"), model, "loop")
+    assert torch.bincount(s.test[1]).tolist() == [4, 4, 4]
+    assert len(s.y_fit) + s.info["num_val_clean"] == 30
+    assert torch.bincount(s.y_fit, minlength=3).min() >= 7  # 10 per class before the validation split

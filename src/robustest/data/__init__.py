@@ -28,8 +28,10 @@ Formats:
 * ``tests``: a tests file written by ``robustest generate``.
 
 Resource bounds: an array whose declared size exceeds :func:`max_array_bytes` is refused before it is
-read, ``limit`` keeps the first N samples and is applied before decoding, and labels must lie below
-``num_classes`` when given (below :data:`MAX_CLASSES` otherwise).
+read, ``limit`` is applied before decoding, and labels must lie below ``num_classes`` when given (below
+:data:`MAX_CLASSES` otherwise). ``limit`` keeps the first N samples of the array formats (MNIST, CIFAR, npz,
+npy, tests files: files whose order is the publisher's) and a seeded, class-stratified subset of N images of a
+class-per-folder set (whose first N files would all be one class).
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ class LoadOptions:
     """Options every loader receives (see :func:`load`)."""
 
     limit: int | None = None
+    seed: int = 0  # draws the class-stratified subset of an image folder under ``limit``
     num_classes: int | None = None
     corruption: str | None = None
     severity: int | None = None
@@ -156,13 +159,14 @@ def _positive(v: Any, what: str, allow_none: bool = True) -> int | None:
 def load(name: str, root: str | os.PathLike[str] | None = None, split: str = "train", *,
          limit: int | None = None, num_classes: int | None = None, corruption: str | None = None,
          severity: int | None = None, resize: tuple[int, int] | int | None = None,
-         center_crop: tuple[int, int] | int | None = None, workers: int = 0) -> Dataset:
+         center_crop: tuple[int, int] | int | None = None, workers: int = 0, seed: int = 0) -> Dataset:
     """Load data set ``name``'s ``split``: a Dataset of (float32 C x H x W in [0, 1], int64 label) items.
 
     ``root`` is a folder or file; when None, the ``ROBUSTEST_DATA`` environment variable is used.
-    ``limit`` keeps the first N samples (applied before decoding); ``num_classes`` bounds the labels;
-    ``corruption``/``severity`` select a published corrupted set; ``resize``/``center_crop`` (H, W) and
-    ``workers`` (decoding processes) apply to image folders. Raises :class:`DataError` (one-line message)
+    ``limit`` keeps N samples, applied before decoding: the first N of the array formats, a class-stratified
+    subset drawn with ``seed`` (each class in proportion to its size) of image folders; ``num_classes`` bounds
+    the labels; ``corruption``/``severity`` select a published corrupted set; ``resize``/``center_crop``
+    (H, W) and ``workers`` (decoding processes) apply to image folders. Raises :class:`DataError` (one-line message)
     for missing or malformed data.
     """
     from robustest.data.dataset import _pair
@@ -172,7 +176,9 @@ def load(name: str, root: str | os.PathLike[str] | None = None, split: str = "tr
         raise DataError(f"unknown split {split!r}: use 'train' or 'test'")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise DataError(f"workers must be a non-negative integer, got {workers!r}")
-    opts = LoadOptions(limit=_positive(limit, "limit"), num_classes=_positive(num_classes, "num_classes"),
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise DataError(f"seed must be an integer, got {seed!r}")
+    opts = LoadOptions(limit=_positive(limit, "limit"), seed=seed, num_classes=_positive(num_classes, "num_classes"),
                        corruption=corruption, severity=severity, resize=_pair(resize, "resize"),
                        center_crop=_pair(center_crop, "center crop"), workers=workers)
     info_, fn = _REGISTRY[key]

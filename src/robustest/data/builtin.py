@@ -212,6 +212,41 @@ def _load_npy(root: Path | None, split: str, opts: LoadOptions) -> ImageDataset:
 
 
 # ------------------------------------------------------------------------------------------ image folder
+def stratified_subset(labels: list[int], n: int, seed: int = 0) -> list[int]:
+    """Indices (ascending) of a seeded, class-stratified subset of ``n`` of the items labelled ``labels``.
+
+    Each class gets its share of ``n`` in proportion to its size (rounded down; the items left over go to the
+    classes with the largest remainders, ties broken by the seed), drawn at random within the class. The same
+    ``labels``, ``n`` and ``seed`` give the same subset; every class is represented when ``n`` is at least the
+    number of classes and the classes are of similar size."""
+    total = len(labels)
+    if n >= total:
+        return list(range(total))
+    by_class: dict[int, list[int]] = {}
+    for i, c in enumerate(labels):
+        by_class.setdefault(int(c), []).append(i)
+    classes = sorted(by_class)
+    g = torch.Generator().manual_seed(int(seed))
+    exact = {c: n * len(by_class[c]) / total for c in classes}
+    quota = {c: int(exact[c]) for c in classes}
+    tie = torch.randperm(len(classes), generator=g).tolist()
+    order = sorted(range(len(classes)), key=lambda k: (-(exact[classes[k]] - quota[classes[k]]), tie[k]))
+    left = n - sum(quota.values())
+    for k in order:
+        if left == 0:
+            break
+        c = classes[k]
+        if quota[c] < len(by_class[c]):
+            quota[c] += 1
+            left -= 1
+    keep: list[int] = []
+    for c in classes:
+        members = by_class[c]
+        pick = torch.randperm(len(members), generator=g)[: quota[c]].tolist()
+        keep += [members[j] for j in pick]
+    return sorted(keep)
+
+
 def image_folder(base: Path, opts: LoadOptions, source: str) -> FolderDataset:
     """A :class:`FolderDataset` over ``base/<class>/*`` (classes sorted by name, files sorted within)."""
     if not base.is_dir():
@@ -228,12 +263,11 @@ def image_folder(base: Path, opts: LoadOptions, source: str) -> FolderDataset:
             names = sorted(e.name for e in it if e.is_file() and os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES)
         files += [base / cls / n for n in names]
         labels += [label] * len(names)
-        if opts.limit is not None and len(files) >= opts.limit:
-            break
     if not files:
         raise DataError(f"{base}: class folders hold no PNG/JPEG images")
-    if opts.limit is not None:
-        files, labels = files[: opts.limit], labels[: opts.limit]
+    if opts.limit is not None and opts.limit < len(files):  # listing is cheap: only the subset is decoded
+        keep = stratified_subset(labels, opts.limit, opts.seed)
+        files, labels = [files[i] for i in keep], [labels[i] for i in keep]
     return FolderDataset(files, labels, classes, resize=opts.resize, center_crop=opts.center_crop,
                          num_workers=opts.workers, source=source)
 

@@ -142,8 +142,9 @@ def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None, kind: str) -> _
 
     t0 = time.perf_counter()
     device = resolve_device(model, cfg.device) if (cfg.device or model is not None) else torch.device("cpu")
-    train = datasets.load(cfg.dataset, root=cfg.data_dir, split="train", workers=cfg.workers)
-    test = datasets.load(cfg.dataset, root=cfg.data_dir, split="test", workers=cfg.workers)
+    # the limits apply while loading: the first N of an array format, a class-stratified subset of a folder
+    train = datasets.load(cfg.dataset, root=cfg.data_dir, split="train", workers=cfg.workers, limit=cfg.train_limit)
+    test = datasets.load(cfg.dataset, root=cfg.data_dir, split="test", workers=cfg.workers, limit=cfg.test_limit)
     x_tr, y_tr = _limit(train, cfg.train_limit)
     x_te, y_te = _limit(test, cfg.test_limit)
     n = x_tr.shape[0]
