@@ -1,0 +1,198 @@
+"""``check_suite``: run a suite's stored attacks and corruptions on a candidate model, estimate its robust
+accuracy with an interval, and compare it with the baseline on the same samples.
+
+Verdict (see docs/SUITE.md): with ``drop = baseline - candidate`` (stratified robust accuracy on the suite) and the
+exact one-sided McNemar p-value of the discordant pairs, the candidate **regressed** when
+``p_value < alpha`` AND ``drop > max_drop``; otherwise it passes. Without a baseline there is no verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from robustest.errors import ConfigError
+from robustest.suite.build import evaluate_outcomes
+from robustest.suite.format import Suite, model_fingerprint
+from robustest.suite.stats import Difference, Estimate, paired_difference, stratified_estimate
+
+__all__ = ["DEFAULT_ALPHA", "DEFAULT_MAX_DROP", "SuiteCheck", "check_suite", "load_suite"]
+
+DEFAULT_ALPHA = 0.05
+DEFAULT_MAX_DROP = 0.02
+
+
+@dataclass
+class SuiteCheck:
+    """Outcome of :func:`check_suite`.
+
+    ``robust``, ``clean``, ``corruption``: the candidate's stratified estimates (:class:`Estimate`; corruption
+    None without corruption settings); ``baseline``: the baseline's; ``comparison`` / ``corruption_comparison``:
+    :class:`Difference` baseline - candidate (None without a baseline); ``regression``: the verdict (None without
+    a baseline); ``baseline_source``: "stored" (the suite's outcomes reused), "evaluated" or None; per sample
+    (length K): ``outcomes`` and ``baseline_outcomes`` dicts of ``clean``, ``robust`` (bool [K]) and
+    ``corruption`` (bool [K, S]).
+    """
+
+    robust: Estimate
+    clean: Estimate
+    corruption: Estimate | None
+    baseline: dict[str, Estimate] | None
+    comparison: Difference | None
+    corruption_comparison: Difference | None
+    regression: bool | None
+    alpha: float
+    max_drop: float
+    version: str
+    baseline_source: str | None
+    outcomes: dict[str, torch.Tensor]
+    baseline_outcomes: dict[str, torch.Tensor] | None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        r = self.robust
+        text = (f"SuiteCheck(robust {100 * r.value:.1f}% [{100 * r.ci_low:.1f}, {100 * r.ci_high:.1f}], "
+                f"version={self.version!r}")
+        if self.comparison is not None:
+            c = self.comparison
+            text += (f", drop {100 * c.drop:+.1f} points [{100 * c.ci_low:+.1f}, {100 * c.ci_high:+.1f}], "
+                     f"McNemar p={c.p_value:.3g}, {'REGRESSION' if self.regression else 'pass'}")
+        return text + ")"
+
+    @property
+    def verdict(self) -> str:
+        """"regression", "pass" or "no baseline"."""
+        return "no baseline" if self.regression is None else ("regression" if self.regression else "pass")
+
+    def message(self) -> str:
+        """The verdict in words (one paragraph)."""
+        r = self.robust
+        est = (f"robust accuracy {100 * r.value:.1f}% (95% interval {100 * r.ci_low:.1f}-{100 * r.ci_high:.1f}%) on "
+               f"{len(self.outcomes['robust'])} suite samples")
+        if self.comparison is None:
+            return est + "; no baseline to compare with"
+        c = self.comparison
+        b = self.baseline["robust_accuracy"].value if self.baseline else float("nan")
+        head = "REGRESSION" if self.regression else "no regression"
+        why = (f"the drop is significant (exact McNemar p = {c.p_value:.3g} < alpha {self.alpha:g}) and larger than "
+               f"max_drop {100 * self.max_drop:.1f} points" if self.regression else
+               (f"McNemar p = {c.p_value:.3g} is not below alpha {self.alpha:g}" if c.p_value >= self.alpha else
+                f"the drop is significant (p = {c.p_value:.3g}) but not larger than max_drop "
+                f"{100 * self.max_drop:.1f} points"))
+        return (f"{head}: {est}, baseline {100 * b:.1f}%; drop {100 * c.drop:+.1f} points (interval "
+                f"{100 * c.ci_low:+.1f} to {100 * c.ci_high:+.1f}); {c.b} samples broken only by the candidate, "
+                f"{c.c} only by the baseline; {why}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready results (estimates, comparison, verdict)."""
+        d: dict[str, Any] = {
+            "estimate": self.robust.to_dict() | {"robust_accuracy": self.robust.value},
+            "clean": self.clean.to_dict(),
+            "verdict": self.verdict, "regression": self.regression, "alpha": self.alpha, "max_drop": self.max_drop,
+            "attack_version": self.version, "baseline_source": self.baseline_source,
+        }
+        if self.corruption is not None:
+            d["corruption"] = self.corruption.to_dict() | {"corruption_accuracy": self.corruption.value}
+        if self.baseline is not None:
+            d["baseline"] = {k: v.to_dict() for k, v in self.baseline.items()}
+        if self.comparison is not None:
+            d["comparison"] = self.comparison.to_dict()
+        if self.corruption_comparison is not None:
+            d["corruption_comparison"] = self.corruption_comparison.to_dict()
+        return d
+
+
+def load_suite(suite: Suite | str | os.PathLike[str]) -> Suite:
+    """A :class:`Suite` as given, or read from a file."""
+    return suite if isinstance(suite, Suite) else Suite.load(suite)
+
+
+def _estimates(out: dict[str, torch.Tensor], suite: Suite, level: float) -> dict[str, Estimate]:
+    est = {"robust_accuracy": stratified_estimate(out["robust"], suite.stratum, suite.sizes, level),
+           "clean_accuracy": stratified_estimate(out["clean"], suite.stratum, suite.sizes, level)}
+    if out["corruption"].shape[1]:
+        est["corruption_accuracy"] = stratified_estimate(out["corruption"].double().mean(1), suite.stratum,
+                                                         suite.sizes, level)
+    return est
+
+
+def check_suite(candidate: nn.Module, suite: Suite | str | os.PathLike[str], baseline: nn.Module | bool | None = None,
+                *, alpha: float = DEFAULT_ALPHA, max_drop: float = DEFAULT_MAX_DROP, version: str | None = None,
+                level: float = 0.95, progress: bool = False) -> SuiteCheck:
+    """Check ``candidate`` on ``suite`` (a :class:`Suite` or its file).
+
+    ``baseline``: None compares with the outcomes stored in the suite (its own baseline); a model is evaluated on
+    the suite's samples unless its state_dict fingerprint equals the suite's baseline and the attack version is
+    the stored one (then the stored outcomes are reused); False: no comparison, only the estimate. ``version``:
+    "standard" or "fast" (default: the suite's); another version than the stored one needs a baseline model.
+    ``alpha`` (0 < alpha < 1) and ``max_drop`` (in [0, 1], accuracy as a fraction) define the verdict (module
+    docstring); ``level``: the confidence level of the intervals.
+    """
+    t0 = time.perf_counter()
+    suite = load_suite(suite)
+    for name, v, lo, hi in (("alpha", alpha, 0.0, 1.0), ("level", level, 0.0, 1.0)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo < v < hi:
+            raise ConfigError(f"{name} must lie in (0, 1), got {v!r}")
+    if isinstance(max_drop, bool) or not isinstance(max_drop, (int, float)) or not 0 <= max_drop <= 1:
+        raise ConfigError(f"max_drop must be an accuracy difference in [0, 1], got {max_drop!r}")
+    if not isinstance(candidate, nn.Module):
+        raise ConfigError(f"candidate must be a torch.nn.Module, got {type(candidate).__name__}")
+    stored = dict(suite.meta["attack"])
+    version = stored["version"] if version is None else str(version)
+    if version not in ("standard", "fast"):
+        raise ConfigError(f"version must be 'standard' or 'fast', got {version!r}")
+    attack = {**stored, "version": version}
+    same_attack = version == stored["version"]
+    if baseline is True:
+        baseline = None
+    if baseline is None and not same_attack:
+        raise ConfigError(f"the suite's baseline outcomes were measured with version {stored['version']!r}: pass the "
+                          f"baseline model to evaluate it with {version!r} too (or no baseline)")
+    if baseline is not None and baseline is not False and not isinstance(baseline, nn.Module):
+        raise ConfigError(f"baseline must be a torch.nn.Module, None or False, got {type(baseline).__name__}")
+    x, y = suite.images(), suite.y.long()
+    from robustest.runtime import resolve_device
+
+    x = x.to(resolve_device(candidate))
+    y = y.to(x.device)
+    timings: dict[str, float] = {}
+    out = evaluate_outcomes(candidate, x, y, attack, suite.meta["corruption"], progress=progress)
+    timings.update({f"candidate_{k}": v for k, v in out["seconds"].items()})
+    stored_out = {"clean": suite.clean.bool(), "robust": suite.robust.bool(), "corruption": suite.corruption.bool()}
+    base_out: dict[str, torch.Tensor] | None = None
+    source = None
+    if baseline is None:
+        base_out, source = stored_out, "stored"
+    elif baseline is not False:
+        if same_attack and model_fingerprint(baseline) == suite.meta["baseline_sha256"]:
+            base_out, source = stored_out, "stored"
+        else:
+            t1 = time.perf_counter()
+            b = evaluate_outcomes(baseline, x.to(resolve_device(baseline)), y.to(resolve_device(baseline)), attack,
+                                  suite.meta["corruption"], progress=progress)
+            base_out, source = b, "evaluated"
+            timings["baseline_s"] = time.perf_counter() - t1
+    est = _estimates(out, suite, level)
+    base_est = _estimates(base_out, suite, level) if base_out is not None else None
+    comparison = corr_cmp = None
+    regression = None
+    if base_out is not None:
+        comparison = paired_difference(base_out["robust"], out["robust"], suite.stratum, suite.sizes, level)
+        if out["corruption"].shape[1]:
+            corr_cmp = paired_difference(base_out["corruption"].double().mean(1), out["corruption"].double().mean(1),
+                                         suite.stratum, suite.sizes, level)
+        regression = bool(comparison.p_value < alpha and comparison.drop > max_drop)
+    timings["total_s"] = time.perf_counter() - t0
+    return SuiteCheck(robust=est["robust_accuracy"], clean=est["clean_accuracy"],
+                      corruption=est.get("corruption_accuracy"), baseline=base_est, comparison=comparison,
+                      corruption_comparison=corr_cmp, regression=regression, alpha=float(alpha),
+                      max_drop=float(max_drop), version=version, baseline_source=source,
+                      outcomes={k: out[k] for k in ("clean", "robust", "corruption")},
+                      baseline_outcomes=None if base_out is None else {k: base_out[k] for k in
+                                                                        ("clean", "robust", "corruption")},
+                      timings=timings)
