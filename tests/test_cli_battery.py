@@ -72,6 +72,7 @@ def base_args(verb: str, f: dict[str, str], out: Path) -> list[str] | None:
         "enhance": [*m, *d, "--epochs", "1", *o],
         "eval": [*m, *d, "--eps", "0.1", *o],
         "harden": [*m, *d, "--epochs", "1", "--eps", "0.1", *o],
+        "suite": ["build", *m, *d, "--eps", "0.1", "--version", "fast", "--k", "10", *o],
     }
     return table.get(verb)
 

@@ -9,6 +9,8 @@ uses it, so it costs nothing in test runs that do not.
   (select with ``-m robustness``, skip with ``-m "not robustness"``) and gives the defaults of the fixture.
 * fixture ``assert_robust``: :func:`robustest.testing.assert_robust` with the marker's arguments and the command
   line's ``--robustness-limit`` / ``--robustness-seed`` filled in (arguments of the call win).
+* fixture ``assert_no_regression``: :func:`robustest.testing.assert_no_regression` (candidate, suite[, baseline]),
+  listed in the same summary.
 * ``--robustness-limit N``: evaluate at most N samples per check (quick CI runs); ``--robustness-seed S``.
 * the terminal summary lists every check: test, attack, eps, measured and required accuracy, verdict.
 """
@@ -75,6 +77,28 @@ def assert_robust(request: pytest.FixtureRequest) -> Any:
     return check
 
 
+@pytest.fixture
+def assert_no_regression(request: pytest.FixtureRequest) -> Any:
+    """``assert_no_regression(candidate, suite, baseline=None, **kw)``: robustest.testing.assert_no_regression;
+    every check is listed in the terminal summary."""
+    checks = getattr(request.config, _RESULTS_KEY, [])
+
+    def check(candidate: Any, suite: Any, baseline: Any = None, **kw: Any) -> Any:
+        from robustest.testing import assert_no_regression as _assert_no_regression
+
+        row = {"test": request.node.nodeid, "kind": "suite", "message": "", "passed": False}
+        checks.append(row)
+        try:
+            res = _assert_no_regression(candidate, suite, baseline, **kw)
+        except AssertionError as exc:
+            row["message"] = str(exc)
+            raise
+        row.update(message=res.message(), passed=True)
+        return res
+
+    return check
+
+
 def _measured(message: str) -> float | None:
     try:
         return float(message.split("robust accuracy ", 1)[1].split("%", 1)[0]) / 100
@@ -88,6 +112,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     terminalreporter.section("robustness checks (robustest)")
     for r in checks:
+        if r.get("kind") == "suite":
+            verdict = "ok" if r["passed"] else "FAILED"
+            terminalreporter.write_line(f"{verdict:6s} {r['test']}: {r['message'] or 'not run'}")
+            continue
         got = "-" if r["measured"] is None else f"{100 * r['measured']:.2f}%"
         verdict = "ok" if r["passed"] else "FAILED"
         terminalreporter.write_line(f"{verdict:6s} {r['test']}: robust {got} (required {100 * r['required']:.2f}%, "

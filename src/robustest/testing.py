@@ -11,6 +11,9 @@ returns the :class:`robustest.evaluation.EvalResult` otherwise. The pytest plugi
 registered as a ``pytest11`` entry point, so installed robustest makes it available to pytest) adds the
 ``robustness`` marker, an ``assert_robust`` fixture that takes eps / min_accuracy from the marker, the options
 ``--robustness-limit`` and ``--robustness-seed``, and a summary of every check at the end of the run.
+
+:func:`assert_no_regression` checks a candidate model against a regression suite (``robustest suite build``,
+docs/SUITE.md) and fails when its robust accuracy dropped significantly and by more than ``max_drop``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from torch import nn
 from robustest.errors import ConfigError
 from robustest.runtime import DataLike
 
-__all__ = ["assert_robust", "robust_accuracy"]
+__all__ = ["assert_no_regression", "assert_robust", "robust_accuracy"]
 
 
 def _limited(data: DataLike, limit: int | None) -> DataLike:
@@ -82,4 +85,24 @@ def assert_robust(model: nn.Module, data: DataLike, *, eps: float, min_accuracy:
             f"robust accuracy {100 * res.robust_accuracy:.2f}% < required {100 * min_accuracy:.2f}% "
             f"({norm} eps={eps:g}, {res.version} [{', '.join(res.attacks)}], {res.num_samples} samples, clean "
             f"{100 * res.clean_accuracy:.2f}%)")
+    return res
+
+
+def assert_no_regression(candidate: nn.Module, suite: Any, baseline: nn.Module | None = None, *,
+                         alpha: float = 0.05, max_drop: float = 0.02, version: str | None = None) -> Any:
+    """Assert that ``candidate`` is not less robust than the baseline on a regression suite.
+
+    ``suite``: a :class:`robustest.suite.Suite` or the path of a ``suite.pt`` (``robustest suite build``).
+    ``baseline``: None compares with the outcomes stored in the suite (its baseline model's); a model is
+    evaluated on the suite's K samples (or its stored outcomes reused when it has the suite's weights). The
+    check fails when the exact one-sided McNemar test of the paired outcomes is significant at ``alpha`` AND the
+    stratified drop of robust accuracy exceeds ``max_drop`` (a fraction: 0.02 = 2 points). ``version``:
+    "standard" or "fast" (default: the suite's). Raises ``AssertionError`` with the estimate, the drop with its
+    interval and the p-value in one paragraph; returns the :class:`robustest.suite.SuiteCheck` otherwise.
+    """
+    from robustest.suite import check_suite
+
+    res = check_suite(candidate, suite, baseline, alpha=alpha, max_drop=max_drop, version=version)
+    if res.regression:
+        raise AssertionError(res.message())
     return res

@@ -1,0 +1,334 @@
+"""``robustest suite``: a robustness regression gate from a small stratified suite.
+
+``robustest suite build`` scores a data split's samples by local robustness under the baseline model, draws K
+samples stratified by that score (and class), runs the baseline's evaluation on them (AutoAttack's ensemble by
+default, optionally common corruptions) and writes ``suite.pt`` (a versioned file read with
+``torch.load(weights_only=True)``; docs/SUITE.md), ``results.json`` and ``report.html`` to --out.
+
+``robustest suite check`` runs the suite's stored attacks and corruptions on a candidate model and writes the
+stratified robust accuracy with its 95 % interval and, against the baseline (the suite's stored outcomes, or
+--baseline), the paired drop with its interval, the exact McNemar test and a verdict.
+
+Exit status (check): 0 no regression, 1 regression (the drop is significant at --alpha AND larger than
+--max-drop), 2 bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from robustest.cli._common import (
+    add_checkpoint_arg,
+    add_data_args,
+    add_output_flags,
+    add_run_args,
+    check_fits,
+    data_settings,
+    int_list,
+    load_data,
+    load_model,
+    log,
+    model_settings,
+    noise_width,
+    out_dir,
+    positive_int,
+    radius,
+)
+from robustest.errors import ConfigError
+
+ORDER = 36
+SUITE_FILE = "suite.pt"
+
+
+def parse_accuracy(text: str) -> float:
+    """'0.02' or '2%' -> 0.02; must lie in [0, 1]."""
+    t = str(text).strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction like 0.02 or a percentage like 2%, got {text!r}") \
+            from None
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"expected a value in [0, 1] (or 0-100%), got {text!r}")
+    return v
+
+
+def parse_alpha(text: str) -> float:
+    """A significance level in (0, 1)."""
+    try:
+        v = float(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a significance level like 0.05, got {text!r}") from None
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"expected a significance level in (0, 1), got {text!r}")
+    return v
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("suite", help="robustness regression gate: build a small stratified suite, check a candidate "
+                                     "against its baseline", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    verbs = p.add_subparsers(dest="suite_command", metavar="COMMAND", parser_class=type(p))
+    b = verbs.add_parser("build", help="draw K samples stratified by local robustness and store the baseline's "
+                                       "outcomes", description="robustest suite build: " + (__doc__ or "").split(
+                                           "\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_checkpoint_arg(b)
+    add_data_args(b, split="test")
+    b.add_argument("--eps", type=radius, required=True, metavar="E",
+                   help="radius of the threat model in pixel scale, e.g. 0.3 or 8/255 (L-inf: in (0, 1])")
+    b.add_argument("--norm", choices=("linf", "l2"), default="linf", help="threat model (default: linf)")
+    b.add_argument("--version", choices=("standard", "fast"), default="standard",
+                   help="attack ensemble every check runs (default: standard = AutoAttack's; fast: APGD-CE + APGD-T "
+                        "on 3 targets)")
+    b.add_argument("--n-targets", type=positive_int, default=None, metavar="K",
+                   help="target classes of APGD-T and FAB-T (default: min(9, classes - 1))")
+    b.add_argument("--corruptions", default=None, metavar="LIST",
+                   help="also store corruption outcomes: 'all', a group or names (default: none)")
+    b.add_argument("--severities", type=int_list(what="severity", lo=1, hi=5, sort=True), default=[1, 2, 3, 4, 5],
+                   metavar="LIST", help="corruption severities: 1-5, 1,3,5 or 1-2,5 (default: 1-5)")
+    b.add_argument("--k", type=positive_int, default=100, metavar="K", help="samples in the suite (default: 100)")
+    b.add_argument("--strata", type=positive_int, default=4, metavar="H",
+                   help="rank-quantile bins of the local robustness score (default: 4; at most K/2)")
+    b.add_argument("--by-class", choices=("auto", "yes", "no"), default="auto",
+                   help="cross the score bins with the class (auto: when K gives every cell 2 samples)")
+    b.add_argument("--allocation", choices=("proportional", "neyman"), default="proportional",
+                   help="samples per stratum: proportional to its size, or Neyman (default: proportional)")
+    b.add_argument("--neighbors", type=positive_int, default=20, metavar="Q",
+                   help="noisy neighbours per sample of the local robustness analysis (default: 20)")
+    b.add_argument("--noise-eps", type=noise_width, default=0.5, metavar="W",
+                   help="width of the analysis's uniform noise, pixel scale (default: 0.5)")
+    b.add_argument("--batch-size", type=positive_int, default=256, metavar="B", help="images per attack batch")
+    add_run_args(b)
+    b.set_defaults(func=run_build)
+    c = verbs.add_parser("check", help="check a candidate on a suite: estimate, paired comparison, verdict",
+                         description="robustest suite check: " + (__doc__ or "").split("\n\n")[2],
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("--suite", required=True, metavar="FILE",
+                   help="suite.pt written by 'robustest suite build' (or its --out folder)")
+    add_checkpoint_arg(c)
+    c.add_argument("--baseline", default=None, metavar="FILE",
+                   help="checkpoint of the baseline (default: the outcomes stored in the suite; a baseline with the "
+                        "suite's weights reuses them)")
+    c.add_argument("--no-baseline", action="store_true", help="only estimate; no comparison and no verdict")
+    c.add_argument("--alpha", type=parse_alpha, default=0.05, metavar="A",
+                   help="significance level of the exact McNemar test (default: 0.05)")
+    c.add_argument("--max-drop", type=parse_accuracy, default=0.02, metavar="D",
+                   help="largest tolerated drop of robust accuracy, 0.02 or 2%% (default: 0.02)")
+    c.add_argument("--version", choices=("standard", "fast"), default=None,
+                   help="attack ensemble (default: the suite's; another one re-evaluates the baseline, so it needs "
+                        "--baseline)")
+    c.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
+    c.add_argument("--device", default=None, metavar="D",
+                   help="cpu, cuda, cuda:N or auto (default: the model's device, i.e. cpu)")
+    add_output_flags(c)
+    c.set_defaults(func=run_check)
+    for q in (b, c):
+        if "--threads" not in q._option_string_actions:
+            q.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                           help="CPU threads for torch in this process (default: torch's choice)")
+    p.set_defaults(func=_no_command)
+
+
+def _no_command(args: argparse.Namespace) -> int:
+    raise ConfigError("name a command: 'robustest suite build ...' or 'robustest suite check ...' (see --help)")
+
+
+def _suite_path(text: str) -> Path:
+    p = Path(text)
+    return p / SUITE_FILE if p.is_dir() else p
+
+
+def _threads(args: argparse.Namespace) -> None:
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
+# ------------------------------------------------------------------------------------------------- build
+def run_build(args: argparse.Namespace) -> int:
+    from robustest import corruptions
+    from robustest.config import check_eps
+    from robustest.results import write_results
+    from robustest.runtime import model_device
+    from robustest.suite import build_suite
+
+    t0 = time.perf_counter()
+    _threads(args)
+    check_eps("eps", args.eps, args.norm)
+    if args.corruptions is not None:
+        corruptions.resolve_names(args.corruptions)
+    model = load_model(args)
+    ds = load_data(args)
+    check_fits(model, ds)
+    suite = build_suite(model, ds, args.eps, k=args.k, norm=args.norm, version=args.version,
+                        n_targets=args.n_targets, corruptions=args.corruptions, severities=args.severities,
+                        strata=args.strata, by_class=args.by_class, allocation=args.allocation,
+                        n_neighbors=args.neighbors, noise_eps=args.noise_eps, seed=args.seed,
+                        batch_size=args.batch_size, dataset=args.dataset, split=args.split,
+                        progress=not args.no_progress)
+    out = out_dir(args)
+    suite.save(out / SUITE_FILE)
+    m = suite.meta
+    settings: dict[str, Any] = {"command": "build", **model_settings(args), **data_settings(args), "eps": args.eps,
+                                "norm": args.norm, "version": args.version, "k": args.k, "strata": args.strata,
+                                "by_class": args.by_class, "allocation": args.allocation,
+                                "neighbors": args.neighbors, "noise_eps": args.noise_eps,
+                                "batch_size": args.batch_size, "seed": args.seed, "device": str(model_device(model))}
+    if args.n_targets is not None:
+        settings["n_targets"] = args.n_targets
+    if args.corruptions is not None:
+        settings.update(corruptions=args.corruptions, severities=list(args.severities))
+    doc = {"command": "build",
+           "suite": {"file": SUITE_FILE, "k": m["k"], "n_population": m["n_population"],
+                     "strata": len(m["stratum_sizes"]), "by_class": m["strata"]["by_class"],
+                     "stratum_sizes": m["stratum_sizes"], "stratum_samples": m["stratum_samples"],
+                     "stratum_weights": m["stratum_weights"], "data_sha256": m["data_sha256"],
+                     "baseline_sha256": m["baseline_sha256"], "attack": m["attack"],
+                     "corruption_settings": len(m["corruption"]["settings"])},
+           "baseline": m["baseline"], "files": [SUITE_FILE, "results.json", "report.html"]}
+    timings = {**m["seconds"], "total_s": time.perf_counter() - t0}
+    doc = write_results(out, "suite", settings, doc, timings)
+    _build_report(suite, doc).write(out / "report.html")
+    r = m["baseline"]["robust_accuracy"]
+    log.info(f"suite of {m['k']} of {m['n_population']} samples in {len(m['stratum_sizes'])} strata; baseline robust "
+             f"accuracy {100 * r['value']:.1f}% [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}] "
+             f"({args.norm} eps={args.eps:g}, {args.version})")
+    log.info(f"wrote {SUITE_FILE}, results.json, report.html to {out} in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+def _stratum_rows(suite: Any, outcomes: dict[str, Any], base: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    import torch
+
+    rows = []
+    cells = suite.meta["strata"]["cells"]
+    for h, n_h in enumerate(suite.meta["stratum_sizes"]):
+        m = suite.stratum == h
+        row: dict[str, Any] = {"stratum": h, "score bin": cells[h]["bin"],
+                               "class": "all" if cells[h]["class"] < 0 else cells[h]["class"], "N_h": n_h,
+                               "weight": suite.meta["stratum_weights"][h], "samples": int(m.sum()),
+                               "robust": float(outcomes["robust"][m].double().mean())}
+        if base is not None:
+            row["baseline robust"] = float(base["robust"][m].double().mean())
+        row["mean score"] = float(suite.score[m].double().mean()) if bool(torch.any(m)) else None
+        rows.append(row)
+    return rows
+
+
+def _build_report(suite: Any, doc: dict[str, Any]) -> Any:
+    from robustest import report
+
+    m = suite.meta
+    a = m["attack"]
+    rep = report.HtmlReport.from_results(doc, f"robustest suite build: {m.get('dataset')}, {a['norm']} "
+                                              f"eps={a['eps']:g}")
+    r = m["baseline"]["robust_accuracy"]
+    rep.paragraph(f"{m['k']} of the {m['n_population']} samples of the split, drawn in {len(m['stratum_sizes'])} "
+                  f"strata (rank-quantile bins of the local robustness score under the baseline"
+                  f"{', crossed with the class' if m['strata']['by_class'] else ''}; {m['strata']['allocation']} "
+                  f"allocation). The baseline's stratified robust accuracy on them ({a['version']} ensemble): "
+                  f"{100 * r['value']:.1f}%, 95% interval {100 * r['ci_low']:.1f}-{100 * r['ci_high']:.1f}%.")
+    rep.heading("Strata").table(_stratum_rows(suite, {"robust": suite.robust}),
+                                caption="N_h: samples of the split in the stratum; weight W_h = N_h / N; robust: "
+                                        "share of the stratum's suite samples the baseline keeps robust.")
+    rows = [{"estimate": k.replace("_", " "), "value": v["value"], "ci low": v["ci_low"], "ci high": v["ci_high"],
+             "effective n": v["n_eff"]} for k, v in m["baseline"].items()]
+    rep.heading("Baseline on the suite").table(rows)
+    k = min(32, len(suite))
+    caps = [f"{int(suite.y[i])} s{int(suite.stratum[i])} {'R' if bool(suite.robust[i]) else 'x'}" for i in range(k)]
+    rep.image(report.save_image_grid(suite.images()[:k], None, captions=caps, ncols=8),
+              "suite samples: label, stratum, R = robust under the baseline, x = broken")
+    return rep
+
+
+# ------------------------------------------------------------------------------------------------- check
+def run_check(args: argparse.Namespace) -> int:
+    from robustest.checkpoints import load_model as load_file
+    from robustest.cli import EXIT_GATE
+    from robustest.results import write_results
+    from robustest.runtime import model_device
+    from robustest.suite import Suite, check_suite
+
+    t0 = time.perf_counter()
+    _threads(args)
+    if args.no_baseline and args.baseline is not None:
+        raise ConfigError("--no-baseline and --baseline exclude each other")
+    path = _suite_path(args.suite)
+    suite = Suite.load(path)
+    stored = suite.meta["attack"]["version"]
+    if args.version not in (None, stored) and args.baseline is None and not args.no_baseline:
+        raise ConfigError(f"the suite's baseline outcomes were measured with --version {stored}: pass --baseline "
+                          f"FILE to evaluate the baseline with {args.version} too, or --no-baseline")
+    model = load_model(args)
+    check_fits(model, (suite.images(), suite.y))
+    baseline: Any = False if args.no_baseline else None
+    if args.baseline is not None:
+        baseline = load_file(args.baseline, torchscript=args.torchscript, map_location=model_device(model))
+    res = check_suite(model, suite, baseline, alpha=args.alpha, max_drop=args.max_drop, version=args.version,
+                      progress=not args.no_progress)
+    out = out_dir(args)
+    settings: dict[str, Any] = {"command": "check", "suite": str(path), **model_settings(args),
+                                "alpha": args.alpha, "max_drop": args.max_drop, "version": res.version,
+                                "device": str(model_device(model))}
+    if args.baseline is not None:
+        settings["baseline"] = args.baseline
+    if args.no_baseline:
+        settings["no_baseline"] = True
+    m = suite.meta
+    doc = {"command": "check", **res.to_dict(), "message": res.message(),
+           "suite": {"k": m["k"], "n_population": m["n_population"], "strata": len(m["stratum_sizes"]),
+                     "dataset": m.get("dataset"), "split": m.get("split"), "data_sha256": m["data_sha256"],
+                     "baseline_sha256": m["baseline_sha256"], "attack": {**m["attack"], "version": res.version}},
+           "strata": _stratum_rows(suite, res.outcomes, res.baseline_outcomes),
+           "files": ["results.json", "report.html"]}
+    timings = {**res.timings, "total_s": time.perf_counter() - t0}
+    doc = write_results(out, "suite", settings, doc, timings)
+    _check_report(res, doc).write(out / "report.html")
+    log.info(res.message())
+    log.info(f"wrote results.json, report.html to {out} in {time.perf_counter() - t0:.1f}s")
+    if res.regression:
+        c = res.comparison
+        print(f"robustest suite: robust accuracy dropped by {100 * c.drop:.1f} points (McNemar p = {c.p_value:.3g} < "
+              f"{args.alpha:g}, more than --max-drop {100 * args.max_drop:.1f} points): regression", file=sys.stderr)
+        return EXIT_GATE
+    return 0
+
+
+def _check_report(res: Any, doc: dict[str, Any]) -> Any:
+    from robustest import report
+
+    s = doc["suite"]
+    a = s["attack"]
+    rep = report.HtmlReport.from_results(doc, f"robustest suite check: {res.verdict}")
+    rep.heading("Verdict").paragraph(res.message())
+    rep.note(f"Regression means: the exact one-sided McNemar test of the discordant pairs is significant at alpha "
+             f"{res.alpha:g} AND the stratified drop of robust accuracy exceeds max-drop {100 * res.max_drop:.1f} "
+             f"points. Suite: {s['k']} of {s['n_population']} samples in {s['strata']} strata; {a['norm']} "
+             f"eps={a['eps']:g}, {a['version']} ensemble.")
+    rows = [{"model": "candidate", "estimate": "robust accuracy", "value": res.robust.value,
+             "ci low": res.robust.ci_low, "ci high": res.robust.ci_high},
+            {"model": "candidate", "estimate": "clean accuracy", "value": res.clean.value, "ci low": res.clean.ci_low,
+             "ci high": res.clean.ci_high}]
+    if res.corruption is not None:
+        rows.append({"model": "candidate", "estimate": "corruption accuracy", "value": res.corruption.value,
+                     "ci low": res.corruption.ci_low, "ci high": res.corruption.ci_high})
+    for k, v in (res.baseline or {}).items():
+        rows.append({"model": f"baseline ({res.baseline_source})", "estimate": k.replace("_", " "), "value": v.value,
+                     "ci low": v.ci_low, "ci high": v.ci_high})
+    rep.heading("Stratified estimates (95% intervals)").table(rows)
+    if res.comparison is not None:
+        cmp_rows = []
+        for name, c in (("robust accuracy", res.comparison), ("corruption accuracy", res.corruption_comparison)):
+            if c is None:
+                continue
+            cmp_rows.append({"measure": name, "drop": c.drop, "ci low": c.ci_low, "ci high": c.ci_high,
+                             "only baseline right": c.b, "only candidate right": c.c,
+                             "McNemar p (one-sided)": c.p_value if name == "robust accuracy" else None})
+        rep.heading("Baseline minus candidate, paired on the suite").table(cmp_rows)
+    rep.heading("Per stratum").table(doc["strata"])
+    return rep
