@@ -115,7 +115,8 @@ def test_every_list_option_takes_the_same_syntax(verb, option, text, dest, value
     ("validate", ["--severities", "2-1"], "range '2-1' is empty"),
     ("validate", ["--attack-eps", "0.1,big"], "argument --attack-eps: expected an L-inf radius in (0, 1]"),
     ("validate", ["--perturbations", "fgsm", "contrast"], "unrecognized arguments: contrast"),
-    ("compare", ["--seeds", "0,x"], "seed 'x' is not a number or a range"),
+    ("compare", ["--seeds", "0,x"], "argument --seeds: expected a seed: an integer in [0, 2^63), got 'x'"),
+    ("compare", ["--seeds", "0,-1"], "argument --seeds: expected a seed: an integer in [0, 2^63), got -1"),
     ("compare", ["--strategies", "best,deepxplore"], "unknown strategy 'deepxplore'"),
     ("compare", ["--budgets", "5%,150%"], "budget"),
 ])

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from robustest.cli import main
-from robustest.cli.eval import parse_accuracy, parse_eps
+from robustest.cli._common import radius
+from robustest.cli.eval import parse_accuracy
 
 FAST = ["--version", "custom", "--attacks", "fgsm,bim", "--limit", "40", "--no-progress"]
 
@@ -20,13 +21,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # two shared cores: one intr
 
 
 def test_parsers():
-    assert parse_eps("8/255") == pytest.approx(8 / 255) and parse_eps("0.3") == 0.3
+    assert radius("8/255") == pytest.approx(8 / 255) and radius("0.3") == 0.3
     assert parse_accuracy("85%") == pytest.approx(0.85) and parse_accuracy("0.5") == 0.5
     import argparse
 
-    for bad in ("x", "1/0"):
+    for bad in ("x", "1/0", "nan", "1e400"):
         with pytest.raises(argparse.ArgumentTypeError):
-            parse_eps(bad)
+            radius(bad)
     for bad in ("1.5", "-1", "120%", "x"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_accuracy(bad)
@@ -96,7 +97,7 @@ def test_bad_input(mlp_digits_checkpoint, tmp_path: Path, capsys):
             str(tmp_path / "o")]
     _one_line_exit_2([*base, "--eps", "0"], capsys, "eps must lie in (0, 1]")
     _one_line_exit_2([*base, "--eps", "1.5"], capsys, "eps must lie in (0, 1]")
-    _one_line_exit_2([*base, "--eps", "-0.1", "--norm", "l2"], capsys, "eps must be > 0")
+    _one_line_exit_2([*base, "--eps", "-0.1", "--norm", "l2"], capsys, "eps must lie in (0, 1000] for the L2")
     _one_line_exit_2([*base, "--eps", "0.1", "--norm", "l7"], capsys, "invalid choice")
     _one_line_exit_2([*base, "--eps", "0.1", "--version", "plus"], capsys, "invalid choice")
     _one_line_exit_2([*base, "--eps", "0.1", "--attacks", "square"], capsys, "--version custom")

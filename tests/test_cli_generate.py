@@ -137,10 +137,14 @@ def test_generate_bad_inputs(checkpoint, tmp_path, capsys):
                  "--out", str(tmp_path / "o")]) == 2
     capsys.readouterr()
     # argparse-level errors: unknown method, negative eps
-    for argv in (["--method", "deepfool"], ["--method", "pgd", "--eps", "-0.1"]):
-        with pytest.raises(SystemExit) as exc:
-            _gen(checkpoint, tmp_path / "o", *argv)
-        assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        _gen(checkpoint, tmp_path / "o", "--method", "deepfool")
+    assert exc.value.code == 2
+    capsys.readouterr()
+    for eps in ("-0.1", "0", "1.5"):  # checked against --norm before any work
+        assert _gen(checkpoint, tmp_path / "e", "--method", "pgd", "--eps", eps) == 2
+        assert "eps must lie in (0, 1] for the L-inf threat model" in capsys.readouterr().err
+    assert not (tmp_path / "e").exists()
     # --out is an existing file
     f = tmp_path / "file"
     f.write_text("x")

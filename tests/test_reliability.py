@@ -4,6 +4,7 @@ written, and the output folder is proved writable before any work."""
 from __future__ import annotations
 
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -257,3 +258,151 @@ def test_path_over_the_file_system_limit_is_bad_input(tmp_path, capsys) -> None:
     code, err = _run(capsys, "score", "--checkpoint", "x.pt", "--dataset", "digits", "--metric", "gini", "--out",
                      tmp_path / ("y" * 300))
     assert code == 2 and err.count("\n") == 1, err
+
+
+# ------------------------------------------------------------------- one radius check everywhere
+LINF_MESSAGE = "eps must lie in (0, 1] for the L-inf threat model"
+
+
+@pytest.mark.parametrize("call", [
+    lambda m, x, y: __import__("robustest").attacks.pgd(m, x, y, eps=8),
+    lambda m, x, y: __import__("robustest").attacks.fgsm(m, x, y, eps=1.5),
+    lambda m, x, y: __import__("robustest").attacks.apgd(m, x, y, eps=8, steps=2),
+    lambda m, x, y: __import__("robustest").attacks.square(m, x, y, eps=2.0),
+    lambda m, x, y: __import__("robustest").attacks.fab(m, x, y, eps=3.0),
+    lambda m, x, y: __import__("robustest").attacks.attack("pgd", m, (x, y), eps=8),
+    lambda m, x, y: __import__("robustest").metrics.fol(m, x, y, eps=8),
+    lambda m, x, y: __import__("robustest").robustness.whitebox_accuracy(m, (x, y), 8),
+    lambda m, x, y: __import__("robustest").evaluation.evaluate(m, (x, y), eps=8, version="fast"),
+    lambda m, x, y: __import__("robustest").fuzzing.fol_fuzz(m, x, y, eps=8),
+    lambda m, x, y: __import__("robustest").weakrobust.adversarial_radius(m, (x, y), eps_max=8),
+])
+def test_an_linf_radius_above_one_is_refused_by_every_function(call, digits_model) -> None:
+    from robustest.errors import ConfigError
+
+    x, y = torch.rand(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])
+    with pytest.raises(ConfigError, match=r"eps(_max)? must lie in \(0, 1\] for the L-inf threat model"):
+        call(digits_model, x, y)
+
+
+def test_radii_other_norms_and_the_run_config_use_the_same_check(digits_model) -> None:
+    from robustest import attacks, config
+    from robustest.errors import ConfigError
+    from robustest.robot import RobotConfig
+
+    x, y = torch.rand(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])
+    assert attacks.pgd(digits_model, x, y, eps=2.0, norm="l2", steps=1).shape == x.shape  # an L2 radius may pass 1
+    for bad in (0, -0.1, float("nan"), float("inf"), "0.1", True):
+        with pytest.raises(ConfigError, match="eps must"):
+            config.check_eps("eps", bad)
+    with pytest.raises(ConfigError, match=re.escape(LINF_MESSAGE)):
+        RobotConfig.from_dict({"eps": 5}).validate()
+    with pytest.raises(ConfigError, match="unknown norm"):
+        config.check_eps("eps", 0.1, "l3")
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "--method", "pgd", "--eps", "5"],
+    ["generate", "--method", "fgsm", "--fol-eps", "2"],
+    ["score", "--metric", "fol", "--eps", "5"],
+    ["eval", "--eps", "5"],
+    ["eval", "--eps", "8"],
+])
+def test_an_linf_radius_above_one_is_refused_by_every_verb(argv, mlp_digits_checkpoint, tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    code, err = _run(capsys, *argv, "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--out", out)
+    _one_line(code, err, LINF_MESSAGE)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("verb, argv", [
+    ("run", ["--eps", "5"]),
+    ("validate", ["--attack-eps", "0.1,5"]),
+    ("enhance", ["--adv-eps", "5"]),
+    ("generate", ["--method", "fol-fuzz", "--fuzz-eps", "5"]),
+])
+def test_an_linf_radius_flag_above_one_is_refused(verb, argv, tmp_path, capsys) -> None:
+    code, err = _run(capsys, verb, *argv, "--out", tmp_path / "o")
+    _one_line(code, err, LINF_MESSAGE)
+
+
+def test_fractions_are_radii_in_every_verb(mlp_digits_checkpoint, tmp_path, capsys) -> None:
+    import json
+
+    from robustest.cli import build_parser
+
+    parser = build_parser()
+    ck = ["--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--out", str(tmp_path / "p")]
+    for argv, key in ((["generate", "--method", "pgd", "--eps", "8/255", "--fol-eps", "1/10"], "eps"),
+                      (["score", "--metric", "fol", "--eps", "8/255"], "eps"),
+                      (["eval", "--eps", "8/255"], "eps"),
+                      (["run", "--eps", "8/255"], "eps"),
+                      (["compare", "--eps", "8/255"], "eps"),
+                      (["validate", "--attack-eps", "4/255,8/255"], "attack_eps"),
+                      (["enhance", "--adv-eps", "8/255", "--epochs", "1"], "adv_eps"),
+                      (["analyze", "--radius-eps-max", "8/255"], "radius_eps_max"),
+                      (["harden", "--eps", "8/255"], "eps")):
+        args = parser.parse_args([*argv, *ck])
+        got = getattr(args, key)
+        assert got == pytest.approx(8 / 255) or got == pytest.approx([4 / 255, 8 / 255]), argv
+    out = tmp_path / "gen"
+    code, err = _run(capsys, "generate", "--method", "fgsm", "--eps", "8/255", "--checkpoint", mlp_digits_checkpoint,
+                     "--dataset", "digits", "--limit", "20", "--no-progress", "--out", out)
+    assert code == 0, err
+    assert json.loads((out / "results.json").read_text())["settings"]["eps"] == pytest.approx(8 / 255)
+
+
+# ------------------------------------------------------------------------ counts, paths and seeds
+def test_select_n_zero_and_an_empty_out_are_refused(tmp_path, capsys, mlp_digits_checkpoint) -> None:
+    scores = tmp_path / "scores.csv"
+    scores.write_text("index,score\n0,0.5\n1,0.2\n")
+    code, err = _run(capsys, "select", "--scores", scores, "--n", "0", "--strategy", "top", "--out", tmp_path / "s")
+    _one_line(code, err, "positive integer")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code, err = _run(capsys, "score", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--metric",
+                         "gini", "--limit", "10", "--out", "")
+    finally:
+        os.chdir(cwd)
+    _one_line(code, err, "--out is empty")
+    assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize("rows, match", [
+    ("index,score\n0,0.5\n-3,0.2\n", "negative index"),
+    ("index,score\n4,0.5\n4,0.2\n", "names an input twice"),
+    ("index,score\n99999999999999999999999,0.5\n", "unreadable score or index"),
+    ("index,score\n", "empty"),
+])
+def test_the_csv_scores_get_the_checks_of_the_pt_scores(rows, match, tmp_path, capsys) -> None:
+    from robustest.cli.select import read_scores
+    from robustest.errors import DataError
+
+    path = tmp_path / "scores.csv"
+    path.write_text(rows)
+    with pytest.raises(DataError, match=match):
+        read_scores(path)
+    code, err = _run(capsys, "select", "--scores", path, "--n", "1", "--strategy", "top", "--out", tmp_path / "s")
+    assert code == 2 and err.count("\n") == 1, err
+    assert not (tmp_path / "s").exists()
+
+
+def test_seeds_follow_one_rule(tmp_path, capsys) -> None:
+    from robustest.errors import ConfigError
+    from robustest.robot import RobotConfig
+
+    for argv in (["compare", "--seeds", "-1"], ["compare", "--seeds", "0,9223372036854775808"],
+                 ["compare", "--seeds", "0-99999999999"], ["run", "--seed", "-1"]):
+        code, err = _run(capsys, *argv, "--out", tmp_path / "o")
+        assert code == 2 and err.count("\n") == 1 and "seed" in err, (argv, err)
+    for cfg in ({"seed": 2**63}, {"seed": -1}, {"seeds": [0, -1]}, {"seeds": [2**64]}):
+        with pytest.raises(ConfigError, match=r"must be a seed: an integer in \[0, 2\^63\)"):
+            RobotConfig.from_dict(cfg).validate()
+    with pytest.raises(ConfigError, match="seed must be an integer"):
+        RobotConfig.from_dict({"seed": 1.0}).validate()
+    yaml_cfg = tmp_path / "run.yaml"
+    yaml_cfg.write_text("seed: 10000000000000000000000\n")
+    code, err = _run(capsys, "run", "--config", yaml_cfg, "--out", tmp_path / "o")
+    _one_line(code, err, "seed must be a seed")
+    assert RobotConfig.from_dict({"seed": 2**63 - 1, "seeds": [0, 5]}).validate().seed == 2**63 - 1

@@ -18,6 +18,7 @@ import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from robustest.errors import ConfigError
@@ -32,11 +33,15 @@ __all__ = [
     "check_int",
     "check_keywords",
     "check_mapping",
+    "check_seed",
     "check_str",
     "json_schema",
+    "parse_number",
 ]
 
 MAX_EPOCHS = 100_000
+MAX_L2_RADIUS = 1000.0  # an L2 (or L1) radius beyond this is no bound at all on [0, 1] images of any common size
+MAX_SEED = 2**63  # seeds lie in [0, 2^63): what torch.Generator.manual_seed takes
 
 
 def _num(value: Any) -> bool:
@@ -54,6 +59,17 @@ def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = Non
         raise ConfigError(f"{name} must be an integer{_range(lo, hi)}, got {value!r}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise ConfigError(f"{name} must be an integer{_range(lo, hi)}, got {value}")
+    return int(value)
+
+
+def check_seed(name: str, value: Any, *, allow_none: bool = False) -> int | None:
+    """A seed: an integer in [0, 2^63) (``--seed``, ``--seeds``, the YAML ``seed`` and ``seeds`` alike)."""
+    if value is None and allow_none:
+        return None
+    if hasattr(value, "item") and not isinstance(value, (int, float)) and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_SEED:
+        raise ConfigError(f"{name} must be a seed: an integer in [0, 2^63), got {value!r}")
     return int(value)
 
 
@@ -103,9 +119,40 @@ def check_choice(name: str, value: Any, choices: Iterable[str], *, allow_none: b
 
 
 def check_eps(name: str, value: Any, norm: str = "linf", *, allow_none: bool = False) -> float | None:
-    """A perturbation budget in pixel scale: L-inf in (0, 1]; L2 and L1 in (0, 1000]."""
-    hi = 1.0 if norm == "linf" else 1000.0
-    return check_float(name, value, 0.0, hi, lo_open=True, allow_none=allow_none)
+    """A perturbation radius in pixel scale (images in [0, 1]): L-inf in (0, 1]; L2 and L1 in
+    (0, :data:`MAX_L2_RADIUS`]. The one check of a radius, whether it comes from a flag (``--eps 8/255``, see
+    :func:`parse_number`), a YAML key or a keyword argument (``attacks.pgd(..., eps=8)`` is refused with the
+    same line as ``robustest eval --eps 8``)."""
+    if value is None and allow_none:
+        return None
+    n = str(norm).lower().replace("-", "")
+    n = "linf" if n in ("inf", "linf") else n
+    if n not in ("linf", "l2", "l1"):
+        raise ConfigError(f"unknown norm {norm!r} for {name}: use linf, l2 or l1")
+    if hasattr(value, "item") and not isinstance(value, (int, float)) and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if not _num(value) or not math.isfinite(float(value)):
+        raise ConfigError(f"{name} must be a finite number (a radius in pixel scale, e.g. 8/255), got {value!r}")
+    v = float(value)
+    if n == "linf" and not 0 < v <= 1:
+        raise ConfigError(f"{name} must lie in (0, 1] for the L-inf threat model (pixel scale: 8/255 = 0.031), "
+                          f"got {v:g}")
+    if not 0 < v <= MAX_L2_RADIUS:
+        raise ConfigError(f"{name} must lie in (0, {MAX_L2_RADIUS:g}] for the {n.upper()} threat model (pixel "
+                          f"scale), got {v:g}")
+    return v
+
+
+def parse_number(text: str) -> float:
+    """The text of a number: ``0.3``, ``3e-2`` or a fraction ``8/255`` (how radii are written); ValueError
+    otherwise (also for a zero denominator)."""
+    t = str(text).strip()
+    if "/" in t:
+        try:
+            return float(Fraction(t))
+        except ZeroDivisionError:
+            raise ValueError(f"zero denominator in {text!r}") from None
+    return float(t)
 
 
 def check_keywords(name: str, options: Any, fn: Callable[..., Any], *, exclude: Iterable[str] = ()) -> dict[str, Any]:
@@ -256,7 +303,7 @@ def arg(check: Callable[..., Any], **kw: Any) -> Callable[[str], Any]:
 
     def parse(text: str) -> Any:
         try:
-            value: Any = int(text) if is_int else float(text)
+            value: Any = int(text) if is_int else parse_number(text)
         except ValueError:
             try:
                 probe = float(text)

@@ -10,7 +10,6 @@ case and the accuracy after each attack is cumulative. Re-exported by :mod:`robu
 from __future__ import annotations
 
 import inspect
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,10 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from robustest.config import check_eps
 from robustest.errors import ConfigError, DataError
 from robustest.runtime import DataLike
 
-__all__ = ["AUTOATTACK_NAMES", "EVAL_FORMAT", "EVAL_VERSIONS", "EvalResult", "check_radius", "ensemble_plan",
+__all__ = ["AUTOATTACK_NAMES", "EVAL_FORMAT", "EVAL_VERSIONS", "EvalResult", "ensemble_plan",
            "evaluate"]
 
 EVAL_FORMAT = "robustest-eval-results"
@@ -43,18 +43,6 @@ class _Step:
     attack: str  # registry name
     fn: Any
     params: dict[str, Any]
-
-
-def check_radius(eps: Any, norm: str) -> float:
-    """``eps`` as a float: > 0, and <= 1 for L-inf (pixel scale); one-line ConfigError otherwise."""
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(float(eps)):
-        raise ConfigError(f"eps must be a number, got {eps!r}")
-    v = float(eps)
-    if norm == "linf" and not 0 < v <= 1:
-        raise ConfigError(f"eps must lie in (0, 1] for the L-inf threat model (pixel scale), got {v:g}")
-    if v <= 0:
-        raise ConfigError(f"eps must be > 0, got {v:g}")
-    return v
 
 
 def ensemble_plan(version: str = "standard", norm: str = "linf", attacks: Any = None, *,
@@ -356,7 +344,7 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     norm = _atk._check_norm(norm)
-    eps = check_radius(eps, norm)
+    eps = check_eps("eps", eps, norm)
     version = str(version).lower()
     if version not in EVAL_VERSIONS:
         raise ConfigError(f"unknown version {version!r}: use one of {', '.join(EVAL_VERSIONS)}")

@@ -140,6 +140,8 @@ from typing import Any as _RAny  # noqa: E402
 
 import torch as _rtorch  # noqa: E402
 
+from robustest.config import check_eps  # noqa: E402
+
 FIXED_SET_FORMAT = "robustest-fixed-adversarial-set"
 
 
@@ -209,14 +211,6 @@ def _r_xy(data: _RAny, name: str = "data") -> tuple[_rtorch.Tensor, _rtorch.Tens
     return x, y
 
 
-def _r_check_eps(eps: float) -> float:
-    from robustest.errors import ConfigError
-
-    if not isinstance(eps, (int, float)) or not 0 < float(eps) <= 1:
-        raise ConfigError(f"eps must be a number in (0, 1] (pixel scale), got {eps!r}")
-    return float(eps)
-
-
 def adversarial_examples(model: _RAny, data: _RAny, eps: float, *,
                          attacks: tuple[str, ...] | list[str] = ("fgsm", "pgd"), pgd_steps: int = 10,
                          pgd_alpha: float | None = None, seed: int = 0, batch_size: int = 256,
@@ -232,7 +226,7 @@ def adversarial_examples(model: _RAny, data: _RAny, eps: float, *,
     from robustest import attacks as _atk
     from robustest.errors import ConfigError
 
-    eps = _r_check_eps(eps)
+    eps = check_eps("eps", eps)
     x, y = _r_xy(data)
     alpha = eps / 6 if pgd_alpha is None else float(pgd_alpha)
     xs, ys, idx, meth = [], [], [], []
@@ -299,7 +293,7 @@ def whitebox_accuracy(model: _RAny, data: _RAny, eps: float, *, pgd_steps: int =
     from robustest import attacks as _atk
     from robustest.training import predict
 
-    eps = _r_check_eps(eps)
+    eps = check_eps("eps", eps)
     x, y = _r_xy(data)
     n = x.shape[0]
     if n == 0:
@@ -386,7 +380,7 @@ def measure(model: _RAny, data: _RAny, *, eps: float, fixed: FixedAdversarialSet
     "fast") on the same white-box images (needs ``whitebox``). Seeded.
     """
     t0 = _r_time.perf_counter()
-    eps = _r_check_eps(eps)
+    eps = check_eps("eps", eps)
     x, y = _r_xy(data)
     clean = clean_accuracy(model, (x, y), batch_size=batch_size)
     fx = fixed_set_accuracy(model, fixed, batch_size=batch_size) if fixed is not None else None

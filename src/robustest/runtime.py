@@ -720,7 +720,10 @@ def check_writable(folder: str | os.PathLike[str], *, create: bool = True) -> Pa
     """Prove ``folder`` writable before any work: write, sync and remove a probe file in it (or, with
     ``create=False`` and a folder that does not exist yet, create and remove a probe folder in its nearest
     existing parent, leaving nothing behind); with ``create`` make the folder. Temporary files a killed
-    atomic write left behind are removed. Raises :class:`OutputError` in one line."""
+    atomic write left behind are removed. Raises :class:`OutputError` in one line (also for an empty path,
+    which would otherwise mean the current folder)."""
+    if isinstance(folder, str) and not folder.strip():
+        raise OutputError("--out is empty: give the output folder's path")
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise OutputError(f"--out {str(folder)!r} exists and is not a folder: choose another path")

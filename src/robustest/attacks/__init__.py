@@ -54,7 +54,7 @@ from robustest.attacks._core import (  # noqa: F401 - re-exported for callers an
     _DEFAULT_CHUNK,
     BATCH_SEED_STRIDE,
     NORMS,
-    _check_eps,
+    _check_non_negative,
     _check_norm,
     _check_steps,
     _flat_norm,

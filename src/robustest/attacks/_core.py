@@ -33,13 +33,14 @@ _DEFAULT_CHUNK = 512
 
 
 # ------------------------------------------------------------------------------------------ validation
-def _check_eps(eps: Any, name: str = "eps") -> float:
+def _check_non_negative(value: Any, name: str) -> float:
+    """A finite number >= 0 (step sizes, constants); radii go through :func:`robustest.config.check_eps`."""
     try:
-        v = float(eps)
+        v = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a number, got {eps!r}") from None
+        raise ConfigError(f"{name} must be a number, got {value!r}") from None
     if not math.isfinite(v) or v < 0:
-        raise ConfigError(f"{name} must be a finite number >= 0, got {eps!r}")
+        raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
     return v
 
 

@@ -25,8 +25,8 @@ from torch import nn
 
 from robustest.attacks._core import (
     _DEFAULT_CHUNK,
-    _check_eps,
     _check_n_targets,
+    _check_non_negative,
     _check_norm,
     _check_steps,
     _check_target,
@@ -42,6 +42,7 @@ from robustest.attacks._core import (
     _run,
     _step_direction,
 )
+from robustest.config import check_eps
 from robustest.runtime import forward
 
 __all__ = ["apgd", "apgd_dlr", "apgd_t"]
@@ -59,6 +60,20 @@ def _loss_grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, ta
         per = _dlr_loss(logits, y) if loss == "dlr" else _dlr_targeted_loss(logits, y, target, hit_target)
         (g,) = torch.autograd.grad(per.sum(), xr)
     return g.contiguous(), logits.detach(), per.detach()
+
+
+def _halve_at_checkpoint(losses: torch.Tensor, rho: float, halved_last: torch.Tensor, best_last: torch.Tensor,
+                         best: torch.Tensor) -> torch.Tensor:
+    """Which samples halve their step size at a checkpoint (AutoAttack's rule), bool [N].
+
+    ``losses``: (k + 1) x N, the loss at the previous checkpoint's step and at each of the k steps since;
+    ``halved_last``: whether each sample halved at the previous checkpoint; ``best_last`` / ``best``: its best loss
+    then and now. A sample halves when (1) the loss increased in at most a fraction ``rho`` of the k steps
+    (``increases <= k * rho``, as the reference code counts), or (2) it did not halve at the previous checkpoint
+    and its best loss has not improved since."""
+    k = losses.shape[0] - 1
+    increases = (losses[1:] > losses[:-1]).sum(0)
+    return (increases <= k * rho) | (~halved_last & (best_last >= best))
 
 
 def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None, hit_target=False,
@@ -138,10 +153,8 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None
             loss_best = torch.where(improved, cur, loss_best)
             counter += 1
             if counter == k:
-                increases = (loss_steps[i + 2 - k:i + 2] > loss_steps[i + 1 - k:i + 1]).sum(0)
-                cond1 = increases <= k * rho
-                cond2 = ~reduced_last_check & (loss_best_last_check >= loss_best)
-                reduce = cond1 | cond2
+                reduce = _halve_at_checkpoint(loss_steps[i + 1 - k:i + 2], rho, reduced_last_check,
+                                              loss_best_last_check, loss_best)
                 reduced_last_check = reduce
                 loss_best_last_check = loss_best.clone()
                 if bool(reduce.any()):
@@ -216,11 +229,11 @@ def apgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: 
     x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W on x's device.
     """
     x, y = _prepare(model, x, y)
-    eps = _check_eps(eps)
+    norm = _check_norm(norm)
+    eps = check_eps("eps", eps, norm)
     steps = _check_steps(steps)
     restarts = _check_steps(restarts, "restarts")
-    norm = _check_norm(norm)
-    rho = _check_eps(rho, "rho")
+    rho = _check_non_negative(rho, "rho")
     return _run(_apgd_core, model, x, y, seed, batch_size, generator, eps=eps, steps=steps, norm=norm,
                 restarts=restarts, rho=rho, stop_on_success=bool(stop_on_success))
 
@@ -235,11 +248,11 @@ def apgd_dlr(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, ste
     x: N x C x H x W in [0, 1]; y: int64 [N].
     """
     x, y = _prepare(model, x, y)
-    eps = _check_eps(eps)
+    norm = _check_norm(norm)
+    eps = check_eps("eps", eps, norm)
     steps = _check_steps(steps)
     restarts = _check_steps(restarts, "restarts")
-    norm = _check_norm(norm)
-    rho = _check_eps(rho, "rho")
+    rho = _check_non_negative(rho, "rho")
     return _run(_apgd_dlr_core, model, x, y, seed, batch_size, generator, eps=eps, steps=steps, norm=norm,
                 restarts=restarts, rho=rho, stop_on_success=bool(stop_on_success))
 
@@ -269,11 +282,11 @@ def apgd_t(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps
     x: N x C x H x W in [0, 1]; y: int64 [N].
     """
     x, y = _prepare(model, x, y)
-    eps = _check_eps(eps)
+    norm = _check_norm(norm)
+    eps = check_eps("eps", eps, norm)
     steps = _check_steps(steps)
     restarts = _check_steps(restarts, "restarts")
-    norm = _check_norm(norm)
-    rho = _check_eps(rho, "rho")
+    rho = _check_non_negative(rho, "rho")
     n_targets = _check_n_targets(n_targets, _num_classes(model))
     target = _check_target(model, target, y)
     return _run(_apgd_t_core, model, x, y, seed, batch_size, generator, per_sample={"target": target}, eps=eps,

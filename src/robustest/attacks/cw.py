@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from robustest.attacks._core import _DEFAULT_CHUNK, _check_eps, _check_steps, _prepare, _run
+from robustest.attacks._core import _DEFAULT_CHUNK, _check_non_negative, _check_steps, _prepare, _run
+from robustest.config import check_eps
 from robustest.errors import ConfigError
 from robustest.runtime import forward
 
@@ -79,13 +80,13 @@ def cw_l2(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float | None 
     LeNet-5/MNIST model, 100 steps: 60% success with 0.01, 100% with 0.1).
     """
     x, y = _prepare(model, x, y)
-    eps = None if eps is None else _check_eps(eps)
-    c = _check_eps(c, "c")
+    eps = check_eps("eps", eps, "l2", allow_none=True)
+    c = _check_non_negative(c, "c")
     if c == 0:
         raise ConfigError("c must be > 0")
-    kappa = _check_eps(kappa, "kappa")
+    kappa = _check_non_negative(kappa, "kappa")
     steps = _check_steps(steps)
     binary_steps = _check_steps(binary_steps, "binary_steps")
-    lr = _check_eps(lr, "lr")
+    lr = _check_non_negative(lr, "lr")
     return _run(_cw_core, model, x, y, seed, batch_size, generator, eps=eps, c=c, kappa=kappa, steps=steps, lr=lr,
                 binary_steps=binary_steps, abort_early=bool(abort_early))

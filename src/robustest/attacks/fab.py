@@ -27,8 +27,8 @@ from torch import nn
 
 from robustest.attacks._core import (
     _DEFAULT_CHUNK,
-    _check_eps,
     _check_n_targets,
+    _check_non_negative,
     _check_norm,
     _check_steps,
     _check_target,
@@ -38,7 +38,7 @@ from robustest.attacks._core import (
     _prepare,
     _run,
 )
-from robustest.errors import ConfigError
+from robustest.config import check_eps
 from robustest.runtime import forward
 
 __all__ = ["fab"]
@@ -190,7 +190,7 @@ def _fab_core(model, x, y, gen, *, eps, steps, norm, targeted, n_targets, restar
         plan = [target]
     elif targeted:
         order = logits.argsort(dim=1, descending=True)
-        plan = [order[:, j] for j in range(1, n_targets + 1)]
+        plan = [order[:, j] for j in range(n_targets)]
     else:
         plan = [None]
     tol = eps * 1e-6 + 1e-7
@@ -226,16 +226,14 @@ def fab(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: i
     x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W on x's device.
     """
     x, y = _prepare(model, x, y)
-    eps = _check_eps(eps)
-    if eps == 0:
-        raise ConfigError("fab needs eps > 0")
-    steps = _check_steps(steps)
     norm = _check_norm(norm)
+    eps = check_eps("eps", eps, norm)
+    steps = _check_steps(steps)
     restarts = _check_steps(restarts, "restarts")
     n_targets = _check_n_targets(n_targets, _num_classes(model)) if targeted else int(n_targets)
-    alpha_max = _check_eps(alpha_max, "alpha_max")
-    eta = _check_eps(eta, "eta")
-    beta = _check_eps(beta, "beta")
+    alpha_max = _check_non_negative(alpha_max, "alpha_max")
+    eta = _check_non_negative(eta, "eta")
+    beta = _check_non_negative(beta, "beta")
     target = _check_target(model, target, y)
     return _run(_fab_core, model, x, y, seed, batch_size, generator, per_sample={"target": target}, eps=eps,
                 steps=steps, norm=norm, targeted=bool(targeted), n_targets=n_targets, restarts=restarts,

@@ -15,7 +15,7 @@ from torch import nn
 
 from robustest.attacks._core import (
     _DEFAULT_CHUNK,
-    _check_eps,
+    _check_non_negative,
     _check_norm,
     _check_steps,
     _check_target,
@@ -28,6 +28,7 @@ from robustest.attacks._core import (
     _run,
     _step_direction,
 )
+from robustest.config import check_eps
 from robustest.errors import ConfigError
 
 __all__ = ["bim", "fgsm", "mifgsm", "pgd", "rfgsm"]
@@ -103,7 +104,7 @@ def fgsm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, random_
     ``batch_size`` bounds how many images go through the model at once.
     """
     x, y = _prepare(model, x, y)
-    eps = _check_eps(eps)
+    eps = check_eps("eps", eps)
     target = _check_target(model, target, y)
     return _run(_fgsm_core, model, x, y, seed, batch_size, generator, per_sample={"target": target}, eps=eps,
                 random_start=bool(random_start))
@@ -124,11 +125,11 @@ def pgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: f
     x: N x C x H x W in [0, 1]; y: int64 [N]. Returns N x C x H x W on x's device.
     """
     x, y = _prepare(model, x, y)
-    eps = _check_eps(eps)
+    norm = _check_norm(norm)
+    eps = check_eps("eps", eps, norm)
     steps = _check_steps(steps)
     restarts = _check_steps(restarts, "restarts")
-    norm = _check_norm(norm)
-    alpha = 2.5 * eps / steps if alpha is None else _check_eps(alpha, "alpha")
+    alpha = 2.5 * eps / steps if alpha is None else _check_non_negative(alpha, "alpha")
     target = _check_target(model, target, y)
     return _run(_pgd_core, model, x, y, seed, batch_size, generator, per_sample={"target": target}, eps=eps,
                 alpha=alpha, steps=steps, norm=norm, random_start=bool(random_start), restarts=restarts)
@@ -144,9 +145,9 @@ def bim(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: f
     slack, as in Kurakin et al.'s min(eps + 4/255, 1.25 eps) budget). Returns N x C x H x W on x's device.
     """
     x, y = _prepare(model, x, y)
-    eps = _check_eps(eps)
+    eps = check_eps("eps", eps)
     steps = _check_steps(steps)
-    alpha = 1.25 * eps / steps if alpha is None else _check_eps(alpha, "alpha")
+    alpha = 1.25 * eps / steps if alpha is None else _check_non_negative(alpha, "alpha")
     target = _check_target(model, target, y)
     return _run(_pgd_core, model, x, y, seed, batch_size, generator, per_sample={"target": target}, eps=eps,
                 alpha=alpha, steps=steps, norm="linf", random_start=False, restarts=1)
@@ -162,9 +163,9 @@ def rfgsm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha:
     ``alpha`` defaults to ``eps / 2`` and must not exceed ``eps``. Returns N x C x H x W on x's device.
     """
     x, y = _prepare(model, x, y)
-    eps = _check_eps(eps)
+    eps = check_eps("eps", eps)
     steps = _check_steps(steps)
-    alpha = eps / 2 if alpha is None else _check_eps(alpha, "alpha")
+    alpha = eps / 2 if alpha is None else _check_non_negative(alpha, "alpha")
     if alpha > eps:
         raise ConfigError(f"rfgsm needs alpha <= eps, got alpha={alpha} > eps={eps}")
     target = _check_target(model, target, y)
@@ -181,10 +182,10 @@ def mifgsm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha
     targeted variant). Returns N x C x H x W on x's device.
     """
     x, y = _prepare(model, x, y)
-    eps = _check_eps(eps)
+    eps = check_eps("eps", eps)
     steps = _check_steps(steps)
-    alpha = eps / steps if alpha is None else _check_eps(alpha, "alpha")
-    decay = _check_eps(decay, "decay")
+    alpha = eps / steps if alpha is None else _check_non_negative(alpha, "alpha")
+    decay = _check_non_negative(decay, "decay")
     target = _check_target(model, target, y)
     return _run(_mifgsm_core, model, x, y, seed, batch_size, generator, per_sample={"target": target}, eps=eps,
                 alpha=alpha, steps=steps, decay=decay)

@@ -31,13 +31,13 @@ from torch import nn
 
 from robustest.attacks._core import (
     _DEFAULT_CHUNK,
-    _check_eps,
     _check_norm,
     _check_steps,
     _margin,
     _prepare,
     _run,
 )
+from robustest.config import check_eps
 from robustest.errors import ConfigError
 from robustest.runtime import forward
 
@@ -200,8 +200,8 @@ def square(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, norm:
     x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W on x's device.
     """
     x, y = _prepare(model, x, y)
-    eps = _check_eps(eps)
     norm = _check_norm(norm)
+    eps = check_eps("eps", eps, norm)
     queries = _check_steps(queries, "queries")
     restarts = _check_steps(restarts, "restarts")
     p_init = float(p_init)

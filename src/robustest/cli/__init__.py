@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         main_rank = distributed.is_main()
         if not main_rank:  # only rank 0 prints; outputs are written by rank 0 alone (runtime's writers)
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of this rank's process
-        if getattr(args, "out", None):  # a folder that cannot be written is found before the work, not after
+        if getattr(args, "out", None) is not None:  # an unwritable (or empty) --out is found before the work
             from robustest.runtime import check_writable
 
             check_writable(args.out, create=False)

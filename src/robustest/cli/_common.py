@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from robustest import data as datasets
+from robustest.config import MAX_SEED, check_eps, parse_number
 from robustest.errors import ConfigError
 from robustest.runtime import resolve_device
 
@@ -128,19 +129,47 @@ def _number_type(convert: Callable[[str], Any], ok: Callable[[Any], bool], what:
     return parse
 
 
+# every float flag takes a fraction as well: --eps 8/255, --alpha 2/255
 positive_int = _number_type(int, lambda v: v >= 1, "a positive integer", "positive_int")
-positive_float = _number_type(float, lambda v: v > 0, "a positive number", "positive_float")
+positive_float = _number_type(parse_number, lambda v: v > 0, "a positive number", "positive_float")
 non_negative_int = _number_type(int, lambda v: v >= 0, "a non-negative integer", "non_negative_int")
-non_negative_float = _number_type(float, lambda v: v >= 0, "a non-negative number", "non_negative_float")
-finite_float = _number_type(float, lambda v: True, "a number", "finite_float")
-fraction = _number_type(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]", "fraction")  # a number in (0, 1]
-unit_float = _number_type(float, lambda v: 0 <= v <= 1, "a number in [0, 1]", "unit_float")
-linf_eps = _number_type(float, lambda v: 0 < v <= 1, "an L-inf radius in (0, 1] (pixel scale, e.g. 8/255 = 0.031)",
-                        "linf_eps")
-noise_width = _number_type(float, lambda v: 0 < v <= 2, "a noise width in (0, 2] (pixel scale)", "noise_width")
-seed_int = _number_type(int, lambda v: 0 <= v < 2**63, "a seed: an integer in [0, 2^63)", "seed_int")
-learning_rate = _number_type(float, lambda v: 0 < v <= 10, "a learning rate in (0, 10]", "learning_rate")
-below_one = _number_type(float, lambda v: 0 <= v < 1, "a number in [0, 1)", "below_one")  # momentum, smoothing
+non_negative_float = _number_type(parse_number, lambda v: v >= 0, "a non-negative number", "non_negative_float")
+finite_float = _number_type(parse_number, lambda v: True, "a number", "finite_float")
+fraction = _number_type(parse_number, lambda v: 0 < v <= 1, "a fraction in (0, 1]", "fraction")  # a number in (0, 1]
+unit_float = _number_type(parse_number, lambda v: 0 <= v <= 1, "a number in [0, 1]", "unit_float")
+noise_width = _number_type(parse_number, lambda v: 0 < v <= 2, "a noise width in (0, 2] (pixel scale)", "noise_width")
+seed_int = _number_type(int, lambda v: 0 <= v < MAX_SEED, "a seed: an integer in [0, 2^63)", "seed_int")
+learning_rate = _number_type(parse_number, lambda v: 0 < v <= 10, "a learning rate in (0, 10]", "learning_rate")
+below_one = _number_type(parse_number, lambda v: 0 <= v < 1, "a number in [0, 1)", "below_one")  # momentum, smoothing
+
+
+def _radius_type(norm: str | None) -> Callable[[str], float]:
+    """An argparse ``type=`` for a radius: a number or a fraction (``8/255``) checked by
+    :func:`robustest.config.check_eps` for ``norm``; with ``norm`` None (a verb whose ``--norm`` flag decides)
+    only read here: the verb applies ``check_eps`` with its norm before any work."""
+
+    def parse(text: str) -> float:
+        try:
+            v = parse_number(text)
+        except ValueError:
+            what = "an L-inf radius in (0, 1]" if norm == "linf" else "a radius"
+            raise argparse.ArgumentTypeError(f"expected {what} (a number or a fraction like 8/255), got {text!r}"
+                                             ) from None
+        if norm is None:
+            if not math.isfinite(v):
+                raise argparse.ArgumentTypeError(f"expected a finite radius, got {text!r}")
+            return v
+        try:
+            return float(check_eps("eps", v, norm))
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = "linf_eps" if norm == "linf" else "radius"
+    return parse
+
+
+linf_eps = _radius_type("linf")  # an L-inf radius in (0, 1]
+radius = _radius_type(None)  # a radius whose norm another flag gives
 
 
 def batch_size_arg(text: str) -> int | str:
@@ -259,6 +288,7 @@ def peak_rss_mib() -> float:
 
 # ------------------------------------------------------------------------------------------------ lists
 _RANGE = re.compile(r"^(\d+)\s*-\s*(\d+)$")
+MAX_RANGE_ITEMS = 100_000  # a range a-b expands to a list: bounded before it is built
 LIST_SYNTAX = "a comma-separated list; integers also as ranges: 1-5, 1,3,5 or 1-3,5"
 
 
@@ -284,6 +314,8 @@ def parse_list(text: str, item: Callable[[str], Any] = str, *, ranges: bool = Fa
             a, b = int(m.group(1)), int(m.group(2))
             if a > b:
                 raise ConfigError(f"range {part!r} is empty: write it low-high, e.g. {b}-{a}")
+            if b - a >= MAX_RANGE_ITEMS:
+                raise ConfigError(f"range {part!r} is too large: a range holds at most {MAX_RANGE_ITEMS} values")
             items: list[Any] = list(range(a, b + 1))
         else:
             try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from robustest.cli._common import int_list, list_arg
+from robustest.cli._common import list_arg, seed_int
 from robustest.cli.run import add_common_args, budget_arg, build_config, print_results
 
 ORDER = 41
@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budgets", type=list_arg(budget_arg, ranges=True, what="budget"), metavar="LIST",
                    help="comma-separated budgets: counts (ranges too, 10-12) or percentages of the pool "
                         "(default: 5%%)")
-    p.add_argument("--seeds", type=int_list(what="seed"), metavar="LIST",
+    p.add_argument("--seeds", type=list_arg(seed_int, ranges=True, what="seed", lo=0, hi=2**63 - 1), metavar="LIST",
                    help="seeds: 0,1,2 or a range 0-4 (default: 0)")
     p.set_defaults(func=run)
 

@@ -9,7 +9,7 @@ Versions: ``standard`` = APGD-CE -> APGD-T (9 targets) -> FAB-T (9 targets) -> S
 standard version; ``fast`` = APGD-CE -> APGD-T (3 targets); ``custom`` = the attacks named in --attacks.
 
 Exit status: 0 done (and robust accuracy >= --fail-under when given), 1 robust accuracy below --fail-under,
-2 bad input (one line on stderr, before any attack runs).
+2 bad input (one line on stderr, before any attack runs), 3 internal error.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from fractions import Fraction
 
 from robustest.cli import EXIT_GATE
 from robustest.cli._common import (
@@ -36,20 +35,13 @@ from robustest.cli._common import (
     out_dir,
     peak_rss_mib,
     positive_int,
+    radius,
     resolve_batch_size,
 )
+from robustest.config import check_eps
 from robustest.errors import ConfigError
 
 ORDER = 35
-
-
-def parse_eps(text: str) -> float:
-    """'0.3', '8/255' or '3e-2' -> float (a fraction a/b is how RobustBench writes radii)."""
-    t = str(text).strip()
-    try:
-        return float(Fraction(t)) if "/" in t else float(t)
-    except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(f"expected a number or a fraction like 8/255, got {text!r}") from None
 
 
 def parse_accuracy(text: str) -> float:
@@ -70,7 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint_arg(p)
     add_data_args(p, split="test")
-    p.add_argument("--eps", type=parse_eps, required=True, metavar="E",
+    p.add_argument("--eps", type=radius, required=True, metavar="E",
                    help="radius of the threat model in pixel scale, e.g. 0.3 or 8/255 (L-inf: in (0, 1])")
     p.add_argument("--norm", choices=("linf", "l2"), default="linf", help="threat model (default: linf)")
     p.add_argument("--version", choices=("standard", "fast", "custom"), default="standard",
@@ -104,9 +96,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _check_args(args: argparse.Namespace) -> tuple[list[str] | None, list[int] | None]:
     """Every check that needs no model or data: one-line ConfigError before any work."""
     from robustest import corruptions
-    from robustest.evaluation import check_radius
 
-    check_radius(args.eps, args.norm)
+    check_eps("eps", args.eps, args.norm)
     attacks = None
     if args.attacks is not None:
         if args.version != "custom":

@@ -35,6 +35,7 @@ from robustest.cli._common import (
     data_settings,
     fmt,
     learning_rate,
+    linf_eps,
     load_data,
     load_model,
     log,
@@ -44,8 +45,10 @@ from robustest.cli._common import (
     peak_rss_mib,
     positive_float,
     positive_int,
+    radius,
     resolve_batch_size,
 )
+from robustest.config import check_eps
 from robustest.errors import ConfigError
 from robustest.results import write_results
 from robustest.runtime import atomic_write_json, forward, image_shape, model_device, take
@@ -65,9 +68,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_data_args(p, split="train")
     p.add_argument("--method", required=True, choices=ATTACKS + FUZZERS, help="generation method")
     g = p.add_argument_group("attack options")
-    g.add_argument("--eps", type=positive_float, default=None,
-                   help="perturbation budget (default: 0.3 for 1-channel data, 8/255 for colour; "
-                        "cw: optional L2 bound)")
+    g.add_argument("--eps", type=radius, default=None,
+                   help="perturbation budget in pixel scale, a number or a fraction like 8/255 (L-inf: in (0, 1]; "
+                        "default: 0.3 for 1-channel data, 8/255 for colour; cw: optional L2 bound)")
     g.add_argument("--norm", choices=("linf", "l2"), default="linf", help="threat model of pgd/apgd (default: linf)")
     g.add_argument("--steps", type=positive_int, default=None,
                    help="iterations (default: pgd/bim/mifgsm 10, rfgsm 1, cw 100 per search step, apgd 100, "
@@ -89,7 +92,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "(default: 0.1 for both)")
     f.add_argument("--max-rel-l2", type=positive_float, default=0.5,
                    help="fol-fuzz: bound on ||x - x0||_2 / ||x0||_2 (default: 0.5)")
-    f.add_argument("--fuzz-eps", type=positive_float, default=None,
+    f.add_argument("--fuzz-eps", type=linf_eps, default=None,
                    help="fol-fuzz: optional L-inf bound around each seed (default: none)")
     f.add_argument("--max-tests-per-seed", type=positive_int, default=None, help="fol-fuzz: tests per seed cap")
     f.add_argument("--time-budget", type=positive_float, default=None, metavar="S", help="fuzzers: budget in seconds")
@@ -102,7 +105,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s = p.add_argument_group("FOL of the tests")
     s.add_argument("--fol-norm", choices=("linf", "l2", "l1", "gradnorm"), default=None,
                    help="norm of the FOL stored with each test (default: --norm; gradnorm = ||grad||_2)")
-    s.add_argument("--fol-eps", type=positive_float, default=None, help="eps of the FOL (default: --eps)")
+    s.add_argument("--fol-eps", type=radius, default=None, help="eps of the FOL (default: --eps)")
     p.add_argument("--batch-size", type=batch_size_arg, default=256, metavar="B",
                    help="images per batch, or 'auto': the largest that fits the GPU with the gradients (the "
                         "default 256 on the CPU)")
@@ -114,6 +117,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 # ---------------------------------------------------------------------------------------------- helpers
 def _default_eps(channels: int) -> float:
     return 0.3 if channels == 1 else 8 / 255
+
+
+def _check_radii(args: argparse.Namespace) -> None:
+    """--eps and --fol-eps against the norm they are measured in (L-inf radii in (0, 1]), before any work."""
+    check_eps("eps", args.eps, "l2" if args.method == "cw" else args.norm, allow_none=True)
+    fol_norm = args.fol_norm or ("l2" if args.method == "cw" else args.norm)
+    if fol_norm != "gradnorm":
+        check_eps("fol_eps", args.fol_eps, fol_norm, allow_none=True)
 
 
 def _attack_kwargs(args: argparse.Namespace, eps: float) -> dict[str, Any]:
@@ -182,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
     from robustest.data import save_tests
 
     t0 = time.perf_counter()
+    _check_radii(args)
     out = out_dir(args)
     model = load_model(args)
     ds = load_data(args)

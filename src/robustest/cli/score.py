@@ -50,10 +50,11 @@ from robustest.cli._common import (
     non_negative_float,
     out_dir,
     peak_rss_mib,
-    positive_float,
     positive_int,
+    radius,
     resolve_batch_size,
 )
+from robustest.config import check_eps
 from robustest.errors import ConfigError, DataError
 from robustest.metrics.scoring import AMP_METRICS
 from robustest.results import write_results
@@ -76,7 +77,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "or fp16 (CUDA) autocast: faster on GPUs, scores rounded accordingly (default: float32; "
                         "the other metrics refuse it)")
     g = p.add_argument_group("loss metrics (fol, zol, fol_gradnorm)")
-    g.add_argument("--eps", type=positive_float, default=0.3, help="FOL ball radius (default: 0.3)")
+    g.add_argument("--eps", type=radius, default=0.3,
+                   help="FOL ball radius in pixel scale, a number or a fraction like 8/255 (L-inf: in (0, 1]; "
+                        "default: 0.3)")
     g.add_argument("--norm", choices=("linf", "l2", "l1"), default="linf",
                    help="FOL perturbation norm; the gradient is measured in its dual (default: linf)")
     g.add_argument("--label", choices=("true", "pred"), default="true",
@@ -190,6 +193,7 @@ def _check_options(args: argparse.Namespace) -> None:
     bad = [k for k, v in given.items() if v]
     if bad:
         raise ConfigError(f"{', '.join(bad)} does not apply to --metric {m}: drop it")
+    check_eps("eps", args.eps, args.norm)
     if args.amp is not None and m not in AMP_METRICS:
         why = "input gradients" if kind == "loss" else "layer activations compared with a float32 reference"
         raise ConfigError(f"--amp applies to {', '.join(AMP_METRICS)} (computed from the logits alone); --metric {m} "

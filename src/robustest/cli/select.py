@@ -38,7 +38,6 @@ from robustest.cli._common import (
     fmt,
     fraction,
     log,
-    non_negative_int,
     out_dir,
     positive_int,
     seed_int,
@@ -55,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scores", required=True, metavar="FILE", help="scores.pt (or scores.csv) from 'robustest score'")
     budget = p.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--n", type=non_negative_int, metavar="N", help="number of inputs to select")
+    budget.add_argument("--n", type=positive_int, metavar="N", help="number of inputs to select (at least 1)")
     budget.add_argument("--fraction", type=fraction, metavar="F", help="fraction of the pool to select (0, 1]")
     p.add_argument("--strategy", required=True, choices=selection.names(),
                    help="; ".join(selection.describe(s) for s in selection.names()))
@@ -83,15 +82,18 @@ def read_scores(path: str | Path) -> dict[str, Any]:
         raise DataError(f"scores file {str(path)!r} does not exist: write one with 'robustest score'")
     if path.suffix.lower() == ".csv":
         with path.open(newline="") as fh:
-            rows = list(csv.DictReader(fh))
-        if not rows or "score" not in rows[0]:
+            reader = csv.DictReader(fh)
+            rows = list(reader)
+            columns = reader.fieldnames or []
+        if "score" not in columns:
             raise DataError(f"{path} has no 'score' column: pass a scores.csv written by 'robustest score'")
         try:
             scores = torch.tensor([float(r["score"]) for r in rows], dtype=torch.float64)
-            index = torch.tensor([int(r["index"]) for r in rows]) if "index" in rows[0] else torch.arange(len(rows))
-        except (TypeError, ValueError) as exc:
-            raise DataError(f"{path}: unreadable score or index value ({exc})") from None
-        return {"scores": scores, "index": index, "metric": None}
+            index = torch.tensor([int(r["index"]) for r in rows], dtype=torch.int64) if "index" in columns \
+                else torch.arange(len(rows))
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+            raise DataError(f"{path}: unreadable score or index value ({' '.join(str(exc).split())[:80]})") from None
+        return check_scores_payload({"scores": scores, "index": index, "metric": None}, str(path))
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure means the file is refused

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest import _repr
+from robustest.config import check_eps
 from robustest.errors import ConfigError
 from robustest.runtime import (
     checked_inputs,
@@ -174,8 +175,7 @@ def fol_fuzz(
         raise ConfigError(f"steps must be >= 2 (each work-list item takes 2 gradient steps), got {steps}")
     if lr <= 0 or max_rel_l2 <= 0:
         raise ConfigError(f"lr and max_rel_l2 must be > 0, got lr={lr}, max_rel_l2={max_rel_l2}")
-    if eps is not None and eps <= 0:
-        raise ConfigError(f"eps must be > 0 (or None for no L-inf bound), got {eps}")
+    eps = check_eps("eps", eps, allow_none=True)  # an optional L-inf bound
     if max_tests_per_seed is not None and max_tests_per_seed < 1:
         raise ConfigError(f"max_tests_per_seed must be >= 1 or None, got {max_tests_per_seed}")
     if batch_size < 1:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from robustest.config import check_eps
 from robustest.errors import ConfigError, DataError
 from robustest.runtime import check_images, check_labels, eval_mode, forward, frozen_params, resolve_device
 
@@ -174,12 +175,7 @@ def fol(
     """
     if norm not in NORMS:
         raise ConfigError(f"norm must be one of {', '.join(NORMS)}, got {norm!r}")
-    try:
-        eps = float(eps)
-    except (TypeError, ValueError):
-        raise ConfigError(f"eps must be a positive number, got {eps!r}") from None
-    if not eps > 0 or eps != eps or eps == float("inf"):
-        raise ConfigError(f"eps must be a positive finite number, got {eps}")
+    eps = check_eps("eps", eps, norm)
     _prepare(model, x, y, label)
     if x0 is not None:
         check_images(x0, "x0")

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from robustest import data as datasets
-from robustest.config import check_bool, check_float, check_int, check_keywords, check_str
+from robustest.config import check_bool, check_eps, check_float, check_int, check_keywords, check_seed, check_str
 from robustest.errors import ConfigError
 
 POOLS = ("attack", "fol-fuzz", "cov-fuzz")
@@ -303,7 +303,7 @@ class RobotConfig:
         pos_int("train_epochs", minimum=0)
         pos_int("train_limit", allow_none=True)
         pos_int("test_limit", allow_none=True)
-        number("eps", 0.0, 1.0)
+        check_eps("eps", self.eps)
         if self.pool not in POOLS:
             raise ConfigError(f"unknown pool {self.pool!r}: use one of {', '.join(POOLS)}")
         pos_int("pool_limit", allow_none=True)
@@ -380,14 +380,12 @@ class RobotConfig:
         if self.autoattack is not None and not self.whitebox:
             raise ConfigError("autoattack runs on the white-box images: drop --no-whitebox (whitebox: false) or "
                               "autoattack")
-        if not isinstance(self.seeds, (list, tuple)) or not self.seeds or \
-                not all(isinstance(s, int) and not isinstance(s, bool) for s in self.seeds):
-            raise ConfigError(f"seeds must be a non-empty list of integers, got {self.seeds!r}")
+        if not isinstance(self.seeds, (list, tuple)) or not self.seeds:
+            raise ConfigError(f"seeds must be a non-empty list of seeds (integers in [0, 2^63)), got {self.seeds!r}")
+        self.seeds = [check_seed(f"seeds[{i}]", s) for i, s in enumerate(self.seeds)]
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError("seeds lists a seed twice: name each once")
-        self.seeds = list(self.seeds)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        check_seed("seed", self.seed)
         pos_int("examples", minimum=0)
         pos_int("workers", minimum=0)
         if self.corruptions is not None and not isinstance(self.corruptions, (str, list)):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest import _repr
-from robustest.config import check_float, check_int
+from robustest.config import check_eps, check_float, check_int
 from robustest.distributed import Shard, all_gather_cat
 from robustest.errors import ConfigError, DataError
 from robustest.recipes import autocast, check_amp
@@ -350,8 +350,7 @@ def adversarial_radius(
     misclassified clean, ``inf`` when PGD at ``eps_max`` does not flip the sample, else the upper end of the
     final bracket (within ``eps_max / 2**bisection_steps`` of the radius PGD finds).
     """
-    if not eps_max > 0:
-        raise ConfigError(f"eps_max must be positive, got {eps_max}")
+    eps_max = check_eps("eps_max", eps_max)
     if steps < 1 or bisection_steps < 0:
         raise ConfigError("steps must be >= 1 and bisection_steps >= 0")
     dev = resolve_device(model, device)

@@ -19,6 +19,7 @@ from torch import nn
 
 from robustest import _repr, distributed
 from robustest.checkpoints import clone_model
+from robustest.config import check_eps
 from robustest.distributed import Shard
 from robustest.errors import ConfigError, TrainingDiverged
 from robustest.runtime import (
@@ -117,8 +118,7 @@ def enhance(
             raise ConfigError(f"{name} must be a finite number >= 0, got {v!r}")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
         raise ConfigError(f"lr must be a finite positive number, got {lr!r}")
-    if adv_eps is not None and not (isinstance(adv_eps, (int, float)) and 0 < adv_eps <= 1):
-        raise ConfigError(f"adv_eps must be an L-inf radius in (0, 1] (pixel scale), got {adv_eps!r}")
+    check_eps("adv_eps", adv_eps, allow_none=True)
     if adv_alpha is not None and not (isinstance(adv_alpha, (int, float)) and 0 < adv_alpha <= 1):
         raise ConfigError(f"adv_alpha must be a step in (0, 1], got {adv_alpha!r}")
     for name, v, hi in (("adv_steps", adv_steps, 10_000), ("width", width, 100), ("batch_size", batch_size, 10**7)):
