@@ -15,7 +15,7 @@ import os
 import random
 import tempfile
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -406,13 +406,26 @@ def converts_batches(data: Any) -> bool:
     return isinstance(data, Dataset) and callable(getattr(type(data), "get_batch", None))
 
 
+#: keys of a dict sample or batch (Hugging Face style) that hold the images and the labels, in order of preference
+IMAGE_KEYS = ("pixel_values", "image", "images", "img", "x")
+LABEL_KEYS = ("labels", "label", "targets", "target", "y")
+
+
 def split_batch(batch: Any) -> tuple[Any, Any]:
-    """(images, labels or None) of one batch as a DataLoader yields it: a tuple/list, a dict with ``image``/
-    ``label`` keys, or a bare tensor."""
+    """(images, labels or None) of one sample or batch as a Dataset or DataLoader yields it: a tuple/list, a
+    mapping with an image key (:data:`IMAGE_KEYS`: ``pixel_values``, ``image``, ...) and optionally a label key
+    (:data:`LABEL_KEYS`: ``labels``, ``label``, ...), or a bare tensor. A mapping without an image key is a
+    :class:`DataError` naming the keys it has."""
     if isinstance(batch, (tuple, list)):
         return batch[0], (batch[1] if len(batch) > 1 else None)
-    if isinstance(batch, dict) and "image" in batch:
-        return batch["image"], batch.get("label")
+    if isinstance(batch, Mapping):
+        xk = next((k for k in IMAGE_KEYS if k in batch), None)
+        if xk is None:
+            raise DataError(f"a data set item is a dict with keys {sorted(map(str, batch))[:8]}: robustest reads the "
+                            f"images from one of {', '.join(IMAGE_KEYS)} and the labels from one of "
+                            f"{', '.join(LABEL_KEYS)}")
+        yk = next((k for k in LABEL_KEYS if k in batch), None)
+        return batch[xk], (batch[yk] if yk is not None else None)
     return batch, None
 
 
