@@ -190,7 +190,7 @@ def _fab_core(model, x, y, gen, *, eps, steps, norm, targeted, n_targets, restar
         plan = [target]
     elif targeted:
         order = logits.argsort(dim=1, descending=True)
-        plan = [order[:, j] for j in range(n_targets)]
+        plan = [order[:, j] for j in range(1, n_targets + 1)]
     else:
         plan = [None]
     tol = eps * 1e-6 + 1e-7

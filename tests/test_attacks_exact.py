@@ -1,0 +1,204 @@
+"""Exact behaviour of the AutoAttack attacks, not only "at least as strong": APGD's checkpoint rule and step-size
+schedule against a transcription of the reference rule (fra31/auto-attack, ``attack_single_run``), the order of
+APGD-T's and FAB-T's target classes (the runner-up first, never the true class), and Square's p schedule against
+the reference table."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from robustest import attacks
+from robustest.attacks.apgd import _halve_at_checkpoint
+from robustest.attacks.square import _p_at
+from robustest.runtime import eval_mode, frozen_params, make_generator
+
+# the modules (robustest.attacks re-exports functions of the same names)
+apgd_mod = importlib.import_module("robustest.attacks.apgd")
+fab_mod = importlib.import_module("robustest.attacks.fab")
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # two shared cores: one intra-op thread
+
+RHO = 0.75
+
+
+# ------------------------------------------------------------------------------- APGD: the checkpoint rule
+@pytest.mark.parametrize("losses, halved_last, best_last, best, halves", [
+    # condition 1: the loss increased in at most rho of the k = 4 steps (<= 3 of 4, as the reference counts)
+    ((0, 1, 2, 3, 4), True, 4.0, 4.0, False),     # 4 of 4 increases and halved last: keep the step size
+    ((0, 1, 2, 3, 3), True, 3.0, 3.0, True),      # 3 of 4 = rho: halve (<=, not <)
+    ((9, 0, 1, 2, 3), True, 9.0, 9.0, True),      # the drop 9 -> 0 is no increase: 3 of 4
+    ((0, 1, 0, 1, 0), True, 0.0, 1.0, True),      # oscillating: 2 of 4
+    ((5, 5, 5, 5, 5), True, 5.0, 5.0, True),      # flat: 0 of 4
+    # condition 2: the step size was not halved at the last checkpoint and the best loss has not improved since
+    ((0, 1, 2, 3, 4), False, 10.0, 10.0, True),   # 4 of 4 increases, but the best stays at 10
+    ((0, 1, 2, 3, 4), False, 3.0, 4.0, False),    # ... the best improved
+    ((0, 1, 2, 3, 4), True, 10.0, 10.0, False),   # ... halved at the last checkpoint
+])
+def test_apgd_checkpoint_rule_is_the_reference_rule(losses, halved_last, best_last, best, halves):
+    window = torch.tensor(losses, dtype=torch.float32).view(-1, 1)  # (k + 1) x 1: the last checkpoint and k steps
+    got = _halve_at_checkpoint(window, RHO, torch.tensor([halved_last]), torch.tensor([best_last]),
+                               torch.tensor([best]))
+    assert got.dtype == torch.bool and got.tolist() == [halves]
+
+
+def _reference_checkpoints(losses: torch.Tensor, steps: int, rho: float) -> list[tuple[int, list[bool]]]:
+    """AutoAttack's checkpoint bookkeeping, transcribed: ``losses`` is (steps + 1) x N (the starting point, then
+    one row per step; the first window compares the first step with the starting point, the paper's definition).
+    Returns (step index i, which samples halve) at each checkpoint."""
+    n_iter_2, n_iter_min, size_decr = max(int(0.22 * steps), 1), max(int(0.06 * steps), 1), max(int(0.03 * steps), 1)
+    k, counter = n_iter_2, 0
+    best = losses[0].clone()
+    best_last = best.clone()
+    reduced_last = [True] * losses.shape[1]  # torch.ones_like(loss_best) in the reference
+    out = []
+    for i in range(steps):
+        best = torch.maximum(best, losses[i + 1])
+        counter += 1
+        if counter == k:
+            decisions = []
+            for s in range(losses.shape[1]):
+                t = sum(int(losses[i + 1 - c, s] > losses[i - c, s]) for c in range(k))  # check_oscillation
+                oscillation = t <= k * rho
+                no_improvement = (not reduced_last[s]) and bool(best_last[s] >= best[s])
+                decisions.append(oscillation or no_improvement)
+            out.append((i, decisions))
+            reduced_last = decisions
+            best_last = best.clone()
+            k, counter = max(k - size_decr, n_iter_min), 0
+    return out
+
+
+def _scripted_losses(steps: int) -> torch.Tensor:
+    """(steps + 1) x 5 loss sequences: rising, flat, an early peak then a slow rise below it (halves by condition
+    2 at every other checkpoint), oscillating, random."""
+    i = torch.arange(steps + 1, dtype=torch.float32)
+    peak = torch.where(i <= 5, 20.0 * i, 0.01 * i)
+    rand = torch.rand(steps + 1, generator=torch.Generator().manual_seed(3))
+    return torch.stack([i, torch.ones_like(i), peak, (i % 2) * 0.5, rand], dim=1)
+
+
+def test_apgd_halving_schedule_on_a_fixed_loss_sequence(monkeypatch):
+    """_apgd_run with scripted losses halves at the reference checkpoints (22 % of the steps, then intervals
+    shrinking by 3 % down to 6 %) exactly the samples the reference rule halves."""
+    steps = 100
+    script = _scripted_losses(steps)
+    n = script.shape[1]
+    calls: list[int] = []
+    seen: list[tuple[int, list[bool]]] = []
+
+    def scripted_loss_grad(model, x, y, loss, target, hit_target):
+        cur = script[len(calls)].clone()
+        calls.append(1)
+        return torch.zeros_like(x), F.one_hot(y, 3).float(), cur  # never misclassified: every step runs
+
+    def spy(losses, rho, halved_last, best_last, best):
+        out = _halve_at_checkpoint(losses, rho, halved_last, best_last, best)
+        seen.append((len(calls) - 2, out.tolist()))
+        return out
+
+    monkeypatch.setattr(apgd_mod, "_loss_grad", scripted_loss_grad)
+    monkeypatch.setattr(apgd_mod, "_halve_at_checkpoint", spy)
+    x = torch.full((n, 1, 2, 2), 0.5)
+    apgd_mod._apgd_run(torch.nn.Identity(), x, torch.zeros(n, dtype=torch.long), torch.Generator().manual_seed(0),
+                       eps=0.1, steps=steps, norm="linf", rho=RHO)
+    expected = _reference_checkpoints(script, steps, RHO)
+    assert [i for i, _ in seen] == [21, 40, 56, 69, 79, 86, 92, 98] == [i for i, _ in expected]
+    assert seen == expected
+    halvings = torch.tensor([d for _, d in seen]).sum(0).tolist()
+    assert halvings[:4] == [0, 8, 4, 8]  # rising never halves; flat always; the early peak every other time
+
+
+# ------------------------------------------------------------------------- APGD-T and FAB-T: the targets
+def _xy(ds, n=60):
+    x, y = ds.tensors
+    return x[:n].clone(), y[:n].clone()
+
+
+def _ranked(model, x):
+    with torch.no_grad():
+        return model(x).argsort(dim=1, descending=True)
+
+
+@pytest.mark.parametrize("name, module, run, target_at", [("apgd_t", apgd_mod, "_apgd_run", "target"),
+                                                          ("fab_t", fab_mod, "_fab_run", 3)])
+def test_targets_start_at_the_runner_up_and_never_are_the_true_class(trained_digits_model, digits_test, monkeypatch,
+                                                                      name, module, run, target_at):
+    m = trained_digits_model
+    x, y = _xy(digits_test)
+    order = _ranked(m, x)
+    real = getattr(module, run)
+    plans: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def spy(*args, **kw):
+        t = kw["target"] if target_at == "target" else args[target_at]
+        plans.append((args[2].clone(), t.clone()))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(module, run, spy)
+    getattr(attacks, name)(m, x, y, eps=0.05, steps=3, n_targets=3, seed=0)
+    assert 1 <= len(plans) <= 3
+    clean_ok = order[:, 0] == y
+    for yy, t in plans:
+        assert bool((t != yy).all()), f"{name}: a target is the true class"
+    # the first run attacks every correctly classified image towards its runner-up, the j-th towards rank j + 1
+    y1, t1 = plans[0]
+    assert torch.equal(y1, y[clean_ok]) and torch.equal(t1, order[clean_ok, 1])
+    for j, (_, t) in enumerate(plans[1:], start=2):
+        assert bool(torch.isin(t, order[:, j]).all())
+
+
+def test_apgd_t_with_one_target_is_targeted_dlr_at_the_runner_up(trained_digits_model, digits_test):
+    """apgd_t(n_targets=1) breaks exactly the images that one APGD run of the targeted DLR loss towards the
+    runner-up breaks (same seed), and that is many of them (towards the true class it would break almost none)."""
+    m = trained_digits_model
+    x, y = _xy(digits_test)
+    r = attacks.attack("apgd_t", m, x, y, eps=0.08, steps=10, n_targets=1, seed=0)
+    order = _ranked(m, x)
+    idx = (order[:, 0] == y).nonzero().flatten()
+    with eval_mode(m), frozen_params(m):
+        _, _, succ = apgd_mod._apgd_run(m, x[idx], y[idx], make_generator(0, torch.device("cpu")), eps=0.08,
+                                        steps=10, norm="linf", rho=RHO, loss="dlr_t", target=order[idx, 1])
+    assert torch.equal(r.fooled[idx], succ)
+    assert int(succ.sum()) >= 10, int(succ.sum())
+
+
+def test_fab_t_with_one_target_is_fab_at_the_runner_up(trained_digits_model, digits_test):
+    m = trained_digits_model
+    x, y = _xy(digits_test)
+    eps = 0.15
+    r = attacks.attack("fab_t", m, x, y, eps=eps, steps=10, n_targets=1, seed=0)
+    order = _ranked(m, x)
+    idx = (order[:, 0] == y).nonzero().flatten()
+    with eval_mode(m), frozen_params(m):
+        _, norms = fab_mod._fab_run(m, x[idx], y[idx], order[idx, 1], make_generator(0, torch.device("cpu")),
+                                    eps=eps, steps=10, norm="linf", alpha_max=0.1, eta=1.05, beta=0.9,
+                                    random_start=False, hit_target=False)
+    succ = norms <= eps + eps * 1e-6 + 1e-7
+    assert torch.equal(r.fooled[idx], succ)
+    assert int(succ.sum()) >= 10, int(succ.sum())
+
+
+# ------------------------------------------------------------------------------------ Square: p schedule
+def _reference_p(it: int, p_init: float, n_queries: int, rescale: bool) -> float:
+    """Square's ``p_selection``, transcribed from the reference table."""
+    if rescale:
+        it = int(it / n_queries * 10000)
+    for hi, div in ((10, 1), (50, 2), (200, 4), (500, 8), (1000, 16), (2000, 32), (4000, 64), (6000, 128),
+                    (8000, 256)):
+        if it <= hi:
+            return p_init / div
+    return p_init / 512
+
+
+@pytest.mark.parametrize("queries, rescale", [(10000, False), (5000, False), (5000, True), (1000, True)])
+def test_square_p_schedule_is_the_reference_schedule(queries, rescale):
+    got = [_p_at(it, 0.8, queries, rescale) for it in range(queries)]
+    assert got == [_reference_p(it, 0.8, queries, rescale) for it in range(queries)]
+    if queries == 10000:  # the halvings fall right after iterations 10, 50, 200, ..., 8000
+        drops = [it for it in range(1, queries) if got[it] < got[it - 1]]
+        assert drops == [11, 51, 201, 501, 1001, 2001, 4001, 6001, 8001]
+        assert got[-1] == pytest.approx(0.8 / 512)
