@@ -61,6 +61,10 @@ def test_outputs(mlp_digits_checkpoint, tmp_path: Path, capsys):
     assert {r["broken_by"] for r in rows} <= {"", "misclassified", "fgsm", "bim"}
     html = (out / "report.html").read_text()
     assert html.startswith("<!DOCTYPE html>") and "Accuracy after each attack" in html
+    # the sections every verb's report has: settings and timings as tables, the gate's verdict
+    assert "<h2>Settings</h2>" in html and "<h2>Timings</h2>" in html and "<pre>" not in html
+    assert '<th scope="row">fail under</th>' not in html and "No gate: --fail-under was not given" in html
+    assert "results.json: format robustest-eval-results" in html
     adv = torch.load(out / "adv.pt", weights_only=True)
     assert adv["x"].shape == (40, 1, 8, 8) and int(adv["robust"].sum()) == sum(int(r["robust"]) for r in rows)
 
@@ -78,6 +82,34 @@ def test_fail_under_exit_codes(mlp_digits_checkpoint, tmp_path: Path, capsys):
     assert "below --fail-under" in err and len(err.strip().splitlines()) == 1
     assert json.loads((tmp_path / "b" / "results.json").read_text())["gate"]["passed"] is False
     assert main([*base, "--out", str(tmp_path / "c"), "--fail-under", f"{100 * robust:.4f}%"]) == 0
+    # the verdict is in the report too, with the gate in the settings table
+    passed = (tmp_path / "a" / "report.html").read_text()
+    assert "The gate passed: robust accuracy" in passed and "is at least --fail-under 0.0000 (exit status 0)" in passed
+    failed = (tmp_path / "b" / "report.html").read_text()
+    assert f"The gate FAILED: robust accuracy {robust:.4f} is below --fail-under {robust + 0.01:.4f} (exit status 1)" \
+        in failed
+    assert '<th scope="row">fail under</th>' in failed
+
+
+def test_report_when_every_broken_image_sits_at_eps(mlp_digits_checkpoint, tmp_path: Path, monkeypatch):
+    """FGSM puts every broken image at exactly eps: the norm histogram draws on a small range around eps, not
+    over negative norms (norms one float32 ulp apart failed with 'Too many bins for data range': test_report),
+    and report.html is written."""
+    from robustest import report
+
+    edges = []
+    real = report.histogram_edges
+    monkeypatch.setattr(report, "histogram_edges", lambda *a, **k: edges.append(real(*a, **k)) or edges[-1])
+    out = tmp_path / "e"
+    rc = main(["eval", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--eps", "0.2", "--version",
+               "custom", "--attacks", "fgsm", "--limit", "60", "--no-progress", "--out", str(out)])
+    assert rc == 0
+    with open(out / "samples.csv") as fh:
+        norms = {float(r["linf"]) for r in csv.DictReader(fh) if r["broken_by"] == "fgsm"}
+    assert norms and max(norms) - min(norms) < 1e-6  # all at eps
+    html = (out / "report.html").read_text()
+    assert "perturbation norms of the broken images" in html and html.count("data:image/png;base64,") >= 3
+    assert len(edges) == 1 and 0 < edges[0][0] < 0.2 < edges[0][-1] < 0.25
 
 
 def _one_line_exit_2(args, capsys, match):

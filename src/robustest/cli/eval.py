@@ -209,11 +209,21 @@ def run(args: argparse.Namespace) -> int:
 def _html(result, doc):
     from robustest import report
 
-    rep = report.HtmlReport(f"robustest eval: {doc['data']['dataset']}, {result.norm} eps={result.eps:g}")
+    rep = report.HtmlReport.from_results(doc, f"robustest eval: {doc['data']['dataset']}, {result.norm} "
+                                              f"eps={result.eps:g}")
     rep.paragraph(f"{result.num_samples} images, version {result.version}: clean accuracy "
                   f"{100 * result.clean_accuracy:.2f}%, robust accuracy {100 * result.robust_accuracy:.2f}%. Each "
                   "attack runs only on the images every earlier attack left correctly classified; the accuracy "
                   "after an attack is cumulative.")
+    rep.heading("Verdict")
+    gate = doc.get("gate")
+    if gate is None:
+        rep.paragraph("No gate: --fail-under was not given, so the exit status is 0 whatever the robust accuracy.")
+    else:
+        verb = "passed" if gate["passed"] else "FAILED"
+        rel = "at least" if gate["passed"] else "below"
+        rep.paragraph(f"The gate {verb}: robust accuracy {result.robust_accuracy:.4f} is {rel} --fail-under "
+                      f"{gate['fail_under']:.4f} (exit status {0 if gate['passed'] else EXIT_GATE}).")
     rows = [{"attack": "clean", "accuracy": result.clean_accuracy, "broke": None, "attacked": None, "seconds":
              result.timings.get("clean_s")}]
     rows += [{"attack": k, "accuracy": v, "broke": result.breaks[k], "attacked": result.attacked[k],
@@ -243,7 +253,4 @@ def _html(result, doc):
                       + ("" if c["mce"] is None else f", mCE {100 * c['mce']:.2f}% and relative mCE "
                          f"{100 * c['relative_mce']:.2f}% of the baseline's"))
         rep.table([{"corruption": name, **per} for name, per in c["accuracy"].items()])
-    import json
-
-    rep.heading("Settings").preformatted(json.dumps(doc["settings"], indent=2, default=str))
-    return rep
+    return rep  # the settings and timings tables follow (HtmlReport.from_results)
