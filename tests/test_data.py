@@ -451,6 +451,16 @@ def test_folder_limit_takes_a_seeded_class_stratified_subset(tmp_path):
         data.load("folder", root=tmp_path, limit=2, seed="x")
 
 
+def test_limit_help_says_how_the_subset_is_chosen(capsys):
+    from robustest.cli import main
+
+    for verb in ("score", "eval", "train"):
+        with pytest.raises(SystemExit):
+            main([verb, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "the first N of the array formats" in text and "class-stratified subset" in text, verb
+
+
 def test_stratified_subset_shares_and_remainders():
     from robustest.data.builtin import stratified_subset
 

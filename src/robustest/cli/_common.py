@@ -33,7 +33,8 @@ def add_data_args(p: argparse.ArgumentParser, split: str | None = "test", requir
     if split is not None:
         p.add_argument("--split", choices=datasets.SPLITS, default=split, help=f"data split (default: {split})")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N",
-                   help="use only the first N samples (read before decoding)")
+                   help="use only N samples, chosen before decoding: the first N of the array formats (MNIST, "
+                        "CIFAR, npz, npy), a seeded class-stratified subset of N images of a class-per-folder set")
     p.add_argument("--num-classes", type=positive_int, default=None, metavar="K",
                    help="labels must lie below K (default: the data set's own, else below 100,000)")
     p.add_argument("--corruption", metavar="NAME", default=None,
