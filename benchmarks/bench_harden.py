@@ -1,7 +1,9 @@
 """Robustness against compute for the hardening methods of ``robustest harden`` (docs/HARDEN.md).
 
-For every method and seed, a copy of the same pretrained model is fine-tuned adversarially on the first
-``--train-limit`` training images; after every epoch the script records the cumulative training compute
+For every method and seed, a copy of the same pretrained model (``--checkpoint``: fine-tuning) or of the same
+randomly initialised zoo model (``--model NAME --from-scratch``: the seed's initial weights) is trained
+adversarially on the first ``--train-limit`` training images with the recipe of ``--schedule`` and
+``--eps-warmup`` (harden's defaults: cosine, 0.3); after every epoch the script records the cumulative training compute
 (forward+backward passes, robustest.hardening's accounting), the white-box accuracy on a fixed test subset
 (per-sample worst case of PGD-``--pgd-steps`` with ``--restarts`` restarts and APGD-CE-``--apgd-steps``, the
 same attack seeds for every model: common random numbers) and the clean accuracy on the test split. With
@@ -10,14 +12,19 @@ robustest's AutoAttack-style ensemble (``robustness.evaluate``) on the same test
 
 Methods: pgd-at, trades, fosc, fol-budget, fast-at (robustest.hardening) and ``reference``: an independent
 plain-PyTorch PGD-AT of the same recipe written below (no robustest code in its training loop: own shuffling,
-random start, PGD loop, eval mode for the attack and train mode for the update, Adam), to check that our
-pgd-at lands where a textbook implementation does.
+random start, PGD loop, eps ramp, cosine rate, eval mode for the attack and train mode for the update, Adam), to
+check that our pgd-at lands where a textbook implementation does. Training time is recorded as wall seconds and
+as the process's CPU seconds (``train CPU-min``: the figure the targets are stated in, robust to a shared machine).
 
 Outputs (resumable: every finished run is OUT/runs/<method>_s<seed>.json and is skipped when rerun):
 OUT/results.json (settings, per-run curves, summary), OUT/summary.md (the tables), OUT/curves.png (white-box and
 clean accuracy against compute, mean over seeds with the spread as error bars).
 
-Usage:
+Usage (from scratch, the MNIST recipe of docs/HARDEN.md):
+    python benchmarks/bench_harden.py --dataset mnist --data-dir ../shared/data --model mnist_small --from-scratch \\
+        --eps 0.3 --train-limit 20000 --epochs 10 --batch-size 100 --methods pgd-at,reference --seeds 0 \\
+        --autoattack standard --aa-limit 1000 --out /tmp/bench-harden-scratch
+Usage (fine-tuning):
     robustest train --dataset mnist --data-dir ../shared/data --model lenet5 --epochs 3 --out /tmp/lenet5
     python benchmarks/bench_harden.py --dataset mnist --data-dir ../shared/data --checkpoint /tmp/lenet5/model.pt \\
         --eps 0.3 --train-limit 10000 --epochs 4 --out /tmp/bench-harden-mnist
@@ -31,6 +38,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -45,10 +53,13 @@ ALL = ("pgd-at", "reference", "trades", "fosc", "fol-budget", "fast-at")
 # ------------------------------------------------------------------------ the independent reference recipe
 def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: float, steps: int,
                      alpha: float, epochs: int, batch_size: int, lr: float, seed: int, on_epoch_end,
-                     twin: bool = False) -> None:
+                     eps_warmup: float = 0.0, cosine: bool = False, twin: bool = False) -> None:
     """Madry et al. PGD adversarial training in plain PyTorch: per batch, ``steps`` signed-gradient steps of
     ``alpha`` from a uniform random start in the L-inf ball (model in eval mode), projected to the ball and to
-    [0, 1]; then one Adam step on the cross-entropy of the adversarial batch (model in train mode).
+    [0, 1]; then one Adam step on the cross-entropy of the adversarial batch (model in train mode). The textbook
+    recipe around it: with ``eps_warmup`` the radius of batch t (0-based, of T) is ``eps * min(1, (t + 1) /
+    (eps_warmup * T))`` and alpha scales with it; with ``cosine`` the rate after batch t is
+    ``lr * (1 + cos(pi * (t + 1) / T)) / 2``.
 
     Its random numbers are its own (one generator for shuffling and starts). ``twin=True`` draws instead the
     numbers robustest's pgd-at draws (per-epoch generators seeded from (seed, epoch)), for the check that the
@@ -57,6 +68,8 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
     torch.manual_seed(20_000 + seed)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     n = x.shape[0]
+    total = epochs * (-(-n // batch_size))
+    t = 0
     for epoch in range(1, epochs + 1):
         if twin:
             from robustest.hardening import _derive_seed
@@ -69,21 +82,28 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
         for s in range(0, n, batch_size):
             idx = perm[s:s + batch_size]
             xb, yb = x[idx], y[idx]
+            ramp = eps_warmup * total
+            e = eps * min(1.0, (t + 1) / ramp) if ramp > 1 else eps
+            a = alpha * e / eps
             model.eval()
             noise = torch.rand(xb.shape, generator=gen)
-            noise = noise.mul_(2 * eps).sub_(eps) if twin else (noise * 2 - 1) * eps
+            noise = noise.mul_(2 * e).sub_(e) if twin else (noise * 2 - 1) * e
             x_adv = (xb + noise).clamp(0, 1)
             for _ in range(steps):
                 x_adv.requires_grad_(True)
                 loss = F.cross_entropy(model(x_adv), yb)
                 (grad,) = torch.autograd.grad(loss, x_adv)
-                x_adv = x_adv.detach() + alpha * grad.sign()
-                x_adv = torch.min(torch.max(x_adv, xb - eps), xb + eps).clamp(0, 1)
+                x_adv = x_adv.detach() + a * grad.sign()
+                x_adv = torch.min(torch.max(x_adv, xb - e), xb + e).clamp(0, 1)
             model.train()
             loss = F.cross_entropy(model(x_adv), yb)
             opt.zero_grad()
             loss.backward()
             opt.step()
+            t += 1
+            if cosine:
+                for group in opt.param_groups:
+                    group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * t / total))
         model.eval()
         on_epoch_end(epoch, model, {"compute": {"passes": float(n * (steps + 1))}})
 
@@ -99,48 +119,76 @@ def measure(model, test_x, test_y, wb_x, wb_y, args) -> dict[str, float]:
             "clean": accuracy(model, (test_x, test_y))}
 
 
-def autoattack_accuracy(model, wb_x, wb_y, args) -> float:
-    """Robust accuracy under robustness.evaluate's ensemble (``--autoattack`` version) on the white-box subset."""
+def autoattack_accuracy(model, aa_x, aa_y, args) -> float:
+    """Robust accuracy under robustness.evaluate's ensemble (``--autoattack`` version) on the first ``--aa-limit``
+    test images."""
     from robustest.robustness import evaluate
 
-    return float(evaluate(model, (wb_x, wb_y), args.eps, version=args.autoattack, seed=12345).robust_accuracy)
+    return float(evaluate(model, (aa_x, aa_y), args.eps, version=args.autoattack, seed=12345).robust_accuracy)
 
 
-def one_run(name: str, seed: int, base, train, test, wb, args) -> dict[str, Any]:
+def recipe_kw(args) -> dict[str, Any]:
+    """harden()'s recipe arguments from the flags (the reference takes the same recipe)."""
+    return {"schedule": None if args.schedule == "none" else args.schedule, "eps_warmup": args.eps_warmup}
+
+
+def reference_kw(args) -> dict[str, Any]:
+    if args.schedule not in ("none", "cosine"):
+        raise SystemExit(f"the reference implements the constant and cosine schedules, not {args.schedule!r}")
+    return {"eps_warmup": args.eps_warmup, "cosine": args.schedule == "cosine"}
+
+
+def base_model(base, seed: int, args):
+    """The model every method of ``seed`` starts from: the checkpoint, or --model built with random weights seeded
+    by ``seed`` (--from-scratch)."""
+    if base is not None:
+        return copy.deepcopy(base)
+    from robustest import models
+
+    torch.manual_seed(seed)
+    return models.create(args.model, num_classes=args.num_classes, in_channels=args.in_channels,
+                         input_size=args.input_size).eval()
+
+
+def one_run(name: str, seed: int, base, train, test, wb, aa, args) -> dict[str, Any]:
     from robustest.hardening import harden
 
-    model = copy.deepcopy(base)
+    model = base_model(base, seed, args)
     curve: list[dict[str, Any]] = []
-    state = {"passes": 0.0, "train_s": 0.0, "t": time.perf_counter()}
+    state = {"passes": 0.0, "train_s": 0.0, "train_cpu_s": 0.0, "t": time.perf_counter(), "c": time.process_time()}
 
     def on_epoch_end(epoch, m, record):
         state["train_s"] += time.perf_counter() - state["t"]
+        state["train_cpu_s"] += time.process_time() - state["c"]
         state["passes"] += float(record["compute"]["passes"])
         row = {"epoch": epoch, "passes": state["passes"], "passes_per_image": state["passes"] / len(train[0]),
-               "train_s": state["train_s"], **measure(m, *test, *wb, args)}
+               "train_s": state["train_s"], "train_cpu_s": state["train_cpu_s"], **measure(m, *test, *wb, args)}
         for k in ("attack_evals_mean", "stopped_early", "fosc_c"):
             if k in record:
                 row[k] = record[k]
         if args.autoattack and epoch == epochs:
-            row["autoattack"] = autoattack_accuracy(m, *wb, args)
+            row["autoattack"] = autoattack_accuracy(m, *aa, args)
             row["autoattack_version"] = args.autoattack
         curve.append(row)
-        aa = f", AutoAttack {row['autoattack']:.4f}" if "autoattack" in row else ""
+        aa_txt = f", AutoAttack {row['autoattack']:.4f}" if "autoattack" in row else ""
         print(f"  {name} s{seed} epoch {epoch}: {row['passes_per_image']:.1f} passes/image, white-box "
-              f"{row['whitebox']:.4f}{aa}, clean {row['clean']:.4f} ({state['train_s']:.0f}s)", flush=True)
-        state["t"] = time.perf_counter()
+              f"{row['whitebox']:.4f}{aa_txt}, clean {row['clean']:.4f} ({state['train_s']:.0f} s, "
+              f"{state['train_cpu_s']:.0f} CPU-s)", flush=True)
+        state["t"], state["c"] = time.perf_counter(), time.process_time()
 
     epochs = args.method_epochs.get(name, args.epochs)
     if name == "reference":
         reference_pgd_at(model, *train, eps=args.eps, steps=args.steps, alpha=2.5 * args.eps / args.steps,
-                         epochs=epochs, batch_size=args.batch_size, lr=args.lr, seed=seed, on_epoch_end=on_epoch_end)
+                         epochs=epochs, batch_size=args.batch_size, lr=args.lr, seed=seed, on_epoch_end=on_epoch_end,
+                         **reference_kw(args))
         settings = {"method": "reference PGD-AT (plain PyTorch)", "eps": args.eps, "steps": args.steps,
                     "alpha": 2.5 * args.eps / args.steps, "epochs": epochs, "batch_size": args.batch_size,
-                    "lr": args.lr, "seed": seed}
+                    "lr": args.lr, "seed": seed, **reference_kw(args)}
     else:
         kw = dict(args.method_kw.get(name, {}))
+        kw = {**recipe_kw(args), **kw}
         res = harden(model, train, name, eps=args.eps, epochs=epochs, steps=None if name == "fast-at" else args.steps,
-                     batch_size=args.batch_size, lr=args.lr, seed=seed, on_epoch_end=on_epoch_end, **kw)
+                     batch_size=args.batch_size, lr=args.lr, seed=seed, on_epoch_end=on_epoch_end, keep="last", **kw)
         settings = res.settings
     return {"method": name, "seed": seed, "settings": settings, "curve": curve}
 
@@ -157,16 +205,16 @@ def timing(base, train, args, reps: int = 3, n: int = 2000) -> dict[str, Any]:
     passes: dict[str, float] = {}
     for _ in range(reps):
         for name in times:
-            model = copy.deepcopy(base)
+            model = base_model(base, 0, args)
             t0 = time.perf_counter()
             if name == "reference":
                 reference_pgd_at(model, x, y, eps=args.eps, steps=args.steps, alpha=2.5 * args.eps / args.steps,
                                  epochs=1, batch_size=args.batch_size, lr=args.lr, seed=0,
-                                 on_epoch_end=lambda *a: None)
+                                 on_epoch_end=lambda *a: None, **reference_kw(args))
                 passes[name] = float(n * (args.steps + 1))
             else:
                 res = harden(model, (x, y), name, eps=args.eps, epochs=1, steps=args.steps,
-                             batch_size=args.batch_size, lr=args.lr, seed=0)
+                             batch_size=args.batch_size, lr=args.lr, seed=0, **recipe_kw(args))
                 passes[name] = float(res.compute["passes"])
             times[name].append(time.perf_counter() - t0)
     best = {k: min(v) for k, v in times.items()}
@@ -183,11 +231,12 @@ def twin_check(base, train, args, n: int = 2000, epochs: int = 2) -> dict[str, A
     from robustest.hardening import harden
 
     x, y = train[0][:n], train[1][:n]
-    ours, ref = copy.deepcopy(base), copy.deepcopy(base)
+    ours, ref = base_model(base, 0, args), base_model(base, 0, args)
     harden(ours, (x, y), "pgd-at", eps=args.eps, epochs=epochs, steps=args.steps, batch_size=args.batch_size,
-           lr=args.lr, seed=0)
+           lr=args.lr, seed=0, **recipe_kw(args))
     reference_pgd_at(ref, x, y, eps=args.eps, steps=args.steps, alpha=2.5 * args.eps / args.steps, epochs=epochs,
-                     batch_size=args.batch_size, lr=args.lr, seed=0, on_epoch_end=lambda *a: None, twin=True)
+                     batch_size=args.batch_size, lr=args.lr, seed=0, on_epoch_end=lambda *a: None, twin=True,
+                     **reference_kw(args))
     a, b = ours.state_dict(), ref.state_dict()
     return {"images": int(x.shape[0]), "epochs": epochs,
             "max_abs_weight_difference": max(float((a[k] - b[k]).abs().max()) for k in a)}
@@ -212,7 +261,8 @@ def summarise(runs: list[dict[str, Any]], before: dict[str, float], args) -> dic
             cl_m, cl_s = _ms([p["clean"] for p in pts])
             rows.append({"epoch": i + 1, "passes_per_image": statistics.fmean(p["passes_per_image"] for p in pts),
                          "whitebox_mean": wb_m, "whitebox_std": wb_s, "clean_mean": cl_m, "clean_std": cl_s,
-                         "train_s_mean": statistics.fmean(p["train_s"] for p in pts)})
+                         "train_s_mean": statistics.fmean(p["train_s"] for p in pts),
+                         "train_cpu_s_mean": statistics.fmean(p.get("train_cpu_s", p["train_s"]) for p in pts)})
         curves[name] = rows
     table = []
     ref = curves.get("pgd-at")
@@ -221,7 +271,7 @@ def summarise(runs: list[dict[str, Any]], before: dict[str, float], args) -> dic
         row = {"method": name, "seeds": len(by[name]), "epochs": last["epoch"],
                "passes_per_image": last["passes_per_image"], "whitebox_mean": last["whitebox_mean"],
                "whitebox_std": last["whitebox_std"], "clean_mean": last["clean_mean"], "clean_std": last["clean_std"],
-               "train_s_mean": last["train_s_mean"],
+               "train_s_mean": last["train_s_mean"], "train_cpu_s_mean": last["train_cpu_s_mean"],
                "per_seed_whitebox": [r["curve"][last["epoch"] - 1]["whitebox"] for r in by[name]]}
         finals = [r["curve"][-1].get("autoattack") for r in by[name]]
         if finals and all(a is not None for a in finals) and all(len(r["curve"]) == last["epoch"] for r in by[name]):
@@ -241,12 +291,16 @@ def write_summary(summary: dict[str, Any], out: Path, args) -> str:
     b = summary["before"]
     has_aa = any("autoattack_mean" in r for r in summary["table"])
     aa_before = f", AutoAttack ({args.autoattack}) {b['autoattack']:.4f}" if "autoattack" in b else ""
+    aa_on = f", AutoAttack on {args.aa_limit}" if has_aa else ""
     lines = [f"{args.dataset}, eps {args.eps}, {args.train_limit} training images, seeds {args.seeds_text}; "
              f"white-box on {args.eval_limit} test images (PGD-{args.pgd_steps} x {args.restarts} restarts + "
-             f"APGD-CE-{args.apgd_steps}); before: white-box {b['whitebox']:.4f}{aa_before}, clean {b['clean']:.4f}",
+             f"APGD-CE-{args.apgd_steps}){aa_on}; recipe: {args.schedule} schedule, "
+             f"eps warm-up {args.eps_warmup}, batch {args.batch_size}, lr {args.lr}; "
+             f"before: white-box {b['whitebox']:.4f}{aa_before}, clean {b['clean']:.4f}",
              "", "| method | epochs | passes / image | x pgd-at | white-box acc. | "
-             + ("AutoAttack acc. | " if has_aa else "") + "clean acc. | reaches pgd-at - 1 pt at | train s |",
-             "|---|---|---|---|---|" + ("---|" if has_aa else "") + "---|---|---|"]
+             + ("AutoAttack acc. | " if has_aa else "") + "clean acc. | reaches pgd-at - 1 pt at | train s | "
+             "train CPU-min |",
+             "|---|---|---|---|---|" + ("---|" if has_aa else "") + "---|---|---|---|"]
     for r in summary["table"]:
         reach = r.get("reaches_pgd_at_minus_1pt_at_ratio")
         reach_txt = f"{reach:.2f}x (epoch {r['reaches_at_epoch']})" if reach is not None else "not reached"
@@ -257,7 +311,7 @@ def write_summary(summary: dict[str, Any], out: Path, args) -> str:
         lines.append(f"| {r['method']} | {r['epochs']} | {r['passes_per_image']:.1f} | {r.get('compute_ratio', 1):.2f} "
                      f"| {100 * r['whitebox_mean']:.2f} ± {100 * r['whitebox_std']:.2f} | {aa}"
                      f"{100 * r['clean_mean']:.2f} ± {100 * r['clean_std']:.2f} | {reach_txt} "
-                     f"| {r['train_s_mean']:.0f} |")
+                     f"| {r['train_s_mean']:.0f} | {r['train_cpu_s_mean'] / 60:.1f} |")
     lines += ["", "Per epoch (mean over seeds):", "",
               "| method | epoch | passes / image | white-box acc. | clean acc. |", "|---|---|---|---|---|"]
     for name, rows in summary["curves"].items():
@@ -316,7 +370,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True, help="digits or mnist")
     ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--checkpoint", required=True, help="the pretrained model (robustest train)")
+    ap.add_argument("--checkpoint", default=None, help="the pretrained model to fine-tune (robustest train)")
+    ap.add_argument("--model", default=None, help="a zoo model trained from random weights (with --from-scratch), "
+                    "e.g. mnist_small; every method of a seed starts from the same weights (torch seed = seed)")
+    ap.add_argument("--from-scratch", action="store_true", help="train --model from scratch instead of --checkpoint")
+    ap.add_argument("--schedule", choices=("none", "cosine", "step", "cyclic"), default="cosine",
+                    help="learning-rate schedule of every method (the reference: none or cosine; default: cosine)")
+    ap.add_argument("--eps-warmup", type=float, default=0.3,
+                    help="fraction of the training steps over which eps grows from 0 (default: 0.3)")
+    ap.add_argument("--aa-limit", type=int, default=None,
+                    help="AutoAttack on the first N test images (default: --eval-limit)")
     ap.add_argument("--eps", type=float, required=True)
     ap.add_argument("--train-limit", type=int, default=None, help="fine-tune on the first N training images")
     ap.add_argument("--eval-limit", type=int, default=500, help="white-box attacks on the first N test images")
@@ -350,7 +413,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown methods {sorted(unknown)}: choose from {', '.join(ALL)}")
 
     from robustest import data as datasets
-    from robustest.training import load_checkpoint
+    from robustest.checkpoints import load_checkpoint
+
+    if args.from_scratch != (args.model is not None) or (args.checkpoint is not None) == args.from_scratch:
+        raise SystemExit("give --checkpoint FILE (fine-tuning) or --model NAME --from-scratch, not both")
 
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -361,14 +427,19 @@ def main(argv: list[str] | None = None) -> int:
     train = (tr[0][:n].contiguous(), tr[1][:n].contiguous())
     test = (te[0], te[1])
     wb = (te[0][:args.eval_limit], te[1][:args.eval_limit])
-    base = load_checkpoint(args.checkpoint).eval()
+    args.aa_limit = args.aa_limit or args.eval_limit
+    aa = (te[0][:args.aa_limit], te[1][:args.aa_limit])
+    args.in_channels, args.input_size = int(tr[0].shape[1]), int(tr[0].shape[2])
+    args.num_classes = int(tr[1].max()) + 1
+    base = load_checkpoint(args.checkpoint).eval() if args.checkpoint else None
+    before_model = base if base is not None else base_model(None, 0, args)
     before_path = out / "before.json"
     if before_path.is_file():
         before = json.loads(before_path.read_text())
     else:
-        before = measure(base, *test, *wb, args)
+        before = measure(before_model, *test, *wb, args)
     if args.autoattack and before.get("autoattack_version") != args.autoattack:
-        before["autoattack"] = autoattack_accuracy(base, *wb, args)
+        before["autoattack"] = autoattack_accuracy(before_model, *aa, args)
         before["autoattack_version"] = args.autoattack
     if not before_path.is_file() or args.autoattack:
         before_path.write_text(json.dumps(before))
@@ -385,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name} seed {seed}: run again for its final model's AutoAttack ({args.autoattack}) accuracy",
                       flush=True)
             print(f"{name} seed {seed}", flush=True)
-            r = one_run(name, seed, base, train, test, wb, args)
+            r = one_run(name, seed, base, train, test, wb, aa, args)
             path.write_text(json.dumps(r, indent=1))
             runs.append(r)
     summary = summarise(runs, before, args)

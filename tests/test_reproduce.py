@@ -307,3 +307,24 @@ def test_harden_benchmark_autoattack_column_and_resume(tmp_path, mlp_digits_chec
     assert bench.main([*common, "--autoattack", "standard"]) == 0  # another version: every final model again
     assert capsys.readouterr().out.count("run again for its final model's AutoAttack (standard) accuracy") == 4
     assert json.loads((tmp_path / "h" / "before.json").read_text())["autoattack_version"] == "standard"
+
+
+@pytest.mark.slow
+def test_harden_benchmark_from_scratch_reference_is_the_same_recipe(tmp_path, one_thread):
+    """benchmarks/bench_harden.py --model NAME --from-scratch: every method of a seed starts from the same random
+    weights, and the plain-PyTorch reference with the eps ramp and the cosine rate, fed robustest's random numbers,
+    ends with robustest pgd-at's weights exactly (the twin check), so 'within 1 point of the reference' compares
+    implementations of one recipe."""
+    bench = script("bench_harden")
+    args = ["--dataset", "digits", "--model", "digits_cnn", "--from-scratch", "--eps", "0.2", "--epochs", "2",
+            "--train-limit", "120", "--eval-limit", "20", "--methods", "pgd-at,reference", "--seeds", "0",
+            "--steps", "3", "--pgd-steps", "2", "--restarts", "1", "--apgd-steps", "2", "--timing",
+            "--out", str(tmp_path / "s")]
+    assert bench.main(args) == 0
+    res = json.loads((tmp_path / "s" / "results.json").read_text())
+    assert res["twin_check"]["max_abs_weight_difference"] == 0.0
+    assert {r["method"] for r in res["runs"]} == {"pgd-at", "reference"}
+    assert all(c["train_cpu_s"] > 0 for r in res["runs"] for c in r["curve"])
+    assert res["runs"][0]["settings"]["eps_warmup"] == 0.3
+    with pytest.raises(SystemExit, match="not both"):
+        bench.main([*args[:2], "--checkpoint", "x.pt", *args[2:]])

@@ -90,7 +90,7 @@ from robustest.runtime import (
 from robustest.runtime import progress as progress_bar
 
 __all__ = ["CO_MIN_DROP", "CO_RATIO", "KEEP", "METHODS", "RECIPE_DEFAULTS", "ComputeCount", "HardenResult",
-           "check_trainable", "eps_schedule", "fosc_schedule", "harden", "harden_settings"]
+           "check_trainable", "eps_schedule", "fosc_schedule", "harden", "harden_settings", "holdout_split"]
 
 METHODS = ("pgd-at", "trades", "fosc", "fol-budget", "fast-at")
 STATE_FORMAT = "robustest-harden-state"
@@ -171,7 +171,8 @@ class HardenResult:
     totals over all epochs. ``resumed_epochs``: epochs loaded from ``state_dir`` (0: fresh run). ``best_epoch``:
     the epoch of the highest validation PGD accuracy (None without ``val``); ``kept_epoch``: the epoch whose
     weights the model ends with; ``guard_epoch``: the epoch at which the catastrophic-overfitting guard stopped
-    training (None: it did not).
+    training (None: it did not); ``last_weights``: the last epoch's state_dict (on the CPU) when another epoch's
+    weights were kept, else None.
     """
 
     method: str
@@ -182,6 +183,7 @@ class HardenResult:
     best_epoch: int | None = None
     kept_epoch: int | None = None
     guard_epoch: int | None = None
+    last_weights: dict[str, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def compute(self) -> dict[str, Any]:
@@ -327,6 +329,39 @@ def eps_schedule(step: int, total_steps: int, eps: float, warmup: float) -> floa
     if w <= 1.0:
         return float(eps)
     return float(eps * min(1.0, (step + 1) / w))
+
+
+def holdout_split(labels: torch.Tensor, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A class-stratified hold-out: (train positions, validation positions), int64 [N - k] and [k], both sorted.
+
+    ``labels``: int64 [N]. Each class gets a share of the ``k`` validation samples proportional to its size
+    (largest remainders, ties to the smaller class index), drawn uniformly within the class by a generator
+    seeded from ``seed``; the same labels, k and seed give the same split.
+    """
+    labels = torch.as_tensor(labels).reshape(-1).long()
+    n = int(labels.numel())
+    k = _integer(k, "k", 0)
+    if k > n:
+        raise ConfigError(f"cannot hold out {k} of {n} samples")
+    classes, counts = torch.unique(labels, return_counts=True)
+    exact = counts.double() * k / max(n, 1)
+    share = exact.floor().long()
+    rest = k - int(share.sum())
+    if rest > 0:
+        order = torch.argsort(-(exact - share), stable=True)
+        share[order[:rest]] += 1
+    gen = make_generator(_derive_seed(seed, "holdout"))
+    key = torch.rand(n, generator=gen)
+    # within each class, the samples with the smallest keys are held out
+    order = torch.argsort(labels.double() * 2 + key)  # class first, then the random key (key < 1 < 2)
+    pos_in_class = torch.empty(n, dtype=torch.long)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(n) - torch.repeat_interleave(starts, counts)
+    pos_in_class[order] = rank
+    cls_index = torch.searchsorted(classes, labels)
+    held = pos_in_class < share[cls_index]
+    idx = torch.arange(n)
+    return idx[~held], idx[held]
 
 
 def _derive_seed(*parts: Any) -> int:
@@ -672,7 +707,9 @@ def harden(
             on_epoch_end(epoch, model, record)
     result.best_epoch = best["epoch"]
     result.kept_epoch = len(result.epochs) if result.epochs else None
-    if (s["keep"] == "best" or result.guard_epoch is not None) and best["model"] is not None:
+    if (s["keep"] == "best" or result.guard_epoch is not None) and best["model"] is not None \
+            and best["epoch"] != result.kept_epoch:
+        result.last_weights = _cpu_state(model)
         model.load_state_dict(best["model"])
         result.kept_epoch = best["epoch"]
     model.eval()
