@@ -406,3 +406,31 @@ def test_seeds_follow_one_rule(tmp_path, capsys) -> None:
     code, err = _run(capsys, "run", "--config", yaml_cfg, "--out", tmp_path / "o")
     _one_line(code, err, "seed must be a seed")
     assert RobotConfig.from_dict({"seed": 2**63 - 1, "seeds": [0, 5]}).validate().seed == 2**63 - 1
+
+
+# ------------------------------------------------------------------------ resources bounded up front
+@pytest.mark.parametrize("ds", ["npz", "mnist", "folder"])
+def test_a_data_path_that_is_no_file_or_folder_is_refused(ds, mlp_digits_checkpoint, tmp_path, capsys) -> None:
+    t0 = time.perf_counter()
+    code, err = _run(capsys, "score", "--metric", "gini", "--checkpoint", mlp_digits_checkpoint, "--dataset", ds,
+                     "--data-dir", "/dev/zero", "--out", tmp_path / "o")
+    _one_line(code, err, "neither a regular file nor a folder")
+    assert time.perf_counter() - t0 < 10
+
+
+def test_threads_are_bounded_by_the_cores(tmp_path, capsys, monkeypatch) -> None:
+    from robustest.cli import _common
+
+    cores = _common.available_cores()
+    assert 1 <= cores <= (os.cpu_count() or cores)
+    assert _common.thread_count(str(cores)) == cores
+    for verb in ("corrupt", "run", "demo"):
+        code, err = _run(capsys, verb, "--threads", str(cores + 1), "--out", tmp_path / "o")
+        _one_line(code, err, f"at most {cores} threads")
+    code, err = _run(capsys, "corrupt", "--threads", "100000", "--out", tmp_path / "o")
+    _one_line(code, err, "the cores available")
+    monkeypatch.setattr("robustest.cli.available_cores", lambda: 0)  # a verb's own flag is checked again by main
+    code, err = _run(capsys, "corrupt", "--dataset", "digits", "--corruptions", "fog", "--threads", "1",
+                     "--out", tmp_path / "o")
+    assert code == 2 and "more than the 0 cores" in err, err
+    assert not (tmp_path / "o").exists()

@@ -28,8 +28,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from robustest import __version__
-from robustest.cli._common import add_output_flags, configure_logging, plain, positive_int, progress_enabled
-from robustest.errors import RobustestError
+from robustest.cli._common import (
+    add_output_flags,
+    available_cores,
+    configure_logging,
+    plain,
+    progress_enabled,
+    thread_count,
+)
+from robustest.errors import ConfigError, RobustestError
 
 EXIT_OK = 0
 EXIT_GATE = 1  # a gate failed: eval --fail-under
@@ -55,7 +62,7 @@ def _finish_verb_parser(p: argparse.ArgumentParser) -> None:
     """What every verb shares: --quiet, --no-progress and --threads, and help texts in plain text."""
     add_output_flags(p)
     if "--threads" not in p._option_string_actions:
-        p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+        p.add_argument("--threads", type=thread_count, default=None, metavar="N",
                        help="CPU threads for torch in this process (default: torch's choice; under torchrun give "
                             "each rank its share of the cores)")
     p.description = plain(p.description)
@@ -111,6 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "threads", None):
             import torch
 
+            if args.threads > available_cores():  # a verb's own --threads flag is bounded by the cores as well
+                raise ConfigError(f"--threads {args.threads} is more than the {available_cores()} cores available "
+                                  "to this process")
             torch.set_num_threads(args.threads)
         if distributed.launched() and hasattr(signal, "SIGTERM"):  # torchrun stops the others when a rank dies
             signal.signal(signal.SIGTERM, _stopped_by_launcher)

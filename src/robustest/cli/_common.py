@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import re
 import resource
 import sys
@@ -142,6 +143,25 @@ noise_width = _number_type(parse_number, lambda v: 0 < v <= 2, "a noise width in
 seed_int = _number_type(int, lambda v: 0 <= v < MAX_SEED, "a seed: an integer in [0, 2^63)", "seed_int")
 learning_rate = _number_type(parse_number, lambda v: 0 < v <= 10, "a learning rate in (0, 10]", "learning_rate")
 below_one = _number_type(parse_number, lambda v: 0 <= v < 1, "a number in [0, 1)", "below_one")  # momentum, smoothing
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one, else the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def thread_count(text: str) -> int:
+    """An argparse ``type=`` for --threads: a positive integer no larger than :func:`available_cores` (more
+    threads than cores only slow torch down, and tens of thousands exhaust the machine's processes)."""
+    n = positive_int(text)
+    cores = available_cores()
+    if n > cores:
+        raise argparse.ArgumentTypeError(f"expected at most {cores} threads (the cores available to this process), "
+                                         f"got {n}")
+    return n
 
 
 def _radius_type(norm: str | None) -> Callable[[str], float]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from robustest.cli._common import fmt, log, positive_int, seed_int
+from robustest.cli._common import fmt, log, seed_int, thread_count
 
 ORDER = 5
 
@@ -41,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="robustest-demo", metavar="DIR",
                    help="output folder (default: ./robustest-demo)")
     p.add_argument("--seed", type=seed_int, default=0, help="random seed (default: 0)")
-    p.add_argument("--threads", type=positive_int, default=1, metavar="N",
+    p.add_argument("--threads", type=thread_count, default=1, metavar="N",
                    help="CPU threads for torch (default: 1; the demo's models are too small to gain from more, "
                         "and extra threads slow down sharply when the cores are busy)")
     p.add_argument("--autoattack", choices=("fast", "standard"), default=None,

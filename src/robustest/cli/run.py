@@ -35,6 +35,7 @@ from robustest.cli._common import (
     positive_int,
     print_table,
     seed_int,
+    thread_count,
     unit_float,
 )
 
@@ -99,7 +100,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_const", const=True, help="continue the run saved in --out")
     p.add_argument("--seed", type=seed_int, help="random seed (default: 0)")
     p.add_argument("--device", metavar="D", help="cpu, cuda, cuda:N or auto (default: cpu)")
-    p.add_argument("--threads", type=positive_int, metavar="N",
+    p.add_argument("--threads", type=thread_count, metavar="N",
                    help="CPU threads for torch (default: torch's choice; 1 is often faster for small models)")
     p.add_argument("--workers", type=non_negative_int, metavar="N",
                    help="worker processes decoding the data set when it is read (default: 0, the main process)")

@@ -198,6 +198,9 @@ def load(name: str, root: str | os.PathLike[str] | None = None, split: str = "tr
         if not path.exists():
             raise DataError(f"data path {str(path)!r} does not exist: pass the {key} data, i.e. "
                             f"{info_.layout or info_.description}")
+        if not (path.is_file() or path.is_dir()):  # a device (/dev/zero), a pipe or a socket never ends
+            raise DataError(f"data path {str(path)!r} is neither a regular file nor a folder: pass the {key} data, "
+                            f"i.e. {info_.layout or info_.description}")
     ds = fn(path, split, opts)
     if opts.limit is not None and len(ds) > opts.limit:  # loaders that could not apply it while reading
         ds = ds.head(opts.limit) if hasattr(ds, "head") else torch.utils.data.Subset(ds, range(opts.limit))
