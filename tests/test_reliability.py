@@ -434,3 +434,55 @@ def test_threads_are_bounded_by_the_cores(tmp_path, capsys, monkeypatch) -> None
                      "--out", tmp_path / "o")
     assert code == 2 and "more than the 0 cores" in err, err
     assert not (tmp_path / "o").exists()
+
+
+def _npz_of_headers(path: Path, members: dict) -> Path:
+    """An npz whose members are .npy headers alone (declared shapes, no data): what a reader must refuse
+    without decompressing anything."""
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, (shape, descr) in members.items():
+            with zf.open(f"{name}.npy", "w") as m:
+                np.lib.format.write_array_header_1_0(m, {"descr": descr, "fortran_order": False, "shape": shape})
+    return path
+
+
+@pytest.mark.parametrize("members, match", [
+    ({"x": ((50000, 256, 256), "|u1"), "y": ((50000,), "<i8")}, r"declares 3.05 GiB, more than the 1 GiB"),
+    ({"x": ((100, 8, 8), "|u1"), "y": ((99,), "<i8")}, "100 images but 99 labels"),
+    ({"x": ((100, 8, 8), "<U4"), "y": ((100,), "<i8")}, "not image data"),
+    ({"x": ((100, 8, 8), "|u1"), "y": ((100,), "<U4")}, "integer class indices"),
+    ({"x": ((100, 64), "|u1"), "y": ((100,), "<i8")}, "images must be N x H x W"),
+    ({"x": ((100, 8, 8), "|u1"), "y": ((100, 10), "<f4")}, "one-hot"),
+])
+def test_npz_headers_are_checked_before_any_data_is_read(members, match, tmp_path, monkeypatch) -> None:
+    from robustest import data
+    from robustest.data import formats
+    from robustest.errors import DataError
+
+    monkeypatch.delenv("ROBUSTEST_MAX_ARRAY_BYTES", raising=False)
+    assert formats.MAX_ARRAY_BYTES == 2**30 and formats.max_array_bytes() <= 2**30
+    f = _npz_of_headers(tmp_path / "h.npz", members)
+    t0 = time.perf_counter()
+    with pytest.raises(DataError, match=match) as exc:
+        data.load("npz", f)
+    assert "\n" not in str(exc.value) and time.perf_counter() - t0 < 2
+
+
+def test_npz_declared_size_counts_the_rows_read_and_the_conversion(tmp_path, monkeypatch) -> None:
+    import numpy as np
+
+    from robustest import data
+    from robustest.errors import DataError
+
+    f = tmp_path / "f.npz"
+    np.savez_compressed(f, x=np.zeros((1000, 16, 16), np.float64), y=np.zeros(1000, np.int64))  # 2 MB of float64
+    monkeypatch.setenv("ROBUSTEST_MAX_ARRAY_BYTES", str(2_500_000))  # the float64 fits, not with its float32 copy
+    with pytest.raises(DataError, match="declares"):
+        data.load("npz", f)
+    assert len(data.load("npz", f, limit=500)) == 500  # half the rows: 1.5 MB with the copy
+    monkeypatch.setenv("ROBUSTEST_MAX_ARRAY_BYTES", str(4_000_000))
+    assert data.load("npz", f).image_shape == (1, 16, 16)

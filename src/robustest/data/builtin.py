@@ -11,7 +11,14 @@ import torch
 
 from robustest.data import IMAGE_SUFFIXES, DatasetInfo, LoadOptions, register
 from robustest.data.dataset import FolderDataset, ImageDataset, arrays_to_dataset, check_labels_array
-from robustest.data.formats import npz_names, open_npy, read_idx, read_maybe_gz, read_npz, restricted_unpickle
+from robustest.data.formats import (
+    npz_names,
+    open_npy,
+    read_idx,
+    read_maybe_gz,
+    read_npz_images,
+    restricted_unpickle,
+)
 from robustest.errors import DataError
 
 TESTS_FORMAT = "robustest-tests"
@@ -64,8 +71,8 @@ def load_keras_npz(path: Path, split: str, opts: LoadOptions, source: str, num_c
     have = npz_names(path)
     if kx not in have or ky not in have:
         raise DataError(f"{path}: npz has arrays {have}, expected {kx} and {ky} (Keras-style)")
-    arrays = read_npz(path, [kx, ky], limit=opts.limit)
-    return arrays_to_dataset(arrays[kx], arrays[ky], f"{source} {path.name}", opts.num_classes or num_classes)
+    x, y = read_npz_images(path, kx, ky, limit=opts.limit, source=f"{source} {path.name}")
+    return arrays_to_dataset(x, y, f"{source} {path.name}", opts.num_classes or num_classes)
 
 
 def _mnist_like(root: Path, split: str, opts: LoadOptions, npz_names_: tuple[str, ...], subdirs: tuple[str, ...],
@@ -189,8 +196,8 @@ def _load_npz(root: Path | None, split: str, opts: LoadOptions) -> ImageDataset:
     have = npz_names(root)
     for kx, ky in ((f"x_{split}", f"y_{split}"), ("x", "y"), ("images", "labels"), ("X", "y")):
         if kx in have and ky in have:
-            arrays = read_npz(root, [kx, ky], limit=opts.limit)
-            return arrays_to_dataset(arrays[kx], arrays[ky], f"npz {root.name}", opts.num_classes)
+            x, y = read_npz_images(root, kx, ky, limit=opts.limit, source=f"npz {root.name}")
+            return arrays_to_dataset(x, y, f"npz {root.name}", opts.num_classes)
     raise DataError(f"{root}: npz has arrays {have}; expected x/y or x_{split}/y_{split}")
 
 

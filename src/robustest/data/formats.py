@@ -24,15 +24,20 @@ import numpy as np
 
 from robustest.errors import DataError
 
-__all__ = ["max_array_bytes", "open_npy", "read_idx", "read_npz", "restricted_unpickle"]
+__all__ = ["MAX_ARRAY_BYTES", "max_array_bytes", "npz_headers", "open_npy", "read_idx", "read_npz",
+           "read_npz_images", "restricted_unpickle"]
 
 _NPY_MAGIC = b"\x93NUMPY"
 _DEFAULT_FRACTION = 0.5
+#: the most a reader allocates for the arrays of one file unless ``ROBUSTEST_MAX_ARRAY_BYTES`` says otherwise
+#: (and at most half of the memory available): 1 GiB holds CIFAR-10 as float32 or ImageNet-100's validation
+#: images as uint8, while a hostile file (a deflate bomb declaring gigabytes) is refused before it is unpacked
+MAX_ARRAY_BYTES = 2**30
 
 
 def max_array_bytes() -> int:
-    """Largest array (in bytes) a reader may allocate: ``ROBUSTEST_MAX_ARRAY_BYTES`` when set, else half of
-    the memory available now (``MemAvailable``), else 8 GiB where that cannot be read."""
+    """Largest array (in bytes) a reader may allocate: ``ROBUSTEST_MAX_ARRAY_BYTES`` when set, else
+    :data:`MAX_ARRAY_BYTES` or half of the memory available now (``MemAvailable``), whichever is smaller."""
     env = os.environ.get("ROBUSTEST_MAX_ARRAY_BYTES")
     if env:
         try:
@@ -47,10 +52,10 @@ def max_array_bytes() -> int:
         with open("/proc/meminfo", encoding="ascii") as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
-                    return int(int(line.split()[1]) * 1024 * _DEFAULT_FRACTION)
+                    return min(MAX_ARRAY_BYTES, int(int(line.split()[1]) * 1024 * _DEFAULT_FRACTION))
     except (OSError, ValueError, IndexError):
         pass
-    return 8 * 2**30
+    return MAX_ARRAY_BYTES
 
 
 def _check_size(nbytes: int, source: str, what: str = "array") -> None:
@@ -137,6 +142,58 @@ def read_npz(path: str | os.PathLike[str], names: list[str] | None = None, *, li
                 raise DataError(f"{path}[{key}]: cannot be read ({type(exc).__name__}); the file is truncated or "
                                 "corrupt") from exc
     return out
+
+
+def npz_headers(path: str | os.PathLike[str], names: list[str]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """(shape, dtype) of the arrays ``names`` of an npz file, from their .npy headers alone: only the first
+    bytes of each member are decompressed. Object arrays are refused."""
+    path = Path(path)
+    out: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            members = {n[:-4]: n for n in zf.namelist() if n.endswith(".npy")}
+            for key in names:
+                if key not in members:
+                    raise DataError(f"{path}: npz has no array {key!r} (it has {', '.join(sorted(members))})")
+                with zf.open(members[key]) as member:
+                    shape, _, dtype = _npy_header(member, f"{path}[{key}]")
+                out[key] = (shape, dtype)
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"{path}: not a readable npz file ({type(exc).__name__}); the file is truncated or corrupt "
+                        "(or of another format)") from exc
+    return out
+
+
+def read_npz_images(path: str | os.PathLike[str], kx: str, ky: str, *, limit: int | None = None,
+                    source: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The image array ``kx`` and label array ``ky`` of an npz file, their first ``limit`` rows.
+
+    Both .npy headers are read before any data: the images must be N x H x W or N x H x W x C / N x C x H x W
+    numbers, the labels N or N x 1 numbers, one label per image, and the bytes they declare (with the
+    conversion of images that are not uint8 or float32) must fit :func:`max_array_bytes`. Only then are the
+    arrays decompressed, so a file that declares gigabytes is refused at the cost of reading its headers.
+    """
+    src = source or str(path)
+    heads = npz_headers(path, [kx, ky])
+    (xs, xd), (ys, yd) = heads[kx], heads[ky]
+    if xd.kind not in "uif":
+        raise DataError(f"{src}: images have dtype {xd}, not image data (use uint8 or float)")
+    if yd.kind not in "uif":
+        raise DataError(f"{src}: labels have dtype {yd}; they must be integer class indices")
+    if len(xs) not in (3, 4) or 0 in xs[1:]:
+        raise DataError(f"{src}: images must be N x H x W, N x H x W x C or N x C x H x W, got shape {xs}")
+    if len(ys) not in (1, 2) or (len(ys) == 2 and ys[1] != 1):
+        raise DataError(f"{src}: labels must be a 1-D array of class indices, got shape {ys} (one-hot?)")
+    if xs[0] != ys[0]:
+        raise DataError(f"{src}: {xs[0]} images but {ys[0]} labels")
+    rows = _rows(xs, limit)
+    pixels = int(np.prod(xs[1:], dtype=np.int64))
+    x_bytes = rows * pixels * xd.itemsize
+    converted = 0 if xd in (np.dtype(np.uint8), np.dtype(np.float32)) else rows * pixels * (4 if xd.kind == "f" else 1)
+    _check_size(x_bytes + converted + rows * int(np.prod(ys[1:], dtype=np.int64)) * max(yd.itemsize, 8), src,
+                "image and label data")
+    arrays = read_npz(path, [kx, ky], limit=limit)
+    return arrays[kx], arrays[ky]
 
 
 def npz_names(path: str | os.PathLike[str]) -> list[str]:
