@@ -364,3 +364,40 @@ def test_interval_contains_the_full_split_robust_accuracy(suite, models):
         full = evaluate(model, test, EPS, version="fast").robust_accuracy
         res = check_suite(model, suite, baseline=False)
         assert res.robust.ci_low <= full <= res.robust.ci_high, (name, full, res.robust)
+
+
+@pytest.mark.slow
+def test_under_torchrun_the_same_suite_and_verdict(files, tmp_path: Path):
+    """`suite build` on 2 ranks writes the same file, byte for byte, as one process; `suite check` on 2 ranks
+    gives the same verdict (exit 1 on both ranks, one line on stderr)."""
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import sys
+
+    torchrun = shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun not found")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def port() -> str:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return str(s.getsockname()[1])
+
+    build = ["suite", "build", "--checkpoint", files["hardened"], "--dataset", "digits", "--limit", "120", "--eps",
+             str(EPS), "--version", "fast", "--k", "20", "--neighbors", "5", "--quiet"]
+    one = subprocess.run([sys.executable, "-m", "robustest", *build, "--out", str(tmp_path / "one")],
+                         capture_output=True, text=True, env=env, timeout=600)
+    two = subprocess.run([torchrun, "--nproc-per-node=2", f"--master-port={port()}", "-m", "robustest", *build,
+                          "--out", str(tmp_path / "two")], capture_output=True, text=True, env=env, timeout=600)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr
+    assert (tmp_path / "one" / "suite.pt").read_bytes() == (tmp_path / "two" / "suite.pt").read_bytes()
+    assert json.loads((tmp_path / "two" / "results.json").read_text())["world_size"] == 2
+    check = subprocess.run([torchrun, "--nproc-per-node=2", f"--master-port={port()}", "-m", "robustest", "suite",
+                            "check", "--suite", str(tmp_path / "two"), "--checkpoint", files["plain"], "--out",
+                            str(tmp_path / "check"), "--quiet"], capture_output=True, text=True, env=env, timeout=600)
+    assert check.returncode != 0 and check.stderr.count("robustest suite: robust accuracy dropped") == 1
+    doc = json.loads((tmp_path / "check" / "results.json").read_text())
+    assert doc["verdict"] == "regression" and doc["world_size"] == 2

@@ -191,7 +191,7 @@ def run_build(args: argparse.Namespace) -> int:
                      "baseline_sha256": m["baseline_sha256"], "attack": m["attack"],
                      "corruption_settings": len(m["corruption"]["settings"])},
            "baseline": m["baseline"], "files": [SUITE_FILE, "results.json", "report.html"]}
-    timings = {**m["seconds"], "total_s": time.perf_counter() - t0}
+    timings = {**suite.timings, "total_s": time.perf_counter() - t0}
     doc = write_results(out, "suite", settings, doc, timings)
     _build_report(suite, doc).write(out / "report.html")
     r = m["baseline"]["robust_accuracy"]
@@ -292,9 +292,14 @@ def run_check(args: argparse.Namespace) -> int:
     log.info(res.message())
     log.info(f"wrote results.json, report.html to {out} in {time.perf_counter() - t0:.1f}s")
     if res.regression:
+        from robustest.distributed import is_main
+
         c = res.comparison
-        print(f"robustest suite: robust accuracy dropped by {100 * c.drop:.1f} points (McNemar p = {c.p_value:.3g} < "
-              f"{args.alpha:g}, more than --max-drop {100 * args.max_drop:.1f} points): regression", file=sys.stderr)
+        if is_main():  # one line, not one per rank
+            print(f"robustest suite: robust accuracy dropped by {100 * c.drop:.1f} points (McNemar p = "
+                  f"{c.p_value:.3g} < {args.alpha:g}, more than --max-drop {100 * args.max_drop:.1f} points): "
+                  "regression",
+                  file=sys.stderr)
         return EXIT_GATE
     return 0
 

@@ -243,7 +243,8 @@ def build_suite(model: nn.Module, data: DataLike, eps: float, *, k: int = 100, n
         "attack": attack, "corruption": corruption,
         "baseline_sha256": model_fingerprint(model), "baseline": baseline,
         "robustest_version": __version__, "format_version": SUITE_VERSION,
-        "seconds": {"analyze_s": t_analyze, "evaluate_s": t_eval, "total_s": time.perf_counter() - t0},
     }
+    timings = {"analyze_s": t_analyze, "evaluate_s": t_eval, "total_s": time.perf_counter() - t0}
     return Suite(x=_as_stored(x), y=y, index=index, stratum=stratum.long(), score=an.score[pos].float(),
-                 clean=outcomes["clean"], robust=outcomes["robust"], corruption=outcomes["corruption"], meta=meta)
+                 clean=outcomes["clean"], robust=outcomes["robust"], corruption=outcomes["corruption"], meta=meta,
+                 timings=timings)

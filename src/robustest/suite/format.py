@@ -80,7 +80,8 @@ def content_sha256(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> st
 @dataclass
 class Suite:
     """A regression suite of K samples (see the module docstring for the fields). ``images()`` gives the samples
-    as float32 K x C x H x W in [0, 1]."""
+    as float32 K x C x H x W in [0, 1]. ``timings``: seconds of the build (not stored, so two builds with the
+    same inputs write the same file)."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -91,6 +92,7 @@ class Suite:
     robust: torch.Tensor
     corruption: torch.Tensor
     meta: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict, compare=False)  # seconds of the build (not stored)
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
