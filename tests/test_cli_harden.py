@@ -18,7 +18,7 @@ from robustest.training import load_checkpoint
 
 TINY = ["--dataset", "digits", "--limit", "200", "--eps", "0.2", "--epochs", "2", "--steps", "3",
         "--batch-size", "64", "--test-limit", "60", "--whitebox-limit", "30", "--whitebox-pgd-steps", "3",
-        "--whitebox-restarts", "1", "--apgd-steps", "3", "--monitor", "30", "--no-progress"]
+        "--whitebox-restarts", "1", "--apgd-steps", "3", "--val-size", "20", "--val-steps", "2", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +59,10 @@ def test_harden_verb_writes_model_results_and_report(checkpoint, tmp_path, capsy
     assert res["compute"]["passes"] == pytest.approx(sum(e["compute"]["passes"] for e in res["epochs"]))
     assert res["compute"]["passes"] < 2 * 200 * (6 + 1)  # fol-budget stops some samples early
     assert all("val_pgd_accuracy" in e for e in res["epochs"])
+    assert res["data"]["num_val"] == 20 and res["data"]["num_fit"] == 180
+    best = max(range(2), key=lambda i: (res["epochs"][i]["val_pgd_accuracy"], i))
+    assert res["kept_epoch"] == res["best_epoch"] == best + 1 and res["settings"]["keep"] == "best"
+    assert (res["last"] is None) == (best == 1) and (out / "last.pt").is_file() == (best == 0)
     html = (out / "report.html").read_text()
     assert "robustest harden" in html and "Robustness before and after" in html and "data:image/png" in html
     hardened, original = load_checkpoint(out / "model.pt"), load_checkpoint(checkpoint)
@@ -73,7 +77,8 @@ def test_harden_verb_writes_model_results_and_report(checkpoint, tmp_path, capsy
 
 def test_pgd_at_compute_in_results_is_analytic(checkpoint, tmp_path):
     out = tmp_path / "pgd"
-    assert main(["harden", "--checkpoint", checkpoint, *TINY, "--monitor", "0", "--out", str(out)]) == 0
+    assert main(["harden", "--checkpoint", checkpoint, *TINY, "--val-size", "0", "--keep", "last", "--out",
+                 str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
     assert res["compute"]["passes"] == pytest.approx(2 * 200 * (3 + 1))
     assert "val_pgd_accuracy" not in res["epochs"][0]
@@ -105,7 +110,40 @@ def test_interrupted_run_resumes_to_the_same_model(checkpoint, tmp_path, monkeyp
     assert rb["resumed_epochs"] == 2 and ra["after"] == rb["after"] and ra["compute"] == rb["compute"]
 
 
+def test_from_scratch_trains_a_zoo_model_and_measures_autoattack(tmp_path, capsys):
+    out = tmp_path / "scratch"
+    args = ["harden", "--model", "digits_cnn", *TINY, "--limit", "300", "--epochs", "3", "--autoattack", "fast",
+            "--eps-warmup", "0.5"]
+    assert main([*args, "--from-scratch", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    s = res["settings"]
+    assert s["from_scratch"] is True and s["model"] == "digits_cnn" and s["autoattack"] == "fast"
+    assert s["schedule"] == "cosine" and s["eps_warmup"] == 0.5 and s["optimizer"] == "adam" and s["lr"] == 1e-3
+    assert res["before"]["clean_accuracy"] < 0.3  # random weights
+    assert 0.0 <= res["autoattack_accuracy"] == res["after"]["autoattack_accuracy"] <= res["after"]["whitebox_accuracy"]
+    assert [e["eps"] for e in res["epochs"]][-1] == 0.2 and res["epochs"][0]["eps"] < 0.2  # the warm-up
+    assert res["epochs"][-1]["lr"] == pytest.approx(0.0, abs=1e-12)  # cosine to 0
+    assert [e["epoch"] for e in res["epochs"]] == [1, 2, 3] and res["kept_epoch"] in (1, 2, 3)
+    model = load_checkpoint(out / "model.pt")
+    assert model.robustest_metadata["hardened"]["from_scratch"] is True
+    assert "validation robustness and clean accuracy against training compute" in (out / "report.html").read_text()
+    # the same seed gives the same initial weights and so the same model
+    assert main([*args, "--from-scratch", "--out", str(tmp_path / "again")]) == 0
+    a, b = model.state_dict(), load_checkpoint(tmp_path / "again" / "model.pt").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    capsys.readouterr()
+    assert main([*args, "--out", str(tmp_path / "no")]) == 2  # a zoo name without --from-scratch
+    err = capsys.readouterr().err
+    assert "--from-scratch" in err and err.count("\n") == 1
+
+
 @pytest.mark.parametrize("extra, match", [
+    (["--keep", "best", "--val-size", "0"], "keep best picks the epoch"),
+    (["--val-size", "50"], "more than a tenth"),
+    (["--eps-warmup", "1"], "eps_warmup"),
+    (["--schedule", "cyclic", "--warmup-epochs", "1"], "cyclic schedule has its own warm_up"),
+    (["--co-guard"], "unrecognized"),
+    (["--no-co-guard"], "co_guard applies to method fast_at only"),
     (["--eps", "1.5"], "eps"),
     (["--eps", "nan"], "eps"),
     (["--method", "fol-budget", "--fol-threshold", "inf"], "fol_threshold"),

@@ -104,7 +104,9 @@ def test_paired_vs_random_takes_another_baseline():
 
 # --------------------------------------------------------------------------------------------- config
 @pytest.mark.parametrize("bad, pattern", [
-    ({"strategies": ["adv-train"], "finetune_options": {"schedule": "cosine"}}, "adv-train fine-tunes with"),
+    ({"strategies": ["adv-train"], "finetune_options": {"augment": "crop-flip"}}, "adv-train fine-tunes with"),
+    ({"strategies": ["random"], "finetune_options": {"eps_warmup": 0.3}}, "eps_warmup applies to the hardening"),
+    ({"strategies": ["adv-train"], "finetune_options": {"eps_warmup": 1.0}}, "eps_warmup"),
     ({"strategy": "adv-train", "finetune_options": {"label_smoothing": 0.1}}, "not 'label_smoothing'"),
     ({"stratified_bins": 0}, "stratified_bins must be an integer >= 1"),
     ({"strategies": ["random", "core-set"]}, "unknown strategy 'core-set'"),
@@ -114,9 +116,36 @@ def test_config_refuses_bad_values_of_the_new_strategies(bad, pattern):
         robot.RobotConfig.from_dict(bad)
     assert "\n" not in str(info.value)
     robot.RobotConfig.from_dict({"strategies": ["adv-train"], "finetune_options": {"optimizer": "sgd"}})
+    # harden's recipe is a setting of the hardening strategies too
+    robot.RobotConfig.from_dict({"strategies": ["adv-train", "fast-at"],
+                                 "finetune_options": {"schedule": "cosine", "eps_warmup": 0.3}})
 
 
 # ----------------------------------------------------------------------------------- compare end to end
+def test_hardening_strategies_train_with_the_recipe_of_finetune_options(checkpoint, tmp_path, monkeypatch):
+    """finetune_options' schedule and eps warm-up reach harden; unset, adv-train keeps its constant rate and
+    full radius from the first batch."""
+    from robustest import hardening
+
+    seen = []
+    real = hardening.harden
+
+    def spy(*a, **kw):
+        seen.append({k: kw.get(k) for k in ("schedule", "eps_warmup", "optimizer", "momentum")})
+        return real(*a, **kw)
+
+    monkeypatch.setattr(hardening, "harden", spy)
+    res = robot.run({**TINY, "model": checkpoint, "strategy": "adv-train", "out": str(tmp_path / "r"),
+                     "finetune_options": {"schedule": "cosine", "eps_warmup": 0.5, "optimizer": "sgd",
+                                          "momentum": 0.8}})
+    assert seen and all(k == {"schedule": "cosine", "eps_warmup": 0.5, "optimizer": "sgd", "momentum": 0.8}
+                        for k in seen)
+    settings = res["rounds"][0]["train"]["settings"]
+    assert settings["schedule"] == "cosine" and settings["eps_warmup"] == 0.5
+    robot.run({**TINY, "model": checkpoint, "strategy": "adv-train", "out": str(tmp_path / "plain")})
+    assert seen[-1] == {"schedule": None, "eps_warmup": 0.0, "optimizer": "adam", "momentum": None}
+
+
 def test_compare_with_baselines_new_strategies_compute_and_paired(checkpoint, tmp_path, results_contract):
     out = tmp_path / "cmp"
     res = robot.compare({**TINY, "model": checkpoint, "budgets": [15], "seeds": [0, 1], "out": str(out),

@@ -264,7 +264,7 @@ def test_enhance_and_harden(model, tmp_path) -> None:
         assert abs(one["after"][key] - two["after"][key]) <= 0.05, (key, one["after"], two["after"])
     hard = ["harden", "--checkpoint", model, "--dataset", "digits", "--limit", "200", "--eps", "0.2", "--epochs", "1",
             "--steps", "3", "--batch-size", "64", "--test-limit", "60", "--whitebox-limit", "30",
-            "--whitebox-pgd-steps", "3", "--whitebox-restarts", "1", "--apgd-steps", "3", "--monitor-images", "30"]
+            "--whitebox-pgd-steps", "3", "--whitebox-restarts", "1", "--apgd-steps", "3", "--val-size", "20"]
     assert single(*hard, "--out", str(tmp_path / "h1")).returncode == 0
     res = ranks(*hard, "--out", str(tmp_path / "h2"))
     assert res.returncode == 0, res.stderr

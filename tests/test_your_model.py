@@ -206,6 +206,19 @@ def test_pt2_program_through_score_and_kmnc_refusal(in_workspace, tmp_path, caps
     assert rc == 2 and "torch.export program" in err and "--model pkg.module:factory" in err
 
 
+def test_a_factory_without_weights_needs_random_init(in_workspace, tmp_path, capsys) -> None:
+    """--model pkg:factory without --weights would silently run random weights (chance accuracy, exit 0): refused in
+    one line unless --random-init says so."""
+    d = ["--dataset", "digits", "--limit", "20", "--no-progress", "--metric", "gini"]
+    rc, err = _run(["score", "--model", "mynets:build", *d, "--out", str(tmp_path / "r")], capsys)
+    assert rc == 2 and "would run random weights" in err and "--random-init" in err and err.count("\n") == 1
+    assert not (tmp_path / "r" / "results.json").exists()
+    rc, err = _run(["score", "--model", "mynets:build", "--random-init", *d, "--out", str(tmp_path / "ok")], capsys)
+    assert rc == 0, err
+    rc, err = _run(["score", "--checkpoint", "x.pt", "--random-init", *d, "--out", str(tmp_path / "x")], capsys)
+    assert rc == 2 and "starts from random weights" in err
+
+
 def test_bad_model_options_are_one_line(in_workspace, tmp_path, capsys) -> None:
     d = ["--dataset", "digits", "--limit", "10", "--out", str(tmp_path / "x")]
     for args, pattern in ((["--model", "mynets"], "package.module:function"),

@@ -49,9 +49,11 @@ def add_data_args(p: argparse.ArgumentParser, split: str | None = "test", requir
                    help="DataLoader worker processes decoding images (default: 0, in the main process)")
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, zoo: bool = False) -> None:
     """The model options every verb that takes a model shares: --checkpoint (robustest checkpoint, TorchScript
-    with --torchscript, torch.export .pt2) or --model pkg.module:factory [--model-args JSON] [--weights FILE]."""
+    with --torchscript, torch.export .pt2) or --model pkg.module:factory [--model-args JSON] [--weights FILE]
+    (--random-init to run it with its random weights on purpose). ``zoo``: --model also takes a zoo name (a verb
+    that trains: with --from-scratch, the same flag as --random-init)."""
     g = p.add_argument_group("model (give --checkpoint, or --model for your own code)")
     g.add_argument("--checkpoint", metavar="FILE", default=None,
                    help="model.pt from 'robustest train' (safe: weights only), a torch.export program (.pt2), or "
@@ -59,18 +61,27 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--torchscript", action="store_true",
                    help="accept a TorchScript archive as --checkpoint: it RUNS CODE from the file, so only from a "
                         "source you trust")
-    g.add_argument("--model", dest="model_factory", metavar="PKG.MODULE:FACTORY", default=None,
-                   help="build the model by calling your function or class (imported from PYTHONPATH or the "
-                        "current folder): this RUNS YOUR CODE")
+    g.add_argument("--model", dest="model_factory", metavar="NAME|PKG.MODULE:FACTORY" if zoo else "PKG.MODULE:FACTORY",
+                   default=None, help=("a zoo architecture (robustest info --models) with --from-scratch, or " if zoo
+                                       else "") + "build the model by calling your function or class (imported from "
+                   "PYTHONPATH or the current folder): this RUNS YOUR CODE")
     g.add_argument("--model-args", type=json_object, default=None, metavar="JSON",
                    help="keyword arguments for --model as a JSON object, e.g. '{\"num_classes\": 10}'")
     g.add_argument("--weights", metavar="FILE", default=None,
                    help="state_dict for --model (read with torch.load(weights_only=True))")
+    if zoo:
+        g.add_argument("--from-scratch", "--random-init", dest="random_init", action="store_true",
+                       help="train --model (a zoo name such as mnist_small, sized from the data, or "
+                            "pkg.module:factory) from its random initialisation, seeded by --seed")
+    else:
+        g.add_argument("--random-init", dest="random_init", action="store_true",
+                       help="run --model pkg.module:factory with its random initial weights (no --weights): only "
+                            "useful to test the pipeline, accuracies will be at chance")
 
 
-def add_checkpoint_arg(p: argparse.ArgumentParser) -> None:
+def add_checkpoint_arg(p: argparse.ArgumentParser, zoo: bool = False) -> None:
     """The model options (:func:`add_model_args`)."""
-    add_model_args(p)
+    add_model_args(p, zoo)
 
 
 def json_object(text: str) -> dict[str, Any]:
@@ -270,8 +281,48 @@ def load_model(args: argparse.Namespace) -> nn.Module:
         raise ConfigError("--model-args applies to --model pkg.module:factory")
     if opts["source"] is None and opts["factory"] is None:
         raise ConfigError("no model given: pass --checkpoint FILE (or --model pkg.module:factory [--weights FILE])")
+    random_init = bool(getattr(args, "random_init", False))
+    if random_init and (opts["source"] is not None or opts["weights"] is not None):
+        raise ConfigError("--random-init/--from-scratch starts from random weights: drop --checkpoint/--weights, or "
+                          "drop --random-init to use them")
+    if random_init and opts["factory"] is None:
+        raise ConfigError("--random-init/--from-scratch needs --model NAME (or pkg.module:factory) to build")
+    if random_init:
+        torch.manual_seed(getattr(args, "seed", 0) or 0)  # the initial weights come from --seed
     device = resolve_device(None, args.device) if getattr(args, "device", None) else torch.device("cpu")
-    return load(**opts, map_location=device)
+    model = load(**opts, map_location=device)  # a bad factory or its arguments: refused here first
+    if opts["factory"] is not None and opts["source"] is None and opts["weights"] is None and not random_init:
+        raise ConfigError(f"--model {opts['factory']} without --weights or --checkpoint would run random weights: "
+                          "give --weights FILE, or --random-init if that is what you want")
+    return model
+
+
+def build_zoo_model(args: argparse.Namespace, data: Any) -> nn.Module:
+    """The zoo model --model NAME with random weights (seeded by --seed), sized from ``data``: its channels,
+    square side and number of classes (--num-classes, or the largest label + 1). Needs --from-scratch; no
+    normalisation layer (inputs in [0, 1] as they are), on --device."""
+    from robustest import models as zoo
+    from robustest.runtime import image_shape, labels_of, num_samples, take
+
+    name = args.model_factory
+    if not getattr(args, "random_init", False):
+        raise ConfigError(f"--model {name} is a zoo architecture with random weights: add --from-scratch to train "
+                          "it from scratch, or fine-tune a trained model with --checkpoint FILE")
+    if args.checkpoint is not None or args.weights is not None:
+        raise ConfigError("--from-scratch starts from random weights: drop --checkpoint/--weights")
+    if args.model_args is not None:
+        raise ConfigError("--model-args applies to --model pkg.module:factory, not to zoo models")
+    c, h, w = image_shape(data)
+    if h != w:
+        raise ConfigError(f"images must be square for the zoo models, got {h}x{w}: pass --resize H W")
+    y = labels_of(data)
+    if y is None:
+        y = take(data, torch.arange(num_samples(data)))[1]
+    k = max(getattr(args, "num_classes", None) or int(y.max()) + 1, 2)
+    zoo.check_input(name, c, h, k)
+    device = resolve_device(None, args.device) if getattr(args, "device", None) else torch.device("cpu")
+    torch.manual_seed(getattr(args, "seed", 0) or 0)
+    return zoo.create(name, num_classes=k, in_channels=c, input_size=h).to(device).eval()
 
 
 def check_fits(model: nn.Module, ds: Any) -> int:

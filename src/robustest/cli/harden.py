@@ -1,16 +1,25 @@
-"""``robustest harden``: adversarial fine-tuning of a checkpoint (PGD-AT, TRADES, dynamic AT by FOSC, FOL-budgeted
-PGD-AT, Fast-AT), with robustness measured before and after on the test split.
+"""``robustest harden``: adversarial training (PGD-AT, TRADES, dynamic AT by FOSC, FOL-budgeted PGD-AT, Fast-AT)
+of a checkpoint (fine-tuning) or of a model built with random weights (--model NAME --from-scratch), with
+robustness measured before and after on the test split.
 
-Writes OUT/model.pt (the hardened model, a safe checkpoint), OUT/results.json (settings in effect, per-epoch
-history and compute, clean and white-box accuracy before and after, timings), OUT/report.html and OUT/state/
+The default recipe trains stably (docs/HARDEN.md has the sweeps): the radius grows linearly from 0 over the first
+30 % of the steps (--eps-warmup), Adam 1e-3 with a cosine schedule, and robust early stopping: --val-size training
+images (class-stratified, seeded) are held out, PGD-10 accuracy on them is measured after every epoch, and the
+model of the best epoch is kept (--keep best). Fast-AT stops at a catastrophic collapse of that accuracy.
+
+Writes OUT/model.pt (the kept model, a safe checkpoint), OUT/last.pt (the last epoch's, when another epoch was
+kept), OUT/results.json (settings in effect, per-epoch history with the validation curve and compute, clean,
+white-box and, with --autoattack, AutoAttack accuracy before and after, timings), OUT/report.html and OUT/state/
 (the state after every epoch, written atomically); ``--resume`` continues an interrupted run and ends with the
 same model as an uninterrupted one.
 
 White-box accuracy: the per-sample worst case of PGD (--whitebox-pgd-steps steps of eps/4 from a random start,
 best of --whitebox-restarts) and APGD-CE (--apgd-steps) on the first --whitebox-limit test images.
 
-Example:
+Examples:
     robustest harden --checkpoint model.pt --dataset digits --method fol-budget --eps 0.2 --epochs 5 --out hard
+    robustest harden --model mnist_small --from-scratch --dataset mnist --data-dir mnist.npz --eps 0.3 \\
+        --epochs 10 --autoattack fast --out mnist-at
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ from robustest.cli._common import (
     add_checkpoint_arg,
     add_data_args,
     add_run_args,
+    below_one,
+    build_zoo_model,
     check_fits,
     data_settings,
     finite_float,
@@ -35,9 +46,11 @@ from robustest.cli._common import (
     load_model,
     log,
     model_settings,
+    non_negative_float,
     non_negative_int,
     out_dir,
     peak_rss_mib,
+    positive_float_list,
     positive_int,
     print_table,
 )
@@ -54,11 +67,12 @@ _float = finite_float  # ranges are checked by hardening.resolve_settings, with 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from robustest import data as datasets
-    from robustest.hardening import DEFAULTS, METHODS
+    from robustest.hardening import DEFAULTS, KEEP, METHODS, RECIPE_DEFAULTS
+    from robustest.recipes import OPTIMIZERS, SCHEDULES
 
     p = sub.add_parser("harden", help="adversarial fine-tuning (PGD-AT, TRADES, FOSC, FOL budget, Fast-AT)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_checkpoint_arg(p)
+    add_checkpoint_arg(p, zoo=True)
     add_data_args(p, split="train")
     g = p.add_argument_group("method")
     g.add_argument("--method", choices=METHODS, default="pgd-at", help="hardening method (default: pgd-at)")
@@ -84,26 +98,54 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         f"(default: {DEFAULTS['fol_min_steps']})")
     g.add_argument("--no-stop-misclassified", dest="stop_misclassified", action="store_const", const=False,
                    default=None, help="fol-budget: do not stop a sample's attack when it is misclassified")
+    g.add_argument("--no-co-guard", dest="co_guard", action="store_const", const=False, default=None,
+                   help="fast-at: train on after a catastrophic collapse of the validation PGD accuracy (default: "
+                        "stop there and keep the best epoch)")
+    g.add_argument("--eps-warmup", type=below_one, default=RECIPE_DEFAULTS["eps_warmup"], metavar="FRACTION",
+                   help="the radius grows linearly from 0 to --eps over this fraction of the training steps; 0 "
+                        f"trains at --eps from the first step (default: {RECIPE_DEFAULTS['eps_warmup']})")
     t = p.add_argument_group("training")
-    t.add_argument("--epochs", type=positive_int, default=5, help="fine-tuning epochs (default: 5)")
+    t.add_argument("--epochs", type=positive_int, default=5, help="training epochs (default: 5)")
     t.add_argument("--batch-size", type=positive_int, default=128, help="batch size (default: 128)")
-    t.add_argument("--lr", type=learning_rate, default=1e-3, help="learning rate (default: 1e-3)")
-    t.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="optimizer (default: adam)")
+    t.add_argument("--lr", type=learning_rate, default=RECIPE_DEFAULTS["lr"],
+                   help=f"(peak) learning rate (default: {RECIPE_DEFAULTS['lr']:g})")
+    t.add_argument("--optimizer", choices=OPTIMIZERS, default=RECIPE_DEFAULTS["optimizer"],
+                   help=f"optimizer (default: {RECIPE_DEFAULTS['optimizer']})")
+    t.add_argument("--momentum", type=below_one, default=None, help="sgd: momentum (default: 0.9)")
+    t.add_argument("--nesterov", action="store_const", const=True, default=None, help="sgd: Nesterov momentum")
     t.add_argument("--weight-decay", type=_float, default=0.0, help="weight decay (default: 0)")
+    t.add_argument("--schedule", choices=("none", *SCHEDULES), default=RECIPE_DEFAULTS["schedule"],
+                   help="learning-rate schedule, stepped per batch: cosine decay to 0, step (x0.1 at --milestones), "
+                        "cyclic (linear up to --lr at 40 %% of training, then down to 0), none "
+                        f"(default: {RECIPE_DEFAULTS['schedule']})")
+    t.add_argument("--warmup-epochs", type=non_negative_float, default=0.0,
+                   help="linear learning-rate warm-up before the schedule, in epochs (default: 0)")
+    t.add_argument("--milestones", type=positive_float_list("milestone"), default=None, metavar="E1,E2",
+                   help="--schedule step: epochs at which the rate falls x0.1 (default: 50 %% and 75 %% of training)")
+    v = p.add_argument_group("validation and robust early stopping")
+    v.add_argument("--val-size", type=non_negative_int, default=1000, metavar="N",
+                   help="hold out N training images (class-stratified, drawn with --seed) on which clean and "
+                        "PGD accuracy are measured after every epoch; at most a tenth of the training data; 0: none "
+                        "(default: 1000)")
+    v.add_argument("--val-steps", type=positive_int, default=10, help="PGD steps of the validation (default: 10)")
+    v.add_argument("--keep", choices=KEEP, default="best",
+                   help="the model written to model.pt: the epoch of the best validation PGD accuracy (robust early "
+                        "stopping) or the last epoch; best needs --val-size > 0 (default: best)")
     m = p.add_argument_group("measurement")
     m.add_argument("--test-split", choices=datasets.SPLITS, default="test",
                    help="split measured before and after (default: test)")
     m.add_argument("--test-limit", type=positive_int, default=1000, metavar="N",
                    help="clean accuracy on the first N test images (default: 1000)")
     m.add_argument("--whitebox-limit", type=non_negative_int, default=500, metavar="N",
-                   help="white-box attacks on the first N test images; 0 skips them (default: 500)")
+                   help="white-box attacks (and --autoattack) on the first N test images; 0 skips them "
+                        "(default: 500)")
     m.add_argument("--whitebox-pgd-steps", type=positive_int, default=20, help="PGD steps (default: 20)")
     m.add_argument("--whitebox-restarts", type=positive_int, default=2, help="PGD restarts (default: 2)")
     m.add_argument("--apgd-steps", type=non_negative_int, default=50, help="APGD-CE steps, 0 skips (default: 50)")
-    m.add_argument("--monitor", "--monitor-images", dest="monitor", type=non_negative_int, default=200, metavar="N",
-                   help="after every epoch, clean and PGD-10 accuracy on the first N test images (default: 200; "
-                        "under torchrun spell it --monitor-images: torchrun takes --monitor for its own "
-                        "--monitor-interval)")
+    m.add_argument("--autoattack", choices=("fast", "standard"), default=None,
+                   help="also measure robust accuracy under the AutoAttack-style ensemble of 'robustest eval' on the "
+                        "white-box images, before and after (and of the last epoch's model when another was kept): "
+                        "fast = APGD-CE + APGD-T on 3 classes, standard = AutoAttack's standard version (default: off)")
     p.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
     add_run_args(p)
     p.set_defaults(func=run)
@@ -140,37 +182,67 @@ def _measure(model, test, args) -> dict[str, Any]:
 
     rep = measure(model, test, eps=args.eps, whitebox=args.whitebox_limit > 0,
                   whitebox_limit=args.whitebox_limit or None, pgd_steps=args.whitebox_pgd_steps,
-                  pgd_restarts=args.whitebox_restarts, apgd_steps=args.apgd_steps, seed=args.seed)
+                  pgd_restarts=args.whitebox_restarts, apgd_steps=args.apgd_steps, seed=args.seed,
+                  autoattack=args.autoattack is not None and args.whitebox_limit > 0,
+                  autoattack_version=args.autoattack or "standard")
     d = rep.to_dict()
     for key in ("fixed_set_accuracy", "fixed_set_size", "seconds"):  # seconds go to timings: results stay reproducible
         d.pop(key, None)
     return d
 
 
-def run(args: argparse.Namespace) -> int:
-    from robustest import hardening
-    from robustest.checkpoints import source_of
-    from robustest.results import write_results
-    from robustest.runtime import take
-    from robustest.training import save_checkpoint
-
-    t0 = time.perf_counter()
+def _method_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(method parameters, common settings) of :func:`robustest.hardening.harden` from the flags."""
     method_kw = {"mix": args.mix, "beta": args.beta, "fosc_c_max": args.fosc_c_max, "fosc_warmup": args.fosc_warmup,
                  "fol_threshold": args.fol_threshold, "stop_misclassified": args.stop_misclassified,
-                 "fol_min_steps": args.fol_min_steps}
+                 "fol_min_steps": args.fol_min_steps, "co_guard": args.co_guard}
     common = {"eps": args.eps, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
-              "optimizer": args.optimizer, "weight_decay": args.weight_decay, "steps": args.steps,
-              "alpha": args.alpha, "seed": args.seed}
+              "optimizer": args.optimizer, "weight_decay": args.weight_decay, "momentum": args.momentum,
+              "nesterov": args.nesterov, "schedule": None if args.schedule == "none" else args.schedule,
+              "warmup_epochs": args.warmup_epochs, "milestones": args.milestones, "eps_warmup": args.eps_warmup,
+              "steps": args.steps, "alpha": args.alpha, "keep": args.keep, "seed": args.seed}
+    return method_kw, common
+
+
+def _split(train: Any, args: argparse.Namespace) -> tuple[Any, Any]:
+    """(training data, validation data or None): --val-size images held out of ``train``, class-stratified."""
+    from robustest.hardening import holdout_split
+    from robustest.runtime import labels_of, num_samples, take
+
+    if args.val_size == 0:
+        return train, None
+    n = num_samples(train)
+    if args.val_size > n // 10:
+        raise ConfigError(f"--val-size {args.val_size} is more than a tenth of the {n} training images: give at most "
+                          f"{n // 10}, or 0 for no validation (with --keep last)")
+    labels = labels_of(train)
+    if labels is None:
+        labels = take(train, torch.arange(n))[1]
+    tr, va = holdout_split(labels, args.val_size, args.seed)
+    return take(train, tr), take(train, va)
+
+
+def run(args: argparse.Namespace) -> int:
+    from robustest import hardening
+    from robustest.checkpoints import save_checkpoint, source_of
+    from robustest.results import write_results
+
+    t0 = time.perf_counter()
+    method_kw, common = _method_kwargs(args)
     settings = hardening.harden_settings(args.method, **common, **method_kw)  # bad values: one line, no work
+    if args.keep == "best" and args.val_size == 0:
+        raise ConfigError("--keep best picks the epoch by validation PGD accuracy: give --val-size N > 0 or "
+                          "--keep last")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         out_dir(args)
-    model = load_model(args)
+    train = load_data(args)
+    model = build_zoo_model(args, train) if args.model_factory and ":" not in args.model_factory else load_model(args)
     hardening.check_trainable(model)
     spec = source_of(model)
-    train = load_data(args)
     check_fits(model, train)
     test = load_data(argparse.Namespace(**{**vars(args), "limit": args.test_limit}), args.test_split)
     check_fits(model, test)
+    fit_data, val = _split(train, args)
     out = _prepare_out(args)
     t_load = time.perf_counter() - t0
 
@@ -184,45 +256,63 @@ def run(args: argparse.Namespace) -> int:
     t_before = time.perf_counter() - t1
 
     t2 = time.perf_counter()
-    val = None
-    if args.monitor > 0:
-        n = min(args.monitor, len(test))
-        val = take(test, torch.arange(n))
-    res = hardening.harden(model, train, args.method, **common, **method_kw, device=args.device,
-                           progress=not args.no_progress, val=val, state_dir=out / "state", resume=args.resume)
+    res = hardening.harden(model, fit_data, args.method, **common, **method_kw, device=args.device,
+                           progress=not args.no_progress, val=val, val_steps=args.val_steps, state_dir=out / "state",
+                           resume=args.resume)
     t_harden = time.perf_counter() - t2
 
     t3 = time.perf_counter()
     after = _measure(model, test, args)
+    last = None
+    final_epoch = len(res.epochs)
+    if res.last_weights is not None:
+        from robustest.checkpoints import clone_model
+
+        last_model = clone_model(model)
+        last_model.load_state_dict(res.last_weights)
+        last_model.eval()
+        last = _measure(last_model, test, args)
     t_after = time.perf_counter() - t3
     meta = dict(getattr(model, "robustest_metadata", {}) or {})
-    meta["hardened"] = {"settings": res.settings, "compute": res.compute,
-                        "source": str(args.checkpoint or args.model_factory), "dataset": args.dataset}
+    meta["hardened"] = {"settings": res.settings, "compute": res.compute, "kept_epoch": res.kept_epoch,
+                        "source": str(args.checkpoint or args.model_factory), "dataset": args.dataset,
+                        "from_scratch": bool(args.random_init)}
     save_checkpoint(out / "model.pt", model, metadata=meta)
-    cli_settings = {**model_settings(args), **data_settings(args), **settings, "test_split": args.test_split,
+    files = {"model": "model.pt", "report": "report.html", "state": "state/"}
+    if last is not None:
+        save_checkpoint(out / "last.pt", last_model, metadata={**meta, "hardened": {**meta["hardened"],
+                                                                                  "kept_epoch": final_epoch}})
+        files["last_model"] = "last.pt"
+    cli_settings = {**model_settings(args), **data_settings(args), **settings, "from_scratch": bool(args.random_init),
+                    "val_size": args.val_size, "val_steps": args.val_steps, "test_split": args.test_split,
                     "test_limit": args.test_limit, "whitebox_limit": args.whitebox_limit,
                     "whitebox_pgd_steps": args.whitebox_pgd_steps, "whitebox_restarts": args.whitebox_restarts,
-                    "apgd_steps": args.apgd_steps, "monitor": args.monitor,
+                    "apgd_steps": args.apgd_steps, "autoattack": args.autoattack,
                     "device": str(next(iter(model.parameters())).device)}
     results = {
-        "data": {"num_train": len(train), "num_test": len(test), "model": spec},
-        "before": before, "after": after,
+        "data": {"num_train": len(train), "num_fit": res.num_samples, "num_val": 0 if val is None else len(val[1]),
+                 "num_test": len(test), "model": spec},
+        "before": before, "after": after, "last": last,
+        "kept_epoch": res.kept_epoch, "best_epoch": res.best_epoch, "guard_epoch": res.guard_epoch,
+        "autoattack_accuracy": after.get("autoattack_accuracy"),
         "epochs": res.epochs, "compute": res.compute, "resumed_epochs": res.resumed_epochs,
-        "peak_rss_mib": peak_rss_mib(),
-        "files": {"model": "model.pt", "report": "report.html", "state": "state/"},
+        "peak_rss_mib": peak_rss_mib(), "files": files,
     }
     timings = {"load_s": t_load, "before_s": t_before, "harden_s": t_harden, "after_s": t_after,
                "total_s": time.perf_counter() - t0}
     doc = write_results(out, "harden", {k: v for k, v in cli_settings.items() if v is not None}, results, timings)
     _report(doc, out / "report.html")
     rows = [{"model": name, "clean": r["clean_accuracy"], "white-box": r["whitebox_accuracy"],
-             "pgd": r["whitebox_pgd_accuracy"], "apgd": r["whitebox_apgd_accuracy"]}
-            for name, r in (("before", before), ("after", after))]
-    print_table(rows, ["model", "clean", "white-box", "pgd", "apgd"])
+             "pgd": r["whitebox_pgd_accuracy"], "apgd": r["whitebox_apgd_accuracy"],
+             "autoattack": r.get("autoattack_accuracy")}
+            for name, r in (("before", before), (f"after (epoch {res.kept_epoch})", after),
+                            (f"last (epoch {final_epoch})", last)) if r is not None]
+    print_table(rows, ["model", "clean", "white-box", "pgd", "apgd"] + (["autoattack"] if args.autoattack else []))
     c = res.compute
-    n_ep = len(res.epochs)
-    log.info(f"{res.method}: {n_ep} epoch{'s' if n_ep != 1 else ''} on {len(train)} images, "
-             f"{c['passes']:.4g} forward+backward passes ({c['passes'] / len(train):.2f} per image)")
+    log.info(f"{res.method}: {final_epoch} epoch{'s' if final_epoch != 1 else ''} on {res.num_samples} images, "
+             f"{c['passes']:.4g} forward+backward passes ({c['passes'] / res.num_samples:.2f} per image)"
+             + (f"; stopped by the catastrophic-overfitting guard at epoch {res.guard_epoch}"
+                if res.guard_epoch is not None else ""))
     log.info(f"wrote {out / 'model.pt'}, {out / 'results.json'} and {out / 'report.html'}")
     return 0
 
@@ -231,15 +321,28 @@ def _report(results: dict[str, Any], path: Path) -> None:
     from robustest.report import HtmlReport, save_lines
 
     s = results["settings"]
+    n_ep = len(results["epochs"])
+    how = "from random weights" if s.get("from_scratch") else "fine-tuning"
     rep = HtmlReport.from_results(results, f"robustest harden: {s['method']} on {s['dataset']}")
-    rep.paragraph(f"{s['method']} at eps {s['eps']:g} (L-inf), {s['epochs']} epochs, {s['steps']} attack step(s) of "
-                  f"{s['alpha']:.4g}, on {results['data']['num_train']} images of {s['dataset']}; "
-                  f"{results['compute']['passes']:.4g} forward+backward passes in all.")
+    warm = f", eps warm-up over {s['eps_warmup']:.0%} of the steps" if s.get("eps_warmup") else ""
+    rep.paragraph(f"{s['method']} at eps {s['eps']:g} (L-inf){warm}, {how}, {n_ep} epoch{'s' if n_ep != 1 else ''} "
+                  f"of {s['epochs']}, {s['steps']} attack step(s) of {s['alpha']:.4g}, {s['optimizer']} "
+                  f"{s['lr']:g} ({s.get('schedule') or 'constant'} schedule), on {results['data']['num_fit']} images "
+                  f"of {s['dataset']}; {results['compute']['passes']:.4g} forward+backward passes in all.")
+    kept, guard = results.get("kept_epoch"), results.get("guard_epoch")
+    if results["data"].get("num_val"):
+        rep.paragraph(f"Validation: {results['data']['num_val']} held-out training images, PGD-{s['val_steps']} after "
+                      f"every epoch. The model written (model.pt) is epoch {kept}'s ({s['keep']} "
+                      f"{'validation PGD accuracy' if s['keep'] == 'best' else 'epoch'})."
+                      + (f" Training stopped at epoch {guard}: the catastrophic-overfitting guard saw the validation "
+                         "PGD accuracy collapse." if guard is not None else ""))
     rep.heading("Robustness before and after")
     rows = [{"model": name, "clean accuracy": r["clean_accuracy"], "white-box accuracy": r["whitebox_accuracy"],
              "PGD accuracy": r["whitebox_pgd_accuracy"], "APGD-CE accuracy": r["whitebox_apgd_accuracy"],
+             "AutoAttack accuracy": r.get("autoattack_accuracy"),
              "test images": r["num_eval"], "white-box images": r["num_whitebox"]}
-            for name, r in (("before", results["before"]), ("after", results["after"]))]
+            for name, r in (("before", results["before"]), (f"after (epoch {kept}, model.pt)", results["after"]),
+                            ("last epoch (last.pt)", results.get("last"))) if r is not None]
     rep.table(rows)
     rep.heading("Epochs")
     cum = 0.0
@@ -247,15 +350,20 @@ def _report(results: dict[str, Any], path: Path) -> None:
     for e in results["epochs"]:
         cum += e["compute"]["passes"]
         erows.append({"epoch": e["epoch"], "loss": e["loss"], "adv. accuracy (train)": e["adv_accuracy"],
+                      "eps": e.get("eps"), "lr": e.get("lr"),
                       "attack evals / image": e["attack_evals_mean"], "stopped early": e["stopped_early"],
                       "passes": e["compute"]["passes"], "cumulative passes": cum,
-                      "fosc c_t": e.get("fosc_c"), "monitor clean": e.get("val_clean_accuracy"),
-                      "monitor PGD-10": e.get("val_pgd_accuracy"), "seconds": e["seconds"]})
+                      "fosc c_t": e.get("fosc_c"), "validation clean": e.get("val_clean_accuracy"),
+                      "validation PGD": e.get("val_pgd_accuracy"), "seconds": e["seconds"]})
     rep.table(erows)
-    if erows and erows[0]["monitor PGD-10"] is not None:
+    if erows and erows[0]["validation PGD"] is not None:
         xs = [r["cumulative passes"] for r in erows]
-        rep.image(save_lines({"PGD-10 accuracy": (xs, [r["monitor PGD-10"] for r in erows]),
-                              "clean accuracy": (xs, [r["monitor clean"] for r in erows])}, None,
-                             title="monitor images after every epoch", xlabel="forward+backward passes",
-                             ylabel="accuracy"), "accuracy on the monitor images against training compute")
+        series = {"validation PGD accuracy": (xs, [r["validation PGD"] for r in erows]),
+                  "validation clean accuracy": (xs, [r["validation clean"] for r in erows])}
+        k = next((r for r in erows if r["epoch"] == kept), None)
+        if k is not None:
+            series[f"kept: epoch {kept}"] = ([k["cumulative passes"]], [k["validation PGD"]])
+        rep.image(save_lines(series, None, title="held-out validation images after every epoch",
+                             xlabel="cumulative forward+backward passes", ylabel="accuracy"),
+                  "validation robustness and clean accuracy against training compute, the kept epoch marked")
     rep.write(path)

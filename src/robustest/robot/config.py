@@ -29,8 +29,10 @@ DEFAULT_STRATEGIES = ("best", "kmst", "gini", "random", "coverage")
 #: examples generated against the current model every batch (Madry et al.) and uses no pool; a comparison runs
 #: them once per seed, under the budget label of BUDGET_FREE
 BUDGET_FREE = {"all": "100%", **{s: "online" for s in HARDEN_STRATEGIES}}
-#: finetune_options adv-train can honour (its update step is robustest.hardening's pgd-at)
-ADV_TRAIN_OPTIONS = ("optimizer", "weight_decay")
+#: finetune_options adv-train and the other hardening strategies honour (robustest.hardening's recipe); left unset,
+#: the schedule is constant and eps is not warmed up (the cells' settings since the first release)
+ADV_TRAIN_OPTIONS = ("optimizer", "weight_decay", "momentum", "nesterov", "schedule", "warmup_epochs", "milestones",
+                     "eps_warmup")
 METRICS = ("clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy", "whitebox_pgd_accuracy",
            "whitebox_apgd_accuracy", "autoattack_accuracy")
 #: versions of robustness.evaluate's ensemble a run may add to every measurement (config key ``autoattack``)
@@ -351,7 +353,12 @@ class RobotConfig:
         pos_int("batch_size")
         number("lr", 0.0, 10.0)
         self._check_fit_options("train_options", self.train_epochs, ("lr", "batch_size"))
-        self._check_fit_options("finetune_options", self.epochs, ())
+        self._check_fit_options("finetune_options", self.epochs, ("eps_warmup",))
+        if "eps_warmup" in self.finetune_options:
+            if not hard:
+                raise ConfigError("finetune_options: eps_warmup applies to the hardening strategies "
+                                  f"({', '.join(HARDEN_STRATEGIES)}) only")
+            check_float("finetune_options: eps_warmup", self.finetune_options["eps_warmup"], 0.0, 1.0, hi_open=True)
         if self.model is None and self.model_factory is None:
             shape = datasets.info(self.dataset).shape
             if shape is not None:  # a built-in shape: the zoo model must take it, checked before any data loads

@@ -311,7 +311,10 @@ def _adv_finetune(model0: nn.Module, setup: _Setup, cfg: RobotConfig, seed: int,
     with PassCounter(model) as pc:
         res = harden(model, (setup.x_fit, setup.y_fit), method, eps=cfg.eps, epochs=cfg.epochs,
                      batch_size=cfg.batch_size, lr=cfg.lr, optimizer=opts.get("optimizer", "adam"),
-                     weight_decay=float(opts.get("weight_decay", 0.0)),
+                     weight_decay=float(opts.get("weight_decay", 0.0)), momentum=opts.get("momentum"),
+                     nesterov=opts.get("nesterov"), schedule=opts.get("schedule"),
+                     warmup_epochs=opts.get("warmup_epochs", 0.0), milestones=opts.get("milestones"),
+                     eps_warmup=opts.get("eps_warmup", 0.0),
                      steps=None if method == "fast-at" else cfg.pool_pgd_steps, seed=seed,
                      device=setup.device, progress=cfg.progress, on_epoch_end=on_end)
     last_model = None
@@ -325,8 +328,8 @@ def _adv_finetune(model0: nn.Module, setup: _Setup, cfg: RobotConfig, seed: int,
     attack = float(res.compute["attack_passes"])
     passes = None if pc.passes is None else pc.passes - attack
     h = {"epochs": epochs, "best_epoch": best["epoch"], "num_train": int(len(setup.x_fit)), "method": method,
-         "settings": {k: res.settings[k] for k in ("eps", "steps", "alpha", "optimizer", "lr", "batch_size")
-                      if k in res.settings}}
+         "settings": {k: res.settings[k] for k in ("eps", "steps", "alpha", "optimizer", "lr", "batch_size",
+                                                   "schedule", "eps_warmup") if k in res.settings}}
     return model, last_model, {"history": h, "seconds": res.seconds, "passes": passes, "adversarial_passes": attack}
 
 
