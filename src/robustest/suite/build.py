@@ -25,7 +25,8 @@ from robustest.errors import ConfigError, DataError
 from robustest.runtime import DataLike, iter_batches, num_samples, take
 from robustest.suite.format import SUITE_VERSION, Suite, model_fingerprint
 
-__all__ = ["ALLOCATIONS", "allocate", "build_suite", "data_sha256", "evaluate_outcomes", "make_strata"]
+__all__ = ["ALLOCATIONS", "allocate", "build_suite", "data_sha256", "evaluate_outcomes", "make_strata",
+           "stratified_draw"]
 
 ALLOCATIONS = ("proportional", "neyman")
 BY_CLASS = ("auto", "yes", "no")
@@ -103,6 +104,37 @@ def make_strata(order: torch.Tensor, labels: torch.Tensor, k: int, strata: int =
         stratum = bins
         desc = [{"bin": b, "class": -1} for b in range(h)]
     return stratum.long(), desc, crossed
+
+
+def stratified_draw(analysis: Any, k: int, strata: int = 4, by_class: str = "auto",
+                    allocation: str = "proportional", seed: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[dict[str, int]], bool]:
+    """Draw ``k`` of the N analysed samples stratified by local robustness (:func:`make_strata` on
+    ``analysis.order()`` and ``analysis.label``; :func:`allocate` proportional to N_h or Neyman with the pilot
+    error rate 1 for a sample misclassified clean, else its share of misclassified neighbours; at least 2 per
+    stratum), without replacement, seeded. ``analysis``: a :class:`robustest.weakrobust.Analysis` of N samples.
+    Returns (positions into the analysis in increasing order, int64 [k]; stratum of every analysed sample,
+    int64 [N]; samples per stratum n_h, int64 [H]; the strata's descriptions; whether classes were crossed)."""
+    if allocation not in ALLOCATIONS:
+        raise ConfigError(f"unknown allocation {allocation!r}: use one of {', '.join(ALLOCATIONS)}")
+    n = len(analysis)
+    stratum_all, desc, crossed = make_strata(analysis.order(), analysis.label, k, strata, by_class)
+    h = len(desc)
+    sizes = torch.bincount(stratum_all, minlength=h)
+    if allocation == "neyman":
+        r = torch.where(analysis.clean_correct, analysis.frac_misclassified.double(),
+                        torch.ones(n, dtype=torch.float64))
+        p = torch.zeros(h, dtype=torch.float64).index_add_(0, stratum_all, r) / sizes.double()
+        target = sizes.double() * (p * (1 - p)).sqrt()
+    else:
+        target = sizes.double()
+    alloc = allocate(target, k, sizes)
+    gen = torch.Generator().manual_seed(int(seed))
+    picked = []
+    for j in range(h):  # a loop over the strata, not the samples
+        members = torch.nonzero(stratum_all == j).flatten()
+        picked.append(members[torch.randperm(len(members), generator=gen)[: int(alloc[j])]])
+    return torch.sort(torch.cat(picked)).values, stratum_all, alloc, desc, crossed
 
 
 def evaluate_outcomes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, attack: dict[str, Any],
@@ -193,23 +225,9 @@ def build_suite(model: nn.Module, data: DataLike, eps: float, *, k: int = 100, n
     k = min(k, n)
     an = analyze(model, data, n_neighbors=n_neighbors, eps=noise_eps, seed=seed, progress=progress)
     t_analyze = time.perf_counter() - t0
-    order = an.order()
-    stratum_all, desc, crossed = make_strata(order, an.label, k, strata, by_class)
+    pos, stratum_all, alloc, desc, crossed = stratified_draw(an, k, strata, by_class, allocation, seed)
     h = len(desc)
     sizes = torch.bincount(stratum_all, minlength=h)
-    if allocation == "neyman":  # pilot error probability: 1 if misclassified clean, else the share of wrong neighbours
-        r = torch.where(an.clean_correct, an.frac_misclassified.double(), torch.ones(n, dtype=torch.float64))
-        p = torch.zeros(h, dtype=torch.float64).index_add_(0, stratum_all, r) / sizes.double()
-        target = sizes.double() * (p * (1 - p)).sqrt()
-    else:
-        target = sizes.double()
-    alloc = allocate(target, k, sizes)
-    gen = torch.Generator().manual_seed(int(seed))
-    picked = []
-    for j in range(h):  # a loop over the strata, not the samples
-        members = torch.nonzero(stratum_all == j).flatten()
-        picked.append(members[torch.randperm(len(members), generator=gen)[: int(alloc[j])]])
-    pos = torch.sort(torch.cat(picked)).values  # positions into the analysis, in data order
     index = an.index[pos].long()
     x, y = take(data, index)
     if y is None:
