@@ -486,3 +486,36 @@ def test_npz_declared_size_counts_the_rows_read_and_the_conversion(tmp_path, mon
     assert len(data.load("npz", f, limit=500)) == 500  # half the rows: 1.5 MB with the copy
     monkeypatch.setenv("ROBUSTEST_MAX_ARRAY_BYTES", str(4_000_000))
     assert data.load("npz", f).image_shape == (1, 16, 16)
+
+
+def test_a_huge_image_set_is_refused_by_its_shape_before_any_forward(tmp_path, capsys) -> None:
+    import numpy as np
+
+    from robustest import models
+    from robustest.errors import ConfigError
+    from robustest.training import save_checkpoint
+
+    calls = []
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                              torch.nn.Linear(4, 3))  # takes any size: only the shape can refuse it
+    net.register_forward_pre_hook(lambda m, a: calls.append(a[0].shape))
+    x, y = torch.zeros(2, 1, 4000, 4000), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ConfigError, match="the images are 1x4000x4000 .* --resize"):
+        runtime.check_model_fits(net, (x, y))
+    with pytest.raises(ConfigError, match="the images are 1x4000x4000"):
+        runtime.check_finite_logits(net, (x, y))
+    assert calls == []
+    assert runtime.check_model_fits(net, (torch.zeros(2, 1, 1024, 1024), y)) == 3
+    calls.clear()
+    runtime.check_finite_logits(net, (torch.zeros(40, 1, 512, 512), torch.zeros(40, dtype=torch.long)))
+    assert [s[0] for s in calls] == [4]  # the first batch shrinks with the image size (2^20 values)
+
+    f = tmp_path / "huge.npz"
+    np.savez_compressed(f, x=np.zeros((2, 4000, 4000), np.uint8), y=np.zeros(2, np.int64))
+    ck = tmp_path / "resnet20.pt"
+    save_checkpoint(ck, models.create("resnet20", num_classes=10, in_channels=1))  # global pooling: any size
+    t0 = time.perf_counter()
+    code, err = _run(capsys, "score", "--metric", "gini", "--checkpoint", ck, "--dataset", "npz", "--data-dir", f,
+                     "--out", tmp_path / "o")
+    _one_line(code, err, "the images are 1x4000x4000")
+    assert time.perf_counter() - t0 < 20

@@ -216,12 +216,32 @@ def channels_last_wanted(model: nn.Module, device: torch.device | str, mode: str
     return bool(has)
 
 
+#: the largest image (values per image, C x H x W) a model is run on: 3 x 1024 x 1024. Beyond it one forward
+#: pass of one image can take gigabytes (a 4000 x 4000 image through a residual network: about 10 GB), so a
+#: larger image set is refused by its shape before any forward pass
+MAX_IMAGE_VALUES = 3 * 1024 * 1024
+#: values (images x C x H x W) of the first batch whose logits :func:`check_finite_logits` checks
+FIRST_BATCH_VALUES = 2**20
+
+
+def check_image_size(shape: tuple[int, ...]) -> None:
+    """Refuse images larger than :data:`MAX_IMAGE_VALUES` (one line naming the shape), before any model sees
+    one."""
+    values = math.prod(int(d) for d in shape)
+    if values > MAX_IMAGE_VALUES:
+        raise ConfigError(f"the images are {'x'.join(map(str, shape))} ({values:,} values each), more than the "
+                          f"{MAX_IMAGE_VALUES:,} (3 x 1024 x 1024) a model is run on: resize them (image folders: "
+                          "--resize H W) to the size the model was built for")
+
+
 def check_model_fits(model: nn.Module, data: DataLike, *, device: torch.device | str | None = None) -> int:
     """Check, before any work, that ``model`` takes the images of ``data`` and that its labels index its
-    outputs: one forward pass on one blank image of the data's shape. Returns the model's number of
-    classes K. Raises :class:`ConfigError` naming the data's and the model's shapes otherwise.
+    outputs: the data's image shape against :data:`MAX_IMAGE_VALUES` and the model's declared input, then one
+    forward pass on one blank image of the data's shape. Returns the model's number of classes K. Raises
+    :class:`ConfigError` naming the data's and the model's shapes otherwise.
     """
     shape = image_shape(data)
+    check_image_size(shape)
     spec = getattr(model, "robustest_spec", None) or {}
     c, size = spec.get("in_channels"), spec.get("input_size")
     if c is not None and shape[0] != c:
@@ -264,8 +284,12 @@ def check_logits(logits: torch.Tensor) -> torch.Tensor:
 
 def check_finite_logits(model: nn.Module, data: DataLike, *, device: torch.device | str | None = None,
                         n: int = 32) -> None:
-    """Before the work: the model's logits on the first ``n`` samples of ``data`` are finite
-    (:func:`check_logits`), so a verb never writes results computed from NaN or infinite logits."""
+    """Before the work: the model's logits on the first ``n`` samples of ``data`` (fewer for large images: at
+    most :data:`FIRST_BATCH_VALUES` values, at least one image) are finite (:func:`check_logits`), so a verb
+    never writes results computed from NaN or infinite logits."""
+    shape = image_shape(data)
+    check_image_size(shape)
+    n = max(1, min(n, FIRST_BATCH_VALUES // max(1, math.prod(int(d) for d in shape))))
     dev = resolve_device(model, device)
     for xb, _ in iter_batches(data, n, dev):
         with torch.no_grad(), eval_mode(model):
