@@ -38,14 +38,14 @@ def checkpoint(tmp_path_factory):
     torch.set_num_threads(threads)
 
 
-def test_harden_verb_writes_model_results_and_report(checkpoint, tmp_path, capsys):
+def test_harden_verb_writes_model_results_and_report(checkpoint, tmp_path, capsys, results_contract):
     out = tmp_path / "out"
     rc = main(["harden", "--checkpoint", checkpoint, *TINY, "--method", "fol-budget", "--fol-threshold", "0.2",
                "--steps", "6", "--out", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "before" in text and "after" in text and "passes" in text
-    res = json.loads((out / "results.json").read_text())
+    res = results_contract(out, "harden")
     assert res["format"] == "robustest-harden-results" and res["version"] == 1 and res["world_size"] == 1
     s = res["settings"]
     assert s["method"] == "fol-budget" and s["eps"] == 0.2 and s["steps"] == 6 and s["fol_threshold"] == 0.2
@@ -110,12 +110,12 @@ def test_interrupted_run_resumes_to_the_same_model(checkpoint, tmp_path, monkeyp
     assert rb["resumed_epochs"] == 2 and ra["after"] == rb["after"] and ra["compute"] == rb["compute"]
 
 
-def test_from_scratch_trains_a_zoo_model_and_measures_autoattack(tmp_path, capsys):
+def test_from_scratch_trains_a_zoo_model_and_measures_autoattack(tmp_path, capsys, results_contract):
     out = tmp_path / "scratch"
     args = ["harden", "--model", "digits_cnn", *TINY, "--limit", "300", "--epochs", "3", "--autoattack", "fast",
             "--eps-warmup", "0.5"]
     assert main([*args, "--from-scratch", "--out", str(out)]) == 0
-    res = json.loads((out / "results.json").read_text())
+    res = results_contract(out, "harden")
     s = res["settings"]
     assert s["from_scratch"] is True and s["model"] == "digits_cnn" and s["autoattack"] == "fast"
     assert s["schedule"] == "cosine" and s["eps_warmup"] == 0.5 and s["optimizer"] == "adam" and s["lr"] == 1e-3
