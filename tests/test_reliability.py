@@ -519,3 +519,15 @@ def test_a_huge_image_set_is_refused_by_its_shape_before_any_forward(tmp_path, c
                      "--out", tmp_path / "o")
     _one_line(code, err, "the images are 1x4000x4000")
     assert time.perf_counter() - t0 < 20
+
+
+def test_evaluate_and_assert_robust_refuse_nan_logits(exploding_model) -> None:
+    from robustest import testing
+    from robustest.errors import DataError
+    from robustest.evaluation import evaluate
+
+    x, y = torch.rand(6, 1, 8, 8), torch.zeros(6, dtype=torch.long)
+    with pytest.raises(DataError, match="NaN or infinite logits"):
+        evaluate(exploding_model, (x, y), eps=0.1, version="fast")
+    with pytest.raises(DataError, match="NaN or infinite logits"):  # never a passed gate on NaN logits
+        testing.assert_robust(exploding_model, (x, y), eps=0.1, min_accuracy=0.0, attack="fast")

@@ -332,6 +332,7 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
         batch_origin,
         check_images,
         check_labels,
+        check_logits,
         eval_mode,
         forward,
         iter_batches,
@@ -374,7 +375,7 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
         raise DataError("evaluate needs labels: pass (x, y) or a labelled data set")
     check_images(first[0])
     with eval_mode(model), torch.no_grad():
-        probe = forward(model, first[0].to(device).float())
+        probe = check_logits(forward(model, first[0].to(device).float()))  # NaN/inf logits: no result at all
     if probe.dim() != 2 or probe.shape[1] < 2:
         raise ConfigError(f"the model returns outputs of shape {tuple(probe.shape[1:])}: evaluate needs logits "
                           "for at least 2 classes")
