@@ -243,10 +243,19 @@ def test_internal_errors_have_their_own_exit_status(tmp_path, capsys, monkeypatc
     assert "internal error" in err and err.count("\n") == 1
 
 
-def test_binary_yaml_config_is_bad_input(tmp_path, capsys) -> None:
+def test_binary_yaml_config_is_bad_input(tmp_path, capsys, monkeypatch) -> None:
     cfg = tmp_path / "run.yaml"
     cfg.write_bytes(b"eps: 0.1\n\xff\xfe\x00\x81binary\n")
     code, err = _run(capsys, "run", "--config", cfg, "--out", tmp_path / "o")
+    _one_line(code, err, f"config file {cfg} is not text (a binary byte at offset 9)")
+    from robustest.cli import score as score_verb  # any other text read with binary bytes: still bad input
+
+    def binary(*a, **k):
+        b"\xff".decode("utf-8")
+
+    monkeypatch.setattr(score_verb, "load_model", binary)
+    code, err = _run(capsys, "score", "--checkpoint", "m.pt", "--dataset", "digits", "--metric", "gini",
+                     "--out", tmp_path / "s")
     _one_line(code, err, "binary bytes")
 
 

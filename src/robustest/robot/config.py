@@ -162,6 +162,9 @@ class RobotConfig:
             raise ConfigError(f"config file {str(path)!r} does not exist: pass a YAML file with --config")
         try:
             d = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path} is not text (a binary byte at offset {exc.start}): pass a YAML "
+                              "file") from exc
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark is not None else ""
