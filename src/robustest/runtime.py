@@ -291,7 +291,7 @@ def check_finite_logits(model: nn.Module, data: DataLike, *, device: torch.devic
     check_image_size(shape)
     n = max(1, min(n, FIRST_BATCH_VALUES // max(1, math.prod(int(d) for d in shape))))
     dev = resolve_device(model, device)
-    for xb, _ in iter_batches(data, n, dev):
+    for xb, _ in iter_batches(data, n, dev, workers=0):  # a few images: no worker processes to start
         with torch.no_grad(), eval_mode(model):
             check_logits(forward(model, xb[:n]))
         return
