@@ -241,8 +241,13 @@ def _budget(text: str) -> int | str:
 
 
 def _pm(row: dict, m: str) -> str:
+    """Mean ± standard deviation over the seeds in %; one seed has no spread: ``mean (n = 1)``."""
     mean, std = row.get(f"{m}_mean"), row.get(f"{m}_std")
-    return "-" if mean is None else f"{100 * mean:.2f} ± {100 * (std or 0):.2f}"
+    if mean is None:
+        return "-"
+    if row.get("seeds", 2) < 2 or std is None:
+        return f"{100 * mean:.2f} (n = 1)"
+    return f"{100 * mean:.2f} ± {100 * std:.2f}"
 
 
 def print_compute(res: dict) -> None:

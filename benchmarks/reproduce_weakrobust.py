@@ -521,8 +521,10 @@ def markdown_enhance(agg: dict) -> str:
     metrics = [k[: -len("_mean")] for k in agg["rows"][0] if k.endswith("_mean")]
     lines = ["| variant | " + " | ".join(metrics) + " |", "|" + "---|" * (len(metrics) + 1)]
     for r in agg["rows"]:
-        lines.append(f"| {r['variant']} | " + " | ".join(f"{r[m + '_mean']:.3f} ± {r[m + '_sd']:.3f}"
-                                                          for m in metrics) + " |")
+        one = r.get("n_seeds", 2) < 2  # one seed has no spread to show
+        lines.append(f"| {r['variant']} | " + " | ".join(
+            f"{r[m + '_mean']:.3f} (n = 1)" if one else f"{r[m + '_mean']:.3f} ± {r[m + '_sd']:.3f}"
+            for m in metrics) + " |")
     targeted = list(ENHANCE_VARIANTS)[-1]
     for title, key, label in (
             (f"Difference to {BASELINE_VARIANT}", "paired", "strategy"),

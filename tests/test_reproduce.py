@@ -94,6 +94,16 @@ def test_enhance_aggregates_seeds_with_paired_intervals_to_the_plain_fine_tune()
                                     if p["ci_low"] > 0 or p["ci_high"] < 0)
     one = wr.aggregate_enhance(per_seed[:1])  # one seed: means, sd 0, no interval
     assert one["rows"][0]["pgd@0.1_sd"] == 0.0 and all(p["ci_low"] is None for p in one["paired"])
+    one_table = wr.markdown_enhance(one)
+    assert "0.500 (n = 1)" in one_table and "± 0.000" not in one_table
+
+
+def test_robot_table_says_n_for_one_seed():
+    rr = script("reproduce_robot")
+    row = {"seeds": 1, "clean_accuracy_mean": 1.0, "clean_accuracy_std": 0.0}
+    assert rr._pm(row, "clean_accuracy") == "100.00 (n = 1)"
+    assert rr._pm({**row, "seeds": 3, "clean_accuracy_std": 0.01}, "clean_accuracy") == "100.00 ± 1.00"
+    assert rr._pm({"seeds": 3}, "clean_accuracy") == "-"
 
 
 def test_enhance_seeds_argument():
