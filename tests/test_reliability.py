@@ -540,3 +540,33 @@ def test_evaluate_and_assert_robust_refuse_nan_logits(exploding_model) -> None:
         evaluate(exploding_model, (x, y), eps=0.1, version="fast")
     with pytest.raises(DataError, match="NaN or infinite logits"):  # never a passed gate on NaN logits
         testing.assert_robust(exploding_model, (x, y), eps=0.1, min_accuracy=0.0, attack="fast")
+
+
+def _png_header(path: Path, width: int, height: int) -> Path:
+    """A PNG of a few bytes whose header declares width x height grey pixels (no pixel data)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+    return path
+
+
+@pytest.mark.parametrize("side", [9000, 20000])  # above robustest's limit; above PIL's own bomb limit too
+def test_an_image_file_declaring_gigapixels_is_refused_before_decoding(side, tmp_path, capsys,
+                                                                       mlp_digits_checkpoint) -> None:
+    from robustest import data
+    from robustest.errors import DataError
+
+    for cls in ("a", "b"):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        _png_header(tmp_path / "imgs" / cls / "0.png", side, side)
+    with pytest.raises(DataError, match="8192 x 8192") as exc:
+        data.load("folder", tmp_path / "imgs", resize=8)
+    assert "\n" not in str(exc.value)
+    code, err = _run(capsys, "score", "--metric", "gini", "--checkpoint", mlp_digits_checkpoint, "--dataset",
+                     "folder", "--data-dir", tmp_path / "imgs", "--out", tmp_path / "o")
+    _one_line(code, err, "8192 x 8192")

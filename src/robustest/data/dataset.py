@@ -25,6 +25,9 @@ from robustest.errors import DataError
 __all__ = ["MAX_CLASSES", "FolderDataset", "ImageDataset", "arrays_to_dataset"]
 
 MAX_CLASSES = 100_000  # labels at or above this are refused unless the caller names a larger num_classes
+#: the largest image file decoded (8192 x 8192 pixels, 200 MB as RGB): a file's header declares its size, so a
+#: larger one (a decompression bomb of a few KB declaring gigapixels) is refused before it is decoded
+MAX_DECODE_PIXELS = 8192 * 8192
 _LAYOUTS = ("NCHW", "NHWC", "NHW")
 
 
@@ -153,7 +156,7 @@ class FolderDataset(Dataset):
     def __init__(self, files: Sequence[Path], labels: Sequence[int], classes: Sequence[str], *,
                  channels: int | None = None, resize: tuple[int, int] | None = None,
                  center_crop: tuple[int, int] | None = None, num_workers: int = 0, source: str = "folder") -> None:
-        from PIL import Image, UnidentifiedImageError
+        from PIL import UnidentifiedImageError
 
         if not files:
             raise DataError(f"{source}: no images found")
@@ -165,7 +168,7 @@ class FolderDataset(Dataset):
         self.num_workers = int(num_workers)
         self.source = source
         try:
-            with Image.open(self.files[0]) as im:
+            with _open_image(self.files[0]) as im:
                 mode, size = im.mode, im.size
         except (UnidentifiedImageError, OSError) as exc:
             raise DataError(f"{self.files[0]}: cannot decode image ({exc}); the file is truncated or not an image") \
@@ -190,12 +193,12 @@ class FolderDataset(Dataset):
     def _check_sizes(self, size: tuple[int, int], probes: int = 16) -> None:
         """Read the headers of up to ``probes`` files spread over the folder: mixed sizes are found before any
         work (the decoder checks every image again)."""
-        from PIL import Image, UnidentifiedImageError
+        from PIL import UnidentifiedImageError
 
         step = max(1, len(self.files) // probes)
         for f in self.files[::step][:probes]:
             try:
-                with Image.open(f) as im:
+                with _open_image(f) as im:
                     other = im.size
             except (UnidentifiedImageError, OSError) as exc:
                 raise DataError(f"{f}: cannot decode image ({exc}); the file is truncated or not an image") from exc
@@ -213,7 +216,7 @@ class FolderDataset(Dataset):
 
         f = self.files[i]
         try:
-            with Image.open(f) as im:
+            with _open_image(f) as im:
                 if self.resize is None and self.center_crop is None and (im.size[1], im.size[0]) != self._hw:
                     raise DataError(f"{f} is {im.size[1]}x{im.size[0]} but the first image is "
                                     f"{self._hw[0]}x{self._hw[1]}: pass --resize H W (resize=) to load images of "
@@ -249,6 +252,32 @@ class FolderDataset(Dataset):
         c, h, w = self.image_shape
         return (f"FolderDataset({len(self)} x {c} x {h} x {w}, {len(self.classes)} classes, decoded lazily, "
                 f"{self.source})")
+
+
+def _open_image(f: Path) -> Any:
+    """``PIL.Image.open(f)`` (lazy: only the header is read), refusing a header that declares more than
+    :data:`MAX_DECODE_PIXELS` pixels (PIL's own decompression-bomb limit included) in one line."""
+    from PIL import Image
+
+    try:
+        im = Image.open(f)
+    except Image.DecompressionBombError:
+        raise DataError(f"{f} declares more pixels than PIL decodes safely: downscale the files (at most "
+                        f"{MAX_DECODE_PIXELS:,} pixels, 8192 x 8192)") from None
+    try:
+        _check_decode_size(f, im.size)
+    except DataError:
+        im.close()
+        raise
+    return im
+
+
+def _check_decode_size(f: Path, size: tuple[int, int]) -> None:
+    """Refuse an image file whose header declares more than :data:`MAX_DECODE_PIXELS` pixels."""
+    w, h = size
+    if w * h > MAX_DECODE_PIXELS:
+        raise DataError(f"{f} is {h}x{w} ({w * h:,} pixels), more than the {MAX_DECODE_PIXELS:,} (8192 x 8192) an "
+                        "image is decoded at: downscale the files")
 
 
 def _pair(v: Any, what: str) -> tuple[int, int] | None:
