@@ -90,7 +90,7 @@ def test_run_and_compare_verbs_take_the_new_strategies(checkpoint, tmp_path, cap
     assert "adv-train  online (0)" in text and "fol-prop" in text
     assert [r["strategy"] for r in res["table"]] == ["fol-prop", "random", "adv-train"]
     rc = main(["compare", "--checkpoint", checkpoint, *TINY_FLAGS, "--strategies", "adv-train",
-               "--finetune-options", '{"schedule": "cosine"}', "--out", str(tmp_path / "bad")])
+               "--finetune-options", '{"augment": "crop-flip"}', "--out", str(tmp_path / "bad")])
     err = capsys.readouterr().err
     assert rc == 2 and "adv-train fine-tunes with" in err and err.count("\n") == 1
 
@@ -119,11 +119,11 @@ def test_run_defaults_to_adversarial_training_and_refuses_a_budget_without_a_sel
                  "--out", str(tmp_path / "b")]) == 2
     assert "--strategy random" in capsys.readouterr().err
     # a config file is validated with the flags in: its selection fine-tuning options go with --strategy random
-    (tmp_path / "s.yaml").write_text(TINY_YAML + "finetune_options: {schedule: cosine}\n")
+    (tmp_path / "s.yaml").write_text(TINY_YAML + "finetune_options: {label_smoothing: 0.1}\n")
     assert main(["run", "--config", str(tmp_path / "s.yaml"), "--checkpoint", checkpoint, *TINY_FLAGS, "--rounds",
                  "1", "--strategy", "random", "--budget", "10", "--out", str(tmp_path / "s")]) == 0
     assert json.loads((tmp_path / "s" / "results.json").read_text())["config"]["finetune_options"] == \
-        {"schedule": "cosine"}
+        {"label_smoothing": 0.1}
     capsys.readouterr()
     assert main(["run", "--config", str(tmp_path / "s.yaml"), "--checkpoint", checkpoint, *TINY_FLAGS,
                  "--out", str(tmp_path / "s2")]) == 2

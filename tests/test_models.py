@@ -13,6 +13,8 @@ TYPICAL = {  # name -> (in_channels, input_size)
     "lenet1": (1, 28),
     "lenet5": (1, 28),
     "convnet": (1, 28),
+    "mnist_small": (1, 28),
+    "madry_cnn": (1, 28),
     "digits_cnn": (1, 8),
     "mlp": (1, 28),
     "resnet20": (3, 32),

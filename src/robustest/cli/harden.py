@@ -361,7 +361,7 @@ def _report(results: dict[str, Any], path: Path) -> None:
         series = {"validation PGD accuracy": (xs, [r["validation PGD"] for r in erows]),
                   "validation clean accuracy": (xs, [r["validation clean"] for r in erows])}
         k = next((r for r in erows if r["epoch"] == kept), None)
-        if k is not None:
+        if k is not None and len(erows) > 1:  # one epoch: nothing was chosen, and the mark would hide its point
             series[f"kept: epoch {kept}"] = ([k["cumulative passes"]], [k["validation PGD"]])
         rep.image(save_lines(series, None, title="held-out validation images after every epoch",
                              xlabel="cumulative forward+backward passes", ylabel="accuracy"),
