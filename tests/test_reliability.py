@@ -469,11 +469,10 @@ def _npz_of_headers(path: Path, members: dict) -> Path:
 ])
 def test_npz_headers_are_checked_before_any_data_is_read(members, match, tmp_path, monkeypatch) -> None:
     from robustest import data
-    from robustest.data import formats
     from robustest.errors import DataError
 
     monkeypatch.delenv("ROBUSTEST_MAX_ARRAY_BYTES", raising=False)
-    assert formats.MAX_ARRAY_BYTES == 2**30 and formats.max_array_bytes() <= 2**30
+    assert runtime.MAX_ARRAY_BYTES == 2**30 and runtime.max_array_bytes() <= 2**30
     f = _npz_of_headers(tmp_path / "h.npz", members)
     t0 = time.perf_counter()
     with pytest.raises(DataError, match=match) as exc:
@@ -570,3 +569,59 @@ def test_an_image_file_declaring_gigapixels_is_refused_before_decoding(side, tmp
     code, err = _run(capsys, "score", "--metric", "gini", "--checkpoint", mlp_digits_checkpoint, "--dataset",
                      "folder", "--data-dir", tmp_path / "imgs", "--out", tmp_path / "o")
     _one_line(code, err, "8192 x 8192")
+
+
+def _deflated_copy(src: Path, dst: Path, blow_up: int = 0) -> Path:
+    """``src`` (a torch.save zip) rewritten with compressed members, plus a compressed member of ``blow_up``
+    zero bytes (a deflate bomb: a few MB declaring gigabytes; torch.load decompresses such members)."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", compression=zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
+        if blow_up:
+            prefix = zin.infolist()[0].filename.split("/")[0]
+            with zout.open(f"{prefix}/data/99", "w", force_zip64=True) as m:
+                chunk = bytes(2**24)
+                for _ in range(blow_up // len(chunk)):
+                    m.write(chunk)
+    return dst
+
+
+def test_a_torch_file_whose_compressed_members_declare_gigabytes_is_refused(tmp_path, capsys, monkeypatch,
+                                                                          mlp_digits_checkpoint) -> None:
+    from robustest import data
+    from robustest.errors import DataError
+
+    monkeypatch.delenv("ROBUSTEST_MAX_ARRAY_BYTES", raising=False)
+    small = _deflated_copy(Path(mlp_digits_checkpoint), tmp_path / "small.pt")
+    runtime.check_torch_file(small, "model file")  # compressed but small: torch.load reads it
+    bomb = _deflated_copy(Path(mlp_digits_checkpoint), tmp_path / "bomb.pt", blow_up=2**30 + 2**26)
+    assert bomb.stat().st_size < 10 * 2**20
+    t0 = time.perf_counter()
+    code, err = _run(capsys, "score", "--metric", "gini", "--checkpoint", bomb, "--dataset", "digits",
+                     "--out", tmp_path / "o")
+    _one_line(code, err, "compressed members declare 1.06 GiB, more than the 1 GiB")
+    assert time.perf_counter() - t0 < 10
+    monkeypatch.setenv("ROBUSTEST_MAX_ARRAY_BYTES", str(2**24))  # the other .pt readers, on smaller bombs
+    scores = tmp_path / "scores.pt"
+    torch.save({"scores": torch.rand(5), "index": torch.arange(5)}, scores)
+    code, err = _run(capsys, "select", "--scores", _deflated_copy(scores, tmp_path / "sb.pt", blow_up=2**25),
+                     "--n", "1", "--strategy", "top", "--out", tmp_path / "s")
+    _one_line(code, err, "compressed members declare")
+    tests = tmp_path / "tests.pt"
+    data.save_tests(tests, torch.rand(3, 1, 8, 8), torch.zeros(3, dtype=torch.long), torch.arange(3), "pgd")
+    assert len(data.load_tests(_deflated_copy(tests, tmp_path / "t.pt"))["x"]) == 3
+    with pytest.raises(DataError, match="compressed members declare"):
+        data.load_tests(_deflated_copy(tests, tmp_path / "tb.pt", blow_up=2**25))
+    lying = tmp_path / "lying.pt"  # a stored member that declares more bytes than the file holds
+    raw = bytearray(scores.read_bytes())
+    import zipfile
+
+    with zipfile.ZipFile(scores) as zf:
+        info = zf.infolist()[-1]
+    at = raw.rfind(info.filename.encode()) - 46 + 24  # its central-directory entry's uncompressed size
+    raw[at:at + 4] = (2**31).to_bytes(4, "little")
+    lying.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match="damaged"):
+        runtime.check_torch_file(lying, "scores file")

@@ -35,7 +35,7 @@ from torch import nn
 
 from robustest import models as zoo
 from robustest.errors import CheckpointError, ConfigError
-from robustest.runtime import atomic_save, atomic_write_bytes, resolve_device, set_mode
+from robustest.runtime import atomic_save, atomic_write_bytes, check_torch_file, resolve_device, set_mode
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -196,6 +196,7 @@ def _load_weights(model: nn.Module, state: dict[str, torch.Tensor], where: str) 
 
 
 def _safe_load(path: Path, map_location: Any) -> Any:
+    check_torch_file(path, "model file")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every failure is a refused file

@@ -15,6 +15,7 @@ import os
 import random
 import tempfile
 import weakref
+import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,6 +33,7 @@ DataLike = Any  # (x, y) tensor pair, a bare x tensor, a Dataset or a DataLoader
 T = TypeVar("T")
 
 __all__ = [
+    "MAX_ARRAY_BYTES",
     "Shard",
     "as_tensors",
     "atomic_save",
@@ -44,6 +46,7 @@ __all__ = [
     "check_finite_logits",
     "check_logits",
     "check_model_fits",
+    "check_torch_file",
     "converts_batches",
     "eval_mode",
     "forward",
@@ -54,6 +57,7 @@ __all__ = [
     "load_plain",
     "logits_of",
     "make_generator",
+    "max_array_bytes",
     "model_device",
     "num_samples",
     "progress",
@@ -834,6 +838,62 @@ def atomic_save(obj: Any, path: str | os.PathLike[str], *, all_ranks: bool = Fal
     return atomic_write_bytes(path, buf.getvalue(), all_ranks=all_ranks)
 
 
+# ----------------------------------------------------------------------------------- bounded reading
+_MEMORY_FRACTION = 0.5
+#: the most a reader allocates for the arrays of one file unless ``ROBUSTEST_MAX_ARRAY_BYTES`` says otherwise
+#: (and at most half of the memory available): 1 GiB holds CIFAR-10 as float32 or ImageNet-100's validation
+#: images as uint8, while a hostile file (a deflate bomb declaring gigabytes) is refused before it is unpacked
+MAX_ARRAY_BYTES = 2**30
+
+
+def max_array_bytes() -> int:
+    """Largest array (in bytes) a reader may allocate: ``ROBUSTEST_MAX_ARRAY_BYTES`` when set, else
+    :data:`MAX_ARRAY_BYTES` or half of the memory available now (``MemAvailable``), whichever is smaller."""
+    env = os.environ.get("ROBUSTEST_MAX_ARRAY_BYTES")
+    if env:
+        try:
+            v = int(float(env))
+        except ValueError:
+            raise DataError(f"ROBUSTEST_MAX_ARRAY_BYTES={env!r} is not a number of bytes: unset it or give one"
+                            ) from None
+        if v <= 0:
+            raise DataError(f"ROBUSTEST_MAX_ARRAY_BYTES must be positive, got {env}")
+        return v
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return min(MAX_ARRAY_BYTES, int(int(line.split()[1]) * 1024 * _MEMORY_FRACTION))
+    except (OSError, ValueError, IndexError):
+        pass
+    return MAX_ARRAY_BYTES
+
+
+def check_torch_file(path: str | os.PathLike[str], what: str) -> None:
+    """Before ``torch.load``: the members of a zip-format ``.pt`` file must not declare more bytes than they can
+    hold. torch.save stores members uncompressed, so a stored member is at most the file's size; a compressed
+    member (which torch.load also decompresses) may declare at most :func:`max_array_bytes` in all: a deflate
+    bomb of a few MB declaring gigabytes is refused before anything is allocated. Other files are left to
+    torch.load."""
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            members = zf.infolist()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return
+    size = path.stat().st_size
+    lying = [m for m in members if m.compress_type == zipfile.ZIP_STORED and m.file_size > size]
+    if lying:
+        raise DataError(f"{path}: the {what} is damaged: member {lying[0].filename!r} declares {lying[0].file_size:,} "
+                        f"bytes in a {size:,}-byte file")
+    packed = sum(m.file_size for m in members if m.compress_type != zipfile.ZIP_STORED)
+    cap = max_array_bytes()
+    if packed > cap:
+        raise DataError(f"{path}: the {what}'s compressed members declare {packed / 2**30:.3g} GiB, more than the "
+                        f"{cap / 2**30:.3g} GiB a reader may allocate (torch.save never compresses: the file was not "
+                        "written by robustest or torch)")
+
+
 def load_plain(path: str | os.PathLike[str], *, fmt: str, what: str, fix: str) -> dict[str, Any]:
     """Read a robustest data file (a ``torch.save`` of plain data tagged ``{"format": fmt, ...}``) safely.
 
@@ -844,6 +904,7 @@ def load_plain(path: str | os.PathLike[str], *, fmt: str, what: str, fix: str) -
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{what} {str(path)!r} does not exist: {fix}")
+    check_torch_file(path, what)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure means the file is refused

@@ -44,7 +44,7 @@ from robustest.cli._common import (
 )
 from robustest.errors import ConfigError, DataError
 from robustest.results import write_results
-from robustest.runtime import atomic_save, atomic_write_text
+from robustest.runtime import atomic_save, atomic_write_text, check_torch_file
 
 ORDER = 31
 
@@ -94,6 +94,7 @@ def read_scores(path: str | Path) -> dict[str, Any]:
         except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
             raise DataError(f"{path}: unreadable score or index value ({' '.join(str(exc).split())[:80]})") from None
         return check_scores_payload({"scores": scores, "index": index, "metric": None}, str(path))
+    check_torch_file(path, "scores file")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure means the file is refused

@@ -46,9 +46,9 @@ import torch
 from torch.utils.data import Dataset
 
 from robustest.data.dataset import MAX_CLASSES, FolderDataset, ImageDataset, arrays_to_dataset
-from robustest.data.formats import max_array_bytes, open_npy, read_idx, read_npz, restricted_unpickle
+from robustest.data.formats import open_npy, read_idx, read_npz, restricted_unpickle
 from robustest.errors import DataError
-from robustest.runtime import labels_of
+from robustest.runtime import labels_of, max_array_bytes
 
 __all__ = [
     "MAX_CLASSES",

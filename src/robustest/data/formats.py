@@ -1,9 +1,9 @@
 """Readers of the on-disk formats, bounded and safe.
 
 Every reader looks at a file's header before it reads the data: an array whose declared size exceeds
-:func:`max_array_bytes` is refused before anything is allocated, ``limit`` keeps only the first rows and
-is applied before decoding (only those bytes are read or decompressed), and a file shorter than its
-header promises is reported as truncated. Nothing here unpickles arbitrary objects: npz/npy files are
+:func:`robustest.runtime.max_array_bytes` is refused before anything is allocated, ``limit`` keeps only the
+first rows and is applied before decoding (only those bytes are read or decompressed), and a file shorter
+than its header promises is reported as truncated. Nothing here unpickles arbitrary objects: npz/npy files are
 read with ``allow_pickle=False`` semantics (object arrays refused) and CIFAR batches through a restricted
 unpickler that can build only plain containers and bounded numpy arrays.
 """
@@ -23,41 +23,11 @@ from typing import IO, Any
 import numpy as np
 
 from robustest.errors import DataError
+from robustest.runtime import max_array_bytes
 
-__all__ = ["MAX_ARRAY_BYTES", "max_array_bytes", "npz_headers", "open_npy", "read_idx", "read_npz",
-           "read_npz_images", "restricted_unpickle"]
+__all__ = ["npz_headers", "open_npy", "read_idx", "read_npz", "read_npz_images", "restricted_unpickle"]
 
 _NPY_MAGIC = b"\x93NUMPY"
-_DEFAULT_FRACTION = 0.5
-#: the most a reader allocates for the arrays of one file unless ``ROBUSTEST_MAX_ARRAY_BYTES`` says otherwise
-#: (and at most half of the memory available): 1 GiB holds CIFAR-10 as float32 or ImageNet-100's validation
-#: images as uint8, while a hostile file (a deflate bomb declaring gigabytes) is refused before it is unpacked
-MAX_ARRAY_BYTES = 2**30
-
-
-def max_array_bytes() -> int:
-    """Largest array (in bytes) a reader may allocate: ``ROBUSTEST_MAX_ARRAY_BYTES`` when set, else
-    :data:`MAX_ARRAY_BYTES` or half of the memory available now (``MemAvailable``), whichever is smaller."""
-    env = os.environ.get("ROBUSTEST_MAX_ARRAY_BYTES")
-    if env:
-        try:
-            v = int(float(env))
-        except ValueError:
-            raise DataError(f"ROBUSTEST_MAX_ARRAY_BYTES={env!r} is not a number of bytes: unset it or give one"
-                            ) from None
-        if v <= 0:
-            raise DataError(f"ROBUSTEST_MAX_ARRAY_BYTES must be positive, got {env}")
-        return v
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return min(MAX_ARRAY_BYTES, int(int(line.split()[1]) * 1024 * _DEFAULT_FRACTION))
-    except (OSError, ValueError, IndexError):
-        pass
-    return MAX_ARRAY_BYTES
-
-
 def _check_size(nbytes: int, source: str, what: str = "array") -> None:
     cap = max_array_bytes()
     if nbytes > cap:
@@ -114,7 +84,7 @@ def read_npz(path: str | os.PathLike[str], names: list[str] | None = None, *, li
     """Read arrays of an npz file (all, or those in ``names``), only the first ``limit`` rows of each.
 
     Each member's header is read first: object arrays are refused and a declared size above
-    :func:`max_array_bytes` is refused before decompression (a deflate bomb cannot expand).
+    :func:`robustest.runtime.max_array_bytes` is refused before decompression (a deflate bomb cannot expand).
     """
     path = Path(path)
     with open(path, "rb") as fh:
