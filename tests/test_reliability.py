@@ -625,3 +625,25 @@ def test_a_torch_file_whose_compressed_members_declare_gigabytes_is_refused(tmp_
     lying.write_bytes(bytes(raw))
     with pytest.raises(DataError, match="damaged"):
         runtime.check_torch_file(lying, "scores file")
+
+
+def test_other_os_errors_are_internal_errors_in_one_line(tmp_path, capsys, monkeypatch,
+                                                         mlp_digits_checkpoint) -> None:
+    import errno
+
+    from robustest import cli
+    from robustest.cli import score as score_verb
+
+    def fails(*a, **k):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(score_verb, "load_data", fails)
+    code, err = _run(capsys, "score", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--metric",
+                     "gini", "--out", tmp_path / "o")
+    assert code == cli.EXIT_INTERNAL and err.count("\n") == 1 and "internal error: OSError" in err, err
+    monkeypatch.undo()
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    code, err = _run(capsys, "score", "--checkpoint", mlp_digits_checkpoint, "--dataset", "npz", "--data-dir",
+                     loop / "x.npz", "--metric", "gini", "--out", tmp_path / "o")
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err

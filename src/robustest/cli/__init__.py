@@ -43,8 +43,9 @@ EXIT_GATE = 1  # a gate failed: eval --fail-under
 EXIT_USAGE = 2  # bad input, or an output that cannot be written
 EXIT_INTERNAL = 3  # a bug: never the status of a result
 EXIT_INTERRUPTED = 130
-# OSError numbers that mean the path the user gave is unusable (besides the exceptions caught by type)
-_BAD_PATH_ERRNOS = (errno.ENAMETOOLONG, errno.ELOOP)
+# OSError numbers that mean the path the user gave is unusable (besides the exceptions caught by type): the fix
+_BAD_PATHS = {errno.ENAMETOOLONG: "the file system refuses a name this long: shorten it",
+              errno.ELOOP: "the path runs through a loop of symbolic links"}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -148,13 +149,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f": {exc.filename}" if exc.filename else ""
         sys.stderr.write(f"{_who(args.verb, main_rank)}: error: {exc.strerror or _one_line(exc)}{where}\n")
         return EXIT_USAGE
-    except OSError as exc:
-        if args.debug or exc.errno not in _BAD_PATH_ERRNOS:
-            raise
-        where = f": {_shorten(str(exc.filename))}" if exc.filename else ""
-        sys.stderr.write(f"{_who(args.verb, main_rank)}: error: {exc.strerror or _one_line(exc)} (the file system "
-                         f"refuses this path: shorten it){where}\n")
-        return EXIT_USAGE
     except UnicodeDecodeError as exc:  # a text file (a YAML config, a CSV) holding binary bytes
         if args.debug:
             raise
@@ -164,6 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - last resort: never a bare traceback
         if args.debug:
             raise
+        if isinstance(exc, OSError) and exc.errno in _BAD_PATHS:  # a path the file system refuses
+            where = f": {_shorten(str(exc.filename))}" if exc.filename else ""
+            sys.stderr.write(f"{_who(args.verb, main_rank)}: error: {exc.strerror or _one_line(exc)} "
+                             f"({_BAD_PATHS[exc.errno]}){where}\n")
+            return EXIT_USAGE
         sys.stderr.write(f"{_who(args.verb, main_rank)}: internal error: {type(exc).__name__}: {_one_line(exc)} "
                          "(rerun with --debug for the traceback)\n")
         return EXIT_INTERNAL
