@@ -221,8 +221,8 @@ def channels_last_wanted(model: nn.Module, device: torch.device | str, mode: str
 
 
 #: the largest image (values per image, C x H x W) a model is run on: 3 x 1024 x 1024. Beyond it one forward
-#: pass of one image can take gigabytes (a 4000 x 4000 image through a residual network: about 10 GB), so a
-#: larger image set is refused by its shape before any forward pass
+#: pass of one image can take gigabytes (a 4000 x 4000 image through a residual network was reported at 10 GB),
+#: so a larger image set is refused by its shape before any forward pass
 MAX_IMAGE_VALUES = 3 * 1024 * 1024
 #: values (images x C x H x W) of the first batch whose logits :func:`check_finite_logits` checks
 FIRST_BATCH_VALUES = 2**20
