@@ -35,6 +35,7 @@ from robustest.cli._common import (
     model_settings,
     noise_width,
     out_dir,
+    plain,
     positive_int,
     radius,
 )
@@ -105,7 +106,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_run_args(b)
     b.set_defaults(func=run_build)
     c = verbs.add_parser("check", help="check a candidate on a suite: estimate, paired comparison, verdict",
-                         description="robustest suite check: " + (__doc__ or "").split("\n\n")[2],
+                         description="\n\n".join((__doc__ or "").split("\n\n")[2:4]),
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("--suite", required=True, metavar="FILE",
                    help="suite.pt written by 'robustest suite build' (or its --out folder)")
@@ -126,7 +127,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="cpu, cuda, cuda:N or auto (default: the model's device, i.e. cpu)")
     add_output_flags(c)
     c.set_defaults(func=run_check)
-    for q in (b, c):
+    for q in (b, c):  # what the command gives every verb's own parser: plain-text help, --threads
+        q.description = plain(q.description)
+        for action in q._actions:
+            if isinstance(action.help, str):
+                action.help = plain(action.help)
         if "--threads" not in q._option_string_actions:
             q.add_argument("--threads", type=positive_int, default=None, metavar="N",
                            help="CPU threads for torch in this process (default: torch's choice)")
