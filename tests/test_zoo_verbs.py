@@ -18,7 +18,8 @@ from robustest import cli, models
 # and options that keep the deep networks small where they have them
 CASES = [
     ("digits_cnn", 1, 8, []), ("mlp", 1, 8, []), ("lenet1", 1, 16, []), ("lenet5", 1, 12, []),
-    ("convnet", 1, 16, []), ("mnist_small", 1, 8, []), ("madry_cnn", 1, 8, []), ("resnet20", 3, 8, []), ("wrn", 3, 8, ["depth=10", "width=1"]),
+    ("convnet", 1, 16, []), ("mnist_small", 1, 8, []), ("madry_cnn", 1, 8, []),
+    ("resnet20", 3, 8, []), ("wrn", 3, 8, ["depth=10", "width=1"]),
     ("preact_resnet18", 3, 8, []), ("densenet_bc", 3, 8, ["depth=16", "growth=6"]), ("resnet18", 3, 32, []),
     ("resnet50", 3, 32, []), ("vit_tiny", 3, 8, []),
 ]

@@ -71,6 +71,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest.attacks import _grad, _project, _random_start
+from robustest.config import check_eps
 from robustest.errors import ConfigError, DataError, TrainingDiverged
 from robustest.recipes import check_options, make_schedule
 from robustest.runtime import (
@@ -248,7 +249,7 @@ def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *
     m = str(method).lower().replace("_", "-")
     if m not in METHODS:
         raise ConfigError(f"unknown harden method {method!r}: choose one of {', '.join(METHODS)}")
-    eps_f = _number(eps, "eps", lo=0.0, hi=1.0, lo_open=True, hint=" (L-inf radius in pixel scale, images in [0, 1])")
+    eps_f = float(check_eps("eps", eps))  # the project's one radius check (same message in every verb)
     n_epochs = _integer(epochs, "epochs")
     s: dict[str, Any] = {"method": m, "eps": eps_f, "norm": "linf", "epochs": n_epochs,
                          "batch_size": _integer(batch_size, "batch_size")}
