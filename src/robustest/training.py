@@ -524,4 +524,3 @@ def accuracy(model: nn.Module, data: DataLike, batch_size: int = 512, device: to
 # ------------------------------------------------------------------------------------------ checkpoints
 # Checkpoints live in robustest.checkpoints; these names stay importable from here.
 from robustest.checkpoints import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint  # noqa: E402,F401
-from robustest.hardening import harden  # noqa: E402,F401  (training.harden: adversarial fine-tuning)
