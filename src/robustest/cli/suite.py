@@ -70,6 +70,8 @@ def parse_alpha(text: str) -> float:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from robustest.cli import thread_count
+
     p = sub.add_parser("suite", help="robustness regression gate: build a small stratified suite, check a candidate "
                                      "against its baseline", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,8 +135,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             if isinstance(action.help, str):
                 action.help = plain(action.help)
         if "--threads" not in q._option_string_actions:
-            q.add_argument("--threads", type=positive_int, default=None, metavar="N",
-                           help="CPU threads for torch in this process (default: torch's choice)")
+            q.add_argument("--threads", type=thread_count, default=None, metavar="N",
+                           help="CPU threads for torch in this process (default: torch's choice; the command sets "
+                                "them before the verb runs)")
     p.set_defaults(func=_no_command)
 
 
@@ -147,13 +150,6 @@ def _suite_path(text: str) -> Path:
     return p / SUITE_FILE if p.is_dir() else p
 
 
-def _threads(args: argparse.Namespace) -> None:
-    if getattr(args, "threads", None):
-        import torch
-
-        torch.set_num_threads(args.threads)
-
-
 # ------------------------------------------------------------------------------------------------- build
 def run_build(args: argparse.Namespace) -> int:
     from robustest import corruptions
@@ -163,7 +159,6 @@ def run_build(args: argparse.Namespace) -> int:
     from robustest.suite import build_suite
 
     t0 = time.perf_counter()
-    _threads(args)
     check_eps("eps", args.eps, args.norm)
     if args.corruptions is not None:
         corruptions.resolve_names(args.corruptions)
@@ -260,7 +255,6 @@ def run_check(args: argparse.Namespace) -> int:
     from robustest.suite import Suite, check_suite
 
     t0 = time.perf_counter()
-    _threads(args)
     if args.no_baseline and args.baseline is not None:
         raise ConfigError("--no-baseline and --baseline exclude each other")
     path = _suite_path(args.suite)
