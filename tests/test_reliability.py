@@ -614,6 +614,10 @@ def test_a_torch_file_whose_compressed_members_declare_gigabytes_is_refused(tmp_
     assert len(data.load_tests(_deflated_copy(tests, tmp_path / "t.pt"))["x"]) == 3
     with pytest.raises(DataError, match="compressed members declare"):
         data.load_tests(_deflated_copy(tests, tmp_path / "tb.pt", blow_up=2**25))
+    from robustest.suite.format import Suite  # the regression suite's file goes through the same check
+
+    with pytest.raises(DataError, match="compressed members declare"):
+        Suite.load(_deflated_copy(scores, tmp_path / "suite.pt", blow_up=2**25))
     lying = tmp_path / "lying.pt"  # a stored member that declares more bytes than the file holds
     raw = bytearray(scores.read_bytes())
     import zipfile

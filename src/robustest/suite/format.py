@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from robustest.errors import DataError
-from robustest.runtime import atomic_save
+from robustest.runtime import atomic_save, check_torch_file
 
 __all__ = ["SUITE_FORMAT", "SUITE_VERSION", "Suite", "content_sha256", "model_fingerprint", "tensor_sha256"]
 
@@ -133,6 +133,7 @@ class Suite:
         fix = "build one with 'robustest suite build'"
         if not path.is_file():
             raise DataError(f"suite file {str(path)!r} does not exist: {fix}")
+        check_torch_file(path, "suite file")  # a member declaring gigabytes is refused before it is read
         try:
             d = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - any failure means the file is refused
