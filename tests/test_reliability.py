@@ -17,7 +17,7 @@ import torch
 
 from robustest import runtime
 from robustest.cli import main
-from robustest.errors import OutputError
+from robustest.errors import ConfigError, OutputError
 
 
 def _cli(*args: str, **kw) -> subprocess.Popen:
@@ -651,3 +651,26 @@ def test_other_os_errors_are_internal_errors_in_one_line(tmp_path, capsys, monke
     code, err = _run(capsys, "score", "--checkpoint", mlp_digits_checkpoint, "--dataset", "npz", "--data-dir",
                      loop / "x.npz", "--metric", "gini", "--out", tmp_path / "o")
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_positional_images_and_labels_name_the_signature(mlp_digits_checkpoint) -> None:
+    """evaluate(model, x, y, eps) puts the labels where eps goes: a one-line error naming the signature."""
+    from robustest.checkpoints import load_checkpoint
+    from robustest.evaluation import evaluate
+
+    model = load_checkpoint(mlp_digits_checkpoint)
+    x, y = torch.rand(4, 1, 8, 8), torch.arange(4)
+    with pytest.raises(ConfigError, match=r"ONE argument: call evaluate\(model, \(x, y\), eps\)") as info:
+        evaluate(model, x, y, 0.1)
+    assert "\n" not in str(info.value)
+
+
+def test_channels_last_images_get_a_one_line_error_naming_the_layout() -> None:
+    from robustest.errors import DataError
+
+    with pytest.raises(DataError, match=r"N x H x W x C \(channels last\).*permute\(0, 3, 1, 2\)"):
+        runtime.check_images(torch.rand(2, 28, 28, 1))
+    with pytest.raises(DataError, match="channels last"):
+        runtime.check_images(torch.rand(2, 32, 32, 3))
+    assert runtime.check_images(torch.rand(2, 3, 32, 32)).shape == (2, 3, 32, 32)  # NCHW untouched
+    assert runtime.check_images(torch.rand(2, 1, 28, 28)).shape == (2, 1, 28, 28)

@@ -344,6 +344,9 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     t_start = time.perf_counter()
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(eps, torch.Tensor) and eps.dim() > 0:  # evaluate(model, x, y, eps): labels where eps goes
+        raise ConfigError("evaluate(model, data, eps, ...) takes images and labels as ONE argument: call "
+                          "evaluate(model, (x, y), eps)")
     norm = _atk._check_norm(norm)
     eps = check_eps("eps", eps, norm)
     version = str(version).lower()

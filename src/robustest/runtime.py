@@ -353,6 +353,10 @@ def check_images(x: Any, name: str = "x", *, allow_3d: bool = False, allow_uint8
         raise DataError(
             f"{name} must have shape N x C x H x W, got {tuple(x.shape)}: add a channel axis with x[:, None]"
         )
+    n_, c_, h_, w_ = x.shape
+    if c_ > 4 and w_ in (1, 3, 4) and c_ == h_:
+        raise DataError(f"{name} has shape {tuple(x.shape)}, which looks like N x H x W x C (channels last); robustest "
+                        "takes N x C x H x W: use x.permute(0, 3, 1, 2)")
     if allow_uint8 and x.dtype == torch.uint8:
         return x
     if not x.is_floating_point():
