@@ -206,6 +206,21 @@ def test_pt2_program_through_score_and_kmnc_refusal(in_workspace, tmp_path, caps
     assert rc == 2 and "torch.export program" in err and "--model pkg.module:factory" in err
 
 
+def test_fixed_batch_pt2_names_its_batch_and_no_pt2_is_trained(in_workspace, tmp_path, capsys) -> None:
+    """A program exported without a dynamic batch takes exactly its batch: the error names that batch size, not
+    the image shape; harden refuses any .pt2 (an inference program) in one line."""
+    root, net = in_workspace
+    x = data.load("digits", split="train").tensors[0][:4]
+    torch.export.save(torch.export.export(net.eval(), (x,)), str(tmp_path / "fixed.pt2"))
+    d = ["--dataset", "digits", "--limit", "30", "--no-progress"]
+    rc, err = _run(["score", "--checkpoint", str(tmp_path / "fixed.pt2"), *d, "--metric", "gini",
+                    "--out", str(tmp_path / "f")], capsys)
+    assert rc == 2 and "batches of exactly 4 images" in err and "Dim('batch')" in err and err.count("\n") == 1
+    rc, err = _run(["harden", "--checkpoint", str(root / "net.pt2"), *d, "--eps", "0.1", "--epochs", "1",
+                    "--val-size", "3", "--out", str(tmp_path / "h")], capsys)
+    assert rc == 2 and "cannot be trained" in err and err.count("\n") == 1
+
+
 def test_a_factory_without_weights_needs_random_init(in_workspace, tmp_path, capsys) -> None:
     """--model pkg:factory without --weights would silently run random weights (chance accuracy, exit 0): refused in
     one line unless --random-init says so."""

@@ -312,6 +312,9 @@ def check_trainable(model: Any) -> None:
     """Raise :class:`ConfigError` unless ``model`` is an ``nn.Module`` with at least one trainable parameter."""
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if (getattr(model, "robustest_source", None) or {}).get("kind") == "export":
+        raise ConfigError("a torch.export program (.pt2) is frozen for inference and cannot be trained: harden the "
+                          "model it was exported from (--checkpoint model.pt or --model pkg.module:factory --weights)")
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError("the model has no trainable parameters (a frozen TorchScript model, or requires_grad off "
                           "everywhere): harden needs weights it can train")

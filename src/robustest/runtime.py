@@ -238,6 +238,20 @@ def check_image_size(shape: tuple[int, ...]) -> None:
                           "--resize H W) to the size the model was built for")
 
 
+def fixed_batch_size(model: nn.Module) -> int | None:
+    """The batch size a ``torch.export`` program was exported for when its batch dimension is not dynamic (its
+    image input's first dimension is a plain integer), else None (dynamic, or not an exported program)."""
+    graph = getattr(model, "graph", None)
+    if (getattr(model, "robustest_source", None) or {}).get("kind") != "export" or graph is None:
+        return None
+    for node in graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if isinstance(val, torch.Tensor) and val.dim() == 4:
+            b = val.shape[0]
+            return int(b) if isinstance(b, int) else None
+    return None
+
+
 def check_model_fits(model: nn.Module, data: DataLike, *, device: torch.device | str | None = None) -> int:
     """Check, before any work, that ``model`` takes the images of ``data`` and that its labels index its
     outputs: the data's image shape against :data:`MAX_IMAGE_VALUES` and the model's declared input, then one
@@ -251,6 +265,11 @@ def check_model_fits(model: nn.Module, data: DataLike, *, device: torch.device |
     if c is not None and shape[0] != c:
         raise ConfigError(f"the model takes {c}-channel images but the data has {shape[0]} channels: check the "
                           "data set against the model")
+    batch = fixed_batch_size(model)
+    if batch is not None:
+        raise ConfigError(f"the torch.export program was exported for batches of exactly {batch} images (its batch "
+                          "dimension is fixed): export it again with a dynamic batch, dynamic_shapes=({0: "
+                          "torch.export.Dim('batch')},), or pass the model as a checkpoint or --model")
     dev = resolve_device(model, device)
     x = torch.zeros((1, *shape), device=dev)
     try:
