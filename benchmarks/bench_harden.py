@@ -3,9 +3,9 @@
 For every method and seed, a copy of the same pretrained model (``--checkpoint``: fine-tuning) or of the same
 randomly initialised zoo model (``--model NAME --from-scratch``: the seed's initial weights) is trained
 adversarially on the first ``--train-limit`` training images with the recipe of ``--schedule`` and
-``--eps-warmup`` (harden's defaults: cosine, 0.3); after every epoch the script records the cumulative training compute
-(forward+backward passes, robustest.hardening's accounting), the white-box accuracy on a fixed test subset
-(per-sample worst case of PGD-``--pgd-steps`` with ``--restarts`` restarts and APGD-CE-``--apgd-steps``, the
+``--eps-warmup`` (harden's defaults: constant rate, 0.3); after every epoch the script records the cumulative
+training compute (forward+backward passes, robustest.hardening's accounting), the white-box accuracy on a fixed
+test subset (per-sample worst case of PGD-``--pgd-steps`` with ``--restarts`` restarts and APGD-CE-``--apgd-steps``, the
 same attack seeds for every model: common random numbers) and the clean accuracy on the test split. With
 ``--autoattack fast|standard``, the final model of every run (and the pretrained one) is also evaluated with
 robustest's AutoAttack-style ensemble (``robustness.evaluate``) on the same test subset.
@@ -374,8 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="a zoo model trained from random weights (with --from-scratch), "
                     "e.g. mnist_small; every method of a seed starts from the same weights (torch seed = seed)")
     ap.add_argument("--from-scratch", action="store_true", help="train --model from scratch instead of --checkpoint")
-    ap.add_argument("--schedule", choices=("none", "cosine", "step", "cyclic"), default="cosine",
-                    help="learning-rate schedule of every method (the reference: none or cosine; default: cosine)")
+    ap.add_argument("--schedule", choices=("none", "cosine", "step", "cyclic"), default="none",
+                    help="learning-rate schedule of every method (the reference: none or cosine; default: none, "
+                         "harden's default)")
     ap.add_argument("--eps-warmup", type=float, default=0.3,
                     help="fraction of the training steps over which eps grows from 0 (default: 0.3)")
     ap.add_argument("--aa-limit", type=int, default=None,

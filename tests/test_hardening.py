@@ -85,11 +85,12 @@ def test_pgd_at_compute_equals_the_analytic_count(base_model, digits_split):
     assert fast["passes"] == pytest.approx(2 * n)
 
 
-@pytest.mark.parametrize("recipe", [{"schedule": None, "eps_warmup": 0.0}, {}])
+@pytest.mark.parametrize("recipe", [{"eps_warmup": 0.0}, {}, {"schedule": "cosine"}])
 def test_pgd_at_is_the_textbook_loop_given_the_same_random_numbers(base_model, digits_split, recipe):
     """A plain-PyTorch PGD-AT loop fed the random numbers harden draws (per-epoch shuffling and random starts)
-    ends with bit-identical weights: the recipe has nothing else in it. With the default recipe the plain loop
-    ramps eps linearly over the first 30 % of the batches (alpha with it) and decays the rate by a cosine."""
+    ends with bit-identical weights: the recipe has nothing else in it. With the default eps warm-up the plain
+    loop ramps eps linearly over the first 30 % of the batches (alpha with it); with the cosine schedule it decays
+    the rate by a cosine."""
     import math
 
     import torch.nn.functional as F
@@ -108,7 +109,7 @@ def test_pgd_at_is_the_textbook_loop_given_the_same_random_numbers(base_model, d
         perm = torch.randperm(160, generator=make_generator(hardening._derive_seed(4, epoch, "shuffle")))
         gen = make_generator(hardening._derive_seed(4, epoch, "attack"))
         for s in range(0, 160, bs):
-            e = eps if recipe else eps * min(1.0, (t + 1) / (0.3 * total))
+            e = eps if "eps_warmup" in recipe else eps * min(1.0, (t + 1) / (0.3 * total))
             a = alpha * e / eps
             xb, yb = x[perm[s:s + bs]], y[perm[s:s + bs]]
             plain.eval()
@@ -124,7 +125,7 @@ def test_pgd_at_is_the_textbook_loop_given_the_same_random_numbers(base_model, d
             loss.backward()
             opt.step()
             t += 1
-            if not recipe:
+            if recipe.get("schedule") == "cosine":
                 for group in opt.param_groups:
                     group["lr"] = 1e-3 * 0.5 * (1 + math.cos(math.pi * t / total))
     plain.eval()
@@ -262,7 +263,7 @@ def test_resume_keeps_the_best_epoch_and_the_schedule(base_model, digits_split, 
 
 def test_eps_schedule_ramps_linearly_then_holds():
     d = hardening.harden_settings()
-    assert (d["schedule"], d["eps_warmup"], d["optimizer"], d["lr"], d["keep"]) == ("cosine", 0.3, "adam", 1e-3, "last")
+    assert (d["schedule"], d["eps_warmup"], d["optimizer"], d["lr"], d["keep"]) == (None, 0.3, "adam", 1e-3, "last")
     assert [hardening.eps_schedule(s, 10, 0.3, 0.3) for s in range(5)] == pytest.approx([0.1, 0.2, 0.3, 0.3, 0.3])
     assert hardening.eps_schedule(0, 10, 0.3, 0.0) == 0.3
     assert hardening.eps_schedule(0, 2, 0.3, 0.3) == 0.3  # a warm-up shorter than one step is none

@@ -329,7 +329,7 @@ def test_harden_benchmark_from_scratch_reference_is_the_same_recipe(tmp_path, on
     args = ["--dataset", "digits", "--model", "digits_cnn", "--from-scratch", "--eps", "0.2", "--epochs", "2",
             "--train-limit", "120", "--eval-limit", "20", "--methods", "pgd-at,reference", "--seeds", "0",
             "--steps", "3", "--pgd-steps", "2", "--restarts", "1", "--apgd-steps", "2", "--timing",
-            "--out", str(tmp_path / "s")]
+            "--schedule", "cosine", "--out", str(tmp_path / "s")]
     assert bench.main(args) == 0
     res = json.loads((tmp_path / "s" / "results.json").read_text())
     assert res["twin_check"]["max_abs_weight_difference"] == 0.0

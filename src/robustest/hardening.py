@@ -104,7 +104,7 @@ DEFAULTS: dict[str, Any] = {
     "stop_misclassified": True, "fol_min_steps": 2,
 }
 #: Recipe defaults of :func:`harden` (``robustest harden`` uses the same; docs/HARDEN.md gives the sweeps).
-RECIPE_DEFAULTS: dict[str, Any] = {"optimizer": "adam", "lr": 1e-3, "schedule": "cosine", "eps_warmup": 0.3}
+RECIPE_DEFAULTS: dict[str, Any] = {"optimizer": "adam", "lr": 1e-3, "schedule": None, "eps_warmup": 0.3}
 KEEP = ("best", "last")
 #: the catastrophic-overfitting rule: validation PGD accuracy below this fraction of the best so far ...
 CO_RATIO = 0.5
@@ -613,9 +613,9 @@ def harden(
     default 6), ``fosc_c_max`` / ``fosc_warmup`` (fosc, defaults 0.5 / 0.8: c_t reaches 0 after 80 % of the
     epochs), ``fol_threshold`` / ``stop_misclassified`` (fol-budget, defaults 0.1 / True), ``co_guard`` (fast-at,
     default True: the catastrophic-overfitting guard, active with ``val``). Training: ``optimizer`` "adam" (default)
-    or "sgd" (``momentum`` 0.9, ``nesterov``), ``lr`` (default 1e-3), ``schedule`` (default "cosine"; None,
-    "step", "cyclic"), ``warmup_epochs``, ``milestones``, ``weight_decay``, ``batch_size``, ``epochs``; randomness
-    from ``seed`` only.
+    or "sgd" (``momentum`` 0.9, ``nesterov``), ``lr`` (default 1e-3), ``schedule`` (default None: constant;
+    "cosine", "step", "cyclic"), ``warmup_epochs``, ``milestones``, ``weight_decay``, ``batch_size``, ``epochs``;
+    randomness from ``seed`` only.
 
     ``val``: held-out labelled data measured after every epoch (clean accuracy and PGD-``val_steps`` accuracy,
     step eps/4, random start; not counted as training compute). ``keep``: "best" (the default with ``val``:

@@ -3,7 +3,7 @@ of a checkpoint (fine-tuning) or of a model built with random weights (--model N
 robustness measured before and after on the test split.
 
 The default recipe trains stably (docs/HARDEN.md has the sweeps): the radius grows linearly from 0 over the first
-30 % of the steps (--eps-warmup), Adam 1e-3 with a cosine schedule, and robust early stopping: --val-size training
+30 % of the steps (--eps-warmup), Adam at a constant 1e-3, and robust early stopping: --val-size training
 images (class-stratified, seeded) are held out, PGD-10 accuracy on them is measured after every epoch, and the
 model of the best epoch is kept (--keep best). Fast-AT stops at a catastrophic collapse of that accuracy.
 
@@ -114,10 +114,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--momentum", type=below_one, default=None, help="sgd: momentum (default: 0.9)")
     t.add_argument("--nesterov", action="store_const", const=True, default=None, help="sgd: Nesterov momentum")
     t.add_argument("--weight-decay", type=_float, default=0.0, help="weight decay (default: 0)")
-    t.add_argument("--schedule", choices=("none", *SCHEDULES), default=RECIPE_DEFAULTS["schedule"],
+    t.add_argument("--schedule", choices=("none", *SCHEDULES), default=RECIPE_DEFAULTS["schedule"] or "none",
                    help="learning-rate schedule, stepped per batch: cosine decay to 0, step (x0.1 at --milestones), "
                         "cyclic (linear up to --lr at 40 %% of training, then down to 0), none "
-                        f"(default: {RECIPE_DEFAULTS['schedule']})")
+                        f"(default: {RECIPE_DEFAULTS['schedule'] or 'none'})")
     t.add_argument("--warmup-epochs", type=non_negative_float, default=0.0,
                    help="linear learning-rate warm-up before the schedule, in epochs (default: 0)")
     t.add_argument("--milestones", type=positive_float_list("milestone"), default=None, metavar="E1,E2",
