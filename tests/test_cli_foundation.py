@@ -366,3 +366,20 @@ def test_every_verb_takes_threads(capsys) -> None:
 
     verbs = build_parser()._subparsers._group_actions[0].choices
     assert all("--threads" in sp._option_string_actions for sp in verbs.values())
+
+
+def test_the_list_hint_comes_only_with_a_stray_value(tmp_path, capsys) -> None:
+    """'list options take one comma-separated value' is said when a value was left over (a list written with
+    spaces), not for an unknown option."""
+    from robustest.cli import main
+
+    base = ["corrupt", "--dataset", "digits", "--limit", "4", "--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit) as info:
+        main([*base, "--severities", "1", "3"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "unrecognized arguments: 3" in err and "comma-separated value" in err
+    with pytest.raises(SystemExit) as info:
+        main([*base, "--no-such-flag"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "unrecognized arguments: --no-such-flag" in err
+    assert "comma-separated" not in err and err.count("\n") == 1

@@ -53,7 +53,9 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         if message.startswith("unrecognized arguments"):
-            message += "; list options take one comma-separated value, e.g. --severities 1-3,5"
+            stray = message.partition(":")[2].split()
+            if any(not t.startswith("-") for t in stray):  # a value left over: a list given with spaces
+                message += "; list options take one comma-separated value, e.g. --severities 1-3,5"
         message = " ".join(message.split())
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         sys.exit(EXIT_USAGE)
