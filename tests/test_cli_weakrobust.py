@@ -125,3 +125,15 @@ def test_analyze_amp_bf16_is_recorded_and_is_a_different_run(tmp_path, checkpoin
     assert res["settings"]["amp"] == "bf16"
     assert main([*base[:-2], "--amp", "fp16", "--out", str(tmp_path / "b")]) == 2
     assert "needs CUDA" in capsys.readouterr().err
+
+
+def test_noise_width_is_the_analysis_option_and_eps_its_alias() -> None:
+    """analyze/validate's noise width is --noise-width (not an attack radius); --eps is the same option."""
+    from robustest.cli import build_parser
+
+    parser = build_parser()
+    base = ["--checkpoint", "m.pt", "--dataset", "digits", "--out", "o"]
+    for verb in ("analyze", "validate"):
+        assert parser.parse_args([verb, *base, "--noise-width", "0.1"]).eps == 0.1
+        assert parser.parse_args([verb, *base, "--eps", "0.1"]).eps == 0.1
+        assert parser.parse_args([verb, *base]).eps == 0.22

@@ -113,8 +113,9 @@ def _unit(text: str) -> float:
 def _add_analysis_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("local robustness analysis")
     g.add_argument("--neighbors", type=positive_int, default=50, help="noisy neighbours per sample (default: 50)")
-    g.add_argument("--eps", type=noise_width, default=0.22,
-                   help="noise width: delta ~ U[-eps/2, eps/2] per pixel (default: 0.22)")
+    g.add_argument("--noise-width", "--eps", dest="eps", type=noise_width, default=0.22, metavar="W",
+                   help="width of the neighbours' noise, not an attack radius: delta ~ U[-W/2, W/2] per pixel "
+                        "(default: 0.22; --eps is the same option, the name of the reference code)")
     g.add_argument("--noise", choices=("uniform", "gaussian"), default="uniform", help="noise law (default: uniform)")
     g.add_argument("--no-quantize", action="store_true", help="do not round neighbours to the 256 uint8 levels")
     g.add_argument("--batch-size", type=batch_size_arg, default=None, metavar="B",
