@@ -19,9 +19,10 @@ import torch
 from robustest.cli import main
 from robustest.errors import ConfigError, DataError
 from robustest.suite import Suite, build_suite, check_suite, model_fingerprint
-from robustest.suite.build import allocate, make_strata
+from robustest.suite.build import MIN_PER_STRATUM, make_strata
 from robustest.suite.format import SUITE_VERSION, content_sha256
 from robustest.suite.stats import mcnemar_exact, paired_difference, stratified_estimate
+from robustest.weakrobust.selection import allocate
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -101,12 +102,13 @@ def test_paired_difference():
 
 
 def test_allocation_and_strata():
-    n = allocate(torch.tensor([10.0, 30.0, 60.0]), 20, torch.tensor([10, 30, 60]))
+    f = MIN_PER_STRATUM
+    n = allocate(torch.tensor([10.0, 30.0, 60.0]), 20, torch.tensor([10, 30, 60]), f)
     assert n.tolist() == [2, 6, 12]
-    n = allocate(torch.tensor([0.0, 1.0, 100.0]), 10, torch.tensor([5, 5, 100]))
+    n = allocate(torch.tensor([0.0, 1.0, 100.0]), 10, torch.tensor([5, 5, 100]), f)
     assert int(n.sum()) == 10 and int(n.min()) >= 2
     with pytest.raises(ConfigError):
-        allocate(torch.ones(3), 5, torch.tensor([5, 5, 5]))  # 3 strata of at least 2 need K >= 6
+        allocate(torch.ones(3), 5, torch.tensor([5, 5, 5]), f)  # 3 strata of at least 2 need K >= 6
     order = torch.arange(100).flip(0)  # position 99 is the weakest
     labels = torch.arange(100) % 2
     stratum, desc, crossed = make_strata(order, labels, 60, strata=4)

@@ -14,7 +14,6 @@ and per-sample outcomes in a :class:`~robustest.suite.format.Suite`.
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from typing import Any
 
@@ -24,6 +23,7 @@ from torch import nn
 from robustest.errors import ConfigError, DataError
 from robustest.runtime import DataLike, iter_batches, num_samples, take
 from robustest.suite.format import SUITE_VERSION, Suite, model_fingerprint
+from robustest.weakrobust.selection import allocate
 
 __all__ = ["ALLOCATIONS", "allocate", "build_suite", "data_sha256", "evaluate_outcomes", "make_strata",
            "stratified_draw"]
@@ -44,30 +44,6 @@ def data_sha256(data: DataLike, batch_size: int = 1024) -> str:
         n += xb.shape[0]
     h.update(f"n={n}".encode())
     return h.hexdigest()
-
-
-def allocate(target: torch.Tensor, k: int, caps: torch.Tensor, floor: int = MIN_PER_STRATUM) -> torch.Tensor:
-    """Integers n_h (int64 [H]) summing to ``k`` with ``min(floor, cap_h) <= n_h <= cap_h``, as close to
-    ``k * target_h / sum(target)`` as the largest-remainder rule gets (``target`` float [H] >= 0, ``caps`` the
-    stratum sizes N_h, ``k <= sum(caps)``)."""
-    caps = caps.long()
-    if k > int(caps.sum()):
-        raise ConfigError(f"cannot draw {k} samples from {int(caps.sum())}")
-    t = target.double().clamp(min=0)
-    share = t / t.sum() if float(t.sum()) > 0 else caps.double() / caps.sum()
-    lo = torch.clamp(torch.full_like(caps, floor), max=caps)
-    if int(lo.sum()) > k:
-        raise ConfigError(f"K = {k} is too small for {len(caps)} strata of at least {floor} samples")
-    ideal = k * share
-    n = torch.minimum(torch.maximum(ideal.floor().long(), lo), caps)
-    while int(n.sum()) != k:  # one sample at a time to or from the stratum furthest from its ideal share
-        if int(n.sum()) < k:
-            gap = torch.where(n < caps, ideal - n, torch.tensor(-math.inf, dtype=torch.float64))
-            n[int(torch.argmax(gap))] += 1
-        else:
-            gap = torch.where(n > lo, n - ideal, torch.tensor(-math.inf, dtype=torch.float64))
-            n[int(torch.argmax(gap))] -= 1
-    return n
 
 
 def make_strata(order: torch.Tensor, labels: torch.Tensor, k: int, strata: int = 4, by_class: str = "auto"
@@ -128,7 +104,7 @@ def stratified_draw(analysis: Any, k: int, strata: int = 4, by_class: str = "aut
         target = sizes.double() * (p * (1 - p)).sqrt()
     else:
         target = sizes.double()
-    alloc = allocate(target, k, sizes)
+    alloc = allocate(target, k, sizes, MIN_PER_STRATUM)
     gen = torch.Generator().manual_seed(int(seed))
     picked = []
     for j in range(h):  # a loop over the strata, not the samples

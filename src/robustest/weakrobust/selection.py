@@ -133,11 +133,20 @@ DEFAULT_SUBSET_SIZE = 1000
 of an error rate measured on 1000 samples is at most 1.6 points."""
 
 
-def _allocate(target: torch.Tensor, k: int, caps: torch.Tensor, floor: int) -> torch.Tensor:
-    """Integers n_h summing to ``k`` with ``min(floor, cap_h) <= n_h <= cap_h``, as close as the largest-remainder
-    rule gets them to ``k * target_h / sum(target)`` (``target``: float [H], ``caps``: int64 [H], k <= sum)."""
-    share = target.double() / target.double().sum()
+def allocate(target: torch.Tensor, k: int, caps: torch.Tensor, floor: int) -> torch.Tensor:
+    """Integers n_h (int64 [H]) summing to ``k`` with ``min(floor, cap_h) <= n_h <= cap_h``, as close to
+    ``k * target_h / sum(target)`` as the largest-remainder rule gets (``target`` float [H] >= 0; all zero: shares
+    by stratum size; ``caps`` the stratum sizes N_h, ``k <= sum(caps)``). The one allocation of the stratified
+    validation sets and the regression suites. :class:`ConfigError` when ``k`` exceeds the samples or cannot give
+    every stratum its floor."""
+    caps = caps.long()
+    if k > int(caps.sum()):
+        raise ConfigError(f"cannot draw {k} samples from {int(caps.sum())}")
+    t = target.double().clamp(min=0)
+    share = t / t.sum() if float(t.sum()) > 0 else caps.double() / caps.sum()
     lo = torch.clamp(torch.full_like(caps, floor), max=caps)
+    if int(lo.sum()) > k:
+        raise ConfigError(f"K = {k} is too small for {len(caps)} strata of at least {floor} samples")
     ideal = k * share
     n = torch.minimum(torch.maximum(ideal.floor().long(), lo), caps)
     while int(n.sum()) != k:  # at most H rounds: each moves one sample to/from the stratum furthest from its ideal
@@ -167,7 +176,7 @@ def _stratified(analysis: Analysis, order: torch.Tensor, k: int, strata: int, al
         floor = 2 if k >= 2 * h else 1
     else:
         target, floor = sizes.double(), 1
-    alloc = _allocate(target, k, sizes, floor)
+    alloc = allocate(target, k, sizes, floor)
     picked, weights = [], []
     for j in range(h):  # H strata (10 by default): a loop over strata, not samples
         members = torch.nonzero(stratum == j).flatten()
