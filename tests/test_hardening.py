@@ -270,21 +270,26 @@ def test_eps_schedule_ramps_linearly_then_holds():
 
 
 def _scripted_validation(monkeypatch, scores):
-    """Make harden's validation return ``scores`` (PGD accuracy, one per epoch) and record the weights after
-    every epoch."""
+    """Make harden's validation return ``scores`` (PGD accuracy, one per epoch)."""
     it = iter(scores)
     monkeypatch.setattr(hardening, "_validate", lambda *a, **k: {"val_clean_accuracy": 0.9,
                                                                  "val_pgd_accuracy": next(it)})
 
 
-def test_keep_best_ends_with_the_best_validation_epoch(base_model, digits_split, monkeypatch):
-    (x, y), test = digits_split
-    x, y = x[:128], y[:128]
+def _snapshots():
+    """(weights, on_epoch_end): a dict filled with a copy of the model after every epoch."""
     weights = {}
 
     def snap(epoch, model, record):
         weights[epoch] = copy.deepcopy(model)
 
+    return weights, snap
+
+
+def test_keep_best_ends_with_the_best_validation_epoch(base_model, digits_split, monkeypatch):
+    (x, y), test = digits_split
+    x, y = x[:128], y[:128]
+    weights, snap = _snapshots()
     for keep, kept in (("best", 2), ("last", 3)):
         _scripted_validation(monkeypatch, [0.3, 0.5, 0.4])
         m = copy.deepcopy(base_model)
@@ -300,11 +305,7 @@ def test_keep_best_ends_with_the_best_validation_epoch(base_model, digits_split,
 def test_fast_at_guard_stops_at_the_collapse_and_restores_the_best(base_model, digits_split, monkeypatch):
     (x, y), test = digits_split
     x, y = x[:128], y[:128]
-    weights = {}
-
-    def snap(epoch, model, record):
-        weights[epoch] = copy.deepcopy(model)
-
+    weights, snap = _snapshots()
     _scripted_validation(monkeypatch, [0.40, 0.45, 0.20, 0.5, 0.5])  # 0.20 < 0.45 / 2 and 25 points down
     m = copy.deepcopy(base_model)
     res = harden(m, (x, y), "fast-at", eps=EPS, epochs=5, val=test, keep="last", on_epoch_end=snap)
