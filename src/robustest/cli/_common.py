@@ -154,6 +154,26 @@ noise_width = _number_type(parse_number, lambda v: 0 < v <= 2, "a noise width in
 seed_int = _number_type(int, lambda v: 0 <= v < MAX_SEED, "a seed: an integer in [0, 2^63)", "seed_int")
 learning_rate = _number_type(parse_number, lambda v: 0 < v <= 10, "a learning rate in (0, 10]", "learning_rate")
 below_one = _number_type(parse_number, lambda v: 0 <= v < 1, "a number in [0, 1)", "below_one")  # momentum, smoothing
+def share_arg(what: str, example: str) -> Callable[[str], float]:
+    """An argparse ``type=`` for a share in [0, 1] written as a fraction or a percentage: ``"0.85"`` or ``"85%"``
+    -> 0.85; ``what`` ("an accuracy") and ``example`` ("0.85 or 85%") word its errors."""
+
+    def parse(text: str) -> float:
+        t = str(text).strip()
+        try:
+            v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} like {example}, got {text!r}") from None
+        if not 0 <= v <= 1:
+            raise argparse.ArgumentTypeError(f"expected {what} in [0, 1] (or 0-100%), got {text!r}")
+        return v
+
+    parse.__name__ = "share"
+    return parse
+
+
+significance = _number_type(parse_number, lambda v: 0 < v < 1, "a significance level in (0, 1), e.g. 0.05",
+                            "significance")
 
 
 def available_cores() -> int:

@@ -37,6 +37,7 @@ from robustest.cli._common import (
     positive_int,
     radius,
     resolve_batch_size,
+    share_arg,
 )
 from robustest.config import check_eps
 from robustest.errors import ConfigError
@@ -44,16 +45,7 @@ from robustest.errors import ConfigError
 ORDER = 35
 
 
-def parse_accuracy(text: str) -> float:
-    """'0.85' or '85%' -> 0.85; must lie in [0, 1]."""
-    t = str(text).strip()
-    try:
-        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an accuracy like 0.85 or 85%, got {text!r}") from None
-    if not 0 <= v <= 1:
-        raise argparse.ArgumentTypeError(f"expected an accuracy in [0, 1] (or 0-100%), got {text!r}")
-    return v
+parse_accuracy = share_arg("an accuracy", "0.85 or 85%")  # --fail-under: "0.85" or "85%"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

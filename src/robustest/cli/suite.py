@@ -38,6 +38,8 @@ from robustest.cli._common import (
     plain,
     positive_int,
     radius,
+    share_arg,
+    significance,
 )
 from robustest.errors import ConfigError
 
@@ -45,28 +47,7 @@ ORDER = 36
 SUITE_FILE = "suite.pt"
 
 
-def parse_accuracy(text: str) -> float:
-    """'0.02' or '2%' -> 0.02; must lie in [0, 1]."""
-    t = str(text).strip()
-    try:
-        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction like 0.02 or a percentage like 2%, got {text!r}") \
-            from None
-    if not 0 <= v <= 1:
-        raise argparse.ArgumentTypeError(f"expected a value in [0, 1] (or 0-100%), got {text!r}")
-    return v
-
-
-def parse_alpha(text: str) -> float:
-    """A significance level in (0, 1)."""
-    try:
-        v = float(str(text).strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a significance level like 0.05, got {text!r}") from None
-    if not 0 < v < 1:
-        raise argparse.ArgumentTypeError(f"expected a significance level in (0, 1), got {text!r}")
-    return v
+parse_drop = share_arg("a drop", "0.02 or 2%")  # --max-drop: "0.02" or "2%"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -117,9 +98,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="checkpoint of the baseline (default: the outcomes stored in the suite; a baseline with the "
                         "suite's weights reuses them)")
     c.add_argument("--no-baseline", action="store_true", help="only estimate; no comparison and no verdict")
-    c.add_argument("--alpha", type=parse_alpha, default=0.05, metavar="A",
+    c.add_argument("--alpha", type=significance, default=0.05, metavar="A",
                    help="significance level of the exact McNemar test (default: 0.05)")
-    c.add_argument("--max-drop", type=parse_accuracy, default=0.02, metavar="D",
+    c.add_argument("--max-drop", type=parse_drop, default=0.02, metavar="D",
                    help="largest tolerated drop of robust accuracy, 0.02 or 2%% (default: 0.02)")
     c.add_argument("--version", choices=("standard", "fast"), default=None,
                    help="attack ensemble (default: the suite's; another one re-evaluates the baseline, so it needs "
