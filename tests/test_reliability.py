@@ -674,3 +674,20 @@ def test_channels_last_images_get_a_one_line_error_naming_the_layout() -> None:
         runtime.check_images(torch.rand(2, 32, 32, 3))
     assert runtime.check_images(torch.rand(2, 3, 32, 32)).shape == (2, 3, 32, 32)  # NCHW untouched
     assert runtime.check_images(torch.rand(2, 1, 28, 28)).shape == (2, 1, 28, 28)
+
+
+def test_torchscript_and_exported_programs_with_bombs_are_refused_before_loading(tmp_path, monkeypatch) -> None:
+    """TorchScript archives and .pt2 programs are zip files too: a member declaring more than the limit is refused
+    before torch.jit.load / torch.export.load read it."""
+    from robustest.checkpoints import load_model
+    from robustest.errors import DataError
+
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3)).eval()
+    torch.jit.script(net).save(str(tmp_path / "net.ts"))
+    torch.export.save(torch.export.export(net, (torch.rand(2, 1, 8, 8),)), str(tmp_path / "net.pt2"))
+    monkeypatch.setenv("ROBUSTEST_MAX_ARRAY_BYTES", str(2**24))
+    for name, kw in (("net.ts", {"torchscript": True}), ("net.pt2", {})):
+        assert load_model(tmp_path / name, **kw) is not None  # the genuine files load
+        bomb = _deflated_copy(tmp_path / name, tmp_path / f"bomb-{name}", blow_up=2**25)
+        with pytest.raises(DataError, match="compressed members declare"):
+            load_model(bomb, **kw)

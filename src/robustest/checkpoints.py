@@ -262,6 +262,7 @@ def load_model(source: str | os.PathLike[str] | None = None, *, factory: str | N
             raise CheckpointError(f"{path} is a TorchScript archive: load it explicitly with torchscript=True "
                                   "(--torchscript), only if you trust its source")
         extra = {_TS_METADATA: ""}
+        check_torch_file(path, "TorchScript archive")
         try:
             model = torch.jit.load(str(path), map_location=map_location, _extra_files=extra)
         except Exception as exc:  # noqa: BLE001
@@ -287,6 +288,7 @@ def _load_export(path: Path, map_location: Any, sha256: str | None = None) -> nn
     if sha256 is not None and _sha256(path) != sha256:
         raise CheckpointError(f"{path} changed since the checkpoint was saved from it (its SHA-256 differs): "
                               "restore the original .pt2 program")
+    check_torch_file(path, "torch.export program")  # a member declaring gigabytes is refused before it is read
     try:
         program = torch.export.load(str(path))
         model = program.module()
