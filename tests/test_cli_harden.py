@@ -207,3 +207,18 @@ def test_killed_process_resumes_to_the_same_model(checkpoint, tmp_path):
     a = load_checkpoint(tmp_path / "full" / "model.pt").state_dict()
     b = load_checkpoint(killed / "model.pt").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_default_validation_split_fits_small_data(checkpoint, tmp_path, capsys):
+    """The default --val-size is 1000 images, at most a tenth of the training data: 200 digits hold out 20, with
+    no flag (a new user's first run on a small set must not fail)."""
+    i = TINY.index("--val-size")
+    tiny = TINY[:i] + TINY[i + 2:]
+    out = tmp_path / "v"
+    assert main(["harden", "--checkpoint", checkpoint, *tiny, "--epochs", "1", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["data"]["num_val"] == 20 and res["settings"]["val_size"] == 20 and res["data"]["num_fit"] == 180
+    capsys.readouterr()
+    rc = main(["harden", "--checkpoint", checkpoint, *tiny, "--limit", "9", "--out", str(tmp_path / "few")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "too few to hold out a validation split" in err and err.count("\n") == 1

@@ -58,6 +58,7 @@ from robustest.errors import ConfigError
 from robustest.runtime import atomic_write_json
 
 ORDER = 35
+DEFAULT_VAL_SIZE = 1000  # held-out training images of robust early stopping (Rice et al. hold out 1,000)
 # arguments that do not change what a run computes (left out of the resume check)
 _RUNTIME_ARGS = ("func", "resume", "no_progress", "device", "out", "debug", "verb")
 
@@ -123,10 +124,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--milestones", type=positive_float_list("milestone"), default=None, metavar="E1,E2",
                    help="--schedule step: epochs at which the rate falls x0.1 (default: 50 %% and 75 %% of training)")
     v = p.add_argument_group("validation and robust early stopping")
-    v.add_argument("--val-size", type=non_negative_int, default=1000, metavar="N",
+    v.add_argument("--val-size", type=non_negative_int, default=None, metavar="N",
                    help="hold out N training images (class-stratified, drawn with --seed) on which clean and "
                         "PGD accuracy are measured after every epoch; at most a tenth of the training data; 0: none "
-                        "(default: 1000)")
+                        "(default: 1000, or a tenth of the training images when they are fewer than 10,000)")
     v.add_argument("--val-steps", type=positive_int, default=10, help="PGD steps of the validation (default: 10)")
     v.add_argument("--keep", choices=KEEP, default="best",
                    help="the model written to model.pt: the epoch of the best validation PGD accuracy (robust early "
@@ -209,9 +210,13 @@ def _split(train: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     from robustest.hardening import holdout_split
     from robustest.runtime import labels_of, num_samples, take
 
+    n = num_samples(train)
+    if args.val_size is None:  # the default: 1000, at most a tenth of the data (resolved before the resume check)
+        args.val_size = min(DEFAULT_VAL_SIZE, n // 10)
+        if args.val_size == 0 and args.keep == "best":
+            raise ConfigError(f"{n} training images are too few to hold out a validation split: give --keep last")
     if args.val_size == 0:
         return train, None
-    n = num_samples(train)
     if args.val_size > n // 10:
         raise ConfigError(f"--val-size {args.val_size} is more than a tenth of the {n} training images: give at most "
                           f"{n // 10}, or 0 for no validation (with --keep last)")
