@@ -71,9 +71,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest.attacks import _grad, _project, _random_start
-from robustest.config import check_eps
+from robustest.config import check_eps, check_float
 from robustest.errors import ConfigError, DataError, TrainingDiverged
-from robustest.recipes import check_options, make_schedule
+from robustest.recipes import check_options, make_optimizer, make_schedule
 from robustest.runtime import (
     DataLike,
     as_tensors,
@@ -263,10 +263,7 @@ def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *
         s.update({"momentum": opts.momentum, "nesterov": opts.nesterov})
     s.update({"schedule": opts.schedule, "warmup_epochs": opts.warmup_epochs,
               "milestones": list(opts.milestones) if opts.milestones is not None else None})
-    s["eps_warmup"] = _number(eps_warmup, "eps_warmup", lo=0.0, hi=1.0,
-                              hint=" (fraction of the training steps over which eps grows from 0)")
-    if s["eps_warmup"] >= 1.0:
-        raise ConfigError(f"eps_warmup must be below 1 (a fraction of training), got {eps_warmup!r}")
+    s["eps_warmup"] = check_float("eps_warmup", eps_warmup, 0.0, 1.0, hi_open=True)  # a fraction of the steps
     k = str(keep).lower()
     if k not in KEEP:
         raise ConfigError(f"keep must be 'best' (robust early stopping on the validation data) or 'last', got {keep!r}")
@@ -534,12 +531,7 @@ def _optimizer_and_schedule(model: nn.Module, s: dict[str, Any], steps_per_epoch
     opts = check_options(s["epochs"], optimizer=s["optimizer"], lr=s["lr"], weight_decay=s["weight_decay"],
                          momentum=s.get("momentum"), nesterov=s.get("nesterov"), schedule=s["schedule"],
                          warmup_epochs=s["warmup_epochs"], milestones=s["milestones"])
-    params = [p for p in model.parameters() if p.requires_grad]
-    if opts.optimizer == "adam":
-        opt: torch.optim.Optimizer = torch.optim.Adam(params, lr=opts.lr, weight_decay=opts.weight_decay)
-    else:
-        opt = torch.optim.SGD(params, lr=opts.lr, momentum=opts.momentum, weight_decay=opts.weight_decay,
-                              nesterov=opts.nesterov)
+    opt = make_optimizer(model, opts)
     return opt, make_schedule(opt, opts, s["epochs"], steps_per_epoch)
 
 
@@ -686,12 +678,11 @@ def harden(
 
         distributed.barrier()
 
-    total_steps = s["epochs"] * steps_per_epoch
     for epoch in range(start + 1, s["epochs"] + 1):
         if result.guard_epoch is not None:
             break
         t0 = time.perf_counter()
-        record = _epoch(model, x, y, s, epoch, opt, sched, dev, progress, total_steps, steps_per_epoch)
+        record = _epoch(model, x, y, s, epoch, opt, sched, dev, progress, steps_per_epoch)
         if xv is not None:
             record.update(_validate(model, xv, yv, s["eps"], val_steps, _derive_seed(s["seed"], "val")))
             score = record["val_pgd_accuracy"]
@@ -722,9 +713,10 @@ def harden(
 
 def _epoch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, s: dict[str, Any], epoch: int,
            opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LambdaLR | None, dev: torch.device,
-           progress: bool, total_steps: int, steps_per_epoch: int) -> dict[str, Any]:
+           progress: bool, steps_per_epoch: int) -> dict[str, Any]:
     """One training epoch over (x, y) in the epoch's seeded order; returns its record (without validation)."""
     n, bs = int(x.shape[0]), s["batch_size"]
+    total_steps = s["epochs"] * steps_per_epoch
     seed_everything(_derive_seed(s["seed"], epoch, "global"))  # dropout and any other global draws
     perm = torch.randperm(n, generator=make_generator(_derive_seed(s["seed"], epoch, "shuffle")))
     gen = make_generator(_derive_seed(s["seed"], epoch, "attack"), dev)
