@@ -33,7 +33,7 @@ def synthetic_npz(path: Path, shape: tuple[int, int, int], classes: int, n_train
     """A learnable stand-in data set of the right shape (C x H x W uint8 images, ``classes`` labels): every
     class is a fixed random colour pattern at low resolution, upsampled, plus noise. Written atomically as a
     Keras-style npz (x_train, y_train, x_test, y_test, NHWC) that ``data.load("npz", ...)`` reads."""
-    from robustest.runtime import atomic_write_bytes
+    from robustest.core.atomic import atomic_write_bytes
 
     c, h, w = shape
     rng = np.random.default_rng(seed)

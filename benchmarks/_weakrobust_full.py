@@ -131,7 +131,7 @@ class Steps:
         if is_rank0():
             save(result, path)
             self.timings[name] = time.perf_counter() - t0
-            from robustest.runtime import atomic_write_json
+            from robustest.core.atomic import atomic_write_json
 
             atomic_write_json(self.timings_path, self.timings)
         log(f"{name}: {time.perf_counter() - t0:.1f} s")
@@ -139,7 +139,7 @@ class Steps:
 
 
 def _save_json(obj: Any, path: Path) -> None:
-    from robustest.runtime import atomic_write_json
+    from robustest.core.atomic import atomic_write_json
 
     atomic_write_json(path, obj)
 
@@ -188,7 +188,7 @@ def run_full(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from robustest import recipes, training
     from robustest import weakrobust as wr
     from robustest.checkpoints import clone_model, load_checkpoint, save_checkpoint
-    from robustest.runtime import image_shape, labels_of, take
+    from robustest.core.batching import image_shape, labels_of, take
 
     s = resolve(args)
     dev = torch.device(args.device) if args.device else torch.device("cpu")
@@ -210,7 +210,7 @@ def run_full(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     if args.dry_run:
         classes = max(classes, s["classes"])
     if h != w:
-        from robustest.errors import ConfigError
+        from robustest.core.errors import ConfigError
 
         raise ConfigError(f"the zoo models take square images, the data is {h}x{w}: pass --resize/--center-crop")
     zoo.check_input(s["model"], c, h, max(classes, 2))  # one line naming the model and the data, before any work

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from robustest import attacks, data, models, training  # noqa: E402
-from robustest.runtime import eval_mode, frozen_params  # noqa: E402
+from robustest.core.modelcall import eval_mode, frozen_params  # noqa: E402
 
 
 def get_model(args: argparse.Namespace) -> torch.nn.Module:

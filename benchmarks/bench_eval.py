@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from robustest import data, robustness, training  # noqa: E402
-from robustest.runtime import forward  # noqa: E402
+from robustest.core.modelcall import forward  # noqa: E402
 
 
 def clock():

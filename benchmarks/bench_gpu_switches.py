@@ -23,9 +23,9 @@ import time
 import torch
 
 from robustest import models
-from robustest.batchsize import auto_batch_size
-from robustest.recipes import autocast
-from robustest.runtime import forward, frozen_params
+from robustest.core.amp import autocast
+from robustest.core.batchsize import auto_batch_size
+from robustest.core.modelcall import forward, frozen_params
 
 
 def sync(device: torch.device) -> None:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from robustest import data, metrics, models
-from robustest.runtime import eval_mode, frozen_params
+from robustest.core.modelcall import eval_mode, frozen_params
 
 
 def floor(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bs: int) -> None:

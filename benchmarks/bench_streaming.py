@@ -62,7 +62,7 @@ def child(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     model = models.create("lenet5", num_classes=10, in_channels=3, input_size=64).eval()
     if args.mode == "tensor":
-        from robustest.runtime import as_tensors
+        from robustest.core.batching import as_tensors
 
         x, y = as_tensors(ds)  # every image decoded into one float32 tensor first
         ds = (x, y)

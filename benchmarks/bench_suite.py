@@ -39,8 +39,8 @@ import torch
 
 from robustest import data as datasets
 from robustest import weakrobust as wr
+from robustest.core.atomic import atomic_save, atomic_write_json, atomic_write_text
 from robustest.evaluation import evaluate
-from robustest.runtime import atomic_save, atomic_write_json, atomic_write_text
 from robustest.suite.build import stratified_draw
 from robustest.suite.stats import paired_difference, stratified_estimate
 
@@ -91,13 +91,13 @@ def load_split(args: argparse.Namespace) -> tuple[torch.Tensor, ...]:
                        limit=args.test_size)
     x, y = tr.tensors if hasattr(tr, "tensors") else (None, None)
     if x is None:
-        from robustest.runtime import as_tensors
+        from robustest.core.batching import as_tensors
 
         x, y = as_tensors(tr)
     if args.train_size is not None and args.train_size < len(y):
         idx = torch.randperm(len(y), generator=torch.Generator().manual_seed(args.seed))[: args.train_size]
         x, y = x[idx], y[idx]
-    from robustest.runtime import as_tensors
+    from robustest.core.batching import as_tensors
 
     xt, yt = as_tensors(te)
     return x.float(), y.long(), xt.float(), yt.long()

@@ -5,7 +5,7 @@
 
 Each model is built at its native size (``robustest.models.native``: e.g. 3 x 32 x 32 and 10 classes for the
 CIFAR networks, 3 x 224 x 224 and 1000 classes for resnet18/50 and vit_tiny), in training mode, and timed
-on one fixed random batch of ``--batch`` images: forward through ``runtime.forward``, cross-entropy,
+on one fixed random batch of ``--batch`` images: forward through ``robustest.core.modelcall.forward``, cross-entropy,
 backward (gradients of all parameters; no optimiser step). ``--warmup`` untimed steps, then ``--steps`` timed
 ones; the median is reported as images/s, with the achieved multiply-add rate (3 x forward MACs per image
 for forward + backward, the usual estimate) so GPU-hour estimates can be scaled from it. ``--amp`` runs
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from robustest import models
-from robustest.runtime import forward
+from robustest.core.modelcall import forward
 
 
 def sync(device: torch.device) -> None:

@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [" / ".join(f"{100 * np.mean([c['per_round'][r][m] for c in per]):.1f}" for m in ms)
                 for r in range(min(len(c["per_round"]) for c in per))]
         print(f"  {s}: " + "  |  ".join(f"round {i + 1}: {t}" for i, t in enumerate(rows)))
-    from robustest.runtime import atomic_write_text
+    from robustest.core.atomic import atomic_write_text
 
     atomic_write_text(out / "loop_vs_oneshot.json", json.dumps(
         {"settings": vars(args), "adv_epochs": adv_epochs, "adv_epochs_oneshot": adv_epochs_small, "elapsed_s": elapsed,

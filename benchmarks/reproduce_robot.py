@@ -151,7 +151,7 @@ def train_original(args: argparse.Namespace, s: dict[str, Any], out: Path, ckpt:
     before any work; per-epoch resume state in OUT/original_state.pt."""
     from robustest import models as zoo
     from robustest import recipes, training
-    from robustest.runtime import image_shape, labels_of
+    from robustest.core.batching import image_shape, labels_of
 
     train = load_split(args, "train")
     test = load_split(args, "test")
@@ -188,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     from robustest import data as datasets
     from robustest import models as zoo
     from robustest import robot
-    from robustest.errors import ConfigError
-    from robustest.runtime import image_shape
+    from robustest.core.batching import image_shape
+    from robustest.core.errors import ConfigError
     from robustest.training import load_checkpoint
 
     out = Path(args.out)
@@ -331,7 +331,7 @@ def print_tables(res: dict, args: argparse.Namespace, s: dict[str, Any], elapsed
             print(f"| {b} | {label} | {cells} | {rel} |")
     summary = {"setting": args.setting, "dry_run": args.dry_run, "table": res["table"], "baseline": base,
                "pool": res["pool"], "elapsed_s": elapsed, "settings": vars(args)}
-    from robustest.runtime import atomic_write_text
+    from robustest.core.atomic import atomic_write_text
 
     atomic_write_text(Path(args.out, "reproduction.json"), json.dumps(summary, indent=1, default=float))
     means = [r["fixed_set_accuracy_mean"] for r in res["table"] if r["fixed_set_accuracy_mean"] is not None]
@@ -340,7 +340,7 @@ def print_tables(res: dict, args: argparse.Namespace, s: dict[str, Any], elapsed
 
 
 if __name__ == "__main__":
-    from robustest.errors import ConfigError, DataError
+    from robustest.core.errors import ConfigError, DataError
 
     try:
         sys.exit(main())

@@ -64,8 +64,9 @@ from robustest import data as datasets  # noqa: E402
 from robustest import models as zoo  # noqa: E402
 from robustest import training  # noqa: E402
 from robustest import weakrobust as wr  # noqa: E402
-from robustest.errors import ConfigError  # noqa: E402
-from robustest.runtime import atomic_write_json, eval_mode  # noqa: E402
+from robustest.core.atomic import atomic_write_json
+from robustest.core.errors import ConfigError  # noqa: E402
+from robustest.core.modelcall import eval_mode  # noqa: E402
 
 SLOW_CORRUPTIONS = ("frost", "snow", "spatter")  # slowest on the CPU; --all-corruptions includes them
 
@@ -647,7 +648,7 @@ MNIST_DRY_RUN = {"train_size": 48, "test_size": 16, "random_pool": 16, "sizes": 
 
 
 if __name__ == "__main__":
-    from robustest.errors import ConfigError, DataError
+    from robustest.core.errors import ConfigError, DataError
 
     try:
         sys.exit(main())

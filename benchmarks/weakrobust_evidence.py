@@ -56,8 +56,8 @@ from robustest import data as datasets
 from robustest import models as zoo
 from robustest import training
 from robustest import weakrobust as wr
-from robustest.errors import ConfigError
-from robustest.runtime import atomic_save, atomic_write_json, atomic_write_text
+from robustest.core.atomic import atomic_save, atomic_write_json, atomic_write_text
+from robustest.core.errors import ConfigError
 
 STRATEGIES = ("weak", "weak-correct", "stratified", "stratified-neyman", "random")
 """Compared at equal K; stratified-neyman is select_weak(strategy="stratified", allocation="neyman")."""

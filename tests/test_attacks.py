@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from robustest import attacks
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 
 EPS = {"linf": 0.1, "l2": 0.5}
 TOL = 1e-5

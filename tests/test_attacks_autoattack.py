@@ -11,7 +11,7 @@ from robustest import attacks
 from robustest.attacks import _core
 from robustest.attacks.fab import _project_hyperplane_box
 from robustest.attacks.square import _eta, _p_at
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 
 EPS = {"linf": 0.1, "l2": 0.5}
 TOL = 1e-5

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from robustest import attacks
 from robustest.attacks.apgd import _halve_at_checkpoint
 from robustest.attacks.square import _p_at
-from robustest.runtime import eval_mode, frozen_params, make_generator
+from robustest.core.modelcall import eval_mode, frozen_params
+from robustest.core.seeding import make_generator
 
 # the modules (robustest.attacks re-exports functions of the same names)
 apgd_mod = importlib.import_module("robustest.attacks.apgd")

@@ -16,7 +16,7 @@ import torch
 
 from robustest import cli, results
 from robustest.cli import _common
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "docs" / "schemas"
 NO_RESULTS = {"info", "demo"}  # info writes nothing; demo writes compare's results (compare.schema.json)

@@ -13,7 +13,7 @@ from robustest import corruptions as C
 from robustest import data
 from robustest.cli import main
 from robustest.cli.corrupt import parse_severities
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 
 
 def test_parse_severities() -> None:

@@ -234,7 +234,7 @@ def test_load_model_refuses_whole_pickled_model(whole_model_file, capsys):
     import argparse
 
     from robustest.cli._common import load_model
-    from robustest.errors import CheckpointError
+    from robustest.core.errors import CheckpointError
 
     args = argparse.Namespace(checkpoint=str(whole_model_file), device=None, torchscript=False)
     with pytest.raises(CheckpointError, match="pickled Python objects"):
@@ -255,7 +255,7 @@ def test_common_helpers(tmp_path, capsys):
     import argparse
 
     from robustest.cli import _common
-    from robustest.errors import ConfigError
+    from robustest.core.errors import ConfigError
 
     assert _common.positive_int("3") == 3 and _common.positive_float("0.5") == 0.5
     for fn, bad in ((_common.positive_int, "0"), (_common.positive_int, "1.5"), (_common.positive_float, "-2"),

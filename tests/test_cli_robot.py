@@ -249,7 +249,7 @@ def test_workers_reach_the_data_loader_and_stay_out_of_the_results(checkpoint, t
                                                                    results_contract):
     from robustest import data as datasets
     from robustest import robot
-    from robustest.errors import ConfigError
+    from robustest.core.errors import ConfigError
     from robustest.robot import setup
 
     seen = []

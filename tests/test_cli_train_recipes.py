@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from robustest import cli, models, training
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from robustest import corruptions as C
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 
 
 def colour_image(h: int = 40, w: int = 36, seed: int = 0) -> np.ndarray:

@@ -19,9 +19,9 @@ from PIL import Image
 from scipy import ndimage
 
 from robustest import corruptions as C
-from robustest import runtime
+from robustest.core import tasks
+from robustest.core.errors import ConfigError, DataError
 from robustest.corruptions import blur, filters, jpeg, noise, sampling, spatter, weather
-from robustest.errors import ConfigError, DataError
 
 TOL_U8 = 2.0  # mean absolute difference allowed against the reference, in uint8 levels (2/255)
 
@@ -788,7 +788,7 @@ def test_draw_tasks_are_handed_out_dynamically() -> None:
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert runtime.run_tasks(count, task) == [i * i for i in range(count)]
+        assert tasks.run_tasks(count, task) == [i * i for i in range(count)]
     finally:
         torch.set_num_threads(before)
 

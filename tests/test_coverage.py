@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 from robustest.metrics import activations as A
 from robustest.metrics.coverage import CoverageProfile, per_input_scores
 

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from robustest import data
-from robustest.errors import DataError
+from robustest.core.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("no_data_env")
 

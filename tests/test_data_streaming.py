@@ -11,9 +11,10 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
-from robustest import data, runtime, training
+from robustest import data, training
+from robustest.core import batching
+from robustest.core.errors import DataError
 from robustest.data import FolderDataset, ImageDataset
-from robustest.errors import DataError
 
 
 def one_line(exc: pytest.ExceptionInfo) -> str:
@@ -151,11 +152,11 @@ def test_folder_decodes_lazily_with_resize_crop_and_workers(tmp_path) -> None:
     one_line(exc)
     ds = data.load("folder", tmp_path, resize=(12, 14), center_crop=(10, 10))
     assert isinstance(ds, FolderDataset) and len(ds) == 6 and ds.image_shape == (3, 10, 10)
-    x0 = torch.cat([xb for xb, _ in runtime.iter_batches(ds, 4)])
+    x0 = torch.cat([xb for xb, _ in batching.iter_batches(ds, 4)])
     ds.num_workers = 2
-    x2 = torch.cat([xb for xb, _ in runtime.iter_batches(ds, 4)])
+    x2 = torch.cat([xb for xb, _ in batching.iter_batches(ds, 4)])
     assert x0.shape == (6, 3, 10, 10) and torch.equal(x0, x2)
-    assert torch.equal(runtime.labels_of(ds), torch.tensor([0, 0, 0, 1, 1, 1]))
+    assert torch.equal(batching.labels_of(ds), torch.tensor([0, 0, 0, 1, 1, 1]))
     with pytest.raises(DataError, match="larger than"):
         data.load("folder", tmp_path, resize=(8, 8), center_crop=(10, 10))
 
@@ -168,7 +169,7 @@ def test_a_damaged_image_found_while_streaming_is_one_line(tmp_path) -> None:
     for workers in (0, 1):
         ds.num_workers = workers
         with pytest.raises(DataError, match="03.png: cannot decode image") as exc:
-            list(runtime.iter_batches(ds, 8))
+            list(batching.iter_batches(ds, 8))
         one_line(exc)
 
 
@@ -235,17 +236,17 @@ def test_shuffled_loader_indices_refer_to_the_data_set(digits_train) -> None:
     loader = DataLoader(TensorDataset(x_all, y_all), batch_size=50, shuffle=True,
                         generator=torch.Generator().manual_seed(0))
     seen = []
-    for idx, xb, yb in runtime.iter_batches(loader, with_index=True):
+    for idx, xb, yb in batching.iter_batches(loader, with_index=True):
         assert torch.equal(xb, x_all[idx]) and torch.equal(yb, y_all[idx])
         seen.append(idx)
     seen_t = torch.cat(seen)
     assert not torch.equal(seen_t, torch.arange(len(seen_t)))  # it did shuffle
     assert torch.equal(seen_t.sort().values, torch.arange(len(x_all)))
-    xs, ys = runtime.take(loader, torch.tensor([5, 1, 1000]))
+    xs, ys = batching.take(loader, torch.tensor([5, 1, 1000]))
     assert torch.equal(xs, x_all[[5, 1, 1000]]) and torch.equal(ys, y_all[[5, 1, 1000]])
     sub = DataLoader(TensorDataset(x_all, y_all), batch_size=8,
                      sampler=torch.utils.data.SubsetRandomSampler([3, 9, 27]))
-    got = torch.cat([i for i, _, _ in runtime.iter_batches(sub, with_index=True)])
+    got = torch.cat([i for i, _, _ in batching.iter_batches(sub, with_index=True)])
     assert sorted(got.tolist()) == [3, 9, 27]
 
 
@@ -255,7 +256,7 @@ def test_iterable_dataset_is_numbered_in_stream_order() -> None:
             for i in range(5):
                 yield torch.full((1, 2, 2), i / 10), i % 2
 
-    got = list(runtime.iter_batches(DataLoader(Stream(), batch_size=2), with_index=True))
+    got = list(batching.iter_batches(DataLoader(Stream(), batch_size=2), with_index=True))
     assert torch.cat([i for i, _, _ in got]).tolist() == [0, 1, 2, 3, 4]
 
 

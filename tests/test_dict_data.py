@@ -9,8 +9,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from robustest import attacks, metrics, robustness, testing, training
-from robustest.errors import ConfigError, DataError
-from robustest.runtime import as_tensors, image_shape, iter_batches, split_batch, take
+from robustest.core.batching import as_tensors, image_shape, iter_batches, split_batch, take
+from robustest.core.errors import ConfigError, DataError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # two shared cores: one intra-op thread
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from robustest import attacks, robustness
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 
 SMALL = [("apgd-ce", {"steps": 10}), ("apgd-t", {"steps": 10, "n_targets": 2}), ("fab-t", {"steps": 10,
                                                                                        "n_targets": 2}),

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 from robustest.fuzzing import coverage_fuzz, fol_fuzz
 from robustest.fuzzing.fol import _grad_eval
 

@@ -1,5 +1,5 @@
 """The GPU hot-path switches, checked on the CPU: ``--amp`` for score's logit metrics and eval's clean pass,
-channels_last in ``runtime.forward`` (forced on the CPU: same values), and the ``--batch-size auto`` probe
+channels_last in ``modelcall.forward`` (forced on the CPU: same values), and the ``--batch-size auto`` probe
 (its logic with an injected try function that runs out of memory above a size). CUDA tests skip without
 a GPU; ``benchmarks/gpu_checks.sh`` times the switches on one."""
 
@@ -12,9 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from robustest import batchsize, metrics, runtime
+from robustest import metrics
 from robustest.cli import main
-from robustest.errors import ConfigError
+from robustest.core import batchsize, devices, modelcall
+from robustest.core.errors import ConfigError
 from robustest.evaluation import evaluate
 from robustest.metrics.scoring import AMP_METRICS, score
 
@@ -138,22 +139,22 @@ def test_channels_last_decision(monkeypatch, digits_model) -> None:
     monkeypatch.delenv("ROBUSTEST_CHANNELS_LAST", raising=False)
     dense = _Dense()
     # auto: CUDA conv nets only (the decision itself needs no GPU)
-    assert not runtime.channels_last_wanted(digits_model, "cpu")
-    assert not runtime.channels_last_wanted(digits_model, "cpu", "off")
-    assert not runtime.channels_last_wanted(dense, "cuda", "on")  # no Conv2d: nothing to gain
-    assert not runtime.channels_last_wanted(digits_model, "cuda", "off")
+    assert not devices.channels_last_wanted(digits_model, "cpu")
+    assert not devices.channels_last_wanted(digits_model, "cpu", "off")
+    assert not devices.channels_last_wanted(dense, "cuda", "on")  # no Conv2d: nothing to gain
+    assert not devices.channels_last_wanted(digits_model, "cuda", "off")
     ddp_like = nn.parallel.DistributedDataParallel.__new__(nn.parallel.DistributedDataParallel)
     nn.Module.__init__(ddp_like)
     ddp_like.module = nn.Conv2d(1, 1, 3)
-    assert not runtime.channels_last_wanted(ddp_like, "cuda", "on")  # DDP's buckets keep their layout
+    assert not devices.channels_last_wanted(ddp_like, "cuda", "on")  # DDP's buckets keep their layout
     conv = digits_model.features[0] if hasattr(digits_model, "features") else next(
         m for m in digits_model.modules() if isinstance(m, nn.Conv2d))
     assert conv.weight.is_contiguous()
-    assert runtime.channels_last_wanted(digits_model, "cuda", "auto")  # converts the model once
+    assert devices.channels_last_wanted(digits_model, "cuda", "auto")  # converts the model once
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
     monkeypatch.setenv("ROBUSTEST_CHANNELS_LAST", "sideways")
     with pytest.raises(ConfigError, match="unknown channels_last mode 'sideways'"):
-        runtime.channels_last_wanted(digits_model, "cpu")
+        devices.channels_last_wanted(digits_model, "cpu")
 
 
 def test_channels_last_forced_on_the_cpu_keeps_outputs(monkeypatch, trained_digits_model, digits_test) -> None:
@@ -163,20 +164,20 @@ def test_channels_last_forced_on_the_cpu_keeps_outputs(monkeypatch, trained_digi
     plain = copy.deepcopy(trained_digits_model)
     monkeypatch.setenv("ROBUSTEST_CHANNELS_LAST", "off")
     with torch.no_grad():
-        ref = runtime.forward(plain, x)
+        ref = modelcall.forward(plain, x)
     seen: list[bool] = []
     first = next(m for m in trained_digits_model.modules() if isinstance(m, nn.Conv2d))
     first.register_forward_pre_hook(lambda m, a: seen.append(a[0].is_contiguous(memory_format=torch.channels_last)))
     monkeypatch.setenv("ROBUSTEST_CHANNELS_LAST", "on")
     with torch.no_grad():
-        out = runtime.forward(trained_digits_model, x)
+        out = modelcall.forward(trained_digits_model, x)
     assert seen == [True] and first.weight.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     # gradients to the input (the attacks' hot path) are unchanged too
     xg = x.clone().requires_grad_(True)
-    runtime.forward(trained_digits_model, xg).logsumexp(1).sum().backward()
+    modelcall.forward(trained_digits_model, xg).logsumexp(1).sum().backward()
     xr = x.clone().requires_grad_(True)
-    runtime.forward(plain, xr).logsumexp(1).sum().backward()
+    modelcall.forward(plain, xr).logsumexp(1).sum().backward()
     torch.testing.assert_close(xg.grad, xr.grad, rtol=1e-4, atol=1e-6)
     # and a whole verb's results: the scores of score()
     monkeypatch.setenv("ROBUSTEST_CHANNELS_LAST", "on")
@@ -190,9 +191,9 @@ def test_channels_last_conversion_under_inference_mode_keeps_autograd(monkeypatc
     monkeypatch.setenv("ROBUSTEST_CHANNELS_LAST", "on")
     x = torch.rand(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():  # the first call, which converts the model, is an inference-mode one
-        runtime.forward(digits_model, x)
+        modelcall.forward(digits_model, x)
     xg = x.clone().requires_grad_(True)
-    runtime.forward(digits_model, xg).sum().backward()  # the weights are not inference tensors
+    modelcall.forward(digits_model, xg).sum().backward()  # the weights are not inference tensors
     assert xg.grad is not None and torch.isfinite(xg.grad).all()
 
 
@@ -203,11 +204,11 @@ def test_channels_last_is_automatic_on_cuda(monkeypatch, trained_digits_model, d
     x = digits_test.tensors[0][:64].cuda()
     model = trained_digits_model.cuda()
     with torch.no_grad():
-        out = runtime.forward(model, x)
+        out = modelcall.forward(model, x)
     conv = next(m for m in model.modules() if isinstance(m, nn.Conv2d))
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
     with torch.no_grad():
-        ref = runtime.forward(trained_digits_model.cpu(), digits_test.tensors[0][:64])
+        ref = modelcall.forward(trained_digits_model.cpu(), digits_test.tensors[0][:64])
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-3, atol=1e-3)
 
 

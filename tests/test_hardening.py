@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from robustest import hardening, metrics, robustness, training
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 from robustest.hardening import METHODS, harden, harden_settings
 
 EPS = 0.15
@@ -95,7 +95,7 @@ def test_pgd_at_is_the_textbook_loop_given_the_same_random_numbers(base_model, d
 
     import torch.nn.functional as F
 
-    from robustest.runtime import make_generator
+    from robustest.core.seeding import make_generator
 
     x, y = digits_split[0][0][:160], digits_split[0][1][:160]
     eps, steps, alpha, bs = EPS, 3, 0.06, 64
@@ -382,7 +382,7 @@ def test_harden_has_one_home():
 
 
 def test_harden_stops_with_one_line_when_the_loss_is_not_finite(exploding_model) -> None:
-    from robustest.errors import TrainingDiverged
+    from robustest.core.errors import TrainingDiverged
 
     x, y = torch.rand(16, 1, 8, 8), torch.arange(16) % 3
     with pytest.raises(TrainingDiverged, match=r"harden diverged: the pgd-at loss is nan"):

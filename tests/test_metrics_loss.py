@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest import metrics
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 
 SHARED_DATA = Path(os.environ.get("ROBUSTEST_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 MNIST = SHARED_DATA / "mnist.npz"

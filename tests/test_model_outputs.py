@@ -1,5 +1,5 @@
 """Models whose forward returns a tuple, a dict, an object with ``.logits`` or half-precision logits go
-through attacks, metrics, training and analysis via the one adapter (``runtime.forward``)."""
+through attacks, metrics, training and analysis via the one adapter (``modelcall.forward``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from robustest import attacks, metrics, models, runtime, training, weakrobust
-from robustest.errors import ConfigError
+from robustest import attacks, metrics, models, training, weakrobust
+from robustest.core import modelcall
+from robustest.core.errors import ConfigError
 
 
 class _Wrapped(nn.Module):
@@ -63,9 +64,9 @@ def test_logits_wrapper_selects_an_explicit_part(trained_digits_model, digits_te
 
     x = digits_test.tensors[0][:8]
     m = models.Logits(TwoHeads(trained_digits_model), output=1).eval()
-    assert torch.equal(runtime.forward(m, x), trained_digits_model(x))
+    assert torch.equal(modelcall.forward(m, x), trained_digits_model(x))
     with pytest.raises(ConfigError, match="no part 5"):
-        runtime.forward(models.Logits(TwoHeads(trained_digits_model), output=5), x)
+        modelcall.forward(models.Logits(TwoHeads(trained_digits_model), output=5), x)
 
 
 def test_an_output_without_logits_is_one_clear_error(digits_test) -> None:
@@ -74,7 +75,7 @@ def test_an_output_without_logits_is_one_clear_error(digits_test) -> None:
             return "not logits"
 
     with pytest.raises(ConfigError, match="without a tensor of logits"):
-        runtime.forward(Bad(), digits_test.tensors[0][:2])
+        modelcall.forward(Bad(), digits_test.tensors[0][:2])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -83,11 +84,11 @@ def test_half_precision_model_in_attacks_metrics_and_analysis(trained_digits_mod
     half = trained_digits_model.to(dtype)
     adv = attacks.pgd(half, x, y, eps=0.1, steps=3, seed=0)
     assert adv.dtype == torch.float32 and float((adv - x).abs().max()) <= 0.1 + 1e-6
-    assert runtime.forward(half, x).dtype == torch.float32
+    assert modelcall.forward(half, x).dtype == torch.float32
     fol = metrics.fol(half, adv, y, x0=x, eps=0.1)
     assert fol.dtype == torch.float32 and torch.isfinite(fol).all() and (fol >= 0).all()
     ana = weakrobust.analyze(half, (x, y), n_neighbors=4, eps=0.1, seed=0)
     assert len(ana) == 32 and torch.isfinite(ana.score).all()
     # the half model agrees with the float one on most clean predictions
     ref = trained_digits_model.float()(x).argmax(1)
-    assert float((runtime.forward(half.to(dtype), x).argmax(1) == ref).float().mean()) >= 0.9
+    assert float((modelcall.forward(half.to(dtype), x).argmax(1) == ref).float().mean()) >= 0.9

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from robustest import models
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 
 TYPICAL = {  # name -> (in_channels, input_size)
     "lenet1": (1, 28),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 from robustest.fuzzing import mutations as M
 
 

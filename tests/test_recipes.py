@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from robustest import models, recipes, training
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 
 
 def small(digits_train, n: int = 96) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from robustest import runtime
 from robustest.cli import main
-from robustest.errors import ConfigError, OutputError
+from robustest.core import atomic, inputs, modelchecks, reading
+from robustest.core.errors import ConfigError, OutputError
 
 
 def _cli(*args: str, **kw) -> subprocess.Popen:
@@ -142,17 +142,17 @@ def test_unwritable_out_is_refused_before_any_work(tmp_path, capsys) -> None:
 
 def test_check_writable_and_stale_temporaries(tmp_path) -> None:
     target = tmp_path / "new" / "deeper"
-    runtime.check_writable(target, create=False)
+    atomic.check_writable(target, create=False)
     assert not (tmp_path / "new").exists()  # probed without leaving anything behind
-    runtime.check_writable(target)
+    atomic.check_writable(target)
     assert target.is_dir() and not list(target.iterdir())
     stale = target / ".results.json.k2j3h4g5.tmp"
     stale.write_text("half")
     keep = target / "notes.tmp"
     keep.write_text("a user's file")
-    assert runtime.remove_stale_temporaries(target) == [stale] and keep.exists()
+    assert atomic.remove_stale_temporaries(target) == [stale] and keep.exists()
     with pytest.raises(OutputError, match="not writable"):
-        runtime.check_writable("/proc/robustest-probe")
+        atomic.check_writable("/proc/robustest-probe")
 
 
 def test_atomic_write_failure_is_an_output_error(tmp_path) -> None:
@@ -160,8 +160,8 @@ def test_atomic_write_failure_is_an_output_error(tmp_path) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
 
     code = ("import signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-            "from robustest.runtime import atomic_write_bytes\n"
-            "from robustest.errors import OutputError\n"
+            "from robustest.core.atomic import atomic_write_bytes\n"
+            "from robustest.core.errors import OutputError\n"
             f"try:\n    atomic_write_bytes({str(tmp_path / 'big.bin')!r}, bytes(1000))\n"
             "except OutputError as e:\n    print('OUTPUT-ERROR', e)\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=small)
@@ -210,23 +210,23 @@ def test_nan_logits_are_refused_before_the_work(verb, extra, nan_checkpoint, tmp
 
 
 def test_check_logits_is_the_one_check_of_model_outputs() -> None:
-    from robustest.errors import DataError
+    from robustest.core.errors import DataError
 
     ok = torch.zeros(3, 4)
-    assert runtime.check_logits(ok) is ok
+    assert inputs.check_logits(ok) is ok
     for bad in (float("nan"), float("inf"), -float("inf")):
         t = torch.zeros(3, 4)
         t[1, 2] = bad
         with pytest.raises(DataError, match="NaN or infinite logits"):
-            runtime.check_logits(t)
+            inputs.check_logits(t)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3))
     x, y = torch.rand(40, 1, 8, 8), torch.zeros(40, dtype=torch.long)
-    runtime.check_finite_logits(model, (x, y))
+    modelchecks.check_finite_logits(model, (x, y))
     x[0, 0, 0, 0] = 1e38  # a finite input whose logits overflow
     with torch.no_grad():
         model[1].weight.fill_(1e38)
     with pytest.raises(DataError, match="NaN or infinite logits"):
-        runtime.check_finite_logits(model, (x, y))
+        modelchecks.check_finite_logits(model, (x, y))
 
 
 def test_internal_errors_have_their_own_exit_status(tmp_path, capsys, monkeypatch, mlp_digits_checkpoint) -> None:
@@ -287,7 +287,7 @@ LINF_MESSAGE = "eps must lie in (0, 1] for the L-inf threat model"
     lambda m, x, y: __import__("robustest").weakrobust.adversarial_radius(m, (x, y), eps_max=8),
 ])
 def test_an_linf_radius_above_one_is_refused_by_every_function(call, digits_model) -> None:
-    from robustest.errors import ConfigError
+    from robustest.core.errors import ConfigError
 
     x, y = torch.rand(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])
     with pytest.raises(ConfigError, match=r"eps(_max)? must lie in \(0, 1\] for the L-inf threat model"):
@@ -295,19 +295,20 @@ def test_an_linf_radius_above_one_is_refused_by_every_function(call, digits_mode
 
 
 def test_radii_other_norms_and_the_run_config_use_the_same_check(digits_model) -> None:
-    from robustest import attacks, config
-    from robustest.errors import ConfigError
+    from robustest import attacks
+    from robustest.core import validation
+    from robustest.core.errors import ConfigError
     from robustest.robot import RobotConfig
 
     x, y = torch.rand(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])
     assert attacks.pgd(digits_model, x, y, eps=2.0, norm="l2", steps=1).shape == x.shape  # an L2 radius may pass 1
     for bad in (0, -0.1, float("nan"), float("inf"), "0.1", True):
         with pytest.raises(ConfigError, match="eps must"):
-            config.check_eps("eps", bad)
+            validation.check_eps("eps", bad)
     with pytest.raises(ConfigError, match=re.escape(LINF_MESSAGE)):
         RobotConfig.from_dict({"eps": 5}).validate()
     with pytest.raises(ConfigError, match="unknown norm"):
-        config.check_eps("eps", 0.1, "l3")
+        validation.check_eps("eps", 0.1, "l3")
 
 
 @pytest.mark.parametrize("argv", [
@@ -386,7 +387,7 @@ def test_select_n_zero_and_an_empty_out_are_refused(tmp_path, capsys, mlp_digits
 ])
 def test_the_csv_scores_get_the_checks_of_the_pt_scores(rows, match, tmp_path, capsys) -> None:
     from robustest.cli.select import read_scores
-    from robustest.errors import DataError
+    from robustest.core.errors import DataError
 
     path = tmp_path / "scores.csv"
     path.write_text(rows)
@@ -398,7 +399,7 @@ def test_the_csv_scores_get_the_checks_of_the_pt_scores(rows, match, tmp_path, c
 
 
 def test_seeds_follow_one_rule(tmp_path, capsys) -> None:
-    from robustest.errors import ConfigError
+    from robustest.core.errors import ConfigError
     from robustest.robot import RobotConfig
 
     for argv in (["compare", "--seeds", "-1"], ["compare", "--seeds", "0,9223372036854775808"],
@@ -469,10 +470,10 @@ def _npz_of_headers(path: Path, members: dict) -> Path:
 ])
 def test_npz_headers_are_checked_before_any_data_is_read(members, match, tmp_path, monkeypatch) -> None:
     from robustest import data
-    from robustest.errors import DataError
+    from robustest.core.errors import DataError
 
     monkeypatch.delenv("ROBUSTEST_MAX_ARRAY_BYTES", raising=False)
-    assert runtime.MAX_ARRAY_BYTES == 2**30 and runtime.max_array_bytes() <= 2**30
+    assert reading.MAX_ARRAY_BYTES == 2**30 and reading.max_array_bytes() <= 2**30
     f = _npz_of_headers(tmp_path / "h.npz", members)
     t0 = time.perf_counter()
     with pytest.raises(DataError, match=match) as exc:
@@ -484,7 +485,7 @@ def test_npz_declared_size_counts_the_rows_read_and_the_conversion(tmp_path, mon
     import numpy as np
 
     from robustest import data
-    from robustest.errors import DataError
+    from robustest.core.errors import DataError
 
     f = tmp_path / "f.npz"
     np.savez_compressed(f, x=np.zeros((1000, 16, 16), np.float64), y=np.zeros(1000, np.int64))  # 2 MB of float64
@@ -500,7 +501,7 @@ def test_a_huge_image_set_is_refused_by_its_shape_before_any_forward(tmp_path, c
     import numpy as np
 
     from robustest import models
-    from robustest.errors import ConfigError
+    from robustest.core.errors import ConfigError
     from robustest.training import save_checkpoint
 
     calls = []
@@ -509,13 +510,13 @@ def test_a_huge_image_set_is_refused_by_its_shape_before_any_forward(tmp_path, c
     net.register_forward_pre_hook(lambda m, a: calls.append(a[0].shape))
     x, y = torch.zeros(2, 1, 4000, 4000), torch.zeros(2, dtype=torch.long)
     with pytest.raises(ConfigError, match="the images are 1x4000x4000 .* --resize"):
-        runtime.check_model_fits(net, (x, y))
+        modelchecks.check_model_fits(net, (x, y))
     with pytest.raises(ConfigError, match="the images are 1x4000x4000"):
-        runtime.check_finite_logits(net, (x, y))
+        modelchecks.check_finite_logits(net, (x, y))
     assert calls == []
-    assert runtime.check_model_fits(net, (torch.zeros(2, 1, 1024, 1024), y)) == 3
+    assert modelchecks.check_model_fits(net, (torch.zeros(2, 1, 1024, 1024), y)) == 3
     calls.clear()
-    runtime.check_finite_logits(net, (torch.zeros(40, 1, 512, 512), torch.zeros(40, dtype=torch.long)))
+    modelchecks.check_finite_logits(net, (torch.zeros(40, 1, 512, 512), torch.zeros(40, dtype=torch.long)))
     assert [s[0] for s in calls] == [4]  # the first batch shrinks with the image size (2^20 values)
 
     f = tmp_path / "huge.npz"
@@ -531,7 +532,7 @@ def test_a_huge_image_set_is_refused_by_its_shape_before_any_forward(tmp_path, c
 
 def test_evaluate_and_assert_robust_refuse_nan_logits(exploding_model) -> None:
     from robustest import testing
-    from robustest.errors import DataError
+    from robustest.core.errors import DataError
     from robustest.evaluation import evaluate
 
     x, y = torch.rand(6, 1, 8, 8), torch.zeros(6, dtype=torch.long)
@@ -558,7 +559,7 @@ def _png_header(path: Path, width: int, height: int) -> Path:
 def test_an_image_file_declaring_gigapixels_is_refused_before_decoding(side, tmp_path, capsys,
                                                                        mlp_digits_checkpoint) -> None:
     from robustest import data
-    from robustest.errors import DataError
+    from robustest.core.errors import DataError
 
     for cls in ("a", "b"):
         (tmp_path / "imgs" / cls).mkdir(parents=True)
@@ -591,11 +592,11 @@ def _deflated_copy(src: Path, dst: Path, blow_up: int = 0) -> Path:
 def test_a_torch_file_whose_compressed_members_declare_gigabytes_is_refused(tmp_path, capsys, monkeypatch,
                                                                           mlp_digits_checkpoint) -> None:
     from robustest import data
-    from robustest.errors import DataError
+    from robustest.core.errors import DataError
 
     monkeypatch.delenv("ROBUSTEST_MAX_ARRAY_BYTES", raising=False)
     small = _deflated_copy(Path(mlp_digits_checkpoint), tmp_path / "small.pt")
-    runtime.check_torch_file(small, "model file")  # compressed but small: torch.load reads it
+    reading.check_torch_file(small, "model file")  # compressed but small: torch.load reads it
     bomb = _deflated_copy(Path(mlp_digits_checkpoint), tmp_path / "bomb.pt", blow_up=2**30 + 2**26)
     assert bomb.stat().st_size < 10 * 2**20
     t0 = time.perf_counter()
@@ -628,7 +629,7 @@ def test_a_torch_file_whose_compressed_members_declare_gigabytes_is_refused(tmp_
     raw[at:at + 4] = (2**31).to_bytes(4, "little")
     lying.write_bytes(bytes(raw))
     with pytest.raises(DataError, match="damaged"):
-        runtime.check_torch_file(lying, "scores file")
+        reading.check_torch_file(lying, "scores file")
 
 
 def test_other_os_errors_are_internal_errors_in_one_line(tmp_path, capsys, monkeypatch,
@@ -666,21 +667,21 @@ def test_positional_images_and_labels_name_the_signature(mlp_digits_checkpoint) 
 
 
 def test_channels_last_images_get_a_one_line_error_naming_the_layout() -> None:
-    from robustest.errors import DataError
+    from robustest.core.errors import DataError
 
     with pytest.raises(DataError, match=r"N x H x W x C \(channels last\).*permute\(0, 3, 1, 2\)"):
-        runtime.check_images(torch.rand(2, 28, 28, 1))
+        inputs.check_images(torch.rand(2, 28, 28, 1))
     with pytest.raises(DataError, match="channels last"):
-        runtime.check_images(torch.rand(2, 32, 32, 3))
-    assert runtime.check_images(torch.rand(2, 3, 32, 32)).shape == (2, 3, 32, 32)  # NCHW untouched
-    assert runtime.check_images(torch.rand(2, 1, 28, 28)).shape == (2, 1, 28, 28)
+        inputs.check_images(torch.rand(2, 32, 32, 3))
+    assert inputs.check_images(torch.rand(2, 3, 32, 32)).shape == (2, 3, 32, 32)  # NCHW untouched
+    assert inputs.check_images(torch.rand(2, 1, 28, 28)).shape == (2, 1, 28, 28)
 
 
 def test_torchscript_and_exported_programs_with_bombs_are_refused_before_loading(tmp_path, monkeypatch) -> None:
     """TorchScript archives and .pt2 programs are zip files too: a member declaring more than the limit is refused
     before torch.jit.load / torch.export.load read it."""
     from robustest.checkpoints import load_model
-    from robustest.errors import DataError
+    from robustest.core.errors import DataError
 
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3)).eval()
     torch.jit.script(net).save(str(tmp_path / "net.ts"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 

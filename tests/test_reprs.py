@@ -98,10 +98,10 @@ def test_repr_names_the_device() -> None:
 
 
 def test_repr_helpers_round_and_truncate() -> None:
-    from robustest import _repr
+    from robustest.core import reprs
 
-    assert _repr.number(0.123456789) == "0.1235" and _repr.number(3) == "3" and _repr.number(None) == "None"
-    assert _repr.counts({str(i): i for i in range(6)}) == "{'0': 0, '1': 1, '2': 2, '3': 3, ... 2 more}"
-    assert _repr.shape(torch.zeros(2, 3, dtype=torch.uint8)) == "<2x3 uint8>"
+    assert reprs.number(0.123456789) == "0.1235" and reprs.number(3) == "3" and reprs.number(None) == "None"
+    assert reprs.counts({str(i): i for i in range(6)}) == "{'0': 0, '1': 1, '2': 2, '3': 3, ... 2 more}"
+    assert reprs.shape(torch.zeros(2, 3, dtype=torch.uint8)) == "<2x3 uint8>"
     assert np.isnan(float("nan"))  # nan prints as nan
-    assert _repr.number(float("nan")) == "nan"
+    assert reprs.number(float("nan")) == "nan"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from robustest import robot
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 
 # tiny but complete settings: every stage runs, each in a fraction of a second
 TINY = {
@@ -237,7 +237,7 @@ def test_fuzzing_pools_and_coverage_strategy(checkpoint, tmp_path):
     ({"corruptions": 7}, "corruptions must be a list"),
 ])
 def test_config_values_are_type_checked(bad, pattern) -> None:
-    from robustest.errors import ConfigError
+    from robustest.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=pattern):
         robot.RobotConfig.from_dict(bad)

@@ -12,7 +12,7 @@ import torch
 
 from robustest import robot
 from robustest.cli import main
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 
 TINY = {
     "dataset": "digits", "train_limit": 300, "test_limit": 60, "eps": 0.15, "epochs": 1, "batch_size": 64,

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from scipy import stats
 
 from robustest import robot
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 from robustest.robot import PassCounter, paired_vs_random
 
 TINY = {
@@ -32,7 +32,7 @@ def checkpoint(mlp_digits_checkpoint):
 # ------------------------------------------------------------------------------------------ PassCounter
 def test_pass_counter_counts_forwards_backwards_and_matches_harden():
     from robustest import hardening, models
-    from robustest.runtime import forward
+    from robustest.core.modelcall import forward
 
     torch.manual_seed(0)
     model = models.create("mlp", num_classes=10, in_channels=1, input_size=8)

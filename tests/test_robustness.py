@@ -9,7 +9,7 @@ import torch
 
 from robustest import data as datasets
 from robustest import models as zoo
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 from robustest.robustness import (
     FixedAdversarialSet,
     RobustnessReport,

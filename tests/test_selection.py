@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from robustest import selection
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 from robustest.selection import select
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False, width=32)

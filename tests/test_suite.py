@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from robustest.cli import main
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 from robustest.suite import Suite, build_suite, check_suite, model_fingerprint
 from robustest.suite.build import MIN_PER_STRATUM, make_strata
 from robustest.suite.format import SUITE_VERSION, content_sha256

@@ -12,7 +12,7 @@ import torch
 from scipy.stats import gaussian_kde
 from torch import nn
 
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 from robustest.metrics import surprise as S
 from robustest.metrics.surprise import SurpriseAdequacy, sa_scores
 

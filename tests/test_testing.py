@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 from robustest.testing import assert_robust, robust_accuracy
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

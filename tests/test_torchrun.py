@@ -292,8 +292,8 @@ def test_no_option_is_taken_by_torchrun() -> None:
 LOCAL_WORK_SCRIPT = """
 import json, sys
 import torch.distributed as dist
-from robustest import distributed
-from robustest.runtime import Shard
+from robustest.core import distributed
+from robustest.core.distributed import Shard
 distributed.init()
 out = {"outside": [distributed.world_size(), distributed.rank(), Shard.current().bounds(10)]}
 with distributed.local_work():

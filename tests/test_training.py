@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from robustest import models, training
-from robustest.errors import CheckpointError, ConfigError, DataError
+from robustest.core.errors import CheckpointError, ConfigError, DataError
 
 
 def small_train(ds: TensorDataset, n: int = 400) -> TensorDataset:
@@ -334,7 +334,7 @@ def test_load_to_missing_cuda_is_a_config_error(tmp_path, digits_model):
 
 
 def test_fit_stops_with_one_line_when_the_loss_is_not_finite(exploding_model) -> None:
-    from robustest.errors import TrainingDiverged
+    from robustest.core.errors import TrainingDiverged
 
     x, y = torch.rand(16, 1, 8, 8), torch.arange(16) % 3
     with pytest.raises(TrainingDiverged, match=r"training diverged at epoch 1: the loss is nan"):
@@ -342,7 +342,7 @@ def test_fit_stops_with_one_line_when_the_loss_is_not_finite(exploding_model) ->
 
 
 def test_train_data_splits_each_global_batch_between_ranks() -> None:
-    from robustest.distributed import Shard
+    from robustest.core.distributed import Shard
 
     x, y = torch.rand(21, 1, 4, 4), torch.arange(21) % 3
     whole = [idx for idx, _, _ in training.TrainData((x, y), 8, seed=4).indexed_epoch(1, 3)]

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from robustest import metrics
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 
 
 def test_from_logits_hand_values():

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from robustest import weakrobust as wr
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 from robustest.weakrobust import analysis, augment
 
 
@@ -467,7 +467,7 @@ def test_jsd_matches_its_definition() -> None:
 
 
 def test_enhance_stops_with_one_line_when_the_loss_is_not_finite(exploding_model) -> None:
-    from robustest.errors import TrainingDiverged
+    from robustest.core.errors import TrainingDiverged
 
     x, y = torch.rand(16, 1, 8, 8), torch.arange(16) % 3
     with pytest.raises(TrainingDiverged, match=r"enhance diverged at epoch 1, step 1: .*lower the learning rate"):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 

@@ -11,7 +11,7 @@ import torch
 
 from robustest import weakrobust as wr
 from robustest.cli import main
-from robustest.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError
 
 
 def _analysis(n: int = 1000, seed: int = 0) -> wr.Analysis:

@@ -11,7 +11,7 @@ import torch
 
 from robustest import checkpoints, data, training
 from robustest.cli import main
-from robustest.errors import CheckpointError, ConfigError
+from robustest.core.errors import CheckpointError, ConfigError
 
 NETS = textwrap.dedent('''
     import torch
@@ -118,7 +118,7 @@ def test_fine_tuned_copies_save_and_rebuild(in_workspace, tmp_path) -> None:
 def test_fit_check_names_the_shapes(in_workspace) -> None:
     root, _ = in_workspace
     scripted = checkpoints.load_model(root / "net.ts", torchscript=True)
-    from robustest.runtime import check_model_fits
+    from robustest.core.modelchecks import check_model_fits
 
     with pytest.raises(ConfigError, match="cannot take the data's 1x16x16 images") as exc:
         check_model_fits(scripted, torch.rand(4, 1, 16, 16))

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest import cli, models, training
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 
 NEW = ("wrn", "preact_resnet18", "densenet_bc", "resnet18", "resnet50", "vit_tiny")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from robustest.errors import CheckpointError, ConfigError, DataError, RobustestError
+from robustest.core.errors import CheckpointError, ConfigError, DataError, RobustestError
 
 __version__ = "0.1.0"
 

@@ -34,8 +34,11 @@ import torch
 from torch import nn
 
 from robustest import models as zoo
-from robustest.errors import CheckpointError, ConfigError
-from robustest.runtime import atomic_save, atomic_write_bytes, check_torch_file, resolve_device, set_mode
+from robustest.core.atomic import atomic_save, atomic_write_bytes
+from robustest.core.devices import resolve_device
+from robustest.core.errors import CheckpointError, ConfigError
+from robustest.core.modelcall import set_mode
+from robustest.core.reading import check_torch_file
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -415,7 +418,7 @@ def save_checkpoint(path: str | os.PathLike[str], model: nn.Module, spec: dict[s
         import io
 
         buf = io.BytesIO()
-        torch.jit.save(model, buf, _extra_files={_TS_METADATA: json.dumps(_json_safe(meta))})
+        torch.jit.save(model, buf, _extra_files={_TS_METADATA: json.dumps(json_safe(meta))})
         return atomic_write_bytes(path, buf.getvalue())
     spec = dict(spec) if spec is not None else source_of(model)
     if spec.get("kind") == "torchscript":
@@ -430,13 +433,13 @@ def save_checkpoint(path: str | os.PathLike[str], model: nn.Module, spec: dict[s
     return atomic_save(payload, path)
 
 
-def _json_safe(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.tolist()
     if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
+        return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 

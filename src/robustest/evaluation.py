@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest.config import check_eps
-from robustest.errors import ConfigError, DataError
-from robustest.runtime import DataLike
+from robustest.core.batching import DataLike
+from robustest.core.errors import ConfigError, DataError
+from robustest.core.validation import check_eps
 
 __all__ = ["AUTOATTACK_NAMES", "EVAL_FORMAT", "EVAL_VERSIONS", "EvalResult", "ensemble_plan",
            "evaluate"]
@@ -185,7 +185,7 @@ class EvalResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The results contract of ``robustest eval`` (docs/RESULTS_SCHEMA.md), without the model and data
-        description the CLI adds; JSON-ready (NaN becomes null when written with runtime.atomic_write_json)."""
+        description the CLI adds; JSON-ready (NaN becomes null when written with atomic.atomic_write_json)."""
         n = self.num_samples
         total_breaks = sum(self.breaks.values())
         out: dict[str, Any] = {
@@ -265,8 +265,8 @@ def _corruption_summary(res: Any, base: Any | None) -> dict[str, Any]:
 
 def _published_corruptions(model: nn.Module, sets: dict, clean_accuracy: float, batch_size: int) -> Any:
     """A CorruptionResult from published -C data: ``sets[corruption][severity]`` is labelled data."""
+    from robustest.core.batching import num_samples
     from robustest.robustness import CorruptionResult
-    from robustest.runtime import num_samples
     from robustest.training import accuracy
 
     acc: dict[str, dict[int, float]] = {}
@@ -301,7 +301,7 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     :class:`EvalResult` with clean accuracy, cumulative robust accuracy after each attack, the worst case, the
     attack that broke each sample and timings.
 
-    ``data``: anything :func:`robustest.runtime.iter_batches` takes, with labels (images N x C x H x W in [0, 1],
+    ``data``: anything :func:`robustest.core.batching.iter_batches` takes, with labels (images N x C x H x W in [0, 1],
     int64 labels [N]); it is processed in blocks of ``block_size`` images (memory stays bounded), the attacks in
     batches of ``batch_size``. Attack k on block b draws its randomness from a ``torch.Generator`` on the
     model's device seeded ``seed + k + b * BATCH_SEED_STRIDE`` (the first block: ``seed + k``), so the same
@@ -324,22 +324,16 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     """
     from robustest import attacks as _atk
     from robustest import corruptions as _corr
-    from robustest import distributed
     from robustest.attacks import BATCH_SEED_STRIDE
-    from robustest.recipes import autocast, check_amp
+    from robustest.core import distributed
+    from robustest.core.amp import autocast, check_amp
+    from robustest.core.batching import batch_origin, iter_batches
+    from robustest.core.devices import resolve_device
+    from robustest.core.inputs import check_images, check_labels, check_logits
+    from robustest.core.modelcall import eval_mode, forward
+    from robustest.core.progress import progress as _progress
+    from robustest.core.seeding import make_generator
     from robustest.robustness import CorruptionResult, corruption_accuracy
-    from robustest.runtime import (
-        batch_origin,
-        check_images,
-        check_labels,
-        check_logits,
-        eval_mode,
-        forward,
-        iter_batches,
-        make_generator,
-        resolve_device,
-    )
-    from robustest.runtime import progress as _progress
 
     t_start = time.perf_counter()
     if not isinstance(model, nn.Module):

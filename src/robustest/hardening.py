@@ -71,24 +71,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest.attacks import _grad, _project, _random_start
-from robustest.config import check_eps, check_float
-from robustest.errors import ConfigError, DataError, TrainingDiverged
+from robustest.core.atomic import atomic_save
+from robustest.core.batching import DataLike, as_tensors
+from robustest.core.devices import resolve_device
+from robustest.core.errors import ConfigError, DataError, TrainingDiverged
+from robustest.core.inputs import check_images, check_labels
+from robustest.core.modelcall import eval_mode, forward, frozen_params
+from robustest.core.progress import progress as progress_bar
+from robustest.core.reading import load_plain
+from robustest.core.seeding import make_generator, seed_everything
+from robustest.core.validation import check_eps, check_float
 from robustest.recipes import check_options, make_optimizer, make_schedule
-from robustest.runtime import (
-    DataLike,
-    as_tensors,
-    atomic_save,
-    check_images,
-    check_labels,
-    eval_mode,
-    forward,
-    frozen_params,
-    load_plain,
-    make_generator,
-    resolve_device,
-    seed_everything,
-)
-from robustest.runtime import progress as progress_bar
 
 __all__ = ["CO_MIN_DROP", "CO_RATIO", "KEEP", "METHODS", "RECIPE_DEFAULTS", "ComputeCount", "HardenResult",
            "check_trainable", "eps_schedule", "fosc_schedule", "harden", "harden_settings", "holdout_split"]
@@ -674,7 +667,7 @@ def harden(
         result.guard_epoch = st.get("guard_epoch")
         start = result.resumed_epochs = int(st["epoch"])
     if state_path is not None:  # under torchrun every rank has read the state before rank 0 writes the next
-        from robustest import distributed
+        from robustest.core import distributed
 
         distributed.barrier()
 

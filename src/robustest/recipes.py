@@ -18,9 +18,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest.config import check_bool, check_choice, check_float, check_int
-from robustest.errors import ConfigError
+from robustest.core.amp import AMP_MODES, autocast, check_amp
+from robustest.core.errors import ConfigError
+from robustest.core.validation import check_bool, check_choice, check_float, check_int
 
 __all__ = ["AMP_MODES", "AUGMENTS", "CYCLIC_PEAK", "OPTIMIZERS", "RECIPES", "SCHEDULES", "TrainOptions", "autocast",
            "check_amp", "check_device", "check_options", "compile_error", "compile_model", "crop_flip", "grad_scaler",
@@ -39,7 +39,6 @@ OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("cosine", "step", "cyclic")
 #: where the cyclic schedule peaks, as a fraction of training (Wong et al. 2020: 2/5 of the epochs)
 CYCLIC_PEAK = 0.4
-AMP_MODES = ("bf16", "fp16")
 AUGMENTS = ("crop-flip",)
 CROP_PADDING = 4
 
@@ -229,31 +228,6 @@ def crop_flip(x: torch.Tensor, padding: int = CROP_PADDING, generator: torch.Gen
 
 
 # ------------------------------------------------------------------------------------- mixed precision
-@contextlib.contextmanager
-def autocast(amp: str | None, device: torch.device) -> Iterator[None]:
-    """``torch.autocast`` for ``amp`` ("bf16" or "fp16") on ``device``; nothing when ``amp`` is None."""
-    if amp is None:
-        yield
-        return
-    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
-    with torch.autocast(device_type=device.type, dtype=dtype):
-        yield
-
-
-def check_amp(amp: str | None, device: torch.device) -> str | None:
-    """``amp`` for inference forward passes under :func:`autocast` on ``device``, refused in one line when it
-    cannot run there: None, "bf16" (the CPU, or a GPU with bf16 support) or "fp16" (CUDA only)."""
-    if amp not in (None, *AMP_MODES):
-        raise ConfigError(f"unknown amp {amp!r}: use None, 'bf16' or 'fp16'")
-    if amp == "fp16" and device.type != "cuda":
-        raise ConfigError("amp='fp16' needs CUDA: use amp='bf16' on the CPU")
-    if amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ConfigError("amp='bf16' is not supported by this GPU: use amp='fp16'")
-    if amp is not None and device.type not in ("cuda", "cpu"):
-        raise ConfigError(f"amp={amp!r} runs on CUDA or the CPU, not {device.type}: drop amp")
-    return amp
-
-
 def grad_scaler(amp: str | None, device: torch.device) -> torch.amp.GradScaler | None:
     """A GradScaler for fp16 autocast on CUDA (None otherwise: bf16 needs no loss scaling)."""
     if amp != "fp16":

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from robustest.runtime import atomic_write_bytes, atomic_write_text
+from robustest.core.atomic import atomic_write_bytes, atomic_write_text
 
 __all__ = ["HtmlReport", "figure_png", "format_value", "header_label", "histogram_edges", "mean_std", "plural",
            "save_bars", "save_hbars", "save_histogram", "save_image_grid", "save_lines", "write_csv"]

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from robustest.errors import DataError
-from robustest.runtime import _json_safe, atomic_write_json
+from robustest.core.atomic import atomic_write_json, json_safe
+from robustest.core.errors import DataError
 
 __all__ = ["HEADER_KEYS", "OPTIONAL_HEADER_KEYS", "RESULTS_FILE", "RESULTS_VERSION", "document", "read_results",
            "results_format", "write_results"]
@@ -60,7 +60,7 @@ def document(verb: str, settings: Mapping[str, Any], results: Mapping[str, Any],
     lists, NaN becomes null). ``results`` must not use the header's keys. ``world_size`` defaults to the
     number of torchrun ranks (1 in a single process)."""
     if world_size is None:
-        from robustest.distributed import world_size as ranks
+        from robustest.core.distributed import world_size as ranks
 
         world_size = ranks()
     clash = [k for k in results if k in HEADER_KEYS or k in OPTIONAL_HEADER_KEYS]
@@ -70,7 +70,7 @@ def document(verb: str, settings: Mapping[str, Any], results: Mapping[str, Any],
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
     doc = {"format": results_format(verb), "version": RESULTS_VERSION, "settings": dict(settings),
            "timings": _clean_timings(timings), "world_size": world_size, **results}
-    return _json_safe(doc)
+    return json_safe(doc)
 
 
 def write_results(out: str | os.PathLike[str], verb: str, settings: Mapping[str, Any], results: Mapping[str, Any],
@@ -78,7 +78,7 @@ def write_results(out: str | os.PathLike[str], verb: str, settings: Mapping[str,
     """Write ``OUT/results.json`` (see :func:`document`) atomically and return the document written. Under
     torchrun every rank calls it; ``rank_samples`` then records the samples each rank read of its share
     (in rank order)."""
-    from robustest import distributed
+    from robustest.core import distributed
 
     doc = document(verb, settings, results, timings, world_size)
     shares = distributed.shares()  # a collective: every rank writes (only rank 0's write lands)

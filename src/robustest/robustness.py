@@ -46,7 +46,7 @@ class CorruptionResult:
             self.mean_corruption_accuracy = 1.0 - self.mce
 
     def __repr__(self) -> str:
-        from robustest._repr import Raw, one_line
+        from robustest.core.reprs import Raw, one_line
 
         return one_line(self, clean_accuracy=self.clean_accuracy, mce=self.mce, corruptions=len(self.accuracy),
                         severities=Raw(str(tuple(self.severities))), num_samples=self.num_samples, table=self.table)
@@ -74,7 +74,7 @@ def corruption_accuracy(model: _CAny, data: _CAny, corruptions: str | list[str] 
                         device: _CAny = None) -> CorruptionResult:
     """Top-1 accuracy of ``model`` on ``data`` under each corruption and severity.
 
-    ``data``: anything :func:`robustest.runtime.iter_batches` takes with labels (images N x C x H x W in
+    ``data``: anything :func:`robustest.core.batching.iter_batches` takes with labels (images N x C x H x W in
     [0, 1], int64 labels [N]). Each batch is corrupted on the model's device with
     ``robustest.corruptions.corrupt(x, name, severity, seed=seed + batch_start)``, the batching of the
     ``robustest corrupt`` verb: the same ``seed`` and ``batch_size`` give the same result (another
@@ -85,9 +85,12 @@ def corruption_accuracy(model: _CAny, data: _CAny, corruptions: str | list[str] 
     import torch
 
     from robustest import corruptions as _corr
-    from robustest.errors import ConfigError as _CfgErr
-    from robustest.errors import DataError as _DataErr
-    from robustest.runtime import check_images, check_labels, eval_mode, forward, iter_batches, resolve_device
+    from robustest.core.batching import iter_batches
+    from robustest.core.devices import resolve_device
+    from robustest.core.errors import ConfigError as _CfgErr
+    from robustest.core.errors import DataError as _DataErr
+    from robustest.core.inputs import check_images, check_labels
+    from robustest.core.modelcall import eval_mode, forward
 
     names = _corr.resolve_names(corruptions)
     sevs = tuple(int(s) for s in severities)
@@ -140,7 +143,7 @@ from typing import Any as _RAny  # noqa: E402
 
 import torch as _rtorch  # noqa: E402
 
-from robustest.config import check_eps  # noqa: E402
+from robustest.core.validation import check_eps  # noqa: E402
 
 FIXED_SET_FORMAT = "robustest-fixed-adversarial-set"
 
@@ -174,14 +177,14 @@ class FixedAdversarialSet:
         return out
 
     def __repr__(self) -> str:
-        from robustest._repr import counts, one_line, shape
+        from robustest.core.reprs import counts, one_line, shape
 
         return one_line(self, n=len(self), by_attack=counts(self.counts()), eps=self.eps,
                         num_source=self.num_source, x=shape(self.x))
 
     def save(self, path: str | _RPath) -> _RPath:
         """Atomically write the set (``torch.save`` of plain data; loads with ``weights_only=True``)."""
-        from robustest.runtime import atomic_save
+        from robustest.core.atomic import atomic_save
 
         payload = {"format": FIXED_SET_FORMAT, "version": 1, "x": self.x.detach().float().cpu(),
                    "y": self.y.detach().long().cpu(), "source_index": self.source_index.detach().long().cpu(),
@@ -192,7 +195,7 @@ class FixedAdversarialSet:
     @classmethod
     def load(cls, path: str | _RPath) -> FixedAdversarialSet:
         """Read a set written by :meth:`save` (refuses anything else with a one-line DataError)."""
-        from robustest.runtime import load_plain
+        from robustest.core.reading import load_plain
 
         p = load_plain(path, fmt=FIXED_SET_FORMAT, what="fixed adversarial set", fix="build one with build_fixed_set")
         return cls(x=p["x"], y=p["y"], source_index=p["source_index"], method=list(p["method"]),
@@ -200,8 +203,9 @@ class FixedAdversarialSet:
 
 
 def _r_xy(data: _RAny, name: str = "data") -> tuple[_rtorch.Tensor, _rtorch.Tensor]:
-    from robustest.errors import DataError
-    from robustest.runtime import as_tensors, check_images, check_labels
+    from robustest.core.batching import as_tensors
+    from robustest.core.errors import DataError
+    from robustest.core.inputs import check_images, check_labels
 
     x, y = as_tensors(data)
     if y is None:
@@ -224,7 +228,7 @@ def adversarial_examples(model: _RAny, data: _RAny, eps: float, *,
     only examples the model misclassifies are kept. Seeded: same ``seed``, same examples.
     """
     from robustest import attacks as _atk
-    from robustest.errors import ConfigError
+    from robustest.core.errors import ConfigError
 
     eps = check_eps("eps", eps)
     x, y = _r_xy(data)
@@ -356,7 +360,7 @@ class RobustnessReport:
         return d
 
     def __repr__(self) -> str:
-        from robustest._repr import one_line
+        from robustest.core.reprs import one_line
 
         return one_line(self, clean_accuracy=self.clean_accuracy, fixed_set_accuracy=self.fixed_set_accuracy,
                         fixed_set_size=self.fixed_set_size, whitebox_accuracy=self.whitebox_accuracy,

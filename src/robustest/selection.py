@@ -36,7 +36,7 @@ distinct, exactly ``min(n, N)`` of them). Strategies:
   finds (within twice the optimal radius). One ``[N, D]`` distance update per pick on the features' device;
   duplicates are picked only once every distinct point is taken. Order: pick order.
 
-Errors are :class:`robustest.errors.ConfigError` with a one-line message; ``n`` larger than the pool returns
+Errors are :class:`robustest.core.errors.ConfigError` with a one-line message; ``n`` larger than the pool returns
 the whole pool with a :class:`UserWarning`.
 """
 
@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 
 __all__ = ["STRATEGIES", "describe", "names", "quantile_bins", "sections", "select"]
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from torch import nn
 
-from robustest.errors import ConfigError
-from robustest.runtime import DataLike
+from robustest.core.batching import DataLike
+from robustest.core.errors import ConfigError
 
 __all__ = ["assert_no_regression", "assert_robust", "robust_accuracy"]
 
@@ -33,7 +33,7 @@ def _limited(data: DataLike, limit: int | None) -> DataLike:
         return data
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ConfigError(f"limit must be a positive integer, got {limit!r}")
-    from robustest.runtime import as_tensors
+    from robustest.core.batching import as_tensors
 
     x, y = as_tensors(data)
     return x[:limit], (None if y is None else y[:limit])

@@ -25,9 +25,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from robustest import distributed
-from robustest.distributed import Shard
-from robustest.errors import ConfigError, DataError, TrainingDiverged
+from robustest.core import distributed
+from robustest.core.atomic import atomic_save
+from robustest.core.batching import DataLike, as_tensors, converts_batches, iter_batches, labels_of, split_batch
+from robustest.core.devices import channels_last_wanted, resolve_device
+from robustest.core.distributed import Shard
+from robustest.core.errors import ConfigError, DataError, TrainingDiverged
+from robustest.core.inputs import check_images, check_labels
+from robustest.core.modelcall import eval_mode, forward, set_mode
+from robustest.core.progress import progress as progress_bar
+from robustest.core.seeding import make_generator, seed_everything
 from robustest.recipes import (
     autocast,
     check_device,
@@ -38,27 +45,6 @@ from robustest.recipes import (
     grad_scaler,
     make_optimizer,
     make_schedule,
-)
-from robustest.runtime import (
-    DataLike,
-    as_tensors,
-    atomic_save,
-    channels_last_wanted,
-    check_images,
-    check_labels,
-    converts_batches,
-    eval_mode,
-    forward,
-    iter_batches,
-    labels_of,
-    make_generator,
-    resolve_device,
-    seed_everything,
-    set_mode,
-    split_batch,
-)
-from robustest.runtime import (
-    progress as progress_bar,
 )
 
 __all__ = ["EpochStats", "History", "TrainData", "accuracy", "channel_stats", "evaluate", "fit", "load_checkpoint",
@@ -94,7 +80,7 @@ class History:
         return self.epochs[-1]
 
     def __repr__(self) -> str:
-        from robustest._repr import one_line
+        from robustest.core.reprs import one_line
 
         last = self.epochs[-1] if self.epochs else None
         return one_line(self, epochs=len(self.epochs), loss=last.loss if last else None,

@@ -71,16 +71,12 @@ from robustest.attacks.cw import cw_l2
 from robustest.attacks.fab import fab
 from robustest.attacks.gradient import bim, fgsm, mifgsm, pgd, rfgsm
 from robustest.attacks.square import square
-from robustest.errors import ConfigError
-from robustest.runtime import (
-    DataLike,
-    check_images,
-    check_labels,
-    eval_mode,
-    forward,
-    make_generator,
-    resolve_device,
-)
+from robustest.core.batching import DataLike
+from robustest.core.devices import resolve_device
+from robustest.core.errors import ConfigError
+from robustest.core.inputs import check_images, check_labels
+from robustest.core.modelcall import eval_mode, forward
+from robustest.core.seeding import make_generator
 
 __all__ = [
     "AttackResult",
@@ -200,7 +196,7 @@ class AttackResult:
         return int(self.success.shape[0])
 
     def __repr__(self) -> str:
-        from robustest._repr import one_line, shape
+        from robustest.core.reprs import one_line, shape
 
         return one_line(self, name=self.name, n=len(self), eps=self.params.get("eps"),
                         success_rate=self.success_rate if len(self) else None,
@@ -269,9 +265,9 @@ def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | N
     progress bar over batches. ``target`` (targeted attacks) may be one class or int64 [N] (by position in
     the data set). Returns an :class:`AttackResult`.
     """
-    from robustest import distributed
-    from robustest.runtime import batch_origin, iter_batches, num_samples
-    from robustest.runtime import progress as _progress
+    from robustest.core import distributed
+    from robustest.core.batching import batch_origin, iter_batches, num_samples
+    from robustest.core.progress import progress as _progress
 
     entry = _entry(name)
     if "generator" in kw or "batch_size" in kw:

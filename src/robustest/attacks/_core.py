@@ -17,16 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest.errors import ConfigError, DataError
-from robustest.runtime import (
-    check_images,
-    check_labels,
-    eval_mode,
-    forward,
-    frozen_params,
-    make_generator,
-    resolve_device,
-)
+from robustest.core.devices import resolve_device
+from robustest.core.errors import ConfigError, DataError
+from robustest.core.inputs import check_images, check_labels
+from robustest.core.modelcall import eval_mode, forward, frozen_params
+from robustest.core.seeding import make_generator
 
 NORMS = ("linf", "l2")
 _DEFAULT_CHUNK = 512
@@ -34,7 +29,7 @@ _DEFAULT_CHUNK = 512
 
 # ------------------------------------------------------------------------------------------ validation
 def _check_non_negative(value: Any, name: str) -> float:
-    """A finite number >= 0 (step sizes, constants); radii go through :func:`robustest.config.check_eps`."""
+    """A finite number >= 0 (step sizes, constants); radii go through :func:`robustest.core.validation.check_eps`."""
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -246,7 +241,7 @@ def _run(core: Callable[..., torch.Tensor], model: nn.Module, x: torch.Tensor, y
         gen = make_generator(seed, device)
     elif gen.device.type != device.type:
         raise ConfigError(f"generator is on {gen.device} but the model is on {device}: create it with "
-                          "robustest.runtime.make_generator(seed, device)")
+                          "robustest.core.seeding.make_generator(seed, device)")
     n = x.shape[0]
     if n == 0:
         return x.clone()

@@ -42,8 +42,8 @@ from robustest.attacks._core import (
     _run,
     _step_direction,
 )
-from robustest.config import check_eps
-from robustest.runtime import forward
+from robustest.core.modelcall import forward
+from robustest.core.validation import check_eps
 
 __all__ = ["apgd", "apgd_dlr", "apgd_t"]
 

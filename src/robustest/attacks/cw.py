@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from robustest.attacks._core import _DEFAULT_CHUNK, _check_non_negative, _check_steps, _prepare, _run
-from robustest.config import check_eps
-from robustest.errors import ConfigError
-from robustest.runtime import forward
+from robustest.core.errors import ConfigError
+from robustest.core.modelcall import forward
+from robustest.core.validation import check_eps
 
 __all__ = ["cw_l2"]
 

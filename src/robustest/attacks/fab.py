@@ -38,8 +38,8 @@ from robustest.attacks._core import (
     _prepare,
     _run,
 )
-from robustest.config import check_eps
-from robustest.runtime import forward
+from robustest.core.modelcall import forward
+from robustest.core.validation import check_eps
 
 __all__ = ["fab"]
 

@@ -28,8 +28,8 @@ from robustest.attacks._core import (
     _run,
     _step_direction,
 )
-from robustest.config import check_eps
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
+from robustest.core.validation import check_eps
 
 __all__ = ["bim", "fgsm", "mifgsm", "pgd", "rfgsm"]
 

@@ -37,9 +37,9 @@ from robustest.attacks._core import (
     _prepare,
     _run,
 )
-from robustest.config import check_eps
-from robustest.errors import ConfigError
-from robustest.runtime import forward
+from robustest.core.errors import ConfigError
+from robustest.core.modelcall import forward
+from robustest.core.validation import check_eps
 
 __all__ = ["square"]
 

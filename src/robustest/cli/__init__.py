@@ -36,7 +36,7 @@ from robustest.cli._common import (
     progress_enabled,
     thread_count,
 )
-from robustest.errors import ConfigError, RobustestError
+from robustest.core.errors import ConfigError, RobustestError
 
 EXIT_OK = 0
 EXIT_GATE = 1  # a gate failed: eval --fail-under
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    from robustest import distributed
+    from robustest.core import distributed
 
     main_rank = True
     restore_logging = configure_logging(args.verb, quiet=bool(getattr(args, "quiet", False)))
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not main_rank:  # only rank 0 prints; outputs are written by rank 0 alone (runtime's writers)
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of this rank's process
         if getattr(args, "out", None) is not None:  # an unwritable (or empty) --out is found before the work
-            from robustest.runtime import check_writable
+            from robustest.core.atomic import check_writable
 
             check_writable(args.out, create=False)
         return int(args.func(args) or 0)
@@ -178,13 +178,13 @@ def _who(verb: str, main_rank: bool) -> str:
     share; another rank's own failure is printed by that rank)."""
     if main_rank:
         return f"robustest {verb}"
-    from robustest.distributed import rank
+    from robustest.core.distributed import rank
 
     return f"robustest {verb} (rank {rank()})"
 
 
 def _stopped_by_launcher(signum: int, frame: Any) -> None:
-    from robustest.distributed import RankFailure
+    from robustest.core.distributed import RankFailure
 
     raise RankFailure("stopped by torchrun (another rank failed, or the job was cancelled); rerun the same "
                       "command to continue from the last saved step (run/compare: with --resume)")

@@ -19,9 +19,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from robustest import data as datasets
-from robustest.config import MAX_SEED, check_eps, parse_number
-from robustest.errors import ConfigError
-from robustest.runtime import resolve_device
+from robustest.core.devices import resolve_device
+from robustest.core.errors import ConfigError
+from robustest.core.validation import MAX_SEED, check_eps, parse_number
 
 
 def add_data_args(p: argparse.ArgumentParser, split: str | None = "test", required: bool = True) -> None:
@@ -197,7 +197,7 @@ def thread_count(text: str) -> int:
 
 def _radius_type(norm: str | None) -> Callable[[str], float]:
     """An argparse ``type=`` for a radius: a number or a fraction (``8/255``) checked by
-    :func:`robustest.config.check_eps` for ``norm``; with ``norm`` None (a verb whose ``--norm`` flag decides)
+    :func:`robustest.core.validation.check_eps` for ``norm``; with ``norm`` None (a verb whose ``--norm`` flag decides)
     only read here: the verb applies ``check_eps`` with its norm before any work."""
 
     def parse(text: str) -> float:
@@ -226,15 +226,15 @@ radius = _radius_type(None)  # a radius whose norm another flag gives
 
 def batch_size_arg(text: str) -> int | str:
     """An argparse ``type=``: a positive integer, or ``auto`` (a probe fills the device's memory on CUDA; the
-    verb's default elsewhere: see robustest.batchsize)."""
+    verb's default elsewhere: see robustest.core.batchsize)."""
     return "auto" if str(text).strip().lower() == "auto" else positive_int(text)
 
 
 def resolve_batch_size(args: argparse.Namespace, model: nn.Module, data: Any, *, default: int, grad: bool,
                        amp: str | None = None) -> int:
-    """Replace ``args.batch_size`` ``auto`` by the size :func:`robustest.batchsize.auto_batch_size` picks for
+    """Replace ``args.batch_size`` ``auto`` by the size :func:`robustest.core.batchsize.auto_batch_size` picks for
     ``model`` and ``data`` (``args.batch_size_auto`` then True: the settings record both); returns it."""
-    from robustest.batchsize import AUTO, auto_batch_size
+    from robustest.core.batchsize import AUTO, auto_batch_size
 
     args.batch_size_auto = args.batch_size == AUTO
     args.batch_size = auto_batch_size(args.batch_size, model, data, default=default, grad=grad, amp=amp)
@@ -322,7 +322,7 @@ def build_zoo_model(args: argparse.Namespace, data: Any) -> nn.Module:
     square side and number of classes (--num-classes, or the largest label + 1). Needs --from-scratch; no
     normalisation layer (inputs in [0, 1] as they are), on --device."""
     from robustest import models as zoo
-    from robustest.runtime import image_shape, labels_of, num_samples, take
+    from robustest.core.batching import image_shape, labels_of, num_samples, take
 
     name = args.model_factory
     if not getattr(args, "random_init", False):
@@ -349,7 +349,8 @@ def check_fits(model: nn.Module, ds: Any) -> int:
     """Fail with one line when the data does not fit the model's input or label space, or when the model's
     logits on the first batch are NaN or infinite; returns K."""
     from robustest import models as zoo
-    from robustest.runtime import check_finite_logits, check_model_fits, image_shape
+    from robustest.core.batching import image_shape
+    from robustest.core.modelchecks import check_finite_logits, check_model_fits
 
     spec = getattr(model, "robustest_spec", None)
     if spec:
@@ -367,7 +368,7 @@ def check_fits(model: nn.Module, ds: Any) -> int:
 
 def out_dir(args: argparse.Namespace) -> Path:
     """The --out folder, created and proved writable (stale temporary files of a killed run removed)."""
-    from robustest.runtime import check_writable
+    from robustest.core.atomic import check_writable
 
     return check_writable(args.out)
 

@@ -36,11 +36,12 @@ from robustest.cli._common import (
     peak_rss_mib,
     positive_int,
 )
+from robustest.core.batching import image_shape, take
+from robustest.core.devices import resolve_device
+from robustest.core.errors import ConfigError
+from robustest.core.steps import Steps, data_fingerprint, fingerprint
 from robustest.corruptions.export import export
-from robustest.errors import ConfigError
 from robustest.results import write_results
-from robustest.runtime import image_shape, resolve_device, take
-from robustest.steps import Steps, data_fingerprint, fingerprint
 
 ORDER = 40
 

@@ -39,8 +39,8 @@ from robustest.cli._common import (
     resolve_batch_size,
     share_arg,
 )
-from robustest.config import check_eps
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
+from robustest.core.validation import check_eps
 
 ORDER = 35
 
@@ -114,9 +114,10 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from robustest.checkpoints import source_of
+    from robustest.core.atomic import atomic_save
+    from robustest.core.devices import model_device
     from robustest.evaluation import evaluate
     from robustest.results import write_results
-    from robustest.runtime import atomic_save, model_device
 
     t0 = time.perf_counter()
     attacks, severities = _check_args(args)
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         baseline = load_file(args.baseline, torchscript=args.torchscript, map_location=model_device(model))
     ds = load_data(args)
     check_fits(model, ds)
-    from robustest.recipes import check_amp
+    from robustest.core.amp import check_amp
 
     check_amp(args.amp, model_device(model))
     resolve_batch_size(args, model, ds, default=256, grad=True)

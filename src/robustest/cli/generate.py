@@ -48,10 +48,13 @@ from robustest.cli._common import (
     radius,
     resolve_batch_size,
 )
-from robustest.config import check_eps
-from robustest.errors import ConfigError
+from robustest.core.atomic import atomic_write_json
+from robustest.core.batching import image_shape, take
+from robustest.core.devices import model_device
+from robustest.core.errors import ConfigError
+from robustest.core.modelcall import forward
+from robustest.core.validation import check_eps
 from robustest.results import write_results
-from robustest.runtime import atomic_write_json, forward, image_shape, model_device, take
 
 ORDER = 30
 
@@ -177,7 +180,8 @@ def _fol(model, x, y, x0, eps: float, norm: str, batch_size: int) -> torch.Tenso
 
 
 def _predict(model, x: torch.Tensor, batch_size: int) -> torch.Tensor:
-    from robustest.runtime import eval_mode, resolve_device
+    from robustest.core.devices import resolve_device
+    from robustest.core.modelcall import eval_mode
 
     dev = resolve_device(model)
     out = []

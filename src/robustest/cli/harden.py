@@ -54,8 +54,8 @@ from robustest.cli._common import (
     positive_int,
     print_table,
 )
-from robustest.errors import ConfigError
-from robustest.runtime import atomic_write_json
+from robustest.core.atomic import atomic_write_json
+from robustest.core.errors import ConfigError
 
 ORDER = 35
 DEFAULT_VAL_SIZE = 1000  # held-out training images of robust early stopping (Rice et al. hold out 1,000)
@@ -171,7 +171,7 @@ def _prepare_out(args: argparse.Namespace) -> Path:
         if prev != settings:
             raise ConfigError(f"{out} holds a run with other settings: resume with the same options or choose "
                               "another --out")
-    from robustest import distributed
+    from robustest.core import distributed
 
     distributed.barrier()  # every rank has looked at --out before rank 0 writes the marker
     atomic_write_json(marker, {"args": settings})
@@ -207,8 +207,8 @@ def _method_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
 
 def _split(train: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     """(training data, validation data or None): --val-size images held out of ``train``, class-stratified."""
+    from robustest.core.batching import labels_of, num_samples, take
     from robustest.hardening import holdout_split
-    from robustest.runtime import labels_of, num_samples, take
 
     n = num_samples(train)
     if args.val_size is None:  # the default: 1000, at most a tenth of the data (resolved before the resume check)

@@ -44,7 +44,7 @@ ORDER = 40
 
 def budget_arg(text: str) -> int | str:
     """A budget: a count (``100``) or a percentage of the pool (``5%``)."""
-    from robustest.errors import ConfigError
+    from robustest.core.errors import ConfigError
     from robustest.robot import parse_budget
 
     value: int | str = int(text) if text.strip().isdigit() else text.strip()
@@ -279,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
     from robustest.robot.config import HARDEN_STRATEGIES
 
     if budget_given and cfg.strategies is None and cfg.strategy in HARDEN_STRATEGIES:
-        from robustest.errors import ConfigError
+        from robustest.core.errors import ConfigError
 
         raise ConfigError(f"a budget selects tests from a pool, which strategy {cfg.strategy} (the default) does not "
                           "use: add --strategy random (or another selection strategy) to run the selection loop")

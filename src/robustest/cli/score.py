@@ -54,11 +54,13 @@ from robustest.cli._common import (
     radius,
     resolve_batch_size,
 )
-from robustest.config import check_eps
-from robustest.errors import ConfigError, DataError
+from robustest.core.atomic import atomic_save, atomic_write_json
+from robustest.core.batching import image_shape, take
+from robustest.core.devices import model_device
+from robustest.core.errors import ConfigError, DataError
+from robustest.core.validation import check_eps
 from robustest.metrics.scoring import AMP_METRICS
 from robustest.results import write_results
-from robustest.runtime import atomic_save, atomic_write_json, image_shape, model_device, take
 
 ORDER = 30
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
@@ -238,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     layers = args.layers or None
     train = _load_train(args) if info.needs_train else None
     device = model_device(model)
-    from robustest.recipes import check_amp
+    from robustest.core.amp import check_amp
 
     check_amp(args.amp, device)
     # input gradients (fol, fol_gradnorm) and kept activations (coverage, surprise) hold about what a backward
@@ -353,7 +355,7 @@ def _report(doc: dict[str, Any], scores: torch.Tensor):
 def _write_csv(path, index: torch.Tensor, scores: torch.Tensor, y: torch.Tensor | None,
                x0_index: torch.Tensor | None) -> None:
     """index,score[,label][,x0_index] as CSV, written atomically in one go."""
-    from robustest.runtime import atomic_write_text
+    from robustest.core.atomic import atomic_write_text
 
     cols = [index.tolist(), [repr(float(v)) for v in scores.tolist()]]
     header = ["index", "score"]

@@ -42,9 +42,10 @@ from robustest.cli._common import (
     positive_int,
     seed_int,
 )
-from robustest.errors import ConfigError, DataError
+from robustest.core.atomic import atomic_save, atomic_write_text
+from robustest.core.errors import ConfigError, DataError
+from robustest.core.reading import check_torch_file
 from robustest.results import write_results
-from robustest.runtime import atomic_save, atomic_write_text, check_torch_file
 
 ORDER = 31
 

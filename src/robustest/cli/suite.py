@@ -41,7 +41,7 @@ from robustest.cli._common import (
     share_arg,
     significance,
 )
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 
 ORDER = 36
 SUITE_FILE = "suite.pt"
@@ -134,9 +134,9 @@ def _suite_path(text: str) -> Path:
 # ------------------------------------------------------------------------------------------------- build
 def run_build(args: argparse.Namespace) -> int:
     from robustest import corruptions
-    from robustest.config import check_eps
+    from robustest.core.devices import model_device
+    from robustest.core.validation import check_eps
     from robustest.results import write_results
-    from robustest.runtime import model_device
     from robustest.suite import build_suite
 
     t0 = time.perf_counter()
@@ -231,8 +231,8 @@ def _build_report(suite: Any, doc: dict[str, Any]) -> Any:
 def run_check(args: argparse.Namespace) -> int:
     from robustest.checkpoints import load_model as load_file
     from robustest.cli import EXIT_GATE
+    from robustest.core.devices import model_device
     from robustest.results import write_results
-    from robustest.runtime import model_device
     from robustest.suite import Suite, check_suite
 
     t0 = time.perf_counter()
@@ -272,7 +272,7 @@ def run_check(args: argparse.Namespace) -> int:
     log.info(res.message())
     log.info(f"wrote results.json, report.html to {out} in {time.perf_counter() - t0:.1f}s")
     if res.regression:
-        from robustest.distributed import is_main
+        from robustest.core.distributed import is_main
 
         c = res.comparison
         if is_main():  # one line, not one per rank

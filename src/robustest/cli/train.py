@@ -46,10 +46,11 @@ from robustest.cli._common import (
     positive_float,
     positive_int,
 )
-from robustest.errors import ConfigError
+from robustest.core.batching import image_shape, labels_of, take
+from robustest.core.devices import resolve_device
+from robustest.core.errors import ConfigError
 from robustest.recipes import RECIPES, TrainOptions, check_device, check_options, recipe
 from robustest.results import write_results
-from robustest.runtime import image_shape, labels_of, resolve_device, take
 from robustest.training import channel_stats
 
 ORDER = 10

@@ -43,9 +43,11 @@ from robustest.cli._common import (
     print_table,
     resolve_batch_size,
 )
-from robustest.errors import ConfigError, DataError
+from robustest.core.atomic import atomic_save
+from robustest.core.batching import labels_of, take
+from robustest.core.devices import model_device
+from robustest.core.errors import ConfigError, DataError
 from robustest.results import write_results
-from robustest.runtime import atomic_save, labels_of, model_device, take
 
 ORDER = 60
 
@@ -226,8 +228,8 @@ def _analysis_from_args(args: argparse.Namespace, model, ds, out: Path):
     the step size (neighbour noise is seeded per block of samples), only the resume points do."""
     from robustest import weakrobust as wr
     from robustest.checkpoints import state_fingerprint
-    from robustest.distributed import world_size
-    from robustest.steps import Steps, data_fingerprint, fingerprint
+    from robustest.core.distributed import world_size
+    from robustest.core.steps import Steps, data_fingerprint, fingerprint
 
     if args.batch_size == "auto":
         resolve_batch_size(args, model, ds, default=wr.default_batch_size(ds), grad=False, amp=args.amp)
@@ -485,7 +487,7 @@ def _enhance_state(args: argparse.Namespace, out: Path, model, train, weaknesses
     """Where enhance saves its state after every epoch: a file named by the run's fingerprint (settings,
     starting model, data), so rerunning the same command continues and a changed one starts afresh."""
     from robustest.checkpoints import state_fingerprint
-    from robustest.steps import data_fingerprint, fingerprint
+    from robustest.core.steps import data_fingerprint, fingerprint
 
     keys = ("epochs", "no_augmix", "no_adversarial", "jsd_weight", "adv_weight", "adv_eps", "adv_steps",
             "adv_source", "lr", "batch_size", "seed")
@@ -493,7 +495,7 @@ def _enhance_state(args: argparse.Namespace, out: Path, model, train, weaknesses
                      data_fingerprint(train))[:16]
     path = out / "state" / f"enhance_{fp}.pt"
     stale = [f for f in (out / "state").glob("enhance_*.pt") if f != path] if (out / "state").is_dir() else []
-    from robustest import distributed
+    from robustest.core import distributed
 
     if stale and distributed.is_main():
         for f in stale:

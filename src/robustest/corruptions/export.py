@@ -13,7 +13,7 @@ rank 0), not the whole set. Two layouts:
 
 Each batch is corrupted with seed ``seed + index of its first image``; batches start at multiples of
 ``batch_size`` on every rank, so the files are the same with one process or many. Each finished
-corruption is a saved step (:mod:`robustest.steps`): rerunning the same command after a kill skips it.
+corruption is a saved step (:mod:`robustest.core.steps`): rerunning the same command after a kill skips it.
 """
 
 from __future__ import annotations
@@ -30,18 +30,12 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from robustest import distributed
+from robustest.core import distributed
+from robustest.core.atomic import current_umask, describe_os_error
+from robustest.core.batching import image_shape, iter_batches, labels_of, num_samples
+from robustest.core.errors import ConfigError, OutputError
+from robustest.core.progress import progress
 from robustest.corruptions.registry import corrupt, default_table
-from robustest.errors import ConfigError, OutputError
-from robustest.runtime import (
-    _current_umask,
-    describe_os_error,
-    image_shape,
-    iter_batches,
-    labels_of,
-    num_samples,
-    progress,
-)
 
 __all__ = ["export"]
 
@@ -84,7 +78,7 @@ class _Writer:
         self.end()
         if self.zip is not None:
             self.zip.close()
-        os.chmod(self.tmp, 0o666 & ~_current_umask())  # mkstemp made it 0600: the mode open() would give
+        os.chmod(self.tmp, 0o666 & ~current_umask())  # mkstemp made it 0600: the mode open() would give
         h = hashlib.sha256()
         with open(self.tmp, "rb") as fh:
             os.fsync(fh.fileno())
@@ -122,7 +116,7 @@ def export(data: Any, out: str | os.PathLike[str], names: Sequence[str], severit
 
     ``names``: corruptions; ``severities``: 1-5 (``fmt="npy"`` needs all five, the CIFAR-10-C layout).
     ``table``: the parameter table (default by image size). ``run_step(key, fn)`` makes each corruption a
-    resumable step (see :class:`robustest.steps.Steps`). Returns ``{name: {file, sha256, rows, seconds}}``.
+    resumable step (see :class:`robustest.core.steps.Steps`). Returns ``{name: {file, sha256, rows, seconds}}``.
     """
     if fmt not in ("npz", "npy"):
         raise ConfigError(f"unknown format {fmt!r}: use npz or npy")

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from robustest.core.errors import ConfigError, DataError
 from robustest.corruptions.registry import _check_name, _check_severity, corrupt
 from robustest.corruptions.tables import _GROUPS, _ORDER, TABLES
-from robustest.errors import ConfigError, DataError
 
 _SUBSETS = {"common": "common", "validation": "validation", "all": None, "noise": "noise", "blur": "blur",
             "weather": "weather", "digital": "digital"}

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from robustest.core.errors import ConfigError, DataError
 from robustest.corruptions.registry import _check_name, _check_severity, corrupt, resolve_names
 from robustest.corruptions.tables import TABLES
-from robustest.errors import ConfigError, DataError
 
 
 def _draw_seed(generator: torch.Generator | None) -> int:

@@ -8,8 +8,8 @@ import math
 
 import torch
 
+from robustest.core.tasks import run_tasks
 from robustest.corruptions.sampling import SERIAL_CHUNK, _chunk_generators, _poisson, _randn, _uniform
-from robustest.runtime import run_tasks
 
 
 def _gaussian_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> torch.Tensor:

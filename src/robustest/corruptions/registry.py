@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from robustest.core.errors import ConfigError, DataError
+from robustest.core.inputs import check_images
 from robustest.corruptions.blur import _defocus_blur, _gaussian_blur, _glass_blur, _motion_blur, _zoom_blur
 from robustest.corruptions.digital import _contrast, _elastic_transform, _pixelate, _saturate
 from robustest.corruptions.filters import DENSE_MAX_PIXELS
@@ -16,8 +18,6 @@ from robustest.corruptions.noise import _gaussian_noise, _impulse_noise, _shot_n
 from robustest.corruptions.spatter import _spatter
 from robustest.corruptions.tables import _DESCRIPTIONS, _GROUPS, _ORDER, _TABLE_DATA, SMALL_IMAGE_MAX, TABLES
 from robustest.corruptions.weather import _brightness, _fog, _frost, _snow
-from robustest.errors import ConfigError, DataError
-from robustest.runtime import check_images
 
 # On the CPU, multi-pass corruptions (and all corruptions of images larger than 32 x 32 x 3) run on chunks of
 # about this many values: large temporaries cost page faults and cache misses on every pass.

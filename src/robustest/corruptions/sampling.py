@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from robustest.runtime import run_tasks
+from robustest.core.tasks import run_tasks
 
 DRAW_CHUNK = 1 << 18  # CPU random draws: values per independently seeded chunk
 SERIAL_CHUNK = 1 << 14  # values per tensor operation inside a chunk task: below torch's grain size (32768),
@@ -31,7 +31,7 @@ def _chunk_generators(numel: int, gen: torch.Generator, device: torch.device
 def _chunked_draws(numel: int, gen: torch.Generator, device: torch.device,
                    fill: Callable[[int, int, torch.Generator], None]) -> None:
     """Call ``fill(start, stop, generator)`` on every chunk of :func:`_chunk_generators` (torch's CPU samplers
-    are serial: the chunks run on several threads through :func:`robustest.runtime.run_tasks`). The chunking
+    are serial: the chunks run on several threads through :func:`robustest.core.tasks.run_tasks`). The chunking
     does not depend on the thread count, so neither do the draws."""
     chunks = _chunk_generators(numel, gen, device)
     run_tasks(len(chunks), lambda i: fill(*chunks[i]))

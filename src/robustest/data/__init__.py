@@ -3,7 +3,7 @@
 ``load(name, root=None, split="train", ...)`` returns a ``torch.utils.data.Dataset`` that keeps images
 compact: an :class:`ImageDataset` (uint8 levels in memory, or memory-mapped from ``.npy`` files) or a
 :class:`FolderDataset` (image files decoded lazily). Both convert to float per batch, so streaming a data
-set through :func:`robustest.runtime.iter_batches` costs one batch of float memory; ``ds.tensors`` gives
+set through :func:`robustest.core.batching.iter_batches` costs one batch of float memory; ``ds.tensors`` gives
 the whole set as float tensors for small data. Nothing is ever downloaded and nothing is written: every
 loader reads standard on-disk formats from ``root`` (the argument, else the ``ROBUSTEST_DATA``
 environment variable). The built-in default, ``digits``, is scikit-learn's bundled 8x8 digits.
@@ -45,10 +45,11 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from robustest.core.batching import labels_of
+from robustest.core.errors import DataError
+from robustest.core.reading import max_array_bytes
 from robustest.data.dataset import MAX_CLASSES, FolderDataset, ImageDataset, arrays_to_dataset
 from robustest.data.formats import open_npy, read_idx, read_npz, restricted_unpickle
-from robustest.errors import DataError
-from robustest.runtime import labels_of, max_array_bytes
 
 __all__ = [
     "MAX_CLASSES",

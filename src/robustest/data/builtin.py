@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from robustest.core.errors import DataError
 from robustest.data import IMAGE_SUFFIXES, DatasetInfo, LoadOptions, register
 from robustest.data.dataset import FolderDataset, ImageDataset, arrays_to_dataset, check_labels_array
 from robustest.data.formats import (
@@ -19,7 +20,6 @@ from robustest.data.formats import (
     read_npz_images,
     restricted_unpickle,
 )
-from robustest.errors import DataError
 
 TESTS_FORMAT = "robustest-tests"
 
@@ -298,7 +298,7 @@ def save_tests(path: str | os.PathLike[str], x: torch.Tensor, y: torch.Tensor, x
 
     The file is a ``torch.save`` of plain data and loads with ``weights_only=True`` (:func:`load_tests`).
     """
-    from robustest.runtime import atomic_save
+    from robustest.core.atomic import atomic_save
 
     n = x.shape[0]
     if y.shape != (n,) or x0_index.shape != (n,) or (fol is not None and fol.shape != (n,)):
@@ -319,7 +319,8 @@ def load_tests(path: str | os.PathLike[str]) -> dict:
     non-negative), ``method``, ``fol`` (float [N] or None) and ``extra``. Any missing key, wrong dtype or
     length, or value out of range is a :class:`DataError` naming it.
     """
-    from robustest.runtime import check_images, load_plain
+    from robustest.core.inputs import check_images
+    from robustest.core.reading import load_plain
 
     payload = load_plain(path, fmt=TESTS_FORMAT, what="robustest tests file",
                          fix="pass the tests.pt written by 'robustest generate'")

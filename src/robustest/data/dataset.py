@@ -3,7 +3,7 @@
 * :class:`ImageDataset`: images held as stored (uint8 levels, in memory or memory-mapped from a ``.npy``
   file, in NCHW, NHWC or NHW layout; or float32 already in [0, 1]) and int64 labels. Items and batches
   come out in the robustest contract (float32 N x C x H x W in [0, 1]); :meth:`ImageDataset.get_batch`
-  converts a whole slice or index set in one vectorised pass, which :func:`robustest.runtime.iter_batches`
+  converts a whole slice or index set in one vectorised pass, which :func:`robustest.core.batching.iter_batches`
   uses, so streaming a data set costs one batch of float memory, not the whole set.
 * :class:`FolderDataset`: class-per-subfolder image files decoded lazily with Pillow, optionally resized
   and centre-cropped to one size; ``num_workers`` sets the DataLoader workers that decode them.
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from robustest.errors import DataError
+from robustest.core.errors import DataError
 
 __all__ = ["MAX_CLASSES", "FolderDataset", "ImageDataset", "arrays_to_dataset"]
 
@@ -125,7 +125,7 @@ class ImageDataset(Dataset):
     @property
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole data set as (float32 N x C x H x W, int64 [N]) tensors: a full float copy, for small data.
-        Large data sets are streamed with :func:`robustest.runtime.iter_batches` instead."""
+        Large data sets are streamed with :func:`robustest.core.batching.iter_batches` instead."""
         return self.get_batch(slice(None))
 
     def head(self, n: int) -> ImageDataset:
@@ -150,7 +150,7 @@ class FolderDataset(Dataset):
     converted to ``channels`` (1: grey, 3: RGB; default: from the first image), resized to ``resize``
     (H, W) when given, then centre-cropped to ``center_crop`` (H, W) when given; without ``resize`` every
     image must have the first image's size. ``num_workers`` is the number of DataLoader worker processes
-    :func:`robustest.runtime.iter_batches` uses to decode.
+    :func:`robustest.core.batching.iter_batches` uses to decode.
     """
 
     def __init__(self, files: Sequence[Path], labels: Sequence[int], classes: Sequence[str], *,
@@ -241,8 +241,8 @@ class FolderDataset(Dataset):
     @property
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every image decoded, as (float32 N x C x H x W, int64 [N]) tensors: for small folders; large ones are
-        streamed with :func:`robustest.runtime.iter_batches`."""
-        from robustest.runtime import as_tensors
+        streamed with :func:`robustest.core.batching.iter_batches`."""
+        from robustest.core.batching import as_tensors
 
         x, y = as_tensors(self)
         assert y is not None

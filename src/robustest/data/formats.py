@@ -1,7 +1,7 @@
 """Readers of the on-disk formats, bounded and safe.
 
 Every reader looks at a file's header before it reads the data: an array whose declared size exceeds
-:func:`robustest.runtime.max_array_bytes` is refused before anything is allocated, ``limit`` keeps only the
+:func:`robustest.core.reading.max_array_bytes` is refused before anything is allocated, ``limit`` keeps only the
 first rows and is applied before decoding (only those bytes are read or decompressed), and a file shorter
 than its header promises is reported as truncated. Nothing here unpickles arbitrary objects: npz/npy files are
 read with ``allow_pickle=False`` semantics (object arrays refused) and CIFAR batches through a restricted
@@ -22,8 +22,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from robustest.errors import DataError
-from robustest.runtime import max_array_bytes
+from robustest.core.errors import DataError
+from robustest.core.reading import max_array_bytes
 
 __all__ = ["npz_headers", "open_npy", "read_idx", "read_npz", "read_npz_images", "restricted_unpickle"]
 
@@ -84,7 +84,7 @@ def read_npz(path: str | os.PathLike[str], names: list[str] | None = None, *, li
     """Read arrays of an npz file (all, or those in ``names``), only the first ``limit`` rows of each.
 
     Each member's header is read first: object arrays are refused and a declared size above
-    :func:`robustest.runtime.max_array_bytes` is refused before decompression (a deflate bomb cannot expand).
+    :func:`robustest.core.reading.max_array_bytes` is refused before decompression (a deflate bomb cannot expand).
     """
     path = Path(path)
     with open(path, "rb") as fh:

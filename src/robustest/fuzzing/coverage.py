@@ -32,17 +32,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest import _repr
-from robustest.errors import ConfigError
+from robustest.core import reprs
+from robustest.core.batching import checked_inputs
+from robustest.core.devices import resolve_device
+from robustest.core.errors import ConfigError
+from robustest.core.modelcall import eval_mode, forward
+from robustest.core.progress import progress
+from robustest.core.seeding import make_generator
 from robustest.fuzzing.mutations import OPS, mutate
-from robustest.runtime import (
-    checked_inputs,
-    eval_mode,
-    forward,
-    make_generator,
-    progress,
-    resolve_device,
-)
 
 __all__ = ["CoverageFuzzResult", "coverage_fuzz"]
 
@@ -76,11 +73,11 @@ class CoverageFuzzResult:
 
     def __repr__(self) -> str:
         s = self.stats
-        return _repr.one_line(self, tests=len(self), seeds=s.get("seeds"), metric=s.get("metric"),
+        return reprs.one_line(self, tests=len(self), seeds=s.get("seeds"), metric=s.get("metric"),
                               coverage_seeds=s.get("coverage_seeds"), coverage_final=s.get("coverage_final"),
                               iterations=s.get("iterations"),
                               corpus=int(self.corpus.shape[0]) if self.corpus is not None else None,
-                              x=_repr.shape(self.x), seconds=s.get("wall_time_s"))
+                              x=reprs.shape(self.x), seconds=s.get("wall_time_s"))
 
 
 class _Queue:

@@ -40,18 +40,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest import _repr
-from robustest.config import check_eps
-from robustest.errors import ConfigError
-from robustest.runtime import (
-    checked_inputs,
-    eval_mode,
-    forward,
-    frozen_params,
-    make_generator,
-    progress,
-    resolve_device,
-)
+from robustest.core import reprs
+from robustest.core.batching import checked_inputs
+from robustest.core.devices import resolve_device
+from robustest.core.errors import ConfigError
+from robustest.core.modelcall import eval_mode, forward, frozen_params
+from robustest.core.progress import progress
+from robustest.core.seeding import make_generator
+from robustest.core.validation import check_eps
 
 __all__ = ["FOL_VARIANTS", "FuzzResult", "fol_fuzz"]
 
@@ -86,9 +82,9 @@ class FuzzResult:
         return int(self.x.shape[0])
 
     def __repr__(self) -> str:
-        return _repr.one_line(self, tests=len(self), seeds=self.stats.get("seeds"),
+        return reprs.one_line(self, tests=len(self), seeds=self.stats.get("seeds"),
                               seeds_with_tests=self.stats.get("seeds_with_tests"),
-                              mean_fol=float(self.fol.float().mean()) if len(self) else None, x=_repr.shape(self.x),
+                              mean_fol=float(self.fol.float().mean()) if len(self) else None, x=reprs.shape(self.x),
                               seconds=self.stats.get("wall_time_s"))
 
     def tests_per_seed(self, num_seeds: int | None = None) -> torch.Tensor:

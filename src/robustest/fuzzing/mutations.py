@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import kornia
 import torch
 
-from robustest import _repr
-from robustest.errors import ConfigError
-from robustest.runtime import check_images
+from robustest.core import reprs
+from robustest.core.errors import ConfigError
+from robustest.core.inputs import check_images
 
 __all__ = [
     "AFFINE",
@@ -269,8 +269,8 @@ class MutationBatch:
     op: torch.Tensor
 
     def __repr__(self) -> str:
-        return _repr.one_line(self, n=int(self.x.shape[0]), valid=int(self.valid.sum()),
-                              affine_done=int(self.affine_done.sum()), x=_repr.shape(self.x))
+        return reprs.one_line(self, n=int(self.x.shape[0]), valid=int(self.valid.sum()),
+                              affine_done=int(self.affine_done.sum()), x=reprs.shape(self.x))
 
 
 def mutate(x: torch.Tensor, generator: torch.Generator | None = None, *, ref: torch.Tensor | None = None,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 from robustest.metrics.loss import fol, fol_gradnorm, input_gradients, zol
 from robustest.metrics.uncertainty import (
     entropy,

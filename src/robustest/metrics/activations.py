@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest import _repr, runtime
-from robustest.errors import ConfigError, DataError
+from robustest.core import batching, devices, inputs, modelcall, reprs
+from robustest.core.errors import ConfigError, DataError
 
 __all__ = [
     "ACTIVATION_TYPES",
@@ -169,8 +169,8 @@ class Traces:
     sizes: list[int]
 
     def __repr__(self) -> str:
-        return _repr.one_line(self, n=int(self.acts.shape[0]), acts=_repr.shape(self.acts),
-                              logits=_repr.shape(self.logits), layers=len(self.sizes))
+        return reprs.one_line(self, n=int(self.acts.shape[0]), acts=reprs.shape(self.acts),
+                              logits=reprs.shape(self.logits), layers=len(self.sizes))
 
 
 def iter_traces(model: nn.Module, data: Any, layers: LayerSpec = None, batch_size: int = 256,
@@ -180,16 +180,16 @@ def iter_traces(model: nn.Module, data: Any, layers: LayerSpec = None, batch_siz
     Runs under ``eval_mode`` and ``no_grad``; hooks are removed and modes restored when the iterator is
     exhausted or closed. Yields :class:`Traces` on the model's device.
     """
-    dev = runtime.resolve_device(model, device)
+    dev = devices.resolve_device(model, device)
     names = resolve_layers(model, layers)
     sizes: list[int] | None = None
-    with runtime.eval_mode(model), capture(model, names) as store:
-        for idx, xb, _ in runtime.iter_batches(data, batch_size, dev, with_index=True):
-            runtime.check_images(xb, "x")
+    with modelcall.eval_mode(model), capture(model, names) as store:
+        for idx, xb, _ in batching.iter_batches(data, batch_size, dev, with_index=True):
+            inputs.check_images(xb, "x")
             for v in store.values():
                 v.clear()
             with torch.no_grad():  # not held across the yield: the caller's grad mode stays its own
-                logits = runtime.forward(model, xb)
+                logits = modelcall.forward(model, xb)
             parts: list[torch.Tensor] = []
             for n in names:
                 if not store[n]:

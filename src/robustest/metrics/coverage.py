@@ -41,8 +41,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest import runtime
-from robustest.errors import ConfigError, DataError
+from robustest.core import inputs
+from robustest.core.errors import ConfigError, DataError
 from robustest.metrics.activations import LayerSpec, iter_traces, resolve_layers
 
 __all__ = ["DEFAULTS", "METRICS", "CoverageProfile", "per_input_scores"]
@@ -322,7 +322,7 @@ class CoverageProfile:
     def _traces(self, x: torch.Tensor, batch_size: int | None) -> Iterator[torch.Tensor]:
         if self.model is None:
             raise ConfigError("this profile has no model (loaded with from_dict): pass model= to from_dict")
-        runtime.check_images(x, "x")
+        inputs.check_images(x, "x")
         it = iter_traces(self.model, x, self.layers, batch_size or self.batch_size)
         with closing(it):  # type: ignore[type-var]
             for t in it:
@@ -394,6 +394,6 @@ def per_input_scores(model: nn.Module, train: Any, x: torch.Tensor, metric: str 
     """Build a profile of ``model`` on ``train`` and return each image's coverage fraction: ``x [N, C, H, W]``
     -> float32 ``[N]`` on x's device (see :class:`CoverageProfile` for the metrics and their options)."""
     _options(metric, opts)
-    runtime.check_images(x, "x")
+    inputs.check_images(x, "x")
     profile = CoverageProfile.build(model, train, layers=layers, batch_size=batch_size)
     return profile.per_input(x, metric, **opts)

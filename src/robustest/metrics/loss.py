@@ -22,9 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest.config import check_eps
-from robustest.errors import ConfigError, DataError
-from robustest.runtime import check_images, check_labels, eval_mode, forward, frozen_params, resolve_device
+from robustest.core.devices import resolve_device
+from robustest.core.errors import ConfigError, DataError
+from robustest.core.inputs import check_images, check_labels
+from robustest.core.modelcall import eval_mode, forward, frozen_params
+from robustest.core.validation import check_eps
 
 __all__ = ["DEFAULT_BATCH_SIZE", "NORMS", "fol", "fol_gradnorm", "input_gradients", "zol"]
 

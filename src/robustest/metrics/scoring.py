@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest import distributed, runtime
-from robustest.errors import ConfigError, DataError
+from robustest.core import batching, devices, distributed, inputs
+from robustest.core.errors import ConfigError, DataError
+from robustest.core.progress import progress as progress_bar
 
 __all__ = ["AMP_METRICS", "ScoreResult", "score"]
 
@@ -71,7 +72,7 @@ def score(model: nn.Module, data: Any, metric: str, *, train: Any = None,
     layer activations compared with a float32 reference (coverage, surprise) refuse it.
     """
     from robustest import metrics
-    from robustest.recipes import autocast, check_amp
+    from robustest.core.amp import autocast, check_amp
 
     m = metrics.info(metric)
     if m.needs_train and train is None:
@@ -80,7 +81,7 @@ def score(model: nn.Module, data: Any, metric: str, *, train: Any = None,
         why = "input gradients" if m.kind == "loss" else "layer activations compared with a float32 reference"
         raise ConfigError(f"amp applies to the metrics computed from the logits alone ({', '.join(AMP_METRICS)}); "
                           f"{metric} needs {why} in float32: drop amp")
-    dev = runtime.resolve_device(model, device)
+    dev = devices.resolve_device(model, device)
     amp = check_amp(amp, dev)
     scores, index, labels, bits = [], [], [], []
     result = ScoreResult(metric, torch.empty(0), torch.empty(0, dtype=torch.int64), None, dict(opts))
@@ -118,19 +119,19 @@ def score(model: nn.Module, data: Any, metric: str, *, train: Any = None,
         def per_batch(xb, yb, idx):
             seeds = None
             if x0 is not None:
-                seeds = x0(idx) if callable(x0) else runtime.take(x0, idx)[0]
+                seeds = x0(idx) if callable(x0) else batching.take(x0, idx)[0]
                 seeds = seeds.to(xb.device)
             if m.needs_labels and yb is None and opts.get("label", "true") != "pred":
                 raise ConfigError(f"metric {metric!r} needs labels: the data set has none (or use label='pred')")
             with autocast(amp, dev):
                 return metrics.compute(metric, model, xb, yb, x0=seeds, batch_size=batch_size, **opts)
 
-    total = runtime.num_samples(data)
+    total = batching.num_samples(data)
     shard = distributed.Shard.current()  # under torchrun each rank scores its part; the parts are gathered
-    batches = runtime.iter_batches(data, batch_size, dev, with_index=True, shard=shard)
-    for idx, xb, yb in runtime.progress(batches, enabled=progress, desc=metric, total=-(-total // batch_size),
+    batches = batching.iter_batches(data, batch_size, dev, with_index=True, shard=shard)
+    for idx, xb, yb in progress_bar(batches, enabled=progress, desc=metric, total=-(-total // batch_size),
                                         unit="batch"):
-        runtime.check_images(xb, "x")
+        inputs.check_images(xb, "x")
         scores.append(per_batch(xb, yb, idx).detach().float().cpu())
         index.append(idx.cpu())
         if yb is not None:

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from robustest import runtime
-from robustest.errors import ConfigError, DataError
+from robustest.core import devices, inputs
+from robustest.core.errors import ConfigError, DataError
 from robustest.metrics.activations import LayerSpec, default_layers, iter_traces, resolve_layers
 
 __all__ = ["SurpriseAdequacy", "sa_scores"]
@@ -123,7 +123,7 @@ class SurpriseAdequacy:
         model's device."""
         if self.model is None:
             raise ConfigError("this reference has no model (loaded with from_dict): pass model= to from_dict")
-        runtime.check_images(x, "x")
+        inputs.check_images(x, "x")
         acts, preds = [], []
         it = iter_traces(self.model, x, self.layers, batch_size or self.batch_size)
         with closing(it):  # type: ignore[type-var]
@@ -133,7 +133,7 @@ class SurpriseAdequacy:
                 acts.append(t.acts)
                 preds.append(t.logits.argmax(1))
         if not acts:
-            dev = runtime.model_device(self.model)
+            dev = devices.model_device(self.model)
             return torch.zeros(0, sum(self.sizes), device=dev), torch.zeros(0, dtype=torch.int64, device=dev)
         return torch.cat(acts), torch.cat(preds)
 
@@ -277,7 +277,7 @@ def sa_scores(model: nn.Module, train: Any, x: torch.Tensor, metric: str = "lsa"
     if unknown:
         raise ConfigError(f"{metric} takes options var_threshold, max_features, filter_scope, "
                           f"not {', '.join(sorted(unknown))}")
-    runtime.check_images(x, "x")
+    inputs.check_images(x, "x")
     sa = SurpriseAdequacy.build(model, train, layers, batch_size=batch_size, **opts)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -15,8 +15,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from robustest.errors import ConfigError, DataError
-from robustest.runtime import check_images, eval_mode, forward, resolve_device
+from robustest.core.devices import resolve_device
+from robustest.core.errors import ConfigError, DataError
+from robustest.core.inputs import check_images
+from robustest.core.modelcall import eval_mode, forward
 
 __all__ = [
     "entropy",

@@ -38,8 +38,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest.errors import ConfigError
-from robustest.runtime import logits_of
+from robustest.core.errors import ConfigError
+from robustest.core.modelcall import logits_of
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -248,7 +248,7 @@ class Logits(nn.Module):
     """Wrap a model whose forward returns more than logits, selecting them with ``output``.
 
     ``output`` is a dict key or attribute name (str), a tuple/list position (int), or a callable mapping the
-    raw output to the N x K logits; None uses :func:`robustest.runtime.logits_of`'s rules (a tensor, the
+    raw output to the N x K logits; None uses :func:`robustest.core.modelcall.logits_of`'s rules (a tensor, the
     ``logits`` attribute/key, the first tensor of a tuple or dict). The wrapped model is ``self.model``, so
     its parameters and state_dict keys (prefixed ``model.``) stay reachable.
     """

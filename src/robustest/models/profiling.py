@@ -15,8 +15,9 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from robustest.errors import ConfigError
-from robustest.runtime import eval_mode, forward, resolve_device
+from robustest.core.devices import resolve_device
+from robustest.core.errors import ConfigError
+from robustest.core.modelcall import eval_mode, forward
 
 __all__ = ["profile"]
 

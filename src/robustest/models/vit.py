@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 from robustest.models import register
 
 __all__ = ["VisionTransformer", "vit_tiny"]

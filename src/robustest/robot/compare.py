@@ -11,8 +11,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from robustest import distributed
-from robustest.errors import ConfigError, DataError
+from robustest.core import distributed
+from robustest.core.atomic import atomic_save, atomic_write_json
+from robustest.core.errors import ConfigError, DataError
 from robustest.robot.compute import PassCounter, cell_compute
 from robustest.robot.config import (
     BUDGET_FREE,
@@ -37,7 +38,6 @@ from robustest.robot.setup import (
     _setup,
 )
 from robustest.robustness import RobustnessReport
-from robustest.runtime import atomic_save, atomic_write_json
 
 #: the figures paired_vs_random compares (autoattack_accuracy only where it was measured: config ``autoattack``)
 PAIRED_METRICS = ("fixed_set_accuracy", "whitebox_accuracy", "clean_accuracy", "autoattack_accuracy")
@@ -99,7 +99,7 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
     cache["fol_passes"] = pool_cost.get("fol_scoring")
     cells: list[dict[str, Any]] = []
     selected_by_strategy: dict[str, torch.Tensor] = {}
-    from robustest.runtime import progress as progress_bar
+    from robustest.core.progress import progress as progress_bar
 
     plan = [(b, s, sd) for b in budgets for s in strategies if s not in BUDGET_FREE for sd in cfg.seeds]
     plan += [(BUDGET_FREE[s], s, sd) for s in strategies if s in BUDGET_FREE for sd in cfg.seeds]

@@ -6,7 +6,7 @@ The counter is measured, not estimated: a forward hook on the model adds the bat
 when the output takes part in autograd a hook on the output tensor adds the batch size again when a backward
 (``loss.backward()`` or ``torch.autograd.grad`` w.r.t. the input) runs through it. Forwards without a backward
 (evaluation, scoring under ``no_grad``) therefore count 1/3 each; a training step or an attack step 1.
-Under torchrun the work that the ranks share out (:func:`robustest.distributed.sharded_work`, e.g. the
+Under torchrun the work that the ranks share out (:func:`robustest.core.distributed.sharded_work`, e.g. the
 batches of ``attack()``) is summed over the ranks, and what every rank repeats is counted once, so the
 count equals one process's.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest import distributed
+from robustest.core import distributed
 
 
 def _first_tensor(out: Any) -> torch.Tensor | None:

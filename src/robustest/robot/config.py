@@ -13,8 +13,16 @@ from typing import Any
 import numpy as np
 
 from robustest import data as datasets
-from robustest.config import check_bool, check_eps, check_float, check_int, check_keywords, check_seed, check_str
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
+from robustest.core.validation import (
+    check_bool,
+    check_eps,
+    check_float,
+    check_int,
+    check_keywords,
+    check_seed,
+    check_str,
+)
 
 POOLS = ("attack", "fol-fuzz", "cov-fuzz")
 #: retraining by adversarial training against the current model (robustest.hardening), as strategies: the

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest.errors import ConfigError
+from robustest.core.atomic import atomic_save, atomic_write_json
+from robustest.core.errors import ConfigError
 from robustest.robot.compare import compare
 from robustest.robot.compute import PassCounter, cell_compute
 from robustest.robot.config import HARDEN_STRATEGIES, RobotConfig, derive_seed, parse_budget
@@ -31,7 +32,6 @@ from robustest.robot.setup import (
     _Setup,
     _setup,
 )
-from robustest.runtime import atomic_save, atomic_write_json
 
 
 # ------------------------------------------------------------------------------------- convergence rule

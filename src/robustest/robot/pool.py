@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest import _repr
-from robustest.errors import ConfigError
+from robustest.core import reprs
+from robustest.core.errors import ConfigError
 from robustest.robot.config import STRATEGIES, RobotConfig, derive_seed
 from robustest.robustness import adversarial_examples
 
@@ -33,8 +33,8 @@ class Pool:
 
     def __repr__(self) -> str:
         fol = float(self.fol.float().median()) if len(self) else None
-        return _repr.one_line(self, n=len(self), by_method=_repr.counts(self.counts()), median_fol=fol,
-                              x=_repr.shape(self.x))
+        return reprs.one_line(self, n=len(self), by_method=reprs.counts(self.counts()), median_fol=fol,
+                              x=reprs.shape(self.x))
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

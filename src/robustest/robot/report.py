@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 
+from robustest.core.atomic import atomic_write_json
 from robustest.report import format_value, mean_std, plural
 from robustest.results import RESULTS_VERSION, document, results_format
 from robustest.robot.config import DEFAULT_STRATEGIES, HARDEN_STRATEGIES, RobotConfig
 from robustest.robot.pool import Pool
 from robustest.robot.setup import _log, _Setup
-from robustest.runtime import atomic_write_json
 
 RESULTS_FORMATS = {"loop": results_format("run"), "compare": results_format("compare")}
 RESULTS_FORMAT = RESULTS_FORMATS["loop"]  # the loop's; a comparison writes RESULTS_FORMATS["compare"]

@@ -16,11 +16,14 @@ from torch import nn
 
 from robustest import data as datasets
 from robustest.checkpoints import clone_model, source_of
-from robustest.errors import ConfigError, DataError
+from robustest.core.atomic import atomic_save, atomic_write_json
+from robustest.core.devices import resolve_device
+from robustest.core.errors import ConfigError, DataError
+from robustest.core.modelcall import set_mode
+from robustest.core.modelchecks import check_model_fits
 from robustest.robot.config import _EXTENDABLE_KEYS, _PATH_KEYS, RobotConfig, derive_seed
 from robustest.robot.pool import Pool
 from robustest.robustness import FixedAdversarialSet, RobustnessReport, adversarial_examples, build_fixed_set, measure
-from robustest.runtime import atomic_save, atomic_write_json, check_model_fits, resolve_device, set_mode
 
 
 def _quantiles(t: torch.Tensor) -> dict[str, float | None]:
@@ -90,7 +93,7 @@ def _prepare_out(cfg: RobotConfig, kind: str) -> Path:
         if prev.get("fingerprint") != fp:
             raise ConfigError(f"{out} holds a run with different settings: resume with the same config or use "
                               "another --out")
-    from robustest import distributed
+    from robustest.core import distributed
 
     distributed.barrier()  # under torchrun every rank has looked at --out before rank 0 writes the marker
     return out

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest.errors import ConfigError, DataError
-from robustest.runtime import DataLike, iter_batches, num_samples, take
+from robustest.core.batching import DataLike, iter_batches, num_samples, take
+from robustest.core.errors import ConfigError, DataError
 from robustest.suite.format import SUITE_VERSION, Suite, model_fingerprint
 from robustest.weakrobust.selection import allocate
 
@@ -119,9 +119,10 @@ def evaluate_outcomes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, attack
     ``clean`` and ``robust`` (bool [K], from :func:`robustest.evaluation.evaluate` with the stored attack
     settings), ``corruption`` (bool [K, S]: correct under each stored corruption setting, the samples corrupted in
     batches of ``batch_size`` with seed ``seed + batch start``) and ``seconds``."""
+    from robustest.core.devices import resolve_device
+    from robustest.core.modelcall import eval_mode, forward
     from robustest.corruptions import corrupt
     from robustest.evaluation import evaluate
-    from robustest.runtime import eval_mode, forward, resolve_device
 
     t0 = time.perf_counter()
     res = evaluate(model, (x, y), attack["eps"], norm=attack["norm"], version=attack["version"],
@@ -171,7 +172,7 @@ def build_suite(model: nn.Module, data: DataLike, eps: float, *, k: int = 100, n
     split. Under torchrun every rank returns the same suite (the analysis and the evaluation are shared out).
     """
     from robustest import corruptions as corr_mod
-    from robustest.config import check_eps
+    from robustest.core.validation import check_eps
     from robustest.evaluation import ensemble_plan
     from robustest.weakrobust import analyze
 

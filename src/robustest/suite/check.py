@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 from robustest.suite.build import evaluate_outcomes
 from robustest.suite.format import Suite, model_fingerprint
 from robustest.suite.stats import Difference, Estimate, paired_difference, stratified_estimate
@@ -156,7 +156,7 @@ def check_suite(candidate: nn.Module, suite: Suite | str | os.PathLike[str], bas
     if baseline is not None and baseline is not False and not isinstance(baseline, nn.Module):
         raise ConfigError(f"baseline must be a torch.nn.Module, None or False, got {type(baseline).__name__}")
     x, y = suite.images(), suite.y.long()
-    from robustest.runtime import resolve_device
+    from robustest.core.devices import resolve_device
 
     x = x.to(resolve_device(candidate))
     y = y.to(x.device)

@@ -34,8 +34,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest.errors import DataError
-from robustest.runtime import atomic_save, check_torch_file
+from robustest.core.atomic import atomic_save
+from robustest.core.errors import DataError
+from robustest.core.reading import check_torch_file
 
 __all__ = ["SUITE_FORMAT", "SUITE_VERSION", "Suite", "content_sha256", "model_fingerprint", "tensor_sha256"]
 

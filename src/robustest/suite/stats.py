@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 
 __all__ = ["Difference", "Estimate", "mcnemar_exact", "paired_difference", "stratified_estimate", "weighted_counts"]
 

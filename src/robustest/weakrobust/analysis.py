@@ -16,29 +16,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest import _repr
-from robustest.config import check_eps, check_float, check_int
-from robustest.distributed import Shard, all_gather_cat
-from robustest.errors import ConfigError, DataError
-from robustest.recipes import autocast, check_amp
-from robustest.runtime import (
-    DataLike,
-    atomic_save,
-    check_images,
-    check_labels,
-    check_logits,
-    eval_mode,
-    forward,
-    frozen_params,
-    image_shape,
-    iter_batches,
-    load_plain,
-    make_generator,
-    num_samples,
-    resolve_device,
-    run_tasks,
-)
-from robustest.runtime import progress as progress_bar
+from robustest.core import reprs
+from robustest.core.amp import autocast, check_amp
+from robustest.core.atomic import atomic_save
+from robustest.core.batching import DataLike, image_shape, iter_batches, num_samples
+from robustest.core.devices import resolve_device
+from robustest.core.distributed import Shard, all_gather_cat
+from robustest.core.errors import ConfigError, DataError
+from robustest.core.inputs import check_images, check_labels, check_logits
+from robustest.core.modelcall import eval_mode, forward, frozen_params
+from robustest.core.progress import progress as progress_bar
+from robustest.core.reading import load_plain
+from robustest.core.seeding import make_generator
+from robustest.core.tasks import run_tasks
+from robustest.core.validation import check_eps, check_float, check_int
 
 NOISE_BLOCK = 16
 VALUES_PER_PASS = 2**22  # pixel values per forward pass when batch_size is not given (about 16 MB of input)
@@ -78,7 +69,7 @@ class Analysis:
 
     def __repr__(self) -> str:
         s = self.summary()
-        return _repr.one_line(self, n=len(self), mean_score=s["mean_score"], clean_accuracy=s["clean_accuracy"],
+        return reprs.one_line(self, n=len(self), mean_score=s["mean_score"], clean_accuracy=s["clean_accuracy"],
                               frac_most_neighbours_wrong=s["frac_most_neighbours_wrong"],
                               n_neighbors=self.params.get("n_neighbors"), eps=self.params.get("eps"),
                               noise=self.params.get("noise"))

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 from robustest.weakrobust.validation import ATTACKS
 
 # The operations run through kornia where kornia's op computes the same thing as ours: posterize and solarize

@@ -17,23 +17,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest import _repr, distributed
 from robustest.checkpoints import clone_model
-from robustest.config import check_eps
-from robustest.distributed import Shard
-from robustest.errors import ConfigError, TrainingDiverged
-from robustest.runtime import (
-    DataLike,
-    atomic_save,
-    channels_last_wanted,
-    forward,
-    image_shape,
-    load_plain,
-    resolve_device,
-    seed_everything,
-    set_mode,
-)
-from robustest.runtime import progress as progress_bar
+from robustest.core import distributed, reprs
+from robustest.core.atomic import atomic_save
+from robustest.core.batching import DataLike, image_shape
+from robustest.core.devices import channels_last_wanted, resolve_device
+from robustest.core.distributed import Shard
+from robustest.core.errors import ConfigError, TrainingDiverged
+from robustest.core.modelcall import forward, set_mode
+from robustest.core.progress import progress as progress_bar
+from robustest.core.reading import load_plain
+from robustest.core.seeding import seed_everything
+from robustest.core.validation import check_eps
 from robustest.training import TrainData
 from robustest.weakrobust.augment import _augmix, _jsd, augmentation_pool
 from robustest.weakrobust.validation import ValidationResult, default_eps_grid
@@ -51,7 +46,7 @@ class EnhanceResult:
 
     def __repr__(self) -> str:
         last = self.epochs[-1] if self.epochs else {}
-        return _repr.one_line(self, epochs=len(self.epochs), loss=last.get("loss"), ce=last.get("ce"),
+        return reprs.one_line(self, epochs=len(self.epochs), loss=last.get("loss"), ce=last.get("ce"),
                               jsd=last.get("jsd"), adv=last.get("adv"), pool=len(self.pool),
                               weaknesses=len(self.weaknesses), seconds=self.seconds)
 
@@ -247,7 +242,7 @@ STATE_FORMAT = "robustest-enhance-state-1"
 
 
 def _load_state(path: Path, settings: str) -> dict[str, Any]:
-    """The state :func:`enhance` saved at ``path`` (read by :func:`robustest.runtime.load_plain`); a one-line
+    """The state :func:`enhance` saved at ``path`` (read by :func:`robustest.core.reading.load_plain`); a one-line
     ConfigError when it holds another run (settings, starting model or data size)."""
     st = load_plain(path, fmt=STATE_FORMAT, what="enhancement state robustest wrote",
                     fix="delete it or choose another resume_file")

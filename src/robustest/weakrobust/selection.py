@@ -17,15 +17,10 @@ from typing import Any
 
 import torch
 
-from robustest import _repr
-from robustest.errors import ConfigError, DataError
-from robustest.runtime import (
-    DataLike,
-    atomic_save,
-    atomic_write_json,
-    num_samples,
-    take,
-)
+from robustest.core import reprs
+from robustest.core.atomic import atomic_save, atomic_write_json
+from robustest.core.batching import DataLike, num_samples, take
+from robustest.core.errors import ConfigError, DataError
 from robustest.weakrobust.analysis import Analysis
 
 
@@ -53,7 +48,7 @@ class WeakSet:
     def __repr__(self) -> str:
         rule = self.rule.get("rule")
         setting = {k: self.rule[k] for k in ("k", "fraction", "threshold") if k in self.rule}
-        return _repr.one_line(self, n=len(self), strategy=self.rule.get("strategy", "weak"), rule=rule,
+        return reprs.one_line(self, n=len(self), strategy=self.rule.get("strategy", "weak"), rule=rule,
                               **setting, per_class=self.rule.get("per_class"),
                               n_analysed=self.rule.get("n_analysed"),
                               weakest_score=float(self.scores[0]) if len(self) else None)

@@ -14,21 +14,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from robustest import _repr
-from robustest.errors import ConfigError, DataError
-from robustest.runtime import (
-    DataLike,
-    atomic_save,
-    check_images,
-    check_labels,
-    eval_mode,
-    forward,
-    load_plain,
-    num_samples,
-    resolve_device,
-    take,
-)
-from robustest.runtime import progress as progress_bar
+from robustest.core import reprs
+from robustest.core.atomic import atomic_save
+from robustest.core.batching import DataLike, num_samples, take
+from robustest.core.devices import resolve_device
+from robustest.core.errors import ConfigError, DataError
+from robustest.core.inputs import check_images, check_labels
+from robustest.core.modelcall import eval_mode, forward
+from robustest.core.progress import progress as progress_bar
+from robustest.core.reading import load_plain
 from robustest.weakrobust.selection import WeakSet
 
 ATTACKS = ("fgsm", "pgd", "bim", "rfgsm", "mifgsm")
@@ -78,7 +72,7 @@ class ValidationResult:
 
     def __repr__(self) -> str:
         families = [f for f, _t, _l in self.keys]
-        return _repr.one_line(self, n=len(self), attack_runs=families.count("attack"),
+        return reprs.one_line(self, n=len(self), attack_runs=families.count("attack"),
                               corruption_runs=families.count("corruption"), clean_error=self.clean_error,
                               mean_adv_error=self.mean_adv_error, mce=self.mce, weaknesses=len(self.weaknesses()))
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 
 __all__ = [
     "Rule",

@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from robustest import distributed
-from robustest.runtime import atomic_save, atomic_write_json
+from robustest.core import distributed
+from robustest.core.atomic import atomic_save, atomic_write_json
 
 __all__ = ["Steps", "data_fingerprint", "fingerprint"]
 
@@ -40,7 +40,7 @@ def fingerprint(*parts: Any) -> str:
 def data_fingerprint(data: Any, probe: int = 64) -> str:
     """A fingerprint of a data set's content that costs little: its size, all its labels (when it keeps
     them apart) and its first and last ``probe`` images."""
-    from robustest.runtime import labels_of, num_samples, take
+    from robustest.core.batching import labels_of, num_samples, take
 
     n = num_samples(data)
     h = hashlib.sha256(f"n={n}".encode())

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from robustest.errors import ConfigError, RobustestError
+from robustest.core.errors import ConfigError, RobustestError
 
 __all__ = ["RankFailure", "Shard", "all_gather_cat", "all_gather_objects", "all_reduce_sum", "barrier",
            "broadcast", "count_share", "in_local_work", "in_sharded_work", "init", "is_main", "local_work", "rank",
@@ -100,7 +100,7 @@ _SHARE = [0]
 
 
 def count_share(n: int) -> None:
-    """Add ``n`` samples to this rank's tally of shared-out work (``runtime.iter_batches`` counts every batch it
+    """Add ``n`` samples to this rank's tally of shared-out work (``batching.iter_batches`` counts every batch it
     reads of a rank's part)."""
     _SHARE[0] += int(n)
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest.errors import ConfigError
+from robustest.core.errors import ConfigError
 
 __all__ = ["AUTO", "MAX_IMAGES", "MAX_VALUES", "SAFETY", "auto_batch_size", "is_out_of_memory",
            "probe_batch_size"]
@@ -101,8 +101,8 @@ def _free_cuda() -> None:
 def _cuda_try(model: nn.Module, shape: tuple[int, ...], device: torch.device, grad: bool,
               amp: str | None) -> Callable[[int], None]:
     """One forward (+ input-gradient backward with ``grad``) of ``n`` constant images of ``shape`` on CUDA."""
-    from robustest.recipes import autocast
-    from robustest.runtime import eval_mode, forward, frozen_params
+    from robustest.core.amp import autocast
+    from robustest.core.modelcall import eval_mode, forward, frozen_params
 
     def run(n: int) -> None:
         x = torch.full((n, *shape), 0.5, device=device)
@@ -128,8 +128,9 @@ def auto_batch_size(value: int | str | None, model: nn.Module, data: Any, *, def
     ``cap`` (default: :data:`MAX_VALUES` pixel values, at most :data:`MAX_IMAGES` images, never below
     ``default``), with a backward pass to the input when ``grad`` and the forward under ``amp`` autocast
     otherwise; elsewhere ``default``. Under torchrun the smallest size over the ranks. None is ``default``."""
-    from robustest import distributed
-    from robustest.runtime import image_shape, resolve_device
+    from robustest.core import distributed
+    from robustest.core.batching import image_shape
+    from robustest.core.devices import resolve_device
 
     if value is None:
         return int(default)

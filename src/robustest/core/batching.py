@@ -1,0 +1,336 @@
+"""Batching over any data source (tensor pairs, Datasets, DataLoaders, dict batches), with each
+sample's index in the data set and one sharding hook (Shard.current)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from robustest.core.distributed import Shard, count_share
+from robustest.core.errors import ConfigError, DataError
+from robustest.core.inputs import check_images, check_labels
+
+DataLike = Any  # (x, y) tensor pair, a bare x tensor, a Dataset or a DataLoader
+
+
+def as_tensors(data: DataLike) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Materialise any data-like object as full tensors ``(x, y)`` (``y`` None for a bare x tensor)."""
+    if isinstance(data, torch.Tensor):
+        return data, None
+    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], torch.Tensor):
+        y = data[1]
+        if y is not None and not isinstance(y, torch.Tensor):
+            y = torch.as_tensor(y)
+        return data[0], y
+    if isinstance(data, TensorDataset) and len(data.tensors) >= 2:
+        return data.tensors[0], data.tensors[1]
+    if isinstance(data, TensorDataset) and len(data.tensors) == 1:
+        return data.tensors[0], None
+    if converts_batches(data):
+        return data.get_batch(slice(None))
+    if not isinstance(data, (Dataset, DataLoader)):  # anything else would recurse via iter_batches
+        raise DataError(f"unsupported data of type {type(data).__name__}: pass an (x, y) pair of torch tensors, "
+                        "an x tensor, a Dataset or a DataLoader")
+    xs, ys = [], []
+    for x, y in iter_batches(data, batch_size=1024):
+        xs.append(x)
+        ys.append(y)
+    if not xs:
+        raise DataError("the data set is empty: check the split and the path")
+    return torch.cat(xs), (torch.cat(ys) if ys[0] is not None else None)
+
+
+def checked_inputs(x: DataLike, y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Images and optional labels from an x tensor (with ``y`` given or not) or any data-like object
+    (whose labels are used unless ``y`` is given), validated: x N x C x H x W in [0, 1], y int [N] or None."""
+    if not isinstance(x, torch.Tensor):
+        x, y_data = as_tensors(x)
+        y = y if y is not None else y_data
+    x = check_images(x)
+    if y is not None:
+        y = check_labels(y, int(x.shape[0]))
+    return x, y
+
+
+def converts_batches(data: Any) -> bool:
+    """A data set that converts whole batches itself (``robustest.data.ImageDataset``)."""
+    return isinstance(data, Dataset) and callable(getattr(type(data), "get_batch", None))
+
+
+#: keys of a dict sample or batch (Hugging Face style) that hold the images and the labels, in order of preference
+IMAGE_KEYS = ("pixel_values", "image", "images", "img", "x")
+LABEL_KEYS = ("labels", "label", "targets", "target", "y")
+
+
+def split_batch(batch: Any) -> tuple[Any, Any]:
+    """(images, labels or None) of one sample or batch as a Dataset or DataLoader yields it: a tuple/list, a
+    mapping with an image key (:data:`IMAGE_KEYS`: ``pixel_values``, ``image``, ...) and optionally a label key
+    (:data:`LABEL_KEYS`: ``labels``, ``label``, ...), or a bare tensor. A mapping without an image key is a
+    :class:`DataError` naming the keys it has."""
+    if isinstance(batch, (tuple, list)):
+        return batch[0], (batch[1] if len(batch) > 1 else None)
+    if isinstance(batch, Mapping):
+        xk = next((k for k in IMAGE_KEYS if k in batch), None)
+        if xk is None:
+            raise DataError(f"a data set item is a dict with keys {sorted(map(str, batch))[:8]}: robustest reads the "
+                            f"images from one of {', '.join(IMAGE_KEYS)} and the labels from one of "
+                            f"{', '.join(LABEL_KEYS)}")
+        yk = next((k for k in LABEL_KEYS if k in batch), None)
+        return batch[xk], (batch[yk] if yk is not None else None)
+    return batch, None
+
+
+@contextlib.contextmanager
+def _worker_errors() -> Iterator[None]:
+    """Re-raise a robustest error from a DataLoader worker as the one-line error it was (DataLoader wraps it
+    in a multi-line message carrying the worker's traceback)."""
+    from robustest.core.errors import RobustestError
+
+    try:
+        yield
+    except RobustestError as exc:
+        text = str(exc)
+        if text.startswith("Caught ") and "Original Traceback" in text:
+            last = text.strip().splitlines()[-1]
+            raise type(exc)(last.split(": ", 1)[1] if ": " in last else last) from None
+        raise
+
+
+def _part(shard: Shard, n: int, align: int, span: tuple[int, int] | None) -> tuple[int, int]:
+    """[lo, hi) of positions this shard reads: the ``span`` of the data (default all ``n``) cut into
+    contiguous rank parts whose boundaries fall on multiples of ``align`` counted from the span's start."""
+    a, b = (0, n) if span is None else (max(0, min(n, int(span[0]))), max(0, min(n, int(span[1]))))
+    lo, hi = shard.bounds(max(0, b - a), align=align)
+    return a + lo, a + hi
+
+
+def _loader_index_batches(loader: DataLoader, shard: Shard, span: tuple[int, int] | None = None
+                          ) -> list[list[int]] | None:
+    """The data set indices of every batch ``loader`` would yield now (its sampler's draw), this shard's part
+    (``span``: positions in the loader's order)."""
+    if isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        return None
+    if loader.batch_sampler is not None:
+        batches = [[int(i) for i in b] for b in loader.batch_sampler]
+        size = loader.batch_size or max((len(b) for b in batches), default=1)
+    else:
+        batches = [[int(i)] for i in loader.sampler]
+        size = 1
+    if shard.world_size == 1 and span is None:
+        return batches
+    flat = [i for b in batches for i in b]
+    lo, hi = _part(shard, len(flat), size, span)
+    flat = flat[lo:hi]
+    return [flat[s:s + size] for s in range(0, len(flat), size)]
+
+
+def batch_origin(data: DataLike, batch_size: int, shard: Shard | None = None) -> tuple[int, int]:
+    """(batch length, first position): the length of the batches :func:`iter_batches` yields for ``data``
+    (``batch_size``, or a DataLoader's own) and the position in the data of ``shard``'s first sample, so that
+    a caller numbers its batches ``k = position // length`` exactly as a single process would."""
+    step = data.batch_size if isinstance(data, DataLoader) and data.batch_size else batch_size
+    return step, (shard or Shard()).bounds(num_samples(data), align=step)[0]
+
+
+def iter_batches(
+    data: DataLike,
+    batch_size: int = 256,
+    device: torch.device | str | None = None,
+    *,
+    with_index: bool = False,
+    shard: Shard | None = None,
+    workers: int | None = None,
+    span: tuple[int, int] | None = None,
+    align: int | None = None,
+) -> Iterator[Any]:
+    """Iterate over ``data`` yielding ``(x, y)`` batches on ``device`` (``y`` None for unlabelled data).
+
+    ``data`` may be an ``(x, y)`` tensor pair, a bare ``x`` tensor, a ``TensorDataset``, a robustest
+    ``ImageDataset`` (converted batch by batch from its compact storage), any other ``Dataset`` (read in
+    order through a DataLoader with ``workers`` worker processes, default the data set's ``num_workers``
+    attribute or 0) or a ``DataLoader``. With ``with_index=True`` yields ``(idx, x, y)`` where ``idx`` holds
+    the int64 positions of the batch's samples IN THE DATA SET: for a DataLoader, the indices its sampler
+    drew (so shuffling never changes which sample a result belongs to; an ``IterableDataset`` has no
+    indices, and its samples are numbered in stream order). With ``shard`` (e.g. ``Shard.current()`` under
+    torchrun) only that contiguous part is read, its boundaries on multiples of ``batch_size`` so every rank
+    sees exactly the batches a single process would; by default the whole data set. ``span=(lo, hi)``
+    restricts the iteration to those positions (before sharding). ``align`` (default ``batch_size``) sets the
+    multiple the rank parts' boundaries fall on instead: work whose results do not depend on the batching
+    (``analyze``, seeded per block of 16 samples) balances the ranks better with a small ``align``.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    dev = torch.device(device) if device is not None else None
+    shard = shard or Shard()
+    pin = dev is not None and dev.type == "cuda"
+    if align is not None and (isinstance(align, bool) or not isinstance(align, int) or align < 1):
+        raise ConfigError(f"align must be a positive integer, got {align!r}")
+    unit = align or batch_size
+
+    def move(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or dev is None:
+            return t
+        return t.to(dev, non_blocking=True)
+
+    def out(idx: torch.Tensor, x: Any, y: Any) -> Any:
+        if shard.world_size > 1:
+            count_share(len(idx))
+        return (idx, move(x), move(y)) if with_index else (move(x), move(y))
+
+    if isinstance(data, DataLoader):
+        batches = _loader_index_batches(data, shard, span)
+        with _worker_errors():
+            if batches is None:  # an IterableDataset: number the samples in stream order
+                start = 0
+                for batch in data:
+                    x, y = split_batch(batch)
+                    yield out(torch.arange(start, start + len(x)), x, y)
+                    start += len(x)
+                return
+            kw: dict[str, Any] = {}
+            if data.num_workers > 0:
+                kw = {"prefetch_factor": data.prefetch_factor, "worker_init_fn": data.worker_init_fn,
+                      "multiprocessing_context": data.multiprocessing_context}
+            fixed = DataLoader(data.dataset, batch_sampler=batches, num_workers=data.num_workers,
+                               collate_fn=data.collate_fn, pin_memory=data.pin_memory or pin, **kw)
+            for idx, batch in zip(batches, fixed):
+                x, y = split_batch(batch)
+                yield out(torch.as_tensor(idx, dtype=torch.int64), x, y)
+                del batch, x, y
+                trim_heap()
+        return
+
+    if converts_batches(data):
+        lo, hi = _part(shard, len(data), unit, span)  # type: ignore[arg-type]
+        for s in range(lo, hi, batch_size):
+            e = min(s + batch_size, hi)
+            x, y = data.get_batch(slice(s, e))
+            if pin:
+                x = x.pin_memory()
+            yield out(torch.arange(s, e), x, y)
+        return
+
+    if isinstance(data, Dataset) and not isinstance(data, TensorDataset):
+        n = len(data)  # type: ignore[arg-type]
+        lo, hi = _part(shard, n, unit, span)
+        nw = int(workers if workers is not None else getattr(data, "num_workers", 0) or 0)
+        subset = torch.utils.data.Subset(data, range(lo, hi))
+        start = lo
+        with _worker_errors():
+            for batch in DataLoader(subset, batch_size=batch_size, shuffle=False, num_workers=nw, pin_memory=pin):
+                x, y = split_batch(batch)
+                n_batch = len(x)
+                yield out(torch.arange(start, start + n_batch), x, y)
+                start += n_batch
+                del batch, x, y
+                trim_heap()
+        return
+
+    x, y = as_tensors(data)
+    n = x.shape[0]
+    if y is not None and y.shape[0] != n:
+        raise DataError(f"x has {n} samples but y has {y.shape[0]}: give one label per image")
+    lo, hi = _part(shard, n, unit, span)
+    for s in range(lo, hi, batch_size):
+        e = min(s + batch_size, hi)
+        yield out(torch.arange(s, e), x[s:e], y[s:e] if y is not None else None)
+
+
+_LIBC: Any = None
+
+
+def trim_heap() -> None:
+    """Give freed heap memory back to the operating system (glibc's ``malloc_trim``; a no-op elsewhere).
+
+    Streaming decoded images interleaves each batch's large buffers with many small allocations, and glibc
+    then keeps the freed buffers: resident memory grows with the number of batches although nothing is
+    held (measured: 1.4 GB after 20,000 PNGs of 64 x 64, 0.76 GB with a trim per batch, at no cost in time).
+    """
+    global _LIBC
+    if _LIBC is None:
+        try:
+            import ctypes
+
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+def take(data: DataLike, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The samples at data-set positions ``index`` (int64 [K]) of any data-like object, as (x, y) tensors.
+
+    For a DataLoader the positions refer to its data set (as :func:`iter_batches` reports them), so a
+    shuffled loader gives back exactly the samples an analysis named.
+    """
+    index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
+    n = num_samples(data)
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= n):
+        raise DataError(f"sample index out of range: positions must lie in [0, {n}), got "
+                        f"[{int(index.min())}, {int(index.max())}]")
+    if isinstance(data, DataLoader):
+        data = data.dataset
+    if converts_batches(data):
+        return data.get_batch(index)
+    if isinstance(data, Dataset) and not isinstance(data, TensorDataset):
+        if index.numel() == 0:
+            raise DataError("no samples to take: the index is empty")
+        items = [data[int(i)] for i in index]
+        batch = torch.utils.data.default_collate(items)
+        x, y = split_batch(batch)
+        return x, y
+    x, y = as_tensors(data)
+    return x[index], (y[index] if y is not None else None)
+
+
+def labels_of(data: DataLike) -> torch.Tensor | None:
+    """The int64 labels of a data set without reading its images, when it keeps them apart (else None)."""
+    if isinstance(data, DataLoader):
+        data = data.dataset
+    if isinstance(data, torch.Tensor):
+        return None
+    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], torch.Tensor):
+        return torch.as_tensor(data[1]) if data[1] is not None else None
+    labels = getattr(data, "labels", None)
+    if isinstance(labels, torch.Tensor):
+        return labels
+    tensors = getattr(data, "tensors", None) if isinstance(data, TensorDataset) else None
+    if isinstance(tensors, tuple) and len(tensors) >= 2:
+        return tensors[1]
+    return None
+
+
+def image_shape(data: DataLike) -> tuple[int, ...]:
+    """(C, H, W) of the images of any data-like object (reads at most one sample)."""
+    if isinstance(data, DataLoader):
+        data = data.dataset
+    shape = getattr(data, "image_shape", None)
+    if shape is not None:
+        return tuple(shape)
+    if isinstance(data, torch.Tensor):
+        return tuple(data.shape[1:])
+    if isinstance(data, (tuple, list)) and isinstance(data[0], torch.Tensor):
+        return tuple(data[0].shape[1:])
+    if isinstance(data, TensorDataset):
+        return tuple(data.tensors[0].shape[1:])
+    if isinstance(data, Dataset):
+        x, _ = split_batch(data[0])
+        return tuple(torch.as_tensor(x).shape)
+    raise DataError(f"unsupported data of type {type(data).__name__}")
+
+
+def num_samples(data: DataLike) -> int:
+    """Number of samples in any data-like object."""
+    if isinstance(data, torch.Tensor):
+        return int(data.shape[0])
+    if isinstance(data, (tuple, list)) and isinstance(data[0], torch.Tensor):
+        return int(data[0].shape[0])
+    if isinstance(data, DataLoader):
+        return len(data.dataset)  # type: ignore[arg-type]
+    return len(data)
