@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 from robustest import data as datasets
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
-from robustest.core.validation import MAX_SEED, check_eps, parse_number
+from robustest.core.validation import arg, check_eps, check_float, check_int, check_seed, parse_number
 
 
 def add_data_args(p: argparse.ArgumentParser, split: str | None = "test", required: bool = True) -> None:
@@ -115,45 +115,24 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
 
 
-# the largest magnitude a float flag accepts: beyond it, products with float32 tensors overflow to inf/NaN
-MAX_MAGNITUDE = 1e9
+# every number flag is an argparse type built from the validation layer's checks (robustest.core.validation.arg),
+# so a flag accepts what the YAML key and the keyword argument accept; every float flag takes a fraction as
+# well: --eps 8/255, --alpha 2/255
+positive_int = arg(check_int, "a positive integer", lo=1)
+positive_float = arg(check_float, "a positive number", lo=0, lo_open=True)
+non_negative_int = arg(check_int, "a non-negative integer", lo=0)
+non_negative_float = arg(check_float, "a non-negative number", lo=0)
+finite_float = arg(check_float, "a number")
+fraction = arg(check_float, "a fraction in (0, 1]", lo=0, hi=1, lo_open=True)
+unit_float = arg(check_float, "a number in [0, 1]", lo=0, hi=1)
+noise_width = arg(check_float, "a noise width in (0, 2] (pixel scale)", lo=0, hi=2, lo_open=True)
+seed_int = arg(check_seed, "a seed: an integer in [0, 2^63)")
+learning_rate = arg(check_float, "a learning rate in (0, 10]", lo=0, hi=10, lo_open=True)
+below_one = arg(check_float, "a number in [0, 1)", lo=0, hi=1, hi_open=True)  # momentum, smoothing
+significance = arg(check_float, "a significance level in (0, 1), e.g. 0.05", lo=0, hi=1, lo_open=True,
+                   hi_open=True)
 
 
-def _number_type(convert: Callable[[str], Any], ok: Callable[[Any], bool], what: str, name: str
-                 ) -> Callable[[str], Any]:
-    """An argparse ``type=``: ``convert`` the text, then require a finite value and ``ok``; otherwise one line
-    "expected <what>". NaN and infinities are refused by every number type."""
-
-    def parse(text: str) -> Any:
-        try:
-            v = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if isinstance(v, float) and not math.isfinite(v):
-            raise argparse.ArgumentTypeError(f"expected {what} (finite), got {text!r}")
-        if isinstance(v, float) and abs(v) > MAX_MAGNITUDE:
-            raise argparse.ArgumentTypeError(f"expected {what} no larger than {MAX_MAGNITUDE:g} in magnitude "
-                                             f"(larger values overflow the float32 computations), got {text!r}")
-        if not ok(v):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
-        return v
-
-    parse.__name__ = name
-    return parse
-
-
-# every float flag takes a fraction as well: --eps 8/255, --alpha 2/255
-positive_int = _number_type(int, lambda v: v >= 1, "a positive integer", "positive_int")
-positive_float = _number_type(parse_number, lambda v: v > 0, "a positive number", "positive_float")
-non_negative_int = _number_type(int, lambda v: v >= 0, "a non-negative integer", "non_negative_int")
-non_negative_float = _number_type(parse_number, lambda v: v >= 0, "a non-negative number", "non_negative_float")
-finite_float = _number_type(parse_number, lambda v: True, "a number", "finite_float")
-fraction = _number_type(parse_number, lambda v: 0 < v <= 1, "a fraction in (0, 1]", "fraction")  # a number in (0, 1]
-unit_float = _number_type(parse_number, lambda v: 0 <= v <= 1, "a number in [0, 1]", "unit_float")
-noise_width = _number_type(parse_number, lambda v: 0 < v <= 2, "a noise width in (0, 2] (pixel scale)", "noise_width")
-seed_int = _number_type(int, lambda v: 0 <= v < MAX_SEED, "a seed: an integer in [0, 2^63)", "seed_int")
-learning_rate = _number_type(parse_number, lambda v: 0 < v <= 10, "a learning rate in (0, 10]", "learning_rate")
-below_one = _number_type(parse_number, lambda v: 0 <= v < 1, "a number in [0, 1)", "below_one")  # momentum, smoothing
 def share_arg(what: str, example: str) -> Callable[[str], float]:
     """An argparse ``type=`` for a share in [0, 1] written as a fraction or a percentage: ``"0.85"`` or ``"85%"``
     -> 0.85; ``what`` ("an accuracy") and ``example`` ("0.85 or 85%") word its errors."""
@@ -170,10 +149,6 @@ def share_arg(what: str, example: str) -> Callable[[str], float]:
 
     parse.__name__ = "share"
     return parse
-
-
-significance = _number_type(parse_number, lambda v: 0 < v < 1, "a significance level in (0, 1), e.g. 0.05",
-                            "significance")
 
 
 def available_cores() -> int:

@@ -6,9 +6,6 @@ the value given. Numbers must be finite (NaN and infinities are refused everywhe
 integers (a YAML ``3.0`` or ``true`` is not an integer), booleans must be booleans (a YAML ``"no"`` is a
 string, not false), paths must be strings. The CLI's argparse types come from the same checks
 (:func:`arg`), so a flag and the matching YAML key or keyword argument accept exactly the same values.
-
-:class:`Rule` describes one setting; a table of rules validates a whole mapping (:func:`check_mapping`,
-unknown keys refused with the list of valid ones) and exports it as a JSON Schema (:func:`json_schema`).
 """
 
 from __future__ import annotations
@@ -17,14 +14,12 @@ import argparse
 import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
 from robustest.core.errors import ConfigError
 
 __all__ = [
-    "Rule",
     "arg",
     "check_bool",
     "check_choice",
@@ -32,16 +27,16 @@ __all__ = [
     "check_float",
     "check_int",
     "check_keywords",
-    "check_mapping",
     "check_seed",
     "check_str",
-    "json_schema",
     "parse_number",
 ]
 
 MAX_EPOCHS = 100_000
 MAX_L2_RADIUS = 1000.0  # an L2 (or L1) radius beyond this is no bound at all on [0, 1] images of any common size
 MAX_SEED = 2**63  # seeds lie in [0, 2^63): what torch.Generator.manual_seed takes
+#: the largest magnitude a float flag accepts: beyond it, products with float32 tensors overflow to inf/NaN
+MAX_MAGNITUDE = 1e9
 
 
 def _num(value: Any) -> bool:
@@ -188,134 +183,35 @@ def _interval(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) 
     return f" in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
 
 
-# ------------------------------------------------------------------------------------------- rule tables
-@dataclass(frozen=True)
-class Rule:
-    """What one setting accepts: ``kind`` int, float, bool, str, choice, eps, list, mapping or any."""
-
-    kind: str
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-    allow_none: bool = False
-    choices: tuple[str, ...] = ()
-    items: Rule | None = None
-    description: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def check(self, name: str, value: Any) -> Any:
-        if value is None and self.allow_none:
-            return None
-        k = self.kind
-        if k == "int":
-            return check_int(name, value, None if self.lo is None else int(self.lo),
-                             None if self.hi is None else int(self.hi))
-        if k == "float":
-            return check_float(name, value, self.lo, self.hi, lo_open=self.lo_open, hi_open=self.hi_open)
-        if k == "eps":
-            return check_eps(name, value)
-        if k == "bool":
-            return check_bool(name, value)
-        if k == "str":
-            return check_str(name, value)
-        if k == "choice":
-            return check_choice(name, value, self.choices)
-        if k == "list":
-            if not isinstance(value, (list, tuple)) or not value:
-                raise ConfigError(f"{name} must be a non-empty list, got {value!r}")
-            return [self.items.check(f"{name}[{i}]", v) if self.items else v for i, v in enumerate(value)]
-        if k == "mapping":
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"{name} must be a mapping of settings, got {value!r}")
-            return dict(value)
-        return value
-
-    def schema(self) -> dict[str, Any]:
-        s: dict[str, Any]
-        k = self.kind
-        if k == "int":
-            s = {"type": "integer"}
-        elif k in ("float", "eps"):
-            s = {"type": "number"}
-        elif k == "bool":
-            s = {"type": "boolean"}
-        elif k == "str":
-            s = {"type": "string", "minLength": 1}
-        elif k == "choice":
-            s = {"enum": list(self.choices)}
-        elif k == "list":
-            s = {"type": "array", "minItems": 1}
-            if self.items is not None:
-                s["items"] = self.items.schema()
-        elif k == "mapping":
-            s = {"type": "object"}
-        else:
-            s = {}
-        lo, hi = (0.0, 1.0) if k == "eps" else (self.lo, self.hi)
-        lo_open = True if k == "eps" else self.lo_open
-        if lo is not None:
-            s["exclusiveMinimum" if lo_open else "minimum"] = lo
-        if hi is not None:
-            s["exclusiveMaximum" if self.hi_open else "maximum"] = hi
-        s.update(self.extra)
-        if self.description:
-            s["description"] = self.description
-        if self.allow_none:
-            s = {"anyOf": [s, {"type": "null"}]} if s else {}
-        return s
-
-
-def check_mapping(what: str, values: Mapping[str, Any], rules: Mapping[str, Rule]) -> dict[str, Any]:
-    """Validate every key of ``values`` against ``rules`` (unknown keys refused with the valid ones listed);
-    returns the checked values."""
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"{what} must be a mapping of settings, got {type(values).__name__}")
-    unknown = sorted(str(k) for k in values if k not in rules)
-    if unknown:
-        raise ConfigError(f"unknown {what} key {unknown[0]!r}: valid keys are {', '.join(sorted(rules))}")
-    return {k: rules[k].check(k, v) for k, v in values.items()}
-
-
-def json_schema(title: str, rules: Mapping[str, Rule], defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A JSON Schema (draft 2020-12) of a settings mapping described by ``rules``."""
-    props = {}
-    for k, r in rules.items():
-        s = r.schema()
-        if defaults is not None and k in defaults and _json_plain(defaults[k]):
-            s = {**s, "default": defaults[k]}
-        props[k] = s
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": title, "type": "object",
-            "properties": props, "additionalProperties": False}
-
-
-def _json_plain(v: Any) -> bool:
-    return v is None or isinstance(v, (bool, int, float, str)) or (
-        isinstance(v, (list, tuple)) and all(_json_plain(t) for t in v)) or (
-        isinstance(v, dict) and all(isinstance(k, str) and _json_plain(t) for k, t in v.items()))
-
-
 # ------------------------------------------------------------------------------------------ argparse types
-def arg(check: Callable[..., Any], **kw: Any) -> Callable[[str], Any]:
-    """An argparse ``type=`` that parses the text as a number (int when ``check`` is :func:`check_int`, else
-    float) and applies ``check(name, value, **kw)``; the error names what is allowed."""
-    is_int = check is check_int
+def arg(check: Callable[..., Any], what: str | None = None, **kw: Any) -> Callable[[str], Any]:
+    """An argparse ``type=`` built from a check, so that a flag accepts exactly what the matching YAML key or
+    keyword argument accepts: the text is read as an integer (``check`` is :func:`check_int` or
+    :func:`check_seed`) or as a number (:func:`parse_number`: ``0.3``, ``3e-2``, ``8/255``), then given to
+    ``check("value", value, **kw)``. A float beyond :data:`MAX_MAGNITUDE` in magnitude is refused (products
+    with float32 tensors would overflow). Errors read "expected <what>, got <text>"; with ``what`` None they
+    carry the check's own line (the radius checks, whose line explains the pixel scale)."""
+    is_int = check in (check_int, check_seed)
+
+    def refuse(shown: str, detail: str = "") -> argparse.ArgumentTypeError:
+        return argparse.ArgumentTypeError(f"expected {what}{detail}, got {shown}")
 
     def parse(text: str) -> Any:
         try:
             value: Any = int(text) if is_int else parse_number(text)
         except ValueError:
-            try:
-                probe = float(text)
-            except ValueError:
-                probe = None
-            kind = "an integer" if is_int else "a number"
-            if is_int and probe is not None:
-                raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+            kind = what or ("an integer" if is_int else "a number (or a fraction like 8/255)")
             raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
+        if what is not None and isinstance(value, float) and not math.isfinite(value):
+            raise refuse(repr(text), " (finite)")
+        if what is not None and isinstance(value, float) and abs(value) > MAX_MAGNITUDE:
+            raise refuse(repr(text), f" no larger than {MAX_MAGNITUDE:g} in magnitude (larger values overflow "
+                                     "the float32 computations)")
         try:
             return check("value", value, **kw)
         except ConfigError as exc:
+            if what is not None:
+                raise refuse(f"{value:g}" if isinstance(value, float) else str(value)) from None
             msg = str(exc)
             raise argparse.ArgumentTypeError(msg[len("value "):] if msg.startswith("value ") else msg) from None
 
