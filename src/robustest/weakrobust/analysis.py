@@ -264,53 +264,20 @@ def analyze(
     out = {k: torch.empty(n_total, dtype=dtypes.get(k, torch.float32)) for k in Analysis._TENSORS}
     t0 = time.perf_counter()
     n_seen = 0
-    buf: torch.Tensor | None = None
+    neighbours = _NeighbourInputs(q, eps, noise, quantize, seed, dev)
     with eval_mode(model):
         it = iter_batches(data, chunk, dev, with_index=True, shard=shard, span=span, align=NOISE_BLOCK)
-        try:
-            total: int | None = -(-num_samples(data) // chunk)
-        except Exception:  # noqa: BLE001 - only for the progress bar
-            total = None
-        for idx, xb, yb in progress_bar(it, enabled=progress, desc="analyze", total=total, unit="chunk"):
-            if yb is None:
-                raise DataError("analyze needs labels: pass (x, y) or a labelled Dataset")
-            check_images(xb, "data images")
-            yb = check_labels(yb, xb.shape[0], name="data labels").long()
+        for idx, xb, yb in progress_bar(it, enabled=progress, desc="analyze", total=_chunk_count(data, chunk),
+                                        unit="chunk"):
+            yb = _chunk_labels(xb, yb)
             s = xb.shape[0]
             n_seen += s
-            shape = tuple(xb.shape[1:])
-            if buf is None or buf.shape[0] < s * q + s or buf.shape[1:] != shape or buf.dtype != xb.dtype:
-                buf = torch.empty((s * q + s, *shape), device=dev, dtype=xb.dtype)  # reused across chunks
-            inp = buf[: s * q + s]  # neighbours, then the clean samples
-            xn = inp[: s * q].view(s, q, *shape)
-            _neighbour_noise(idx, q, shape, eps, noise, seed, dev, out=xn)
-            xn.add_(xb.unsqueeze(1)).clamp_(0.0, 1.0)
-            if quantize:
-                xn.mul_(255.0).round_().div_(255.0)
-            inp[s * q:].copy_(xb)
-            with autocast(amp, dev):
-                logits = forward(model, inp)
-            logits = check_logits(logits.float())
-            k = logits.shape[1]
-            if int(yb.max()) >= k:
-                raise DataError(f"data has label {int(yb.max())} but the model has {k} classes")
-            prob = logits.softmax(dim=1)
-            pn = prob[: s * q].reshape(s, q, k)
-            pc = prob[s * q:]
-            wrong_n = pn.argmax(dim=2) != yb[:, None]
-            ms_n = torch.where(wrong_n, pn.amax(dim=2), torch.zeros((), device=dev))
-            wrong_c = pc.argmax(dim=1) != yb
-            ms_c = torch.where(wrong_c, pc.amax(dim=1), torch.zeros((), device=dev))
-            mean_p = pn.mean(dim=1)
-            mean_p.scatter_(1, yb[:, None], -1.0)
+            scores = _chunk_scores(model, neighbours(idx, xb), yb, q, amp, dev)
             if n_seen > n_total:
                 raise DataError(f"the data set yielded more than the {n_total} samples it reports")
             sl = slice(n_seen - s, n_seen)
-            out["score"][sl] = ms_n.mean(dim=1).cpu()
-            out["frac_misclassified"][sl] = wrong_n.float().mean(dim=1).cpu()
-            out["clean_correct"][sl] = (~wrong_c).cpu()
-            out["clean_score"][sl] = ms_c.cpu()
-            out["top_wrong"][sl] = mean_p.argmax(dim=1).cpu()
+            for k, v in scores.items():
+                out[k][sl] = v.cpu()
             out["label"][sl] = yb.cpu()
             out["index"][sl] = idx.cpu().long()
     parts = all_gather_cat({k: v[:n_seen] for k, v in out.items()})
@@ -321,6 +288,78 @@ def analyze(
               "batch_size": int(batch_size), "seconds": time.perf_counter() - t0, "device": str(dev),
               **({"amp": amp} if amp else {})}
     return Analysis(**parts, params=params)
+
+
+def _chunk_count(data: DataLike, chunk: int) -> int | None:
+    """Chunks of ``chunk`` samples in ``data``, for the progress bar; None when its size is unknown."""
+    try:
+        return -(-num_samples(data) // chunk)
+    except Exception:  # noqa: BLE001 - only for the progress bar
+        return None
+
+
+def _chunk_labels(xb: torch.Tensor, yb: torch.Tensor | None) -> torch.Tensor:
+    """The chunk's labels [s] as int64, after the images (s x C x H x W) and the labels are checked."""
+    if yb is None:
+        raise DataError("analyze needs labels: pass (x, y) or a labelled Dataset")
+    check_images(xb, "data images")
+    return check_labels(yb, xb.shape[0], name="data labels").long()
+
+
+@dataclass
+class _NeighbourInputs:
+    """Builds a chunk's forward-pass input: the ``q`` neighbours of each of its ``s`` samples, then the clean
+    samples, in one buffer of ``(s * q + s) x C x H x W`` on ``dev`` reused across chunks (allocated again only
+    when a chunk needs a larger one or another image shape or dtype)."""
+
+    q: int
+    eps: float
+    noise: str
+    quantize: bool
+    seed: int
+    dev: torch.device
+    buf: torch.Tensor | None = None
+
+    def __call__(self, idx: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
+        """The input for the samples ``xb`` (s x C x H x W) at data-set positions ``idx`` [s]: ``(s * q + s) x C x
+        H x W``, a view of the buffer, valid until the next call."""
+        q, s, shape = self.q, xb.shape[0], tuple(xb.shape[1:])
+        buf = self.buf
+        if buf is None or buf.shape[0] < s * q + s or buf.shape[1:] != shape or buf.dtype != xb.dtype:
+            buf = self.buf = torch.empty((s * q + s, *shape), device=self.dev, dtype=xb.dtype)
+        inp = buf[: s * q + s]  # neighbours, then the clean samples
+        xn = inp[: s * q].view(s, q, *shape)
+        _neighbour_noise(idx, q, shape, self.eps, self.noise, self.seed, self.dev, out=xn)
+        xn.add_(xb.unsqueeze(1)).clamp_(0.0, 1.0)
+        if self.quantize:
+            xn.mul_(255.0).round_().div_(255.0)
+        inp[s * q:].copy_(xb)
+        return inp
+
+
+def _chunk_scores(model: nn.Module, inp: torch.Tensor, yb: torch.Tensor, q: int, amp: str | None,
+                  dev: torch.device) -> dict[str, torch.Tensor]:
+    """One forward pass over a chunk's input (``s * q`` neighbours, then the ``s`` clean samples) -> the
+    :class:`Analysis` figures of its samples, each [s] on ``dev``: score, frac_misclassified, clean_correct,
+    clean_score, top_wrong."""
+    s = yb.shape[0]
+    with autocast(amp, dev):
+        logits = forward(model, inp)
+    logits = check_logits(logits.float())
+    k = logits.shape[1]
+    if int(yb.max()) >= k:
+        raise DataError(f"data has label {int(yb.max())} but the model has {k} classes")
+    prob = logits.softmax(dim=1)
+    pn = prob[: s * q].reshape(s, q, k)
+    pc = prob[s * q:]
+    wrong_n = pn.argmax(dim=2) != yb[:, None]
+    ms_n = torch.where(wrong_n, pn.amax(dim=2), torch.zeros((), device=dev))
+    wrong_c = pc.argmax(dim=1) != yb
+    ms_c = torch.where(wrong_c, pc.amax(dim=1), torch.zeros((), device=dev))
+    mean_p = pn.mean(dim=1)
+    mean_p.scatter_(1, yb[:, None], -1.0)
+    return {"score": ms_n.mean(dim=1), "frac_misclassified": wrong_n.float().mean(dim=1),
+            "clean_correct": ~wrong_c, "clean_score": ms_c, "top_wrong": mean_p.argmax(dim=1)}
 
 
 def adversarial_radius(

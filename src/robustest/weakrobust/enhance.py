@@ -7,7 +7,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,8 +16,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-from robustest.checkpoints import clone_model
+from robustest import attacks
+from robustest.checkpoints import clone_model, state_fingerprint
 from robustest.core import distributed, reprs
 from robustest.core.atomic import atomic_save
 from robustest.core.batching import DataLike, image_shape
@@ -53,6 +55,42 @@ class EnhanceResult:
     def to_dict(self) -> dict[str, Any]:
         return {"epochs": self.epochs, "pool": self.pool, "weaknesses": self.weaknesses, "config": self.config,
                 "seconds": self.seconds}
+
+
+@dataclass
+class _Run:
+    """One enhancement run's working state, shared by its epochs: the model (and its DDP wrapper, the one that
+    steps), the optimiser, the data source, the random stream of the AugMix draws, the adversarial copies made
+    once (``x_adv_all``, N x C x H x W on CPU) or the frozen starting model they are made against, and the
+    loss's settings."""
+
+    model: nn.Module
+    step_model: nn.Module
+    opt: torch.optim.Optimizer
+    source: TrainData
+    rng: np.random.Generator
+    ops: list[Callable]
+    dev: torch.device
+    shard: Shard
+    num_classes: int
+    x_adv_all: torch.Tensor | None
+    frozen: nn.Module | None
+    augmix: bool
+    adversarial: bool
+    jsd_weight: float
+    adv_weight: float
+    eps: float
+    alpha: float
+    adv_steps: int
+    width: int
+    severity: float
+    lr: float
+    batch_size: int
+    seed: int
+
+    @property
+    def use_ddp(self) -> bool:
+        return self.shard.world_size > 1
 
 
 def enhance(
@@ -102,8 +140,45 @@ def enhance(
     gradient is the global batch's, and every rank ends with the same weights, close to (not equal to) one
     process's. ``ddp=False``: every rank trains the whole model by itself (equal to one process).
     """
-    from robustest import attacks as atk_mod
+    _check_settings(epochs, adv_source, jsd_weight, adv_weight, lr, adv_eps, adv_alpha, adv_steps, width,
+                    batch_size, severity)
+    weak = [str(w) for w in ((weaknesses.weaknesses() if isinstance(weaknesses, ValidationResult) else weaknesses)
+                             or [])]
+    pool_names, ops = augmentation_pool(weak)
+    dev = resolve_device(model, device)
+    model.to(dev)
+    seed_everything(seed)
+    shard = Shard.current() if ddp is not False else Shard()
+    source = TrainData(train, batch_size, seed, shard=shard)
+    num_classes = source.check(model, dev)
+    eps = float(adv_eps) if adv_eps is not None else default_eps_grid(image_shape(train)[0])[1]
+    alpha = float(adv_alpha) if adv_alpha is not None else eps / 4
+    t0 = time.perf_counter()
+    x_adv_all, frozen = (_offline_adversarial(model, source, dev, eps, alpha, adv_steps, seed)
+                         if adversarial and adv_source == "offline" else (None, None))
+    opt, rng, step_model = _optimiser_and_streams(model, dev, shard, lr, seed)
+    run = _Run(model, step_model, opt, source, rng, ops, dev, shard, num_classes, x_adv_all, frozen, augmix,
+               adversarial, jsd_weight, adv_weight, eps, alpha, adv_steps, width, severity, lr, batch_size, seed)
+    config = {"epochs": epochs, "augmix": augmix, "adversarial": adversarial, "jsd_weight": jsd_weight,
+              "adv_weight": adv_weight, "adv_eps": eps, "adv_steps": adv_steps, "adv_alpha": alpha,
+              "adv_source": adv_source, "width": width, "severity": severity, "lr": lr, "batch_size": batch_size,
+              "seed": seed}
+    state_path = Path(resume_file) if resume_file is not None else None
+    settings = _resume_settings(run, config, pool_names) if state_path is not None else ""
+    history, start, seconds_before = _resume(run, state_path, settings)
+    for ep in progress_bar(range(start, epochs + 1), enabled=progress, desc="enhance", unit="epoch"):
+        history.append(_epoch(run, ep))
+        if state_path is not None:
+            _save_state(run, state_path, settings, ep, history, seconds_before, t0)
+    set_mode(model, False)
+    return EnhanceResult(epochs=history, pool=pool_names, weaknesses=weak, config=config,
+                         seconds=seconds_before + time.perf_counter() - t0)
 
+
+def _check_settings(epochs: int, adv_source: str, jsd_weight: float, adv_weight: float, lr: float,
+                    adv_eps: float | None, adv_alpha: float | None, adv_steps: int, width: int, batch_size: int,
+                    severity: float) -> None:
+    """A one-line ConfigError for the first of :func:`enhance`'s settings that is out of its range."""
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ConfigError(f"epochs must be an integer >= 0, got {epochs!r}")
     if adv_source not in ("offline", "online"):
@@ -121,121 +196,151 @@ def enhance(
             raise ConfigError(f"{name} must be an integer in [1, {hi}], got {v!r}")
     if isinstance(severity, bool) or not isinstance(severity, (int, float)) or not 0 < severity <= 10:
         raise ConfigError(f"severity must be a number in (0, 10] (AugMix's scale), got {severity!r}")
-    if isinstance(weaknesses, ValidationResult):
-        weaknesses = weaknesses.weaknesses()
-    weak = [str(w) for w in (weaknesses or [])]
-    pool_names, ops = augmentation_pool(weak)
-    dev = resolve_device(model, device)
-    model.to(dev)
-    seed_everything(seed)
-    shard = Shard.current() if ddp is not False else Shard()
-    use_ddp = shard.world_size > 1
-    source = TrainData(train, batch_size, seed, shard=shard)
-    num_classes = source.check(model, dev)
-    eps = float(adv_eps) if adv_eps is not None else default_eps_grid(image_shape(train)[0])[1]
-    alpha = float(adv_alpha) if adv_alpha is not None else eps / 4
-    t0 = time.perf_counter()
-    x_adv_all = frozen = None
-    if adversarial and adv_source == "offline":
-        if source.loader is None:  # stored samples: attack the starting model once, keep the copies
-            parts = []
-            for s in range(0, source.n, 256):
-                xs, ys = source._gather(torch.arange(s, min(s + 256, source.n)))
-                parts.append(atk_mod.pgd(model, xs.to(dev), ys.to(dev), eps=eps, alpha=alpha, steps=adv_steps,
-                                         seed=seed + s).detach().cpu())
-            x_adv_all = torch.cat(parts)
-        else:  # a DataLoader's items change every epoch (augmentation): attack a frozen copy of the start model
-            frozen = clone_model(model)
-            set_mode(frozen, False)
+
+
+def _offline_adversarial(model: nn.Module, source: TrainData, dev: torch.device, eps: float, alpha: float,
+                         steps: int, seed: int) -> tuple[torch.Tensor | None, nn.Module | None]:
+    """The offline recipe's adversary -> (x_adv_all, frozen): stored samples are attacked once, against the
+    starting model (x_adv_all: N x C x H x W on CPU, in data-set order); a DataLoader's items change every epoch
+    (augmentation), so its batches are attacked later against ``frozen``, an eval-mode copy of the start model."""
+    if source.loader is None:
+        parts = []
+        for s in range(0, source.n, 256):
+            xs, ys = source._gather(torch.arange(s, min(s + 256, source.n)))
+            parts.append(attacks.pgd(model, xs.to(dev), ys.to(dev), eps=eps, alpha=alpha, steps=steps,
+                                     seed=seed + s).detach().cpu())
+        return torch.cat(parts), None
+    frozen = clone_model(model)
+    set_mode(frozen, False)
+    return None, frozen
+
+
+def _optimiser_and_streams(model: nn.Module, dev: torch.device, shard: Shard, lr: float, seed: int
+                           ) -> tuple[torch.optim.Optimizer, np.random.Generator, nn.Module]:
+    """The Adam optimiser, the AugMix random stream and the module that steps (the model, or its DDP wrapper
+    under several ranks)."""
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     # under DDP each rank draws its own augmentations and PGD starts (rank 0's are one process's)
     rng = np.random.default_rng([seed, shard.rank] if shard.rank else seed)
     channels_last_wanted(model, dev)  # a conv net on CUDA goes channels_last before DDP lays out its buckets
     step_model: nn.Module = model
-    if use_ddp:  # gradients averaged over the ranks; rank 0's weights and buffers broadcast at the start
-        from torch.nn.parallel import DistributedDataParallel
-
+    if shard.world_size > 1:  # gradients averaged over the ranks; rank 0's weights and buffers broadcast at the start
         step_model = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
-    history: list[dict[str, float]] = []
-    config = {"epochs": epochs, "augmix": augmix, "adversarial": adversarial, "jsd_weight": jsd_weight,
-              "adv_weight": adv_weight, "adv_eps": eps, "adv_steps": adv_steps, "adv_alpha": alpha,
-              "adv_source": adv_source, "width": width, "severity": severity, "lr": lr, "batch_size": batch_size,
-              "seed": seed}
-    state_path = Path(resume_file) if resume_file is not None else None
-    start, seconds_before = 1, 0.0
-    if state_path is not None:
-        from robustest.checkpoints import state_fingerprint
+    return opt, rng, step_model
 
-        settings = json.dumps({**config, "pool": pool_names, "n": source.n, "model": state_fingerprint(model),
-                               # DDP training depends on the number of ranks (each rank's share of a batch)
-                               **({"world_size": shard.world_size} if use_ddp else {})},
-                              sort_keys=True, default=str)
-        if state_path.is_file():
-            st = _load_state(state_path, settings)
-            model.load_state_dict(st["model"])
-            opt.load_state_dict(st["optimizer"])
-            rng.bit_generator.state = json.loads(st["numpy_rng"])
-            torch.set_rng_state(st["torch_rng"])
-            source.gen.set_state(st["gen"])
-            history = [dict(e) for e in st["history"]]
-            start, seconds_before = int(st["epoch"]) + 1, float(st["seconds"])
-        distributed.barrier()  # every rank has read the state before rank 0 writes the next one
-    for ep in progress_bar(range(start, epochs + 1), enabled=progress, desc="enhance", unit="epoch"):
-        te = time.perf_counter()
-        tot = {"loss": 0.0, "ce": 0.0, "jsd": 0.0, "adv": 0.0}
-        n = 0
-        for s, (ib, xb, yb) in enumerate(source.indexed_epoch(ep, num_classes)):
-            xb, yb = xb.to(dev), yb.to(dev).long()
-            inputs = [xb]
-            if augmix:
-                inputs += [_augmix(xb, ops, rng, width, -1, severity), _augmix(xb, ops, rng, width, -1, severity)]
-            if adversarial:
-                if x_adv_all is not None:
-                    inputs.append(x_adv_all[ib].to(dev))
-                else:
-                    inputs.append(atk_mod.pgd(frozen if frozen is not None else model, xb, yb, eps=eps, alpha=alpha,
-                                              steps=adv_steps, seed=seed + ep * source.n + s * batch_size
-                                              + shard.rank * 7_919).detach())
-            set_mode(model, True)
-            logits = forward(step_model, torch.cat(inputs)).split(xb.shape[0])
-            ce = F.cross_entropy(logits[0], yb)
-            loss = ce
-            jsd = adv = torch.zeros((), device=dev)
-            if augmix:
-                jsd = _jsd(logits[:3])
-                loss = loss + jsd_weight * jsd
-            if adversarial:
-                adv = F.cross_entropy(logits[-1], yb)
-                loss = loss + adv_weight * adv
-            bad = ~torch.isfinite(loss.detach())
-            if use_ddp:  # every rank stops together, not only the one that saw it
-                bad = distributed.all_reduce_sum(bad.float().reshape(1)) > 0
-            if bool(bad):
-                raise TrainingDiverged(
-                    f"enhance diverged at epoch {ep}, step {s + 1}: the loss is {float(loss)} (cross-entropy "
-                    f"{float(ce)}, JSD {float(jsd)}, adversarial {float(adv)}); lower the learning rate "
-                    f"(lr={lr:g}) or the loss weights")
-            opt.zero_grad(set_to_none=True)
-            (loss * source.batch_weight if use_ddp else loss).backward()
-            opt.step()
-            m = len(yb)
-            n += m
-            for k_, v in (("loss", loss), ("ce", ce), ("jsd", jsd), ("adv", adv)):
-                tot[k_] += float(v.detach()) * m
-        if use_ddp:  # the epoch's means over every rank's samples
-            sums = distributed.all_reduce_sum(torch.tensor([*tot.values(), float(n)], dtype=torch.float64,
-                                                           device=dev)).cpu().tolist()
-            tot, n = dict(zip(tot, sums[:-1])), int(sums[-1])
-        history.append({"epoch": ep, **{k_: v / max(n, 1) for k_, v in tot.items()},
-                        "seconds": time.perf_counter() - te})
-        if state_path is not None:
-            atomic_save({"format": STATE_FORMAT, "settings": settings, "epoch": ep, "model": model.state_dict(),
-                         "optimizer": opt.state_dict(), "numpy_rng": json.dumps(rng.bit_generator.state),
-                         "torch_rng": torch.get_rng_state(), "gen": source.gen.get_state(), "history": history,
-                         "seconds": seconds_before + time.perf_counter() - t0}, state_path)
-    set_mode(model, False)
-    return EnhanceResult(epochs=history, pool=pool_names, weaknesses=weak, config=config,
-                         seconds=seconds_before + time.perf_counter() - t0)
+
+def _resume_settings(run: _Run, config: dict[str, Any], pool_names: list[str]) -> str:
+    """What a saved state must match to be continued: the settings, the pool, the data size, the starting model
+    (and under DDP the number of ranks), as one JSON string."""
+    return json.dumps({**config, "pool": pool_names, "n": run.source.n, "model": state_fingerprint(run.model),
+                       # DDP training depends on the number of ranks (each rank's share of a batch)
+                       **({"world_size": run.shard.world_size} if run.use_ddp else {})},
+                      sort_keys=True, default=str)
+
+
+def _resume(run: _Run, path: Path | None, settings: str) -> tuple[list[dict[str, float]], int, float]:
+    """Load the state saved at ``path`` (when there is one) into the run -> (history, first epoch to train,
+    seconds spent before); no history and a start at epoch 1 when there is none. With a ``path`` every rank
+    waits until all have read it."""
+    history: list[dict[str, float]] = []
+    start, seconds_before = 1, 0.0
+    if path is None:
+        return history, start, seconds_before
+    if path.is_file():
+        st = _load_state(path, settings)
+        run.model.load_state_dict(st["model"])
+        run.opt.load_state_dict(st["optimizer"])
+        run.rng.bit_generator.state = json.loads(st["numpy_rng"])
+        torch.set_rng_state(st["torch_rng"])
+        run.source.gen.set_state(st["gen"])
+        history = [dict(e) for e in st["history"]]
+        start, seconds_before = int(st["epoch"]) + 1, float(st["seconds"])
+    distributed.barrier()  # every rank has read the state before rank 0 writes the next one
+    return history, start, seconds_before
+
+
+def _save_state(run: _Run, path: Path, settings: str, ep: int, history: list[dict[str, float]],
+                seconds_before: float, t0: float) -> None:
+    """Save the run after epoch ``ep`` atomically: what :func:`_resume` needs to continue bit-exactly."""
+    atomic_save({"format": STATE_FORMAT, "settings": settings, "epoch": ep, "model": run.model.state_dict(),
+                 "optimizer": run.opt.state_dict(), "numpy_rng": json.dumps(run.rng.bit_generator.state),
+                 "torch_rng": torch.get_rng_state(), "gen": run.source.gen.get_state(), "history": history,
+                 "seconds": seconds_before + time.perf_counter() - t0}, path)
+
+
+def _epoch(run: _Run, ep: int) -> dict[str, float]:
+    """Train one epoch -> its record: epoch, the mean loss and its terms over every rank's samples (loss, ce,
+    jsd, adv) and the seconds it took."""
+    te = time.perf_counter()
+    tot = {"loss": 0.0, "ce": 0.0, "jsd": 0.0, "adv": 0.0}
+    n = 0
+    for s, (ib, xb, yb) in enumerate(run.source.indexed_epoch(ep, run.num_classes)):
+        xb, yb = xb.to(run.dev), yb.to(run.dev).long()
+        terms = _loss(run, _inputs(run, ep, s, ib, xb, yb), yb)
+        loss = terms[0]
+        _check_finite(run, ep, s, *terms)
+        run.opt.zero_grad(set_to_none=True)
+        (loss * run.source.batch_weight if run.use_ddp else loss).backward()
+        run.opt.step()
+        m = len(yb)
+        n += m
+        for k_, v in zip(tot, terms):
+            tot[k_] += float(v.detach()) * m
+    if run.use_ddp:  # the epoch's means over every rank's samples
+        sums = distributed.all_reduce_sum(torch.tensor([*tot.values(), float(n)], dtype=torch.float64,
+                                                       device=run.dev)).cpu().tolist()
+        tot, n = dict(zip(tot, sums[:-1])), int(sums[-1])
+    return {"epoch": ep, **{k_: v / max(n, 1) for k_, v in tot.items()}, "seconds": time.perf_counter() - te}
+
+
+def _inputs(run: _Run, ep: int, s: int, ib: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> list[torch.Tensor]:
+    """The images of step ``s`` the loss needs, each B x C x H x W: the batch, its two AugMix mixtures (with
+    ``augmix``), then its adversarial copy (with ``adversarial``)."""
+    inputs = [xb]
+    if run.augmix:
+        inputs += [_augmix(xb, run.ops, run.rng, run.width, -1, run.severity),
+                   _augmix(xb, run.ops, run.rng, run.width, -1, run.severity)]
+    if run.adversarial:
+        if run.x_adv_all is not None:
+            inputs.append(run.x_adv_all[ib].to(run.dev))
+        else:
+            inputs.append(attacks.pgd(run.frozen if run.frozen is not None else run.model, xb, yb, eps=run.eps,
+                                      alpha=run.alpha, steps=run.adv_steps,
+                                      seed=run.seed + ep * run.source.n + s * run.batch_size
+                                      + run.shard.rank * 7_919).detach())
+    return inputs
+
+
+def _loss(run: _Run, inputs: list[torch.Tensor], yb: torch.Tensor
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One forward pass of the model in train mode over every input -> (loss, ce, jsd, adv), scalars; a term
+    that is switched off is 0."""
+    set_mode(run.model, True)
+    logits = forward(run.step_model, torch.cat(inputs)).split(inputs[0].shape[0])
+    ce = F.cross_entropy(logits[0], yb)
+    loss = ce
+    jsd = adv = torch.zeros((), device=run.dev)
+    if run.augmix:
+        jsd = _jsd(logits[:3])
+        loss = loss + run.jsd_weight * jsd
+    if run.adversarial:
+        adv = F.cross_entropy(logits[-1], yb)
+        loss = loss + run.adv_weight * adv
+    return loss, ce, jsd, adv
+
+
+def _check_finite(run: _Run, ep: int, s: int, loss: torch.Tensor, ce: torch.Tensor, jsd: torch.Tensor,
+                  adv: torch.Tensor) -> None:
+    """A one-line TrainingDiverged when the loss of step ``s`` is not finite (under DDP on any rank: every rank
+    stops together, not only the one that saw it)."""
+    bad = ~torch.isfinite(loss.detach())
+    if run.use_ddp:
+        bad = distributed.all_reduce_sum(bad.float().reshape(1)) > 0
+    if bool(bad):
+        raise TrainingDiverged(
+            f"enhance diverged at epoch {ep}, step {s + 1}: the loss is {float(loss)} (cross-entropy "
+            f"{float(ce)}, JSD {float(jsd)}, adversarial {float(adv)}); lower the learning rate "
+            f"(lr={run.lr:g}) or the loss weights")
 
 
 STATE_FORMAT = "robustest-enhance-state-1"
