@@ -23,10 +23,11 @@ ORDER = 41
 
 
 def _strategy(text: str) -> str:
-    from robustest.robot import STRATEGIES
+    from robustest.robot import strategies
 
-    if text not in STRATEGIES:
-        raise argparse.ArgumentTypeError(f"unknown strategy {text!r}: choose from {', '.join(STRATEGIES)}")
+    known = strategies()
+    if text not in known:
+        raise argparse.ArgumentTypeError(f"unknown strategy {text!r}: choose from {', '.join(known)}")
     return text
 
 

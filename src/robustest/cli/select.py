@@ -144,29 +144,9 @@ def run(args: argparse.Namespace) -> int:
     data = read_scores(args.scores)
     scores = data["scores"]
     pool = len(scores)
-    given = [f for f, v in (("--checkpoint", args.checkpoint), ("--model", args.model_factory),
-                            ("--weights", args.weights), ("--model-args", args.model_args),
-                            ("--torchscript", args.torchscript or None), ("--device", args.device)) if v is not None]
-    if given and args.strategy != "kcenter":
-        raise ConfigError(f"{given[0]} applies to --strategy kcenter only (the model's features): drop it")
-    if args.strategy == "kcenter" and args.tests is None:
-        raise ConfigError("--strategy kcenter selects by the model's features of the tests: pass --tests TESTS.pt "
-                          "(the file that was scored) and --checkpoint MODEL")
-    tests = _read_tests(args.tests, data["index"]) if args.tests is not None else None
+    spec = selection.get(args.strategy)
+    source, tests = _selection_input(args, spec, data)
     n = args.n if args.n is not None else int(math.ceil(args.fraction * pool))
-    if args.strategy == "coverage":
-        bits = data.get("bits")
-        if not isinstance(bits, torch.Tensor):
-            raise ConfigError("--strategy coverage needs covered cells: score with --metric nc|kmnc|nbc|snac|tknc "
-                              "and pass that scores.pt")
-        source: Any = bits
-    elif args.strategy == "kcenter":
-        source = _features(args, tests)
-    else:
-        if not bool(torch.isfinite(scores).all()):
-            bad = int((~torch.isfinite(scores)).sum())
-            raise ConfigError(f"{bad} of {pool} scores are NaN or infinite: rescore or drop them before selecting")
-        source = scores
     out = out_dir(args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -191,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         "requested": n, "selected": len(idx), "pool_size": pool, "warnings": notes,
         "pool_scores": _stats(scores), "selected_scores": _stats(chosen),
     }
-    if args.strategy == "coverage":
+    if spec.needs == "bits":
         bits = data["bits"]
         results["cells"] = int(bits.shape[1])
         results["cells_covered_by_pool"] = int(bits.any(0).sum())
@@ -200,14 +180,13 @@ def run(args: argparse.Namespace) -> int:
                         **({"tests": "selected_tests.pt"} if args.tests else {})}
     settings: dict[str, Any] = {"scores": str(args.scores), "strategy": args.strategy}
     settings.update({"n": args.n} if args.n is not None else {"fraction": args.fraction})
-    if args.strategy in ("kmst", "stratified"):
+    if "k" in spec.options:
         settings["k"] = args.k
-    if args.strategy == "coverage":
+    if "fill" in spec.options:
         settings["fill"] = args.fill
-    if args.strategy == "kcenter":
+    if spec.needs == "features":
         settings["model"] = args.checkpoint or args.model_factory
-    if args.strategy in ("kmst", "random", "stratified", "fol-prop", "kcenter") or (
-            args.strategy == "coverage" and args.fill == "random"):
+    if spec.seeded or ("fill" in spec.options and args.fill == "random"):
         settings["seed"] = args.seed
     if args.tests is not None:
         settings["tests"] = str(args.tests)
@@ -218,6 +197,37 @@ def run(args: argparse.Namespace) -> int:
     log.info(f"wrote {out / 'selected.pt'}, selected.csv, results.json and report.html"
              + (" and selected_tests.pt" if args.tests else ""))
     return 0
+
+
+def _selection_input(args: argparse.Namespace, spec: selection.Strategy,
+                     data: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
+    """What the strategy needs, as it declares (:attr:`robustest.selection.Strategy.needs`): the scores [N], the
+    covered cells [N, F] of a coverage metric's scores.pt, or the model's features [N, D] of the scored tests;
+    and the tests file when --tests is given. Refuses model flags for a strategy that needs no features."""
+    scores = data["scores"]
+    pool = len(scores)
+    given = [f for f, v in (("--checkpoint", args.checkpoint), ("--model", args.model_factory),
+                            ("--weights", args.weights), ("--model-args", args.model_args),
+                            ("--torchscript", args.torchscript or None), ("--device", args.device)) if v is not None]
+    if given and spec.needs != "features":
+        takers = " or ".join(s for s in selection.names() if selection.get(s).needs == "features")
+        raise ConfigError(f"{given[0]} applies to --strategy {takers} only (the model's features): drop it")
+    if spec.needs == "features" and args.tests is None:
+        raise ConfigError(f"--strategy {args.strategy} selects by the model's features of the tests: pass --tests "
+                          "TESTS.pt (the file that was scored) and --checkpoint MODEL")
+    tests = _read_tests(args.tests, data["index"]) if args.tests is not None else None
+    if spec.needs == "bits":
+        bits = data.get("bits")
+        if not isinstance(bits, torch.Tensor):
+            raise ConfigError(f"--strategy {args.strategy} needs covered cells: score with --metric "
+                              "nc|kmnc|nbc|snac|tknc and pass that scores.pt")
+        return bits, tests
+    if spec.needs == "features":
+        return _features(args, tests), tests
+    if not bool(torch.isfinite(scores).all()):
+        bad = int((~torch.isfinite(scores)).sum())
+        raise ConfigError(f"{bad} of {pool} scores are NaN or infinite: rescore or drop them before selecting")
+    return scores, tests
 
 
 def _report(doc: dict[str, Any], scores: torch.Tensor, chosen: torch.Tensor):

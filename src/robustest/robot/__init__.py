@@ -46,10 +46,11 @@ from robustest.robot.config import (
     DEFAULT_STRATEGIES,
     METRICS,
     POOLS,
-    STRATEGIES,
     RobotConfig,
     derive_seed,
     parse_budget,
+    selection_strategies,
+    strategies,
 )
 from robustest.robot.loop import convergence_update, run
 from robustest.robot.pool import Pool, generate_pool, select_tests
@@ -63,7 +64,6 @@ __all__ = [
     "PassCounter",
     "RESULTS_FORMAT",
     "RESULTS_VERSION",
-    "STRATEGIES",
     "Pool",
     "RobotConfig",
     "compare",
@@ -75,4 +75,6 @@ __all__ = [
     "parse_budget",
     "run",
     "select_tests",
+    "selection_strategies",
+    "strategies",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from robustest import data as datasets
+from robustest import selection
 from robustest.core.errors import ConfigError
 from robustest.core.validation import (
     check_bool,
@@ -29,8 +30,9 @@ POOLS = ("attack", "fol-fuzz", "cov-fuzz")
 #: method each one runs (adv-train is Madry's PGD-AT)
 HARDEN_STRATEGIES = {"adv-train": "pgd-at", "trades": "trades", "fosc": "fosc", "fol-budget": "fol-budget",
                      "fast-at": "fast-at"}
-STRATEGIES = ("best", "kmst", "gini", "random", "coverage", "stratified", "fol-prop", "kcenter", "all",
-              *HARDEN_STRATEGIES)
+#: scores of the model under test that a run ranks with one of the selection registry's plain rankings (gini:
+#: the highest DeepGini scores first, robustest.selection's ``top``)
+RANKED_SCORES = {"gini": "top"}
 #: what ``compare`` runs when no strategies are given (the paper's strategies, random and coverage)
 DEFAULT_STRATEGIES = ("best", "kmst", "gini", "random", "coverage")
 #: strategies that select nothing from a budget: ``all`` takes the whole pool, ``adv-train`` fine-tunes on PGD
@@ -242,7 +244,7 @@ class RobotConfig:
         default (docs/schemas/config/run.schema.json is this, written out)."""
         from robustest.metrics import names as metric_names
 
-        choices = {"pool": list(POOLS), "strategy": list(STRATEGIES), "target_metric": list(METRICS),
+        choices = {"pool": list(POOLS), "strategy": list(strategies()), "target_metric": list(METRICS),
                    "autoattack": list(AUTOATTACK_VERSIONS),
                    "coverage_metric": metric_names("coverage")}
         types = {"bool": {"type": "boolean"}, "str": {"type": "string", "minLength": 1},
@@ -270,22 +272,33 @@ class RobotConfig:
 
     def validate(self) -> RobotConfig:
         """Check every setting; raises ConfigError with a one-line message naming the key and the fix."""
-        def pos_int(name: str, allow_none: bool = False, minimum: int = 1) -> None:
-            v = getattr(self, name)
-            if v is None and allow_none:
-                return
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
-                raise ConfigError(f"{name} must be an integer >= {minimum}, got {v!r}")
-
-        def number(name: str, lo: float, hi: float, allow_none: bool = False, lo_open: bool = True) -> None:
-            v = getattr(self, name)
-            if v is None and allow_none:
-                return
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
-                    (v <= lo if lo_open else v < lo) or v > hi:
-                raise ConfigError(f"{name} must be a number in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
-
         self._check_types()
+        self._check_model()
+        self._check_data_and_pool()
+        hard = self._check_strategies()
+        self._check_training(hard)
+        self._check_loop()
+        self._check_measurement()
+        self._check_seeds_and_output()
+        return self
+
+    def _pos_int(self, name: str, allow_none: bool = False, minimum: int = 1) -> None:
+        v = getattr(self, name)
+        if v is None and allow_none:
+            return
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
+            raise ConfigError(f"{name} must be an integer >= {minimum}, got {v!r}")
+
+    def _number(self, name: str, lo: float, hi: float, allow_none: bool = False, lo_open: bool = True) -> None:
+        v = getattr(self, name)
+        if v is None and allow_none:
+            return
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
+                (v <= lo if lo_open else v < lo) or v > hi:
+            raise ConfigError(f"{name} must be a number in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
+
+    def _check_model(self) -> None:
+        """The model to test (checkpoint, factory and weights, or the zoo model to train) and its files."""
         if self.model is not None and not isinstance(self.model, str):
             raise ConfigError(f"model must be a checkpoint path, got {self.model!r}")
         if self.model_factory is not None and (not isinstance(self.model_factory, str)
@@ -311,28 +324,36 @@ class RobotConfig:
             zoo.resolve_name(self.train_model)
         except ConfigError as exc:
             raise ConfigError(f"train_model: {exc}") from exc
+
+    def _check_data_and_pool(self) -> None:
+        """The data set, its limits, eps and the pool generator."""
         if self.dataset not in datasets.names():
             raise ConfigError(f"unknown dataset {self.dataset!r}: choose one of {', '.join(datasets.names())}")
-        pos_int("train_epochs", minimum=0)
-        pos_int("train_limit", allow_none=True)
-        pos_int("test_limit", allow_none=True)
+        self._pos_int("train_epochs", minimum=0)
+        self._pos_int("train_limit", allow_none=True)
+        self._pos_int("test_limit", allow_none=True)
         check_eps("eps", self.eps)
         if self.pool not in POOLS:
             raise ConfigError(f"unknown pool {self.pool!r}: use one of {', '.join(POOLS)}")
-        pos_int("pool_limit", allow_none=True)
-        pos_int("pool_pgd_steps")
+        self._pos_int("pool_limit", allow_none=True)
+        self._pos_int("pool_pgd_steps")
         for name in ("fuzz_options", "coverage_options"):
             if not isinstance(getattr(self, name), dict):
                 raise ConfigError(f"{name} must be a mapping of keyword arguments, got {getattr(self, name)!r}")
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"unknown strategy {self.strategy!r}: choose one of {', '.join(STRATEGIES)}")
+
+    def _check_strategies(self) -> list[str]:
+        """Strategy or strategies, budget or budgets, the selection parameters and the options the hardening
+        strategies take; returns the hardening strategies in use."""
+        known = strategies()
+        if self.strategy not in known:
+            raise ConfigError(f"unknown strategy {self.strategy!r}: choose one of {', '.join(known)}")
         if self.strategies is not None:
             if not isinstance(self.strategies, (list, tuple)) or not self.strategies:
                 raise ConfigError(f"strategies must be a non-empty list, e.g. [best, kmst, gini, random], "
                                   f"got {self.strategies!r}")
             for s in self.strategies:
-                if s not in STRATEGIES:
-                    raise ConfigError(f"unknown strategy {s!r} in strategies: choose from {', '.join(STRATEGIES)}")
+                if s not in known:
+                    raise ConfigError(f"unknown strategy {s!r} in strategies: choose from {', '.join(known)}")
             if len(set(self.strategies)) != len(self.strategies):
                 raise ConfigError("strategies lists a strategy twice: name each once")
             self.strategies = list(self.strategies)
@@ -343,8 +364,8 @@ class RobotConfig:
             for b in self.budgets:
                 parse_budget(b, 100)
             self.budgets = list(self.budgets)
-        pos_int("kmst_k")
-        pos_int("stratified_bins")
+        self._pos_int("kmst_k")
+        self._pos_int("stratified_bins")
         used = list(self.strategies) if self.strategies is not None else [self.strategy]
         hard = [s for s in used if s in HARDEN_STRATEGIES]
         if hard:
@@ -357,12 +378,16 @@ class RobotConfig:
             if self.finetune_options.get("optimizer", "adam") not in ("adam", "sgd"):
                 raise ConfigError(f"finetune_options: {hard[0]} takes optimizer adam or sgd, got "
                                   f"{self.finetune_options['optimizer']!r}")
+        return hard
+
+    def _check_training(self, hard: list[str]) -> None:
+        """Coverage, fine-tuning and training settings (``hard``: the hardening strategies in use)."""
         if self.coverage_metric not in ("nc", "kmnc", "nbc", "snac", "tknc"):
             raise ConfigError(f"unknown coverage_metric {self.coverage_metric!r}: use nc, kmnc, nbc, snac or tknc")
-        pos_int("coverage_profile_limit")
-        pos_int("epochs")
-        pos_int("batch_size")
-        number("lr", 0.0, 10.0)
+        self._pos_int("coverage_profile_limit")
+        self._pos_int("epochs")
+        self._pos_int("batch_size")
+        self._number("lr", 0.0, 10.0)
         self._check_fit_options("train_options", self.train_epochs, ("lr", "batch_size"))
         self._check_fit_options("finetune_options", self.epochs, ("eps_warmup",))
         if "eps_warmup" in self.finetune_options:
@@ -371,47 +396,56 @@ class RobotConfig:
                                   f"({', '.join(HARDEN_STRATEGIES)}) only")
             check_float("finetune_options: eps_warmup", self.finetune_options["eps_warmup"], 0.0, 1.0, hi_open=True)
         if self.model is None and self.model_factory is None:
+            from robustest import models as zoo
+
             shape = datasets.info(self.dataset).shape
             if shape is not None:  # a built-in shape: the zoo model must take it, checked before any data loads
                 try:
                     zoo.check_input(self.train_model, shape[0], shape[1], datasets.info(self.dataset).num_classes)
                 except ConfigError as exc:
                     raise ConfigError(f"train_model on {self.dataset}: {exc}") from exc
-        number("val_fraction", 0.0, 0.5)
-        pos_int("rounds")
-        number("time_budget", 0.0, float("inf"), allow_none=True)
+        self._number("val_fraction", 0.0, 0.5)
+
+    def _check_loop(self) -> None:
+        """Rounds, time budget, target and the convergence rule of the loop."""
+        self._pos_int("rounds")
+        self._number("time_budget", 0.0, float("inf"), allow_none=True)
         if self.target_metric not in METRICS:
             raise ConfigError(f"unknown target_metric {self.target_metric!r}: use one of {', '.join(METRICS)}")
-        number("target", 0.0, 1.0, allow_none=True, lo_open=False)
+        self._number("target", 0.0, 1.0, allow_none=True, lo_open=False)
         if self.target is not None and self.target_metric == "autoattack_accuracy" and self.autoattack is None:
             raise ConfigError("target_metric autoattack_accuracy needs autoattack set: add autoattack: fast or "
                               "standard (--autoattack)")
-        number("convergence_tol", 0.0, float("inf"), lo_open=False)
-        pos_int("convergence_patience")
-        pos_int("convergence_probe")
-        pos_int("whitebox_limit", allow_none=True)
-        pos_int("whitebox_pgd_steps")
-        pos_int("whitebox_restarts")
-        pos_int("apgd_steps", minimum=0)
+        self._number("convergence_tol", 0.0, float("inf"), lo_open=False)
+        self._pos_int("convergence_patience")
+        self._pos_int("convergence_probe")
+
+    def _check_measurement(self) -> None:
+        """White-box attack settings and the AutoAttack ensemble."""
+        self._pos_int("whitebox_limit", allow_none=True)
+        self._pos_int("whitebox_pgd_steps")
+        self._pos_int("whitebox_restarts")
+        self._pos_int("apgd_steps", minimum=0)
         if self.autoattack is not None and self.autoattack not in AUTOATTACK_VERSIONS:
             raise ConfigError(f"unknown autoattack {self.autoattack!r}: use fast or standard (or leave it unset)")
         if self.autoattack is not None and not self.whitebox:
             raise ConfigError("autoattack runs on the white-box images: drop --no-whitebox (whitebox: false) or "
                               "autoattack")
+
+    def _check_seeds_and_output(self) -> None:
+        """Seeds, example count, workers, corruptions and the output folder."""
         if not isinstance(self.seeds, (list, tuple)) or not self.seeds:
             raise ConfigError(f"seeds must be a non-empty list of seeds (integers in [0, 2^63)), got {self.seeds!r}")
         self.seeds = [check_seed(f"seeds[{i}]", s) for i, s in enumerate(self.seeds)]
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError("seeds lists a seed twice: name each once")
         check_seed("seed", self.seed)
-        pos_int("examples", minimum=0)
-        pos_int("workers", minimum=0)
+        self._pos_int("examples", minimum=0)
+        self._pos_int("workers", minimum=0)
         if self.corruptions is not None and not isinstance(self.corruptions, (str, list)):
             raise ConfigError(f"corruptions must be null, 'all' or a list of names, got {self.corruptions!r}")
         if not isinstance(self.out, str) or not self.out:
             raise ConfigError(f"out must be a folder path, got {self.out!r}")
-        return self
-
 
     def _check_fit_options(self, name: str, epochs: int, extra: tuple[str, ...]) -> None:
         from robustest.recipes import check_options
@@ -466,3 +500,22 @@ def derive_seed(*parts: Any) -> int:
     digest = hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
+
+def selection_strategies() -> tuple[str, ...]:
+    """The pool-selection strategies of a run or comparison, read from :mod:`robustest.selection`'s registry
+    (in its order, so a registered strategy is accepted too): each gets the pool's FOL, the coverage bits or the
+    penultimate-layer features, as it declares it needs; a plain ranking (``top``, ``bottom``) is offered only
+    under the name of a score it ranks (:data:`RANKED_SCORES`)."""
+    out: list[str] = []
+    for name in selection.names():
+        if selection.get(name).ranking:
+            out.extend(score for score, ranking in RANKED_SCORES.items() if ranking == name)
+        else:
+            out.append(name)
+    return tuple(out)
+
+
+def strategies() -> tuple[str, ...]:
+    """Every strategy a run or comparison accepts: :func:`selection_strategies`, the whole pool (``all``) and the
+    hardening strategies (:data:`HARDEN_STRATEGIES`)."""
+    return (*selection_strategies(), "all", *HARDEN_STRATEGIES)

@@ -9,9 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from robustest import selection
 from robustest.core import reprs
 from robustest.core.errors import ConfigError
-from robustest.robot.config import STRATEGIES, RobotConfig, derive_seed
+from robustest.robot.config import RANKED_SCORES, RobotConfig, derive_seed, selection_strategies, strategies
 from robustest.robustness import adversarial_examples
 
 
@@ -128,8 +129,23 @@ def _coverage_profile(model: nn.Module, x: torch.Tensor, cfg: RobotConfig) -> An
     return CoverageProfile.build(model, x[:cfg.coverage_profile_limit])
 
 
-#: strategies that rank or sample by the pool's FOL: their selection cost includes scoring the pool by FOL
-FOL_STRATEGIES = ("best", "kmst", "stratified", "fol-prop")
+#: the config key holding the ``k`` of a selection strategy that reads one (any other: ``kmst_k``)
+K_KEYS = {"stratified": "stratified_bins"}
+
+
+def _registered(strategy: str) -> selection.Strategy | None:
+    """The registry's record of a pool-selection strategy fed by the pool's own data (FOL, coverage bits or
+    features); None for a ranked model score (gini), the baselines and unknown names."""
+    if strategy in RANKED_SCORES or strategy not in selection_strategies():
+        return None
+    return selection.get(strategy)
+
+
+def reads_fol(strategy: str) -> bool:
+    """Whether ``strategy`` ranks or samples by the pool's FOL (best, kmst, stratified, fol-prop: a strategy that
+    needs scores and reads them), so that its selection cost includes scoring the pool by FOL."""
+    spec = _registered(strategy)
+    return spec is not None and spec.needs == "scores" and spec.reads_scores
 
 
 def select_tests(strategy: str, model: nn.Module, pool: Pool, n: int, cfg: RobotConfig, seed: int,
@@ -137,22 +153,20 @@ def select_tests(strategy: str, model: nn.Module, pool: Pool, n: int, cfg: Robot
                  compute: dict[str, Any] | None = None) -> torch.Tensor:
     """Indices (int64 [min(n, len(pool))]) of the tests ``strategy`` selects from ``pool``.
 
-    best / kmst rank by the pool's FOL; stratified draws at random within FOL-quantile x class strata;
-    fol-prop samples with probability proportional to FOL; kcenter runs k-center greedy (core-set) on the
-    penultimate-layer features of ``model`` (:func:`robustest.metrics.activations.penultimate_features`);
-    gini takes the highest DeepGini scores of ``model``; random draws uniformly; coverage greedily maximises
-    the ``coverage_metric`` cells covered (profile of ``model``); all takes the whole pool. ``cache`` keeps
-    per-pool scores (gini, coverage bits, kcenter features)
+    A strategy of :mod:`robustest.selection`'s registry gets what it declares it needs: the pool's FOL
+    (best / kmst rank by it; stratified draws at random within FOL-quantile x class strata, with the pool's
+    labels as it takes labels; fol-prop samples with probability proportional to FOL; random draws uniformly),
+    the penultimate-layer features of ``model`` (kcenter runs k-center greedy, the core-set selection, on
+    :func:`robustest.metrics.activations.penultimate_features`) or the ``coverage_metric`` cells each test
+    covers (coverage greedily maximises them; profile of ``model``). gini takes the highest DeepGini scores of
+    ``model``; all takes the whole pool. ``cache`` keeps per-pool scores (gini, coverage bits, kcenter features)
     between calls on the same pool, with the passes they cost. ``compute``: a dict whose ``selection_scoring``
     receives the passes the strategy's scores cost on this pool (FOL strategies: ``cache["fol_passes"]``, the
     FOL scoring of the pool; also when the scores came from the cache), 0 for random and all.
     """
-    from robustest import selection
-    from robustest.robot.compute import PassCounter
-
     cache = {} if cache is None else cache
     cost: float | None = 0.0
-    if strategy in FOL_STRATEGIES:
+    if reads_fol(strategy):
         cost = cache.get("fol_passes")
     if compute is not None:
         compute["selection_scoring"] = cost
@@ -160,40 +174,65 @@ def select_tests(strategy: str, model: nn.Module, pool: Pool, n: int, cfg: Robot
         return torch.arange(len(pool), dtype=torch.long)
     if len(pool) == 0 or n == 0:
         return torch.zeros(0, dtype=torch.long)
-    if strategy in ("best", "kmst", "random", "fol-prop"):
-        return selection.select(pool.fol, n, strategy, k=cfg.kmst_k, seed=seed)
-    if strategy == "stratified":
-        return selection.select(pool.fol, n, "stratified", k=cfg.stratified_bins, seed=seed, labels=pool.y)
-    if strategy == "gini":
-        if "gini" not in cache:
-            from robustest import metrics
+    if strategy in RANKED_SCORES:
+        return _select_by_gini(strategy, model, pool, n, seed, cache, compute)
+    spec = _registered(strategy)
+    if spec is None:
+        raise ConfigError(f"unknown strategy {strategy!r}: choose one of {', '.join(strategies())}")
+    if spec.needs == "features":
+        return _select_by_features(strategy, model, pool, n, seed, cache, compute)
+    if spec.needs == "bits":
+        return _select_by_coverage(strategy, model, pool, n, cfg, seed, profile, cache, compute)
+    k = getattr(cfg, K_KEYS.get(strategy, "kmst_k"))
+    if spec.labels:
+        return selection.select(pool.fol, n, strategy, k=k, seed=seed, labels=pool.y)
+    return selection.select(pool.fol, n, strategy, k=k, seed=seed)
 
-            with PassCounter(model) as pc:
-                cache["gini"] = metrics.gini(model, pool.x, batch_size=512).detach().float().cpu()
-            cache["gini_passes"] = pc.passes
-        if compute is not None:
-            compute["selection_scoring"] = cache["gini_passes"]
-        return selection.select(cache["gini"], n, "top", seed=seed)
-    if strategy == "kcenter":
-        from robustest.metrics.activations import penultimate_features
 
-        if "features" not in cache:
-            with PassCounter(model) as pc:
-                cache["features"] = penultimate_features(model, pool.x)
-            cache["features_passes"] = pc.passes
-        if compute is not None:
-            compute["selection_scoring"] = cache["features_passes"]
-        return selection.select(cache["features"], n, "kcenter", seed=seed)
-    if strategy == "coverage":
-        if "bits" not in cache:
-            with PassCounter(model) as pc:
-                prof = profile if profile is not None else _coverage_profile(model, pool.x, cfg)
-                cache["bits"] = prof.bits(pool.x, cfg.coverage_metric, **cfg.coverage_options).cpu()
-            cache["bits_passes"] = pc.passes
-        if compute is not None:
-            prof_cost = cache.get("profile_passes", 0.0)
-            compute["selection_scoring"] = None if None in (prof_cost, cache["bits_passes"]) else \
-                prof_cost + cache["bits_passes"]
-        return selection.select(cache["bits"], n, "coverage", seed=seed)
-    raise ConfigError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+def _select_by_gini(strategy: str, model: nn.Module, pool: Pool, n: int, seed: int, cache: dict[str, Any],
+                    compute: dict[str, Any] | None) -> torch.Tensor:
+    """The pool's DeepGini scores under ``model`` (cached), ranked by the registry's ``RANKED_SCORES`` entry."""
+    from robustest.robot.compute import PassCounter
 
+    if "gini" not in cache:
+        from robustest import metrics
+
+        with PassCounter(model) as pc:
+            cache["gini"] = metrics.gini(model, pool.x, batch_size=512).detach().float().cpu()
+        cache["gini_passes"] = pc.passes
+    if compute is not None:
+        compute["selection_scoring"] = cache["gini_passes"]
+    return selection.select(cache["gini"], n, RANKED_SCORES[strategy], seed=seed)
+
+
+def _select_by_features(strategy: str, model: nn.Module, pool: Pool, n: int, seed: int, cache: dict[str, Any],
+                        compute: dict[str, Any] | None) -> torch.Tensor:
+    """A strategy that needs features, on the pool's penultimate-layer features under ``model`` (cached)."""
+    from robustest.metrics.activations import penultimate_features
+    from robustest.robot.compute import PassCounter
+
+    if "features" not in cache:
+        with PassCounter(model) as pc:
+            cache["features"] = penultimate_features(model, pool.x)
+        cache["features_passes"] = pc.passes
+    if compute is not None:
+        compute["selection_scoring"] = cache["features_passes"]
+    return selection.select(cache["features"], n, strategy, seed=seed)
+
+
+def _select_by_coverage(strategy: str, model: nn.Module, pool: Pool, n: int, cfg: RobotConfig, seed: int,
+                        profile: Any, cache: dict[str, Any], compute: dict[str, Any] | None) -> torch.Tensor:
+    """A strategy that needs coverage bits, on the ``coverage_metric`` cells each pool test covers (cached;
+    ``profile`` of ``model``, built from the pool when None)."""
+    from robustest.robot.compute import PassCounter
+
+    if "bits" not in cache:
+        with PassCounter(model) as pc:
+            prof = profile if profile is not None else _coverage_profile(model, pool.x, cfg)
+            cache["bits"] = prof.bits(pool.x, cfg.coverage_metric, **cfg.coverage_options).cpu()
+        cache["bits_passes"] = pc.passes
+    if compute is not None:
+        prof_cost = cache.get("profile_passes", 0.0)
+        compute["selection_scoring"] = None if None in (prof_cost, cache["bits_passes"]) else \
+            prof_cost + cache["bits_passes"]
+    return selection.select(cache["bits"], n, strategy, seed=seed)
