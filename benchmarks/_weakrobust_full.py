@@ -189,6 +189,7 @@ def run_full(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from robustest import weakrobust as wr
     from robustest.checkpoints import clone_model, load_checkpoint, save_checkpoint
     from robustest.core.batching import image_shape, labels_of, take
+    from robustest.evaluate import accuracy
 
     s = resolve(args)
     dev = torch.device(args.device) if args.device else torch.device("cpu")
@@ -309,11 +310,11 @@ def run_full(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         e = s["eval_eps"]
         spec = {"pgd": {"steps": s["eval_pgd_steps"], "alpha": e / 4}, "fgsm": {},
                 "bim": {"steps": s["eval_bim_steps"]}}
-        row: dict[str, Any] = {"clean": training.accuracy(models_[name], (x, y))}
+        row: dict[str, Any] = {"clean": accuracy(models_[name], (x, y))}
         for a, kw in spec.items():
             if a not in transferred:
                 transferred[a] = atk.attack(a, models_["standard"], (x, y), eps=e, seed=args.seed, **kw).adv.cpu()
-            row[f"{a}_transfer"] = training.accuracy(models_[name], (transferred[a], y))
+            row[f"{a}_transfer"] = accuracy(models_[name], (transferred[a], y))
             row[f"{a}_whitebox"] = (row[f"{a}_transfer"] if name == "standard" else
                                     atk.attack(a, models_[name], (x, y), eps=e, seed=args.seed, **kw).robust_accuracy)
         row["mean_adv_error_transfer"] = 1 - float(np.mean([row[f"{a}_transfer"] for a in spec]))

@@ -49,6 +49,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from robustest import data, models, training
+    from robustest.evaluate import accuracy
 
     torch.manual_seed(args.seed)
     train = data.load("mnist", root=args.data_dir, split="train")
@@ -63,7 +64,7 @@ def main() -> None:
         print(f"trained LeNet-5 1 epoch in {time.perf_counter() - t0:.1f}s")
         if args.checkpoint:
             training.save_checkpoint(args.checkpoint, model)
-    print(f"LeNet-5 test accuracy {training.accuracy(model, test):.4f}; torch threads {torch.get_num_threads()}")
+    print(f"LeNet-5 test accuracy {accuracy(model, test):.4f}; torch threads {torch.get_num_threads()}")
     xtr = train.tensors[0][: args.train]
     xte = test.tensors[0][: args.test]
 

@@ -1,10 +1,10 @@
-"""Benchmark: robustest's standard ensemble (robustness.evaluate) vs torchattacks' AutoAttack on the same model
+"""Benchmark: robustest's standard ensemble (robustest.evaluate.evaluate) vs torchattacks' AutoAttack on the same model
 and images: robust accuracy (ours must be <= theirs + 1 point), time (ratio from the same run) and each attack's
 share of the breaks.
 
 Contenders, all in one process on the same images:
 
-* ``robustest standard``: ``robustness.evaluate(version="standard")`` = APGD-CE (100 steps) -> APGD-T (9 targets x
+* ``robustest standard``: ``evaluate(version="standard")`` = APGD-CE (100 steps) -> APGD-T (9 targets x
   100 steps) -> FAB-T (9 targets x 100 steps) -> Square (5000 queries), AutoAttack's standard settings.
 * ``robustest fast``: ``version="fast"`` = APGD-CE (100 steps) -> APGD-T (3 targets x 100 steps).
 * ``torchattacks AA``: ``torchattacks.AutoAttack(version="standard", n_classes=K, seed=0)`` as shipped (3.5.1: its
@@ -35,8 +35,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from robustest import data, robustness, training  # noqa: E402
+from robustest import data, training  # noqa: E402
 from robustest.core.modelcall import forward  # noqa: E402
+from robustest.evaluate import evaluate  # noqa: E402
 
 
 def clock():
@@ -59,7 +60,7 @@ def check(model, x, y, adv, eps, norm):
 
 def run_ours(model, x, y, eps, norm, version, bs):
     t = clock()
-    r = robustness.evaluate(model, (x, y), eps, norm=norm, version=version, seed=0, batch_size=bs, keep_adv=True)
+    r = evaluate(model, (x, y), eps, norm=norm, version=version, seed=0, batch_size=bs, keep_adv=True)
     wall, cpu = since(t)
     acc, inside = check(model, x, y, r.adv.to(x.device), eps, norm)
     assert abs(acc - r.robust_accuracy) < 1e-9, (acc, r.robust_accuracy)

@@ -8,7 +8,7 @@ training compute (forward+backward passes, robustest.hardening's accounting), th
 test subset (per-sample worst case of PGD-``--pgd-steps`` with ``--restarts`` restarts and APGD-CE-``--apgd-steps``, the
 same attack seeds for every model: common random numbers) and the clean accuracy on the test split. With
 ``--autoattack fast|standard``, the final model of every run (and the pretrained one) is also evaluated with
-robustest's AutoAttack-style ensemble (``robustness.evaluate``) on the same test subset.
+robustest's AutoAttack-style ensemble (``robustest.evaluate.evaluate``) on the same test subset.
 
 Methods: pgd-at, trades, fosc, fol-budget, fast-at (robustest.hardening) and ``reference``: an independent
 plain-PyTorch PGD-AT of the same recipe written below (no robustest code in its training loop: own shuffling,
@@ -110,8 +110,7 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
 
 # ------------------------------------------------------------------------------------------------- runs
 def measure(model, test_x, test_y, wb_x, wb_y, args) -> dict[str, float]:
-    from robustest.robustness import whitebox_accuracy
-    from robustest.training import accuracy
+    from robustest.evaluate import accuracy, whitebox_accuracy
 
     wb = whitebox_accuracy(model, (wb_x, wb_y), args.eps, pgd_steps=args.pgd_steps, pgd_restarts=args.restarts,
                            apgd_steps=args.apgd_steps, seed=12345)
@@ -120,9 +119,9 @@ def measure(model, test_x, test_y, wb_x, wb_y, args) -> dict[str, float]:
 
 
 def autoattack_accuracy(model, aa_x, aa_y, args) -> float:
-    """Robust accuracy under robustness.evaluate's ensemble (``--autoattack`` version) on the first ``--aa-limit``
+    """Robust accuracy under robustest.evaluate's ensemble (``--autoattack`` version) on the first ``--aa-limit``
     test images."""
-    from robustest.robustness import evaluate
+    from robustest.evaluate import evaluate
 
     return float(evaluate(model, (aa_x, aa_y), args.eps, version=args.autoattack, seed=12345).robust_accuracy)
 
@@ -397,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restarts", type=int, default=2)
     ap.add_argument("--apgd-steps", type=int, default=50)
     ap.add_argument("--autoattack", choices=("fast", "standard"), default=None,
-                    help="also evaluate every run's final model (and the pretrained one) with robustness.evaluate's "
+                    help="also evaluate every run's final model (and the pretrained one) with robustest.evaluate's "
                          "ensemble of this version on the white-box subset")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--timing", action="store_true",

@@ -93,14 +93,15 @@ def main() -> None:
 
         model = load_checkpoint(args.checkpoint)
     else:
-        from robustest.training import evaluate, fit
+        from robustest.evaluate import accuracy
+        from robustest.training import fit
 
         train = data.load("mnist", root=args.data_dir, split="train")
         model = models.create("lenet5")
         t = time.perf_counter()
         fit(model, train, epochs=1, batch_size=64, seed=0, progress=False)
         print(f"trained LeNet-5 for 1 epoch in {time.perf_counter() - t:.1f}s, "
-              f"test accuracy {evaluate(model, test)[1]:.4f}")
+              f"test accuracy {accuracy(model, test):.4f}")
     model.eval()
     x, y = test.tensors[0][: args.n].contiguous(), test.tensors[1][: args.n].contiguous()
     g = torch.Generator().manual_seed(0)

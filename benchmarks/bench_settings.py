@@ -42,6 +42,7 @@ import reproduce_robot  # noqa: E402
 from robustest import attacks, models, recipes, training  # noqa: E402
 from robustest import weakrobust as wr  # noqa: E402
 from robustest.data import arrays_to_dataset  # noqa: E402
+from robustest.evaluate import predict  # noqa: E402
 
 SIZES = {"cifar10": (50_000, 10_000), "imagenet100": (126_689, 5_000)}  # training / test images
 NAMES = ("robot-cifar10-resnet20", "weakrobust-cifar10-wrn40-2", "weakrobust-imagenet100-resnet50")
@@ -215,7 +216,7 @@ def measure(s: dict[str, Any], dev: torch.device, steps: int, batch: int | None,
         for _ in range(4):
             sync(dev)
             t0 = time.perf_counter()
-            training.predict(model, xf, batch_size=fb)
+            predict(model, xf, batch_size=fb)
             sync(dev)
             times.append(time.perf_counter() - t0)
     rate_f = fb / statistics.median(times[1:])

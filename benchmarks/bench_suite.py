@@ -3,7 +3,7 @@ test's power, and the check's cost, over a family of models.
 
 For every model of the weak-robust evidence family (``benchmarks/weakrobust_evidence.py``: MLPs, CNNs,
 digits_cnn, ResNet-20; plain, noise-augmented, AugMix and adversarially fine-tuned members) the script records,
-once, the per-sample robust outcome of ``robustness.evaluate`` (``--version``, default ``fast``) on every test
+once, the per-sample robust outcome of ``robustest.evaluate.evaluate`` (``--version``, default ``fast``) on every test
 image, the time of that full evaluation, the time of the same evaluation on a suite of each K, and the local
 robustness analysis of the test split for each seed. A suite of K samples is then a subset of those outcomes
 (what ``suite check`` would measure on it, up to the last bits of a convolution), so thousands of suites cost
@@ -40,7 +40,7 @@ import torch
 from robustest import data as datasets
 from robustest import weakrobust as wr
 from robustest.core.atomic import atomic_save, atomic_write_json, atomic_write_text
-from robustest.evaluation import evaluate
+from robustest.evaluate import evaluate
 from robustest.suite.build import stratified_draw
 from robustest.suite.stats import paired_difference, stratified_estimate
 

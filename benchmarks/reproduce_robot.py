@@ -109,7 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--pgd-steps", type=int, default=None, help="white-box PGD steps (2 restarts)")
     ap.add_argument("--apgd-steps", type=int, default=None, help="white-box APGD-CE steps")
     ap.add_argument("--autoattack", choices=("fast", "standard"), default=None,
-                    help="add robustness.evaluate's ensemble to every measurement (AutoAttack column; default off)")
+                    help="add robustest.evaluate's ensemble to every measurement (AutoAttack column; default off)")
     ap.add_argument("--amp", choices=("bf16", "fp16"), default=None, help="mixed precision for training (CUDA)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: LeNet-5 gains little from more, and busy cores punish it)")
@@ -152,6 +152,7 @@ def train_original(args: argparse.Namespace, s: dict[str, Any], out: Path, ckpt:
     from robustest import models as zoo
     from robustest import recipes, training
     from robustest.core.batching import image_shape, labels_of
+    from robustest.evaluate import accuracy
 
     train = load_split(args, "train")
     test = load_split(args, "test")
@@ -172,7 +173,7 @@ def train_original(args: argparse.Namespace, s: dict[str, Any], out: Path, ckpt:
     dev = torch.device(args.device) if args.device else None
     hist = training.fit(model, (x, y), epochs=args.train_epochs, seed=0, progress=False, device=dev,
                         resume_file=state, **kw)
-    acc = training.accuracy(model, test)
+    acc = accuracy(model, test)
     if is_rank0():
         training.save_checkpoint(ckpt, model, metadata={"dataset": args.dataset, "epochs": args.train_epochs,
                                                         "test_accuracy": acc, "recipe": s["recipe"] or "adam"})

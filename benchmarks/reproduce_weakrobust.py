@@ -67,6 +67,7 @@ from robustest import weakrobust as wr  # noqa: E402
 from robustest.core.atomic import atomic_write_json
 from robustest.core.errors import ConfigError  # noqa: E402
 from robustest.core.modelcall import eval_mode  # noqa: E402
+from robustest.evaluate import accuracy, evaluate  # noqa: E402
 
 SLOW_CORRUPTIONS = ("frost", "snow", "spatter")  # slowest on the CPU; --all-corruptions includes them
 
@@ -231,7 +232,7 @@ def run_family(args: argparse.Namespace, out: Path) -> dict:
         tm = time.perf_counter()
         model = build_model(cfg, x, y, mean, std, args.seed, args)
         t_train = time.perf_counter() - tm
-        clean_test = training.accuracy(model, (xt, yt))
+        clean_test = accuracy(model, (xt, yt))
         ta = time.perf_counter()
         an = wr.analyze(model, (x, y), n_neighbors=args.neighbors, eps=args.eps, seed=args.seed)
         t_an = time.perf_counter() - ta
@@ -389,7 +390,6 @@ def run_enhance_seed(args: argparse.Namespace, out: Path, seed: int, data: tuple
     import copy
 
     from robustest import attacks as atk
-    from robustest import robustness
 
     x, y, xt, yt = data
     mean, std = channel_stats(x)
@@ -403,7 +403,7 @@ def run_enhance_seed(args: argparse.Namespace, out: Path, seed: int, data: tuple
         return prev
     t0 = time.perf_counter()
     base = build_model({"arch": "lenet5", "epochs": args.base_epochs}, x, y, mean, std, seed, args)
-    base_acc = training.accuracy(base, (xt, yt))
+    base_acc = accuracy(base, (xt, yt))
     log(f"seed {seed}: base {arch_of('lenet5', args)} trained in {time.perf_counter() - t0:.0f}s, "
         f"test acc {base_acc:.3f}")
     # weaknesses from the weak-robust validation set of the base model (corruptions only; training pool)
@@ -430,7 +430,7 @@ def run_enhance_seed(args: argparse.Namespace, out: Path, seed: int, data: tuple
                          augmix=v["augmix"], adversarial=v["adversarial"], adv_eps=args.adv_eps,
                          adv_steps=args.attack_steps, jsd_weight=args.jsd_weight, lr=5e-4, seed=seed)
         t_ft = time.perf_counter() - te
-        clean = training.accuracy(m, (xt, yt))
+        clean = accuracy(m, (xt, yt))
         cw = ct.wrong(m, torch.arange(xt.shape[0]), yt)
         per_c: dict[str, list[float]] = {}
         for (n, _s), w in cw.items():
@@ -445,12 +445,12 @@ def run_enhance_seed(args: argparse.Namespace, out: Path, seed: int, data: tuple
                 r = atk.attack(a, m, (xt, yt), eps=e, seed=seed, **kw)
                 row[f"{a}@{e:g}"] = r.robust_accuracy
             # AutoAttack-style ensemble, fast version: APGD-CE -> APGD-T (3 target classes), white-box
-            row[f"autoattack@{e:g}"] = robustness.evaluate(m, (xt, yt), eps=e, version="fast",
+            row[f"autoattack@{e:g}"] = evaluate(m, (xt, yt), eps=e, version="fast",
                                                            seed=seed).robust_accuracy
         # transferred from the base model (the reference code's evaluation), for comparison
         for e in args.eps_grid:
             adv = atk.pgd(base, xt, yt, eps=e, steps=20, seed=seed)
-            row[f"pgd-transfer@{e:g}"] = training.accuracy(m, (adv, yt))
+            row[f"pgd-transfer@{e:g}"] = accuracy(m, (adv, yt))
         rows.append(row)
         log(f"seed {seed}: {name}: {json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k not in ('per_corruption', 'pool')})}")  # noqa: E501
         if is_rank0():

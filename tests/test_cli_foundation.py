@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from robustest import cli, data, models, training
+from robustest import evaluate as ev
 
 pytestmark = pytest.mark.usefixtures("no_data_env")
 
@@ -111,7 +112,7 @@ def test_train_on_digits_writes_checkpoint_and_report(tmp_path, capsys, results_
     assert 0.7 <= rep["test_accuracy"] <= 1.0
     model = training.load_checkpoint(out_dir / "model.pt")
     assert model.robustest_metadata["dataset"] == "digits"
-    assert training.accuracy(model, data.load("digits", split="test")) == pytest.approx(rep["test_accuracy"])
+    assert ev.accuracy(model, data.load("digits", split="test")) == pytest.approx(rep["test_accuracy"])
     torch.load(out_dir / "model.pt", weights_only=True)
 
 

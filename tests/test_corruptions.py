@@ -875,8 +875,7 @@ def test_cuda_matches_contract() -> None:
 def test_corruption_accuracy(trained_digits_model: torch.nn.Module, digits_test) -> None:
     import json
 
-    from robustest.robustness import CorruptionResult, corruption_accuracy
-    from robustest.training import accuracy
+    from robustest.evaluate import CorruptionResult, accuracy, corruption_accuracy
 
     model = trained_digits_model
     x, y = digits_test.tensors[0][:120], digits_test.tensors[1][:120]
@@ -907,7 +906,7 @@ def test_corruption_accuracy(trained_digits_model: torch.nn.Module, digits_test)
 
 
 def test_corruption_accuracy_all_and_errors(trained_digits_model: torch.nn.Module, digits_test) -> None:
-    from robustest.robustness import corruption_accuracy
+    from robustest.evaluate import corruption_accuracy
 
     model = trained_digits_model.train()
     x, y = digits_test.tensors[0][:16], digits_test.tensors[1][:16]

@@ -8,9 +8,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from robustest import attacks, metrics, robustness, testing, training
+from robustest import attacks, metrics, testing, training
 from robustest.core.batching import as_tensors, image_shape, iter_batches, split_batch, take
 from robustest.core.errors import ConfigError, DataError
+from robustest.evaluate import accuracy, evaluate, predict
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # two shared cores: one intra-op thread
 
@@ -75,10 +76,10 @@ def test_batching_helpers_read_dict_data(xy):
 def test_training_and_evaluation_take_dict_data(xy, trained_digits_model):
     x, y = xy
     m = trained_digits_model
-    want = training.accuracy(m, (x, y))
+    want = accuracy(m, (x, y))
     for name, data in _forms(x, y).items():
-        assert training.accuracy(m, data) == want, name
-        assert torch.equal(training.predict(m, data), training.predict(m, (x, y))), name
+        assert accuracy(m, data) == want, name
+        assert torch.equal(predict(m, data), predict(m, (x, y))), name
     from robustest import models
 
     torch.manual_seed(0)
@@ -96,12 +97,12 @@ def test_attacks_metrics_and_robustness_take_dict_data(xy, trained_digits_model)
     m = trained_digits_model
     ref = attacks.attack("fgsm", m, (x, y), eps=0.1)
     ref_scores = metrics.score(m, (x, y), "gini").scores
-    ref_eval = robustness.evaluate(m, (x, y), 0.1, version="custom", attacks=["apgd-ce"], seed=0)
+    ref_eval = evaluate(m, (x, y), 0.1, version="custom", attacks=["apgd-ce"], seed=0)
     for name, data in _forms(x, y).items():
         r = attacks.attack("fgsm", m, data, eps=0.1)
         assert torch.equal(r.adv, ref.adv), name
         assert torch.equal(metrics.score(m, data, "gini").scores, ref_scores), name
-        ev = robustness.evaluate(m, data, 0.1, version="custom", attacks=["apgd-ce"], seed=0)
+        ev = evaluate(m, data, 0.1, version="custom", attacks=["apgd-ce"], seed=0)
         assert ev.robust_accuracy == ref_eval.robust_accuracy, name
         got = testing.robust_accuracy(m, data, eps=0.1, attack="apgd-ce", limit=20)
         assert 0.0 <= got.robust_accuracy <= 1.0, name
@@ -126,4 +127,4 @@ def test_weak_robust_validation_and_hardening_take_dict_data(xy, trained_digits_
 def test_unlabelled_dict_data_is_refused_where_labels_are_needed(xy, trained_digits_model):
     x, y = xy
     with pytest.raises(ConfigError, match="needs labels"):
-        training.accuracy(trained_digits_model, DictData(x, y, label_key=None))
+        accuracy(trained_digits_model, DictData(x, y, label_key=None))

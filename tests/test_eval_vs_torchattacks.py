@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from robustest import robustness
+from robustest import evaluate as ev
 
 N = 40
 SHARED = Path(os.environ.get("ROBUSTEST_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -53,7 +53,7 @@ def _theirs(model, x, y, norm, eps):
 def test_standard_at_least_as_strong_as_torchattacks_lenet5_mnist(mnist_lenet, norm, eps):
     pytest.importorskip("torchattacks")
     model, x, y = mnist_lenet
-    ours = robustness.evaluate(model, (x, y), eps, norm=norm, version="standard", seed=0)
+    ours = ev.evaluate(model, (x, y), eps, norm=norm, version="standard", seed=0)
     theirs = _theirs(model, x, y, norm, eps)
     assert ours.robust_accuracy <= theirs + 0.01, (ours, theirs)
 
@@ -63,6 +63,6 @@ def test_standard_at_least_as_strong_as_torchattacks_lenet5_mnist(mnist_lenet, n
 def test_standard_at_least_as_strong_as_torchattacks_digits(trained_digits_model, digits_test, norm, eps):
     pytest.importorskip("torchattacks")
     x, y = (t[:N].clone() for t in digits_test.tensors)
-    ours = robustness.evaluate(trained_digits_model, (x, y), eps, norm=norm, version="standard", seed=0)
+    ours = ev.evaluate(trained_digits_model, (x, y), eps, norm=norm, version="standard", seed=0)
     theirs = _theirs(trained_digits_model, x, y, norm, eps)
     assert ours.robust_accuracy <= theirs + 0.01, (ours, theirs)

@@ -1,5 +1,5 @@
-"""Tests of robustness.evaluate (the AutoAttack-style ensemble), its result and the autoattack option of
-robustness.measure."""
+"""Tests of robustest.evaluate.evaluate (the AutoAttack-style ensemble), its result and the autoattack option
+of robustest.evaluate.measure."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from robustest import attacks, robustness
+from robustest import attacks
+from robustest import evaluate as ev
 from robustest.core.errors import ConfigError, DataError
 
 SMALL = [("apgd-ce", {"steps": 10}), ("apgd-t", {"steps": 10, "n_targets": 2}), ("fab-t", {"steps": 10,
@@ -28,7 +29,7 @@ def xy(digits_test):
 
 
 def test_plans():
-    std = robustness.ensemble_plan("standard", "linf", num_classes=10)
+    std = ev.ensemble_plan("standard", "linf", num_classes=10)
     assert [p[0] for p in std] == ["apgd-ce", "apgd-t", "fab-t", "square"]
     assert [p[1] for p in std] == ["apgd", "apgd_t", "fab_t", "square"]
     assert std[0][2]["steps"] == 100 and std[1][2]["n_targets"] == 9 and std[2][2]["n_targets"] == 9
@@ -36,13 +37,13 @@ def test_plans():
     assert all(p[2]["norm"] == "linf" for p in std)
     assert std[0][2]["stop_on_success"] and std[1][2]["stop_on_success"] and std[2][2]["stop_on_success"]
     # fewer classes: at most classes - 1 targets; APGD-T left out below 4 classes
-    five = robustness.ensemble_plan("standard", "l2", num_classes=5)
+    five = ev.ensemble_plan("standard", "l2", num_classes=5)
     assert five[1][2]["n_targets"] == 4 and all(p[2]["norm"] == "l2" for p in five)
-    three = robustness.ensemble_plan("standard", "linf", num_classes=3)
+    three = ev.ensemble_plan("standard", "linf", num_classes=3)
     assert [p[0] for p in three] == ["apgd-ce", "fab-t", "square"]
-    fast = robustness.ensemble_plan("fast", "linf", num_classes=10)
+    fast = ev.ensemble_plan("fast", "linf", num_classes=10)
     assert [p[0] for p in fast] == ["apgd-ce", "apgd-t"] and fast[1][2]["n_targets"] == 3
-    custom = robustness.ensemble_plan("custom", "linf", ["apgd_dlr", ("pgd", {"steps": 7}), "BIM"])
+    custom = ev.ensemble_plan("custom", "linf", ["apgd_dlr", ("pgd", {"steps": 7}), "BIM"])
     assert [p[0] for p in custom] == ["apgd-dlr", "pgd", "bim"] and custom[1][2]["steps"] == 7
 
 
@@ -59,7 +60,7 @@ def test_plans():
 ])
 def test_plan_bad_input(kw, match):
     with pytest.raises(ConfigError, match=match):
-        robustness.ensemble_plan(kw.pop("version", "standard"), kw.pop("norm", "linf"), kw.pop("attacks", None),
+        ev.ensemble_plan(kw.pop("version", "standard"), kw.pop("norm", "linf"), kw.pop("attacks", None),
                                  num_classes=10, **kw)
 
 
@@ -69,29 +70,29 @@ def test_bad_input_found_before_any_work(trained_digits_model, xy, monkeypatch):
     m = trained_digits_model
     for eps in (0, -0.1, 1.5, float("nan"), "x"):
         with pytest.raises(ConfigError, match="eps"):
-            robustness.evaluate(m, xy, eps)
+            ev.evaluate(m, xy, eps)
     with pytest.raises(ConfigError, match="norm"):
-        robustness.evaluate(m, xy, 0.1, norm="l7")
+        ev.evaluate(m, xy, 0.1, norm="l7")
     with pytest.raises(ConfigError, match="version"):
-        robustness.evaluate(m, xy, 0.1, version="plus")
+        ev.evaluate(m, xy, 0.1, version="plus")
     with pytest.raises(ConfigError, match="n_targets"):
-        robustness.evaluate(m, xy, 0.1, n_targets=10)
+        ev.evaluate(m, xy, 0.1, n_targets=10)
     with pytest.raises(DataError, match="labels"):
-        robustness.evaluate(m, xy[0], 0.1)
+        ev.evaluate(m, xy[0], 0.1)
     with pytest.raises(ConfigError, match="baseline"):
-        robustness.evaluate(m, xy, 0.1, baseline=m)
+        ev.evaluate(m, xy, 0.1, baseline=m)
     with pytest.raises(ConfigError, match="severities"):
-        robustness.evaluate(m, xy, 0.1, corruptions="fog", severities=(0,))
+        ev.evaluate(m, xy, 0.1, corruptions="fog", severities=(0,))
     single = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 1))
     with pytest.raises(ConfigError, match="at least 2 classes"):
-        robustness.evaluate(single, (xy[0], torch.zeros(60, dtype=torch.long)), 0.1)
+        ev.evaluate(single, (xy[0], torch.zeros(60, dtype=torch.long)), 0.1)
     assert calls == []
 
 
 def test_ensemble_bookkeeping(trained_digits_model, xy):
     x, y = xy
     m = trained_digits_model
-    r = robustness.evaluate(m, (x, y), 0.1, version="custom", attacks=SMALL, seed=0, keep_adv=True, batch_size=16)
+    r = ev.evaluate(m, (x, y), 0.1, version="custom", attacks=SMALL, seed=0, keep_adv=True, batch_size=16)
     n = x.shape[0]
     assert r.num_samples == n and list(r.attacks) == ["apgd-ce", "apgd-t", "fab-t", "square"]
     with torch.no_grad():
@@ -135,7 +136,7 @@ def test_only_robust_points_are_attacked(trained_digits_model, xy, monkeypatch):
 
         monkeypatch.setitem(attacks._REGISTRY, reg, attacks._Entry(spy, "spy"))
     x, y = xy
-    r = robustness.evaluate(trained_digits_model, (x, y), 0.1, version="custom",
+    r = ev.evaluate(trained_digits_model, (x, y), 0.1, version="custom",
                             attacks=[("apgd-ce", {"steps": 5}), ("square", {"queries": 20})], seed=1)
     xa, _ = seen["apgd"]
     xs, ys = seen["square"]
@@ -148,29 +149,29 @@ def test_only_robust_points_are_attacked(trained_digits_model, xy, monkeypatch):
 def test_ensemble_at_most_each_single_attack(trained_digits_model, xy):
     x, y = xy
     m = trained_digits_model
-    ens = robustness.evaluate(m, (x, y), 0.08, version="custom", attacks=SMALL, seed=0)
+    ens = ev.evaluate(m, (x, y), 0.08, version="custom", attacks=SMALL, seed=0)
     for k, item in enumerate(SMALL):
-        alone = robustness.evaluate(m, (x, y), 0.08, version="custom", attacks=[item], seed=k)
+        alone = ev.evaluate(m, (x, y), 0.08, version="custom", attacks=[item], seed=k)
         assert ens.robust_accuracy <= alone.robust_accuracy, item[0]
     # the first attack sees the same samples and random stream in both runs: identical break set
-    first = robustness.evaluate(m, (x, y), 0.08, version="custom", attacks=[SMALL[0]], seed=0)
+    first = ev.evaluate(m, (x, y), 0.08, version="custom", attacks=[SMALL[0]], seed=0)
     assert [b == "apgd-ce" for b in ens.broken_by] == [b == "apgd-ce" for b in first.broken_by]
 
 
 def test_seeded_and_blocked(trained_digits_model, xy):
     m = trained_digits_model
     kw = {"version": "custom", "attacks": SMALL[:2], "seed": 5}
-    a = robustness.evaluate(m, xy, 0.1, **kw)
-    b = robustness.evaluate(m, xy, 0.1, **kw)
+    a = ev.evaluate(m, xy, 0.1, **kw)
+    b = ev.evaluate(m, xy, 0.1, **kw)
     assert a.broken_by == b.broken_by and torch.equal(a.linf, b.linf)
     # streamed in blocks: same bookkeeping shape, every sample in data order
-    c = robustness.evaluate(m, xy, 0.1, block_size=25, **kw)
+    c = ev.evaluate(m, xy, 0.1, block_size=25, **kw)
     assert torch.equal(c.index, torch.arange(60)) and torch.equal(c.y, xy[1])
     assert c.clean_accuracy == a.clean_accuracy
 
 
 def test_result_repr_and_dict(trained_digits_model, xy):
-    r = robustness.evaluate(trained_digits_model, xy, 0.5, norm="l2", version="fast", n_targets=2, seed=0)
+    r = ev.evaluate(trained_digits_model, xy, 0.5, norm="l2", version="fast", n_targets=2, seed=0)
     text = repr(r)
     assert "\n" not in text and text.startswith("EvalResult(l2 eps=0.5, fast, n=60") and "apgd-t" in text
     d = r.to_dict()
@@ -193,11 +194,11 @@ def test_corruptions_and_mce(trained_digits_model, xy):
         for p in digits_model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
     names = ["gaussian_noise", "brightness"]
-    r = robustness.evaluate(m, xy, 0.1, version="custom", attacks=[("apgd-ce", {"steps": 3})], corruptions=names,
+    r = ev.evaluate(m, xy, 0.1, version="custom", attacks=[("apgd-ce", {"steps": 3})], corruptions=names,
                             severities=(1, 5), baseline=digits_model)
     c = r.corruption
-    ref = robustness.corruption_accuracy(m, xy, corruptions=names, severities=(1, 5))
-    base = robustness.corruption_accuracy(digits_model, xy, corruptions=names, severities=(1, 5))
+    ref = ev.corruption_accuracy(m, xy, corruptions=names, severities=(1, 5))
+    base = ev.corruption_accuracy(digits_model, xy, corruptions=names, severities=(1, 5))
     assert c["mean_corruption_accuracy"] == pytest.approx(ref.mean_corruption_accuracy)
     ce = {n: sum(ref.error[n].values()) / sum(base.error[n].values()) for n in names}
     assert c["mce"] == pytest.approx(sum(ce.values()) / 2)
@@ -208,18 +209,18 @@ def test_corruptions_and_mce(trained_digits_model, xy):
     json.dumps(d)
     assert d["corruptions"]["severities"] == [1, 5] and d["robustbench"]["corruptions_acc"]
     # the model as its own baseline: mCE 1
-    same = robustness.evaluate(m, xy, 0.1, version="custom", attacks=[("apgd-ce", {"steps": 1})],
+    same = ev.evaluate(m, xy, 0.1, version="custom", attacks=[("apgd-ce", {"steps": 1})],
                                corruptions=names, severities=(1,), baseline=ref)
     assert same.corruption["mce"] == pytest.approx(1.0)
 
 
 def test_published_corruption_sets(trained_digits_model, xy):
-    from robustest.training import accuracy
+    from robustest.evaluate import accuracy
 
     x, y = xy
     fog = (x.flip(-1), y)
     noisy = ((x + 0.2 * torch.rand(x.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1), y)
-    r = robustness.evaluate(trained_digits_model, xy, 0.1, version="custom", attacks=[("apgd-ce", {"steps": 1})],
+    r = ev.evaluate(trained_digits_model, xy, 0.1, version="custom", attacks=[("apgd-ce", {"steps": 1})],
                             corruptions={"fog": {3: fog}, "noise": {1: noisy, 2: fog}})
     acc = r.corruption["accuracy"]
     assert acc["fog"]["3"] == pytest.approx(accuracy(trained_digits_model, fog))
@@ -228,12 +229,12 @@ def test_published_corruption_sets(trained_digits_model, xy):
 
 
 def test_measure_reports_autoattack(trained_digits_model, xy):
-    rep = robustness.measure(trained_digits_model, xy, eps=0.1, whitebox_limit=30, pgd_steps=3, apgd_steps=5,
+    rep = ev.measure(trained_digits_model, xy, eps=0.1, whitebox_limit=30, pgd_steps=3, apgd_steps=5,
                              autoattack=True, autoattack_version="fast")
     d = rep.to_dict()
     assert d["autoattack_accuracy"] is not None and d["autoattack_accuracy"] <= d["clean_accuracy"]
     assert d["settings"]["autoattack_version"] == "fast"
-    off = robustness.measure(trained_digits_model, xy, eps=0.1, whitebox=False)
+    off = ev.measure(trained_digits_model, xy, eps=0.1, whitebox=False)
     assert off.autoattack_accuracy is None
 
 
@@ -244,7 +245,7 @@ def test_cuda_model_cpu_data(trained_digits_model, xy):
                      ("fab_t", {"steps": 3, "n_targets": 2}), ("square", {"queries": 20})]:
         adv = getattr(attacks, name)(model, xy[0][:16], xy[1][:16], eps=0.1, seed=0, **kw)
         assert adv.device == xy[0].device
-    r = robustness.evaluate(model, xy, 0.1, version="custom", attacks=SMALL, seed=0, keep_adv=True)
-    again = robustness.evaluate(model, xy, 0.1, version="custom", attacks=SMALL, seed=0)
+    r = ev.evaluate(model, xy, 0.1, version="custom", attacks=SMALL, seed=0, keep_adv=True)
+    again = ev.evaluate(model, xy, 0.1, version="custom", attacks=SMALL, seed=0)
     assert r.adv.device.type == "cpu" and r.settings["device"].startswith("cuda")
     assert r.broken_by == again.broken_by

@@ -16,7 +16,7 @@ from robustest import metrics
 from robustest.cli import main
 from robustest.core import batchsize, devices, modelcall
 from robustest.core.errors import ConfigError
-from robustest.evaluation import evaluate
+from robustest.evaluate import evaluate
 from robustest.metrics.scoring import AMP_METRICS, score
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from robustest import hardening, metrics, robustness, training
+from robustest import evaluate as ev
+from robustest import hardening, metrics, training
 from robustest.core.errors import ConfigError
 from robustest.hardening import METHODS, harden, harden_settings
 
@@ -38,7 +39,7 @@ def base_model(digits_split):
 
 
 def _whitebox(model, data) -> float:
-    return robustness.whitebox_accuracy(model, data, EPS, pgd_steps=10, pgd_restarts=1, apgd_steps=20)["worst"]
+    return ev.whitebox_accuracy(model, data, EPS, pgd_steps=10, pgd_restarts=1, apgd_steps=20)["worst"]
 
 
 def _states_equal(a: nn.Module, b: nn.Module) -> bool:
@@ -58,7 +59,7 @@ def test_every_method_raises_whitebox_accuracy(method, base_model, digits_split)
     after = _whitebox(model, test)
     assert before < 0.2
     assert after >= before + 0.15, (method, before, after)
-    assert training.accuracy(model, test) > 0.75
+    assert ev.accuracy(model, test) > 0.75
     assert len(res.epochs) == 3 and not model.training
 
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from robustest import attacks, metrics, models, training, weakrobust
+from robustest import evaluate as ev
 from robustest.core import modelcall
 from robustest.core.errors import ConfigError
 
@@ -41,7 +42,7 @@ def test_structured_outputs_equal_plain_logits(trained_digits_model, digits_test
     assert torch.equal(ref, got)
     torch.testing.assert_close(metrics.fol(wrapped, got, y, x0=x, eps=0.1),
                                metrics.fol(trained_digits_model, got, y, x0=x, eps=0.1))
-    assert training.accuracy(wrapped, (x, y)) == training.accuracy(trained_digits_model, (x, y))
+    assert ev.accuracy(wrapped, (x, y)) == ev.accuracy(trained_digits_model, (x, y))
 
 
 def test_fit_trains_a_tuple_output_model(digits_train) -> None:
@@ -49,7 +50,7 @@ def test_fit_trains_a_tuple_output_model(digits_train) -> None:
     net = _Wrapped(models.create("digits_cnn", input_size=8), "tuple")
     x, y = digits_train.tensors[0][:300], digits_train.tensors[1][:300]
     hist = training.fit(net, (x, y), epochs=8, lr=3e-3, seed=0, progress=False)
-    assert hist.last.accuracy > 0.8 and training.accuracy(net, (x, y)) > 0.8
+    assert hist.last.accuracy > 0.8 and ev.accuracy(net, (x, y)) > 0.8
 
 
 def test_logits_wrapper_selects_an_explicit_part(trained_digits_model, digits_test) -> None:

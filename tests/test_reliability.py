@@ -281,8 +281,8 @@ LINF_MESSAGE = "eps must lie in (0, 1] for the L-inf threat model"
     lambda m, x, y: __import__("robustest").attacks.fab(m, x, y, eps=3.0),
     lambda m, x, y: __import__("robustest").attacks.attack("pgd", m, (x, y), eps=8),
     lambda m, x, y: __import__("robustest").metrics.fol(m, x, y, eps=8),
-    lambda m, x, y: __import__("robustest").robustness.whitebox_accuracy(m, (x, y), 8),
-    lambda m, x, y: __import__("robustest").evaluation.evaluate(m, (x, y), eps=8, version="fast"),
+    lambda m, x, y: __import__("robustest").evaluate.whitebox_accuracy(m, (x, y), 8),
+    lambda m, x, y: __import__("robustest").evaluate.evaluate(m, (x, y), eps=8, version="fast"),
     lambda m, x, y: __import__("robustest").fuzzing.fol_fuzz(m, x, y, eps=8),
     lambda m, x, y: __import__("robustest").weakrobust.adversarial_radius(m, (x, y), eps_max=8),
 ])
@@ -533,7 +533,7 @@ def test_a_huge_image_set_is_refused_by_its_shape_before_any_forward(tmp_path, c
 def test_evaluate_and_assert_robust_refuse_nan_logits(exploding_model) -> None:
     from robustest import testing
     from robustest.core.errors import DataError
-    from robustest.evaluation import evaluate
+    from robustest.evaluate import evaluate
 
     x, y = torch.rand(6, 1, 8, 8), torch.zeros(6, dtype=torch.long)
     with pytest.raises(DataError, match="NaN or infinite logits"):
@@ -657,7 +657,7 @@ def test_other_os_errors_are_internal_errors_in_one_line(tmp_path, capsys, monke
 def test_positional_images_and_labels_name_the_signature(mlp_digits_checkpoint) -> None:
     """evaluate(model, x, y, eps) puts the labels where eps goes: a one-line error naming the signature."""
     from robustest.checkpoints import load_checkpoint
-    from robustest.evaluation import evaluate
+    from robustest.evaluate import evaluate
 
     model = load_checkpoint(mlp_digits_checkpoint)
     x, y = torch.rand(4, 1, 8, 8), torch.arange(4)

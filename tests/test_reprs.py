@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from robustest import attacks, fuzzing, metrics, robustness, training
+from robustest import attacks, fuzzing, metrics, training
+from robustest import evaluate as ev
 from robustest import weakrobust as wr
 from robustest.fuzzing.mutations import mutate
 from robustest.metrics.activations import Traces
@@ -46,15 +47,15 @@ def test_training_history_repr(digits_model, digits_train) -> None:
 
 def test_robustness_results_repr() -> None:
     g = torch.Generator().manual_seed(0)
-    fixed = robustness.FixedAdversarialSet(x=torch.rand(N, 3, 32, 32, generator=g), y=torch.zeros(N, dtype=torch.long),
+    fixed = ev.FixedAdversarialSet(x=torch.rand(N, 3, 32, 32, generator=g), y=torch.zeros(N, dtype=torch.long),
                                            source_index=torch.arange(N), method=["fgsm"] * 200 + ["pgd"] * 300,
                                            eps=0.03, num_source=1000)
     check(fixed, f"n={N}", "by_attack={'fgsm': 200, 'pgd': 300}", "x=<500x3x32x32 float32>")
     acc = {c: {s: 0.5 + 0.01 * s for s in range(1, 6)} for c in ("fog", "snow", "contrast")}
-    cres = robustness.CorruptionResult(accuracy=acc, clean_accuracy=0.9, num_samples=N, severities=(1, 2, 3, 4, 5),
+    cres = ev.CorruptionResult(accuracy=acc, clean_accuracy=0.9, num_samples=N, severities=(1, 2, 3, 4, 5),
                                        seed=0)
     check(cres, "clean_accuracy=0.9", "corruptions=3", "severities=(1, 2, 3, 4, 5)", "mce=0.47")
-    rep = robustness.RobustnessReport(clean_accuracy=0.98, fixed_set_accuracy=0.5, fixed_set_size=N,
+    rep = ev.RobustnessReport(clean_accuracy=0.98, fixed_set_accuracy=0.5, fixed_set_size=N,
                                       whitebox_pgd_accuracy=0.2, whitebox_apgd_accuracy=0.1, whitebox_accuracy=0.1,
                                       eps=0.3, num_eval=1000, num_whitebox=500, corruption=cres.to_dict(),
                                       settings={"pgd_steps": 20})

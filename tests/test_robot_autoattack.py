@@ -1,4 +1,4 @@
-"""The AutoAttack-style ensemble (robustness.evaluate) as a measurement of run and compare: config
+"""The AutoAttack-style ensemble (robustest.evaluate.evaluate) as a measurement of run and compare: config
 ``autoattack``, the ``autoattack_accuracy`` figure in every measurement, its columns and paired rows, the
 ``--autoattack`` flag and the resume fingerprint (tiny digits settings)."""
 
@@ -79,8 +79,8 @@ def test_comparison_table_has_no_autoattack_columns_when_not_measured():
 def test_compare_with_autoattack_records_it_everywhere(checkpoint, tmp_path, results_contract):
     from robustest import data as datasets
     from robustest.checkpoints import load_model
+    from robustest.evaluate import evaluate
     from robustest.robot import derive_seed
-    from robustest.robustness import evaluate
 
     out = tmp_path / "cmp"
     cfg = {**TINY, "model": checkpoint, "budgets": [15], "seeds": [0, 1], "out": str(out),
@@ -94,7 +94,7 @@ def test_compare_with_autoattack_records_it_everywhere(checkpoint, tmp_path, res
         # the same 60 images for clean and white-box accuracy: robust accuracy cannot exceed clean accuracy
         assert rob["num_whitebox"] == rob["num_eval"] == 60
         assert 0.0 <= aa <= rob["clean_accuracy"] and rob["settings"]["autoattack_version"] == "fast"
-    # the baseline's figure is robustness.evaluate's fast ensemble on those images, with the measurement's seed
+    # the baseline's figure is robustest.evaluate's fast ensemble on those images, with the measurement's seed
     test = datasets.load("digits", split="test")
     x, y = test.tensors
     want = evaluate(load_model(checkpoint), (x[:60], y[:60]), 0.15, version="fast",

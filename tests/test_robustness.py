@@ -10,9 +10,10 @@ import torch
 from robustest import data as datasets
 from robustest import models as zoo
 from robustest.core.errors import ConfigError, DataError
-from robustest.robustness import (
+from robustest.evaluate import (
     FixedAdversarialSet,
     RobustnessReport,
+    accuracy,
     adversarial_examples,
     build_fixed_set,
     clean_accuracy,
@@ -20,7 +21,7 @@ from robustest.robustness import (
     measure,
     whitebox_accuracy,
 )
-from robustest.training import accuracy, fit
+from robustest.training import fit
 
 EPS = 0.15
 

@@ -359,7 +359,7 @@ def test_interval_contains_the_full_split_robust_accuracy(suite, models):
     """The suite's interval for each model contains that model's robust accuracy on the whole test split
     (the same fast ensemble and seed)."""
     from robustest import data
-    from robustest.evaluation import evaluate
+    from robustest.evaluate import evaluate
 
     test = data.load("digits", split="test")
     for name, model in models.items():

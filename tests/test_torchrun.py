@@ -223,7 +223,7 @@ def test_run_and_compare(model, tmp_path) -> None:
 
 
 def test_compare_with_autoattack(model, tmp_path) -> None:
-    # the ensemble inside every measurement is robustness.evaluate, which shares its blocks of 4096 images out
+    # the ensemble inside every measurement is robustest.evaluate.evaluate, which shares its blocks of 4096 images out
     # over the ranks and gathers the outcomes (test_eval checks that with several blocks); here the white-box
     # images make one block, so rank 0 attacks them all and every rank gets its figure: equal to one process's
     cfg = tmp_path / "robot.yaml"

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from robustest import evaluate as ev
 from robustest import models, training
 from robustest.core.errors import CheckpointError, ConfigError, DataError
 
@@ -35,7 +36,7 @@ def same_weights(a: nn.Module, b: nn.Module) -> bool:
 # ------------------------------------------------------------------------------------------------ fit
 def test_fit_reduces_loss_and_records_history(digits_train, digits_test):
     model = fresh_model()
-    before_loss, before_acc = training.evaluate(model, digits_test)
+    before_loss, before_acc = ev.loss_and_accuracy(model, digits_test)
     hist = training.fit(model, small_train(digits_train), epochs=3, batch_size=32, lr=2e-3, progress=False)
     assert isinstance(hist, training.History) and len(hist.epochs) == 3
     assert [e.epoch for e in hist.epochs] == [1, 2, 3]
@@ -43,7 +44,7 @@ def test_fit_reduces_loss_and_records_history(digits_train, digits_test):
     assert all(0.0 <= e.accuracy <= 1.0 and e.seconds >= 0 and e.lr == pytest.approx(2e-3) for e in hist.epochs)
     assert all(e.val_loss is None and e.val_accuracy is None for e in hist.epochs)
     assert hist.best_epoch is None and hist.seconds > 0 and hist.last is hist.epochs[-1]
-    after_loss, after_acc = training.evaluate(model, digits_test)
+    after_loss, after_acc = ev.loss_and_accuracy(model, digits_test)
     assert after_loss < before_loss and after_acc > max(0.6, before_acc + 0.3)
     assert not model.training  # the model ends in eval mode
     d = hist.to_dict()
@@ -93,8 +94,8 @@ def test_fit_with_validation_and_restore_best(digits_train):
     assert all(v is not None and 0 <= v <= 1 for v in vals)
     assert all(e.val_loss is not None and e.val_loss > 0 for e in hist.epochs)
     assert hist.best_epoch == 1 + int(np.argmax(vals)) and hist.best_epoch < 4
-    assert training.accuracy(model, val) == pytest.approx(max(vals))  # the best weights are back
-    assert training.accuracy(model, (x, y)) < hist.last.accuracy - 0.1
+    assert ev.accuracy(model, val) == pytest.approx(max(vals))  # the best weights are back
+    assert ev.accuracy(model, (x, y)) < hist.last.accuracy - 0.1
     assert hist.to_dict()["best_epoch"] == hist.best_epoch
     assert not model.training
 
@@ -144,17 +145,17 @@ def test_fit_zero_epochs_is_a_no_op(digits_train):
 def test_accuracy_evaluate_predict(trained_digits_model, digits_test):
     model = trained_digits_model
     x, y = digits_test.tensors
-    logits = training.predict(model, digits_test, batch_size=100)
+    logits = ev.predict(model, digits_test, batch_size=100)
     assert logits.shape == (360, 10) and logits.device.type == "cpu"
     with torch.no_grad():
         torch.testing.assert_close(logits, model(x))
-    acc = training.accuracy(model, digits_test, batch_size=7)
+    acc = ev.accuracy(model, digits_test, batch_size=7)
     assert acc == pytest.approx(float((logits.argmax(1) == y).float().mean()))
     assert acc >= 0.9
-    loss, acc2 = training.evaluate(model, (x, y))
+    loss, acc2 = ev.loss_and_accuracy(model, (x, y))
     assert acc2 == acc
     assert loss == pytest.approx(float(nn.functional.cross_entropy(logits, y)), rel=1e-4)
-    torch.testing.assert_close(training.predict(model, x), logits)  # a bare tensor works for predict
+    torch.testing.assert_close(ev.predict(model, x), logits)  # a bare tensor works for predict
 
 
 @pytest.mark.parametrize("fn", ["accuracy", "evaluate", "predict"])
@@ -167,15 +168,15 @@ def test_eval_functions_restore_model_mode(trained_digits_model, digits_test, fn
     else:
         assert outs[0] == outs[1]
     model.eval()
-    training.accuracy(model, digits_test)
+    ev.accuracy(model, digits_test)
     assert not model.training
 
 
 def test_evaluate_errors(trained_digits_model, digits_test):
     with pytest.raises(ConfigError, match="labels"):
-        training.evaluate(trained_digits_model, digits_test.tensors[0])
+        ev.loss_and_accuracy(trained_digits_model, digits_test.tensors[0])
     with pytest.raises(ConfigError, match="empty"):
-        training.evaluate(trained_digits_model, (torch.zeros(0, 1, 8, 8), torch.zeros(0, dtype=torch.long)))
+        ev.loss_and_accuracy(trained_digits_model, (torch.zeros(0, 1, 8, 8), torch.zeros(0, dtype=torch.long)))
 
 
 # ----------------------------------------------------------------------------------------- checkpoints

@@ -5,9 +5,9 @@
     def test_model_is_robust():
         assert_robust(model, test_data, eps=0.1, min_accuracy=0.80, attack="fast", limit=500)
 
-``assert_robust`` runs :func:`robustest.robustness.evaluate` and raises ``AssertionError`` (with the measured
+``assert_robust`` runs :func:`robustest.evaluate.evaluate` and raises ``AssertionError`` (with the measured
 accuracy, the requirement and the attack in one line) when the robust accuracy is below ``min_accuracy``; it
-returns the :class:`robustest.evaluation.EvalResult` otherwise. The pytest plugin (:mod:`robustest.pytest_plugin`,
+returns the :class:`robustest.evaluate.EvalResult` otherwise. The pytest plugin (:mod:`robustest.pytest_plugin`,
 registered as a ``pytest11`` entry point, so installed robustest makes it available to pytest) adds the
 ``robustness`` marker, an ``assert_robust`` fixture that takes eps / min_accuracy from the marker, the options
 ``--robustness-limit`` and ``--robustness-seed``, and a summary of every check at the end of the run.
@@ -55,10 +55,10 @@ def _plan_of(attack: Any) -> tuple[str, Any]:
 
 def robust_accuracy(model: nn.Module, data: DataLike, *, eps: float, attack: Any = "standard", norm: str = "linf",
                     seed: int = 0, limit: int | None = None, batch_size: int = 256, **kw: Any) -> Any:
-    """Run :func:`robustest.robustness.evaluate` with ``attack`` ("standard", "fast", an attack name such as
+    """Run :func:`robustest.evaluate.evaluate` with ``attack`` ("standard", "fast", an attack name such as
     "apgd-ce" or "pgd", or a list of them) on the first ``limit`` samples of labelled ``data``; returns the
     :class:`EvalResult`. ``kw`` go to ``evaluate`` (e.g. ``n_targets``)."""
-    from robustest.evaluation import evaluate
+    from robustest.evaluate import evaluate
 
     version, attacks = _plan_of(attack)
     return evaluate(model, _limited(data, limit), eps, norm=norm, version=version, attacks=attacks, seed=seed,

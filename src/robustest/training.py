@@ -1,9 +1,9 @@
-"""Training, evaluation and safe checkpoints.
+"""Training and safe checkpoints.
 
 * :func:`fit` trains a classifier with Adam or SGD, optional LR schedule and validation, seeded; the recipe
   options (momentum, warm-up, label smoothing, mixed precision, compile, crop-flip, per-epoch resume) come
   from :mod:`robustest.recipes`.
-* :func:`accuracy` / :func:`predict` evaluate in batches on the model's device, restoring its mode.
+* validation during :func:`fit` is measured with :func:`robustest.evaluate.loss_and_accuracy`.
 * :func:`save_checkpoint` / :func:`load_checkpoint` store weights + model spec + metadata in one file and
   load it with ``torch.load(weights_only=True)``; anything else (a whole pickled model, a random file) is
   refused. TorchScript archives load only when asked for explicitly.
@@ -35,6 +35,7 @@ from robustest.core.inputs import check_images, check_labels
 from robustest.core.modelcall import eval_mode, forward, set_mode
 from robustest.core.progress import progress as progress_bar
 from robustest.core.seeding import make_generator, seed_everything
+from robustest.evaluate import loss_and_accuracy
 from robustest.recipes import (
     autocast,
     check_device,
@@ -47,8 +48,7 @@ from robustest.recipes import (
     make_schedule,
 )
 
-__all__ = ["EpochStats", "History", "TrainData", "accuracy", "channel_stats", "evaluate", "fit", "load_checkpoint",
-           "predict", "save_checkpoint"]
+__all__ = ["EpochStats", "History", "TrainData", "channel_stats", "fit", "load_checkpoint", "save_checkpoint"]
 
 
 @dataclass
@@ -414,7 +414,7 @@ def fit(
         stats = EpochStats(epoch=epoch, loss=total_loss / n, accuracy=correct / n,
                            lr=opt.param_groups[0]["lr"], seconds=0.0)
         if val is not None:
-            stats.val_loss, stats.val_accuracy = evaluate(model, val, batch_size=max(256, batch_size))
+            stats.val_loss, stats.val_accuracy = loss_and_accuracy(model, val, batch_size=max(256, batch_size))
             if restore_best and stats.val_accuracy > best_acc:
                 best_acc = stats.val_accuracy
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -468,43 +468,6 @@ def _load_fit_state(path: Path, settings: str) -> dict[str, Any]:
         raise ConfigError(f"resume_file {str(path)!r} holds training with other settings (epochs, data, "
                           "recipe): resume with the same settings, or delete it to start again")
     return st
-
-
-@torch.no_grad()
-def predict(model: nn.Module, data: DataLike, batch_size: int = 512, device: torch.device | str | None = None
-            ) -> torch.Tensor:
-    """Logits of ``model`` on ``data`` (N x K, on CPU), computed in eval mode (mode restored)."""
-    dev = resolve_device(model, device)
-    outs = []
-    with eval_mode(model):
-        for xb, _ in iter_batches(data, batch_size, dev):
-            outs.append(forward(model, xb).float().cpu())
-    return torch.cat(outs) if outs else torch.empty(0)
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, data: DataLike, batch_size: int = 512, device: torch.device | str | None = None
-             ) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) of ``model`` on labelled ``data``, in eval mode (mode restored)."""
-    dev = resolve_device(model, device)
-    total, correct, n = 0.0, 0, 0
-    with eval_mode(model):
-        for xb, yb in iter_batches(data, batch_size, dev):
-            if yb is None:
-                raise ConfigError("evaluation needs labels: pass (x, y) or a labelled Dataset")
-            logits = forward(model, xb)
-            total += float(F.cross_entropy(logits, yb, reduction="sum"))
-            correct += int((logits.argmax(1) == yb).sum())
-            n += len(yb)
-    if n == 0:
-        raise ConfigError("cannot evaluate on an empty data set")
-    return total / n, correct / n
-
-
-def accuracy(model: nn.Module, data: DataLike, batch_size: int = 512, device: torch.device | str | None = None
-             ) -> float:
-    """Top-1 accuracy in [0, 1] of ``model`` on labelled ``data``."""
-    return evaluate(model, data, batch_size, device)[1]
 
 
 # ------------------------------------------------------------------------------------------ checkpoints

@@ -24,7 +24,7 @@ targeted variants; apgd_t and fab_t take it to attack given classes instead of t
 
 :func:`attack` runs any of them by name over a data set in batches and returns an :class:`AttackResult` with the
 adversarial images, per-sample success (prediction on the adversarial image differs from the label), clean
-correctness and perturbation norms, so callers never recompute them. :func:`robustest.robustness.evaluate` runs
+correctness and perturbation norms, so callers never recompute them. :func:`robustest.evaluate.evaluate` runs
 the AutoAttack ensemble (apgd -> apgd_t -> fab_t -> square) on top of them.
 
 The model's train/eval mode and its parameters' ``requires_grad`` flags are restored after every call; attacks
@@ -55,7 +55,6 @@ from robustest.attacks._core import (  # noqa: F401 - re-exported for callers an
     BATCH_SEED_STRIDE,
     NORMS,
     _check_non_negative,
-    _check_norm,
     _check_steps,
     _flat_norm,
     _grad,
@@ -65,6 +64,8 @@ from robustest.attacks._core import (  # noqa: F401 - re-exported for callers an
     _project,
     _random_start,
     _run,
+    check_norm,
+    lp_norm,
 )
 from robustest.attacks.apgd import apgd, apgd_dlr, apgd_t
 from robustest.attacks.cw import cw_l2
@@ -84,12 +85,16 @@ __all__ = [
     "apgd_dlr",
     "apgd_t",
     "attack",
+    "attack_function",
     "bim",
+    "canonical_name",
+    "check_norm",
     "cw_l2",
     "describe",
     "fab",
     "fab_t",
     "fgsm",
+    "lp_norm",
     "mifgsm",
     "names",
     "pgd",
@@ -153,6 +158,11 @@ def names() -> list[str]:
 def describe(name: str) -> str:
     """One-line description of attack ``name``."""
     return _entry(name).description
+
+
+def attack_function(name: str) -> Callable[..., torch.Tensor]:
+    """The function of attack ``name`` (``fn(model, x, y, eps, ...)`` -> N x C x H x W adversarial images)."""
+    return _entry(name).fn
 
 
 def _entry(name: str) -> _Entry:
@@ -299,7 +309,7 @@ def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | N
     step, pos = batch_origin(data, batch_size, shard)
     batches = iter_batches(data, batch_size, with_index=True, shard=shard)
     with distributed.sharded_work():  # each rank attacks its share (work counters add the ranks up)
-        for idx, xb, yb in _progress(batches, enabled=progress, desc=_canonical_name(name),
+        for idx, xb, yb in _progress(batches, enabled=progress, desc=canonical_name(name),
                                      total=-(-n // step), unit="batch"):
             xb = check_images(xb).to(device)
             k, pos = pos // step, pos + len(xb)
@@ -335,7 +345,7 @@ def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | N
     if target is not None:
         params["target"] = "per-sample"
     return AttackResult(
-        name=_canonical_name(name), adv=adv_all, y=y_cpu, success=adv_pred != y_cpu,
+        name=canonical_name(name), adv=adv_all, y=y_cpu, success=adv_pred != y_cpu,
         clean_correct=clean_pred == y_cpu, clean_pred=clean_pred, adv_pred=adv_pred,
         linf=delta.abs().amax(1) if delta.shape[1] else delta.sum(1), l2=delta.norm(p=2, dim=1),
         params=params, seconds=time.perf_counter() - t0, target=None if target is None else target.cpu(),
@@ -343,6 +353,7 @@ def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | N
     )
 
 
-def _canonical_name(name: str) -> str:
+def canonical_name(name: str) -> str:
+    """The registry name of attack ``name`` (aliases and ``-``/``_`` spellings resolved; unknown: ConfigError)."""
     entry = _entry(name)
     return next(k for k, v in _REGISTRY.items() if v is entry)

@@ -45,7 +45,8 @@ def _check_steps(steps: Any, name: str = "steps") -> int:
     return steps
 
 
-def _check_norm(norm: str) -> str:
+def check_norm(norm: str) -> str:
+    """The canonical name of a threat model's norm: ``"linf"`` (for inf / Linf / L-inf) or ``"l2"``."""
     n = str(norm).lower().replace("-", "")
     if n in ("inf", "linf"):
         return "linf"
@@ -112,7 +113,7 @@ def _flat_norm(t: torch.Tensor) -> torch.Tensor:
     return t.flatten(1).norm(p=2, dim=1).view(-1, *([1] * (t.dim() - 1)))
 
 
-def _lp(t: torch.Tensor, norm: str) -> torch.Tensor:
+def lp_norm(t: torch.Tensor, norm: str) -> torch.Tensor:
     """Per-sample L-inf or L2 norm of t (N x ...), shape [N]."""
     f = t.flatten(1)
     return f.abs().amax(1) if norm == "linf" else f.norm(p=2, dim=1)

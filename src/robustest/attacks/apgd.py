@@ -27,7 +27,6 @@ from robustest.attacks._core import (
     _DEFAULT_CHUNK,
     _check_n_targets,
     _check_non_negative,
-    _check_norm,
     _check_steps,
     _check_target,
     _classes_from_logits,
@@ -41,6 +40,7 @@ from robustest.attacks._core import (
     _project,
     _run,
     _step_direction,
+    check_norm,
 )
 from robustest.core.modelcall import forward
 from robustest.core.validation import check_eps
@@ -225,11 +225,11 @@ def apgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: 
     with ``restarts > 1`` the strongest of the runs (successful first, else highest loss; every restart runs on
     every sample, unlike AutoAttack, which restarts only the samples not yet broken: the success is the same).
     ``stop_on_success`` stops attacking a sample once it is misclassified (then its first misclassified iterate
-    is returned): the same success for less work, used by :func:`robustest.robustness.evaluate`.
+    is returned): the same success for less work, used by :func:`robustest.evaluate.evaluate`.
     x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W on x's device.
     """
     x, y = _prepare(model, x, y)
-    norm = _check_norm(norm)
+    norm = check_norm(norm)
     eps = check_eps("eps", eps, norm)
     steps = _check_steps(steps)
     restarts = _check_steps(restarts, "restarts")
@@ -248,7 +248,7 @@ def apgd_dlr(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, ste
     x: N x C x H x W in [0, 1]; y: int64 [N].
     """
     x, y = _prepare(model, x, y)
-    norm = _check_norm(norm)
+    norm = check_norm(norm)
     eps = check_eps("eps", eps, norm)
     steps = _check_steps(steps)
     restarts = _check_steps(restarts, "restarts")
@@ -282,7 +282,7 @@ def apgd_t(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps
     x: N x C x H x W in [0, 1]; y: int64 [N].
     """
     x, y = _prepare(model, x, y)
-    norm = _check_norm(norm)
+    norm = check_norm(norm)
     eps = check_eps("eps", eps, norm)
     steps = _check_steps(steps)
     restarts = _check_steps(restarts, "restarts")

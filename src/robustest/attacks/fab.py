@@ -29,14 +29,14 @@ from robustest.attacks._core import (
     _DEFAULT_CHUNK,
     _check_n_targets,
     _check_non_negative,
-    _check_norm,
     _check_steps,
     _check_target,
     _classes_from_logits,
-    _lp,
     _num_classes,
     _prepare,
     _run,
+    check_norm,
+    lp_norm,
 )
 from robustest.core.modelcall import forward
 from robustest.core.validation import check_eps
@@ -125,13 +125,13 @@ def _fab_step(model, x1, x0, y, t, *, norm, alpha_max, eta, beta, hit_target, sh
         wx1 = (w * x1).sum(1)
         d1 = _project_hyperplane_box(x1, w, -df, norm)
         d2 = _project_hyperplane_box(x0, w, -df + wx1 - (w * x0).sum(1), norm)
-        n1 = _lp(d1, norm).clamp_min(1e-8)
-        n2 = _lp(d2, norm).clamp_min(1e-8)
+        n1 = lp_norm(d1, norm).clamp_min(1e-8)
+        n2 = lp_norm(d2, norm).clamp_min(1e-8)
         alpha = (n1 / (n1 + n2)).clamp(0.0, alpha_max)[:, None]
         x1 = ((x1 + eta * d1) * (1 - alpha) + (x0 + eta * d2) * alpha).clamp_(0.0, 1.0)
         pred = forward(model, x1.view(-1, *shape[1:])).argmax(1)
         adv = pred == t if hit_target else pred != y
-        return x1, adv, _lp(x1 - x0, norm)
+        return x1, adv, lp_norm(x1 - x0, norm)
 
 
 def _fab_run(model, x, y, t, gen, *, eps, steps, norm, alpha_max, eta, beta, random_start, hit_target,
@@ -222,11 +222,11 @@ def fab(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: i
     each different from y) it linearises the boundary between the target and the strongest other class and
     success means "predicted as the target". Each step costs one forward+backward and one forward pass.
     ``stop_on_success`` stops a sample's run once a point within eps is found (the same success, a larger
-    returned norm; used by :func:`robustest.robustness.evaluate`).
+    returned norm; used by :func:`robustest.evaluate.evaluate`).
     x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W on x's device.
     """
     x, y = _prepare(model, x, y)
-    norm = _check_norm(norm)
+    norm = check_norm(norm)
     eps = check_eps("eps", eps, norm)
     steps = _check_steps(steps)
     restarts = _check_steps(restarts, "restarts")

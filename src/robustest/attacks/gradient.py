@@ -16,7 +16,6 @@ from torch import nn
 from robustest.attacks._core import (
     _DEFAULT_CHUNK,
     _check_non_negative,
-    _check_norm,
     _check_steps,
     _check_target,
     _grad,
@@ -27,6 +26,7 @@ from robustest.attacks._core import (
     _random_start,
     _run,
     _step_direction,
+    check_norm,
 )
 from robustest.core.errors import ConfigError
 from robustest.core.validation import check_eps
@@ -125,7 +125,7 @@ def pgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: f
     x: N x C x H x W in [0, 1]; y: int64 [N]. Returns N x C x H x W on x's device.
     """
     x, y = _prepare(model, x, y)
-    norm = _check_norm(norm)
+    norm = check_norm(norm)
     eps = check_eps("eps", eps, norm)
     steps = _check_steps(steps)
     restarts = _check_steps(restarts, "restarts")

@@ -31,11 +31,11 @@ from torch import nn
 
 from robustest.attacks._core import (
     _DEFAULT_CHUNK,
-    _check_norm,
     _check_steps,
     _margin,
     _prepare,
     _run,
+    check_norm,
 )
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import forward
@@ -200,7 +200,7 @@ def square(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, norm:
     x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W on x's device.
     """
     x, y = _prepare(model, x, y)
-    norm = _check_norm(norm)
+    norm = check_norm(norm)
     eps = check_eps("eps", eps, norm)
     queries = _check_steps(queries, "queries")
     restarts = _check_steps(restarts, "restarts")

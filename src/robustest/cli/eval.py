@@ -98,7 +98,7 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str] | None, list[int] |
     elif args.version == "custom":
         raise ConfigError("--version custom needs --attacks, e.g. --attacks apgd-ce,square")
     if attacks:
-        from robustest.evaluation import ensemble_plan
+        from robustest.evaluate import ensemble_plan
 
         ensemble_plan("custom", args.norm, attacks)  # names and norms checked now
     severities = None
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from robustest.checkpoints import source_of
     from robustest.core.atomic import atomic_save
     from robustest.core.devices import model_device
-    from robustest.evaluation import evaluate
+    from robustest.evaluate import evaluate
     from robustest.results import write_results
 
     t0 = time.perf_counter()

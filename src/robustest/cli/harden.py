@@ -179,7 +179,7 @@ def _prepare_out(args: argparse.Namespace) -> Path:
 
 
 def _measure(model, test, args) -> dict[str, Any]:
-    from robustest.robustness import measure
+    from robustest.evaluate import measure
 
     rep = measure(model, test, eps=args.eps, whitebox=args.whitebox_limit > 0,
                   whitebox_limit=args.whitebox_limit or None, pgd_steps=args.whitebox_pgd_steps,

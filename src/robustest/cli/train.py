@@ -204,8 +204,9 @@ def _model_name(text: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from robustest.evaluate import loss_and_accuracy
     from robustest.report import plural
-    from robustest.training import evaluate, fit, save_checkpoint
+    from robustest.training import fit, save_checkpoint
 
     if Path(args.out).exists():
         out_dir(args)  # a file in the way is a one-line error before any work; the folder is made after checks
@@ -248,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
                   progress=not args.no_progress, resume_file=out / "train_state.pt" if args.resume else None,
                   **fit_kw)
     t1 = time.perf_counter()
-    test_loss, test_acc = evaluate(model, test)
+    test_loss, test_acc = loss_and_accuracy(model, test)
     t_eval = time.perf_counter() - t1
     meta = {"dataset": args.dataset, "epochs": epochs, "test_accuracy": test_acc, "seed": args.seed}
     save_checkpoint(out / "model.pt", model, metadata=meta)

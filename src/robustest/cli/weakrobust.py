@@ -510,8 +510,9 @@ def _enhance_state(args: argparse.Namespace, out: Path, model, train, weaknesses
 def run_enhance(args: argparse.Namespace) -> int:
     from robustest import corruptions as corr
     from robustest import weakrobust as wr
+    from robustest.evaluate import accuracy
     from robustest.report import HtmlReport, plural, save_hbars
-    from robustest.training import accuracy, save_checkpoint
+    from robustest.training import save_checkpoint
 
     out = out_dir(args)
     t0 = time.perf_counter()

@@ -11,7 +11,7 @@ Two entry points, both driven by a :class:`RobotConfig` (a dataclass, loadable f
 * :func:`compare` - the honest strategy comparison: ONE pool generated against the original model, and
   the original model fine-tuned once per (budget, strategy, seed) cell.
 
-Robustness is measured with :func:`robustest.robustness.measure`: clean accuracy, accuracy on the fixed
+Robustness is measured with :func:`robustest.evaluate.measure`: clean accuracy, accuracy on the fixed
 adversarial set (successful FGSM/PGD examples of the test split against the ORIGINAL model; the paper's
 measure, 0 % for the original model) and white-box accuracy of the current model (PGD with restarts and
 APGD-CE). Fine-tuning picks its checkpoint on a validation split carved from the training data (clean

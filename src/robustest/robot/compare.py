@@ -14,6 +14,7 @@ from torch import nn
 from robustest.core import distributed
 from robustest.core.atomic import atomic_save, atomic_write_json
 from robustest.core.errors import ConfigError, DataError
+from robustest.evaluate import RobustnessReport
 from robustest.robot.compute import PassCounter, cell_compute
 from robustest.robot.config import (
     BUDGET_FREE,
@@ -37,7 +38,6 @@ from robustest.robot.setup import (
     _rob,
     _setup,
 )
-from robustest.robustness import RobustnessReport
 
 #: the figures paired_vs_random compares (autoattack_accuracy only where it was measured: config ``autoattack``)
 PAIRED_METRICS = ("fixed_set_accuracy", "whitebox_accuracy", "clean_accuracy", "autoattack_accuracy")

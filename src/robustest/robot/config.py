@@ -45,7 +45,7 @@ ADV_TRAIN_OPTIONS = ("optimizer", "weight_decay", "momentum", "nesterov", "sched
                      "eps_warmup")
 METRICS = ("clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy", "whitebox_pgd_accuracy",
            "whitebox_apgd_accuracy", "autoattack_accuracy")
-#: versions of robustness.evaluate's ensemble a run may add to every measurement (config key ``autoattack``)
+#: versions of robustest.evaluate's ensemble a run may add to every measurement (config key ``autoattack``)
 AUTOATTACK_VERSIONS = ("fast", "standard")
 # config keys that do not change results (left out of results.json and of the resume check)
 _RUNTIME_KEYS = ("out", "resume", "progress", "verbose", "device", "workers")
@@ -83,7 +83,7 @@ class RobotConfig:
     Loop: ``rounds``, ``time_budget`` (seconds), ``target`` (stop once ``target_metric`` >= target),
     convergence rule ``convergence_tol``/``convergence_patience``/``convergence_probe``.
     Measurement: ``whitebox`` (on the first ``whitebox_limit`` test images), PGD steps/restarts, APGD steps,
-    ``autoattack`` (None, "fast" or "standard": also :func:`robustness.evaluate`'s ensemble on the same
+    ``autoattack`` (None, "fast" or "standard": also :func:`robustest.evaluate.evaluate`'s ensemble on the same
     images, recorded as ``autoattack_accuracy``), ``corruptions`` (None, "all" or a list).
     ``seeds``: comparison seeds; ``seed``: everything else.
     """

@@ -12,8 +12,8 @@ from torch import nn
 from robustest import selection
 from robustest.core import reprs
 from robustest.core.errors import ConfigError
+from robustest.evaluate import adversarial_examples
 from robustest.robot.config import RANKED_SCORES, RobotConfig, derive_seed, selection_strategies, strategies
-from robustest.robustness import adversarial_examples
 
 
 # ----------------------------------------------------------------------------------------------- pools

@@ -23,7 +23,7 @@ _LOOP_ONLY = ("strategy", "budget", "rounds", "time_budget", "target", "target_m
               "convergence_patience", "convergence_probe")
 _COMPARE_ONLY = ("strategies", "budgets", "seeds")
 _WHITEBOX = ("whitebox_limit", "whitebox_pgd_steps", "whitebox_restarts", "apgd_steps", "whitebox_last", "autoattack")
-#: what each autoattack version runs (robustness.ensemble_plan), for the report's text
+#: what each autoattack version runs (robustest.evaluate.ensemble_plan), for the report's text
 _AA_PLAN = {"fast": "APGD-CE 100 steps, then APGD-T on the 3 most likely other classes",
             "standard": "APGD-CE, APGD-T, FAB-T and Square, AutoAttack's standard version"}
 _COVERAGE = ("coverage_metric", "coverage_options", "coverage_profile_limit")
@@ -174,7 +174,7 @@ def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotC
                   f"(per-sample worst case of PGD {cfg.whitebox_pgd_steps} steps x {cfg.whitebox_restarts} "
                   f"restarts and APGD-CE {cfg.apgd_steps} steps, first {n_wb} test images)"
                   + ("." if cfg.autoattack is None else
-                     f"; AutoAttack accuracy: robust accuracy under robustness.evaluate's {cfg.autoattack} ensemble "
+                     f"; AutoAttack accuracy: robust accuracy under robustest.evaluate's {cfg.autoattack} ensemble "
                      f"({_AA_PLAN[cfg.autoattack]}) on the same images."))
     base = results["baseline"]
     if results["kind"] == "loop":

@@ -21,9 +21,9 @@ from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.modelcall import set_mode
 from robustest.core.modelchecks import check_model_fits
+from robustest.evaluate import FixedAdversarialSet, RobustnessReport, adversarial_examples, build_fixed_set, measure
 from robustest.robot.config import _EXTENDABLE_KEYS, _PATH_KEYS, RobotConfig, derive_seed
 from robustest.robot.pool import Pool
-from robustest.robustness import FixedAdversarialSet, RobustnessReport, adversarial_examples, build_fixed_set, measure
 
 
 def _quantiles(t: torch.Tensor) -> dict[str, float | None]:
@@ -291,9 +291,9 @@ def _adv_finetune(model0: nn.Module, setup: _Setup, cfg: RobotConfig, seed: int,
     epochs, batch size, learning rate and optimiser of the other cells; the checkpoint is picked on the same
     validation split by accuracy, as :func:`_finetune` does. Returns what :func:`_finetune` returns; the history
     dict's ``passes`` are the update steps and validation, ``adversarial_passes`` the attacks."""
+    from robustest.evaluate import loss_and_accuracy
     from robustest.hardening import harden
     from robustest.robot.compute import PassCounter
-    from robustest.training import evaluate
 
     model = clone_model(model0)
     best: dict[str, Any] = {"acc": -1.0, "epoch": None, "state": None}
@@ -301,7 +301,7 @@ def _adv_finetune(model0: nn.Module, setup: _Setup, cfg: RobotConfig, seed: int,
     epochs: list[dict[str, Any]] = []
 
     def on_end(epoch: int, m: nn.Module, rec: dict[str, Any]) -> None:
-        val_loss, val_acc = evaluate(m, setup.val, batch_size=max(256, cfg.batch_size))
+        val_loss, val_acc = loss_and_accuracy(m, setup.val, batch_size=max(256, cfg.batch_size))
         epochs.append({"epoch": epoch, "loss": rec["loss"], "accuracy": rec["adv_accuracy"], "lr": rec["lr"],
                        "val_loss": val_loss, "val_accuracy": val_acc})
         state = {k: v.detach().clone() for k, v in m.state_dict().items()}

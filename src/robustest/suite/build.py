@@ -7,7 +7,7 @@ rank-quantile bins of equal size (as the weak-robust ``stratified`` validation s
 when K allows at least two samples per (bin, class) cell; (3) allocate K samples to the strata (proportional to
 N_h, or Neyman with the analysis's share of misclassified neighbours as the pilot), at least two per stratum, and
 draw them without replacement; (4) run the baseline's evaluation on the K samples (the AutoAttack ensemble of
-:func:`robustest.evaluation.evaluate`, optionally common corruptions) and store the samples, strata, settings
+:func:`robustest.evaluate.evaluate`, optionally common corruptions) and store the samples, strata, settings
 and per-sample outcomes in a :class:`~robustest.suite.format.Suite`.
 """
 
@@ -116,13 +116,13 @@ def stratified_draw(analysis: Any, k: int, strata: int = 4, by_class: str = "aut
 def evaluate_outcomes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, attack: dict[str, Any],
                       corruption: dict[str, Any], progress: bool = False) -> dict[str, Any]:
     """Per-sample outcomes of ``model`` on the suite's samples ``x`` (float32 K x C x H x W) and labels ``y``:
-    ``clean`` and ``robust`` (bool [K], from :func:`robustest.evaluation.evaluate` with the stored attack
+    ``clean`` and ``robust`` (bool [K], from :func:`robustest.evaluate.evaluate` with the stored attack
     settings), ``corruption`` (bool [K, S]: correct under each stored corruption setting, the samples corrupted in
     batches of ``batch_size`` with seed ``seed + batch start``) and ``seconds``."""
     from robustest.core.devices import resolve_device
     from robustest.core.modelcall import eval_mode, forward
     from robustest.corruptions import corrupt
-    from robustest.evaluation import evaluate
+    from robustest.evaluate import evaluate
 
     t0 = time.perf_counter()
     res = evaluate(model, (x, y), attack["eps"], norm=attack["norm"], version=attack["version"],
@@ -173,7 +173,7 @@ def build_suite(model: nn.Module, data: DataLike, eps: float, *, k: int = 100, n
     """
     from robustest import corruptions as corr_mod
     from robustest.core.validation import check_eps
-    from robustest.evaluation import ensemble_plan
+    from robustest.evaluate import ensemble_plan
     from robustest.weakrobust import analyze
 
     t0 = time.perf_counter()

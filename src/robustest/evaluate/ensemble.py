@@ -4,7 +4,7 @@ robust, with clean, per-attack and worst-case robust accuracy and, optionally, a
 Follows Croce & Hein (2020, "Reliable evaluation of adversarial robustness with an ensemble of diverse
 parameter-free attacks"): the attacks run in order (standard: APGD-CE -> APGD-T -> FAB-T -> Square), each only on
 the samples that every earlier attack left correctly classified, so the robust accuracy is the per-sample worst
-case and the accuracy after each attack is cumulative. Re-exported by :mod:`robustest.robustness`.
+case and the accuracy after each attack is cumulative.
 """
 
 from __future__ import annotations
@@ -17,9 +17,25 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest.core.batching import DataLike
+from robustest import corruptions as _corr
+from robustest.attacks import BATCH_SEED_STRIDE, attack_function, canonical_name, check_norm, lp_norm
+from robustest.core import distributed
+from robustest.core.amp import autocast, check_amp
+from robustest.core.batching import DataLike, batch_origin, iter_batches
+from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError, DataError
+from robustest.core.inputs import check_images, check_labels, check_logits
+from robustest.core.modelcall import eval_mode, forward
+from robustest.core.progress import progress as _progress
+from robustest.core.seeding import make_generator
 from robustest.core.validation import check_eps
+from robustest.evaluate.clean import accuracy
+from robustest.evaluate.corruption import (
+    CorruptionResult,
+    corruption_accuracy,
+    corruption_summary,
+    published_corruptions,
+)
 
 __all__ = ["AUTOATTACK_NAMES", "EVAL_FORMAT", "EVAL_VERSIONS", "EvalResult", "ensemble_plan",
            "evaluate"]
@@ -59,8 +75,6 @@ def ensemble_plan(version: str = "standard", norm: str = "linf", attacks: Any = 
     Attacks that can (APGD, FAB) stop working on a sample once it is broken (``stop_on_success``; AutoAttack
     runs every sample for all steps: the same samples are broken, at less cost).
     """
-    from robustest import attacks as _atk
-
     version = str(version).lower()
     if version not in EVAL_VERSIONS:
         raise ConfigError(f"unknown version {version!r}: use one of {', '.join(EVAL_VERSIONS)}")
@@ -85,9 +99,9 @@ def ensemble_plan(version: str = "standard", norm: str = "linf", attacks: Any = 
             raise ConfigError(f"an attack is a name or a (name, params) pair, got {item!r}")
         raw, params = str(item[0]), dict(item[1])
         key = raw.lower().replace("_", "-")
-        reg = AUTOATTACK_NAMES.get(key) or _atk._canonical_name(raw)
+        reg = AUTOATTACK_NAMES.get(key) or canonical_name(raw)
         display = key if key in AUTOATTACK_NAMES else reg
-        fn = _atk._REGISTRY[reg].fn
+        fn = attack_function(reg)
         sig = inspect.signature(fn).parameters
         bad = [p for p in params if p not in sig or p in ("model", "x", "y", "eps", "norm", "seed", "generator",
                                                             "batch_size", "target")]
@@ -230,61 +244,6 @@ def _quantiles(t: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     return {"mean": float(v.mean()), "median": float(v.median()), "max": float(v.max())}
 
 
-# ------------------------------------------------------------------------------------------ corruptions
-def _corruption_summary(res: Any, base: Any | None) -> dict[str, Any]:
-    """Mean corruption accuracy / error and, with a baseline, Hendrycks & Dietterich's (2019) normalised mCE
-    (mean over corruptions of sum_s E_model / sum_s E_baseline) and relative mCE
-    (sum_s (E_model - E_model_clean) / sum_s (E_baseline - E_baseline_clean))."""
-    out: dict[str, Any] = {
-        "corruptions": list(res.accuracy), "severities": list(res.severities), "num_samples": res.num_samples,
-        "table": res.table, "mean_corruption_accuracy": res.mean_corruption_accuracy,
-        "mean_corruption_error": res.mce, "mce": None, "relative_mce": None,
-        "accuracy": {c: {str(s): a for s, a in per.items()} for c, per in res.accuracy.items()},
-        "result": res,
-    }
-    if base is None:
-        return out
-    missing = [(c, s) for c, per in res.accuracy.items() for s in per
-               if c not in base.accuracy or s not in base.accuracy[c]]
-    if missing:
-        c, s = missing[0]
-        raise ConfigError(f"the baseline has no result for {c} at severity {s}: measure it on the same corruptions")
-    ce, rel = {}, {}
-    for c, per in res.error.items():
-        e_m = sum(per.values())
-        e_b = sum(base.error[c][s] for s in per)
-        ce[c] = e_m / e_b if e_b > 0 else float("nan")
-        d_m = sum(e - (1.0 - res.clean_accuracy) for e in per.values())
-        d_b = sum(base.error[c][s] - (1.0 - base.clean_accuracy) for s in per)
-        rel[c] = d_m / d_b if d_b > 0 else float("nan")
-    out.update(ce=ce, relative_ce=rel, mce=sum(ce.values()) / len(ce), relative_mce=sum(rel.values()) / len(rel),
-               baseline_clean_accuracy=base.clean_accuracy, baseline_mean_corruption_error=base.mce,
-               baseline_result=base)
-    return out
-
-
-def _published_corruptions(model: nn.Module, sets: dict, clean_accuracy: float, batch_size: int) -> Any:
-    """A CorruptionResult from published -C data: ``sets[corruption][severity]`` is labelled data."""
-    from robustest.core.batching import num_samples
-    from robustest.robustness import CorruptionResult
-    from robustest.training import accuracy
-
-    acc: dict[str, dict[int, float]] = {}
-    n = 0
-    sevs: set[int] = set()
-    for c, per in sets.items():
-        if not isinstance(per, dict) or not per:
-            raise ConfigError(f"corruptions[{c!r}] must map severities (1-5) to labelled data")
-        acc[str(c)] = {}
-        for s, d in per.items():
-            if int(s) not in (1, 2, 3, 4, 5):
-                raise ConfigError(f"severity {s} of {c!r} is outside 1-5")
-            acc[str(c)][int(s)] = float(accuracy(model, d, batch_size=batch_size))
-            sevs.add(int(s))
-            n = max(n, num_samples(d))
-    return CorruptionResult(accuracy=acc, clean_accuracy=clean_accuracy, num_samples=n,
-                            severities=tuple(sorted(sevs)), seed=0, table="published")
-
 
 # ------------------------------------------------------------------------------------------------ evaluate
 def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", version: str = "standard",
@@ -310,9 +269,9 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     same result as one process.
 
     ``corruptions``: None; ``"all"``, a group or a list of names (the 19 common corruptions of
-    :mod:`robustest.corruptions` at ``severities``, via :func:`robustest.robustness.corruption_accuracy`); or
+    :mod:`robustest.corruptions` at ``severities``, via :func:`robustest.evaluate.corruption_accuracy`); or
     published -C data as ``{corruption: {severity: labelled data}}`` (e.g. from ``robustest.data``'s -C
-    loaders). ``baseline``: a model (or a :class:`robustest.robustness.CorruptionResult`) whose corruption errors
+    loaders). ``baseline``: a model (or a :class:`robustest.evaluate.CorruptionResult`) whose corruption errors
     normalise the mCE. ``keep_adv`` keeps the worst-case images (N x C x H x W) in the result.
 
     ``amp``: "bf16" (CPU or CUDA) or "fp16" (CUDA) runs the clean pass (the predictions that decide which
@@ -322,26 +281,36 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     Bad input (raised before any attack runs, as one-line ConfigError/DataError): eps <= 0 (or > 1 for L-inf),
     an unknown norm or version, a model with fewer than 2 outputs, more target classes than classes - 1.
     """
-    from robustest import attacks as _atk
-    from robustest import corruptions as _corr
-    from robustest.attacks import BATCH_SEED_STRIDE
-    from robustest.core import distributed
-    from robustest.core.amp import autocast, check_amp
-    from robustest.core.batching import batch_origin, iter_batches
-    from robustest.core.devices import resolve_device
-    from robustest.core.inputs import check_images, check_labels, check_logits
-    from robustest.core.modelcall import eval_mode, forward
-    from robustest.core.progress import progress as _progress
-    from robustest.core.seeding import make_generator
-    from robustest.robustness import CorruptionResult, corruption_accuracy
-
     t_start = time.perf_counter()
+    norm, eps, version = _check_arguments(model, eps, norm, version, batch_size, block_size)
+    corr_names, sets, severities = _check_corruptions(corruptions, severities, baseline)
+    device = resolve_device(model)
+    amp = check_amp(amp, device)
+    num_classes = _count_classes(model, data, device)
+    plan = ensemble_plan(version, norm, attacks, n_targets=n_targets, num_classes=num_classes)
+    steps = [_Step(d, r, attack_function(r), p) for d, r, p in plan]
+    tally = _attack_blocks(model, data, steps, num_classes, eps=eps, norm=norm, seed=seed, batch_size=batch_size,
+                           block_size=block_size, amp=amp, device=device, keep_adv=keep_adv, progress=progress)
+    parts = _gather(tally)
+    settings = _settings(steps, version=version, norm=norm, eps=eps, num_classes=num_classes, seed=seed,
+                         batch_size=batch_size, block_size=block_size, device=device, amp=amp)
+    result = _result(parts, tally, settings, eps=eps, norm=norm, version=version, keep_adv=keep_adv)
+    if corr_names is not None or sets is not None:
+        _add_corruptions(result, model, data, corr_names=corr_names, sets=sets, severities=severities,
+                         baseline=baseline, seed=seed, batch_size=batch_size)
+    result.timings["total_s"] = time.perf_counter() - t_start
+    return result
+
+
+def _check_arguments(model: nn.Module, eps: Any, norm: str, version: str, batch_size: Any, block_size: Any
+                     ) -> tuple[str, float, str]:
+    """The checked ``(norm, eps, version)`` of :func:`evaluate`; a one-line ConfigError for bad ones."""
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if isinstance(eps, torch.Tensor) and eps.dim() > 0:  # evaluate(model, x, y, eps): labels where eps goes
         raise ConfigError("evaluate(model, data, eps, ...) takes images and labels as ONE argument: call "
                           "evaluate(model, (x, y), eps)")
-    norm = _atk._check_norm(norm)
+    norm = check_norm(norm)
     eps = check_eps("eps", eps, norm)
     version = str(version).lower()
     if version not in EVAL_VERSIONS:
@@ -349,6 +318,13 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     for name, v in (("batch_size", batch_size), ("block_size", block_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+    return norm, eps, version
+
+
+def _check_corruptions(corruptions: Any, severities: Any, baseline: Any
+                       ) -> tuple[list[str] | None, dict | None, Any]:
+    """``(corruption names, published -C sets, severities)`` of :func:`evaluate`'s corruption arguments (names
+    or sets is None; severities as ints when names are given); a one-line ConfigError for bad ones."""
     corr_names, sets = None, None
     if corruptions is not None and corruptions is not False:
         if isinstance(corruptions, dict):
@@ -362,9 +338,12 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
         raise ConfigError("baseline must be a model or a CorruptionResult")
     if baseline is not None and corruptions is None:
         raise ConfigError("a baseline is only used for the mCE: pass corruptions too")
-    device = resolve_device(model)
-    amp = check_amp(amp, device)
-    # one forward pass on the first image: the number of classes, before any work
+    return corr_names, sets, severities
+
+
+def _count_classes(model: nn.Module, data: DataLike, device: torch.device) -> int:
+    """The number of classes of ``model``, from one forward pass on the first image of ``data``, before any
+    work: a one-line DataError for empty or unlabelled data, ConfigError for fewer than 2 logits."""
     first = next(iter(iter_batches(data, 1)), None)
     if first is None or first[0].shape[0] == 0:
         raise DataError("the data set is empty: check the split and the path")
@@ -376,18 +355,44 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     if probe.dim() != 2 or probe.shape[1] < 2:
         raise ConfigError(f"the model returns outputs of shape {tuple(probe.shape[1:])}: evaluate needs logits "
                           "for at least 2 classes")
-    num_classes = int(probe.shape[1])
-    plan = ensemble_plan(version, norm, attacks, n_targets=n_targets, num_classes=num_classes)
-    steps = [_Step(d, r, _atk._REGISTRY[r].fn, p) for d, r, p in plan]
-    tol = eps * 1e-6 + 1e-6
+    return int(probe.shape[1])
+
+
+#: the per-sample results of :func:`evaluate`, in the order they are gathered
+_PARTS = ("index", "y", "clean_pred", "adv_pred", "code", "linf", "l2", "adv")
+
+
+@dataclass
+class _Tally:
+    """What the blocks of one :func:`evaluate` add up: per-sample parts (CPU tensors, one per block; ``code`` is
+    -2 for a clean error, -1 for robust, else the index of the attack that broke the sample), per-attack counts
+    and seconds, and the seconds of the clean pass."""
+
+    parts: dict[str, list[torch.Tensor]]
+    breaks: dict[str, int]
+    attacked: dict[str, int]
+    seconds: dict[str, float]
+    clean_s: float = 0.0
+
+    @classmethod
+    def start(cls, steps: list[_Step]) -> _Tally:
+        return cls(parts={k: [] for k in _PARTS}, breaks={s.name: 0 for s in steps},
+                   attacked={s.name: 0 for s in steps}, seconds={s.name: 0.0 for s in steps})
+
+
+def _predicted(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Predicted labels (int64 [N]) of ``x`` (N x C x H x W) in batches of ``batch_size`` (caller sets the mode)."""
+    return torch.cat([forward(model, x[s:s + batch_size]).argmax(1) for s in range(0, x.shape[0], batch_size)])
+
+
+def _attack_blocks(model: nn.Module, data: DataLike, steps: list[_Step], num_classes: int, *, eps: float,
+                   norm: str, seed: int, batch_size: int, block_size: int, amp: str | None, device: torch.device,
+                   keep_adv: bool, progress: bool) -> _Tally:
+    """Run the ensemble over ``data`` in blocks of ``block_size`` images (this rank's share under torchrun),
+    attack k on block b seeded ``seed + k + b * BATCH_SEED_STRIDE``."""
+    tally = _Tally.start(steps)
     shard = distributed.Shard.current()
     block, pos = batch_origin(data, block_size, shard)
-
-    idx_all, ys, cps, aps, codes, linfs, l2s, advs = [], [], [], [], [], [], [], []
-    breaks = {s.name: 0 for s in steps}
-    attacked = {s.name: 0 for s in steps}
-    seconds = {s.name: 0.0 for s in steps}
-    t_clean = 0.0
     for idx, xb, yb in iter_batches(data, block_size, device, with_index=True, shard=shard):
         b, pos = pos // block, pos + len(idx)
         gens = [make_generator(seed + k + b * BATCH_SEED_STRIDE, device) for k in range(len(steps))]
@@ -397,102 +402,130 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
         yb = check_labels(yb, xb.shape[0], num_classes).long()
         t0 = time.perf_counter()
         with eval_mode(model), torch.no_grad(), autocast(amp, device):
-            cp = torch.cat([forward(model, xb[s:s + batch_size]).argmax(1) for s in range(0, xb.shape[0], batch_size)])
-        t_clean += time.perf_counter() - t0
-        robust = cp == yb
-        code = torch.where(robust, -1, -2)
-        adv = xb.clone()
-        ap = cp.clone()
-        for k, step in enumerate(_progress(steps, enabled=progress, desc="evaluate", unit="attack")):
-            sel = robust.nonzero().flatten()
-            if sel.numel() == 0:
-                break
-            t0 = time.perf_counter()
-            out = step.fn(model, xb[sel], yb[sel], eps, generator=gens[k], batch_size=batch_size, **step.params)
-            with eval_mode(model), torch.no_grad():
-                pred = torch.cat([forward(model, out[s:s + batch_size]).argmax(1)
-                                  for s in range(0, out.shape[0], batch_size)])
-            dist = _atk._core._lp(out - xb[sel], norm)
-            broke = (pred != yb[sel]) & (dist <= eps + tol)
-            hit = sel[broke]
-            robust[hit] = False
-            code[hit] = k
-            adv[hit] = out[broke]
-            ap[hit] = pred[broke]
-            seconds[step.name] += time.perf_counter() - t0
-            breaks[step.name] += int(hit.numel())
-            attacked[step.name] += int(sel.numel())
+            cp = _predicted(model, xb, batch_size)
+        tally.clean_s += time.perf_counter() - t0
+        ap, code, adv = _attack_block(model, xb, yb, cp, steps, gens, tally, eps=eps, norm=norm,
+                                      batch_size=batch_size, progress=progress)
         delta = (adv - xb).flatten(1)
-        idx_all.append(idx.cpu())
-        ys.append(yb.cpu())
-        cps.append(cp.cpu())
-        aps.append(ap.cpu())
-        codes.append(code.cpu())
-        linfs.append(delta.abs().amax(1).cpu())
-        l2s.append(delta.norm(dim=1).cpu())
+        block_parts = {"index": idx, "y": yb, "clean_pred": cp, "adv_pred": ap, "code": code,
+                       "linf": delta.abs().amax(1), "l2": delta.norm(dim=1)}
         if keep_adv:
-            advs.append(adv.cpu())
-    cat = (lambda ts: torch.cat(ts) if ts else None)  # noqa: E731
-    parts = distributed.all_gather_cat({"index": cat(idx_all), "y": cat(ys), "clean_pred": cat(cps),
-                                        "adv_pred": cat(aps), "code": cat(codes), "linf": cat(linfs),
-                                        "l2": cat(l2s), "adv": cat(advs)})
+            block_parts["adv"] = adv
+        for k_, v in block_parts.items():
+            tally.parts[k_].append(v.cpu())
+    return tally
+
+
+def _attack_block(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, cp: torch.Tensor, steps: list[_Step],
+                  gens: list[torch.Generator], tally: _Tally, *, eps: float, norm: str, batch_size: int,
+                  progress: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The attacks in order on one block (images ``xb`` B x C x H x W, labels ``yb`` and clean predictions ``cp``
+    [B]), each on the samples still robust. Returns ``(adv_pred [B], code [B], adv B x C x H x W)``: the worst
+    case found per sample (the clean input where none broke it); counts and seconds go to ``tally``."""
+    tol = eps * 1e-6 + 1e-6
+    robust = cp == yb
+    code = torch.where(robust, -1, -2)
+    adv = xb.clone()
+    ap = cp.clone()
+    for k, step in enumerate(_progress(steps, enabled=progress, desc="evaluate", unit="attack")):
+        sel = robust.nonzero().flatten()
+        if sel.numel() == 0:
+            break
+        t0 = time.perf_counter()
+        out = step.fn(model, xb[sel], yb[sel], eps, generator=gens[k], batch_size=batch_size, **step.params)
+        with eval_mode(model), torch.no_grad():
+            pred = _predicted(model, out, batch_size)
+        dist = lp_norm(out - xb[sel], norm)
+        broke = (pred != yb[sel]) & (dist <= eps + tol)
+        hit = sel[broke]
+        robust[hit] = False
+        code[hit] = k
+        adv[hit] = out[broke]
+        ap[hit] = pred[broke]
+        tally.seconds[step.name] += time.perf_counter() - t0
+        tally.breaks[step.name] += int(hit.numel())
+        tally.attacked[step.name] += int(sel.numel())
+    return ap, code, adv
+
+
+def _gather(tally: _Tally) -> dict[str, torch.Tensor | None]:
+    """The per-sample parts of every rank, in data order (None for a part no block kept); under torchrun the
+    counts and seconds in ``tally`` become sums over the ranks."""
+    parts = distributed.all_gather_cat({k: torch.cat(v) if v else None for k, v in tally.parts.items()})
     if distributed.world_size() > 1:  # counts and compute time of every rank
-        for tally in (breaks, attacked, seconds):
-            every = distributed.all_gather_objects(dict(tally))
-            for k_ in tally:
-                tally[k_] = sum(t[k_] for t in every)
-        t_clean = sum(distributed.all_gather_objects(t_clean))
-    y = parts["y"]
-    n = int(y.shape[0])
-    code = parts["code"]
-    clean_correct = code != -2
-    labels = [s.name for s in steps]
-    broken_by = ["" if c == -1 else "misclassified" if c == -2 else labels[c] for c in code.tolist()]
-    cum = int(clean_correct.sum())
-    per_attack = {}
-    for s in steps:
-        cum -= breaks[s.name]
-        per_attack[s.name] = cum / n
-    timings = {"clean_s": t_clean, **{f"{k}_s": v for k, v in seconds.items()}}
+        for counts in (tally.breaks, tally.attacked, tally.seconds):
+            every = distributed.all_gather_objects(dict(counts))
+            for k_ in counts:
+                counts[k_] = sum(t[k_] for t in every)
+        tally.clean_s = sum(distributed.all_gather_objects(tally.clean_s))
+    return parts
+
+
+def _settings(steps: list[_Step], *, version: str, norm: str, eps: float, num_classes: int, seed: int,
+              batch_size: int, block_size: int, device: torch.device, amp: str | None) -> dict[str, Any]:
+    """What :func:`evaluate` ran: its arguments, each attack with its parameters and seed, and the attacks of
+    the version left out for the model (APGD-T with fewer than 4 classes)."""
     settings: dict[str, Any] = {
         "version": version, "norm": norm, "eps": eps, "num_classes": num_classes, "seed": seed,
         "batch_size": batch_size, "block_size": block_size, "device": str(device), **({"amp": amp} if amp else {}),
         "attacks": [{"name": s.name, "attack": s.attack, "params": dict(s.params), "seed": seed + k}
                     for k, s in enumerate(steps)],
     }
+    labels = [s.name for s in steps]
     skipped = [d for d, _ in (_STANDARD if version == "standard" else _FAST if version == "fast" else ())
                if d not in labels]
     if skipped:
         settings["skipped"] = {d: f"needs at least 4 classes, the model has {num_classes}" for d in skipped}
-    result = EvalResult(
-        eps=eps, norm=norm, version=version, clean_accuracy=float(clean_correct.double().mean()),
-        robust_accuracy=float((code == -1).double().mean()), attacks=per_attack, breaks=breaks, attacked=attacked,
-        index=parts["index"].long(), y=y, clean_pred=parts["clean_pred"], adv_pred=parts["adv_pred"],
-        clean_correct=clean_correct, robust=code == -1, broken_by=broken_by, linf=parts["linf"],
-        l2=parts["l2"], adv=parts["adv"] if keep_adv else None, settings=settings, timings=timings)
-    if corr_names is not None or sets is not None:
-        t0 = time.perf_counter()
-        if sets is not None:
-            res = _published_corruptions(model, sets, result.clean_accuracy, batch_size)
-            base = baseline
-            if isinstance(baseline, nn.Module):
-                from robustest.training import accuracy
+    return settings
 
-                base = _published_corruptions(baseline, sets, float(accuracy(baseline, data, batch_size=batch_size)),
-                                              batch_size)
-            settings["corruptions"] = {"source": "published", "names": sorted(res.accuracy)}
-        else:
-            res = corruption_accuracy(model, data, corruptions=corr_names, severities=severities, seed=seed,
-                                      batch_size=batch_size)
-            base = baseline
-            if isinstance(baseline, nn.Module):
-                base = corruption_accuracy(baseline, data, corruptions=corr_names, severities=severities, seed=seed,
-                                           batch_size=batch_size)
-            settings["corruptions"] = {"source": "robustest.corruptions", "names": corr_names,
-                                       "severities": list(severities), "seed": seed}
-        if baseline is not None:
-            settings["corruptions"]["baseline"] = "model" if isinstance(baseline, nn.Module) else "given errors"
-        result.corruption = _corruption_summary(res, base)
-        timings["corruptions_s"] = time.perf_counter() - t0
-    timings["total_s"] = time.perf_counter() - t_start
-    return result
+
+def _result(parts: dict[str, torch.Tensor | None], tally: _Tally, settings: dict[str, Any], *, eps: float,
+            norm: str, version: str, keep_adv: bool) -> EvalResult:
+    """The :class:`EvalResult` of the gathered per-sample ``parts`` and the summed ``tally``."""
+    y = parts["y"]
+    n = int(y.shape[0])
+    code = parts["code"]
+    clean_correct = code != -2
+    labels = list(tally.breaks)
+    broken_by = ["" if c == -1 else "misclassified" if c == -2 else labels[c] for c in code.tolist()]
+    cum = int(clean_correct.sum())
+    per_attack = {}
+    for name in labels:
+        cum -= tally.breaks[name]
+        per_attack[name] = cum / n
+    timings = {"clean_s": tally.clean_s, **{f"{k}_s": v for k, v in tally.seconds.items()}}
+    return EvalResult(
+        eps=eps, norm=norm, version=version, clean_accuracy=float(clean_correct.double().mean()),
+        robust_accuracy=float((code == -1).double().mean()), attacks=per_attack, breaks=tally.breaks,
+        attacked=tally.attacked, index=parts["index"].long(), y=y, clean_pred=parts["clean_pred"],
+        adv_pred=parts["adv_pred"], clean_correct=clean_correct, robust=code == -1, broken_by=broken_by,
+        linf=parts["linf"], l2=parts["l2"], adv=parts["adv"] if keep_adv else None, settings=settings,
+        timings=timings)
+
+
+def _add_corruptions(result: EvalResult, model: nn.Module, data: DataLike, *, corr_names: list[str] | None,
+                     sets: dict | None, severities: Any, baseline: Any, seed: int, batch_size: int) -> None:
+    """Measure accuracy under corruptions (the named ones at ``severities``, or the published ``sets``) and, with
+    a ``baseline``, the mCE; fills ``result.corruption``, its settings and ``corruptions_s``."""
+    t0 = time.perf_counter()
+    settings = result.settings
+    if sets is not None:
+        res = published_corruptions(model, sets, result.clean_accuracy, batch_size)
+        base = baseline
+        if isinstance(baseline, nn.Module):
+            base = published_corruptions(baseline, sets, float(accuracy(baseline, data, batch_size=batch_size)),
+                                         batch_size)
+        settings["corruptions"] = {"source": "published", "names": sorted(res.accuracy)}
+    else:
+        res = corruption_accuracy(model, data, corruptions=corr_names, severities=severities, seed=seed,
+                                  batch_size=batch_size)
+        base = baseline
+        if isinstance(baseline, nn.Module):
+            base = corruption_accuracy(baseline, data, corruptions=corr_names, severities=severities, seed=seed,
+                                       batch_size=batch_size)
+        settings["corruptions"] = {"source": "robustest.corruptions", "names": corr_names,
+                                   "severities": list(severities), "seed": seed}
+    if baseline is not None:
+        settings["corruptions"]["baseline"] = "model" if isinstance(baseline, nn.Module) else "given errors"
+    result.corruption = corruption_summary(res, base)
+    result.timings["corruptions_s"] = time.perf_counter() - t0
