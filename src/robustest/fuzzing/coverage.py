@@ -114,6 +114,177 @@ class _Queue:
         self.picks[s] = 0
         self.n += k
 
+    def pick(self, batch_size: int, mutants_per_seed: int, gen: torch.Generator) -> torch.Tensor:
+        """int64 [batch_size]: queue entries to mutate, ``ceil(batch_size / mutants_per_seed)`` drawn with weight
+        ``1 / (1 + picks)`` (the power schedule), each repeated ``mutants_per_seed`` times."""
+        n_par = math.ceil(batch_size / mutants_per_seed)
+        w = (1.0 / (1.0 + self.picks[: self.n].double())).cpu()
+        par = torch.multinomial(w, n_par, replacement=self.n < n_par, generator=gen).to(self.x.device)
+        self.picks[par] += 1
+        return par.repeat_interleave(mutants_per_seed)[:batch_size]
+
+
+@dataclass
+class _Failures:
+    """Failing tests recorded so far, one tensor per iteration that found any."""
+
+    x: list[torch.Tensor] = field(default_factory=list)
+    y: list[torch.Tensor] = field(default_factory=list)
+    seed: list[torch.Tensor] = field(default_factory=list)
+    pred: list[torch.Tensor] = field(default_factory=list)
+    it: list[torch.Tensor] = field(default_factory=list)
+    op: list[torch.Tensor] = field(default_factory=list)
+
+    def tensors(self, xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(x T x C x H x W, y, seed, pred, iteration, op: int64 [T]) in the order found; empty like ``xs``."""
+        if self.x:
+            return (torch.cat(self.x), torch.cat(self.y), torch.cat(self.seed), torch.cat(self.pred),
+                    torch.cat(self.it), torch.cat(self.op))
+        return (xs.new_zeros((0, *xs.shape[1:])),
+                *(torch.zeros(0, dtype=torch.long, device=xs.device) for _ in range(5)))
+
+
+@dataclass
+class _Counters:
+    """Effort of a run: iterations done, mutants generated and valid, entries added to the queue."""
+
+    it: int = 0
+    generated: int = 0
+    valid: int = 0
+    queued: int = 0
+    stopped: str = "iterations"
+
+
+def _check_options(y: torch.Tensor | None, profile: Any, iterations: int | None, batch_size: int,
+                   time_budget: float | None, mutants_per_seed: int) -> None:
+    """Refuse bad options of :func:`coverage_fuzz` before any work."""
+    if y is None:
+        raise ConfigError("coverage_fuzz needs seed labels y: a mutant fails when the model disagrees with them")
+    if iterations is None and time_budget is None:
+        raise ConfigError("give a budget: iterations and/or time_budget (seconds)")
+    if iterations is not None and iterations < 0:
+        raise ConfigError(f"iterations must be >= 0, got {iterations}")
+    if batch_size < 1 or mutants_per_seed < 1:
+        raise ConfigError(f"batch_size and mutants_per_seed must be >= 1, got {batch_size}, {mutants_per_seed}")
+    if not hasattr(profile, "bits"):
+        raise ConfigError("profile must be a robustest.metrics.coverage.CoverageProfile (build one with "
+                          "CoverageProfile.build(model, train))")
+
+
+def _predict(model: nn.Module, xb: torch.Tensor) -> torch.Tensor:
+    """int64 [B]: the model's predictions on ``xb`` (B x C x H x W), 512 images per forward pass."""
+    outs = [forward(model, xb[s:s + 512]).argmax(1) for s in range(0, xb.shape[0], 512)]
+    return torch.cat(outs) if outs else torch.zeros(0, dtype=torch.long, device=xb.device)
+
+
+def _stop_reason(run: _Counters, queue: _Queue, iterations: int | None, time_budget: float | None,
+                 t_start: float) -> str | None:
+    """Why the run ends now (``"iterations"``, ``"time_budget"``, ``"empty_queue"``), or None to go on."""
+    if iterations is not None and run.it >= iterations:
+        return "iterations"
+    if time_budget is not None and time.perf_counter() - t_start > time_budget:
+        return "time_budget"
+    if queue.n == 0:
+        return "empty_queue"
+    return None
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What every iteration uses: the model and its coverage feedback, and how mutants are drawn."""
+
+    model: nn.Module
+    profile: Any
+    metric: str
+    opts: dict[str, Any]  # options of the metric
+    batch_size: int
+    mutants_per_seed: int
+    mutate_kw: dict[str, Any]  # alpha, beta, tries, ops, ranges of mutate()
+
+
+def _iteration(su: _Setup, queue: _Queue, covered: torch.Tensor, gen: torch.Generator, run: _Counters,
+               found: _Failures) -> None:
+    """One iteration (``run.it``): pick queue entries, mutate them, and judge the valid mutants against the
+    union ``covered`` (bool [cells], grown in place): failures are recorded, new coverage joins the queue."""
+    par = queue.pick(su.batch_size, su.mutants_per_seed, gen)
+    mb = mutate(queue.x[par], gen, ref=queue.ref[par], affine_done=queue.aff[par], **su.mutate_kw)
+    run.generated += int(par.numel())
+    vidx = mb.valid.nonzero().squeeze(1)
+    run.valid += int(vidx.numel())
+    if not vidx.numel():
+        return
+    xm = mb.x[vidx]
+    lab = queue.y[par[vidx]]
+    sd = queue.seed[par[vidx]]
+    pred = _predict(su.model, xm)
+    bits = su.profile.bits(xm, su.metric, **su.opts)
+    fail = pred != lab
+    new_cells = (bits & ~covered).any(1)
+    covered |= bits.any(0)
+    if bool(fail.any()):
+        found.x.append(xm[fail])
+        found.y.append(lab[fail])
+        found.seed.append(sd[fail])
+        found.pred.append(pred[fail])
+        found.it.append(torch.full((int(fail.sum()),), run.it, dtype=torch.long, device=xm.device))
+        found.op.append(mb.op[vidx][fail])
+    keep = new_cells & ~fail
+    if bool(keep.any()):
+        queue.add(xm[keep], mb.ref[vidx][keep], mb.affine_done[vidx][keep], sd[keep], lab[keep])
+        run.queued += int(keep.sum())
+
+
+def _start(su: _Setup, xs: torch.Tensor, ys: torch.Tensor, t_start: float
+           ) -> tuple[torch.Tensor, torch.Tensor, _Queue, list[tuple[int, float, float]]]:
+    """The state before the first iteration, from the seeds ``xs`` (N x C x H x W) and labels ``ys`` [N]:
+    (union of the seeds' cells bool [cells], positions of the correctly classified seeds int64 [Q], the queue
+    holding them, the coverage history with its entry for iteration 0)."""
+    seed_pred = _predict(su.model, xs)
+    covered = su.profile.bits(xs, su.metric, **su.opts).any(0)
+    n_cells = int(covered.numel())
+    correct = (seed_pred == ys).nonzero().squeeze(1)
+    queue = _Queue(xs[correct], correct, ys[correct])
+    history = [(0, time.perf_counter() - t_start, float(covered.sum()) / max(n_cells, 1))]
+    return covered, correct, queue, history
+
+
+def _fuzz(su: _Setup, queue: _Queue, covered: torch.Tensor, gen: torch.Generator, iterations: int | None,
+          time_budget: float | None, t_start: float, show_progress: bool, history: list[tuple[int, float, float]]
+          ) -> tuple[_Failures, _Counters]:
+    """Iterate until the budget is spent or the queue is empty, appending (iteration, seconds, coverage) to
+    ``history`` after each iteration."""
+    found, run = _Failures(), _Counters()
+    n_cells = int(covered.numel())
+    bar = progress(range(iterations or 0), enabled=show_progress and iterations is not None,
+                   desc="cov-fuzz", unit="it")
+    bar_update = getattr(bar, "update", None)
+    while (stop := _stop_reason(run, queue, iterations, time_budget, t_start)) is None:
+        run.it += 1
+        _iteration(su, queue, covered, gen, run, found)
+        history.append((run.it, time.perf_counter() - t_start, float(covered.sum()) / max(n_cells, 1)))
+        if bar_update is not None:
+            bar_update(1)
+    run.stopped = stop
+    if hasattr(bar, "close"):
+        bar.close()
+    return found, run
+
+
+def _run_stats(n: int, correct: torch.Tensor, queue: _Queue, run: _Counters, tseed: torch.Tensor, n_tests: int
+               ) -> dict[str, Any]:
+    """The seed, effort and test counts of a run's statistics."""
+    return {
+        "seeds": n,
+        "seeds_in_queue": int(correct.numel()),
+        "iterations": run.it,
+        "mutants_generated": run.generated,
+        "mutants_valid": run.valid,
+        "queue_added": run.queued,
+        "queue_size": queue.n,
+        "tests": n_tests,
+        "seeds_with_tests": int(torch.unique(tseed).numel()),
+    }
+
 
 def coverage_fuzz(
     model: nn.Module,
@@ -157,122 +328,31 @@ def coverage_fuzz(
     t_start = time.perf_counter()
     x, y = checked_inputs(x, y)
     n = int(x.shape[0])
-    if y is None:
-        raise ConfigError("coverage_fuzz needs seed labels y: a mutant fails when the model disagrees with them")
-    if iterations is None and time_budget is None:
-        raise ConfigError("give a budget: iterations and/or time_budget (seconds)")
-    if iterations is not None and iterations < 0:
-        raise ConfigError(f"iterations must be >= 0, got {iterations}")
-    if batch_size < 1 or mutants_per_seed < 1:
-        raise ConfigError(f"batch_size and mutants_per_seed must be >= 1, got {batch_size}, {mutants_per_seed}")
-    if not hasattr(profile, "bits"):
-        raise ConfigError("profile must be a robustest.metrics.coverage.CoverageProfile (build one with "
-                          "CoverageProfile.build(model, train))")
+    _check_options(y, profile, iterations, batch_size, time_budget, mutants_per_seed)
     opts = dict(metric_opts or {})
     out_device = x.device
     dev = resolve_device(model, device)
     xs, ys = x.detach().to(dev), y.to(dev)
     gen = make_generator(seed, "cpu")
-
-    def predict(xb: torch.Tensor) -> torch.Tensor:
-        outs = [forward(model, xb[s:s + 512]).argmax(1) for s in range(0, xb.shape[0], 512)]
-        return torch.cat(outs) if outs else torch.zeros(0, dtype=torch.long, device=dev)
-
-    rec_x: list[torch.Tensor] = []
-    rec_y: list[torch.Tensor] = []
-    rec_seed: list[torch.Tensor] = []
-    rec_pred: list[torch.Tensor] = []
-    rec_it: list[torch.Tensor] = []
-    rec_op: list[torch.Tensor] = []
-    n_generated = n_valid = n_queued = 0
-    stopped = "iterations"
+    su = _Setup(model=model, profile=profile, metric=metric, opts=opts, batch_size=batch_size,
+                mutants_per_seed=mutants_per_seed,
+                mutate_kw={"alpha": alpha, "beta": beta, "tries": tries, "ops": ops, "ranges": ranges})
 
     with eval_mode(model), torch.no_grad():
-        seed_pred = predict(xs)
-        covered = profile.bits(xs, metric, **opts).any(0)
-        n_cells = int(covered.numel())
-        correct = (seed_pred == ys).nonzero().squeeze(1)
-        queue = _Queue(xs[correct], correct, ys[correct])
+        covered, correct, queue, history = _start(su, xs, ys, t_start)
         n_start = queue.n
-        history: list[tuple[int, float, float]] = [(0, time.perf_counter() - t_start,
-                                                    float(covered.sum()) / max(n_cells, 1))]
-        cov_seeds = history[0][2]
-        it = 0
-        bar = progress(range(iterations or 0), enabled=show_progress and iterations is not None,
-                       desc="cov-fuzz", unit="it")
-        bar_update = getattr(bar, "update", None)
-        while True:
-            if iterations is not None and it >= iterations:
-                break
-            if time_budget is not None and time.perf_counter() - t_start > time_budget:
-                stopped = "time_budget"
-                break
-            if queue.n == 0:
-                stopped = "empty_queue"
-                break
-            it += 1
-            # 1. seed selection (power schedule: weight 1 / (1 + picks))
-            n_par = math.ceil(batch_size / mutants_per_seed)
-            w = (1.0 / (1.0 + queue.picks[: queue.n].double())).cpu()
-            par = torch.multinomial(w, n_par, replacement=queue.n < n_par, generator=gen).to(dev)
-            queue.picks[par] += 1
-            par = par.repeat_interleave(mutants_per_seed)[:batch_size]
-            # 2. mutation
-            mb = mutate(queue.x[par], gen, ref=queue.ref[par], affine_done=queue.aff[par], alpha=alpha, beta=beta,
-                        tries=tries, ops=ops, ranges=ranges)
-            n_generated += int(par.numel())
-            vidx = mb.valid.nonzero().squeeze(1)
-            n_valid += int(vidx.numel())
-            if vidx.numel():
-                xm = mb.x[vidx]
-                lab = queue.y[par[vidx]]
-                sd = queue.seed[par[vidx]]
-                # 3. feedback
-                pred = predict(xm)
-                bits = profile.bits(xm, metric, **opts)
-                fail = pred != lab
-                new_cells = (bits & ~covered).any(1)
-                covered |= bits.any(0)
-                if bool(fail.any()):
-                    rec_x.append(xm[fail])
-                    rec_y.append(lab[fail])
-                    rec_seed.append(sd[fail])
-                    rec_pred.append(pred[fail])
-                    rec_it.append(torch.full((int(fail.sum()),), it, dtype=torch.long, device=dev))
-                    rec_op.append(mb.op[vidx][fail])
-                keep = new_cells & ~fail
-                if bool(keep.any()):
-                    queue.add(xm[keep], mb.ref[vidx][keep], mb.affine_done[vidx][keep], sd[keep], lab[keep])
-                    n_queued += int(keep.sum())
-            history.append((it, time.perf_counter() - t_start, float(covered.sum()) / max(n_cells, 1)))
-            if bar_update is not None:
-                bar_update(1)
-        if hasattr(bar, "close"):
-            bar.close()
+        found, run = _fuzz(su, queue, covered, gen, iterations, time_budget, t_start, show_progress, history)
 
-    if rec_x:
-        tx, ty, tseed = torch.cat(rec_x), torch.cat(rec_y), torch.cat(rec_seed)
-        tpred, tit, top = torch.cat(rec_pred), torch.cat(rec_it), torch.cat(rec_op)
-    else:
-        tx = xs.new_zeros((0, *xs.shape[1:]))
-        ty, tseed, tpred, tit, top = (torch.zeros(0, dtype=torch.long, device=dev) for _ in range(5))
+    tx, ty, tseed, tpred, tit, top = found.tensors(xs)
     stats: dict[str, Any] = {
-        "seeds": n,
-        "seeds_in_queue": int(correct.numel()),
-        "iterations": it,
-        "mutants_generated": n_generated,
-        "mutants_valid": n_valid,
-        "queue_added": n_queued,
-        "queue_size": queue.n,
-        "tests": int(tx.shape[0]),
-        "seeds_with_tests": int(torch.unique(tseed).numel()),
-        "coverage_seeds": cov_seeds,
+        **_run_stats(n, correct, queue, run, tseed, int(tx.shape[0])),
+        "coverage_seeds": history[0][2],
         "coverage_final": history[-1][2],
-        "cells": n_cells,
+        "cells": int(covered.numel()),
         "metric": metric,
         "metric_opts": opts,
         "wall_time_s": time.perf_counter() - t_start,
-        "stopped": stopped,
+        "stopped": run.stopped,
         "ops": list(ops) if ops is not None else list(OPS),
         "params": {"iterations": iterations, "batch_size": batch_size, "time_budget": time_budget, "seed": seed,
                    "mutants_per_seed": mutants_per_seed, "tries": tries, "alpha": alpha, "beta": beta},
