@@ -10,7 +10,6 @@ import numpy as np
 import torch
 
 from robustest.core.errors import DataError
-from robustest.data import IMAGE_SUFFIXES, DatasetInfo, LoadOptions, register
 from robustest.data.dataset import FolderDataset, ImageDataset, arrays_to_dataset, check_labels_array
 from robustest.data.formats import (
     npz_names,
@@ -20,6 +19,7 @@ from robustest.data.formats import (
     read_npz_images,
     restricted_unpickle,
 )
+from robustest.data.registry import IMAGE_SUFFIXES, DatasetInfo, LoadOptions, register
 
 TESTS_FORMAT = "robustest-tests"
 

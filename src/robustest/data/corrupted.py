@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from robustest.core.errors import DataError
-from robustest.data import DatasetInfo, LoadOptions, register
 from robustest.data.builtin import image_folder
 from robustest.data.dataset import FolderDataset, ImageDataset, arrays_to_dataset
 from robustest.data.formats import open_npy
+from robustest.data.registry import DatasetInfo, LoadOptions, register
 
 SEVERITIES = (1, 2, 3, 4, 5)
 

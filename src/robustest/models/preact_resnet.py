@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest.models import register
+from robustest.models.registry import register
 
 __all__ = ["PreActResNet", "preact_resnet18"]
 

@@ -18,6 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import eval_mode, forward
+from robustest.models.registry import create, native
 
 __all__ = ["profile"]
 
@@ -41,14 +42,12 @@ def profile(model: str | nn.Module, input_size: int | None = None, in_channels: 
     zoo spec; one forward pass of a zero image on the model's device, in eval mode, without gradients).
     ``params`` counts trainable and frozen parameters, not buffers.
     """
-    from robustest import models as zoo
-
     if isinstance(model, str):
-        c0, s0, k0 = zoo.native(model)
+        c0, s0, k0 = native(model)
         c = c0 if in_channels is None else in_channels
         s = s0 if input_size is None else input_size
         with torch.device("meta"):
-            net = zoo.create(model, num_classes=k0 if num_classes is None else num_classes, in_channels=c,
+            net = create(model, num_classes=k0 if num_classes is None else num_classes, in_channels=c,
                              input_size=s, **options)
     elif isinstance(model, nn.Module):
         if options or num_classes is not None:

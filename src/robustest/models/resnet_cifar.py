@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest.core.errors import ConfigError
-from robustest.models import register
+from robustest.models.registry import register
 
 __all__ = ["ResNetCifar", "resnet20"]
 

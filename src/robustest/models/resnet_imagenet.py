@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest.models import register
+from robustest.models.registry import register
 
 __all__ = ["ResNet", "resnet18", "resnet50"]
 

@@ -12,7 +12,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from robustest.models import register
+from robustest.models.registry import register
 
 
 def _flat_size(features: nn.Module, in_channels: int, input_size: int) -> int:
