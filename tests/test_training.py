@@ -158,10 +158,10 @@ def test_accuracy_evaluate_predict(trained_digits_model, digits_test):
     torch.testing.assert_close(ev.predict(model, x), logits)  # a bare tensor works for predict
 
 
-@pytest.mark.parametrize("fn", ["accuracy", "evaluate", "predict"])
+@pytest.mark.parametrize("fn", ["accuracy", "loss_and_accuracy", "predict"])
 def test_eval_functions_restore_model_mode(trained_digits_model, digits_test, fn):
     model = trained_digits_model.train()
-    outs = [getattr(training, fn)(model, digits_test) for _ in range(2)]
+    outs = [getattr(ev, fn)(model, digits_test) for _ in range(2)]
     assert model.training and all(m.training for m in model.modules())
     if fn == "predict":
         torch.testing.assert_close(outs[0], outs[1])  # eval mode inside: dropout off, deterministic
