@@ -4,14 +4,15 @@ sample's index in the data set and one sharding hook (Shard.current)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+import ctypes
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from robustest.core.distributed import Shard, count_share
-from robustest.core.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError, DataError, RobustestError
 from robustest.core.inputs import check_images, check_labels
 
 DataLike = Any  # (x, y) tensor pair, a bare x tensor, a Dataset or a DataLoader
@@ -88,8 +89,6 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
 def _worker_errors() -> Iterator[None]:
     """Re-raise a robustest error from a DataLoader worker as the one-line error it was (DataLoader wraps it
     in a multi-line message carrying the worker's traceback)."""
-    from robustest.core.errors import RobustestError
-
     try:
         yield
     except RobustestError as exc:
@@ -170,7 +169,24 @@ def iter_batches(
     if align is not None and (isinstance(align, bool) or not isinstance(align, int) or align < 1):
         raise ConfigError(f"align must be a positive integer, got {align!r}")
     unit = align or batch_size
+    emit = _emitter(dev, shard, with_index)
+    if isinstance(data, DataLoader):
+        yield from _loader_batches(data, shard, span, pin, emit)
+    elif converts_batches(data):
+        yield from _converted_batches(data, batch_size, _part(shard, len(data), unit, span), pin, emit)
+    elif isinstance(data, Dataset) and not isinstance(data, TensorDataset):
+        nw = int(workers if workers is not None else getattr(data, "num_workers", 0) or 0)
+        yield from _dataset_batches(data, batch_size, _part(shard, len(data), unit, span), nw, pin, emit)
+    else:
+        yield from _tensor_batches(data, batch_size, shard, unit, span, emit)
 
+
+_Emit = Callable[[torch.Tensor, Any, Any], Any]
+
+
+def _emitter(dev: torch.device | None, shard: Shard, with_index: bool) -> _Emit:
+    """The function turning (idx int64 [B], x, y) into what :func:`iter_batches` yields: on ``dev``,
+    with or without ``idx``, each sample counted towards this rank's share when sharded."""
     def move(t: Any) -> Any:
         if not isinstance(t, torch.Tensor) or dev is None:
             return t
@@ -181,55 +197,66 @@ def iter_batches(
             count_share(len(idx))
         return (idx, move(x), move(y)) if with_index else (move(x), move(y))
 
-    if isinstance(data, DataLoader):
-        batches = _loader_index_batches(data, shard, span)
-        with _worker_errors():
-            if batches is None:  # an IterableDataset: number the samples in stream order
-                start = 0
-                for batch in data:
-                    x, y = split_batch(batch)
-                    yield out(torch.arange(start, start + len(x)), x, y)
-                    start += len(x)
-                return
-            kw: dict[str, Any] = {}
-            if data.num_workers > 0:
-                kw = {"prefetch_factor": data.prefetch_factor, "worker_init_fn": data.worker_init_fn,
-                      "multiprocessing_context": data.multiprocessing_context}
-            fixed = DataLoader(data.dataset, batch_sampler=batches, num_workers=data.num_workers,
-                               collate_fn=data.collate_fn, pin_memory=data.pin_memory or pin, **kw)
-            for idx, batch in zip(batches, fixed):
+    return out
+
+
+def _loader_batches(data: DataLoader, shard: Shard, span: tuple[int, int] | None, pin: bool, emit: _Emit
+                    ) -> Iterator[Any]:
+    """The batches of a DataLoader, each with the data-set indices its sampler drew (re-read through a
+    DataLoader over this shard's part of that draw); an IterableDataset's samples numbered in stream order."""
+    batches = _loader_index_batches(data, shard, span)
+    with _worker_errors():
+        if batches is None:  # an IterableDataset: number the samples in stream order
+            start = 0
+            for batch in data:
                 x, y = split_batch(batch)
-                yield out(torch.as_tensor(idx, dtype=torch.int64), x, y)
-                del batch, x, y
-                trim_heap()
-        return
+                yield emit(torch.arange(start, start + len(x)), x, y)
+                start += len(x)
+            return
+        kw: dict[str, Any] = {}
+        if data.num_workers > 0:
+            kw = {"prefetch_factor": data.prefetch_factor, "worker_init_fn": data.worker_init_fn,
+                  "multiprocessing_context": data.multiprocessing_context}
+        fixed = DataLoader(data.dataset, batch_sampler=batches, num_workers=data.num_workers,
+                           collate_fn=data.collate_fn, pin_memory=data.pin_memory or pin, **kw)
+        for idx, batch in zip(batches, fixed):
+            x, y = split_batch(batch)
+            yield emit(torch.as_tensor(idx, dtype=torch.int64), x, y)
+            del batch, x, y
+            trim_heap()
 
-    if converts_batches(data):
-        lo, hi = _part(shard, len(data), unit, span)  # type: ignore[arg-type]
-        for s in range(lo, hi, batch_size):
-            e = min(s + batch_size, hi)
-            x, y = data.get_batch(slice(s, e))
-            if pin:
-                x = x.pin_memory()
-            yield out(torch.arange(s, e), x, y)
-        return
 
-    if isinstance(data, Dataset) and not isinstance(data, TensorDataset):
-        n = len(data)  # type: ignore[arg-type]
-        lo, hi = _part(shard, n, unit, span)
-        nw = int(workers if workers is not None else getattr(data, "num_workers", 0) or 0)
-        subset = torch.utils.data.Subset(data, range(lo, hi))
-        start = lo
-        with _worker_errors():
-            for batch in DataLoader(subset, batch_size=batch_size, shuffle=False, num_workers=nw, pin_memory=pin):
-                x, y = split_batch(batch)
-                n_batch = len(x)
-                yield out(torch.arange(start, start + n_batch), x, y)
-                start += n_batch
-                del batch, x, y
-                trim_heap()
-        return
+def _converted_batches(data: Any, batch_size: int, part: tuple[int, int], pin: bool, emit: _Emit) -> Iterator[Any]:
+    """The batches of positions [lo, hi) of a data set that converts whole batches itself."""
+    lo, hi = part
+    for s in range(lo, hi, batch_size):
+        e = min(s + batch_size, hi)
+        x, y = data.get_batch(slice(s, e))
+        if pin:
+            x = x.pin_memory()
+        yield emit(torch.arange(s, e), x, y)
 
+
+def _dataset_batches(data: Dataset, batch_size: int, part: tuple[int, int], workers: int, pin: bool, emit: _Emit
+                     ) -> Iterator[Any]:
+    """The batches of positions [lo, hi) of a map-style Dataset, read in order by a DataLoader with
+    ``workers`` worker processes."""
+    lo, hi = part
+    subset = torch.utils.data.Subset(data, range(lo, hi))
+    start = lo
+    with _worker_errors():
+        for batch in DataLoader(subset, batch_size=batch_size, shuffle=False, num_workers=workers, pin_memory=pin):
+            x, y = split_batch(batch)
+            n_batch = len(x)
+            yield emit(torch.arange(start, start + n_batch), x, y)
+            start += n_batch
+            del batch, x, y
+            trim_heap()
+
+
+def _tensor_batches(data: DataLike, batch_size: int, shard: Shard, unit: int, span: tuple[int, int] | None,
+                    emit: _Emit) -> Iterator[Any]:
+    """The batches of an (x, y) pair, a bare x tensor or a TensorDataset, sliced from the full tensors."""
     x, y = as_tensors(data)
     n = x.shape[0]
     if y is not None and y.shape[0] != n:
@@ -237,7 +264,7 @@ def iter_batches(
     lo, hi = _part(shard, n, unit, span)
     for s in range(lo, hi, batch_size):
         e = min(s + batch_size, hi)
-        yield out(torch.arange(s, e), x[s:e], y[s:e] if y is not None else None)
+        yield emit(torch.arange(s, e), x[s:e], y[s:e] if y is not None else None)
 
 
 _LIBC: Any = None
@@ -253,8 +280,6 @@ def trim_heap() -> None:
     global _LIBC
     if _LIBC is None:
         try:
-            import ctypes
-
             _LIBC = ctypes.CDLL("libc.so.6")
             _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
         except (OSError, AttributeError):
