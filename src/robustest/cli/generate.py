@@ -22,10 +22,15 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import TensorDataset
 
+from robustest import attacks, metrics
+from robustest import data as datasets
 from robustest.cli._common import (
     add_checkpoint_arg,
     add_data_args,
@@ -50,10 +55,13 @@ from robustest.cli._common import (
 )
 from robustest.core.atomic import atomic_write_json
 from robustest.core.batching import image_shape, take
-from robustest.core.devices import model_device
+from robustest.core.devices import model_device, resolve_device
 from robustest.core.errors import ConfigError
-from robustest.core.modelcall import forward
+from robustest.core.modelcall import eval_mode, forward
 from robustest.core.validation import check_eps
+from robustest.data import save_tests
+from robustest.metrics.coverage import CoverageProfile
+from robustest.report import HtmlReport, save_histogram, save_image_grid
 from robustest.results import write_results
 
 ORDER = 30
@@ -170,8 +178,6 @@ def _quantiles(v: torch.Tensor) -> dict[str, float] | None:
 
 
 def _fol(model, x, y, x0, eps: float, norm: str, batch_size: int) -> torch.Tensor:
-    from robustest import metrics
-
     if x.shape[0] == 0:
         return torch.empty(0)
     if norm == "gradnorm":
@@ -180,9 +186,6 @@ def _fol(model, x, y, x0, eps: float, norm: str, batch_size: int) -> torch.Tenso
 
 
 def _predict(model, x: torch.Tensor, batch_size: int) -> torch.Tensor:
-    from robustest.core.devices import resolve_device
-    from robustest.core.modelcall import eval_mode
-
     dev = resolve_device(model)
     out = []
     with eval_mode(model), torch.no_grad():
@@ -191,11 +194,144 @@ def _predict(model, x: torch.Tensor, batch_size: int) -> torch.Tensor:
     return torch.cat(out) if out else torch.empty(0, dtype=torch.long)
 
 
+@dataclass
+class _Tests:
+    """The tests one method produced, on the CPU: x T x C x H x W, y and pred int64 [T], index int64 [T] (the
+    seed's position in the split), x0 T x C x H x W (each test's seed); summary: the method's figures for
+    summary.json; extra: what tests.pt stores besides; fol: [T] the fuzzer's own FOL when it is the one asked
+    for (else None: measured afterwards)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    pred: torch.Tensor
+    index: torch.Tensor
+    x0: torch.Tensor
+    summary: dict[str, Any]
+    extra: dict[str, Any]
+    fol: torch.Tensor | None = None
+
+
+def _attack_tests(args: argparse.Namespace, model, ds, n_seeds: int, eps: float, progress: bool) -> _Tests:
+    """Attack every seed (streamed batch by batch, and shared out over torchrun's ranks); keep the successful
+    adversarial examples (all of them with --keep-all), their seeds read back from the data set."""
+    method = args.method
+    kw = _attack_kwargs(args, eps)
+    res = attacks.attack(method, model, ds, batch_size=args.batch_size, seed=args.seed, progress=progress, **kw)
+    keep = torch.ones(n_seeds, dtype=torch.bool) if args.keep_all else res.success
+    idx = torch.nonzero(keep).flatten()
+    tx, ty, tpred = res.adv[idx], res.y[idx], res.adv_pred[idx]
+    x0 = take(ds, res.index[idx])[0] if len(idx) else tx.clone()
+    summary = {
+        "params": {k: v for k, v in kw.items()}, "clean_accuracy": res.clean_accuracy,
+        "robust_accuracy": res.robust_accuracy, "success_rate": res.success_rate,
+        "success_rate_on_correct": res.to_dict()["success_rate_on_correct"],
+        "kept": "all" if args.keep_all else "successful",
+    }
+    return _Tests(tx, ty, tpred, idx, x0, summary, {"pred": tpred, "success": res.success[idx]})
+
+
+def _fol_fuzz_tests(args: argparse.Namespace, model, x: torch.Tensor, y: torch.Tensor, n_seeds: int, eps: float,
+                    fol_norm: str, progress: bool) -> _Tests:
+    """FOL-guided fuzzing of the seeds ``x`` (N x C x H x W, labels ``y``)."""
+    from robustest import fuzzing  # late: it loads kornia, and every verb's module is imported at start-up
+
+    fuzz_fol = fol_norm if fol_norm in fuzzing.FOL_VARIANTS else "gradnorm"
+    fr = fuzzing.fol_fuzz(model, x, y, steps=args.steps or DEFAULT_STEPS["fol-fuzz"],
+                          lr=args.lr if args.lr is not None else 0.1, max_rel_l2=args.max_rel_l2,
+                          eps=args.fuzz_eps, max_tests_per_seed=args.max_tests_per_seed,
+                          time_budget=args.time_budget, seed=args.seed, batch_size=args.batch_size,
+                          fol_variant=fuzz_fol, fol_eps=args.fol_eps or eps, show_progress=progress)
+    idx = fr.seed_index.cpu().long()
+    tx, ty = fr.x.cpu(), fr.y.cpu().long()
+    tpred = fr.pred.cpu() if fr.pred is not None else _predict(model, tx, args.batch_size)
+    per_seed = fr.tests_per_seed(n_seeds)
+    summary = {"params": {"steps": args.steps or DEFAULT_STEPS["fol-fuzz"], "lr": args.lr or 0.1,
+                          "max_rel_l2": args.max_rel_l2, "eps": args.fuzz_eps,
+                          "max_tests_per_seed": args.max_tests_per_seed, "time_budget": args.time_budget},
+               "fuzz_stats": fr.stats,
+               "seeds_with_tests": int((per_seed > 0).sum()),
+               "tests_per_seed": _quantiles(per_seed.float())}
+    return _Tests(tx, ty, tpred, idx, x[idx], summary, {"pred": tpred, "step": fr.step.cpu()},
+                  fol=fr.fol.cpu() if fuzz_fol == fol_norm else None)
+
+
+def _cov_fuzz_tests(args: argparse.Namespace, model, x: torch.Tensor, y: torch.Tensor, progress: bool) -> _Tests:
+    """Coverage-guided fuzzing of the seeds ``x`` (N x C x H x W, labels ``y``), with a coverage profile
+    built on the train split."""
+    from robustest import fuzzing  # late: it loads kornia, and every verb's module is imported at start-up
+
+    train = _train_for_profile(args)
+    profile = CoverageProfile.build(model, train, batch_size=args.batch_size)
+    opts = {"k": args.k} if (args.k is not None and args.coverage == "kmnc") else {}
+    cr = fuzzing.coverage_fuzz(model, x, y, profile, metric=args.coverage, iterations=args.iterations,
+                               time_budget=args.time_budget, seed=args.seed, metric_opts=opts,
+                               show_progress=progress)
+    idx = cr.seed_index.cpu().long()
+    tx, ty = cr.x.cpu(), cr.y.cpu().long()
+    tpred = cr.pred.cpu() if cr.pred is not None else _predict(model, tx, args.batch_size)
+    summary = {"params": {"coverage": args.coverage, "metric_opts": opts, "iterations": args.iterations,
+                          "time_budget": args.time_budget, "profile_images": len(train)},
+               "fuzz_stats": cr.stats,
+               "coverage_history": [list(h) for h in cr.coverage_history]}
+    return _Tests(tx, ty, tpred, idx, x[idx], summary, {"pred": tpred})
+
+
+def _generate(args: argparse.Namespace, model, ds, n_seeds: int, eps: float, fol_norm: str, progress: bool
+              ) -> _Tests:
+    """The tests of ``args.method``."""
+    if args.method in ATTACKS:
+        return _attack_tests(args, model, ds, n_seeds, eps, progress)
+    # the fuzzers work on the whole seed set at once (their randomness is per run, not per sample)
+    x, y = take(ds, torch.arange(n_seeds))
+    y = y.long()
+    if args.method == "fol-fuzz":
+        return _fol_fuzz_tests(args, model, x, y, n_seeds, eps, fol_norm, progress)
+    return _cov_fuzz_tests(args, model, x, y, progress)
+
+
+def _measure_fol(args: argparse.Namespace, model, t: _Tests, eps: float, fol_norm: str
+                 ) -> tuple[float, torch.Tensor]:
+    """(eps of the FOL, FOL [T] of every test measured against its seed): cw without --fol-eps measures
+    within its largest L2 perturbation; fol-fuzz's own FOL is kept when it is the one asked for."""
+    fol_eps = args.fol_eps or eps
+    if args.method == "cw" and args.fol_eps is None:
+        fol_eps = float((t.x - t.x0).flatten(1).norm(dim=1).max()) if t.x.shape[0] else eps
+        fol_eps = max(fol_eps, 1e-6)
+    if t.fol is not None:
+        return fol_eps, t.fol
+    return fol_eps, _fol(model, t.x, t.y, t.x0, fol_eps, fol_norm, args.batch_size).cpu()
+
+
+def _test_figures(t: _Tests, fol_values: torch.Tensor, fol_norm: str, fol_eps: float) -> dict[str, Any]:
+    """Counts, perturbation sizes and FOL quantiles of the tests, for summary.json."""
+    delta = (t.x - t.x0).flatten(1)
+    n_tests = int(t.x.shape[0])
+    return {
+        "tests": n_tests,
+        "tests_changed_prediction": int((t.pred != t.y).sum()) if n_tests else 0,
+        "perturbation": {"linf": _quantiles(delta.abs().amax(1)) if n_tests else None,
+                         "l2": _quantiles(delta.norm(dim=1)) if n_tests else None},
+        "fol": {"norm": fol_norm, "eps": fol_eps, "quantiles": _quantiles(fol_values) if n_tests else None},
+    }
+
+
+def _save_examples(out: Path, grid_size: int, method: str, t: _Tests, fol_values: torch.Tensor, fol_norm: str
+                   ) -> bytes:
+    """examples.png (seeds over tests, captioned label -> prediction) and fol_hist.png; returns the grid."""
+    n_tests = int(t.x.shape[0])
+    k = min(grid_size, n_tests)
+    pick = torch.linspace(0, n_tests - 1, k).round().long().unique()
+    caps = [f"seed #{int(t.index[i])}: {int(t.y[i])}" for i in pick] + \
+        [f"{int(t.y[i])} -> {int(t.pred[i])}" for i in pick]
+    grid = save_image_grid(torch.cat([t.x0[pick], t.x[pick]]), out / "examples.png", captions=caps,
+                           ncols=len(pick), title=f"{method}: seeds (top) and tests (bottom), label -> pred")
+    save_histogram(fol_values.numpy(), out / "fol_hist.png", title=f"FOL ({fol_norm}) of {method} tests")
+    return grid
+
+
 # ------------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
-    from robustest import attacks, report
-    from robustest.data import save_tests
-
+    """Generate the tests of ``args.method`` and write tests.pt, summary.json, results.json, report.html."""
     t0 = time.perf_counter()
     _check_radii(args)
     out = out_dir(args)
@@ -213,109 +349,23 @@ def run(args: argparse.Namespace) -> int:
     method = args.method
     summary: dict[str, Any] = {"method": method, "dataset": args.dataset, "split": args.split,
                                "checkpoint": str(args.checkpoint or args.model_factory), "seeds": n_seeds}
-    progress = not args.no_progress
     t_gen = time.perf_counter()
-
-    if method in ATTACKS:
-        kw = _attack_kwargs(args, eps)
-        # streamed batch by batch (and shared out over torchrun's ranks); the seeds of kept tests are read back
-        res = attacks.attack(method, model, ds, batch_size=args.batch_size, seed=args.seed, progress=progress,
-                             **kw)
-        keep = torch.ones(n_seeds, dtype=torch.bool) if args.keep_all else res.success
-        idx = torch.nonzero(keep).flatten()
-        tx, ty, tpred = res.adv[idx], res.y[idx], res.adv_pred[idx]
-        x0 = take(ds, res.index[idx])[0] if len(idx) else tx.clone()
-        summary.update({
-            "params": {k: v for k, v in kw.items()}, "clean_accuracy": res.clean_accuracy,
-            "robust_accuracy": res.robust_accuracy, "success_rate": res.success_rate,
-            "success_rate_on_correct": res.to_dict()["success_rate_on_correct"],
-            "kept": "all" if args.keep_all else "successful",
-        })
-        extra: dict[str, Any] = {"pred": tpred, "success": res.success[idx]}
-    else:  # the fuzzers work on the whole seed set at once (their randomness is per run, not per sample)
-        x, y = take(ds, torch.arange(n_seeds))
-        y = y.long()
-    if method == "fol-fuzz":
-        from robustest import fuzzing
-
-        fuzz_fol = fol_norm if fol_norm in fuzzing.FOL_VARIANTS else "gradnorm"
-        fr = fuzzing.fol_fuzz(model, x, y, steps=args.steps or DEFAULT_STEPS["fol-fuzz"],
-                              lr=args.lr if args.lr is not None else 0.1, max_rel_l2=args.max_rel_l2,
-                              eps=args.fuzz_eps, max_tests_per_seed=args.max_tests_per_seed,
-                              time_budget=args.time_budget, seed=args.seed, batch_size=args.batch_size,
-                              fol_variant=fuzz_fol, fol_eps=args.fol_eps or eps, show_progress=progress)
-        idx = fr.seed_index.cpu().long()
-        tx, ty = fr.x.cpu(), fr.y.cpu().long()
-        tpred = fr.pred.cpu() if fr.pred is not None else _predict(model, tx, args.batch_size)
-        x0 = x[idx]
-        per_seed = fr.tests_per_seed(n_seeds)
-        summary.update({"params": {"steps": args.steps or DEFAULT_STEPS["fol-fuzz"], "lr": args.lr or 0.1,
-                                   "max_rel_l2": args.max_rel_l2, "eps": args.fuzz_eps,
-                                   "max_tests_per_seed": args.max_tests_per_seed, "time_budget": args.time_budget},
-                        "fuzz_stats": fr.stats,
-                        "seeds_with_tests": int((per_seed > 0).sum()),
-                        "tests_per_seed": _quantiles(per_seed.float())})
-        extra = {"pred": tpred, "step": fr.step.cpu()}
-        fuzz_fol_values = fr.fol.cpu()
-    elif method in FUZZERS:
-        from robustest import fuzzing
-        from robustest.metrics.coverage import CoverageProfile
-
-        train = _train_for_profile(args)
-        profile = CoverageProfile.build(model, train, batch_size=args.batch_size)
-        opts = {"k": args.k} if (args.k is not None and args.coverage == "kmnc") else {}
-        cr = fuzzing.coverage_fuzz(model, x, y, profile, metric=args.coverage, iterations=args.iterations,
-                                   time_budget=args.time_budget, seed=args.seed, metric_opts=opts,
-                                   show_progress=progress)
-        idx = cr.seed_index.cpu().long()
-        tx, ty = cr.x.cpu(), cr.y.cpu().long()
-        tpred = cr.pred.cpu() if cr.pred is not None else _predict(model, tx, args.batch_size)
-        x0 = x[idx]
-        summary.update({"params": {"coverage": args.coverage, "metric_opts": opts, "iterations": args.iterations,
-                                   "time_budget": args.time_budget, "profile_images": len(train)},
-                        "fuzz_stats": cr.stats,
-                        "coverage_history": [list(h) for h in cr.coverage_history]})
-        extra = {"pred": tpred}
+    t = _generate(args, model, ds, n_seeds, eps, fol_norm, not args.no_progress)
+    summary.update(t.summary)
     t_gen = time.perf_counter() - t_gen
-
-    # FOL of every test, measured against its seed
     t_fol = time.perf_counter()
-    fol_eps = args.fol_eps or eps
-    if method == "cw" and args.fol_eps is None:
-        fol_eps = float((tx - x0).flatten(1).norm(dim=1).max()) if tx.shape[0] else eps
-        fol_eps = max(fol_eps, 1e-6)
-    if method == "fol-fuzz" and fuzz_fol == fol_norm:
-        fol_values = fuzz_fol_values
-    else:
-        fol_values = _fol(model, tx, ty, x0, fol_eps, fol_norm, args.batch_size).cpu()
+    fol_eps, fol_values = _measure_fol(args, model, t, eps, fol_norm)
     t_fol = time.perf_counter() - t_fol
 
-    delta = (tx - x0).flatten(1)
-    n_tests = int(tx.shape[0])
-    extra.update({"dataset": args.dataset, "split": args.split, "fol_norm": fol_norm, "fol_eps": fol_eps,
-                  "eps": eps if method != "cw" else args.eps, "params": summary.get("params", {})})
-    save_tests(out / "tests.pt", tx, ty, idx, method, fol=fol_values, extra=extra)
-    summary.update({
-        "tests": n_tests,
-        "tests_changed_prediction": int((tpred != ty).sum()) if n_tests else 0,
-        "perturbation": {"linf": _quantiles(delta.abs().amax(1)) if n_tests else None,
-                         "l2": _quantiles(delta.norm(dim=1)) if n_tests else None},
-        "fol": {"norm": fol_norm, "eps": fol_eps, "quantiles": _quantiles(fol_values) if n_tests else None},
-        "peak_rss_mib": peak_rss_mib(),
-        "seed": args.seed,
-        "files": ["tests.pt", "summary.json", "results.json", "report.html"],
-    })
+    n_tests = int(t.x.shape[0])
+    t.extra.update({"dataset": args.dataset, "split": args.split, "fol_norm": fol_norm, "fol_eps": fol_eps,
+                    "eps": eps if method != "cw" else args.eps, "params": summary.get("params", {})})
+    save_tests(out / "tests.pt", t.x, t.y, t.index, method, fol=fol_values, extra=t.extra)
+    summary.update({**_test_figures(t, fol_values, fol_norm, fol_eps), "peak_rss_mib": peak_rss_mib(),
+                    "seed": args.seed, "files": ["tests.pt", "summary.json", "results.json", "report.html"]})
     grid = None
     if n_tests:
-        k = min(args.grid, n_tests)
-        pick = torch.linspace(0, n_tests - 1, k).round().long().unique()
-        seeds_img, tests_img = x0[pick], tx[pick]
-        caps = [f"seed #{int(idx[i])}: {int(ty[i])}" for i in pick] + \
-            [f"{int(ty[i])} -> {int(tpred[i])}" for i in pick]
-        grid = report.save_image_grid(torch.cat([seeds_img, tests_img]), out / "examples.png", captions=caps,
-                                      ncols=len(pick),
-                                      title=f"{method}: seeds (top) and tests (bottom), label -> pred")
-        report.save_histogram(fol_values.numpy(), out / "fol_hist.png", title=f"FOL ({fol_norm}) of {method} tests")
+        grid = _save_examples(out, args.grid, method, t, fol_values, fol_norm)
         summary["files"] += ["examples.png", "fol_hist.png"]
     timings = {"generate_s": t_gen, "fol_s": t_fol, "total_s": time.perf_counter() - t0}
     atomic_write_json(out / "summary.json", {**summary, "timings": timings})
@@ -358,8 +408,6 @@ def _settings(args: argparse.Namespace, method: str, params: dict[str, Any], fol
 
 def _report(doc: dict[str, Any], method: str, grid: bytes | None, fol_values: torch.Tensor):
     """report.html of a generation run: summary, perturbation and FOL quantiles, examples, FOL histogram."""
-    from robustest.report import HtmlReport, save_histogram
-
     s = doc["settings"]
     rep = HtmlReport.from_results(doc, f"robustest generate: {method} on {s['dataset']} ({s['split']})")
     keys = ("seeds", "tests", "tests_changed_prediction", "clean_accuracy", "robust_accuracy", "success_rate",
@@ -384,10 +432,6 @@ def _report(doc: dict[str, Any], method: str, grid: bytes | None, fol_values: to
 
 
 def _train_for_profile(args: argparse.Namespace):
-    from torch.utils.data import TensorDataset
-
-    from robustest import data as datasets
-
     ds = datasets.load(args.dataset, root=args.data_dir, split="train")
     if args.profile_limit is not None and args.profile_limit < len(ds):
         ds = TensorDataset(*(t[:args.profile_limit] for t in ds.tensors))
