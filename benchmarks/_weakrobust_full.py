@@ -185,11 +185,11 @@ def load_data(s: dict[str, Any], data_dir: str | None, workers: int, explicit: b
 def run_full(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from robustest import corruptions as corr
     from robustest import models as zoo
-    from robustest import recipes, training
     from robustest import weakrobust as wr
-    from robustest.checkpoints import clone_model, load_checkpoint, save_checkpoint
     from robustest.core.batching import image_shape, labels_of, take
     from robustest.evaluate import accuracy
+    from robustest.train import channel_stats, fit, recipes
+    from robustest.train.checkpoints import clone_model, load_checkpoint, save_checkpoint
 
     s = resolve(args)
     dev = torch.device(args.device) if args.device else torch.device("cpu")
@@ -235,12 +235,12 @@ def run_full(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         if s["norm"] == "imagenet" and c == 3:
             mean, std = list(zoo.IMAGENET_MEAN), list(zoo.IMAGENET_STD)
         else:
-            mean, std = training.channel_stats(train)
+            mean, std = channel_stats(train)
         torch.manual_seed(args.seed)
         model = zoo.create(s["model"], num_classes=max(classes, 2), in_channels=c, input_size=h, mean=mean,
                            std=std).to(dev)
         state = out / "state" / ("standard_fit.pt" if rank() == 0 else f"standard_fit.rank{rank()}.pt")
-        hist = training.fit(model, train, epochs=s["epochs"], batch_size=batch_size, seed=args.seed, device=dev,
+        hist = fit(model, train, epochs=s["epochs"], batch_size=batch_size, seed=args.seed, device=dev,
                             progress=False, resume_file=state, **kw)
         log(f"standard model: {s['epochs']} epochs in {hist.seconds:.0f} s, last train acc {hist.last.accuracy:.4f}")
         return model

@@ -19,8 +19,9 @@ import torch
 
 from robustest import data as datasets
 from robustest import models as zoo
-from robustest import training
 from robustest import weakrobust as wr
+from robustest.train import fit
+from robustest.train.checkpoints import load_checkpoint
 
 
 def rss_mib() -> float:
@@ -56,11 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     train = datasets.load("mnist", root=args.data_dir, split="train")
     x, y = train.tensors[0][: args.n].contiguous(), train.tensors[1][: args.n].contiguous()
     if args.checkpoint:
-        model = training.load_checkpoint(args.checkpoint)
+        model = load_checkpoint(args.checkpoint)
     else:
         torch.manual_seed(0)
         model = zoo.create("lenet5", mean=[0.1307], std=[0.3081])
-        training.fit(model, (train.tensors[0][:5000], train.tensors[1][:5000]), epochs=1, progress=False)
+        fit(model, (train.tensors[0][:5000], train.tensors[1][:5000]), epochs=1, progress=False)
     model.eval()
     q = args.neighbors
     # the floor forwards exactly as many images as analyze: n * (Q + 1), in the batch size analyze uses

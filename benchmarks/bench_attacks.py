@@ -26,18 +26,20 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from robustest import attacks, data, models, training  # noqa: E402
+from robustest import attacks, data, models  # noqa: E402
 from robustest.core.modelcall import eval_mode, frozen_params  # noqa: E402
+from robustest.train import fit  # noqa: E402
+from robustest.train.checkpoints import load_checkpoint  # noqa: E402
 
 
 def get_model(args: argparse.Namespace) -> torch.nn.Module:
     if args.checkpoint:
-        return training.load_checkpoint(args.checkpoint).eval()
+        return load_checkpoint(args.checkpoint).eval()
     tr = data.load("mnist", root=args.data_dir, split="train")
     x, y = tr.tensors
     torch.manual_seed(0)
     model = models.create("lenet5", mean=[0.1307], std=[0.3081])
-    training.fit(model, (x[: args.train_n], y[: args.train_n]), epochs=1, seed=0, progress=False)
+    fit(model, (x[: args.train_n], y[: args.train_n]), epochs=1, seed=0, progress=False)
     return model.eval()
 
 

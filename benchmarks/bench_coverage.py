@@ -48,22 +48,24 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from robustest import data, models, training
+    from robustest import data, models
     from robustest.evaluate import accuracy
+    from robustest.train import fit
+    from robustest.train.checkpoints import load_checkpoint, save_checkpoint
 
     torch.manual_seed(args.seed)
     train = data.load("mnist", root=args.data_dir, split="train")
     test = data.load("mnist", root=args.data_dir, split="test")
     if args.checkpoint and os.path.exists(args.checkpoint):
-        model = training.load_checkpoint(args.checkpoint)
+        model = load_checkpoint(args.checkpoint)
         print(f"loaded {args.checkpoint}")
     else:
         model = models.create("lenet5")
         t0 = time.perf_counter()
-        training.fit(model, train, epochs=1, batch_size=128, seed=args.seed, progress=False)
+        fit(model, train, epochs=1, batch_size=128, seed=args.seed, progress=False)
         print(f"trained LeNet-5 1 epoch in {time.perf_counter() - t0:.1f}s")
         if args.checkpoint:
-            training.save_checkpoint(args.checkpoint, model)
+            save_checkpoint(args.checkpoint, model)
     print(f"LeNet-5 test accuracy {accuracy(model, test):.4f}; torch threads {torch.get_num_threads()}")
     xtr = train.tensors[0][: args.train]
     xte = test.tensors[0][: args.test]

@@ -35,9 +35,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from robustest import data, training  # noqa: E402
+from robustest import data  # noqa: E402
 from robustest.core.modelcall import forward  # noqa: E402
 from robustest.evaluate import evaluate  # noqa: E402
+from robustest.train.checkpoints import load_checkpoint  # noqa: E402
 
 
 def clock():
@@ -128,7 +129,7 @@ def main() -> None:
     p.add_argument("--no-fast", action="store_true", help="skip robustest's fast version")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    model = training.load_checkpoint(args.checkpoint, map_location=args.device).eval()
+    model = load_checkpoint(args.checkpoint, map_location=args.device).eval()
     te = data.load(args.dataset, root=args.data_dir, split="test")
     x, y = (t[args.offset:args.offset + args.n].clone().to(args.device) for t in te.tensors)
     with torch.no_grad():

@@ -24,8 +24,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from robustest import data, models, training
+from robustest import data, models
 from robustest.fuzzing import fol_fuzz
+from robustest.train import fit
+from robustest.train.checkpoints import load_checkpoint
 
 
 def fol_fuzz_one_at_a_time(model: torch.nn.Module, x: torch.Tensor, steps: int = 40, lr: float = 0.1,
@@ -101,17 +103,17 @@ def main() -> None:
 
     root = args.data_dir if args.dataset == "mnist" else None
     if args.checkpoint:
-        model = training.load_checkpoint(args.checkpoint)
+        model = load_checkpoint(args.checkpoint)
     else:
         xtr, ytr = data.load(args.dataset, root=root, split="train").tensors
         torch.manual_seed(0)
         if args.dataset == "mnist":
             model = models.create("lenet5", num_classes=10, in_channels=1, input_size=28)
-            training.fit(model, (xtr[:12000], ytr[:12000]), epochs=1, batch_size=128, lr=2e-3, seed=0,
+            fit(model, (xtr[:12000], ytr[:12000]), epochs=1, batch_size=128, lr=2e-3, seed=0,
                          progress=False)
         else:
             model = models.create("digits_cnn", num_classes=10, in_channels=1, input_size=8)
-            training.fit(model, (xtr, ytr), epochs=30, batch_size=64, seed=0, progress=False)
+            fit(model, (xtr, ytr), epochs=30, batch_size=64, seed=0, progress=False)
     model.eval().to(args.device)
     x, y = data.load(args.dataset, root=root, split="test").tensors
     x, y = x[: args.seeds].to(args.device), y[: args.seeds].to(args.device)

@@ -4,13 +4,13 @@ For every method and seed, a copy of the same pretrained model (``--checkpoint``
 randomly initialised zoo model (``--model NAME --from-scratch``: the seed's initial weights) is trained
 adversarially on the first ``--train-limit`` training images with the recipe of ``--schedule`` and
 ``--eps-warmup`` (harden's defaults: constant rate, 0.3); after every epoch the script records the cumulative
-training compute (forward+backward passes, robustest.hardening's accounting), the white-box accuracy on a fixed
+training compute (forward+backward passes, robustest.train.hardening's accounting), the white-box accuracy on a fixed
 test subset (per-sample worst case of PGD-``--pgd-steps`` with ``--restarts`` restarts and APGD-CE-``--apgd-steps``, the
 same attack seeds for every model: common random numbers) and the clean accuracy on the test split. With
 ``--autoattack fast|standard``, the final model of every run (and the pretrained one) is also evaluated with
 robustest's AutoAttack-style ensemble (``robustest.evaluate.evaluate``) on the same test subset.
 
-Methods: pgd-at, trades, fosc, fol-budget, fast-at (robustest.hardening) and ``reference``: an independent
+Methods: pgd-at, trades, fosc, fol-budget, fast-at (robustest.train.hardening) and ``reference``: an independent
 plain-PyTorch PGD-AT of the same recipe written below (no robustest code in its training loop: own shuffling,
 random start, PGD loop, eps ramp, cosine rate, eval mode for the attack and train mode for the update, Adam), to
 check that our pgd-at lands where a textbook implementation does. Training time is recorded as wall seconds and
@@ -72,11 +72,11 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
     t = 0
     for epoch in range(1, epochs + 1):
         if twin:
-            from robustest.hardening import _derive_seed
+            from robustest.train.seeds import derive_seed
 
-            torch.manual_seed(_derive_seed(seed, epoch, "global"))
-            perm = torch.randperm(n, generator=torch.Generator().manual_seed(_derive_seed(seed, epoch, "shuffle")))
-            gen = torch.Generator().manual_seed(_derive_seed(seed, epoch, "attack"))
+            torch.manual_seed(derive_seed(seed, epoch, "global"))
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(derive_seed(seed, epoch, "shuffle")))
+            gen = torch.Generator().manual_seed(derive_seed(seed, epoch, "attack"))
         else:
             perm = torch.randperm(n, generator=gen)
         for s in range(0, n, batch_size):
@@ -150,7 +150,7 @@ def base_model(base, seed: int, args):
 
 
 def one_run(name: str, seed: int, base, train, test, wb, aa, args) -> dict[str, Any]:
-    from robustest.hardening import harden
+    from robustest.train.hardening import harden
 
     model = base_model(base, seed, args)
     curve: list[dict[str, Any]] = []
@@ -196,7 +196,7 @@ def timing(base, train, args, reps: int = 3, n: int = 2000) -> dict[str, Any]:
     """Wall time of one epoch on the first ``n`` training images: robustest pgd-at vs the reference recipe vs
     fol-budget, interleaved ``reps`` times (the machine is shared: the minimum of each is kept, and the ratios
     of minima are what this measures). Returns seconds and seconds per forward+backward pass."""
-    from robustest.hardening import harden
+    from robustest.train.hardening import harden
 
     x, y = train[0][:n], train[1][:n]
     n = int(x.shape[0])
@@ -227,7 +227,7 @@ def timing(base, train, args, reps: int = 3, n: int = 2000) -> dict[str, Any]:
 def twin_check(base, train, args, n: int = 2000, epochs: int = 2) -> dict[str, Any]:
     """robustest's pgd-at and the reference, fed the same random numbers, on the first ``n`` training images:
     the largest difference of any weight after ``epochs`` epochs (0.0 = the same recipe)."""
-    from robustest.hardening import harden
+    from robustest.train.hardening import harden
 
     x, y = train[0][:n], train[1][:n]
     ours, ref = base_model(base, 0, args), base_model(base, 0, args)
@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown methods {sorted(unknown)}: choose from {', '.join(ALL)}")
 
     from robustest import data as datasets
-    from robustest.checkpoints import load_checkpoint
+    from robustest.train.checkpoints import load_checkpoint
 
     if args.from_scratch != (args.model is not None) or (args.checkpoint is not None) == args.from_scratch:
         raise SystemExit("give --checkpoint FILE (fine-tuning) or --model NAME --from-scratch, not both")

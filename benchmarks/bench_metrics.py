@@ -89,12 +89,12 @@ def main() -> None:
     torch.manual_seed(0)
     test = data.load("mnist", root=args.data_dir, split="test")
     if args.checkpoint:
-        from robustest.training import load_checkpoint
+        from robustest.train.checkpoints import load_checkpoint
 
         model = load_checkpoint(args.checkpoint)
     else:
         from robustest.evaluate import accuracy
-        from robustest.training import fit
+        from robustest.train import fit
 
         train = data.load("mnist", root=args.data_dir, split="train")
         model = models.create("lenet5")

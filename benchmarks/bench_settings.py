@@ -9,13 +9,13 @@ Every setting's work is counted in three units (``work()``; counts from the sett
 reproduce_robot.py and _weakrobust_full.py and the data sets' sizes):
 
 * T, training image-steps: forward + backward + optimiser step of one image with the setting's recipe
-  (optimiser, crop-flip, ``--amp``), through ``training.fit`` on an in-memory uint8 data set (the real path);
+  (optimiser, crop-flip, ``--amp``), through ``fit`` on an in-memory uint8 data set (the real path);
 * A, attack image-steps: one PGD step on one image (forward + backward to the input), fp32 as the library runs;
 * F, forward passes of one image in eval mode (evaluation, neighbours, corrupted copies), fp32;
 
 plus the enhancement epochs (AugMix + JSD, and REVa's AugMix + JSD + adversarial copy) measured as whole
 ``weakrobust.enhance`` epochs per training image. The rates measured here (``--steps`` training steps, the
-first epoch of ``training.fit`` and the first attack/forward call discarded as warm-up) give the estimate
+first epoch of ``fit`` and the first attack/forward call discarded as warm-up) give the estimate
 ``T / rate_T + A / rate_A + F / rate_F + enhance``. ``--assume-tflops X`` instead divides the FLOPs (2 x the
 multiply-adds of ``models.profile``; 3 x forward for T and A) by X TFLOP/s sustained. Not counted: decoding
 image files (ImageNet-100: give the folder loader enough ``--workers``), the corruption operations
@@ -39,10 +39,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _weakrobust_full as wrfull  # noqa: E402
 import reproduce_robot  # noqa: E402
-from robustest import attacks, models, recipes, training  # noqa: E402
+from robustest import attacks, models  # noqa: E402
 from robustest import weakrobust as wr  # noqa: E402
 from robustest.data import arrays_to_dataset  # noqa: E402
 from robustest.evaluate import predict  # noqa: E402
+from robustest.train import fit, recipes
 
 SIZES = {"cifar10": (50_000, 10_000), "imagenet100": (126_689, 5_000)}  # training / test images
 NAMES = ("robot-cifar10-resnet20", "weakrobust-cifar10-wrn40-2", "weakrobust-imagenet100-resnet50")
@@ -194,7 +195,7 @@ def measure(s: dict[str, Any], dev: torch.device, steps: int, batch: int | None,
     kw.pop("epochs")
     if amp:
         kw["amp"] = amp
-    hist = training.fit(model, data, epochs=epochs, batch_size=b, device=dev, progress=False, **kw)
+    hist = fit(model, data, epochs=epochs, batch_size=b, device=dev, progress=False, **kw)
     t_epoch = statistics.median(e.seconds for e in hist.epochs[1:])  # the first epoch warms up
     rate_t = b * per_epoch / t_epoch
     model.eval()

@@ -9,7 +9,7 @@ seed 0) and the seed's own validation split, fixed adversarial set and white-box
   the training data + all tests selected so far (the convergence rule is switched off: patience R + 1).
 * ``oneshot``: ``robustest compare``: one pool against the ORIGINAL model, R x n tests selected once with the
   same strategy, fine-tuned R x E epochs: the same number of tests and of epochs.
-* ``adv-train``: PGD adversarial training (Madry et al.; ``robustest.hardening``'s pgd-at) from the original
+* ``adv-train``: PGD adversarial training (Madry et al.; ``robustest.train.hardening``'s pgd-at) from the original
   model for the number of epochs whose forward+backward passes come closest to the loop's (random strategy,
   first seed; ``--adv-epochs`` fixes it instead): equal compute.
 * ``adv-train-oneshot``: the same, with the epochs whose passes come closest to a one-shot cell's (random,
@@ -71,7 +71,8 @@ def original_model(out: Path, train_epochs: int) -> Path:
     """Train (once) digits_cnn on all digits training images, seed 0, as benchmarks/reproduce_robot.py does."""
     from robustest import data as datasets
     from robustest import models as zoo
-    from robustest import training
+    from robustest.train import fit
+    from robustest.train.checkpoints import save_checkpoint
 
     ckpt = out / "original_digits_cnn.pt"
     if ckpt.is_file():
@@ -81,8 +82,8 @@ def original_model(out: Path, train_epochs: int) -> Path:
     torch.manual_seed(0)
     model = zoo.create("digits_cnn", num_classes=10, in_channels=1, input_size=8,
                        mean=x.mean(dim=(0, 2, 3)).tolist(), std=x.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist())
-    training.fit(model, (x, y), epochs=train_epochs, seed=0, progress=False)
-    training.save_checkpoint(ckpt, model, metadata={"dataset": "digits", "epochs": train_epochs})
+    fit(model, (x, y), epochs=train_epochs, seed=0, progress=False)
+    save_checkpoint(ckpt, model, metadata={"dataset": "digits", "epochs": train_epochs})
     return ckpt
 
 

@@ -150,9 +150,10 @@ def train_original(args: argparse.Namespace, s: dict[str, Any], out: Path, ckpt:
     """Train the setting's model on the whole training split (the setting's recipe), checked against the data
     before any work; per-epoch resume state in OUT/original_state.pt."""
     from robustest import models as zoo
-    from robustest import recipes, training
     from robustest.core.batching import image_shape, labels_of
     from robustest.evaluate import accuracy
+    from robustest.train import fit, recipes
+    from robustest.train.checkpoints import save_checkpoint
 
     train = load_split(args, "train")
     test = load_split(args, "test")
@@ -171,11 +172,11 @@ def train_original(args: argparse.Namespace, s: dict[str, Any], out: Path, ckpt:
                        mean=x.mean(dim=(0, 2, 3)).tolist(), std=x.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist())
     state = out / ("original_state.pt" if rank() == 0 else f"original_state.rank{rank()}.pt")
     dev = torch.device(args.device) if args.device else None
-    hist = training.fit(model, (x, y), epochs=args.train_epochs, seed=0, progress=False, device=dev,
+    hist = fit(model, (x, y), epochs=args.train_epochs, seed=0, progress=False, device=dev,
                         resume_file=state, **kw)
     acc = accuracy(model, test)
     if is_rank0():
-        training.save_checkpoint(ckpt, model, metadata={"dataset": args.dataset, "epochs": args.train_epochs,
+        save_checkpoint(ckpt, model, metadata={"dataset": args.dataset, "epochs": args.train_epochs,
                                                         "test_accuracy": acc, "recipe": s["recipe"] or "adam"})
     log(f"trained {args.model} on {len(x)} {args.dataset} images ({args.train_epochs} epochs, "
         f"{hist.seconds:.0f} s): test accuracy {acc:.4f}")
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     from robustest import robot
     from robustest.core.batching import image_shape
     from robustest.core.errors import ConfigError
-    from robustest.training import load_checkpoint
+    from robustest.train.checkpoints import load_checkpoint
 
     out = Path(args.out)
     if is_rank0():

@@ -62,12 +62,12 @@ from _repro import is_rank0  # noqa: E402
 from robustest import corruptions as corr  # noqa: E402
 from robustest import data as datasets  # noqa: E402
 from robustest import models as zoo  # noqa: E402
-from robustest import training  # noqa: E402
 from robustest import weakrobust as wr  # noqa: E402
 from robustest.core.atomic import atomic_write_json
 from robustest.core.errors import ConfigError  # noqa: E402
 from robustest.core.modelcall import eval_mode  # noqa: E402
 from robustest.evaluate import accuracy, evaluate  # noqa: E402
+from robustest.train import fit  # noqa: E402
 
 SLOW_CORRUPTIONS = ("frost", "snow", "spatter")  # slowest on the CPU; --all-corruptions includes them
 
@@ -171,7 +171,7 @@ def build_model(cfg: dict, x: torch.Tensor, y: torch.Tensor, mean: list[float], 
         g = torch.Generator().manual_seed(seed + 1)
         xn = (x + (torch.rand(x.shape, generator=g) - 0.5) * cfg["noise_aug"]).clamp(0, 1)
         xt, yt = torch.cat([x, xn]), torch.cat([y, y])
-    training.fit(m, (xt, yt), epochs=cfg["epochs"], batch_size=64, lr=1e-3, seed=seed, progress=False)
+    fit(m, (xt, yt), epochs=cfg["epochs"], batch_size=64, lr=1e-3, seed=seed, progress=False)
     if cfg.get("adv_ft"):
         wr.enhance(m, (x, y), (), epochs=cfg["adv_ft"], augmix=False, adversarial=True, adv_eps=0.15,
                    adv_steps=5, seed=seed)

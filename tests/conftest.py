@@ -60,18 +60,21 @@ def digits_model() -> torch.nn.Module:
 
 @pytest.fixture(scope="session")
 def _trained_digits_session(_digits_train_session: TensorDataset) -> torch.nn.Module:
-    from robustest import models, training
+    from robustest import models
+    from robustest.train import fit
 
     torch.manual_seed(0)
     model = models.create("digits_cnn", num_classes=10, in_channels=1, input_size=8)
-    training.fit(model, _digits_train_session, epochs=2, batch_size=32, lr=3e-3, seed=0, progress=False)
+    fit(model, _digits_train_session, epochs=2, batch_size=32, lr=3e-3, seed=0, progress=False)
     return model.eval()
 
 
 @pytest.fixture(scope="session")
 def mlp_digits_checkpoint(tmp_path_factory: pytest.TempPathFactory, _digits_train_session: TensorDataset) -> str:
     """Path of a checkpoint of an ``mlp`` trained 6 epochs on the first 300 digits (trained with one thread)."""
-    from robustest import models, training
+    from robustest import models
+    from robustest.train import fit
+    from robustest.train.checkpoints import save_checkpoint
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -79,9 +82,9 @@ def mlp_digits_checkpoint(tmp_path_factory: pytest.TempPathFactory, _digits_trai
         x, y = _digits_train_session.tensors
         torch.manual_seed(0)
         model = models.create("mlp", num_classes=10, in_channels=1, input_size=8)
-        training.fit(model, (x[:300], y[:300]), epochs=6, seed=0, progress=False)
+        fit(model, (x[:300], y[:300]), epochs=6, seed=0, progress=False)
         path = tmp_path_factory.mktemp("mlp_model") / "model.pt"
-        training.save_checkpoint(path, model)
+        save_checkpoint(path, model)
     finally:
         torch.set_num_threads(threads)
     return str(path)

@@ -254,14 +254,15 @@ def test_bad_inputs(trained_digits_model, digits_test):
 def mnist_lenet():
     if not MNIST_NPZ.is_file():
         pytest.skip(f"real MNIST not found at {MNIST_NPZ}")
-    from robustest import data, models, training
+    from robustest import data, models
+    from robustest.train import fit
 
     tr = data.load("mnist", root=MNIST_NPZ.parent, split="train")
     te = data.load("mnist", root=MNIST_NPZ.parent, split="test")
     torch.manual_seed(0)
     model = models.create("lenet5", mean=[0.1307], std=[0.3081])
     x, y = tr.tensors
-    training.fit(model, (x[:3000], y[:3000]), epochs=1, seed=0, progress=False)
+    fit(model, (x[:3000], y[:3000]), epochs=1, seed=0, progress=False)
     return model.eval(), te.tensors[0][:400].clone(), te.tensors[1][:400].clone()
 
 

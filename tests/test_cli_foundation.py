@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from robustest import cli, data, models, training
+from robustest import cli, data, models
 from robustest import evaluate as ev
+from robustest.train.checkpoints import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("no_data_env")
 
@@ -110,7 +111,7 @@ def test_train_on_digits_writes_checkpoint_and_report(tmp_path, capsys, results_
     assert rep["model"]["name"] == "digits_cnn" and rep["model"]["input_size"] == 8 and rep["model"]["mean"]
     assert set(rep["timings"]) >= {"load_data_s", "train_s", "eval_s", "total_s"} and rep["peak_rss_mib"] > 0
     assert 0.7 <= rep["test_accuracy"] <= 1.0
-    model = training.load_checkpoint(out_dir / "model.pt")
+    model = load_checkpoint(out_dir / "model.pt")
     assert model.robustest_metadata["dataset"] == "digits"
     assert ev.accuracy(model, data.load("digits", split="test")) == pytest.approx(rep["test_accuracy"])
     torch.load(out_dir / "model.pt", weights_only=True)

@@ -12,9 +12,9 @@ import time
 import pytest
 import torch
 
-from robustest import hardening
 from robustest.cli import main
-from robustest.training import load_checkpoint
+from robustest.train import hardening
+from robustest.train.checkpoints import load_checkpoint
 
 TINY = ["--dataset", "digits", "--limit", "200", "--eps", "0.2", "--epochs", "2", "--steps", "3",
         "--batch-size", "64", "--test-limit", "60", "--whitebox-limit", "30", "--whitebox-pgd-steps", "3",
@@ -24,16 +24,18 @@ TINY = ["--dataset", "digits", "--limit", "200", "--eps", "0.2", "--epochs", "2"
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A digits_cnn checkpoint trained 5 epochs on the first 300 digits (one thread)."""
-    from robustest import data, models, training
+    from robustest import data, models
+    from robustest.train import fit
+    from robustest.train.checkpoints import save_checkpoint
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     x, y = data.load("digits", split="train").tensors
     torch.manual_seed(0)
     m = models.create("digits_cnn", input_size=8, mean=float(x.mean()), std=float(x.std()))
-    training.fit(m, (x[:300], y[:300]), epochs=5, seed=0, progress=False)
+    fit(m, (x[:300], y[:300]), epochs=5, seed=0, progress=False)
     path = tmp_path_factory.mktemp("harden_ckpt") / "model.pt"
-    training.save_checkpoint(path, m, metadata={"dataset": "digits"})
+    save_checkpoint(path, m, metadata={"dataset": "digits"})
     yield str(path)
     torch.set_num_threads(threads)
 

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from robustest import cli, models, training
+from robustest import cli, models
 from robustest.core.errors import ConfigError
+from robustest.train import channel_stats, fit
+from robustest.train.checkpoints import load_checkpoint
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
@@ -83,12 +85,12 @@ def test_without_recipe_flags_training_is_unchanged(capsys, colour_npz, tmp_path
 
     train = data.load("npz", root=colour_npz, split="train")
     torch.manual_seed(3)
-    mean, std = training.channel_stats(train)
+    mean, std = channel_stats(train)
     torch.manual_seed(3)
     ref = models.create("wrn-10-1", num_classes=3, in_channels=3, input_size=16, mean=mean, std=std)
-    h = training.fit(ref, train, epochs=1, batch_size=4, seed=3, progress=False)
+    h = fit(ref, train, epochs=1, batch_size=4, seed=3, progress=False)
     assert r["history"]["epochs"][0]["loss"] == h.last.loss
-    got = training.load_checkpoint(tmp_path / "a" / "model.pt")
+    got = load_checkpoint(tmp_path / "a" / "model.pt")
     assert all(torch.equal(got.state_dict()[k], v) for k, v in ref.state_dict().items())
 
 
@@ -99,7 +101,7 @@ def test_model_options_from_the_command_line(capsys, colour_npz, tmp_path):
     assert code == 0, err
     spec = json.loads((tmp_path / "w" / "results.json").read_text())["model"]
     assert spec["options"] == {"depth": 10, "width": 1, "dropout": 0.25}
-    assert training.load_checkpoint(tmp_path / "w" / "model.pt").robustest_spec["options"]["dropout"] == 0.25
+    assert load_checkpoint(tmp_path / "w" / "model.pt").robustest_spec["options"]["dropout"] == 0.25
     code, _, err = run_cli(capsys, *train_args(colour_npz, tmp_path / "v", "--model", "vit_tiny", "--model-option",
                                                "patch=8", "--epochs", "1", "--batch-size", "12"))
     assert code == 0, err
@@ -213,16 +215,16 @@ def test_run_refuses_a_train_model_that_cannot_take_the_data_before_any_work(cap
 
 
 def test_compare_passes_the_recipe_options_to_training(tmp_path, monkeypatch):
-    from robustest import robot
+    from robustest import robot, train
 
     calls = []
-    real = training.fit
+    real = train.fit
 
     def spy(model, data, **kw):
         calls.append(kw)
         return real(model, data, **kw)
 
-    monkeypatch.setattr(training, "fit", spy)
+    monkeypatch.setattr(train, "fit", spy)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -244,7 +246,7 @@ def test_compare_passes_the_recipe_options_to_training(tmp_path, monkeypatch):
 def test_state_fingerprint_of_a_batch_norm_model():
     """Regression: batch norm's 0-d num_batches_tracked made state_fingerprint (and so run/compare with a
     checkpoint of any BN network) fail."""
-    from robustest import checkpoints
+    from robustest.train import checkpoints
 
     torch.manual_seed(0)
     a = models.create("resnet20", input_size=8)

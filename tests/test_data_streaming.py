@@ -11,10 +11,11 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
-from robustest import data, training
+from robustest import data
 from robustest.core import batching
 from robustest.core.errors import DataError
 from robustest.data import FolderDataset, ImageDataset
+from robustest.train import channel_stats, fit
 
 
 def one_line(exc: pytest.ExceptionInfo) -> str:
@@ -307,11 +308,11 @@ def test_fit_iterates_the_loader_every_epoch(digits_train) -> None:
     loader = DataLoader(counting, batch_size=32, sampler=Sampler(counting))
     torch.manual_seed(0)
     model = models.create("digits_cnn", input_size=8)
-    hist = training.fit(model, loader, epochs=3, seed=0, progress=False)
+    hist = fit(model, loader, epochs=3, seed=0, progress=False)
     assert len(hist.epochs) == 3 and epochs_seen == [1, 2, 3]
     assert counting.calls >= 3 * 200 and 0 < counting.flips < counting.calls
     counting2 = _Counting(base)  # a plain Dataset goes through a shuffling loader built by fit
-    training.fit(models.create("digits_cnn", input_size=8), counting2, epochs=2, seed=0, progress=False)
+    fit(models.create("digits_cnn", input_size=8), counting2, epochs=2, seed=0, progress=False)
     assert counting2.calls >= 2 * 200
 
 
@@ -322,14 +323,14 @@ def test_fit_on_a_compact_dataset_equals_fit_on_its_tensors(digits_train) -> Non
     xs, ys = ds.tensors
     a, b = models.create("digits_cnn", input_size=8), models.create("digits_cnn", input_size=8)
     b.load_state_dict(a.state_dict())
-    training.fit(a, ds, epochs=2, seed=3, progress=False)
-    training.fit(b, (xs, ys), epochs=2, seed=3, progress=False)
+    fit(a, ds, epochs=2, seed=3, progress=False)
+    fit(b, (xs, ys), epochs=2, seed=3, progress=False)
     assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
 
 
 def test_channel_stats_match_the_full_tensor(digits_train) -> None:
     x = digits_train.tensors[0]
-    mean, std = training.channel_stats(digits_train, batch_size=100)
+    mean, std = channel_stats(digits_train, batch_size=100)
     assert mean == pytest.approx(x.double().mean(dim=(0, 2, 3)).tolist(), abs=1e-9)
     assert std == pytest.approx(x.double().std(dim=(0, 2, 3)).tolist(), abs=1e-9)
 

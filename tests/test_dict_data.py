@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from robustest import attacks, metrics, testing, training
+from robustest import attacks, metrics, testing
 from robustest.core.batching import as_tensors, image_shape, iter_batches, split_batch, take
 from robustest.core.errors import ConfigError, DataError
 from robustest.evaluate import accuracy, evaluate, predict
+from robustest.train import fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # two shared cores: one intra-op thread
 
@@ -86,8 +87,8 @@ def test_training_and_evaluation_take_dict_data(xy, trained_digits_model):
     a = models.create("mlp", num_classes=10, in_channels=1, input_size=8)
     b = models.create("mlp", num_classes=10, in_channels=1, input_size=8)
     b.load_state_dict(a.state_dict())
-    training.fit(a, TupleData(x, y), epochs=1, batch_size=16, seed=0, progress=False)
-    training.fit(b, DictData(x, y), epochs=1, batch_size=16, seed=0, progress=False)
+    fit(a, TupleData(x, y), epochs=1, batch_size=16, seed=0, progress=False)
+    fit(b, DictData(x, y), epochs=1, batch_size=16, seed=0, progress=False)
     for p, q in zip(a.parameters(), b.parameters()):  # the same training as from (image, label) items
         torch.testing.assert_close(p, q, rtol=0, atol=0)
 
@@ -109,7 +110,7 @@ def test_attacks_metrics_and_robustness_take_dict_data(xy, trained_digits_model)
 
 
 def test_weak_robust_validation_and_hardening_take_dict_data(xy, trained_digits_model):
-    from robustest import hardening
+    from robustest.train import hardening
     from robustest.weakrobust import analyze
 
     x, y = xy

@@ -25,14 +25,15 @@ def mnist_lenet():
     path = SHARED / "mnist.npz"
     if not path.is_file():
         pytest.skip(f"real MNIST not found at {path}")
-    from robustest import data, models, training
+    from robustest import data, models
+    from robustest.train import fit
 
     tr = data.load("mnist", root=path.parent, split="train")
     te = data.load("mnist", root=path.parent, split="test")
     torch.manual_seed(0)
     model = models.create("lenet5", mean=[0.1307], std=[0.3081])
     x, y = tr.tensors
-    training.fit(model, (x[:5000], y[:5000]), epochs=1, seed=0, progress=False)
+    fit(model, (x[:5000], y[:5000]), epochs=1, seed=0, progress=False)
     return model.eval(), te.tensors[0][:N].clone(), te.tensors[1][:N].clone()
 
 

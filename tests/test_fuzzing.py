@@ -24,11 +24,12 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def _fuzz_model(_one_thread, _digits_train_session):
-    from robustest import models, training
+    from robustest import models
+    from robustest.train import fit
 
     torch.manual_seed(0)
     model = models.create("digits_cnn", num_classes=10, in_channels=1, input_size=8)
-    training.fit(model, _digits_train_session, epochs=8, batch_size=64, lr=2e-3, seed=0, progress=False)
+    fit(model, _digits_train_session, epochs=8, batch_size=64, lr=2e-3, seed=0, progress=False)
     return model.eval()
 
 
@@ -210,14 +211,15 @@ def test_fol_fuzz_validates_inputs(trained_digits_model, seeds):
 
 @pytest.mark.slow
 def test_fol_fuzz_mnist_lenet5(mnist_root):
-    from robustest import data, models, training
+    from robustest import data, models
+    from robustest.train import fit
 
     train = data.load("mnist", root=mnist_root, split="train")
     test = data.load("mnist", root=mnist_root, split="test")
     xtr, ytr = train.tensors
     torch.manual_seed(0)
     model = models.create("lenet5", num_classes=10, in_channels=1, input_size=28)
-    training.fit(model, (xtr[:12000], ytr[:12000]), epochs=1, batch_size=128, lr=2e-3, seed=0, progress=False)
+    fit(model, (xtr[:12000], ytr[:12000]), epochs=1, batch_size=128, lr=2e-3, seed=0, progress=False)
     model.eval()
     x, y = test.tensors
     x, y = x[:300], y[:300]

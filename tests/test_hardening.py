@@ -1,4 +1,4 @@
-"""Adversarial fine-tuning (robustest.hardening): robustness gains, compute accounting, determinism, resume,
+"""Adversarial fine-tuning (robustest.train.harden): robustness gains, compute accounting, determinism, resume,
 argument validation."""
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ import torch
 from torch import nn
 
 from robustest import evaluate as ev
-from robustest import hardening, metrics, training
+from robustest import metrics
 from robustest.core.errors import ConfigError
-from robustest.hardening import METHODS, harden, harden_settings
+from robustest.train import early_stopping, fit, fitting, harden, harden_settings, hardening, objectives, schedules
+from robustest.train.objectives import inner
+from robustest.train.seeds import derive_seed
 
 EPS = 0.15
 
@@ -34,7 +36,7 @@ def base_model(digits_split):
     x, y = digits_split[0]
     torch.manual_seed(0)
     m = models.create("digits_cnn", input_size=8, mean=float(x.mean()), std=float(x.std()))
-    training.fit(m, (x, y), epochs=15, batch_size=32, seed=0, progress=False)
+    fit(m, (x, y), epochs=15, batch_size=32, seed=0, progress=False)
     return m.eval()
 
 
@@ -48,7 +50,7 @@ def _states_equal(a: nn.Module, b: nn.Module) -> bool:
 
 
 # ------------------------------------------------------------------------------------------- robustness
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", objectives.names())
 def test_every_method_raises_whitebox_accuracy(method, base_model, digits_split):
     (x, y), test = digits_split
     before = _whitebox(base_model, test)
@@ -106,9 +108,9 @@ def test_pgd_at_is_the_textbook_loop_given_the_same_random_numbers(base_model, d
     opt = torch.optim.Adam(plain.parameters(), lr=1e-3)
     total, t = 2 * 3, 0  # 2 epochs of 3 batches
     for epoch in (1, 2):
-        torch.manual_seed(hardening._derive_seed(4, epoch, "global"))  # dropout
-        perm = torch.randperm(160, generator=make_generator(hardening._derive_seed(4, epoch, "shuffle")))
-        gen = make_generator(hardening._derive_seed(4, epoch, "attack"))
+        torch.manual_seed(derive_seed(4, epoch, "global"))  # dropout
+        perm = torch.randperm(160, generator=make_generator(derive_seed(4, epoch, "shuffle")))
+        gen = make_generator(derive_seed(4, epoch, "attack"))
         for s in range(0, 160, bs):
             e = eps if "eps_warmup" in recipe else eps * min(1.0, (t + 1) / (0.3 * total))
             a = alpha * e / eps
@@ -147,15 +149,15 @@ def test_fol_budget_spends_fewer_passes_than_pgd_at(base_model, digits_split):
 def test_early_stopping_pgd_is_pgd_when_nothing_stops(base_model, digits_split):
     x, y = digits_split[1]
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    adv, evals = hardening._pgd(base_model, x, y, g1, eps=EPS, alpha=0.05, steps=5, threshold=-1.0,
+    adv, evals = inner.pgd(base_model, x, y, g1, eps=EPS, alpha=0.05, steps=5, threshold=-1.0,
                                 first_check=0, stop_misclassified=False)
-    ref, ref_evals = hardening._pgd(base_model, x, y, g2, eps=EPS, alpha=0.05, steps=5)
+    ref, ref_evals = inner.pgd(base_model, x, y, g2, eps=EPS, alpha=0.05, steps=5)
     assert torch.equal(adv, ref) and torch.equal(evals, ref_evals) and bool((evals == 5).all())
 
 
 def test_early_stopping_pgd_stays_in_the_ball_and_stops_misclassified(base_model, digits_split):
     x, y = digits_split[1]
-    adv, evals = hardening._pgd(base_model, x, y, torch.Generator().manual_seed(0), eps=EPS, alpha=0.05, steps=10,
+    adv, evals = inner.pgd(base_model, x, y, torch.Generator().manual_seed(0), eps=EPS, alpha=0.05, steps=10,
                                 threshold=0.0, first_check=1, stop_misclassified=True)
     assert float((adv - x).abs().max()) <= EPS + 1e-6 and float(adv.min()) >= 0 and float(adv.max()) <= 1
     stopped = evals < 10
@@ -168,16 +170,16 @@ def test_early_stopping_pgd_stays_in_the_ball_and_stops_misclassified(base_model
 def test_fol_of_the_inner_loop_is_robot_fol(base_model, digits_split):
     x, y = digits_split[1]
     x_adv = (x + 0.1 * torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).sign()).clamp(0, 1)
-    from robustest.attacks import _grad
+    from robustest.attacks import input_gradient
 
-    g, _ = _grad(base_model, x_adv, y)
-    ours = hardening._fol(g, x_adv - x, EPS)
+    g, _ = input_gradient(base_model, x_adv, y)
+    ours = inner.fol(g, x_adv - x, EPS)
     ref = metrics.fol(base_model, x_adv, y, x0=x, eps=EPS)
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
 
 
 def test_fosc_schedule_falls_linearly_to_zero():
-    vals = [hardening.fosc_schedule(e, 10, 0.5, 0.8) for e in range(1, 11)]
+    vals = [schedules.fosc_schedule(e, 10, 0.5, 0.8) for e in range(1, 11)]
     assert vals[0] == 0.5 and vals[-1] == 0.0 and vals[8] == 0.0
     assert vals[1] == pytest.approx(0.5 * (1 - 1 / 8))
     assert all(a >= b for a, b in zip(vals, vals[1:]))
@@ -265,16 +267,16 @@ def test_resume_keeps_the_best_epoch_and_the_schedule(base_model, digits_split, 
 def test_eps_schedule_ramps_linearly_then_holds():
     d = hardening.harden_settings()
     assert (d["schedule"], d["eps_warmup"], d["optimizer"], d["lr"], d["keep"]) == (None, 0.3, "adam", 1e-3, "last")
-    assert [hardening.eps_schedule(s, 10, 0.3, 0.3) for s in range(5)] == pytest.approx([0.1, 0.2, 0.3, 0.3, 0.3])
-    assert hardening.eps_schedule(0, 10, 0.3, 0.0) == 0.3
-    assert hardening.eps_schedule(0, 2, 0.3, 0.3) == 0.3  # a warm-up shorter than one step is none
+    assert [schedules.eps_schedule(s, 10, 0.3, 0.3) for s in range(5)] == pytest.approx([0.1, 0.2, 0.3, 0.3, 0.3])
+    assert schedules.eps_schedule(0, 10, 0.3, 0.0) == 0.3
+    assert schedules.eps_schedule(0, 2, 0.3, 0.3) == 0.3  # a warm-up shorter than one step is none
 
 
 def _scripted_validation(monkeypatch, scores):
     """Make harden's validation return ``scores`` (PGD accuracy, one per epoch)."""
     it = iter(scores)
-    monkeypatch.setattr(hardening, "_validate", lambda *a, **k: {"val_clean_accuracy": 0.9,
-                                                                 "val_pgd_accuracy": next(it)})
+    monkeypatch.setattr(early_stopping, "validate", lambda *a, **k: {"val_clean_accuracy": 0.9,
+                                                                      "val_pgd_accuracy": next(it)})
 
 
 def _snapshots():
@@ -324,7 +326,7 @@ def test_fast_at_guard_stops_at_the_collapse_and_restores_the_best(base_model, d
 @pytest.mark.parametrize("score, best, collapsed", [(0.2, 0.45, True), (0.3, 0.45, False), (0.04, 0.1, False),
                                                     (0.0, 0.1, True), (0.5, 0.5, False)])
 def test_collapse_rule(score, best, collapsed):
-    assert hardening._collapsed(score, best) is collapsed
+    assert early_stopping.collapsed(score, best) is collapsed
 
 
 def test_validation_data_is_measured_every_epoch(base_model, digits_split):
@@ -378,8 +380,8 @@ def test_settings_resolve_the_method_defaults():
 
 
 def test_harden_has_one_home():
-    """harden is imported from robustest.hardening only: robustest.training does not re-export it."""
-    assert not hasattr(training, "harden")
+    """harden is imported from robustest.train only: robustest.train.fitting does not re-export it."""
+    assert not hasattr(fitting, "harden")
 
 
 def test_harden_stops_with_one_line_when_the_loss_is_not_finite(exploding_model) -> None:

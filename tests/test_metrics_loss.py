@@ -48,7 +48,7 @@ def mnist_lenet():
     if not MNIST.is_file():
         pytest.skip("real MNIST not available")
     from robustest import data, models
-    from robustest.training import fit
+    from robustest.train import fit
 
     train = data.load("mnist", root=str(MNIST.parent), split="train")
     test = data.load("mnist", root=str(MNIST.parent), split="test")

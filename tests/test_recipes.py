@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from robustest import models, recipes, training
+from robustest import models
 from robustest.core.errors import ConfigError
+from robustest.train import fit, recipes, schedules
 
 
 def small(digits_train, n: int = 96) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,7 +121,7 @@ def test_weight_decay_skips_norms_and_biases():
 def lrs(opts: recipes.TrainOptions, epochs: int, steps: int) -> list[float]:
     p = nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=1.0)
-    sched = recipes.make_schedule(opt, opts, epochs, steps)
+    sched = schedules.make_schedule(opt, opts, epochs, steps)
     out = []
     for _ in range(epochs * steps):
         out.append(opt.param_groups[0]["lr"])
@@ -162,7 +163,7 @@ def test_fit_with_sgd_recipe_options_trains(digits_train):
                     "warm": {"warmup_epochs": 1, "schedule": "cosine"},
                     "step": {"schedule": "step", "milestones": [1]}}.items():
         model = fresh()
-        h = training.fit(model, (x, y), epochs=2, batch_size=32, lr=0.05, optimizer="sgd", weight_decay=5e-3,
+        h = fit(model, (x, y), epochs=2, batch_size=32, lr=0.05, optimizer="sgd", weight_decay=5e-3,
                          progress=False, **kw)
         assert all(math.isfinite(e.loss) for e in h.epochs)
         runs[key] = (weights(model), [e.loss for e in h.epochs], [e.lr for e in h.epochs])
@@ -178,7 +179,7 @@ def test_fit_with_sgd_recipe_options_trains(digits_train):
 def test_label_smoothing_loss_is_torchs(digits_train):
     x, y = small(digits_train, 32)
     model = fresh()
-    h = training.fit(model, (x, y), epochs=1, batch_size=32, lr=1e-9, label_smoothing=0.3, progress=False)
+    h = fit(model, (x, y), epochs=1, batch_size=32, lr=1e-9, label_smoothing=0.3, progress=False)
     with torch.no_grad():
         torch.manual_seed(0)
         ref = fresh()
@@ -218,7 +219,7 @@ def test_recipe_options_are_refused_before_any_work(digits_train, kwargs, patter
     model = fresh()
     before = weights(model)
     with pytest.raises(ConfigError, match=pattern) as exc:
-        training.fit(model, (x, y), epochs=2, batch_size=16, progress=False, **kwargs)
+        fit(model, (x, y), epochs=2, batch_size=16, progress=False, **kwargs)
     assert "\n" not in str(exc.value)
     assert same(weights(model), before)
 
@@ -226,7 +227,7 @@ def test_recipe_options_are_refused_before_any_work(digits_train, kwargs, patter
 def test_bf16_autocast_trains_on_the_cpu(digits_train):
     x, y = small(digits_train, 64)
     model = fresh()
-    h = training.fit(model, (x, y), epochs=2, batch_size=32, lr=3e-3, amp="bf16", progress=False)
+    h = fit(model, (x, y), epochs=2, batch_size=32, lr=3e-3, amp="bf16", progress=False)
     assert all(math.isfinite(e.loss) for e in h.epochs) and h.last.loss < h.epochs[0].loss + 0.5
     assert next(model.parameters()).dtype == torch.float32  # weights stay fp32; autocast only computes in bf16
 
@@ -236,7 +237,7 @@ def test_bf16_autocast_trains_on_the_cpu(digits_train):
 def test_mixed_precision_trains_on_cuda(digits_train, amp):
     x, y = small(digits_train, 256)
     model = fresh().cuda()
-    h = training.fit(model, (x, y), epochs=3, batch_size=32, lr=3e-3, amp=amp, progress=False)
+    h = fit(model, (x, y), epochs=3, batch_size=32, lr=3e-3, amp=amp, progress=False)
     assert all(math.isfinite(e.loss) for e in h.epochs) and h.last.loss < h.epochs[0].loss
     assert next(model.parameters()).dtype == torch.float32
 
@@ -248,7 +249,7 @@ def test_compile_unavailable_is_one_line(digits_train, monkeypatch):
     before = weights(model)
     monkeypatch.delattr(torch, "compile")
     with pytest.raises(ConfigError, match="compile=True needs torch.compile") as exc:
-        training.fit(model, (x, y), epochs=1, compile=True, progress=False)
+        fit(model, (x, y), epochs=1, compile=True, progress=False)
     assert "\n" not in str(exc.value) and same(weights(model), before)
 
 
@@ -271,7 +272,7 @@ def test_compile_failure_at_the_first_step_is_one_line(digits_train, monkeypatch
     model = fresh()
     before = weights(model)
     with pytest.raises(ConfigError, match="torch.compile failed on this machine") as exc:
-        training.fit(model, (x, y), epochs=1, compile=True, progress=False)
+        fit(model, (x, y), epochs=1, compile=True, progress=False)
     assert "\n" not in str(exc.value) and same(weights(model), before)
 
     def refuse(m):
@@ -279,7 +280,7 @@ def test_compile_failure_at_the_first_step_is_one_line(digits_train, monkeypatch
 
     monkeypatch.setattr(torch, "compile", refuse)
     with pytest.raises(ConfigError, match="torch.compile is not available here"):
-        training.fit(model, (x, y), epochs=1, compile=True, progress=False)
+        fit(model, (x, y), epochs=1, compile=True, progress=False)
 
 
 def test_errors_that_are_not_compilation_pass_through(digits_train, monkeypatch):
@@ -294,7 +295,7 @@ def test_errors_that_are_not_compilation_pass_through(digits_train, monkeypatch)
     monkeypatch.setattr(torch, "compile", lambda m: Bad(m))
     x, y = small(digits_train, 32)
     with pytest.raises(ValueError, match="a bug in the model"):
-        training.fit(fresh(), (x, y), epochs=1, compile=True, progress=False)
+        fit(fresh(), (x, y), epochs=1, compile=True, progress=False)
 
 
 @pytest.mark.slow
@@ -309,8 +310,8 @@ def test_compiled_training_matches_eager(digits_train):
     # SGD: its update is linear in the gradient (Adam's normalised step turns a float-level difference in a
     # near-zero gradient into a full lr-sized difference)
     kw = {"epochs": 1, "batch_size": 32, "lr": 0.05, "optimizer": "sgd", "progress": False}
-    he = training.fit(eager, (x, y), **kw)
-    hc = training.fit(comp, (x, y), compile=True, **kw)
+    he = fit(eager, (x, y), **kw)
+    hc = fit(comp, (x, y), compile=True, **kw)
     assert hc.last.loss == pytest.approx(he.last.loss, rel=1e-4)
     for k, v in eager.state_dict().items():  # fused kernels sum in another order: float-level differences only
         torch.testing.assert_close(comp.state_dict()[k], v, rtol=1e-4, atol=1e-5)
@@ -333,16 +334,16 @@ def test_crop_flip_augmentation_in_fit(digits_train):
     runs = []
     for aug in (None, "crop-flip", "crop-flip"):
         model = fresh()
-        training.fit(model, (x, y), epochs=1, batch_size=32, augment=aug, seed=4, progress=False)
+        fit(model, (x, y), epochs=1, batch_size=32, augment=aug, seed=4, progress=False)
         runs.append(weights(model))
     assert not same(runs[0], runs[1]) and same(runs[1], runs[2])  # applied, and seeded
     model = fresh()
-    training.fit(model, TensorDataset(x, y), epochs=1, batch_size=32, augment="crop-flip", seed=4, progress=False)
+    fit(model, TensorDataset(x, y), epochs=1, batch_size=32, augment="crop-flip", seed=4, progress=False)
     assert same(weights(model), runs[1])  # the same batches from a TensorDataset
-    h = training.fit(fresh(), PlainDataset(x, y), epochs=1, batch_size=32, augment="crop-flip", progress=False)
+    h = fit(fresh(), PlainDataset(x, y), epochs=1, batch_size=32, augment="crop-flip", progress=False)
     assert math.isfinite(h.last.loss)
     with pytest.raises(ConfigError, match="DataLoader's own transforms apply"):
-        training.fit(fresh(), DataLoader(TensorDataset(x, y), batch_size=32), epochs=1, augment="crop-flip",
+        fit(fresh(), DataLoader(TensorDataset(x, y), batch_size=32), epochs=1, augment="crop-flip",
                      progress=False)
 
 
@@ -357,7 +358,7 @@ def test_resume_file_continues_exactly_after_a_kill(digits_train, tmp_path):
           "warmup_epochs": 1, "augment": "crop-flip", "val": (x[:32], y[:32]), "restore_best": True,
           "progress": False}
     ref = fresh()
-    h_ref = training.fit(ref, (x, y), **kw)
+    h_ref = fit(ref, (x, y), **kw)
 
     def kill(epoch, model, stats):
         if epoch == 2:
@@ -366,27 +367,27 @@ def test_resume_file_continues_exactly_after_a_kill(digits_train, tmp_path):
     state = tmp_path / "fit_state.pt"
     model = fresh()
     with pytest.raises(Killed):
-        training.fit(model, (x, y), resume_file=state, on_epoch_end=kill, **kw)
+        fit(model, (x, y), resume_file=state, on_epoch_end=kill, **kw)
     assert state.is_file()
     torch.manual_seed(123)  # the global RNG state is restored from the file
     again = fresh(seed=9)  # weights come from the file too
-    h = training.fit(again, (x, y), resume_file=state, **kw)
+    h = fit(again, (x, y), resume_file=state, **kw)
     assert [e.epoch for e in h.epochs] == [1, 2, 3, 4]
     assert [e.loss for e in h.epochs] == [e.loss for e in h_ref.epochs]
     assert [e.lr for e in h.epochs] == [e.lr for e in h_ref.epochs]
     assert h.best_epoch == h_ref.best_epoch and same(weights(again), weights(ref))
     done = fresh(seed=5)  # a finished state: nothing left to train, the final weights come back
-    h2 = training.fit(done, (x, y), resume_file=state, **kw)
+    h2 = fit(done, (x, y), resume_file=state, **kw)
     assert [e.loss for e in h2.epochs] == [e.loss for e in h_ref.epochs]
     with pytest.raises(ConfigError, match="other settings") as exc:
-        training.fit(fresh(), (x, y), resume_file=state, **{**kw, "lr": 0.01})
+        fit(fresh(), (x, y), resume_file=state, **{**kw, "lr": 0.01})
     assert "\n" not in str(exc.value)
     bad = tmp_path / "junk.pt"
     bad.write_bytes(b"not a state")
     with pytest.raises(ConfigError, match="not a training state"):
-        training.fit(fresh(), (x, y), resume_file=bad, **kw)
+        fit(fresh(), (x, y), resume_file=bad, **kw)
     with pytest.raises(ConfigError, match="not a file"):
-        training.fit(fresh(), (x, y), resume_file=tmp_path, **kw)
+        fit(fresh(), (x, y), resume_file=tmp_path, **kw)
 
 
 # ------------------------------------------------------------------------------------------- recipes
@@ -400,7 +401,7 @@ def test_named_recipes_are_valid_fit_arguments(name, digits_train):
         assert short["milestones"] == pytest.approx([m * 2 / r["epochs"] for m in r["milestones"]])
     x, y = small(digits_train, 32)
     short["batch_size"] = 16
-    h = training.fit(fresh(), (x, y), progress=False, **short)
+    h = fit(fresh(), (x, y), progress=False, **short)
     assert len(h.epochs) == 2 and math.isfinite(h.last.loss)
     r["epochs"] = 1
     assert recipes.recipe(name)["epochs"] != 1  # a copy

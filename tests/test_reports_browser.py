@@ -80,7 +80,7 @@ def screenshot(page: Path, tmp: Path) -> np.ndarray:
 def reports(tmp_path_factory, _trained_digits_session) -> dict[str, Path]:
     """report.html of every verb that writes one, from tiny digits runs."""
     from robustest.report import HtmlReport, save_hbars
-    from robustest.training import save_checkpoint
+    from robustest.train.checkpoints import save_checkpoint
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

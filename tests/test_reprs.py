@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from robustest import attacks, fuzzing, metrics, training
+from robustest import attacks, fuzzing, metrics
 from robustest import evaluate as ev
 from robustest import weakrobust as wr
 from robustest.fuzzing.mutations import mutate
 from robustest.metrics.activations import Traces
 from robustest.robot import Pool
+from robustest.train import History, fit
 
 N = 500
 
@@ -39,10 +40,10 @@ def test_attack_result_repr(digits_model, digits_test) -> None:
 
 def test_training_history_repr(digits_model, digits_train) -> None:
     x, y = digits_train.tensors
-    hist = training.fit(digits_model, (x[:128], y[:128]), epochs=2, batch_size=64, val=(x[128:256], y[128:256]),
+    hist = fit(digits_model, (x[:128], y[:128]), epochs=2, batch_size=64, val=(x[128:256], y[128:256]),
                         progress=False)
     check(hist, "epochs=2", "val_accuracy=", "loss=")
-    check(training.History(), "epochs=0", "loss=None")
+    check(History(), "epochs=0", "loss=None")
 
 
 def test_robustness_results_repr() -> None:

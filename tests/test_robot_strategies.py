@@ -31,8 +31,9 @@ def checkpoint(mlp_digits_checkpoint):
 
 # ------------------------------------------------------------------------------------------ PassCounter
 def test_pass_counter_counts_forwards_backwards_and_matches_harden():
-    from robustest import hardening, models
+    from robustest import models
     from robustest.core.modelcall import forward
+    from robustest.train import hardening
 
     torch.manual_seed(0)
     model = models.create("mlp", num_classes=10, in_channels=1, input_size=8)
@@ -125,7 +126,7 @@ def test_config_refuses_bad_values_of_the_new_strategies(bad, pattern):
 def test_hardening_strategies_train_with_the_recipe_of_finetune_options(checkpoint, tmp_path, monkeypatch):
     """finetune_options' schedule and eps warm-up reach harden; unset, adv-train keeps its constant rate and
     full radius from the first batch."""
-    from robustest import hardening
+    from robustest.train import hardening
 
     seen = []
     real = hardening.harden
@@ -195,8 +196,8 @@ def test_compare_with_baselines_new_strategies_compute_and_paired(checkpoint, tm
 
 
 def test_kcenter_in_compare_and_loop_selects_by_penultimate_features(checkpoint, tmp_path):
-    from robustest.checkpoints import load_model
     from robustest.metrics.activations import penultimate_features
+    from robustest.train.checkpoints import load_model
 
     out = tmp_path / "kc"
     res = robot.compare({**TINY, "model": checkpoint, "budgets": [12], "seeds": [0, 1], "out": str(out),

@@ -21,7 +21,7 @@ from robustest.evaluate import (
     measure,
     whitebox_accuracy,
 )
-from robustest.training import fit
+from robustest.train import fit
 
 EPS = 0.15
 

@@ -163,12 +163,12 @@ def suite(models) -> Suite:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, models, suite) -> dict[str, str]:
-    from robustest import training
+    from robustest.train.checkpoints import save_checkpoint
 
     root = tmp_path_factory.mktemp("suite")
     paths = {name: str(root / f"{name}.pt") for name in models}
     for name, m in models.items():
-        training.save_checkpoint(paths[name], m)
+        save_checkpoint(paths[name], m)
     suite.save(root / "suite.pt")
     paths["suite"] = str(root / "suite.pt")
     return paths
@@ -342,11 +342,11 @@ def test_cli_build(files, tmp_path: Path, capsys):
 def test_pytest_fixture(pytester: pytest.Pytester, files):
     pytester.makepyfile(test_gate=f'''
 import torch
-from robustest import training
+from robustest.train.checkpoints import load_checkpoint, save_checkpoint
 
 def test_gate(assert_no_regression):
     torch.set_num_threads(1)
-    model = training.load_checkpoint({files["plain"]!r})
+    model = load_checkpoint({files["plain"]!r})
     assert_no_regression(model, {files["suite"]!r})
 ''')
     r = pytester.runpytest_inprocess("-p", "robustest.pytest_plugin", "-p", "no:cacheprovider")

@@ -50,7 +50,8 @@ def test_assert_robust_bad_input(trained_digits_model, digits_test):
 PLUGIN_TESTS = textwrap.dedent('''
     import pytest
     import torch
-    from robustest import data, models, training
+    from robustest import data, models
+    from robustest.train import fit
 
     @pytest.fixture(scope="module")
     def model_and_data():
@@ -59,7 +60,7 @@ PLUGIN_TESTS = textwrap.dedent('''
         torch.manual_seed(0)
         model = models.create("mlp", input_size=8)
         x, y = train.tensors
-        training.fit(model, (x[:600], y[:600]), epochs=2, seed=0, progress=False)
+        fit(model, (x[:600], y[:600]), epochs=2, seed=0, progress=False)
         return model, test
 
     @pytest.mark.robustness(eps=0.02, min_accuracy=0.0, attack=["fgsm"])

@@ -15,8 +15,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from robustest import evaluate as ev
-from robustest import models, training
+from robustest import models
 from robustest.core.errors import CheckpointError, ConfigError, DataError
+from robustest.train import History, TrainData, fit
+from robustest.train.checkpoints import load_checkpoint, save_checkpoint
 
 
 def small_train(ds: TensorDataset, n: int = 400) -> TensorDataset:
@@ -37,8 +39,8 @@ def same_weights(a: nn.Module, b: nn.Module) -> bool:
 def test_fit_reduces_loss_and_records_history(digits_train, digits_test):
     model = fresh_model()
     before_loss, before_acc = ev.loss_and_accuracy(model, digits_test)
-    hist = training.fit(model, small_train(digits_train), epochs=3, batch_size=32, lr=2e-3, progress=False)
-    assert isinstance(hist, training.History) and len(hist.epochs) == 3
+    hist = fit(model, small_train(digits_train), epochs=3, batch_size=32, lr=2e-3, progress=False)
+    assert isinstance(hist, History) and len(hist.epochs) == 3
     assert [e.epoch for e in hist.epochs] == [1, 2, 3]
     assert hist.epochs[-1].loss < hist.epochs[0].loss
     assert all(0.0 <= e.accuracy <= 1.0 and e.seconds >= 0 and e.lr == pytest.approx(2e-3) for e in hist.epochs)
@@ -55,9 +57,9 @@ def test_fit_reduces_loss_and_records_history(digits_train, digits_test):
 def test_fit_is_deterministic_given_the_seed(digits_train):
     data = small_train(digits_train, 160)
     a, b, c = fresh_model(), fresh_model(), fresh_model()
-    ha = training.fit(a, data, epochs=2, seed=5, progress=False)
-    hb = training.fit(b, data, epochs=2, seed=5, progress=False)
-    training.fit(c, data, epochs=2, seed=6, progress=False)
+    ha = fit(a, data, epochs=2, seed=5, progress=False)
+    hb = fit(b, data, epochs=2, seed=5, progress=False)
+    fit(c, data, epochs=2, seed=6, progress=False)
     assert same_weights(a, b)
     assert [e.loss for e in ha.epochs] == [e.loss for e in hb.epochs]
     assert not same_weights(a, c)  # the seed drives shuffling and dropout
@@ -67,14 +69,14 @@ def test_fit_is_deterministic_given_the_seed(digits_train):
 def test_fit_accepts_data_forms(digits_train, form):
     data = small_train(digits_train, 128)
     train = (data.tensors[0], data.tensors[1]) if form == "pair" else DataLoader(data, batch_size=50)
-    hist = training.fit(fresh_model(), train, epochs=1, batch_size=32, progress=False)
+    hist = fit(fresh_model(), train, epochs=1, batch_size=32, progress=False)
     assert len(hist.epochs) == 1 and math.isfinite(hist.last.loss)
 
 
 @pytest.mark.parametrize("optimizer, schedule", [("sgd", None), ("adam", "cosine"), ("sgd", "step")])
 def test_fit_optimizers_and_schedules(digits_train, optimizer, schedule):
     data = small_train(digits_train, 128)
-    hist = training.fit(fresh_model(), data, epochs=2, batch_size=32, lr=0.01, optimizer=optimizer,
+    hist = fit(fresh_model(), data, epochs=2, batch_size=32, lr=0.01, optimizer=optimizer,
                         schedule=schedule, weight_decay=1e-4, progress=False)
     assert math.isfinite(hist.last.loss)
     if schedule is not None:
@@ -89,7 +91,7 @@ def test_fit_with_validation_and_restore_best(digits_train):
     # validation epoch is an early one and restoring it must change the weights back
     val = (x[:150], (y[:150] + 1) % 10)
     model = fresh_model()
-    hist = training.fit(model, (x, y), epochs=4, lr=3e-3, val=val, restore_best=True, progress=False)
+    hist = fit(model, (x, y), epochs=4, lr=3e-3, val=val, restore_best=True, progress=False)
     vals = [e.val_accuracy for e in hist.epochs]
     assert all(v is not None and 0 <= v <= 1 for v in vals)
     assert all(e.val_loss is not None and e.val_loss > 0 for e in hist.epochs)
@@ -111,13 +113,13 @@ def test_fit_with_validation_and_restore_best(digits_train):
 ])
 def test_fit_bad_arguments(digits_train, kwargs, pattern):
     with pytest.raises(ConfigError, match=pattern) as exc:
-        training.fit(fresh_model(), small_train(digits_train, 64), progress=False, **kwargs)
+        fit(fresh_model(), small_train(digits_train, 64), progress=False, **kwargs)
     assert "\n" not in str(exc.value)
 
 
 def test_fit_needs_labels(digits_train):
     with pytest.raises(ConfigError, match="labels"):
-        training.fit(fresh_model(), digits_train.tensors[0][:32], epochs=1, progress=False)
+        fit(fresh_model(), digits_train.tensors[0][:32], epochs=1, progress=False)
 
 
 def test_fit_validates_inputs_up_front(digits_train):
@@ -129,14 +131,14 @@ def test_fit_validates_inputs_up_front(digits_train):
     for bad, pattern in [((x, y + 10), r"outside \[0, 10\)"), ((x * 255, y), r"\[0, 1\]"),
                          ((x, y.float()), "integer"), ((x[:, 0], y), "N x C x H x W")]:
         with pytest.raises(DataError, match=pattern):
-            training.fit(model, bad, epochs=1, progress=False)
+            fit(model, bad, epochs=1, progress=False)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nothing trained
 
 
 def test_fit_zero_epochs_is_a_no_op(digits_train):
     model = fresh_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    hist = training.fit(model, small_train(digits_train, 64), epochs=0, progress=False)
+    hist = fit(model, small_train(digits_train, 64), epochs=0, progress=False)
     assert hist.epochs == [] and same_weights(model, model)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
@@ -185,9 +187,9 @@ def test_checkpoint_round_trip(tmp_path, trained_digits_model, digits_test):
     model.net.load_state_dict(trained_digits_model.state_dict())
     model.eval()
     meta = {"dataset": "digits", "test_accuracy": 0.97, "epochs": [1, 2], "nested": {"a": None, "b": True}}
-    p = training.save_checkpoint(tmp_path / "sub" / "model.pt", model, metadata=meta)
+    p = save_checkpoint(tmp_path / "sub" / "model.pt", model, metadata=meta)
     assert sorted(os.listdir(tmp_path / "sub")) == ["model.pt"]  # atomic write: no temp files left
-    loaded = training.load_checkpoint(p)
+    loaded = load_checkpoint(p)
     assert not loaded.training
     assert loaded.robustest_metadata == meta
     assert models.spec_of(loaded) == models.spec_of(model)
@@ -196,23 +198,23 @@ def test_checkpoint_round_trip(tmp_path, trained_digits_model, digits_test):
         assert torch.equal(loaded(x), model(x))
     payload = torch.load(p, weights_only=True)  # plain data only
     assert payload["format"] == "robustest-checkpoint" and payload["spec"]["name"] == "digits_cnn"
-    loaded2 = training.load_checkpoint(str(p), map_location=torch.device("cpu"))
+    loaded2 = load_checkpoint(str(p), map_location=torch.device("cpu"))
     assert same_weights(loaded, loaded2)
 
 
 def test_checkpoint_with_explicit_spec_and_no_metadata(tmp_path):
     torch.manual_seed(1)
     net = models.lenet1()  # a builder called directly carries no spec: saved as weights of its class
-    training.save_checkpoint(tmp_path / "plain.pt", net)
+    save_checkpoint(tmp_path / "plain.pt", net)
     with pytest.raises(CheckpointError, match="built outside robustest.*--model pkg.module:factory"):
-        training.load_checkpoint(tmp_path / "plain.pt")
-    from robustest.checkpoints import restore_weights
+        load_checkpoint(tmp_path / "plain.pt")
+    from robustest.train.checkpoints import restore_weights
 
     other = models.lenet1()
     assert same_weights(restore_weights(other, tmp_path / "plain.pt"), net)
     spec = {"name": "lenet1", "num_classes": 10, "in_channels": 1, "input_size": 28}
-    training.save_checkpoint(tmp_path / "m.pt", net, spec=spec)
-    loaded = training.load_checkpoint(tmp_path / "m.pt")
+    save_checkpoint(tmp_path / "m.pt", net, spec=spec)
+    loaded = load_checkpoint(tmp_path / "m.pt")
     assert same_weights(loaded, net) and loaded.robustest_metadata == {}
 
 
@@ -220,8 +222,8 @@ def test_checkpoint_metadata_with_numpy_values_loads(tmp_path, digits_model):
     """Regression: NumPy scalars/arrays in metadata wrote a checkpoint that weights_only loading refused."""
     meta = {"acc": np.float64(0.5), "n": np.int64(3), "arr": np.arange(3), "t": (1, 2), "path": tmp_path,
             "tensor": torch.tensor([1.0, 2.0])}
-    training.save_checkpoint(tmp_path / "m.pt", digits_model, metadata=meta)
-    got = training.load_checkpoint(tmp_path / "m.pt").robustest_metadata
+    save_checkpoint(tmp_path / "m.pt", digits_model, metadata=meta)
+    got = load_checkpoint(tmp_path / "m.pt").robustest_metadata
     assert got["acc"] == 0.5 and type(got["acc"]) is float
     assert got["n"] == 3 and got["arr"] == [0, 1, 2] and list(got["t"]) == [1, 2] and got["path"] == str(tmp_path)
     assert torch.equal(got["tensor"], torch.tensor([1.0, 2.0]))
@@ -229,14 +231,14 @@ def test_checkpoint_metadata_with_numpy_values_loads(tmp_path, digits_model):
 
 def test_checkpoint_metadata_with_objects_refused_at_save(tmp_path, digits_model):
     with pytest.raises(ConfigError, match="metadata") as exc:
-        training.save_checkpoint(tmp_path / "m.pt", digits_model, metadata={"model": nn.Linear(2, 2)})
+        save_checkpoint(tmp_path / "m.pt", digits_model, metadata={"model": nn.Linear(2, 2)})
     assert "\n" not in str(exc.value)
     assert not (tmp_path / "m.pt").exists() and os.listdir(tmp_path) == []
 
 
 def assert_refused(path, pattern: str) -> str:
     with pytest.raises(CheckpointError, match=pattern) as exc:
-        training.load_checkpoint(path)
+        load_checkpoint(path)
     msg = str(exc.value)
     assert "\n" not in msg and str(path) in msg
     return msg
@@ -262,7 +264,7 @@ def test_whole_pickled_model_refused(tmp_path, digits_model):
     with open(tmp_path / "plain.pkl", "wb") as fh:
         pickle.dump(_Evil(marker), fh)
     with pytest.raises(CheckpointError):
-        training.load_checkpoint(tmp_path / "plain.pkl")
+        load_checkpoint(tmp_path / "plain.pkl")
     assert not marker.exists()
 
 
@@ -281,7 +283,7 @@ def test_random_and_empty_files_refused(tmp_path):
 
 
 def test_truncated_checkpoint_refused(tmp_path, digits_model):
-    p = training.save_checkpoint(tmp_path / "m.pt", digits_model)
+    p = save_checkpoint(tmp_path / "m.pt", digits_model)
     raw = p.read_bytes()
     p.write_bytes(raw[: len(raw) // 2])
     assert_refused(p, "not a robustest checkpoint")
@@ -292,7 +294,7 @@ def test_bare_state_dict_and_other_payloads_refused(tmp_path, digits_model):
     assert_refused(tmp_path / "sd.pt", "bare state_dict")
     torch.save([torch.zeros(2)], tmp_path / "list.pt")
     assert_refused(tmp_path / "list.pt", "not a robustest checkpoint")
-    good = torch.load(training.save_checkpoint(tmp_path / "g.pt", digits_model), weights_only=True)
+    good = torch.load(save_checkpoint(tmp_path / "g.pt", digits_model), weights_only=True)
     for change, pattern in [({"version": 99}, "newer"), ({"spec": None}, "no model spec"),
                             ({"spec": {"name": "vgg"}}, "cannot rebuild"),
                             ({"state_dict": {"w": torch.zeros(1)}}, "do not fit"),
@@ -307,20 +309,20 @@ def test_torchscript_needs_explicit_option(tmp_path, trained_digits_model, digit
     scripted = torch.jit.trace(trained_digits_model.eval(), x[:1])
     torch.jit.save(scripted, str(tmp_path / "ts.pt"))
     assert_refused(tmp_path / "ts.pt", "TorchScript")
-    loaded = training.load_checkpoint(tmp_path / "ts.pt", torchscript=True)
+    loaded = load_checkpoint(tmp_path / "ts.pt", torchscript=True)
     assert loaded.robustest_metadata == {} and not loaded.training
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), trained_digits_model(x))
     # torchscript=True still loads ordinary checkpoints the safe way
-    p = training.save_checkpoint(tmp_path / "m.pt", trained_digits_model)
-    assert same_weights(training.load_checkpoint(p, torchscript=True), trained_digits_model)
+    p = save_checkpoint(tmp_path / "m.pt", trained_digits_model)
+    assert same_weights(load_checkpoint(p, torchscript=True), trained_digits_model)
 
 
 def test_save_overwrites_atomically(tmp_path, digits_model, trained_digits_model):
     p = tmp_path / "m.pt"
-    training.save_checkpoint(p, digits_model, metadata={"v": 1})
-    training.save_checkpoint(p, trained_digits_model, metadata={"v": 2})
-    loaded = training.load_checkpoint(p)
+    save_checkpoint(p, digits_model, metadata={"v": 1})
+    save_checkpoint(p, trained_digits_model, metadata={"v": 2})
+    loaded = load_checkpoint(p)
     assert loaded.robustest_metadata == {"v": 2} and same_weights(loaded, trained_digits_model)
     assert os.listdir(tmp_path) == ["m.pt"]
 
@@ -328,10 +330,10 @@ def test_save_overwrites_atomically(tmp_path, digits_model, trained_digits_model
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_load_to_missing_cuda_is_a_config_error(tmp_path, digits_model):
     """Regression: map_location='cuda' without CUDA reported a valid file as 'not a robustest checkpoint'."""
-    p = training.save_checkpoint(tmp_path / "m.pt", digits_model)
+    p = save_checkpoint(tmp_path / "m.pt", digits_model)
     with pytest.raises(ConfigError, match="CUDA is not available"):
-        training.load_checkpoint(p, map_location="cuda")
-    assert same_weights(training.load_checkpoint(p, map_location="cpu"), digits_model)
+        load_checkpoint(p, map_location="cuda")
+    assert same_weights(load_checkpoint(p, map_location="cpu"), digits_model)
 
 
 def test_fit_stops_with_one_line_when_the_loss_is_not_finite(exploding_model) -> None:
@@ -339,17 +341,17 @@ def test_fit_stops_with_one_line_when_the_loss_is_not_finite(exploding_model) ->
 
     x, y = torch.rand(16, 1, 8, 8), torch.arange(16) % 3
     with pytest.raises(TrainingDiverged, match=r"training diverged at epoch 1: the loss is nan"):
-        training.fit(exploding_model, (x, y), epochs=1, progress=False)
+        fit(exploding_model, (x, y), epochs=1, progress=False)
 
 
 def test_train_data_splits_each_global_batch_between_ranks() -> None:
     from robustest.core.distributed import Shard
 
     x, y = torch.rand(21, 1, 4, 4), torch.arange(21) % 3
-    whole = [idx for idx, _, _ in training.TrainData((x, y), 8, seed=4).indexed_epoch(1, 3)]
+    whole = [idx for idx, _, _ in TrainData((x, y), 8, seed=4).indexed_epoch(1, 3)]
     parts = []
     for rank in (0, 1):
-        src = training.TrainData((x, y), 8, seed=4, shard=Shard(rank, 2))
+        src = TrainData((x, y), 8, seed=4, shard=Shard(rank, 2))
         got = []
         for idx, xb, yb in src.indexed_epoch(1, 3):
             assert torch.equal(xb, x[idx]) and torch.equal(yb, y[idx])
@@ -363,7 +365,7 @@ def test_train_data_splits_each_global_batch_between_ranks() -> None:
         wa, wb = parts[0][k][1], parts[1][k][1]
         assert abs((wa + wb) / 2 - 1.0) < 1e-9 and abs(wa / len(a) - 2 / len(full)) < 1e-9
         assert abs(wb / len(b) - 2 / len(full)) < 1e-9
-    single = training.TrainData((x[:17], y[:17]), 8, seed=4, shard=Shard(0, 2))  # tail of 1 < 2 ranks: skipped
+    single = TrainData((x[:17], y[:17]), 8, seed=4, shard=Shard(0, 2))  # tail of 1 < 2 ranks: skipped
     assert single.steps_per_epoch == 2 and len(list(single.indexed_epoch(1, 3))) == 2
 
 
@@ -375,10 +377,10 @@ def test_resume_with_another_number_of_ranks_is_one_line(tmp_path) -> None:
         torch.manual_seed(0)
         return nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
 
-    training.fit(net(), (x, y), epochs=2, batch_size=8, progress=False, resume_file=state)
+    fit(net(), (x, y), epochs=2, batch_size=8, progress=False, resume_file=state)
     st = torch.load(state, weights_only=True)
     settings = json.loads(st["settings"])
     st["settings"] = json.dumps({**settings, "world_size": 2}, sort_keys=True)  # as a 2-rank DDP run writes it
     torch.save(st, state)
     with pytest.raises(ConfigError, match=r"training by 2 process\(es\) and this run has 1: .*--nproc-per-node 2"):
-        training.fit(net(), (x, y), epochs=2, batch_size=8, progress=False, resume_file=state)
+        fit(net(), (x, y), epochs=2, batch_size=8, progress=False, resume_file=state)

@@ -416,13 +416,14 @@ def test_enhance_trains_and_extends_the_pool(digits_model, digits_train):
 
 @pytest.mark.slow
 def test_mnist_weak_set_is_less_robust_than_a_random_subset(mnist_root):
-    from robustest import data, models, training
+    from robustest import data, models
+    from robustest.train import fit
 
     tr = data.load("mnist", root=mnist_root, split="train")
     x, y = tr.tensors[0][:1500], tr.tensors[1][:1500]
     torch.manual_seed(0)
     m = models.create("lenet5", mean=[0.13], std=[0.31])
-    training.fit(m, (x, y), epochs=2, progress=False)
+    fit(m, (x, y), epochs=2, progress=False)
     a = wr.analyze(m, (x, y), n_neighbors=10, eps=0.5)
     weak = wr.select_weak(a, k=50, correct_only=True)
     rand = torch.randperm(1500, generator=torch.Generator().manual_seed(0))[:50]

@@ -9,9 +9,10 @@ import textwrap
 import pytest
 import torch
 
-from robustest import checkpoints, data, training
+from robustest import data
 from robustest.cli import main
 from robustest.core.errors import CheckpointError, ConfigError
+from robustest.train import checkpoints, fit
 
 NETS = textwrap.dedent('''
     import torch
@@ -54,7 +55,7 @@ def workspace(tmp_path_factory):
         net = sys.modules["mynets"].build(width=6)
         torch.manual_seed(0)
         x, y = data.load("digits", split="train").tensors
-        training.fit(net, (x[:400], y[:400]), epochs=6, lr=3e-3, seed=0, progress=False)
+        fit(net, (x[:400], y[:400]), epochs=6, lr=3e-3, seed=0, progress=False)
         torch.save(net.state_dict(), root / "weights.pt")
         torch.jit.script(net.eval()).save(str(root / "net.ts"))
         ep = torch.export.export(net.eval(), (x[:2],), dynamic_shapes=({0: torch.export.Dim("batch")},))
@@ -102,7 +103,7 @@ def test_fine_tuned_copies_save_and_rebuild(in_workspace, tmp_path) -> None:
                {"source": root / "net.pt2"}, {"source": root / "net.ts", "torchscript": True}):
         model = checkpoints.load_model(**kw)
         tuned = checkpoints.clone_model(model)
-        training.fit(tuned, (x[:64], y[:64]), epochs=1, seed=0, progress=False)
+        fit(tuned, (x[:64], y[:64]), epochs=1, seed=0, progress=False)
         assert checkpoints.state_fingerprint(tuned) != checkpoints.state_fingerprint(model)
         path = checkpoints.save_checkpoint(tmp_path / "tuned.pt", tuned, metadata={"note": "tuned"})
         if "factory" in kw:

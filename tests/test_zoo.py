@@ -17,8 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest import cli, models, training
+from robustest import cli, models
 from robustest.core.errors import ConfigError
+from robustest.train import fit
+from robustest.train.checkpoints import load_checkpoint, save_checkpoint
 
 NEW = ("wrn", "preact_resnet18", "densenet_bc", "resnet18", "resnet50", "vit_tiny")
 
@@ -159,8 +161,8 @@ def test_checkpoint_round_trip_keeps_options(tmp_path):
     for name, kw in (("wrn-10-1", {"dropout": 0.3, "input_size": 16}), ("vit_tiny", {"input_size": 8, "patch": 2}),
                      ("densenet_bc", {"depth": 10, "growth": 4, "input_size": 8})):
         model = models.create(name, in_channels=3, mean=[0.5] * 3, std=[0.2] * 3, **kw).eval()
-        path = training.save_checkpoint(tmp_path / f"{name}.pt", model)
-        loaded = training.load_checkpoint(path)
+        path = save_checkpoint(tmp_path / f"{name}.pt", model)
+        loaded = load_checkpoint(path)
         assert models.spec_of(loaded) == models.spec_of(model)
         x = torch.rand(2, 3, kw["input_size"], kw["input_size"])
         torch.testing.assert_close(loaded(x), model(x))
@@ -396,7 +398,7 @@ def forward_backward_and_step(model: nn.Module, channels: int, size: int, k: int
     assert all(p.grad is not None for p in model.parameters())
     model.zero_grad()
     before = [p.detach().clone() for p in model.parameters()]
-    hist = training.fit(model, (x.detach(), y), epochs=1, batch_size=2, lr=1e-3, progress=False)
+    hist = fit(model, (x.detach(), y), epochs=1, batch_size=2, lr=1e-3, progress=False)
     assert math.isfinite(hist.to_dict()["epochs"][0]["loss"])
     changed = sum(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
     assert changed >= len(before) // 2
@@ -493,7 +495,7 @@ def test_train_verb_takes_a_parameterised_model_and_the_checkpoint_rebuilds_it(t
     rep = json.loads((tmp_path / "o" / "results.json").read_text())
     assert rep["model"]["name"] == "wrn-10-1"
     assert rep["model"]["options"] == {"depth": 10, "width": 1, "dropout": 0.0}
-    model = training.load_checkpoint(tmp_path / "o" / "model.pt")
+    model = load_checkpoint(tmp_path / "o" / "model.pt")
     assert model.net.fc.in_features == 64 and model.net.conv1.in_channels == 3
     from torch.utils.data import TensorDataset
 

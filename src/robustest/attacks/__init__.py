@@ -57,15 +57,15 @@ from robustest.attacks._core import (  # noqa: F401 - re-exported for callers an
     _check_non_negative,
     _check_steps,
     _flat_norm,
-    _grad,
     _keep_stronger,
     _num_classes,
     _prepare,
-    _project,
-    _random_start,
     _run,
     check_norm,
+    input_gradient,
     lp_norm,
+    project,
+    random_point,
 )
 from robustest.attacks.apgd import apgd, apgd_dlr, apgd_t
 from robustest.attacks.cw import cw_l2
@@ -94,10 +94,13 @@ __all__ = [
     "fab",
     "fab_t",
     "fgsm",
+    "input_gradient",
     "lp_norm",
     "mifgsm",
     "names",
     "pgd",
+    "project",
+    "random_point",
     "rfgsm",
     "square",
 ]

@@ -119,8 +119,8 @@ def lp_norm(t: torch.Tensor, norm: str) -> torch.Tensor:
     return f.abs().amax(1) if norm == "linf" else f.norm(p=2, dim=1)
 
 
-def _grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-          target: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def input_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                   target: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(grad_x of the objective at x, logits at x (detached)). The objective is the summed cross-entropy with
     the labels y, or, with ``target``, minus the summed cross-entropy with the targets (ascending it moves
     towards the target class)."""
@@ -137,8 +137,8 @@ def _grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     return g.contiguous(), logits.detach()
 
 
-def _project(x_adv: torch.Tensor, x: torch.Tensor, eps: float, norm: str,
-             lo: torch.Tensor | None = None, hi: torch.Tensor | None = None) -> torch.Tensor:
+def project(x_adv: torch.Tensor, x: torch.Tensor, eps: float, norm: str,
+            lo: torch.Tensor | None = None, hi: torch.Tensor | None = None) -> torch.Tensor:
     """Project x_adv into the eps-ball around x and into [0, 1]."""
     if norm == "linf":
         if lo is None or hi is None:
@@ -151,7 +151,7 @@ def _project(x_adv: torch.Tensor, x: torch.Tensor, eps: float, norm: str,
     return (x + delta).clamp_(0.0, 1.0)
 
 
-def _random_start(x: torch.Tensor, eps: float, norm: str, gen: torch.Generator) -> torch.Tensor:
+def random_point(x: torch.Tensor, eps: float, norm: str, gen: torch.Generator) -> torch.Tensor:
     """A random point in the eps-ball around x (uniform per coordinate for L-inf; a uniformly scaled random
     direction for L2, as in torchattacks' PGDL2), clipped to [0, 1]."""
     if norm == "linf":

@@ -33,14 +33,14 @@ from robustest.attacks._core import (
     _dlr_loss,
     _dlr_targeted_loss,
     _flat_norm,
-    _grad,
     _keep_stronger,
     _num_classes,
     _prepare,
-    _project,
     _run,
     _step_direction,
     check_norm,
+    input_gradient,
+    project,
 )
 from robustest.core.modelcall import forward
 from robustest.core.validation import check_eps
@@ -52,7 +52,7 @@ def _loss_grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, ta
                hit_target: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(gradient of the summed per-sample loss at x, logits (detached), per-sample loss (detached))."""
     if loss == "ce":
-        g, logits = _grad(model, x, y)
+        g, logits = input_gradient(model, x, y)
         return g, logits, F.cross_entropy(logits, y, reduction="none")
     xr = x.detach().requires_grad_(True)
     with torch.enable_grad():
@@ -103,7 +103,7 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None
     x_adv = x_adv.clamp_(0.0, 1.0)
 
     def proj(z: torch.Tensor) -> torch.Tensor:
-        return z.clamp(lo, hi) if norm == "linf" else _project(z, x, eps, "l2")
+        return z.clamp(lo, hi) if norm == "linf" else project(z, x, eps, "l2")
 
     def ok(logits: torch.Tensor, yy: torch.Tensor, tt: torch.Tensor | None) -> torch.Tensor:  # True = not successful
         pred = logits.argmax(1)

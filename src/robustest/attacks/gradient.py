@@ -18,15 +18,15 @@ from robustest.attacks._core import (
     _check_non_negative,
     _check_steps,
     _check_target,
-    _grad,
     _keep_stronger,
     _per_sample_loss,
     _prepare,
-    _project,
-    _random_start,
     _run,
     _step_direction,
     check_norm,
+    input_gradient,
+    project,
+    random_point,
 )
 from robustest.core.errors import ConfigError
 from robustest.core.validation import check_eps
@@ -36,11 +36,11 @@ __all__ = ["bim", "fgsm", "mifgsm", "pgd", "rfgsm"]
 
 # ------------------------------------------------------------------------------------------- core loops
 def _fgsm_core(model, x, y, gen, *, eps, random_start, target=None):
-    start = _random_start(x, eps, "linf", gen) if random_start else x
-    g, _ = _grad(model, start, y, target)
+    start = random_point(x, eps, "linf", gen) if random_start else x
+    g, _ = input_gradient(model, start, y, target)
     adv = start + eps * g.sign()
     if random_start:
-        return _project(adv, x, eps, "linf")
+        return project(adv, x, eps, "linf")
     return adv.clamp_(0.0, 1.0)
 
 
@@ -50,13 +50,13 @@ def _pgd_core(model, x, y, gen, *, eps, alpha, steps, norm, random_start, restar
         lo, hi = (x - eps).clamp_(min=0.0), (x + eps).clamp_(max=1.0)
     best = best_loss = best_succ = None
     for _ in range(restarts):
-        adv = _random_start(x, eps, norm, gen) if random_start else x.clone()
+        adv = random_point(x, eps, norm, gen) if random_start else x.clone()
         for _ in range(steps):
-            g, _ = _grad(model, adv, y, target)
+            g, _ = input_gradient(model, adv, y, target)
             if norm == "linf":
                 adv = adv.add_(g.sign_(), alpha=alpha).clamp_(lo, hi)
             else:
-                adv = _project(adv.add_(_step_direction(g, norm), alpha=alpha), x, eps, norm)
+                adv = project(adv.add_(_step_direction(g, norm), alpha=alpha), x, eps, norm)
         if restarts == 1:
             return adv
         loss, succ = _per_sample_loss(model, adv, y, target)
@@ -73,7 +73,7 @@ def _rfgsm_core(model, x, y, gen, *, eps, alpha, steps, target=None):
     adv = (x + alpha * noise).clamp_(0.0, 1.0)
     step = (eps - alpha) / steps if steps > 1 else (eps - alpha)
     for _ in range(steps):
-        g, _ = _grad(model, adv, y, target)
+        g, _ = input_gradient(model, adv, y, target)
         adv = adv.add_(g.sign_(), alpha=step).clamp_(lo, hi)
     return adv
 
@@ -84,7 +84,7 @@ def _mifgsm_core(model, x, y, gen, *, eps, alpha, steps, decay, target=None):
     momentum = torch.zeros_like(x)
     dims = tuple(range(1, x.dim()))
     for _ in range(steps):
-        g, _ = _grad(model, adv, y, target)
+        g, _ = input_gradient(model, adv, y, target)
         g = g / g.abs().mean(dim=dims, keepdim=True).clamp_min(1e-12)
         momentum = momentum.mul_(decay).add_(g)
         adv = adv.add_(momentum.sign(), alpha=alpha).clamp_(lo, hi)

@@ -113,11 +113,11 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str] | None, list[int] |
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from robustest.checkpoints import source_of
     from robustest.core.atomic import atomic_save
     from robustest.core.devices import model_device
     from robustest.evaluate import evaluate
     from robustest.results import write_results
+    from robustest.train.checkpoints import source_of
 
     t0 = time.perf_counter()
     attacks, severities = _check_args(args)
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     baseline = None
     if args.baseline is not None:
-        from robustest.checkpoints import load_model as load_file
+        from robustest.train.checkpoints import load_model as load_file
 
         baseline = load_file(args.baseline, torchscript=args.torchscript, map_location=model_device(model))
     ds = load_data(args)

@@ -63,44 +63,38 @@ DEFAULT_VAL_SIZE = 1000  # held-out training images of robust early stopping (Ri
 _RUNTIME_ARGS = ("func", "resume", "no_progress", "device", "out", "debug", "verb")
 
 
-_float = finite_float  # ranges are checked by hardening.resolve_settings, with the method in view
+_float = finite_float  # ranges are checked by robustest.train.harden_settings, with the method in view
+#: how the verb reads a method option of each kind (robustest.train.objectives.Option.kind; "switch": --no-NAME)
+_OPTION_TYPES = {"number": _float, "count": non_negative_int}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from robustest import data as datasets
-    from robustest.hardening import DEFAULTS, KEEP, METHODS, RECIPE_DEFAULTS
-    from robustest.recipes import OPTIMIZERS, SCHEDULES
+    from robustest.train import objectives
+    from robustest.train.early_stopping import KEEP
+    from robustest.train.hardening import DEFAULT_STEPS, RECIPE_DEFAULTS
+    from robustest.train.recipes import OPTIMIZERS
+    from robustest.train.schedules import SCHEDULES
 
     p = sub.add_parser("harden", help="adversarial fine-tuning (PGD-AT, TRADES, FOSC, FOL budget, Fast-AT)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint_arg(p, zoo=True)
     add_data_args(p, split="train")
     g = p.add_argument_group("method")
-    g.add_argument("--method", choices=METHODS, default="pgd-at", help="hardening method (default: pgd-at)")
+    methods = [objectives.get(name) for name in objectives.names()]
+    g.add_argument("--method", choices=objectives.names(), default="pgd-at",
+                   help="hardening method (default: pgd-at)")
     g.add_argument("--eps", type=_float, required=True, help="L-inf radius in pixel scale, in (0, 1]")
+    fixed = "".join(f"; {o.name}: {o.fixed_steps}" for o in methods if o.fixed_steps is not None)
     g.add_argument("--steps", type=positive_int, default=None,
-                   help=f"attack steps of the inner maximisation (default: {DEFAULTS['steps']}; fast-at: 1)")
+                   help=f"attack steps of the inner maximisation (default: {DEFAULT_STEPS}{fixed})")
+    alphas = "".join(f"; {o.name}: {o.alpha_doc}" for o in methods if o.alpha_doc != "2.5 * eps / steps")
     g.add_argument("--alpha", type=_float, default=None,
-                   help="attack step size (default: 2.5 * eps / steps; fast-at: 1.25 * eps)")
-    g.add_argument("--mix", type=_float, default=None,
-                   help=f"pgd-at: fraction of the loss on clean images, in [0, 1] (default: {DEFAULTS['mix']})")
-    g.add_argument("--beta", type=_float, default=None, help=f"trades: weight of the KL term "
-                   f"(default: {DEFAULTS['beta']})")
-    g.add_argument("--fosc-c-max", type=_float, default=None,
-                   help=f"fosc: FOSC criterion of the first epoch (default: {DEFAULTS['fosc_c_max']})")
-    g.add_argument("--fosc-warmup", type=_float, default=None,
-                   help="fosc: fraction of the epochs over which the criterion falls linearly to 0 "
-                        f"(default: {DEFAULTS['fosc_warmup']})")
-    g.add_argument("--fol-threshold", type=_float, default=None,
-                   help=f"fol-budget: stop a sample's attack once its FOL is at most this "
-                        f"(default: {DEFAULTS['fol_threshold']})")
-    g.add_argument("--fol-min-steps", type=non_negative_int, default=None,
-                   help=f"fol-budget: steps every sample takes before the rule applies "
-                        f"(default: {DEFAULTS['fol_min_steps']})")
-    g.add_argument("--no-stop-misclassified", dest="stop_misclassified", action="store_const", const=False,
-                   default=None, help="fol-budget: do not stop a sample's attack when it is misclassified")
+                   help=f"attack step size (default: 2.5 * eps / steps{alphas})")
+    _add_method_options(g)
+    guarded = " / ".join(o.name for o in methods if o.co_guard is not None)
     g.add_argument("--no-co-guard", dest="co_guard", action="store_const", const=False, default=None,
-                   help="fast-at: train on after a catastrophic collapse of the validation PGD accuracy (default: "
+                   help=f"{guarded}: train on after a catastrophic collapse of the validation PGD accuracy (default: "
                         "stop there and keep the best epoch)")
     g.add_argument("--eps-warmup", type=below_one, default=RECIPE_DEFAULTS["eps_warmup"], metavar="FRACTION",
                    help="the radius grows linearly from 0 to --eps over this fraction of the training steps; 0 "
@@ -152,6 +146,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _add_method_options(g: argparse._ArgumentGroup) -> None:
+    """One flag per method option of the registered objectives: ``--name-with-dashes VALUE``, or ``--no-name`` for
+    a switch; the help names the methods that take it and the default."""
+    from robustest.train import objectives
+
+    for name, (owners, opt) in objectives.option_owners().items():
+        who, text = " / ".join(owners), opt.help.replace("%", "%%")
+        flag = name.replace("_", "-")
+        if opt.kind == "switch":
+            g.add_argument(f"--no-{flag}", dest=name, action="store_const", const=False, default=None,
+                           help=f"{who}: {text}")
+        else:
+            g.add_argument(f"--{flag}", type=_OPTION_TYPES[opt.kind], default=None,
+                           help=f"{who}: {text} (default: {opt.default})")
+
+
 def _fingerprint_args(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in sorted(vars(args).items()) if k not in _RUNTIME_ARGS}
 
@@ -193,10 +203,11 @@ def _measure(model, test, args) -> dict[str, Any]:
 
 
 def _method_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(method parameters, common settings) of :func:`robustest.hardening.harden` from the flags."""
-    method_kw = {"mix": args.mix, "beta": args.beta, "fosc_c_max": args.fosc_c_max, "fosc_warmup": args.fosc_warmup,
-                 "fol_threshold": args.fol_threshold, "stop_misclassified": args.stop_misclassified,
-                 "fol_min_steps": args.fol_min_steps, "co_guard": args.co_guard}
+    """(method parameters, common settings) of :func:`robustest.train.harden` from the flags."""
+    from robustest.train import objectives
+
+    method_kw = {name: getattr(args, name) for name in objectives.option_owners()}
+    method_kw["co_guard"] = args.co_guard
     common = {"eps": args.eps, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
               "optimizer": args.optimizer, "weight_decay": args.weight_decay, "momentum": args.momentum,
               "nesterov": args.nesterov, "schedule": None if args.schedule == "none" else args.schedule,
@@ -208,7 +219,7 @@ def _method_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
 def _split(train: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     """(training data, validation data or None): --val-size images held out of ``train``, class-stratified."""
     from robustest.core.batching import labels_of, num_samples, take
-    from robustest.hardening import holdout_split
+    from robustest.train.early_stopping import holdout_split
 
     n = num_samples(train)
     if args.val_size is None:  # the default: 1000, at most a tenth of the data (resolved before the resume check)
@@ -228,9 +239,9 @@ def _split(train: Any, args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from robustest import hardening
-    from robustest.checkpoints import save_checkpoint, source_of
     from robustest.results import write_results
+    from robustest.train import hardening
+    from robustest.train.checkpoints import save_checkpoint, source_of
 
     t0 = time.perf_counter()
     method_kw, common = _method_kwargs(args)
@@ -271,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
     last = None
     final_epoch = len(res.epochs)
     if res.last_weights is not None:
-        from robustest.checkpoints import clone_model
+        from robustest.train.checkpoints import clone_model
 
         last_model = clone_model(model)
         last_model.load_state_dict(res.last_weights)

@@ -83,7 +83,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=positive_int, help="fine-tuning batch size (default: 64)")
     p.add_argument("--lr", type=learning_rate, help="fine-tuning learning rate, Adam (default: 1e-3)")
     p.add_argument("--train-options", type=json_object, metavar="JSON",
-                   help="training recipe of --train-model: options of robustest.training.fit plus lr and "
+                   help="training recipe of --train-model: options of robustest.train.fit plus lr and "
                         "batch_size, e.g. '{\"optimizer\": \"sgd\", \"lr\": 0.1, \"schedule\": \"cosine\"}'")
     p.add_argument("--finetune-options", type=json_object, metavar="JSON",
                    help="further fit options for fine-tuning, e.g. '{\"schedule\": \"step\", \"augment\": "

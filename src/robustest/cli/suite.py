@@ -229,11 +229,11 @@ def _build_report(suite: Any, doc: dict[str, Any]) -> Any:
 
 # ------------------------------------------------------------------------------------------------- check
 def run_check(args: argparse.Namespace) -> int:
-    from robustest.checkpoints import load_model as load_file
     from robustest.cli import EXIT_GATE
     from robustest.core.devices import model_device
     from robustest.results import write_results
     from robustest.suite import Suite, check_suite
+    from robustest.train.checkpoints import load_model as load_file
 
     t0 = time.perf_counter()
     if args.no_baseline and args.baseline is not None:

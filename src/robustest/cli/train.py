@@ -9,7 +9,7 @@ Writes to --out:
   train_state.pt  with --resume: the state after every epoch, from which a rerun continues
 
 Without recipe flags training is as it always was (Adam 1e-3, batch 64, constant LR, no augmentation);
---recipe fills in a seed's recipe (robustest.recipes.RECIPES) and the flags given override it.
+--recipe fills in a seed's recipe (robustest.train.recipes.RECIPES) and the flags given override it.
 
 Example (AugMix's CIFAR recipe: SGD 0.1, Nesterov, weight decay 5e-4 off norms/biases, cosine, crop-flip):
     robustest train --dataset cifar10 --data-dir DIR --model wrn-40-2 --recipe cifar-sgd --amp bf16 \\
@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from robustest import models as zoo
-from robustest.checkpoints import source_of
 from robustest.cli._common import (
     add_data_args,
     add_run_args,
@@ -49,9 +48,10 @@ from robustest.cli._common import (
 from robustest.core.batching import image_shape, labels_of, take
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
-from robustest.recipes import RECIPES, TrainOptions, check_device, check_options, recipe
 from robustest.results import write_results
-from robustest.training import channel_stats
+from robustest.train import channel_stats
+from robustest.train.checkpoints import source_of
+from robustest.train.recipes import RECIPES, TrainOptions, check_device, check_options, recipe
 
 ORDER = 10
 
@@ -206,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
 
     from robustest.evaluate import loss_and_accuracy
     from robustest.report import plural
-    from robustest.training import fit, save_checkpoint
+    from robustest.train import fit
+    from robustest.train.checkpoints import save_checkpoint
 
     if Path(args.out).exists():
         out_dir(args)  # a file in the way is a one-line error before any work; the folder is made after checks
@@ -224,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
     t_data = time.perf_counter() - t0
     torch.manual_seed(args.seed)
     if ":" in args.model:
-        from robustest.checkpoints import load_model
+        from robustest.train.checkpoints import load_model
 
         model = load_model(factory=args.model, factory_args=args.model_args, map_location=device)
     else:

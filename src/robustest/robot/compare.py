@@ -127,7 +127,7 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
                 continue
             cdir = state / "cells" / keys[res["i"]]
             b, s, sd = plan[res["i"]]
-            from robustest.checkpoints import clone_model, save_weights
+            from robustest.train.checkpoints import clone_model, save_weights
 
             weights = clone_model(setup.model0).cpu()
             weights.load_state_dict(res.pop("state"))

@@ -24,12 +24,14 @@ from robustest.core.validation import (
     check_seed,
     check_str,
 )
+from robustest.train import objectives
 
 POOLS = ("attack", "fol-fuzz", "cov-fuzz")
-#: retraining by adversarial training against the current model (robustest.hardening), as strategies: the
-#: method each one runs (adv-train is Madry's PGD-AT)
-HARDEN_STRATEGIES = {"adv-train": "pgd-at", "trades": "trades", "fosc": "fosc", "fol-budget": "fol-budget",
-                     "fast-at": "fast-at"}
+#: robot's name of a hardening objective where it differs from the objective's (adv-train is Madry's PGD-AT)
+_STRATEGY_NAMES = {"pgd-at": "adv-train"}
+#: retraining by adversarial training against the current model (robustest.train.harden), as strategies: one per
+#: objective registered when robot is imported (robustest.train.objectives), mapped to the objective it runs
+HARDEN_STRATEGIES = {_STRATEGY_NAMES.get(m, m): m for m in objectives.names()}
 #: scores of the model under test that a run ranks with one of the selection registry's plain rankings (gini:
 #: the highest DeepGini scores first, robustest.selection's ``top``)
 RANKED_SCORES = {"gini": "top"}
@@ -39,8 +41,8 @@ DEFAULT_STRATEGIES = ("best", "kmst", "gini", "random", "coverage")
 #: examples generated against the current model every batch (Madry et al.) and uses no pool; a comparison runs
 #: them once per seed, under the budget label of BUDGET_FREE
 BUDGET_FREE = {"all": "100%", **{s: "online" for s in HARDEN_STRATEGIES}}
-#: finetune_options adv-train and the other hardening strategies honour (robustest.hardening's recipe); left unset,
-#: the schedule is constant and eps is not warmed up (the cells' settings since the first release)
+#: finetune_options adv-train and the other hardening strategies honour (robustest.train.harden's recipe); left
+#: unset, the schedule is constant and eps is not warmed up (the cells' settings since the first release)
 ADV_TRAIN_OPTIONS = ("optimizer", "weight_decay", "momentum", "nesterov", "schedule", "warmup_epochs", "milestones",
                      "eps_warmup")
 METRICS = ("clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy", "whitebox_pgd_accuracy",
@@ -52,7 +54,7 @@ _RUNTIME_KEYS = ("out", "resume", "progress", "verbose", "device", "workers")
 # keys a resumed run may change: they decide how many rounds/cells run, not what a finished one contains
 # paths whose CONTENT a resumed run checks (model weights and data are fingerprinted), so a moved file is fine
 _PATH_KEYS = ("model", "weights", "data_dir")
-# recipe options of training.fit a config may give for training the original model / fine-tuning
+# recipe options of robustest.train.fit a config may give for training the original model / fine-tuning
 FIT_OPTION_KEYS = ("optimizer", "momentum", "nesterov", "weight_decay", "decay_norm_bias", "schedule", "milestones",
                    "warmup_epochs", "label_smoothing", "amp", "compile", "augment")
 _EXTENDABLE_KEYS = ("rounds", "time_budget", "target", "target_metric", "strategies", "budgets", "seeds", "examples")
@@ -77,7 +79,7 @@ class RobotConfig:
     (comparison): a count (int) or a percentage of the pool ("5%").
     Fine-tuning: ``epochs``, ``batch_size``, ``lr`` (Adam), validation split ``val_fraction`` of the
     training data (plus its adversarial examples when ``val_adversarial``). ``finetune_options``: further
-    recipe options of :func:`robustest.training.fit` for fine-tuning (``schedule``, ``milestones``,
+    recipe options of :func:`robustest.train.fit` for fine-tuning (``schedule``, ``milestones``,
     ``augment``, ``weight_decay``, ``optimizer``, ``amp``, ...); ``train_options``: the same, plus ``lr`` and
     ``batch_size``, for training ``train_model`` (default: Adam with ``lr`` and ``batch_size``).
     Loop: ``rounds``, ``time_budget`` (seconds), ``target`` (stop once ``target_metric`` >= target),
@@ -371,7 +373,7 @@ class RobotConfig:
         if hard:
             extra = sorted(set(self.finetune_options) - set(ADV_TRAIN_OPTIONS))
             if extra:
-                raise ConfigError(f"finetune_options: {hard[0]} fine-tunes with robustest.hardening, which "
+                raise ConfigError(f"finetune_options: {hard[0]} fine-tunes with robustest.train.harden, which "
                                   f"takes only {' and '.join(ADV_TRAIN_OPTIONS)}, not {extra[0]!r}: drop it, or "
                                   f"choose a selection strategy instead of {hard[0]} (the loop's default), e.g. "
                                   "random")
@@ -448,7 +450,7 @@ class RobotConfig:
             raise ConfigError(f"out must be a folder path, got {self.out!r}")
 
     def _check_fit_options(self, name: str, epochs: int, extra: tuple[str, ...]) -> None:
-        from robustest.recipes import check_options
+        from robustest.train.recipes import check_options
 
         opts = getattr(self, name)
         if not isinstance(opts, dict):

@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from robustest import data as datasets
-from robustest.checkpoints import clone_model, source_of
 from robustest.core.atomic import atomic_save, atomic_write_json
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError, DataError
@@ -24,6 +23,7 @@ from robustest.core.modelchecks import check_model_fits
 from robustest.evaluate import FixedAdversarialSet, RobustnessReport, adversarial_examples, build_fixed_set, measure
 from robustest.robot.config import _EXTENDABLE_KEYS, _PATH_KEYS, RobotConfig, derive_seed
 from robustest.robot.pool import Pool
+from robustest.train.checkpoints import clone_model, source_of
 
 
 def _quantiles(t: torch.Tensor) -> dict[str, float | None]:
@@ -109,7 +109,7 @@ def _mark_run(cfg: RobotConfig, out: Path, kind: str) -> None:
 def _train_original(cfg: RobotConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
                     device: torch.device) -> nn.Module:
     from robustest import models as zoo
-    from robustest.training import fit
+    from robustest.train import fit
 
     mean = x.mean(dim=(0, 2, 3)).tolist()
     std = x.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist()
@@ -141,7 +141,7 @@ def _rob(rep: RobustnessReport) -> dict[str, Any]:
 def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None, kind: str) -> _Setup:
     """Load data and model, carve the validation split, build (or load) the fixed adversarial set and the
     baseline measurement; everything cached under OUT/state so a resumed run reuses it."""
-    from robustest.checkpoints import load_model, save_weights, state_fingerprint
+    from robustest.train.checkpoints import load_model, save_weights, state_fingerprint
 
     t0 = time.perf_counter()
     device = resolve_device(model, cfg.device) if (cfg.device or model is not None) else torch.device("cpu")
@@ -248,7 +248,7 @@ def _finetune(model0: nn.Module, setup: _Setup, tests: Pool, cfg: RobotConfig, s
               ) -> tuple[nn.Module, nn.Module | None, dict[str, Any]]:
     """Fine-tune a copy of ``model0`` on the training data + ``tests``; pick the checkpoint on the validation
     split. Returns (selected model, last-epoch model or None when it is the selected one, history dict)."""
-    from robustest.training import fit
+    from robustest.train import fit
 
     model = clone_model(model0)
     last: dict[str, Any] = {}
@@ -286,14 +286,15 @@ def _adv_finetune(model0: nn.Module, setup: _Setup, cfg: RobotConfig, seed: int,
                   ) -> tuple[nn.Module, nn.Module | None, dict[str, Any]]:
     """The ``adv-train`` baseline and the other hardening strategies (``method``: pgd-at for adv-train, or
     trades, fosc, fol-budget, fast-at): fine-tune a copy of ``model0`` on the training images with
-    adversarial training (Madry et al.; :func:`robustest.hardening.harden`, e.g. pgd-at: ``cfg.pool_pgd_steps`` steps of
+    adversarial training (Madry et al.; :func:`robustest.train.harden`, e.g. pgd-at: ``cfg.pool_pgd_steps`` steps of
     2.5 eps / steps from a random start, generated against the model as it learns, every batch), with the
     epochs, batch size, learning rate and optimiser of the other cells; the checkpoint is picked on the same
     validation split by accuracy, as :func:`_finetune` does. Returns what :func:`_finetune` returns; the history
     dict's ``passes`` are the update steps and validation, ``adversarial_passes`` the attacks."""
     from robustest.evaluate import loss_and_accuracy
-    from robustest.hardening import harden
     from robustest.robot.compute import PassCounter
+    from robustest.train import objectives
+    from robustest.train.hardening import harden
 
     model = clone_model(model0)
     best: dict[str, Any] = {"acc": -1.0, "epoch": None, "state": None}
@@ -318,7 +319,7 @@ def _adv_finetune(model0: nn.Module, setup: _Setup, cfg: RobotConfig, seed: int,
                      nesterov=opts.get("nesterov"), schedule=opts.get("schedule"),
                      warmup_epochs=opts.get("warmup_epochs", 0.0), milestones=opts.get("milestones"),
                      eps_warmup=opts.get("eps_warmup", 0.0),
-                     steps=None if method == "fast-at" else cfg.pool_pgd_steps, seed=seed,
+                     steps=None if objectives.get(method).fixed_steps is not None else cfg.pool_pgd_steps, seed=seed,
                      device=setup.device, progress=cfg.progress, on_epoch_end=on_end)
     last_model = None
     if best["epoch"] != cfg.epochs and "state" in last:

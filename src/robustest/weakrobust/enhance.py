@@ -19,7 +19,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from robustest import attacks
-from robustest.checkpoints import clone_model, state_fingerprint
 from robustest.core import distributed, reprs
 from robustest.core.atomic import atomic_save
 from robustest.core.batching import DataLike, image_shape
@@ -31,7 +30,8 @@ from robustest.core.progress import progress as progress_bar
 from robustest.core.reading import load_plain
 from robustest.core.seeding import seed_everything
 from robustest.core.validation import check_eps
-from robustest.training import TrainData
+from robustest.train import TrainData
+from robustest.train.checkpoints import clone_model, state_fingerprint
 from robustest.weakrobust.augment import _augmix, _jsd, augmentation_pool
 from robustest.weakrobust.validation import ValidationResult, default_eps_grid
 
@@ -135,7 +135,7 @@ def enhance(
     line.
 
     Under torchrun with several ranks (``ddp=None``, the default, or True) the model trains with
-    DistributedDataParallel as :func:`robustest.training.fit` does: each rank takes its part of every global
+    DistributedDataParallel as :func:`robustest.train.fit` does: each rank takes its part of every global
     batch of ``batch_size`` (its own AugMix draws and PGD starts), the loss is reweighted so that the averaged
     gradient is the global batch's, and every rank ends with the same weights, close to (not equal to) one
     process's. ``ddp=False``: every rank trains the whole model by itself (equal to one process).

@@ -1,16 +1,16 @@
 """Training recipes: the optimiser, schedule, loss, precision and data options of
-:func:`robustest.training.fit`, checked up front, and the named recipes of the seeds' full-scale settings.
+:func:`robustest.train.fit` and :func:`robustest.train.harden`, checked up front, and the named recipes of the
+seeds' full-scale settings.
 
 * :func:`check_options` validates every option (finite, in range, known names) and returns a
   :class:`TrainOptions`; :func:`check_device` refuses what the device cannot do (fp16 off CUDA).
 * :func:`make_optimizer`: Adam, or SGD with (Nesterov) momentum; with ``decay_norm_bias=False`` weight
   decay skips the parameters of normalisation layers, biases and every other 1-D parameter.
-* :func:`make_schedule`: constant, cosine or step (x0.1 at each milestone epoch), after an optional linear
-  warm-up, or cyclic (one triangle: linear from 0 up to the rate, then down to 0), stepped once per batch.
+* the learning-rate schedule these options describe is built by :func:`robustest.train.schedules.make_schedule`.
 * :func:`crop_flip`: CIFAR-style random crop from a zero-padded image plus horizontal flip, batched and
   seeded (N x C x H x W in, same shape out).
-* :func:`autocast` / :func:`grad_scaler`: mixed precision (bf16 autocast on CUDA or the CPU; fp16 autocast
-  with a GradScaler on CUDA).
+* :func:`grad_scaler`: the GradScaler of fp16 mixed precision on CUDA (autocast itself is
+  :func:`robustest.core.amp.autocast`).
 * :func:`compile_model` / :func:`compile_error`: ``torch.compile``, with a one-line error when it is not
   available or fails to compile.
 * :data:`RECIPES` / :func:`recipe`: the seeds' training recipes as ``fit`` keyword arguments.
@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,18 +26,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest.core.amp import AMP_MODES, autocast, check_amp
+from robustest.core.amp import AMP_MODES
 from robustest.core.errors import ConfigError
 from robustest.core.validation import check_bool, check_choice, check_float, check_int
+from robustest.train.schedules import CYCLIC_PEAK, SCHEDULES
 
-__all__ = ["AMP_MODES", "AUGMENTS", "CYCLIC_PEAK", "OPTIMIZERS", "RECIPES", "SCHEDULES", "TrainOptions", "autocast",
-           "check_amp", "check_device", "check_options", "compile_error", "compile_model", "crop_flip", "grad_scaler",
-           "make_optimizer", "make_schedule", "no_decay_parameters", "recipe"]
+__all__ = ["AUGMENTS", "OPTIMIZERS", "RECIPES", "TrainOptions", "check_device", "check_options", "compile_error",
+           "compile_model", "crop_flip", "grad_scaler", "make_optimizer", "no_decay_parameters", "recipe"]
 
 OPTIMIZERS = ("adam", "sgd")
-SCHEDULES = ("cosine", "step", "cyclic")
-#: where the cyclic schedule peaks, as a fraction of training (Wong et al. 2020: 2/5 of the epochs)
-CYCLIC_PEAK = 0.4
 AUGMENTS = ("crop-flip",)
 CROP_PADDING = 4
 
@@ -50,7 +46,7 @@ _NORM_LAYERS: tuple[type, ...] = tuple(t for t in (
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """The validated recipe options of one :func:`robustest.training.fit` call (see :func:`check_options`)."""
+    """The validated recipe options of one :func:`robustest.train.fit` call (see :func:`check_options`)."""
 
     optimizer: str = "adam"
     lr: float = 1e-3
@@ -164,45 +160,6 @@ def make_optimizer(model: nn.Module, opts: TrainOptions) -> torch.optim.Optimize
                            nesterov=opts.nesterov)
 
 
-def make_schedule(opt: torch.optim.Optimizer, opts: TrainOptions, epochs: int, steps_per_epoch: int
-                  ) -> torch.optim.lr_scheduler.LambdaLR | None:
-    """A per-batch LR schedule: ``warmup_epochs`` of linear warm-up ((s + 1) / warm-up steps), then constant,
-    cosine (from the end of warm-up to 0 at the last step) or step (x0.1 at each milestone epoch; by default
-    at 50 % and 75 % of training), or cyclic: linear from 0 up to the rate at :data:`CYCLIC_PEAK` of training,
-    then linear down to 0 at the last step (Wong et al. 2020's one-cycle triangle; no separate warm-up). None
-    when there is neither a schedule nor a warm-up."""
-    total = max(1, epochs * steps_per_epoch)
-    warm = int(round(opts.warmup_epochs * steps_per_epoch))
-    if opts.schedule is None and warm == 0:
-        return None
-    if opts.schedule == "cyclic":
-        peak = max(1.0, CYCLIC_PEAK * total)
-
-        def cyclic(s: int) -> float:
-            t = s + 1  # the rate of step s; the first step trains at 1/peak of the rate, not at 0
-            return t / peak if t <= peak else max(0.0, (total - t) / max(1.0, total - peak))
-
-        return torch.optim.lr_scheduler.LambdaLR(opt, cyclic)
-    if opts.schedule == "cosine":
-        span = max(1, total - warm)
-
-        def after(s: int) -> float:
-            return 0.5 * (1 + math.cos(math.pi * min(s - warm, span) / span))
-    elif opts.schedule == "step":
-        marks = ([0.5 * total, 0.75 * total] if opts.milestones is None
-                 else [m * steps_per_epoch for m in opts.milestones])
-
-        def after(s: int) -> float:
-            return 0.1 ** sum(s >= m for m in marks)
-    else:
-        def after(s: int) -> float:
-            return 1.0
-
-    if warm == 0:
-        return torch.optim.lr_scheduler.LambdaLR(opt, after)
-    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / warm if s < warm else after(s))
-
-
 # ------------------------------------------------------------------------------------------ augmentation
 def crop_flip(x: torch.Tensor, padding: int = CROP_PADDING, generator: torch.Generator | None = None
               ) -> torch.Tensor:
@@ -289,7 +246,7 @@ RECIPES: dict[str, dict[str, Any]] = {
 
 
 def recipe(name: str, epochs: int | None = None) -> dict[str, Any]:
-    """The keyword arguments of :func:`robustest.training.fit` for recipe ``name`` (a copy, ``epochs``
+    """The keyword arguments of :func:`robustest.train.fit` for recipe ``name`` (a copy, ``epochs``
     included). With ``epochs`` given, the schedule keeps its shape: milestones and warm-up are scaled by
     ``epochs / recipe epochs``."""
     if name not in RECIPES:

@@ -1,12 +1,8 @@
-"""Training and safe checkpoints.
-
-* :func:`fit` trains a classifier with Adam or SGD, optional LR schedule and validation, seeded; the recipe
-  options (momentum, warm-up, label smoothing, mixed precision, compile, crop-flip, per-epoch resume) come
-  from :mod:`robustest.recipes`.
-* validation during :func:`fit` is measured with :func:`robustest.evaluate.loss_and_accuracy`.
-* :func:`save_checkpoint` / :func:`load_checkpoint` store weights + model spec + metadata in one file and
-  load it with ``torch.load(weights_only=True)``; anything else (a whole pickled model, a random file) is
-  refused. TorchScript archives load only when asked for explicitly.
+"""Supervised training: :func:`fit` trains a classifier with Adam or SGD, optional LR schedule and validation,
+seeded; the recipe options (momentum, warm-up, label smoothing, mixed precision, compile, crop-flip, per-epoch
+resume) come from :mod:`robustest.train.recipes`. :class:`TrainData` gives the batches of one epoch from any
+data-like object (also under torchrun); :func:`channel_stats` the per-channel statistics a Normalize layer takes.
+Validation during :func:`fit` is measured with :func:`robustest.evaluate.loss_and_accuracy`.
 """
 
 from __future__ import annotations
@@ -26,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from robustest.core import distributed
+from robustest.core.amp import autocast
 from robustest.core.atomic import atomic_save
 from robustest.core.batching import DataLike, as_tensors, converts_batches, iter_batches, labels_of, split_batch
 from robustest.core.devices import channels_last_wanted, resolve_device
@@ -36,8 +33,8 @@ from robustest.core.modelcall import eval_mode, forward, set_mode
 from robustest.core.progress import progress as progress_bar
 from robustest.core.seeding import make_generator, seed_everything
 from robustest.evaluate import loss_and_accuracy
-from robustest.recipes import (
-    autocast,
+from robustest.train.recipes import (
+    TrainOptions,
     check_device,
     check_options,
     compile_error,
@@ -45,10 +42,12 @@ from robustest.recipes import (
     crop_flip,
     grad_scaler,
     make_optimizer,
-    make_schedule,
 )
+from robustest.train.schedules import make_schedule
 
-__all__ = ["EpochStats", "History", "TrainData", "channel_stats", "fit", "load_checkpoint", "save_checkpoint"]
+__all__ = ["FIT_STATE_FORMAT", "EpochStats", "History", "TrainData", "channel_stats", "fit"]
+
+FIT_STATE_FORMAT = "robustest-fit-state-1"
 
 
 @dataclass
@@ -247,6 +246,30 @@ def _distributed_loader(loader: DataLoader, shard: Shard, seed: int) -> DataLoad
                       persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False)
 
 
+@dataclass
+class _Fit:
+    """One fit call's working state: what trains (the model, the module the steps run through: compiled and/or
+    DDP-wrapped), the batches, the optimiser, schedule, scaler and augmentation generator, the history and the best
+    epoch so far, and the settings a resume file must match."""
+
+    model: nn.Module
+    step_model: nn.Module
+    source: TrainData
+    opts: TrainOptions
+    dev: torch.device
+    ddp: bool
+    num_classes: int
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR | None
+    scaler: torch.amp.GradScaler | None
+    aug_gen: torch.Generator | None
+    settings: str
+    history: History = field(default_factory=History)
+    best_acc: float = -1.0
+    best_state: dict[str, torch.Tensor] | None = None
+    seconds_before: float = 0.0
+
+
 def fit(
     model: nn.Module,
     train: DataLike,
@@ -285,7 +308,7 @@ def fit(
     ``on_epoch_end(epoch, model, stats)``, when given, is called after every epoch (model in train mode).
 
     Recipe options (keyword only; their defaults leave training as it always was, see
-    :mod:`robustest.recipes`): ``optimizer="sgd"`` takes ``momentum`` (default 0.9) and ``nesterov``
+    :mod:`robustest.train.recipes`): ``optimizer="sgd"`` takes ``momentum`` (default 0.9) and ``nesterov``
     (default True); ``schedule`` "cosine" or "step" (x0.1 at each of ``milestones``, epochs; default 50 % and
     75 % of training), after ``warmup_epochs`` of linear warm-up; ``label_smoothing`` of the cross-entropy;
     ``decay_norm_bias=False`` keeps weight decay off normalisation layers and biases; ``amp`` "bf16" (CUDA or
@@ -300,17 +323,7 @@ def fit(
     whose results must equal one process's). Every option is checked before any work. Returns the
     :class:`History`.
     """
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
-        raise ConfigError(f"epochs must be >= 0, got {epochs}")
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    if not lr > 0:
-        raise ConfigError(f"lr must be positive, got {lr}")
-    if restore_best and val is None:
-        raise ConfigError("restore_best needs validation data (val=...)")
-    for name, v in (("lr", lr), ("weight_decay", weight_decay)):
-        if not math.isfinite(float(v)) or v < 0:
-            raise ConfigError(f"{name} must be a finite non-negative number, got {v}")
+    _check_fit_args(epochs, batch_size, lr, weight_decay, restore_best, val)
     opts = check_options(epochs, optimizer=optimizer, lr=lr, weight_decay=weight_decay, momentum=momentum,
                          nesterov=nesterov, schedule=schedule, warmup_epochs=warmup_epochs, milestones=milestones,
                          label_smoothing=label_smoothing, decay_norm_bias=decay_norm_bias, amp=amp,
@@ -323,10 +336,57 @@ def fit(
     state_path = Path(resume_file) if resume_file is not None else None
     if state_path is not None and state_path.exists() and not state_path.is_file():
         raise ConfigError(f"resume_file {str(state_path)!r} exists and is not a file: choose another path")
+    run = _setup(model, train, opts, dev, epochs=epochs, batch_size=batch_size, seed=seed, ddp=ddp,
+                 restore_best=restore_best, val=val)
+    start = 1
+    if state_path is not None and state_path.is_file():
+        start = _resume(run, _load_fit_state(state_path, run.settings))
+    if state_path is not None:  # every rank has read the state before rank 0 writes the next one
+        distributed.barrier()
+    t_start = time.perf_counter()
+    first_step = start <= epochs
+    for epoch in progress_bar(range(start, epochs + 1), enabled=progress, desc="train", unit="epoch"):
+        t0 = time.perf_counter()
+        stats, first_step = _train_epoch(run, epoch, first_step)
+        if val is not None:
+            _validate(run, stats, val, max(256, batch_size), restore_best)
+        stats.seconds = time.perf_counter() - t0
+        run.history.epochs.append(stats)
+        if state_path is not None:
+            _save_fit_state(run, epoch, run.seconds_before + time.perf_counter() - t_start, state_path)
+        if on_epoch_end is not None:  # e.g. keep the last epoch's weights when restore_best is used
+            on_epoch_end(epoch, model, stats)
+    if restore_best and run.best_state is not None:
+        model.load_state_dict(run.best_state)
+    set_mode(model, False)
+    run.history.seconds = run.seconds_before + time.perf_counter() - t_start
+    return run.history
+
+
+def _check_fit_args(epochs: Any, batch_size: int, lr: float, weight_decay: float, restore_best: bool,
+                    val: DataLike | None) -> None:
+    """The checks of fit's own arguments (the recipe options are :func:`check_options`')."""
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+        raise ConfigError(f"epochs must be >= 0, got {epochs}")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    if not lr > 0:
+        raise ConfigError(f"lr must be positive, got {lr}")
+    if restore_best and val is None:
+        raise ConfigError("restore_best needs validation data (val=...)")
+    for name, v in (("lr", lr), ("weight_decay", weight_decay)):
+        if not math.isfinite(float(v)) or v < 0:
+            raise ConfigError(f"{name} must be a finite non-negative number, got {v}")
+
+
+def _setup(model: nn.Module, train: DataLike, opts: TrainOptions, dev: torch.device, *, epochs: int,
+           batch_size: int, seed: int, ddp: bool | None, restore_best: bool, val: DataLike | None) -> _Fit:
+    """Move the model to ``dev``, seed, and build the batches, optimiser, schedule, scaler, augmentation
+    generator and the module the steps run through (compiled, DDP-wrapped under torchrun)."""
     model.to(dev)
     seed_everything(seed)
     shard = Shard.current() if ddp is not False else Shard()
-    ddp = shard.world_size > 1
+    use_ddp = shard.world_size > 1
     source = TrainData(train, batch_size, seed, shard=shard)
     num_classes = source.check(model, dev)
     opt = make_optimizer(model, opts)
@@ -335,113 +395,119 @@ def fit(
     aug_gen = make_generator((seed * 1_000_003 + 7_919) % 2**63) if opts.augment else None
     channels_last_wanted(model, dev)  # a conv net on CUDA goes channels_last now, before DDP lays out its buckets
     step_model = compile_model(model) if opts.compile else model
-    if ddp:  # gradients averaged over the ranks; rank 0's weights and buffers broadcast at the start
+    if use_ddp:  # gradients averaged over the ranks; rank 0's weights and buffers broadcast at the start
         from torch.nn.parallel import DistributedDataParallel
 
         step_model = DistributedDataParallel(step_model, device_ids=[dev.index] if dev.type == "cuda" else None)
-    history = History()
-    best_acc, best_state = -1.0, None
     settings = json.dumps({"epochs": epochs, "batch_size": batch_size, "seed": seed, "n": source.n,
                            "restore_best": restore_best, "val": val is not None, **opts.to_dict(),
                            # DDP training depends on the number of ranks (each rank's share of a batch)
-                           **({"world_size": shard.world_size} if ddp else {})}, sort_keys=True)
-    start, seconds_before = 1, 0.0
-    if state_path is not None and state_path.is_file():
-        st = _load_fit_state(state_path, settings)
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["optimizer"])
-        if sched is not None:
-            sched.load_state_dict(st["schedule"])
-        if scaler is not None and st.get("scaler"):
-            scaler.load_state_dict(st["scaler"])
-        source.gen.set_state(st["gen"])
-        if aug_gen is not None:
-            aug_gen.set_state(st["aug_gen"])
-        torch.set_rng_state(st["torch_rng"])
-        if dev.type == "cuda" and st.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(st["cuda_rng"], dev)
-        history.epochs = [EpochStats(**e) for e in st["history"]]
-        history.best_epoch = st["best_epoch"]
-        best_acc, best_state = float(st["best_acc"]), st.get("best_state")
-        start, seconds_before = int(st["epoch"]) + 1, float(st["seconds"])
-    if state_path is not None:  # every rank has read the state before rank 0 writes the next one
-        distributed.barrier()
-    t_start = time.perf_counter()
-    first_step = start <= epochs
-    for epoch in progress_bar(range(start, epochs + 1), enabled=progress, desc="train", unit="epoch"):
-        t0 = time.perf_counter()
-        set_mode(model, True)
-        total_loss, correct, n = 0.0, 0, 0
-        for xb, yb in source.epoch(epoch, num_classes):
-            xb, yb = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
-            if aug_gen is not None:
-                xb = crop_flip(xb, generator=aug_gen)
-            try:
-                with autocast(opts.amp, dev):
-                    logits = forward(step_model, xb)
-                    loss = (F.cross_entropy(logits, yb, label_smoothing=opts.label_smoothing)
-                            if opts.label_smoothing else F.cross_entropy(logits, yb))
-                bad = ~torch.isfinite(loss.detach())
-                if ddp:  # every rank stops together, not only the one that saw it
-                    bad = distributed.all_reduce_sum(bad.float().reshape(1)) > 0
-                if bool(bad):
-                    raise TrainingDiverged(f"training diverged at epoch {epoch}: the loss is {float(loss)}; lower "
-                                           f"the learning rate (lr={opts.lr:g}) or check the data for NaN")
-                opt.zero_grad(set_to_none=True)
-                step_loss = loss * source.batch_weight if ddp else loss
-                if scaler is not None:
-                    scaler.scale(step_loss).backward()
-                    scaler.step(opt)
-                    scaler.update()
-                else:
-                    step_loss.backward()
-                    opt.step()
-            except Exception as exc:
-                err = compile_error(exc) if (opts.compile and first_step) else None
-                if err is not None:
-                    raise err from exc
-                raise
-            first_step = False
-            if sched is not None:
-                sched.step()
-            total_loss += float(loss.detach()) * len(yb)
-            correct += int((logits.detach().argmax(1) == yb).sum())
-            n += len(yb)
-        if ddp:  # the epoch's figures over every rank's samples
-            total_loss, correct, n = distributed.all_reduce_sum(
-                torch.tensor([total_loss, float(correct), float(n)], dtype=torch.float64, device=dev)).tolist()
-        n = max(n, 1)
-        stats = EpochStats(epoch=epoch, loss=total_loss / n, accuracy=correct / n,
-                           lr=opt.param_groups[0]["lr"], seconds=0.0)
-        if val is not None:
-            stats.val_loss, stats.val_accuracy = loss_and_accuracy(model, val, batch_size=max(256, batch_size))
-            if restore_best and stats.val_accuracy > best_acc:
-                best_acc = stats.val_accuracy
-                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-                history.best_epoch = epoch
-        stats.seconds = time.perf_counter() - t0
-        history.epochs.append(stats)
-        if state_path is not None:
-            atomic_save({"format": FIT_STATE_FORMAT, "settings": settings, "epoch": epoch,
-                         "model": model.state_dict(), "optimizer": opt.state_dict(),
-                         "schedule": sched.state_dict() if sched is not None else None,
-                         "scaler": scaler.state_dict() if scaler is not None else None,
-                         "gen": source.gen.get_state(), "aug_gen": aug_gen.get_state() if aug_gen is not None
-                         else None, "torch_rng": torch.get_rng_state(),
-                         "cuda_rng": torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None,
-                         "history": [asdict(e) for e in history.epochs], "best_epoch": history.best_epoch,
-                         "best_acc": best_acc, "best_state": best_state,
-                         "seconds": seconds_before + time.perf_counter() - t_start}, state_path)
-        if on_epoch_end is not None:  # e.g. keep the last epoch's weights when restore_best is used
-            on_epoch_end(epoch, model, stats)
-    if restore_best and best_state is not None:
-        model.load_state_dict(best_state)
-    set_mode(model, False)
-    history.seconds = seconds_before + time.perf_counter() - t_start
-    return history
+                           **({"world_size": shard.world_size} if use_ddp else {})}, sort_keys=True)
+    return _Fit(model, step_model, source, opts, dev, use_ddp, num_classes, opt, sched, scaler, aug_gen, settings)
 
 
-FIT_STATE_FORMAT = "robustest-fit-state-1"
+def _train_epoch(run: _Fit, epoch: int, first_step: bool) -> tuple[EpochStats, bool]:
+    """One epoch over the run's batches (model in train mode): its loss, accuracy and last learning rate (summed
+    over every rank under DDP), and whether the next step is still the run's first (no batch came)."""
+    set_mode(run.model, True)
+    total_loss, correct, n = 0.0, 0, 0
+    for xb, yb in run.source.epoch(epoch, run.num_classes):
+        xb, yb = xb.to(run.dev, non_blocking=True), yb.to(run.dev, non_blocking=True)
+        if run.aug_gen is not None:
+            xb = crop_flip(xb, generator=run.aug_gen)
+        loss, logits = _train_step(run, xb, yb, epoch, first_step)
+        first_step = False
+        if run.sched is not None:
+            run.sched.step()
+        total_loss += float(loss.detach()) * len(yb)
+        correct += int((logits.detach().argmax(1) == yb).sum())
+        n += len(yb)
+    if run.ddp:  # the epoch's figures over every rank's samples
+        total_loss, correct, n = distributed.all_reduce_sum(
+            torch.tensor([total_loss, float(correct), float(n)], dtype=torch.float64, device=run.dev)).tolist()
+    n = max(n, 1)
+    return EpochStats(epoch=epoch, loss=total_loss / n, accuracy=correct / n, lr=run.opt.param_groups[0]["lr"],
+                      seconds=0.0), first_step
+
+
+def _train_step(run: _Fit, xb: torch.Tensor, yb: torch.Tensor, epoch: int, first_step: bool
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimiser step on the batch xb (B x C x H x W), yb (int64 [B]); returns (loss, logits B x K). A loss
+    that is not finite stops training (on every rank together); torch.compile's failure at the first step is a
+    one-line ConfigError."""
+    opts = run.opts
+    try:
+        with autocast(opts.amp, run.dev):
+            logits = forward(run.step_model, xb)
+            loss = (F.cross_entropy(logits, yb, label_smoothing=opts.label_smoothing)
+                    if opts.label_smoothing else F.cross_entropy(logits, yb))
+        bad = ~torch.isfinite(loss.detach())
+        if run.ddp:  # every rank stops together, not only the one that saw it
+            bad = distributed.all_reduce_sum(bad.float().reshape(1)) > 0
+        if bool(bad):
+            raise TrainingDiverged(f"training diverged at epoch {epoch}: the loss is {float(loss)}; lower "
+                                   f"the learning rate (lr={opts.lr:g}) or check the data for NaN")
+        run.opt.zero_grad(set_to_none=True)
+        step_loss = loss * run.source.batch_weight if run.ddp else loss
+        if run.scaler is not None:
+            run.scaler.scale(step_loss).backward()
+            run.scaler.step(run.opt)
+            run.scaler.update()
+        else:
+            step_loss.backward()
+            run.opt.step()
+    except Exception as exc:
+        err = compile_error(exc) if (opts.compile and first_step) else None
+        if err is not None:
+            raise err from exc
+        raise
+    return loss, logits
+
+
+def _validate(run: _Fit, stats: EpochStats, val: DataLike, batch_size: int, restore_best: bool) -> None:
+    """The epoch's validation loss and accuracy into ``stats``; with ``restore_best``, a copy of the weights of
+    the best epoch so far."""
+    stats.val_loss, stats.val_accuracy = loss_and_accuracy(run.model, val, batch_size=batch_size)
+    if restore_best and stats.val_accuracy > run.best_acc:
+        run.best_acc = stats.val_accuracy
+        run.best_state = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+        run.history.best_epoch = stats.epoch
+
+
+def _resume(run: _Fit, st: dict[str, Any]) -> int:
+    """Load a saved training state into the run; returns the epoch to continue with."""
+    run.model.load_state_dict(st["model"])
+    run.opt.load_state_dict(st["optimizer"])
+    if run.sched is not None:
+        run.sched.load_state_dict(st["schedule"])
+    if run.scaler is not None and st.get("scaler"):
+        run.scaler.load_state_dict(st["scaler"])
+    run.source.gen.set_state(st["gen"])
+    if run.aug_gen is not None:
+        run.aug_gen.set_state(st["aug_gen"])
+    torch.set_rng_state(st["torch_rng"])
+    if run.dev.type == "cuda" and st.get("cuda_rng") is not None:
+        torch.cuda.set_rng_state(st["cuda_rng"], run.dev)
+    run.history.epochs = [EpochStats(**e) for e in st["history"]]
+    run.history.best_epoch = st["best_epoch"]
+    run.best_acc, run.best_state = float(st["best_acc"]), st.get("best_state")
+    run.seconds_before = float(st["seconds"])
+    return int(st["epoch"]) + 1
+
+
+def _save_fit_state(run: _Fit, epoch: int, seconds: float, path: Path) -> None:
+    """Write the state after ``epoch`` atomically: weights, optimiser, schedule, scaler, every generator, the
+    history and the best epoch so far."""
+    dev = run.dev
+    atomic_save({"format": FIT_STATE_FORMAT, "settings": run.settings, "epoch": epoch,
+                 "model": run.model.state_dict(), "optimizer": run.opt.state_dict(),
+                 "schedule": run.sched.state_dict() if run.sched is not None else None,
+                 "scaler": run.scaler.state_dict() if run.scaler is not None else None,
+                 "gen": run.source.gen.get_state(), "aug_gen": run.aug_gen.get_state() if run.aug_gen is not None
+                 else None, "torch_rng": torch.get_rng_state(),
+                 "cuda_rng": torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None,
+                 "history": [asdict(e) for e in run.history.epochs], "best_epoch": run.history.best_epoch,
+                 "best_acc": run.best_acc, "best_state": run.best_state, "seconds": seconds}, path)
 
 
 def _load_fit_state(path: Path, settings: str) -> dict[str, Any]:
@@ -468,8 +534,3 @@ def _load_fit_state(path: Path, settings: str) -> dict[str, Any]:
         raise ConfigError(f"resume_file {str(path)!r} holds training with other settings (epochs, data, "
                           "recipe): resume with the same settings, or delete it to start again")
     return st
-
-
-# ------------------------------------------------------------------------------------------ checkpoints
-# Checkpoints live in robustest.checkpoints; these names stay importable from here.
-from robustest.checkpoints import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint  # noqa: E402,F401

@@ -1,0 +1,23 @@
+"""Training: the one home of how models are trained.
+
+* :func:`fit` (:mod:`.fitting`): supervised training with the recipe options of :mod:`.recipes`, seeded and
+  resumable, under torchrun with DistributedDataParallel; :class:`TrainData` batches any data source.
+* :func:`harden` (:mod:`.hardening`): adversarial training with any objective of :mod:`.objectives` (pgd-at,
+  trades, fosc, fol-budget, fast-at, or one registered from outside), counting its compute
+  (:class:`ComputeCount`), with robust early stopping and the catastrophic-overfitting guard
+  (:mod:`.early_stopping`) and a resumable state.
+* :mod:`.schedules`: the per-batch learning-rate schedule, the eps warm-up, dynamic AT's FOSC criterion.
+* :mod:`.checkpoints`: models from files and back (safe checkpoints, TorchScript, torch.export, factories).
+"""
+
+from __future__ import annotations
+
+from robustest.train import objectives
+from robustest.train.compute import ComputeCount
+from robustest.train.early_stopping import holdout_split
+from robustest.train.fitting import EpochStats, History, TrainData, channel_stats, fit
+from robustest.train.hardening import HardenResult, check_trainable, harden, harden_settings
+from robustest.train.schedules import eps_schedule, fosc_schedule
+
+__all__ = ["ComputeCount", "EpochStats", "HardenResult", "History", "TrainData", "channel_stats", "check_trainable",
+           "eps_schedule", "fit", "fosc_schedule", "harden", "harden_settings", "holdout_split", "objectives"]

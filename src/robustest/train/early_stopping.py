@@ -1,0 +1,76 @@
+"""Robust early stopping (Rice et al. 2020) and the catastrophic-overfitting guard of adversarial training.
+
+With held-out labelled data (:func:`holdout_split` draws it class-stratified), every epoch ends with the clean
+and PGD accuracy of the model on it (:func:`validate`); ``keep="best"`` ends training with the weights of the
+epoch whose validation PGD accuracy was highest, ``keep="last"`` with the last epoch's. The guard
+(:func:`collapsed`): when an epoch's validation PGD accuracy falls below :data:`CO_RATIO` of the best so far and
+at least :data:`CO_MIN_DROP` under it (FGSM training has "collapsed": Wong et al. 2020 report the same
+signature), training stops and the best epoch's weights are restored.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from robustest.core.errors import ConfigError
+from robustest.core.seeding import make_generator
+from robustest.train.checks import check_count
+from robustest.train.seeds import derive_seed
+
+__all__ = ["CO_MIN_DROP", "CO_RATIO", "KEEP", "collapsed", "holdout_split", "validate"]
+
+KEEP = ("best", "last")
+#: the catastrophic-overfitting rule: validation PGD accuracy below this fraction of the best so far ...
+CO_RATIO = 0.5
+#: ... and at least this far (absolute) below it
+CO_MIN_DROP = 0.1
+
+
+def collapsed(score: float, best: float) -> bool:
+    """The catastrophic-overfitting rule: validation PGD accuracy under ``CO_RATIO`` of the best so far and at
+    least ``CO_MIN_DROP`` below it."""
+    return score < CO_RATIO * best and best - score >= CO_MIN_DROP
+
+
+def validate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int, seed: int
+             ) -> dict[str, float]:
+    """Clean and PGD (``steps`` steps of eps/4, random start) accuracy on validation data x (N x C x H x W),
+    y (int64 [N]), in eval mode: ``{"val_clean_accuracy", "val_pgd_accuracy"}``."""
+    from robustest.attacks import attack
+
+    res = attack("pgd", model, (x, y), eps=eps, alpha=eps / 4, steps=steps, random_start=True, seed=seed)
+    return {"val_clean_accuracy": res.clean_accuracy, "val_pgd_accuracy": res.robust_accuracy}
+
+
+def holdout_split(labels: torch.Tensor, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A class-stratified hold-out: (train positions, validation positions), int64 [N - k] and [k], both sorted.
+
+    ``labels``: int64 [N]. Each class gets a share of the ``k`` validation samples proportional to its size
+    (largest remainders, ties to the smaller class index), drawn uniformly within the class by a generator
+    seeded from ``seed``; the same labels, k and seed give the same split.
+    """
+    labels = torch.as_tensor(labels).reshape(-1).long()
+    n = int(labels.numel())
+    k = check_count(k, "k", 0)
+    if k > n:
+        raise ConfigError(f"cannot hold out {k} of {n} samples")
+    classes, counts = torch.unique(labels, return_counts=True)
+    exact = counts.double() * k / max(n, 1)
+    share = exact.floor().long()
+    rest = k - int(share.sum())
+    if rest > 0:
+        order = torch.argsort(-(exact - share), stable=True)
+        share[order[:rest]] += 1
+    gen = make_generator(derive_seed(seed, "holdout"))
+    key = torch.rand(n, generator=gen)
+    # within each class, the samples with the smallest keys are held out
+    order = torch.argsort(labels.double() * 2 + key)  # class first, then the random key (key < 1 < 2)
+    pos_in_class = torch.empty(n, dtype=torch.long)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(n) - torch.repeat_interleave(starts, counts)
+    pos_in_class[order] = rank
+    cls_index = torch.searchsorted(classes, labels)
+    held = pos_in_class < share[cls_index]
+    idx = torch.arange(n)
+    return idx[~held], idx[held]

@@ -1,0 +1,516 @@
+"""Adversarial fine-tuning ("hardening"): train a model on adversarial examples generated against the model
+as it learns, with any objective of :mod:`robustest.train.objectives` (pgd-at, trades, fosc, fol-budget, fast-at
+built in), every one counting its compute.
+
+Mode choice (BatchNorm, dropout): adversarial examples are generated with the model in eval mode (running
+statistics, no dropout, no update of BatchNorm statistics, gradients w.r.t. the input only), then the update step
+runs in train mode, as common PyTorch adversarial-training code does (TRADES' reference code, Rice et al. 2020).
+Per-sample stopping therefore does not depend on which other samples are still active.
+
+Compute accounting (:class:`robustest.train.compute.ComputeCount`): sample-forwards and sample-backwards of the
+attack and the update step, per epoch and in total; ``passes = (forward + 2 * backward) / 3``. A PGD-AT epoch
+with k steps over N samples costs exactly ``N * (k + 1)`` passes; TRADES ``N * (k + 2 + 1/3)``; Fast-AT ``2 N``.
+Validation (``val=``) is reported apart and not counted as training compute.
+
+Recipe (the settings that make adversarial training stable; docs/HARDEN.md has the sweeps behind the defaults):
+``eps_warmup``: the radius grows linearly from 0 to ``eps`` over that fraction of the training steps (every batch
+its own radius ``eps_t``; the step ``alpha`` scales with it; stepped per batch), as Gowal et al. (2018) and Wong et
+al. (2020) do at MNIST's eps 0.3. ``schedule`` (None, "cosine", "step", "cyclic") with ``warmup_epochs`` and
+``milestones``: the learning-rate schedule of :func:`robustest.train.schedules.make_schedule`, stepped per batch.
+``optimizer`` "adam" or "sgd" (``momentum``, ``nesterov``), ``weight_decay``.
+
+Robust early stopping and the catastrophic-overfitting guard: :mod:`robustest.train.early_stopping`
+(``HardenResult.guard_epoch`` records the epoch that collapsed).
+
+Randomness: epoch e draws its shuffling, random starts and dropout from seeds derived from ``(seed, e)``, so the
+epoch number is the whole random state: a run resumed from the state written after epoch e (``state_dir``,
+``resume=True``) gives the same final weights as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from robustest.core.atomic import atomic_save
+from robustest.core.batching import DataLike, as_tensors
+from robustest.core.devices import resolve_device
+from robustest.core.errors import ConfigError, DataError, TrainingDiverged
+from robustest.core.inputs import check_images, check_labels
+from robustest.core.modelcall import eval_mode, forward
+from robustest.core.progress import progress as progress_bar
+from robustest.core.reading import load_plain
+from robustest.core.seeding import make_generator, seed_everything
+from robustest.core.validation import check_eps, check_float
+from robustest.train import early_stopping, objectives
+from robustest.train.checks import check_count, check_number
+from robustest.train.compute import ComputeCount
+from robustest.train.early_stopping import KEEP
+from robustest.train.objectives.base import Objective, StepContext
+from robustest.train.recipes import check_options, make_optimizer
+from robustest.train.schedules import eps_schedule, make_schedule
+from robustest.train.seeds import derive_seed
+
+__all__ = ["DEFAULT_STEPS", "RECIPE_DEFAULTS", "STATE_FILE", "HardenResult", "check_trainable", "harden",
+           "harden_settings"]
+
+STATE_FORMAT = "robustest-harden-state"
+STATE_VERSION = 2
+STATE_FILE = "harden_state.pt"
+#: attack steps of the inner maximisation when ``steps`` is None (methods with ``fixed_steps`` take theirs)
+DEFAULT_STEPS = 10
+#: Recipe defaults of :func:`harden` (``robustest harden`` uses the same; docs/HARDEN.md gives the sweeps).
+RECIPE_DEFAULTS: dict[str, Any] = {"optimizer": "adam", "lr": 1e-3, "schedule": None, "eps_warmup": 0.3}
+
+
+@dataclass
+class HardenResult:
+    """What :func:`harden` did.
+
+    ``settings``: every parameter in effect (defaults resolved). ``epochs``: one dict per epoch with ``epoch``,
+    ``loss``, ``adv_accuracy`` (train-mode accuracy on the training inputs of the loss' adversarial term),
+    ``lr``, ``seconds``, ``compute`` (:meth:`ComputeCount.to_dict`), ``attack_evals_mean`` (gradient evaluations
+    of the inner maximisation per sample), ``stopped_early`` (fraction of samples whose attack stopped before the
+    budget), the objective's epoch values (fosc: ``fosc_c``, the epoch's c_t), ``eps`` (the radius of the epoch's
+    last batch; below the target during the eps warm-up) and, with ``val``, ``val_clean_accuracy`` /
+    ``val_pgd_accuracy``. ``compute``: the totals over all epochs. ``resumed_epochs``: epochs loaded from
+    ``state_dir`` (0: fresh run). ``best_epoch``: the epoch of the highest validation PGD accuracy (None without
+    ``val``); ``kept_epoch``: the epoch whose weights the model ends with; ``guard_epoch``: the epoch at which the
+    catastrophic-overfitting guard stopped training (None: it did not); ``last_weights``: the last epoch's
+    state_dict (on the CPU) when another epoch's weights were kept, else None.
+    """
+
+    method: str
+    settings: dict[str, Any]
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    num_samples: int = 0
+    resumed_epochs: int = 0
+    best_epoch: int | None = None
+    kept_epoch: int | None = None
+    guard_epoch: int | None = None
+    last_weights: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def compute(self) -> dict[str, Any]:
+        total = ComputeCount()
+        for e in self.epochs:
+            total = total.add(ComputeCount.from_dict(e["compute"]))
+        return total.to_dict()
+
+    @property
+    def seconds(self) -> float:
+        return float(sum(e["seconds"] for e in self.epochs))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "settings": dict(self.settings), "num_samples": self.num_samples,
+                "epochs": [dict(e) for e in self.epochs], "compute": self.compute, "seconds": self.seconds,
+                "resumed_epochs": self.resumed_epochs, "best_epoch": self.best_epoch, "kept_epoch": self.kept_epoch,
+                "guard_epoch": self.guard_epoch}
+
+
+# ----------------------------------------------------------------------------------------------- settings
+def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *, batch_size: int = 128,
+                    lr: float = RECIPE_DEFAULTS["lr"], optimizer: str = RECIPE_DEFAULTS["optimizer"],
+                    weight_decay: float = 0.0, momentum: float | None = None, nesterov: bool | None = None,
+                    schedule: str | None = RECIPE_DEFAULTS["schedule"], warmup_epochs: float = 0.0,
+                    milestones: Sequence[float] | None = None, eps_warmup: float = RECIPE_DEFAULTS["eps_warmup"],
+                    steps: int | None = None, alpha: float | None = None, co_guard: bool | None = None,
+                    keep: str = "last", seed: int = 0, **options: Any) -> dict[str, Any]:
+    """The settings :func:`harden` would use for these arguments (defaults resolved), without doing any work.
+
+    ``options``: the method-specific options of the registered objectives (None: the method's default).
+    Raises :class:`ConfigError` with one line for an unknown method, eps outside (0, 1], a non-finite or
+    out-of-range number, epochs < 1, or a method option given to another method; TypeError for a keyword that
+    is no objective's option.
+    """
+    owners = objectives.option_owners()
+    for key in options:
+        if key not in owners:
+            raise TypeError(f"harden_settings() got an unexpected keyword argument {key!r} (method options: "
+                            f"{', '.join(owners)})")
+    objective = objectives.get(method)
+    m = objective.name
+    eps_f = float(check_eps("eps", eps))  # the project's one radius check (same message in every verb)
+    n_epochs = check_count(epochs, "epochs")
+    s: dict[str, Any] = {"method": m, "eps": eps_f, "norm": "linf", "epochs": n_epochs,
+                         "batch_size": check_count(batch_size, "batch_size")}
+    s.update(_recipe_settings(n_epochs, optimizer=optimizer, lr=lr, weight_decay=weight_decay, momentum=momentum,
+                              nesterov=nesterov, schedule=schedule, warmup_epochs=warmup_epochs,
+                              milestones=milestones))
+    s["eps_warmup"] = check_float("eps_warmup", eps_warmup, 0.0, 1.0, hi_open=True)  # a fraction of the steps
+    k = str(keep).lower()
+    if k not in KEEP:
+        raise ConfigError(f"keep must be 'best' (robust early stopping on the validation data) or 'last', got {keep!r}")
+    s["keep"] = k
+    _check_owners(m, {**options, "co_guard": co_guard}, owners)
+    if objective.co_guard is not None:
+        s["co_guard"] = objective.co_guard if co_guard is None else bool(co_guard)
+    s["steps"] = _attack_steps(objective, steps)
+    s["alpha"] = objective.alpha(eps_f, s["steps"]) if alpha is None else check_number(
+        alpha, "alpha", lo=0.0, hi=1.0, lo_open=True)
+    for opt in objective.options:
+        s[opt.name] = opt.resolve(options.get(opt.name))
+    if objective.check is not None:
+        objective.check(s)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"seed must be an integer, got {seed!r}")
+    s["seed"] = int(seed)
+    return s
+
+
+def _recipe_settings(epochs: int, *, optimizer: str, nesterov: bool | None, milestones: Sequence[float] | None,
+                     **kw: Any) -> dict[str, Any]:
+    """The optimiser and learning-rate schedule settings, checked by :func:`robustest.train.recipes.check_options`."""
+    opt_name = str(optimizer).lower()
+    if opt_name == "sgd" and nesterov is None:
+        nesterov = False  # harden's SGD: plain momentum unless asked (the adversarial-training papers' choice)
+    opts = check_options(epochs, optimizer=opt_name, nesterov=nesterov, milestones=milestones, **kw)
+    s: dict[str, Any] = {"lr": opts.lr, "optimizer": opts.optimizer, "weight_decay": opts.weight_decay}
+    if opts.optimizer == "sgd":
+        s.update({"momentum": opts.momentum, "nesterov": opts.nesterov})
+    s.update({"schedule": opts.schedule, "warmup_epochs": opts.warmup_epochs,
+              "milestones": list(opts.milestones) if opts.milestones is not None else None})
+    return s
+
+
+def _check_owners(method: str, given: dict[str, Any], owners: dict[str, Any]) -> None:
+    """A method option (or ``co_guard``) set for a method that does not take it is an error."""
+    guarded = tuple(name for name in objectives.names() if objectives.get(name).co_guard is not None)
+    for key, takers in [*((k, v[0]) for k, v in owners.items()), ("co_guard", guarded)]:
+        if given.get(key) is not None and method not in takers:
+            raise ConfigError(f"{key} applies to method {' / '.join(takers)} only, not {method!r}: leave it unset")
+
+
+def _attack_steps(objective: Objective, steps: int | None) -> int:
+    """The attack steps: the objective's fixed number (any other given is an error), or ``steps`` (default
+    :data:`DEFAULT_STEPS`)."""
+    fixed = objective.fixed_steps
+    if fixed is None:
+        return check_count(DEFAULT_STEPS if steps is None else steps, "steps")
+    if steps is not None and steps != fixed:
+        what = "one step" if fixed == 1 else f"{fixed} steps"
+        raise ConfigError(f"{objective.name} takes exactly {what}, got steps={steps!r}: use pgd-at for more")
+    return fixed
+
+
+def check_trainable(model: Any) -> None:
+    """Raise :class:`ConfigError` unless ``model`` is an ``nn.Module`` with at least one trainable parameter."""
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if (getattr(model, "robustest_source", None) or {}).get("kind") == "export":
+        raise ConfigError("a torch.export program (.pt2) is frozen for inference and cannot be trained: harden the "
+                          "model it was exported from (--checkpoint model.pt or --model pkg.module:factory --weights)")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError("the model has no trainable parameters (a frozen TorchScript model, or requires_grad off "
+                          "everywhere): harden needs weights it can train")
+
+
+# ---------------------------------------------------------------------------------------------- state
+def _digest(x: torch.Tensor, y: torch.Tensor) -> str:
+    h = hashlib.sha256()
+    for t in (x, y):
+        t = t.detach().cpu().contiguous()
+        h.update(str((tuple(t.shape), str(t.dtype))).encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def _fingerprint(settings: dict[str, Any], data_digest: str) -> str:
+    return hashlib.sha256(json.dumps([settings, data_digest], sort_keys=True).encode()).hexdigest()
+
+
+def _load_state(path: Path, fingerprint: str) -> dict[str, Any]:
+    st = load_plain(path, fmt=STATE_FORMAT, what="harden state file",
+                    fix="delete the state folder to start afresh")
+    if int(st.get("version", 0)) > STATE_VERSION:
+        raise DataError(f"{path} was written by a newer robustest: upgrade, or delete it to start afresh")
+    if st.get("fingerprint") != fingerprint:
+        raise ConfigError(f"{path} holds a run with other settings or data: resume with the same ones, or use "
+                          "another state folder")
+    return st
+
+
+def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def _check_data(data: DataLike, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = as_tensors(data)
+    if y is None:
+        raise DataError(f"harden needs labelled {what} data: pass (x, y) or a labelled Dataset")
+    check_images(x, f"{what} images")
+    y = check_labels(y, x.shape[0], name=f"{what} labels")
+    if int(x.shape[0]) == 0:
+        raise DataError(f"the {what} data is empty: check the split, the path and --limit")
+    return x, y
+
+
+@dataclass
+class _Run:
+    """One harden call's working state: the model, its settings and data, the optimiser and schedule, the state
+    file, the result being filled and the best validation epoch so far."""
+
+    model: nn.Module
+    s: dict[str, Any]
+    x: torch.Tensor
+    y: torch.Tensor
+    xv: torch.Tensor | None
+    yv: torch.Tensor | None
+    dev: torch.device
+    val_steps: int
+    state_path: Path | None = None
+    fingerprint: str = ""
+    steps_per_epoch: int = 1
+    opt: torch.optim.Optimizer | None = None
+    sched: torch.optim.lr_scheduler.LambdaLR | None = None
+    result: HardenResult | None = None
+    best: dict[str, Any] = field(default_factory=lambda: {"epoch": None, "score": -1.0, "model": None})
+    start: int = 0
+
+
+# ----------------------------------------------------------------------------------------------- harden
+def harden(
+    model: nn.Module,
+    data: DataLike,
+    method: str = "pgd-at",
+    eps: float = 0.3,
+    epochs: int = 5,
+    *,
+    batch_size: int = 128,
+    lr: float = RECIPE_DEFAULTS["lr"],
+    optimizer: str = RECIPE_DEFAULTS["optimizer"],
+    weight_decay: float = 0.0,
+    momentum: float | None = None,
+    nesterov: bool | None = None,
+    schedule: str | None = RECIPE_DEFAULTS["schedule"],
+    warmup_epochs: float = 0.0,
+    milestones: Sequence[float] | None = None,
+    eps_warmup: float = RECIPE_DEFAULTS["eps_warmup"],
+    steps: int | None = None,
+    alpha: float | None = None,
+    co_guard: bool | None = None,
+    keep: str | None = None,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+    val: DataLike | None = None,
+    val_steps: int = 10,
+    on_epoch_end: Callable[[int, nn.Module, dict[str, Any]], Any] | None = None,
+    state_dir: str | Path | None = None,
+    resume: bool = False,
+    **options: Any,
+) -> HardenResult:
+    """Adversarially train ``model`` in place on labelled ``data`` with ``method`` (a name of
+    :func:`robustest.train.objectives.names`): fine-tune a trained model, or train one from its random
+    initialisation with the same call.
+
+    ``data``: an (x, y) pair, a Dataset or a DataLoader (materialised): images N x C x H x W in [0, 1], int64
+    labels [N]. ``eps``: L-inf radius in (0, 1], reached after ``eps_warmup`` (default 0.3) of the training steps.
+    ``steps`` (default 10; fast-at: 1) gradient steps of ``alpha`` (default ``2.5 * eps / steps``; fast-at
+    ``1.25 * eps``) for the inner maximisation. Method options (``**options``; None: the default; setting one for
+    another method is an error): ``mix`` (pgd-at, fraction of the loss on clean inputs, default 0), ``beta``
+    (trades, default 6), ``fosc_c_max`` / ``fosc_warmup`` (fosc, defaults 0.5 / 0.8: c_t reaches 0 after 80 % of
+    the epochs), ``fol_threshold`` / ``stop_misclassified`` / ``fol_min_steps`` (fol-budget, defaults 0.1 / True /
+    2), and those of any registered objective. ``co_guard`` (fast-at, default True: the catastrophic-overfitting
+    guard, active with ``val``). Training: ``optimizer`` "adam" (default) or "sgd" (``momentum`` 0.9,
+    ``nesterov``), ``lr`` (default 1e-3), ``schedule`` (default None: constant; "cosine", "step", "cyclic"),
+    ``warmup_epochs``, ``milestones``, ``weight_decay``, ``batch_size``, ``epochs``; randomness from ``seed`` only.
+
+    ``val``: held-out labelled data measured after every epoch (clean accuracy and PGD-``val_steps`` accuracy,
+    step eps/4, random start; not counted as training compute). ``keep``: "best" (the default with ``val``:
+    robust early stopping, the model ends with the weights of the best validation PGD accuracy) or "last" (the
+    default without). ``on_epoch_end(epoch, model, record)`` is called after every epoch, after the epoch's
+    state was written. ``state_dir``: write the state after every epoch (model, optimizer, schedule, best epoch,
+    history) atomically to ``state_dir/harden_state.pt``; ``resume=True`` continues from it (same settings and
+    data required) and gives the same final weights as an uninterrupted run.
+
+    Every argument is checked before any work (ConfigError / DataError with one line). The model ends in eval
+    mode. Returns a :class:`HardenResult` with per-epoch figures and compute.
+    """
+    if keep is None:
+        keep = "best" if val is not None else "last"
+    s = harden_settings(method, eps, epochs, batch_size=batch_size, lr=lr, optimizer=optimizer,
+                        weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, schedule=schedule,
+                        warmup_epochs=warmup_epochs, milestones=milestones, eps_warmup=eps_warmup, steps=steps,
+                        alpha=alpha, co_guard=co_guard, keep=keep, seed=seed, **options)
+    run = _prepare(model, data, s, device=device, val=val, val_steps=val_steps, on_epoch_end=on_epoch_end,
+                   state_dir=state_dir, resume=resume)
+    _start(run, resume)
+    result = run.result
+    assert result is not None
+    for epoch in range(run.start + 1, s["epochs"] + 1):
+        if result.guard_epoch is not None:
+            break
+        t0 = time.perf_counter()
+        record = _epoch(model, run.x, run.y, s, epoch, run.opt, run.sched, run.dev, progress, run.steps_per_epoch)
+        _end_epoch(run, epoch, record, t0)
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, model, record)
+    _keep(run)
+    model.eval()
+    return result
+
+
+def _prepare(model: nn.Module, data: DataLike, s: dict[str, Any], *, device: torch.device | str | None,
+             val: DataLike | None, val_steps: int, on_epoch_end: Any, state_dir: str | Path | None,
+             resume: bool) -> _Run:
+    """Check every argument of a harden call against the model and the data (before any work); the model moves to
+    its device. Returns the run with its data, device and state file (and the state's fingerprint)."""
+    check_trainable(model)
+    val_steps = check_count(val_steps, "val_steps")
+    if on_epoch_end is not None and not callable(on_epoch_end):
+        raise ConfigError("on_epoch_end must be callable (epoch, model, record) or None")
+    if resume and state_dir is None:
+        raise ConfigError("resume=True needs the state_dir of the interrupted run")
+    if s["keep"] == "best" and val is None:
+        raise ConfigError("keep='best' picks the epoch by validation PGD accuracy: pass val= (held-out labelled "
+                          "data) or keep='last'")
+    x, y = _check_data(data, "training")
+    xv, yv = _check_data(val, "validation") if val is not None else (None, None)
+    dev = resolve_device(model, device)
+    model.to(dev)
+    with torch.no_grad(), eval_mode(model):  # labels must index the model's outputs
+        num_classes = forward(model, x[:1].to(dev)).shape[-1]
+    check_labels(y, int(x.shape[0]), num_classes, name="training labels")
+    if yv is not None:
+        check_labels(yv, yv.shape[0], num_classes, name="validation labels")
+    run = _Run(model, s, x, y, xv, yv, dev, val_steps)
+    run.state_path = Path(state_dir) / STATE_FILE if state_dir is not None else None
+    if run.state_path is not None and run.state_path.parent.exists() and not run.state_path.parent.is_dir():
+        raise ConfigError(f"state_dir {str(run.state_path.parent)!r} exists and is not a folder")
+    if run.state_path is not None:
+        run.fingerprint = _fingerprint(s, _digest(x, y) + (_digest(xv, yv) if xv is not None else ""))
+    return run
+
+
+def _start(run: _Run, resume: bool) -> None:
+    """Build the optimiser and per-batch learning-rate schedule (robustest.train.recipes / schedules) and the empty
+    result; with a state file, continue from it (``resume`` required)."""
+    s, model = run.s, run.model
+    n = int(run.x.shape[0])
+    run.steps_per_epoch = -(-n // s["batch_size"])
+    opts = check_options(s["epochs"], optimizer=s["optimizer"], lr=s["lr"], weight_decay=s["weight_decay"],
+                         momentum=s.get("momentum"), nesterov=s.get("nesterov"), schedule=s["schedule"],
+                         warmup_epochs=s["warmup_epochs"], milestones=s["milestones"])
+    run.opt = make_optimizer(model, opts)
+    run.sched = make_schedule(run.opt, opts, s["epochs"], run.steps_per_epoch)
+    run.result = result = HardenResult(method=s["method"], settings=dict(s), num_samples=n)
+    path = run.state_path
+    if path is not None and path.is_file():
+        if not resume:
+            raise ConfigError(f"{path.parent} already holds a harden run: resume it (--resume) or choose "
+                              "another output folder")
+        st = _load_state(path, run.fingerprint)
+        model.load_state_dict(st["model"])
+        run.opt.load_state_dict(st["optimizer"])
+        if run.sched is not None:
+            run.sched.load_state_dict(st["schedule"])
+        result.epochs = [dict(e) for e in st["history"]]
+        run.best = dict(st["best"])
+        result.guard_epoch = st.get("guard_epoch")
+        run.start = result.resumed_epochs = int(st["epoch"])
+    if path is not None:  # under torchrun every rank has read the state before rank 0 writes the next
+        from robustest.core import distributed
+
+        distributed.barrier()
+
+
+def _end_epoch(run: _Run, epoch: int, record: dict[str, Any], t0: float) -> None:
+    """Validate (robust early stopping, the catastrophic-overfitting guard), record the epoch and write the state."""
+    s, result, model = run.s, run.result, run.model
+    assert result is not None and run.opt is not None
+    if run.xv is not None:
+        record.update(early_stopping.validate(model, run.xv, run.yv, s["eps"], run.val_steps,
+                                              derive_seed(s["seed"], "val")))
+        score = record["val_pgd_accuracy"]
+        if s.get("co_guard") and run.best["epoch"] is not None and early_stopping.collapsed(score, run.best["score"]):
+            result.guard_epoch = epoch
+            record["guard"] = "collapsed"
+        elif score >= run.best["score"]:
+            run.best = {"epoch": epoch, "score": score, "model": _cpu_state(model)}
+    record["seconds"] = time.perf_counter() - t0
+    result.epochs.append(record)
+    if run.state_path is not None:
+        atomic_save({"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": run.fingerprint,
+                     "epoch": epoch, "settings": dict(s), "model": _cpu_state(model),
+                     "optimizer": run.opt.state_dict(),
+                     "schedule": run.sched.state_dict() if run.sched is not None else None, "best": run.best,
+                     "guard_epoch": result.guard_epoch, "history": result.epochs}, run.state_path)
+
+
+def _keep(run: _Run) -> None:
+    """End with the kept epoch's weights: the best validation epoch with keep='best' or after the guard stopped
+    training, else the last (whose weights stay in ``last_weights`` when another epoch was kept)."""
+    result, best = run.result, run.best
+    assert result is not None
+    result.best_epoch = best["epoch"]
+    result.kept_epoch = len(result.epochs) if result.epochs else None
+    if (run.s["keep"] == "best" or result.guard_epoch is not None) and best["model"] is not None \
+            and best["epoch"] != result.kept_epoch:
+        result.last_weights = _cpu_state(run.model)
+        run.model.load_state_dict(best["model"])
+        result.kept_epoch = best["epoch"]
+
+
+def _epoch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, s: dict[str, Any], epoch: int,
+           opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LambdaLR | None, dev: torch.device,
+           progress: bool, steps_per_epoch: int) -> dict[str, Any]:
+    """One training epoch over (x, y) in the epoch's seeded order; returns its record (without validation)."""
+    objective = objectives.get(s["method"])
+    n, bs = int(x.shape[0]), s["batch_size"]
+    total_steps = s["epochs"] * steps_per_epoch
+    seed_everything(derive_seed(s["seed"], epoch, "global"))  # dropout and any other global draws
+    perm = torch.randperm(n, generator=make_generator(derive_seed(s["seed"], epoch, "shuffle")))
+    gen = make_generator(derive_seed(s["seed"], epoch, "attack"), dev)
+    values = objective.epoch_values(epoch, s) if objective.epoch_values is not None else {}
+    count = ComputeCount()
+    total_loss, correct, evals_sum, early = 0.0, 0, 0, 0
+    eps_t = s["eps"]
+    starts = range(0, n, bs)
+    for i, b0 in enumerate(progress_bar(starts, enabled=progress, desc=f"{s['method']} {epoch}/{s['epochs']}",
+                                        total=len(starts), unit="batch")):
+        idx = perm[b0:b0 + bs]
+        xb = x[idx].to(dev, torch.float32, non_blocking=True)
+        yb = y[idx].to(dev, torch.long, non_blocking=True)
+        eps_t = eps_schedule((epoch - 1) * steps_per_epoch + i, total_steps, s["eps"], s["eps_warmup"])
+        loss_sum, ok, evals, stopped, spent = _batch(model, xb, yb, gen, s, eps_t, values, opt, objective)
+        if sched is not None:
+            sched.step()
+        count = count.add(spent)
+        total_loss += loss_sum
+        correct += ok
+        evals_sum += int(evals.sum())
+        early += stopped
+    model.eval()
+    record: dict[str, Any] = {
+        "epoch": epoch, "loss": total_loss / n, "adv_accuracy": correct / n, "lr": opt.param_groups[0]["lr"],
+        "eps": eps_t, "attack_evals_mean": evals_sum / n, "stopped_early": early / n, "compute": count.to_dict(),
+    }
+    record.update(values)
+    return record
+
+
+def _batch(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, gen: torch.Generator, s: dict[str, Any],
+           eps: float, values: dict[str, Any], opt: torch.optim.Optimizer, objective: Objective
+           ) -> tuple[float, int, torch.Tensor, int, ComputeCount]:
+    """One training step of ``objective`` on a batch at radius ``eps`` (the step ``alpha`` scaled by
+    ``eps / s["eps"]``): its loss, checked finite, then the optimiser step. Returns (loss summed over the batch,
+    correct on the adversarial term, attack evals int64 [B], samples stopped early, compute)."""
+    out = objective.step(model, xb, yb, gen, StepContext(s, eps, s["alpha"] * eps / s["eps"], values))
+    loss = out.loss
+    if not bool(torch.isfinite(loss)):
+        raise TrainingDiverged(f"harden diverged: the {objective.name} loss is {float(loss.detach())}; lower the "
+                               f"learning rate (lr={s['lr']:g})" + objective.diverged_hint)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    correct = int((out.logits.detach().argmax(1) == yb).sum())
+    return float(loss.detach()) * xb.shape[0], correct, out.evals, out.stopped, out.compute

@@ -1,0 +1,36 @@
+"""Hardening objectives behind a registry: one file per method, each an :class:`Objective` (name, method-specific
+options with their defaults, one ``step``), read by :func:`robustest.train.harden`, its settings, the ``harden``
+verb and RobOT's hardening strategies.
+
+=============  ===========================================================================================
+``pgd-at``     Madry et al. (2018): k-step L-inf PGD from a uniform random start; ``mix * CE(x) + (1 - mix) *
+               CE(x_adv)`` (:mod:`.pgd_at`).
+``trades``     Zhang et al. (2019): ``CE(f(x), y) + beta * KL(p(x) || p(x_adv))`` (:mod:`.trades`).
+``fosc``       Wang et al. (2019), dynamic AT: PGD stops per sample at FOSC <= c_t (:mod:`.fosc`).
+``fol-budget`` PGD stops per sample at FOL <= ``fol_threshold`` or misclassification (:mod:`.fol_budget`).
+``fast-at``    Wong et al. (2020): one FGSM step of 1.25 eps from a random start (:mod:`.fast_at`).
+=============  ===========================================================================================
+
+A new method is one file defining an :class:`Objective` and one :func:`register` call (or ``with
+registered(obj):`` for a temporary one); its options become keywords of ``harden`` and flags of the verb.
+"""
+
+from __future__ import annotations
+
+from robustest.train.objectives import fast_at, fol_budget, fosc, pgd_at, trades
+from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
+from robustest.train.objectives.registry import (
+    canonical,
+    get,
+    names,
+    option_owners,
+    register,
+    registered,
+    unregister,
+)
+
+__all__ = ["Objective", "Option", "StepContext", "StepOutput", "canonical", "get", "names", "option_owners",
+           "register", "registered", "unregister"]
+
+for _module in (pgd_at, trades, fosc, fol_budget, fast_at):
+    register(_module.OBJECTIVE)

@@ -1,0 +1,113 @@
+"""The one interface of a hardening objective: what :func:`robustest.train.harden` needs to know about a method.
+
+An :class:`Objective` is a name, its method-specific :class:`Option` s (name, default, check, CLI help), and a
+``step`` that takes one batch and returns the loss to minimise together with the batch's statistics and compute:
+
+    step(model, x, y, gen, ctx) -> StepOutput(loss, logits, evals, compute, stopped)
+
+``x``: float32 images B x C x H x W in [0, 1] on the model's device; ``y``: int64 labels [B]; ``gen``: the epoch's
+attack generator (every random number of the step comes from it); ``ctx``: a :class:`StepContext` (the resolved
+settings, this batch's radius and step size, the epoch's values). The step generates its adversarial examples
+(the model in eval mode, parameters frozen), puts the model in train mode and computes the loss; harden checks the
+loss is finite, steps the optimiser and adds the compute up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from robustest.train.compute import ComputeCount
+
+__all__ = ["OPTION_KINDS", "Objective", "Option", "StepContext", "StepFn", "StepOutput", "default_alpha"]
+
+OPTION_KINDS = ("number", "count", "switch")
+
+
+@dataclass(frozen=True)
+class Option:
+    """A method-specific setting of an objective.
+
+    ``name``: the keyword of :func:`robustest.train.harden` (and the results' settings key); ``default``: its value
+    when unset (None); ``check(value, name)``: the validated value, or a one-line ConfigError; ``help``: the CLI
+    help (the method and the default are added); ``kind``: how the CLI reads it, "number" (``--name-with-dashes
+    X``, any finite number, the check decides the range), "count" (a non-negative integer) or "switch" (``--no-name``
+    sets False, for an option that defaults to True).
+    """
+
+    name: str
+    default: Any
+    check: Callable[[Any, str], Any]
+    help: str = ""
+    kind: str = "number"
+
+    def resolve(self, value: Any) -> Any:
+        """The checked value of this option, ``default`` when ``value`` is None."""
+        return self.check(self.default if value is None else value, self.name)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a step knows besides its batch: ``settings`` (every resolved setting of the run, method options
+    included), ``eps`` (this batch's radius: below ``settings["eps"]`` during the eps warm-up), ``alpha`` (the attack
+    step size scaled with the radius) and ``epoch`` (the values of :attr:`Objective.epoch_values` for this epoch)."""
+
+    settings: dict[str, Any]
+    eps: float
+    alpha: float
+    epoch: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepOutput:
+    """A step's result. ``loss``: the scalar to minimise (graph attached); ``logits``: B x K train-mode logits of
+    the loss' adversarial term (the epoch's ``adv_accuracy``); ``evals``: int64 [B], gradient evaluations of the
+    inner maximisation per sample; ``compute``: the step's sample-forwards and -backwards (attack and update);
+    ``stopped``: samples whose attack stopped before the step budget."""
+
+    loss: torch.Tensor
+    logits: torch.Tensor
+    evals: torch.Tensor
+    compute: ComputeCount
+    stopped: int = 0
+
+
+class StepFn(Protocol):
+    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator,
+                 ctx: StepContext) -> StepOutput: ...
+
+
+def default_alpha(eps: float, steps: int) -> float:
+    """The usual PGD step: ``2.5 * eps / steps`` (Madry et al.)."""
+    return 2.5 * eps / steps
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A hardening method.
+
+    ``name``: its registry name (lower case, ``-`` separated); ``step``: see the module docstring; ``summary``: one
+    line for listings; ``options``: its method-specific settings, resolved in this order after the common ones;
+    ``fixed_steps``: the number of attack steps when the method allows no other (fast-at: 1), else None;
+    ``alpha(eps, steps)``: the default step size, ``alpha_doc`` how it reads; ``epoch_values(epoch, settings)``:
+    per-epoch values the steps read from ``ctx.epoch`` and the epoch's record keeps (fosc's c_t), or None;
+    ``check(settings)``: checks across the resolved settings, or None; ``co_guard``: None when the
+    catastrophic-overfitting guard does not apply, else its default (fast-at: True); ``diverged_hint``: added to
+    the error when the loss is not finite (e.g. " or beta").
+    """
+
+    name: str
+    step: StepFn
+    summary: str = ""
+    options: tuple[Option, ...] = ()
+    fixed_steps: int | None = None
+    alpha: Callable[[float, int], float] = default_alpha
+    alpha_doc: str = "2.5 * eps / steps"
+    epoch_values: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None
+    check: Callable[[dict[str, Any]], None] | None = None
+    co_guard: bool | None = None
+    diverged_hint: str = ""

@@ -1,0 +1,49 @@
+"""``fosc``: dynamic adversarial training (Wang et al., ICML 2019). Per sample, PGD stops once the first-order
+stationarity condition FOSC (= RobOT's FOL) falls to ``c_t`` or below, checked from the second gradient
+evaluation on (the first step is always taken, as in the reference code); ``c_t`` falls linearly from
+``fosc_c_max`` to 0 over the first ``fosc_warmup`` fraction of the epochs (:func:`robustest.train.schedules.
+fosc_schedule`) and is recorded in every epoch's record as ``fosc_c``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from robustest.core.modelcall import eval_mode, frozen_params
+from robustest.train.checks import check_number
+from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
+from robustest.train.objectives.inner import attack_count, cross_entropy_update, pgd
+from robustest.train.schedules import fosc_schedule
+
+__all__ = ["OBJECTIVE", "epoch_values", "step"]
+
+
+def epoch_values(epoch: int, s: dict[str, Any]) -> dict[str, Any]:
+    """The epoch's FOSC criterion ``{"fosc_c": c_t}``."""
+    return {"fosc_c": fosc_schedule(epoch, s["epochs"], s["fosc_c_max"], s["fosc_warmup"])}
+
+
+def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator, ctx: StepContext) -> StepOutput:
+    """One dynamic-AT step on the batch x (B x C x H x W), y (int64 [B])."""
+    steps = ctx.settings["steps"]
+    with eval_mode(model), frozen_params(model):
+        adv, evals = pgd(model, x, y, gen, eps=ctx.eps, alpha=ctx.alpha, steps=steps,
+                         threshold=ctx.epoch["fosc_c"], first_check=1, stop_misclassified=False)
+        adv = adv.detach()
+    count = attack_count(evals)
+    model.train()
+    loss, logits, used = cross_entropy_update(model, x, y, adv)
+    count.train_forward = count.train_backward = used
+    return StepOutput(loss, logits, evals, count, stopped=int((evals < steps).sum()))
+
+
+OBJECTIVE = Objective(
+    name="fosc", step=step, summary="Wang et al.: dynamic adversarial training (PGD stopped at FOSC <= c_t)",
+    options=(Option("fosc_c_max", 0.5, lambda v, n: check_number(v, n, lo=0.0),
+                    "FOSC criterion of the first epoch"),
+             Option("fosc_warmup", 0.8, lambda v, n: check_number(v, n, lo=0.0, hi=1.0, lo_open=True),
+                    "fraction of the epochs over which the criterion falls linearly to 0")),
+    epoch_values=epoch_values,
+)

@@ -1,0 +1,39 @@
+"""``pgd-at``: Madry et al. (2018). k-step L-inf PGD with a uniform random start, step ``alpha``; the loss is
+``mix * CE(x) + (1 - mix) * CE(x_adv)`` (``mix = 0``: pure adversarial training; ``mix = 1``: clean training, no
+attack). Compute per epoch over N samples: ``N * (k + 1)`` passes (``N * (k + 2)`` with ``0 < mix < 1``, ``N``
+with ``mix = 1``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from robustest.core.modelcall import eval_mode, frozen_params
+from robustest.train.checks import check_number
+from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
+from robustest.train.objectives.inner import attack_count, cross_entropy_update, pgd
+
+__all__ = ["OBJECTIVE", "step"]
+
+
+def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator, ctx: StepContext) -> StepOutput:
+    """One PGD-AT step on the batch x (B x C x H x W), y (int64 [B])."""
+    s = ctx.settings
+    evals = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+    adv = None
+    with eval_mode(model), frozen_params(model):
+        if s["mix"] < 1.0:
+            adv, evals = pgd(model, x, y, gen, eps=ctx.eps, alpha=ctx.alpha, steps=s["steps"])
+            adv = adv.detach()
+    count = attack_count(evals)
+    model.train()
+    loss, logits, used = cross_entropy_update(model, x, y, adv, s["mix"])
+    count.train_forward = count.train_backward = used
+    return StepOutput(loss, logits, evals, count)
+
+
+OBJECTIVE = Objective(
+    name="pgd-at", step=step, summary="Madry et al.: PGD adversarial training",
+    options=(Option("mix", 0.0, lambda v, n: check_number(v, n, lo=0.0, hi=1.0),
+                    "fraction of the loss on clean images, in [0, 1]"),),
+)

@@ -1,0 +1,73 @@
+"""Schedules of training, stepped once per batch: the learning rate (:func:`make_schedule`), the attack radius
+of adversarial training (:func:`eps_schedule`, a linear warm-up) and dynamic adversarial training's FOSC
+criterion (:func:`fosc_schedule`, per epoch)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from robustest.train.recipes import TrainOptions
+
+__all__ = ["CYCLIC_PEAK", "SCHEDULES", "eps_schedule", "fosc_schedule", "make_schedule"]
+
+SCHEDULES = ("cosine", "step", "cyclic")
+#: where the cyclic schedule peaks, as a fraction of training (Wong et al. 2020: 2/5 of the epochs)
+CYCLIC_PEAK = 0.4
+
+
+def make_schedule(opt: torch.optim.Optimizer, opts: TrainOptions, epochs: int, steps_per_epoch: int
+                  ) -> torch.optim.lr_scheduler.LambdaLR | None:
+    """A per-batch LR schedule: ``warmup_epochs`` of linear warm-up ((s + 1) / warm-up steps), then constant,
+    cosine (from the end of warm-up to 0 at the last step) or step (x0.1 at each milestone epoch; by default
+    at 50 % and 75 % of training), or cyclic: linear from 0 up to the rate at :data:`CYCLIC_PEAK` of training,
+    then linear down to 0 at the last step (Wong et al. 2020's one-cycle triangle; no separate warm-up). None
+    when there is neither a schedule nor a warm-up."""
+    total = max(1, epochs * steps_per_epoch)
+    warm = int(round(opts.warmup_epochs * steps_per_epoch))
+    if opts.schedule is None and warm == 0:
+        return None
+    if opts.schedule == "cyclic":
+        peak = max(1.0, CYCLIC_PEAK * total)
+
+        def cyclic(s: int) -> float:
+            t = s + 1  # the rate of step s; the first step trains at 1/peak of the rate, not at 0
+            return t / peak if t <= peak else max(0.0, (total - t) / max(1.0, total - peak))
+
+        return torch.optim.lr_scheduler.LambdaLR(opt, cyclic)
+    if opts.schedule == "cosine":
+        span = max(1, total - warm)
+
+        def after(s: int) -> float:
+            return 0.5 * (1 + math.cos(math.pi * min(s - warm, span) / span))
+    elif opts.schedule == "step":
+        marks = ([0.5 * total, 0.75 * total] if opts.milestones is None
+                 else [m * steps_per_epoch for m in opts.milestones])
+
+        def after(s: int) -> float:
+            return 0.1 ** sum(s >= m for m in marks)
+    else:
+        def after(s: int) -> float:
+            return 1.0
+
+    if warm == 0:
+        return torch.optim.lr_scheduler.LambdaLR(opt, after)
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / warm if s < warm else after(s))
+
+
+def fosc_schedule(epoch: int, epochs: int, c_max: float, warmup: float) -> float:
+    """Dynamic AT's criterion for ``epoch`` (1-based) of ``epochs``: ``c_max * max(0, 1 - (epoch - 1) / T')`` with
+    ``T' = warmup * epochs`` (the reference code: ``c_max - c_max * ep / dynamic_epoch``, ep 0-based)."""
+    return float(c_max * max(0.0, 1.0 - (epoch - 1) / (warmup * epochs)))
+
+
+def eps_schedule(step: int, total_steps: int, eps: float, warmup: float) -> float:
+    """The radius of training step ``step`` (0-based) of ``total_steps``: ``eps * min(1, (step + 1) / W)`` with
+    ``W = warmup * total_steps`` steps of linear warm-up (``warmup = 0``: ``eps`` from the first step)."""
+    w = warmup * total_steps
+    if w <= 1.0:
+        return float(eps)
+    return float(eps * min(1.0, (step + 1) / w))
