@@ -10,7 +10,17 @@ from typing import Any
 import torch
 
 from robustest.core.atomic import atomic_write_json
-from robustest.report import format_value, mean_std, plural
+from robustest.report import (
+    HtmlReport,
+    format_value,
+    mean_std,
+    plural,
+    save_bars,
+    save_histogram,
+    save_image_grid,
+    save_lines,
+    write_csv,
+)
 from robustest.results import RESULTS_VERSION, document, results_format
 from robustest.robot.config import DEFAULT_STRATEGIES, HARDEN_STRATEGIES, RobotConfig
 from robustest.robot.pool import Pool
@@ -106,8 +116,6 @@ def _write_outputs(out: Path, results: dict[str, Any], timings: dict[str, Any], 
                    compare_data: dict[str, Any] | None) -> None:
     """Write results.json (``results`` is turned into the contract's document IN PLACE, so the caller returns
     what was written), timings.json, summary.csv and report.html."""
-    from robustest.report import write_csv
-
     kind = results["kind"]
     body = {k: v for k, v in results.items() if k not in ("format", "version")}
     doc = document(_VERB[kind], settings_in_effect(cfg, kind, setup.device), body, _flat_timings(timings))
@@ -157,10 +165,18 @@ def _acc(v: Any) -> str:
 def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotConfig,
                   fol_by_round: dict[int, torch.Tensor] | None, examples: Pool | None,
                   compare_data: dict[str, Any] | None) -> None:
-    from robustest.report import HtmlReport, save_bars, save_histogram, save_image_grid, save_lines
-
-    d = results["data"]
     rep = HtmlReport.from_results(results, report_title(results))
+    _describe_setup(rep, results["data"], cfg)
+    if results["kind"] == "loop":
+        _loop_sections(rep, results, cfg, fol_by_round, examples)
+    else:
+        _compare_sections(rep, results, cfg, compare_data)
+    rep.write(out / "report.html")
+
+
+def _describe_setup(rep: HtmlReport, d: dict[str, Any], cfg: RobotConfig) -> None:
+    """The report's opening: the model, the data splits, eps, the fixed adversarial set and how robustness is
+    measured."""
     fixed = d["fixed_set"]
     by_attack = ", ".join(f"{k} {v}" for k, v in fixed["by_attack"].items())
     rep.paragraph(f"Model {d['model'].get('name') or d['model'].get('kind')} on {d['dataset']}: {d['num_fit']} "
@@ -176,97 +192,112 @@ def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotC
                   + ("." if cfg.autoattack is None else
                      f"; AutoAttack accuracy: robust accuracy under robustest.evaluate's {cfg.autoattack} ensemble "
                      f"({_AA_PLAN[cfg.autoattack]}) on the same images."))
+
+
+def _loop_sections(rep: HtmlReport, results: dict[str, Any], cfg: RobotConfig,
+                   fol_by_round: dict[int, torch.Tensor] | None, examples: Pool | None) -> None:
+    """A run's report: robustness per round (plot and table), the FOL of fresh PGD tests per round, the first
+    selected tests."""
     base = results["baseline"]
-    if results["kind"] == "loop":
-        rounds = results["rounds"]
-        rep.heading("Robustness per round")
-        how = (f"Strategy {cfg.strategy}: adversarial training ({HARDEN_STRATEGIES[cfg.strategy]}) against the current "
-               "model every round, no pool and no budget" if cfg.strategy in HARDEN_STRATEGIES else
-               f"Strategy {cfg.strategy}, budget {cfg.budget} per round, pool {cfg.pool}")
-        rep.paragraph(f"{how}. Stopped: {results['stop_reason']} after {plural(results['rounds_completed'], 'round')}.")
-        xs = list(range(len(rounds) + 1))
-        series = {}
-        for m, label in (("clean_accuracy", "clean"), ("fixed_set_accuracy", "fixed set"),
-                         ("whitebox_accuracy", "white-box"), ("autoattack_accuracy", "AutoAttack")):
-            ys = [base.get(m)] + [rec["robustness"].get(m) for rec in rounds]
-            if all(v is not None for v in ys):
-                series[label] = (xs, ys)
-        if series:
-            rep.image(save_lines(series, None, title="robustness per round", xlabel="round", ylabel="accuracy"),
-                      "Accuracy per round (round 0 = the original model).")
-        figs = ["clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy"]
-        if base.get("autoattack_accuracy") is not None:
-            figs.append("autoattack_accuracy")
-        cols = ["round", "pool", "selected", *figs, "median_fol", "fol_rel_change"]
-        rows = [{"round": 0, "pool": None, "selected": 0, **{k: base.get(k) for k in figs},
-                 "median_fol": results["convergence_rule"]["round0"]["fol"]["median"], "fol_rel_change": None}]
-        for rec in rounds:
-            rows.append({"round": rec["round"], "pool": rec["pool"]["size"], "selected": rec["selected"]["n"],
-                         **{k: rec["robustness"].get(k) for k in figs},
-                         "median_fol": rec["convergence"]["statistic"],
-                         "fol_rel_change": rec["convergence"]["rel_change"]})
-        rep.table(rows, cols)
-        if fol_by_round:
-            rep.heading("FOL distribution of fresh PGD tests per round")
-            rep.paragraph(f"Convergence rule: stop when the median FOL changes by less than "
-                          f"{format_value(cfg.convergence_tol)} (relative) for {cfg.convergence_patience} "
-                          "consecutive rounds.")
-            rep.image(save_histogram({f"round {r}": v for r, v in sorted(fol_by_round.items())}, None,
-                                     title="FOL of fresh PGD tests", xlabel="FOL", bins=40),
-                      "FOL per round (lower and more concentrated = closer to convergence).")
-        if examples is not None and len(examples):
-            k = min(cfg.examples, len(examples))
-            rep.heading("Example selected tests")
-            rep.image(save_image_grid(examples.x[:k], None, captions=[
-                f"y={int(examples.y[i])} FOL={float(examples.fol[i]):.3g}" for i in range(k)]), "First selected tests.")
-    else:
-        table = results["table"]
-        rep.heading("Robustness per strategy and budget")
-        rows = [{"strategy": r["strategy"], "budget": f"{r['budget']} ({r['n']})", "seeds": r["seeds"],
-                 "fixed set before": _acc(r["before_fixed_set_accuracy"]),
-                 "fixed set after": _pm(r, "fixed_set_accuracy"),
-                 "white-box before": _acc(r["before_whitebox_accuracy"]),
-                 "white-box after": _pm(r, "whitebox_accuracy"),
-                 **({"AutoAttack before": _acc(r["before_autoattack_accuracy"]),
-                     "AutoAttack after": _pm(r, "autoattack_accuracy")} if "autoattack_accuracy_mean" in r else {}),
-                 "clean after": _pm(r, "clean_accuracy"),
-                 "fixed set, last epoch": _acc(r.get("last_epoch_fixed_set_accuracy_mean")),
-                 "compute (passes)": "-" if r.get("compute_passes_mean") is None
-                 else f"{r['compute_passes_mean']:,.0f}"} for r in table]
-        rep.table(rows, caption="Accuracies after retraining: mean ± sample standard deviation over seeds; "
-                  "budget = requested (tests selected; 'online' = adversarial training, no pool); before = the "
-                  "original model; compute = forward+backward passes over one image per cell (pool generation, "
-                  "selection scoring, fine-tuning and adversarial generation; results.json has the parts).")
-        if results.get("paired_vs_random"):
-            rep.significance(results["paired_vs_random"])
-        for m, label in (("fixed_set_accuracy", "fixed-set accuracy"), ("whitebox_accuracy", "white-box accuracy"),
-                         ("autoattack_accuracy", "AutoAttack accuracy")):
-            groups: dict[str, dict[str, float]] = {}
-            errs: dict[str, dict[str, float]] = {}
-            if base.get(m) is not None:
-                groups["original model"] = {str(row["budget"]): base[m] for row in table}
-            for row in table:
-                if row.get(f"{m}_mean") is None:
-                    continue
-                groups.setdefault(row["strategy"], {})[str(row["budget"])] = row[f"{m}_mean"]
-                errs.setdefault(row["strategy"], {})[str(row["budget"])] = row[f"{m}_std"] or 0.0
-            if groups:
-                rep.image(save_bars(groups, None, title=f"{label} after retraining", ylabel="accuracy", errors=errs),
-                          f"{label.capitalize()} per strategy and budget (error bars: standard deviation over "
-                          f"seeds); the original model: {_acc(base.get(m))}.")
-        assert compare_data is not None
-        pool: Pool = compare_data["pool"]
-        rep.heading("FOL distribution of the pool and of each strategy's selection")
-        rep.image(save_histogram({"pool": pool.fol}, None, title="FOL of the pool", xlabel="FOL", bins=40),
-                  "FOL of all pool tests.")
-        sel_fol = {s: pool.fol[i] for s, i in compare_data["selected"].items() if len(i)}
-        if sel_fol:
-            rep.image(save_histogram(sel_fol, None, title="FOL of the selected tests", xlabel="FOL", bins=40),
-                      "FOL of the tests each strategy selected (first budget, first seed).")
-        for s, ex in compare_data["examples"].items():
-            if len(ex):
-                rep.heading(f"Example tests selected by {s}", level=3)
-                rep.image(save_image_grid(ex.x, None, captions=[
-                    f"y={int(ex.y[i])} FOL={float(ex.fol[i]):.3g}" for i in range(len(ex))]),
-                    f"First {len(ex)} tests selected by {s}.")
-    rep.write(out / "report.html")
+    rounds = results["rounds"]
+    rep.heading("Robustness per round")
+    how = (f"Strategy {cfg.strategy}: adversarial training ({HARDEN_STRATEGIES[cfg.strategy]}) against the current "
+           "model every round, no pool and no budget" if cfg.strategy in HARDEN_STRATEGIES else
+           f"Strategy {cfg.strategy}, budget {cfg.budget} per round, pool {cfg.pool}")
+    rep.paragraph(f"{how}. Stopped: {results['stop_reason']} after {plural(results['rounds_completed'], 'round')}.")
+    xs = list(range(len(rounds) + 1))
+    series = {}
+    for m, label in (("clean_accuracy", "clean"), ("fixed_set_accuracy", "fixed set"),
+                     ("whitebox_accuracy", "white-box"), ("autoattack_accuracy", "AutoAttack")):
+        ys = [base.get(m)] + [rec["robustness"].get(m) for rec in rounds]
+        if all(v is not None for v in ys):
+            series[label] = (xs, ys)
+    if series:
+        rep.image(save_lines(series, None, title="robustness per round", xlabel="round", ylabel="accuracy"),
+                  "Accuracy per round (round 0 = the original model).")
+    figs = ["clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy"]
+    if base.get("autoattack_accuracy") is not None:
+        figs.append("autoattack_accuracy")
+    cols = ["round", "pool", "selected", *figs, "median_fol", "fol_rel_change"]
+    rows = [{"round": 0, "pool": None, "selected": 0, **{k: base.get(k) for k in figs},
+             "median_fol": results["convergence_rule"]["round0"]["fol"]["median"], "fol_rel_change": None}]
+    for rec in rounds:
+        rows.append({"round": rec["round"], "pool": rec["pool"]["size"], "selected": rec["selected"]["n"],
+                     **{k: rec["robustness"].get(k) for k in figs},
+                     "median_fol": rec["convergence"]["statistic"],
+                     "fol_rel_change": rec["convergence"]["rel_change"]})
+    rep.table(rows, cols)
+    if fol_by_round:
+        rep.heading("FOL distribution of fresh PGD tests per round")
+        rep.paragraph(f"Convergence rule: stop when the median FOL changes by less than "
+                      f"{format_value(cfg.convergence_tol)} (relative) for {cfg.convergence_patience} "
+                      "consecutive rounds.")
+        rep.image(save_histogram({f"round {r}": v for r, v in sorted(fol_by_round.items())}, None,
+                                 title="FOL of fresh PGD tests", xlabel="FOL", bins=40),
+                  "FOL per round (lower and more concentrated = closer to convergence).")
+    if examples is not None and len(examples):
+        k = min(cfg.examples, len(examples))
+        rep.heading("Example selected tests")
+        rep.image(save_image_grid(examples.x[:k], None, captions=[
+            f"y={int(examples.y[i])} FOL={float(examples.fol[i]):.3g}" for i in range(k)]), "First selected tests.")
+
+
+def _compare_sections(rep: HtmlReport, results: dict[str, Any], cfg: RobotConfig,
+                      compare_data: dict[str, Any] | None) -> None:
+    """A comparison's report: the table per strategy and budget, the paired verdicts against random, a bar chart
+    per robustness figure, the FOL of the pool and of each strategy's selection, example tests."""
+    table = results["table"]
+    rep.heading("Robustness per strategy and budget")
+    rows = [{"strategy": r["strategy"], "budget": f"{r['budget']} ({r['n']})", "seeds": r["seeds"],
+             "fixed set before": _acc(r["before_fixed_set_accuracy"]),
+             "fixed set after": _pm(r, "fixed_set_accuracy"),
+             "white-box before": _acc(r["before_whitebox_accuracy"]),
+             "white-box after": _pm(r, "whitebox_accuracy"),
+             **({"AutoAttack before": _acc(r["before_autoattack_accuracy"]),
+                 "AutoAttack after": _pm(r, "autoattack_accuracy")} if "autoattack_accuracy_mean" in r else {}),
+             "clean after": _pm(r, "clean_accuracy"),
+             "fixed set, last epoch": _acc(r.get("last_epoch_fixed_set_accuracy_mean")),
+             "compute (passes)": "-" if r.get("compute_passes_mean") is None
+             else f"{r['compute_passes_mean']:,.0f}"} for r in table]
+    rep.table(rows, caption="Accuracies after retraining: mean ± sample standard deviation over seeds; "
+              "budget = requested (tests selected; 'online' = adversarial training, no pool); before = the "
+              "original model; compute = forward+backward passes over one image per cell (pool generation, "
+              "selection scoring, fine-tuning and adversarial generation; results.json has the parts).")
+    if results.get("paired_vs_random"):
+        rep.significance(results["paired_vs_random"])
+    _compare_bars(rep, table, results["baseline"])
+    assert compare_data is not None
+    pool: Pool = compare_data["pool"]
+    rep.heading("FOL distribution of the pool and of each strategy's selection")
+    rep.image(save_histogram({"pool": pool.fol}, None, title="FOL of the pool", xlabel="FOL", bins=40),
+              "FOL of all pool tests.")
+    sel_fol = {s: pool.fol[i] for s, i in compare_data["selected"].items() if len(i)}
+    if sel_fol:
+        rep.image(save_histogram(sel_fol, None, title="FOL of the selected tests", xlabel="FOL", bins=40),
+                  "FOL of the tests each strategy selected (first budget, first seed).")
+    for s, ex in compare_data["examples"].items():
+        if len(ex):
+            rep.heading(f"Example tests selected by {s}", level=3)
+            rep.image(save_image_grid(ex.x, None, captions=[
+                f"y={int(ex.y[i])} FOL={float(ex.fol[i]):.3g}" for i in range(len(ex))]),
+                f"First {len(ex)} tests selected by {s}.")
+
+
+def _compare_bars(rep: HtmlReport, table: list[dict[str, Any]], base: dict[str, Any]) -> None:
+    """One bar chart per robustness figure measured: its mean per strategy and budget over the seeds (error bars:
+    standard deviation), next to the original model's."""
+    for m, label in (("fixed_set_accuracy", "fixed-set accuracy"), ("whitebox_accuracy", "white-box accuracy"),
+                     ("autoattack_accuracy", "AutoAttack accuracy")):
+        groups: dict[str, dict[str, float]] = {}
+        errs: dict[str, dict[str, float]] = {}
+        if base.get(m) is not None:
+            groups["original model"] = {str(row["budget"]): base[m] for row in table}
+        for row in table:
+            if row.get(f"{m}_mean") is None:
+                continue
+            groups.setdefault(row["strategy"], {})[str(row["budget"])] = row[f"{m}_mean"]
+            errs.setdefault(row["strategy"], {})[str(row["budget"])] = row[f"{m}_std"] or 0.0
+        if groups:
+            rep.image(save_bars(groups, None, title=f"{label} after retraining", ylabel="accuracy", errors=errs),
+                      f"{label.capitalize()} per strategy and budget (error bars: standard deviation over "
+                      f"seeds); the original model: {_acc(base.get(m))}.")
