@@ -17,6 +17,7 @@ import torch
 
 from robustest import cli, data, models
 from robustest import evaluate as ev
+from robustest.core.errors import DataError
 from robustest.train.checkpoints import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("no_data_env")
@@ -181,7 +182,7 @@ def test_train_out_is_a_file(tmp_path, capsys):
 
 
 def test_debug_flag_shows_the_exception(tmp_path, capsys):
-    with pytest.raises(data.DataError):
+    with pytest.raises(DataError):
         cli.main(["--debug", "train", "--dataset", "imagenet", "--model", "lenet5", "--epochs", "1",
                   "--out", str(tmp_path)])
 
