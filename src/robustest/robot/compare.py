@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ from torch import nn
 from robustest.core import distributed
 from robustest.core.atomic import atomic_save, atomic_write_json
 from robustest.core.errors import ConfigError, DataError
+from robustest.core.progress import progress as progress_bar
 from robustest.evaluate import RobustnessReport
 from robustest.robot.compute import PassCounter, cell_compute
 from robustest.robot.config import (
@@ -36,8 +38,10 @@ from robustest.robot.setup import (
     _prepare_out,
     _quantiles,
     _rob,
+    _Setup,
     _setup,
 )
+from robustest.train.checkpoints import clone_model, save_weights
 
 #: the figures paired_vs_random compares (autoattack_accuracy only where it was measured: config ``autoattack``)
 PAIRED_METRICS = ("fixed_set_accuracy", "whitebox_accuracy", "clean_accuracy", "autoattack_accuracy")
@@ -67,89 +71,21 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
     timings: dict[str, Any] = {"setup": setup.timings, "cells": []}
     budgets = cfg.budgets if cfg.budgets is not None else [cfg.budget]
     strategies = list(cfg.strategies)
-    profile = None
-    pool_path = state / "pool.pt"
-    cost_path = state / "pool_compute.json"
     t0 = time.perf_counter()
-    cache: dict[str, Any] = {}
-    if pool_path.is_file():
-        pool = Pool.from_payload(torch.load(pool_path, map_location="cpu", weights_only=True))
-        pool_cost = json.loads(cost_path.read_text()) if cost_path.is_file() else \
-            {"generation": None, "fol_scoring": None, "profile": None}
-    else:
-        _log(cfg, f"generating the {cfg.pool} pool from {len(setup.x_fit)} training images")
-        pool_cost = {"profile": None}
-        if "coverage" in strategies or cfg.pool == "cov-fuzz":
-            with PassCounter(setup.model0) as pc:
-                profile = _coverage_profile(setup.model0, setup.x_fit, cfg)
-            pool_cost["profile"] = pc.passes
-        pool = generate_pool(setup.model0, setup.x_fit, setup.y_fit, cfg, derive_seed(cfg.seed, "pool"),
-                             profile=profile, compute=pool_cost)
-        atomic_save(pool.payload(), pool_path)
-        atomic_write_json(cost_path, pool_cost)
+    pool, pool_cost, profile = _load_or_generate_pool(cfg, setup, strategies, state)
     timings["pool_s"] = time.perf_counter() - t0
     if len(pool) == 0:
         raise DataError("the test pool is empty (no successful attacks): raise eps or use another pool generator")
     _log(cfg, f"pool: {len(pool)} tests {pool.counts()}")
-    generation = pool_cost.get("generation")
-    if cfg.pool == "cov-fuzz" and generation is not None:  # the fuzzer needs the profile: part of generating
-        generation = None if pool_cost.get("profile") is None else generation + pool_cost["profile"]
-    elif profile is not None:
-        cache["profile_passes"] = pool_cost.get("profile")
-    cache["fol_passes"] = pool_cost.get("fol_scoring")
-    cells: list[dict[str, Any]] = []
-    selected_by_strategy: dict[str, torch.Tensor] = {}
-    from robustest.core.progress import progress as progress_bar
-
+    cache: dict[str, Any] = {}
+    generation = _pool_passes(cfg, pool_cost, profile, cache)
     plan = [(b, s, sd) for b in budgets for s in strategies if s not in BUDGET_FREE for sd in cfg.seeds]
     plan += [(BUDGET_FREE[s], s, sd) for s in strategies if s in BUDGET_FREE for sd in cfg.seeds]
     keys = [_cell_key(b, s, sd) for b, s, sd in plan]
-    todo = [i for i, k in enumerate(keys) if not (state / "cells" / k / "cell.json").is_file()]
-    world, me = distributed.world_size(), distributed.rank()
-    if world > 1:  # rank 0's view of the finished cells decides the rounds for every rank
-        todo = distributed.broadcast(todo)
-    fresh: dict[int, tuple[dict[str, Any], torch.Tensor]] = {}
     ctx = {"setup": setup, "pool": pool, "cfg": cfg, "cache": cache, "profile": profile,
            "generation": generation}
-    # Whole cells per rank: under torchrun rank r fine-tunes and measures cells r, r + W, ... by itself
-    # (local_work: no collectives inside a cell), then the W cells of a round go to rank 0, which writes them.
-    # Every cell is seeded by its (strategy, budget, seed), so the files equal one process's.
-    for start in progress_bar(range(0, len(todo), world), enabled=cfg.progress, desc="cells",
-                              unit=f"{world} cells" if world > 1 else "cell"):
-        mine = todo[start + me] if start + me < len(todo) else None
-        done: dict[str, Any] | None = None
-        if mine is not None:
-            with distributed.local_work():
-                done = _run_cell(ctx, *plan[mine])
-            done["i"] = mine
-        for res in (distributed.all_gather_objects(done) if world > 1 else [done]):
-            if res is None:
-                continue
-            cdir = state / "cells" / keys[res["i"]]
-            b, s, sd = plan[res["i"]]
-            from robustest.train.checkpoints import clone_model, save_weights
-
-            weights = clone_model(setup.model0).cpu()
-            weights.load_state_dict(res.pop("state"))
-            save_weights(cdir / "model.pt", weights, metadata={"strategy": s, "budget": str(b), "seed": sd})
-            atomic_save({"pool_index": res["idx"]}, cdir / "selected.pt")
-            atomic_write_json(cdir / "cell.json", res["rec"])  # written last: marks the cell finished
-            timings["cells"].append({"cell": keys[res["i"]], "seconds": res["seconds"]})
-            fresh[res["i"]] = (res["rec"], res["idx"])
-    for i, ((b, s, sd), key) in enumerate(zip(plan, keys)):
-        if i in fresh:
-            rec, idx = fresh[i]
-        else:  # finished by an earlier run
-            cdir = state / "cells" / key
-            rec = json.loads((cdir / "cell.json").read_text())
-            idx = torch.load(cdir / "selected.pt", map_location="cpu", weights_only=True)["pool_index"]
-        if sd == cfg.seeds[0] and (b == budgets[0] or s == "all"):
-            selected_by_strategy[s] = idx
-        cells.append(rec)
-        rb = rec["robustness"]
-        aa = f", AutoAttack {_f(rb['autoattack_accuracy'])}" if rb.get("autoattack_accuracy") is not None else ""
-        _log(cfg, f"{s:>8} budget {b} ({rec['n']}) seed {sd}: clean {_f(rb['clean_accuracy'])}, "
-                  f"fixed-set {_f(rb['fixed_set_accuracy'])}, white-box {_f(rb['whitebox_accuracy'])}{aa}")
+    fresh = _run_cells(ctx, plan, keys, state, timings["cells"])
+    cells, selected_by_strategy = _gather_cells(cfg, plan, keys, fresh, state, budgets)
     table = comparison_table(cells, setup.baseline)
     results = {
         "format": RESULTS_FORMAT, "version": RESULTS_VERSION, "kind": "compare",
@@ -164,6 +100,109 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
     _write_outputs(out, results, timings, setup, cfg, fol_by_round=None, examples=None,
                    compare_data={"pool": pool, "examples": examples, "selected": selected_by_strategy})
     return results
+
+
+def _load_or_generate_pool(cfg: RobotConfig, setup: _Setup, strategies: list[str], state: Path
+                           ) -> tuple[Pool, dict[str, Any], Any]:
+    """The comparison's one pool -> (pool, its compute in passes, the coverage profile or None): read from
+    ``state`` when an earlier run saved it, else generated against the original model (with the coverage profile
+    first when a strategy or the pool needs it) and saved."""
+    pool_path = state / "pool.pt"
+    cost_path = state / "pool_compute.json"
+    profile = None
+    if pool_path.is_file():
+        pool = Pool.from_payload(torch.load(pool_path, map_location="cpu", weights_only=True))
+        pool_cost = json.loads(cost_path.read_text()) if cost_path.is_file() else \
+            {"generation": None, "fol_scoring": None, "profile": None}
+        return pool, pool_cost, profile
+    _log(cfg, f"generating the {cfg.pool} pool from {len(setup.x_fit)} training images")
+    pool_cost = {"profile": None}
+    if "coverage" in strategies or cfg.pool == "cov-fuzz":
+        with PassCounter(setup.model0) as pc:
+            profile = _coverage_profile(setup.model0, setup.x_fit, cfg)
+        pool_cost["profile"] = pc.passes
+    pool = generate_pool(setup.model0, setup.x_fit, setup.y_fit, cfg, derive_seed(cfg.seed, "pool"),
+                         profile=profile, compute=pool_cost)
+    atomic_save(pool.payload(), pool_path)
+    atomic_write_json(cost_path, pool_cost)
+    return pool, pool_cost, profile
+
+
+def _pool_passes(cfg: RobotConfig, pool_cost: dict[str, Any], profile: Any, cache: dict[str, Any]) -> Any:
+    """The passes every cell is charged for generating the pool (the fuzzer's coverage profile included: it is
+    part of generating); the profile's and the FOL scoring's passes go to ``cache`` for the strategies that
+    use them."""
+    generation = pool_cost.get("generation")
+    if cfg.pool == "cov-fuzz" and generation is not None:  # the fuzzer needs the profile: part of generating
+        generation = None if pool_cost.get("profile") is None else generation + pool_cost["profile"]
+    elif profile is not None:
+        cache["profile_passes"] = pool_cost.get("profile")
+    cache["fol_passes"] = pool_cost.get("fol_scoring")
+    return generation
+
+
+def _run_cells(ctx: dict[str, Any], plan: list[tuple[Any, str, int]], keys: list[str], state: Path,
+               cell_timings: list[dict[str, Any]]) -> dict[int, tuple[dict[str, Any], torch.Tensor]]:
+    """Run the cells of ``plan`` not finished under ``state`` and save each (rank 0 writes) -> {plan position:
+    (cell record, selected pool indices)}; each cell's seconds are appended to ``cell_timings``."""
+    todo = [i for i, k in enumerate(keys) if not (state / "cells" / k / "cell.json").is_file()]
+    world, me = distributed.world_size(), distributed.rank()
+    if world > 1:  # rank 0's view of the finished cells decides the rounds for every rank
+        todo = distributed.broadcast(todo)
+    fresh: dict[int, tuple[dict[str, Any], torch.Tensor]] = {}
+    # Whole cells per rank: under torchrun rank r fine-tunes and measures cells r, r + W, ... by itself
+    # (local_work: no collectives inside a cell), then the W cells of a round go to rank 0, which writes them.
+    # Every cell is seeded by its (strategy, budget, seed), so the files equal one process's.
+    for start in progress_bar(range(0, len(todo), world), enabled=ctx["cfg"].progress, desc="cells",
+                              unit=f"{world} cells" if world > 1 else "cell"):
+        mine = todo[start + me] if start + me < len(todo) else None
+        done: dict[str, Any] | None = None
+        if mine is not None:
+            with distributed.local_work():
+                done = _run_cell(ctx, *plan[mine])
+            done["i"] = mine
+        for res in (distributed.all_gather_objects(done) if world > 1 else [done]):
+            if res is None:
+                continue
+            _save_cell(state / "cells" / keys[res["i"]], ctx["setup"].model0, plan[res["i"]], res)
+            cell_timings.append({"cell": keys[res["i"]], "seconds": res["seconds"]})
+            fresh[res["i"]] = (res["rec"], res["idx"])
+    return fresh
+
+
+def _save_cell(cdir: Path, model0: nn.Module, cell: tuple[Any, str, int], res: dict[str, Any]) -> None:
+    """Write a finished cell under ``cdir``: its weights (``res["state"]``, popped), its selected pool indices and
+    its record, written last as the mark that the cell is finished."""
+    b, s, sd = cell
+    weights = clone_model(model0).cpu()
+    weights.load_state_dict(res.pop("state"))
+    save_weights(cdir / "model.pt", weights, metadata={"strategy": s, "budget": str(b), "seed": sd})
+    atomic_save({"pool_index": res["idx"]}, cdir / "selected.pt")
+    atomic_write_json(cdir / "cell.json", res["rec"])  # written last: marks the cell finished
+
+
+def _gather_cells(cfg: RobotConfig, plan: list[tuple[Any, str, int]], keys: list[str],
+                  fresh: dict[int, tuple[dict[str, Any], torch.Tensor]], state: Path, budgets: list[Any]
+                  ) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
+    """Every cell's record in plan order (run now, or read from ``state``: finished by an earlier run), each
+    logged -> (records, the pool indices each strategy selected at the first budget and seed)."""
+    cells: list[dict[str, Any]] = []
+    selected_by_strategy: dict[str, torch.Tensor] = {}
+    for i, ((b, s, sd), key) in enumerate(zip(plan, keys)):
+        if i in fresh:
+            rec, idx = fresh[i]
+        else:  # finished by an earlier run
+            cdir = state / "cells" / key
+            rec = json.loads((cdir / "cell.json").read_text())
+            idx = torch.load(cdir / "selected.pt", map_location="cpu", weights_only=True)["pool_index"]
+        if sd == cfg.seeds[0] and (b == budgets[0] or s == "all"):
+            selected_by_strategy[s] = idx
+        cells.append(rec)
+        rb = rec["robustness"]
+        aa = f", AutoAttack {_f(rb['autoattack_accuracy'])}" if rb.get("autoattack_accuracy") is not None else ""
+        _log(cfg, f"{s:>8} budget {b} ({rec['n']}) seed {sd}: clean {_f(rb['clean_accuracy'])}, "
+                  f"fixed-set {_f(rb['fixed_set_accuracy'])}, white-box {_f(rb['whitebox_accuracy'])}{aa}")
+    return cells, selected_by_strategy
 
 
 def _cell_key(b: Any, s: str, sd: int) -> str:
