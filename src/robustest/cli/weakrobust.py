@@ -43,10 +43,12 @@ from robustest.cli._common import (
     print_table,
     resolve_batch_size,
 )
+from robustest.core import distributed
 from robustest.core.atomic import atomic_save
 from robustest.core.batching import labels_of, take
 from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError, DataError
+from robustest.core.steps import Steps, data_fingerprint, fingerprint
 from robustest.results import write_results
 
 ORDER = 60
@@ -227,13 +229,11 @@ def _analysis_from_args(args: argparse.Namespace, model, ds, out: Path):
     between two saves (one gather, one atomic write) as a single process does; the scores do not depend on
     the step size (neighbour noise is seeded per block of samples), only the resume points do."""
     from robustest import weakrobust as wr
-    from robustest.core.distributed import world_size
-    from robustest.core.steps import Steps, data_fingerprint, fingerprint
     from robustest.train.checkpoints import state_fingerprint
 
     if args.batch_size == "auto":
         resolve_batch_size(args, model, ds, default=wr.default_batch_size(ds), grad=False, amp=args.amp)
-    every = args.save_every * world_size()
+    every = args.save_every * distributed.world_size()
     settings = {k: getattr(args, k) for k in ("neighbors", "eps", "noise", "no_quantize", "seed", "amp")}
     settings["step"] = every
     steps = Steps(out, fingerprint("analyze", settings, state_fingerprint(model), data_fingerprint(ds)),
@@ -297,7 +297,7 @@ def _analysis_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_analyze(args: argparse.Namespace) -> int:
-    from robustest.report import HtmlReport
+    from robustest.report import HtmlReport, save_histogram
 
     out = out_dir(args)
     t0 = time.perf_counter()
@@ -336,8 +336,6 @@ def run_analyze(args: argparse.Namespace) -> int:
                   f"noise{'' if args.no_quantize else ', quantised'}).")
     _analysis_report(rep, ds, analysis, args.top)
     if radius is not None:
-        from robustest.report import save_histogram
-
         rep.heading("Adversarial radius")
         rep.key_values(results["radius"])
         rep.image(save_histogram({"PGD radius": radius[torch.isfinite(radius)]}, None, title="adversarial radius",
@@ -355,30 +353,14 @@ def run_analyze(args: argparse.Namespace) -> int:
 
 def run_validate(args: argparse.Namespace) -> int:
     from robustest import weakrobust as wr
-    from robustest.report import HtmlReport, save_hbars
 
-    if args.strategy is None:  # the old flags keep their meaning
-        args.strategy = "weak-correct" if args.correct_only else "weak" if args.per_class else DEFAULT_STRATEGY
-    if args.strategy in ("stratified", "random") and (args.correct_only or args.per_class):
-        flag = "--correct-only" if args.correct_only else "--per-class"
-        raise ConfigError(f"{flag} applies to --strategy weak or weak-correct, not {args.strategy}")
-    if args.strategy == "weak" and args.correct_only:
-        args.strategy = "weak-correct"
+    _resolve_strategy(args)
     out = out_dir(args)
     t0 = time.perf_counter()
     model = load_model(args)
     ds = load_data(args)
     check_fits(model, ds)
-    if args.analysis:
-        analysis = wr.Analysis.load(args.analysis)
-        labels = labels_of(ds)
-        if len(analysis) != len(ds) or (labels is not None and not torch.equal(analysis.label, labels.long())):
-            raise DataError(f"{args.analysis} analyses {len(analysis)} samples but --dataset {args.dataset} "
-                            f"--split {args.split} has {len(ds)} (or other labels): use the same data set, split "
-                            "and --limit as 'robustest analyze'")
-    else:
-        analysis = _analysis_from_args(args, model, ds, out)
-        analysis.save(out / "analysis.pt")
+    analysis = _validation_analysis(args, model, ds, out)
     t_analysis = time.perf_counter() - t0
     weak = wr.select_weak(analysis, k=args.k, fraction=args.fraction, threshold=args.threshold,
                           per_class=args.per_class, strategy=args.strategy, strata=args.strata,
@@ -403,21 +385,80 @@ def run_validate(args: argparse.Namespace) -> int:
         test = load_data(args, "test")
         test_res = wr.validate(model, take(test, torch.arange(min(args.test_limit, len(test)))), None, **common)
     t_test = time.perf_counter() - t2
+    rows = _validation_rows(res, test_res)
+    results = _validation_results(args, analysis, weak, res, test_res, rows)
+    settings = _validation_settings(args, model, weak, res)
+    timings = {"analysis_s": t_analysis, "validate_weak_s": t_weak, "validate_test_s": t_test,
+               "total_s": time.perf_counter() - t0}
+    doc = write_results(out, "validate", settings, results, timings)
+    _validation_report(doc, args, ds, analysis, weak, res, test_res, rows).write(out / "report.html")
+    print_table(rows, ["type", "family", "weak_error", "test_error", "label"])
+    log.info(f"{weak.rule['strategy']} set: {len(weak)} samples; mean adversarial error "
+             f"{fmt(res.mean_adv_error, 'error')}, mCE {fmt(res.mce, 'mce')}; "
+             f"weaknesses: {', '.join(res.weaknesses()) or 'none'}")
+    log.info(f"wrote {out / 'results.json'} and {out / 'report.html'}")
+    return 0
+
+
+def _resolve_strategy(args: argparse.Namespace) -> None:
+    """Set ``args.strategy`` from --strategy and the older flags (--correct-only, --per-class), which keep their
+    meaning; a one-line ConfigError when a flag does not apply to the strategy."""
+    if args.strategy is None:  # the old flags keep their meaning
+        args.strategy = "weak-correct" if args.correct_only else "weak" if args.per_class else DEFAULT_STRATEGY
+    if args.strategy in ("stratified", "random") and (args.correct_only or args.per_class):
+        flag = "--correct-only" if args.correct_only else "--per-class"
+        raise ConfigError(f"{flag} applies to --strategy weak or weak-correct, not {args.strategy}")
+    if args.strategy == "weak" and args.correct_only:
+        args.strategy = "weak-correct"
+
+
+def _validation_analysis(args: argparse.Namespace, model, ds, out: Path):
+    """validate's analysis: read from --analysis (refused when it analyses other samples than ``ds``), or
+    computed in saved steps and written to ``out/analysis.pt``."""
+    from robustest import weakrobust as wr
+
+    if not args.analysis:
+        analysis = _analysis_from_args(args, model, ds, out)
+        analysis.save(out / "analysis.pt")
+        return analysis
+    analysis = wr.Analysis.load(args.analysis)
+    labels = labels_of(ds)
+    if len(analysis) != len(ds) or (labels is not None and not torch.equal(analysis.label, labels.long())):
+        raise DataError(f"{args.analysis} analyses {len(analysis)} samples but --dataset {args.dataset} "
+                        f"--split {args.split} has {len(ds)} (or other labels): use the same data set, split "
+                        "and --limit as 'robustest analyze'")
+    return analysis
+
+
+def _validation_rows(res, test_res) -> list[dict[str, Any]]:
+    """One row per perturbation type: its family, its error on the set and on the test split, its label."""
     summary = res.summary()
     rows = []
     test_pt = test_res.per_type() if test_res else {}
     for t, d in summary["per_type"].items():
         rows.append({"type": t, "family": d["family"], "weak_error": d["error"],
                      "test_error": test_pt[t][1] if t in test_pt else None, "label": d["label"] or "-"})
-    results = {"n_analysed": len(analysis), "weak_set": {"n": len(weak), "strategy": weak.rule["strategy"],
-                                                         "rule": weak.rule, "indices": weak.indices.tolist(),
-                                                         "weights": None if weak.weights is None
-                                                         else weak.weights.tolist()},
-               "validation": res.to_dict(), "test": test_res.to_dict() if test_res else None,
-               "weaknesses": res.weaknesses(), "strengths": [t for t, v in res.labels().items() if v == "strength"],
-               "table": rows, "peak_rss_mib": peak_rss_mib(),
-               "files": {"weak_set": "weakset.pt", "weak_set_json": "weakset.json", "validation": "validation.pt",
-                         "report": "report.html", **({} if args.analysis else {"analysis": "analysis.pt"})}}
+    return rows
+
+
+def _validation_results(args: argparse.Namespace, analysis, weak, res, test_res, rows: list[dict[str, Any]]
+                        ) -> dict[str, Any]:
+    """validate's results: the set, the validation on it and on the test split, weaknesses and strengths, the
+    table, the files written."""
+    return {"n_analysed": len(analysis), "weak_set": {"n": len(weak), "strategy": weak.rule["strategy"],
+                                                      "rule": weak.rule, "indices": weak.indices.tolist(),
+                                                      "weights": None if weak.weights is None
+                                                      else weak.weights.tolist()},
+            "validation": res.to_dict(), "test": test_res.to_dict() if test_res else None,
+            "weaknesses": res.weaknesses(), "strengths": [t for t, v in res.labels().items() if v == "strength"],
+            "table": rows, "peak_rss_mib": peak_rss_mib(),
+            "files": {"weak_set": "weakset.pt", "weak_set_json": "weakset.json", "validation": "validation.pt",
+                      "report": "report.html", **({} if args.analysis else {"analysis": "analysis.pt"})}}
+
+
+def _validation_settings(args: argparse.Namespace, model, weak, res) -> dict[str, Any]:
+    """The settings validate ran with: those of the analysis (or its file), the set's rule, the perturbations
+    measured."""
     settings = {**model_settings(args), **data_settings(args)}
     settings.update({"analysis": str(args.analysis)} if args.analysis else _analysis_settings(args))
     settings["strategy"] = weak.rule["strategy"]
@@ -433,9 +474,15 @@ def run_validate(args: argparse.Namespace) -> int:
     if res.meta.get("corruptions"):
         settings["severities"] = list(res.meta.get("severities", args.severities))
     settings.update(test_limit=args.test_limit, seed=args.seed, device=str(model_device(model)))
-    timings = {"analysis_s": t_analysis, "validate_weak_s": t_weak, "validate_test_s": t_test,
-               "total_s": time.perf_counter() - t0}
-    doc = write_results(out, "validate", settings, results, timings)
+    return settings
+
+
+def _validation_report(doc: dict[str, Any], args: argparse.Namespace, ds, analysis, weak, res, test_res,
+                       rows: list[dict[str, Any]]):
+    """validate's HtmlReport (to be written): the set, the errors on it and on the test split per perturbation
+    type, strengths and weaknesses, the analysis."""
+    from robustest.report import HtmlReport, save_hbars
+
     rep = HtmlReport.from_results(doc, f"robustest validate: {args.dataset}")
     how = {"weak": "the weakest", "weak-correct": "the weakest correctly classified",
            "stratified": f"stratified over {weak.rule.get('strata')} score strata, errors weighted by stratum share",
@@ -455,13 +502,7 @@ def run_validate(args: argparse.Namespace) -> int:
     rep.heading("Strengths and weaknesses")
     rep.table(rows, ["type", "family", "weak_error", "test_error", "label"])
     _analysis_report(rep, ds, analysis, 32)
-    rep.write(out / "report.html")
-    print_table(rows, ["type", "family", "weak_error", "test_error", "label"])
-    log.info(f"{weak.rule['strategy']} set: {len(weak)} samples; mean adversarial error "
-             f"{fmt(res.mean_adv_error, 'error')}, mCE {fmt(res.mce, 'mce')}; "
-             f"weaknesses: {', '.join(res.weaknesses()) or 'none'}")
-    log.info(f"wrote {out / 'results.json'} and {out / 'report.html'}")
-    return 0
+    return rep
 
 
 def _read_weaknesses(items: list[str]) -> list[str]:
@@ -486,7 +527,6 @@ def _read_weaknesses(items: list[str]) -> list[str]:
 def _enhance_state(args: argparse.Namespace, out: Path, model, train, weaknesses: list[str]) -> Path:
     """Where enhance saves its state after every epoch: a file named by the run's fingerprint (settings,
     starting model, data), so rerunning the same command continues and a changed one starts afresh."""
-    from robustest.core.steps import data_fingerprint, fingerprint
     from robustest.train.checkpoints import state_fingerprint
 
     keys = ("epochs", "no_augmix", "no_adversarial", "jsd_weight", "adv_weight", "adv_eps", "adv_steps",
@@ -495,8 +535,6 @@ def _enhance_state(args: argparse.Namespace, out: Path, model, train, weaknesses
                      data_fingerprint(train))[:16]
     path = out / "state" / f"enhance_{fp}.pt"
     stale = [f for f in (out / "state").glob("enhance_*.pt") if f != path] if (out / "state").is_dir() else []
-    from robustest.core import distributed
-
     if stale and distributed.is_main():
         for f in stale:
             f.unlink(missing_ok=True)
