@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from robustest import attacks
 from robustest.attacks import input_gradient, random_point
 from robustest.core.modelcall import forward
 from robustest.train.compute import ComputeCount
@@ -33,20 +34,20 @@ def pgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
     """L-inf PGD from a uniform random start; with a stopping rule, its samples stop individually.
 
     Without a rule (``threshold`` None and ``stop_misclassified`` False) every sample takes ``steps`` steps of
-    ``alpha * sign(grad)``, projected into the ball and [0, 1]. With a rule, from gradient evaluation
-    ``first_check`` on (0-based), a sample whose FOL is <= ``threshold`` (or, with ``stop_misclassified``, that
-    is misclassified) keeps its current point and leaves the active set; only active samples go through the
-    model. x: N x C x H x W, y: int64 [N]. Returns (x_adv N x C x H x W, evals: int64 [N] gradient evaluations
-    spent on each sample).
+    ``alpha * sign(grad)``, projected into the ball and [0, 1]: :func:`robustest.attacks.pgd` drawing from
+    ``gen``. With a rule, from gradient evaluation ``first_check`` on (0-based), a sample whose FOL is <=
+    ``threshold`` (or, with ``stop_misclassified``, that is misclassified) keeps its current point and leaves
+    the active set; only active samples go through the model (the same random start and steps otherwise).
+    x: N x C x H x W, y: int64 [N]. Returns (x_adv N x C x H x W, evals: int64 [N] gradient evaluations spent on
+    each sample).
     """
+    n = x.shape[0]
+    if threshold is None and not stop_misclassified:  # attacks' PGD: the same draws and steps, in one chunk
+        adv = attacks.pgd(model, x, y, eps, alpha=alpha, steps=steps, random_start=True, batch_size=None,
+                          generator=gen)
+        return adv, torch.full((n,), steps, dtype=torch.long, device=x.device)
     lo, hi = (x - eps).clamp_(min=0.0), (x + eps).clamp_(max=1.0)
     adv = random_point(x, eps, "linf", gen)
-    n = x.shape[0]
-    if threshold is None and not stop_misclassified:
-        for _ in range(steps):
-            g, _ = input_gradient(model, adv, y)
-            adv = adv.add_(g.sign_(), alpha=alpha).clamp_(lo, hi)
-        return adv, torch.full((n,), steps, dtype=torch.long, device=x.device)
     evals = torch.zeros(n, dtype=torch.long, device=x.device)
     active = torch.arange(n, device=x.device)
     xa = adv
