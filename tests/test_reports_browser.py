@@ -106,6 +106,12 @@ def reports(tmp_path_factory, _trained_digits_session) -> dict[str, Path]:
                     "--eval-limit", "40", "--weaknesses", "fog"],
         "run": ["run", *robot, "--strategy", "random", "--budget", "10%", "--rounds", "1"],
         "compare": ["compare", *robot, "--strategies", "best,kmst,random", "--budgets", "10,5%", "--seeds", "0-1"],
+        "eval": ["eval", *m, "--dataset", "digits", "--limit", "40", "--eps", "0.1", "--version", "fast",
+                 "--corruptions", "fog,gaussian_noise", "--severities", "2"],
+        "harden": ["harden", *m, "--dataset", "digits", "--limit", "300", "--val-size", "30", "--epochs", "2",
+                   "--eps", "0.1", "--autoattack", "fast", "--threads", "1"],
+        "suite": ["suite", "build", *m, "--dataset", "digits", "--limit", "120", "--eps", "0.1", "--k", "30",
+                  "--version", "fast", "--neighbors", "4"],
     }
     out: dict[str, Path] = {}
     for verb, argv in runs.items():
@@ -114,6 +120,10 @@ def reports(tmp_path_factory, _trained_digits_session) -> dict[str, Path]:
     assert main(["select", "--scores", str(root / "score" / "scores.pt"), "--fraction", "0.2", "--strategy", "kmst",
                  "--out", str(root / "select"), "--quiet"]) == 0
     out["select"] = root / "select" / "report.html"
+    # the gate's check of the same model against its own suite (the verdict in words)
+    assert main(["suite", "check", "--suite", str(root / "suite"), *m, "--out", str(root / "suite-check"),
+                 "--quiet"]) == 0
+    out["suite-check"] = root / "suite-check" / "report.html"
     # the hardest case for the layout: a 30-column table, 60 perturbation types and the significance table
     doc = json.loads((root / "compare" / "results.json").read_text())
     rep = HtmlReport.from_results(doc, "a report with very wide content")
@@ -131,7 +141,7 @@ def reports(tmp_path_factory, _trained_digits_session) -> dict[str, Path]:
 
 
 VERBS = ["train", "score", "select", "generate", "corrupt", "analyze", "validate", "enhance", "run", "compare",
-         "stress"]
+         "eval", "harden", "suite", "suite-check", "stress"]
 
 
 @pytest.mark.parametrize("verb", VERBS)

@@ -294,6 +294,12 @@ def test_cli_check_exit_codes(files, tmp_path: Path, capsys):
     assert doc["comparison"]["p_value"] < 0.05 and doc["comparison"]["drop"] > 0.02
     html = (tmp_path / "worse" / "report.html").read_text()
     assert "REGRESSION" in html and "McNemar" in html
+    # the samples the candidate breaks are shown (b of them broken only by the candidate, c saved only by it)
+    b, c = doc["comparison"]["b"], doc["comparison"]["c"]
+    assert f"({b} broken by the candidate only, {c} kept robust by the candidate only" in html
+    assert "data:image/png;base64," in html.split("Samples")[-1]
+    same = (tmp_path / "same" / "report.html").read_text()
+    assert "no outcome differs from the baseline" in same and "data:image/png;base64," in same.split("Samples")[-1]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from robustest.cli._common import (
     add_checkpoint_arg,
     add_data_args,
@@ -268,7 +270,7 @@ def run_check(args: argparse.Namespace) -> int:
            "files": ["results.json", "report.html"]}
     timings = {**res.timings, "total_s": time.perf_counter() - t0}
     doc = write_results(out, "suite", settings, doc, timings)
-    _check_report(res, doc).write(out / "report.html")
+    _check_report(res, doc, suite).write(out / "report.html")
     log.info(res.message())
     log.info(f"wrote results.json, report.html to {out} in {time.perf_counter() - t0:.1f}s")
     if res.regression:
@@ -284,7 +286,7 @@ def run_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_report(res: Any, doc: dict[str, Any]) -> Any:
+def _check_report(res: Any, doc: dict[str, Any], suite: Any) -> Any:
     from robustest import report
 
     s = doc["suite"]
@@ -316,4 +318,28 @@ def _check_report(res: Any, doc: dict[str, Any]) -> Any:
                              "McNemar p (one-sided)": c.p_value if name == "robust accuracy" else None})
         rep.heading("Baseline minus candidate, paired on the suite").table(cmp_rows)
     rep.heading("Per stratum").table(doc["strata"])
+    _changed_samples(rep, res, suite)
     return rep
+
+
+def _changed_samples(rep: Any, res: Any, suite: Any, limit: int = 32) -> None:
+    """The samples whose robust outcome differs between baseline and candidate (those the candidate breaks
+    first), or, without a baseline or without any change, the first suite samples with the candidate's outcome."""
+    from robustest import report
+
+    cand = res.outcomes["robust"].bool()
+    base = None if res.baseline_outcomes is None else res.baseline_outcomes["robust"].bool()
+    if base is not None and bool((cand != base).any()):
+        broken = torch.nonzero(base & ~cand).flatten()
+        saved = torch.nonzero(~base & cand).flatten()
+        idx = torch.cat([broken, saved])[:limit]
+        caps = [f"{int(suite.y[i])} s{int(suite.stratum[i])} {'broken' if bool(base[i]) else 'saved'}"
+                for i in idx.tolist()]
+        what = (f"samples whose robust outcome changed ({len(broken)} broken by the candidate only, {len(saved)} "
+                f"kept robust by the candidate only; first {len(idx)}): label, stratum, change")
+    else:
+        idx = torch.arange(min(limit, len(suite)))
+        caps = [f"{int(suite.y[i])} s{int(suite.stratum[i])} {'R' if bool(cand[i]) else 'x'}" for i in idx.tolist()]
+        what = ("suite samples (no outcome differs from the baseline's)" if base is not None else "suite samples") + (
+            ": label, stratum, R = robust under the candidate, x = broken")
+    rep.heading("Samples").image(report.save_image_grid(suite.images()[idx], None, captions=caps, ncols=8), what)
