@@ -1,7 +1,10 @@
 """Training: the one home of how models are trained.
 
 * :func:`fit` (:mod:`.fitting`): supervised training with the recipe options of :mod:`.recipes`, seeded and
-  resumable, under torchrun with DistributedDataParallel; :class:`TrainData` batches any data source.
+  resumable, under torchrun with DistributedDataParallel.
+* :mod:`.engine`: the one epoch loop fit, harden and enhance run through (:func:`~.engine.run_epochs` over an
+  :class:`~.engine.EpochLoop`'s hooks: batches, divergence check, validation, resume state);
+  :class:`TrainData` batches any data source.
 * :func:`harden` (:mod:`.hardening`): adversarial training with any objective of :mod:`.objectives` (pgd-at,
   trades, fosc, fol-budget, fast-at, or one registered from outside), counting its compute
   (:class:`ComputeCount`), with robust early stopping and the catastrophic-overfitting guard
@@ -15,7 +18,8 @@ from __future__ import annotations
 from robustest.train import objectives
 from robustest.train.compute import ComputeCount
 from robustest.train.early_stopping import holdout_split
-from robustest.train.fitting import EpochStats, History, TrainData, channel_stats, fit
+from robustest.train.engine import TrainData
+from robustest.train.fitting import EpochStats, History, channel_stats, fit
 from robustest.train.hardening import HardenResult, check_trainable, harden, harden_settings
 from robustest.train.schedules import eps_schedule, fosc_schedule
 

@@ -1,8 +1,10 @@
 """Supervised training: :func:`fit` trains a classifier with Adam or SGD, optional LR schedule and validation,
 seeded; the recipe options (momentum, warm-up, label smoothing, mixed precision, compile, crop-flip, per-epoch
-resume) come from :mod:`robustest.train.recipes`. :class:`TrainData` gives the batches of one epoch from any
-data-like object (also under torchrun); :func:`channel_stats` the per-channel statistics a Normalize layer takes.
-Validation during :func:`fit` is measured with :func:`robustest.evaluate.loss_and_accuracy`.
+resume) come from :mod:`robustest.train.recipes`; :class:`robustest.train.engine.TrainData` gives the batches of
+one epoch from any data-like object (also under torchrun); :func:`channel_stats` the per-channel statistics a
+Normalize layer takes.
+Validation during :func:`fit` is measured with :func:`robustest.evaluate.loss_and_accuracy`; the epochs run
+through :func:`robustest.train.engine.run_epochs` (:class:`_Fit` is fit's :class:`~robustest.train.engine.EpochLoop`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,20 +22,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader
 
 from robustest.core import distributed
 from robustest.core.amp import autocast
 from robustest.core.atomic import atomic_save
-from robustest.core.batching import DataLike, as_tensors, converts_batches, iter_batches, labels_of, split_batch
+from robustest.core.batching import DataLike, iter_batches
 from robustest.core.devices import channels_last_wanted, resolve_device
 from robustest.core.distributed import Shard
-from robustest.core.errors import ConfigError, DataError, TrainingDiverged
-from robustest.core.inputs import check_images, check_labels
-from robustest.core.modelcall import eval_mode, forward, set_mode
-from robustest.core.progress import progress as progress_bar
+from robustest.core.errors import ConfigError, DataError
+from robustest.core.modelcall import forward, set_mode
 from robustest.core.seeding import make_generator, seed_everything
 from robustest.evaluate import loss_and_accuracy
+from robustest.train.engine import Batch, EpochLoop, TrainData, run_epochs
 from robustest.train.recipes import (
     TrainOptions,
     check_device,
@@ -45,7 +47,7 @@ from robustest.train.recipes import (
 )
 from robustest.train.schedules import make_schedule
 
-__all__ = ["FIT_STATE_FORMAT", "EpochStats", "History", "TrainData", "channel_stats", "fit"]
+__all__ = ["FIT_STATE_FORMAT", "EpochStats", "History", "channel_stats", "fit"]
 
 FIT_STATE_FORMAT = "robustest-fit-state-1"
 
@@ -104,153 +106,12 @@ def channel_stats(data: DataLike, batch_size: int = 1024) -> tuple[list[float], 
     return mean.tolist(), var.clamp_min(0).sqrt().clamp_min(1e-3).tolist()
 
 
-class TrainData:
-    """The batches of one training epoch from any data-like object.
-
-    Tensors, TensorDatasets and robustest ImageDatasets take the in-memory path: a seeded permutation per
-    epoch, each batch gathered by index (an ImageDataset converts only that batch from its compact storage).
-    A DataLoader is iterated as it is, every epoch, so its transforms (random augmentation) and sampler
-    apply; a sampler with ``set_epoch`` (DistributedSampler) is told the epoch. Any other Dataset is read
-    through a shuffling DataLoader seeded with ``seed`` (workers from its ``num_workers`` attribute).
-
-    With a ``shard`` of several ranks (DistributedDataParallel under torchrun): on the in-memory path every
-    rank draws the same permutation and takes its contiguous part of each global batch of ``batch_size``
-    (``batch_weight`` then rescales the rank's mean loss so that DDP's gradient average equals the global
-    batch's mean gradient; a final batch with fewer samples than ranks is skipped); a Dataset or DataLoader
-    is read through a ``DistributedSampler`` (seeded, ``set_epoch`` every epoch), a DataLoader's batch size
-    being per rank.
-    """
-
-    def __init__(self, data: DataLike, batch_size: int, seed: int, shard: Shard | None = None) -> None:
-        self.batch_size = batch_size
-        self.gen = make_generator(seed)
-        self.shard = shard or Shard()
-        self.batch_weight = 1.0
-        self.loader: DataLoader | None = None
-        self.x = self.y = None
-        self.ds = None
-        world, rank = self.shard.world_size, self.shard.rank
-        if isinstance(data, DataLoader):
-            self.loader = data if world == 1 else _distributed_loader(data, self.shard, seed)
-        elif converts_batches(data):
-            self.ds = data
-            self.y = labels_of(data)
-        elif isinstance(data, Dataset) and not isinstance(data, TensorDataset):
-            workers = int(getattr(data, "num_workers", 0) or 0)
-            if world == 1:
-                self.loader = DataLoader(data, batch_size=batch_size, shuffle=True, generator=self.gen,
-                                         num_workers=workers)
-            else:
-                from torch.utils.data.distributed import DistributedSampler
-
-                sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=seed)
-                self.loader = DataLoader(data, batch_size=-(-batch_size // world), sampler=sampler,
-                                         num_workers=workers)
-        else:
-            self.x, self.y = as_tensors(data)
-            if self.y is None:
-                raise ConfigError("training data needs labels: pass (x, y) or a labelled Dataset")
-            check_images(self.x, "training images")
-        if self.loader is None:
-            assert self.y is not None
-            self.n = int(self.y.shape[0])
-            check_labels(self.y, self.n, name="training labels")
-            full, tail = divmod(self.n, batch_size)
-            self.steps_per_epoch = full + (1 if tail >= world else 0)
-        else:
-            self.n = len(self.loader.dataset)  # type: ignore[arg-type]
-            try:
-                self.steps_per_epoch = len(self.loader)
-            except TypeError:  # an IterableDataset without a length
-                self.steps_per_epoch = math.ceil(self.n / batch_size)
-        if self.n == 0:
-            raise DataError("the training data is empty: check the split, the path and --limit")
-
-    def _gather(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.ds is not None:
-            x, y = self.ds.get_batch(idx)
-            return check_images(x, "training images"), y
-        assert self.x is not None and self.y is not None
-        return self.x[idx], self.y[idx]
-
-    def first_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.loader is None:
-            return self._gather(torch.arange(min(self.n, 1)))
-        for batch in self.loader:
-            x, y = split_batch(batch)
-            if y is None:
-                raise ConfigError("training data needs labels: the DataLoader yields images only")
-            return x, y
-        raise DataError("the training data is empty: the DataLoader yields no batches")
-
-    def check(self, model: nn.Module, dev: torch.device) -> int:
-        """Labels must index the model's outputs; returns the model's number of classes."""
-        x, _ = self.first_batch()
-        with torch.no_grad(), eval_mode(model):
-            num_classes = forward(model, check_images(x[:1], "training images").to(dev)).shape[-1]
-        if self.y is not None:
-            check_labels(self.y, self.n, num_classes, name="training labels")
-        return int(num_classes)
-
-    def epoch(self, epoch: int, num_classes: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The (x, y) batches of epoch ``epoch`` (1-based)."""
-        for _, x, y in self.indexed_epoch(epoch, num_classes):
-            yield x, y
-
-    def indexed_epoch(self, epoch: int, num_classes: int
-                      ) -> Iterator[tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]]:
-        """(positions, x, y) batches: positions in the data set on the in-memory path, None from a DataLoader
-        (whose items may be augmented views rather than stored samples)."""
-        if self.loader is None:
-            perm = torch.randperm(self.n, generator=self.gen)
-            world = self.shard.world_size
-            for s in range(0, self.n, self.batch_size):
-                idx = perm[s:s + self.batch_size]
-                if world > 1:
-                    if len(idx) < world:  # every rank needs samples for DDP's gradient exchange
-                        continue
-                    full = len(idx)
-                    idx = idx.tensor_split(world)[self.shard.rank]
-                    self.batch_weight = len(idx) * world / full
-                yield (idx, *self._gather(idx))
-            return
-        sampler = getattr(self.loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-        for batch in self.loader:
-            x, y = split_batch(batch)
-            if y is None:
-                raise ConfigError("training data needs labels: the DataLoader yields images only")
-            x = check_images(x, "training images")
-            yield None, x, check_labels(torch.as_tensor(y), len(x), num_classes, name="training labels")
-
-
-def _distributed_loader(loader: DataLoader, shard: Shard, seed: int) -> DataLoader:
-    """``loader`` re-read through a DistributedSampler for this rank (same dataset, batch size per rank,
-    collate function, workers; shuffled when the loader shuffles)."""
-    from torch.utils.data import RandomSampler
-    from torch.utils.data.distributed import DistributedSampler
-
-    if isinstance(loader.dataset, torch.utils.data.IterableDataset):
-        raise ConfigError("an IterableDataset cannot be split across torchrun's ranks by robustest: shard the "
-                          "stream yourself per rank, or train in one process")
-    if loader.batch_size is None:
-        raise ConfigError("under torchrun a DataLoader with its own batch_sampler cannot be split across ranks: "
-                          "give it a batch_size (per rank) instead")
-    sampler = loader.sampler if isinstance(loader.sampler, DistributedSampler) else DistributedSampler(
-        loader.dataset, num_replicas=shard.world_size, rank=shard.rank,
-        shuffle=isinstance(loader.sampler, RandomSampler), seed=seed)
-    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler,
-                      num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-                      drop_last=loader.drop_last, worker_init_fn=loader.worker_init_fn,
-                      persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False)
-
-
 @dataclass
-class _Fit:
-    """One fit call's working state: what trains (the model, the module the steps run through: compiled and/or
-    DDP-wrapped), the batches, the optimiser, schedule, scaler and augmentation generator, the history and the best
-    epoch so far, and the settings a resume file must match."""
+class _Fit(EpochLoop):
+    """One fit call's working state and its epoch hooks (:class:`~robustest.train.engine.EpochLoop`): what trains
+    (the model, the module the steps run through: compiled and/or DDP-wrapped), the batches, the optimiser,
+    schedule, scaler and augmentation generator, the history and the best epoch so far, the settings a resume file
+    must match, the validation data, the resume file and the caller's callback; the running epoch's tallies."""
 
     model: nn.Module
     step_model: nn.Module
@@ -268,6 +129,98 @@ class _Fit:
     best_acc: float = -1.0
     best_state: dict[str, torch.Tensor] | None = None
     seconds_before: float = 0.0
+    val: DataLike | None = None
+    val_batch: int = 256
+    restore_best: bool = False
+    state_path: Path | None = None
+    on_epoch_end: Any = None
+    t_start: float = 0.0
+    first_step: bool = True  # torch.compile compiles at the run's first step
+    total_loss: float = 0.0
+    correct: int = 0
+    n: int = 0
+
+    def begin_epoch(self, epoch: int) -> None:
+        set_mode(self.model, True)
+        self.total_loss, self.correct, self.n = 0.0, 0, 0
+
+    def batches(self, epoch: int) -> Iterable[Batch]:
+        return self.source.indexed_epoch(epoch, self.num_classes)
+
+    def forward(self, epoch: int, i: int, batch: Batch) -> tuple[torch.Tensor, Any]:
+        """The batch on the device (crop-flipped with ``augment``) -> (cross-entropy loss, (logits B x K, labels))."""
+        _, xb, yb = batch
+        xb, yb = xb.to(self.dev, non_blocking=True), yb.to(self.dev, non_blocking=True)
+        if self.aug_gen is not None:
+            xb = crop_flip(xb, generator=self.aug_gen)
+        opts = self.opts
+        with self._compile_errors(), autocast(opts.amp, self.dev):
+            logits = forward(self.step_model, xb)
+            loss = (F.cross_entropy(logits, yb, label_smoothing=opts.label_smoothing)
+                    if opts.label_smoothing else F.cross_entropy(logits, yb))
+        return loss, (logits, yb)
+
+    def diverged(self, epoch: int, i: int, loss: torch.Tensor, aux: Any) -> str:
+        return (f"training diverged at epoch {epoch}: the loss is {float(loss)}; lower the learning rate "
+                f"(lr={self.opts.lr:g}) or check the data for NaN")
+
+    def update(self, epoch: int, i: int, batch: Batch, loss: torch.Tensor, aux: Any) -> None:
+        """The optimiser step (through the GradScaler with fp16; the loss weighted by the rank's share under DDP),
+        the schedule's step and the epoch's tallies."""
+        logits, yb = aux
+        with self._compile_errors():
+            self.opt.zero_grad(set_to_none=True)
+            step_loss = loss * self.source.batch_weight if self.ddp else loss
+            if self.scaler is not None:
+                self.scaler.scale(step_loss).backward()
+                self.scaler.step(self.opt)
+                self.scaler.update()
+            else:
+                step_loss.backward()
+                self.opt.step()
+        self.first_step = False
+        if self.sched is not None:
+            self.sched.step()
+        self.total_loss += float(loss.detach()) * len(yb)
+        self.correct += int((logits.detach().argmax(1) == yb).sum())
+        self.n += len(yb)
+
+    @contextmanager
+    def _compile_errors(self) -> Iterator[None]:
+        """torch.compile's failure at the run's first step becomes a one-line ConfigError."""
+        try:
+            yield
+        except Exception as exc:
+            err = compile_error(exc) if (self.opts.compile and self.first_step) else None
+            if err is not None:
+                raise err from exc
+            raise
+
+    def summary(self, epoch: int) -> EpochStats:
+        """The epoch's loss, accuracy and last learning rate (over every rank's samples under DDP)."""
+        total_loss, correct, n = self.total_loss, self.correct, self.n
+        if self.ddp:
+            total_loss, correct, n = distributed.all_reduce_sum(torch.tensor(
+                [total_loss, float(correct), float(n)], dtype=torch.float64, device=self.dev)).tolist()
+        n = max(n, 1)
+        return EpochStats(epoch=epoch, loss=total_loss / n, accuracy=correct / n,
+                          lr=self.opt.param_groups[0]["lr"], seconds=0.0)
+
+    def validate(self, epoch: int, record: EpochStats) -> None:
+        if self.val is not None:
+            _validate(self, record, self.val, self.val_batch, self.restore_best)
+
+    def record(self, epoch: int, record: EpochStats, seconds: float) -> None:
+        record.seconds = seconds
+        self.history.epochs.append(record)
+
+    def save(self, epoch: int) -> None:
+        if self.state_path is not None:
+            _save_fit_state(self, epoch, self.seconds_before + time.perf_counter() - self.t_start, self.state_path)
+
+    def after_epoch(self, epoch: int, record: EpochStats) -> None:
+        if self.on_epoch_end is not None:  # e.g. keep the last epoch's weights when restore_best is used
+            self.on_epoch_end(epoch, self.model, record)
 
 
 def fit(
@@ -343,23 +296,13 @@ def fit(
         start = _resume(run, _load_fit_state(state_path, run.settings))
     if state_path is not None:  # every rank has read the state before rank 0 writes the next one
         distributed.barrier()
-    t_start = time.perf_counter()
-    first_step = start <= epochs
-    for epoch in progress_bar(range(start, epochs + 1), enabled=progress, desc="train", unit="epoch"):
-        t0 = time.perf_counter()
-        stats, first_step = _train_epoch(run, epoch, first_step)
-        if val is not None:
-            _validate(run, stats, val, max(256, batch_size), restore_best)
-        stats.seconds = time.perf_counter() - t0
-        run.history.epochs.append(stats)
-        if state_path is not None:
-            _save_fit_state(run, epoch, run.seconds_before + time.perf_counter() - t_start, state_path)
-        if on_epoch_end is not None:  # e.g. keep the last epoch's weights when restore_best is used
-            on_epoch_end(epoch, model, stats)
+    run.state_path, run.on_epoch_end = state_path, on_epoch_end
+    run.t_start = time.perf_counter()
+    run_epochs(run, range(start, epochs + 1), ddp=run.ddp, progress=progress, desc="train")
     if restore_best and run.best_state is not None:
         model.load_state_dict(run.best_state)
     set_mode(model, False)
-    run.history.seconds = run.seconds_before + time.perf_counter() - t_start
+    run.history.seconds = run.seconds_before + time.perf_counter() - run.t_start
     return run.history
 
 
@@ -403,65 +346,8 @@ def _setup(model: nn.Module, train: DataLike, opts: TrainOptions, dev: torch.dev
                            "restore_best": restore_best, "val": val is not None, **opts.to_dict(),
                            # DDP training depends on the number of ranks (each rank's share of a batch)
                            **({"world_size": shard.world_size} if use_ddp else {})}, sort_keys=True)
-    return _Fit(model, step_model, source, opts, dev, use_ddp, num_classes, opt, sched, scaler, aug_gen, settings)
-
-
-def _train_epoch(run: _Fit, epoch: int, first_step: bool) -> tuple[EpochStats, bool]:
-    """One epoch over the run's batches (model in train mode): its loss, accuracy and last learning rate (summed
-    over every rank under DDP), and whether the next step is still the run's first (no batch came)."""
-    set_mode(run.model, True)
-    total_loss, correct, n = 0.0, 0, 0
-    for xb, yb in run.source.epoch(epoch, run.num_classes):
-        xb, yb = xb.to(run.dev, non_blocking=True), yb.to(run.dev, non_blocking=True)
-        if run.aug_gen is not None:
-            xb = crop_flip(xb, generator=run.aug_gen)
-        loss, logits = _train_step(run, xb, yb, epoch, first_step)
-        first_step = False
-        if run.sched is not None:
-            run.sched.step()
-        total_loss += float(loss.detach()) * len(yb)
-        correct += int((logits.detach().argmax(1) == yb).sum())
-        n += len(yb)
-    if run.ddp:  # the epoch's figures over every rank's samples
-        total_loss, correct, n = distributed.all_reduce_sum(
-            torch.tensor([total_loss, float(correct), float(n)], dtype=torch.float64, device=run.dev)).tolist()
-    n = max(n, 1)
-    return EpochStats(epoch=epoch, loss=total_loss / n, accuracy=correct / n, lr=run.opt.param_groups[0]["lr"],
-                      seconds=0.0), first_step
-
-
-def _train_step(run: _Fit, xb: torch.Tensor, yb: torch.Tensor, epoch: int, first_step: bool
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimiser step on the batch xb (B x C x H x W), yb (int64 [B]); returns (loss, logits B x K). A loss
-    that is not finite stops training (on every rank together); torch.compile's failure at the first step is a
-    one-line ConfigError."""
-    opts = run.opts
-    try:
-        with autocast(opts.amp, run.dev):
-            logits = forward(run.step_model, xb)
-            loss = (F.cross_entropy(logits, yb, label_smoothing=opts.label_smoothing)
-                    if opts.label_smoothing else F.cross_entropy(logits, yb))
-        bad = ~torch.isfinite(loss.detach())
-        if run.ddp:  # every rank stops together, not only the one that saw it
-            bad = distributed.all_reduce_sum(bad.float().reshape(1)) > 0
-        if bool(bad):
-            raise TrainingDiverged(f"training diverged at epoch {epoch}: the loss is {float(loss)}; lower "
-                                   f"the learning rate (lr={opts.lr:g}) or check the data for NaN")
-        run.opt.zero_grad(set_to_none=True)
-        step_loss = loss * run.source.batch_weight if run.ddp else loss
-        if run.scaler is not None:
-            run.scaler.scale(step_loss).backward()
-            run.scaler.step(run.opt)
-            run.scaler.update()
-        else:
-            step_loss.backward()
-            run.opt.step()
-    except Exception as exc:
-        err = compile_error(exc) if (opts.compile and first_step) else None
-        if err is not None:
-            raise err from exc
-        raise
-    return loss, logits
+    return _Fit(model, step_model, source, opts, dev, use_ddp, num_classes, opt, sched, scaler, aug_gen, settings,
+                val=val, val_batch=max(256, batch_size), restore_best=restore_best)
 
 
 def _validate(run: _Fit, stats: EpochStats, val: DataLike, batch_size: int, restore_best: bool) -> None:

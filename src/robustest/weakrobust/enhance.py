@@ -206,7 +206,7 @@ def _offline_adversarial(model: nn.Module, source: TrainData, dev: torch.device,
     if source.loader is None:
         parts = []
         for s in range(0, source.n, 256):
-            xs, ys = source._gather(torch.arange(s, min(s + 256, source.n)))
+            xs, ys = source.gather(torch.arange(s, min(s + 256, source.n)))
             parts.append(attacks.pgd(model, xs.to(dev), ys.to(dev), eps=eps, alpha=alpha, steps=steps,
                                      seed=seed + s).detach().cpu())
         return torch.cat(parts), None
