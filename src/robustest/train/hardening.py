@@ -25,14 +25,17 @@ Robust early stopping and the catastrophic-overfitting guard: :mod:`robustest.tr
 Randomness: epoch e draws its shuffling, random starts and dropout from seeds derived from ``(seed, e)``, so the
 epoch number is the whole random state: a run resumed from the state written after epoch e (``state_dir``,
 ``resume=True``) gives the same final weights as an uninterrupted run.
+
+The epochs run through :func:`robustest.train.engine.run_epochs`; :class:`_Run` is harden's
+:class:`~robustest.train.engine.EpochLoop` (its hooks: the epoch's seeds and order, the objective's step, the
+optimiser step, validation with best keeping and the guard, the state file).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +46,7 @@ from torch import nn
 from robustest.core.atomic import atomic_save
 from robustest.core.batching import DataLike, as_tensors
 from robustest.core.devices import resolve_device
-from robustest.core.errors import ConfigError, DataError, TrainingDiverged
+from robustest.core.errors import ConfigError, DataError
 from robustest.core.inputs import check_images, check_labels
 from robustest.core.modelcall import eval_mode, forward
 from robustest.core.progress import progress as progress_bar
@@ -54,7 +57,8 @@ from robustest.train import early_stopping, objectives
 from robustest.train.checks import check_count, check_number
 from robustest.train.compute import ComputeCount
 from robustest.train.early_stopping import KEEP
-from robustest.train.objectives.base import Objective, StepContext
+from robustest.train.engine import Batch, EpochLoop, run_epochs
+from robustest.train.objectives.base import Objective, StepContext, StepOutput
 from robustest.train.recipes import check_options, make_optimizer
 from robustest.train.schedules import eps_schedule, make_schedule
 from robustest.train.seeds import derive_seed
@@ -254,9 +258,11 @@ def _check_data(data: DataLike, what: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @dataclass
-class _Run:
-    """One harden call's working state: the model, its settings and data, the optimiser and schedule, the state
-    file, the result being filled and the best validation epoch so far."""
+class _Run(EpochLoop):
+    """One harden call's working state and its epoch hooks (:class:`~robustest.train.engine.EpochLoop`): the
+    model, its settings and data, the optimiser and schedule, the state file, the result being filled, the best
+    validation epoch so far and the caller's callback; the running epoch's objective, order, attack generator,
+    values and tallies."""
 
     model: nn.Module
     s: dict[str, Any]
@@ -274,6 +280,98 @@ class _Run:
     result: HardenResult | None = None
     best: dict[str, Any] = field(default_factory=lambda: {"epoch": None, "score": -1.0, "model": None})
     start: int = 0
+    progress: bool = False
+    on_epoch_end: Callable[[int, nn.Module, dict[str, Any]], Any] | None = None
+    objective: Objective | None = None
+    perm: torch.Tensor | None = None
+    gen: torch.Generator | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+    tally: dict[str, Any] = field(default_factory=dict)
+
+    def stopped(self) -> bool:
+        assert self.result is not None
+        return self.result.guard_epoch is not None
+
+    def begin_epoch(self, epoch: int) -> None:
+        """The epoch's draws, from seeds derived from (seed, epoch): global (dropout), shuffling, attack."""
+        s = self.s
+        self.objective = objective = objectives.get(s["method"])
+        seed_everything(derive_seed(s["seed"], epoch, "global"))  # dropout and any other global draws
+        self.perm = torch.randperm(int(self.x.shape[0]),
+                                   generator=make_generator(derive_seed(s["seed"], epoch, "shuffle")))
+        self.gen = make_generator(derive_seed(s["seed"], epoch, "attack"), self.dev)
+        self.values = objective.epoch_values(epoch, s) if objective.epoch_values is not None else {}
+        self.tally = {"count": ComputeCount(), "loss": 0.0, "correct": 0, "evals": 0, "early": 0, "eps": s["eps"]}
+
+    def batches(self, epoch: int) -> Iterator[Batch]:
+        """The epoch's batches in its seeded order, on the device (float32 images, int64 labels)."""
+        s, n, bs = self.s, int(self.x.shape[0]), self.s["batch_size"]
+        assert self.perm is not None
+        starts = range(0, n, bs)
+        for b0 in progress_bar(starts, enabled=self.progress, desc=f"{s['method']} {epoch}/{s['epochs']}",
+                               total=len(starts), unit="batch"):
+            idx = self.perm[b0:b0 + bs]
+            yield (idx, self.x[idx].to(self.dev, torch.float32, non_blocking=True),
+                   self.y[idx].to(self.dev, torch.long, non_blocking=True))
+
+    def forward(self, epoch: int, i: int, batch: Batch) -> tuple[torch.Tensor, StepOutput]:
+        """The objective's step on batch ``i`` at its radius of the eps warm-up -> (loss, the step's output)."""
+        s = self.s
+        self.tally["eps"] = eps_t = eps_schedule((epoch - 1) * self.steps_per_epoch + i,
+                                                 s["epochs"] * self.steps_per_epoch, s["eps"], s["eps_warmup"])
+        assert self.gen is not None and self.objective is not None
+        out = _batch(self.model, batch[1], batch[2], self.gen, s, eps_t, self.values, self.objective)
+        return out.loss, out
+
+    def diverged(self, epoch: int, i: int, loss: torch.Tensor, aux: Any) -> str:
+        assert self.objective is not None
+        return (f"harden diverged: the {self.objective.name} loss is {float(loss.detach())}; lower the learning "
+                f"rate (lr={self.s['lr']:g})" + self.objective.diverged_hint)
+
+    def update(self, epoch: int, i: int, batch: Batch, loss: torch.Tensor, aux: StepOutput) -> None:
+        """The optimiser and schedule steps, then the epoch's tallies (compute, loss, adversarial accuracy,
+        attack evaluations, samples stopped early)."""
+        assert self.opt is not None
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        t, yb = self.tally, batch[2]
+        correct = int((aux.logits.detach().argmax(1) == yb).sum())
+        if self.sched is not None:
+            self.sched.step()
+        t["count"] = t["count"].add(aux.compute)
+        t["loss"] += float(loss.detach()) * batch[1].shape[0]
+        t["correct"] += correct
+        t["evals"] += int(aux.evals.sum())
+        t["early"] += aux.stopped
+
+    def summary(self, epoch: int) -> dict[str, Any]:
+        """The epoch's record (without validation); the model ends in eval mode."""
+        self.model.eval()
+        assert self.opt is not None
+        t, n = self.tally, int(self.x.shape[0])
+        record: dict[str, Any] = {
+            "epoch": epoch, "loss": t["loss"] / n, "adv_accuracy": t["correct"] / n,
+            "lr": self.opt.param_groups[0]["lr"], "eps": t["eps"], "attack_evals_mean": t["evals"] / n,
+            "stopped_early": t["early"] / n, "compute": t["count"].to_dict(),
+        }
+        record.update(self.values)
+        return record
+
+    def validate(self, epoch: int, record: dict[str, Any]) -> None:
+        _validate(self, epoch, record)
+
+    def record(self, epoch: int, record: dict[str, Any], seconds: float) -> None:
+        assert self.result is not None
+        record["seconds"] = seconds
+        self.result.epochs.append(record)
+
+    def save(self, epoch: int) -> None:
+        _save_state(self, epoch)
+
+    def after_epoch(self, epoch: int, record: dict[str, Any]) -> None:
+        if self.on_epoch_end is not None:
+            self.on_epoch_end(epoch, self.model, record)
 
 
 # ----------------------------------------------------------------------------------------------- harden
@@ -346,14 +444,8 @@ def harden(
     _start(run, resume)
     result = run.result
     assert result is not None
-    for epoch in range(run.start + 1, s["epochs"] + 1):
-        if result.guard_epoch is not None:
-            break
-        t0 = time.perf_counter()
-        record = _epoch(model, run.x, run.y, s, epoch, run.opt, run.sched, run.dev, progress, run.steps_per_epoch)
-        _end_epoch(run, epoch, record, t0)
-        if on_epoch_end is not None:
-            on_epoch_end(epoch, model, record)
+    run.progress, run.on_epoch_end = progress, on_epoch_end
+    run_epochs(run, range(run.start + 1, s["epochs"] + 1))
     _keep(run)
     model.eval()
     return result
@@ -423,10 +515,11 @@ def _start(run: _Run, resume: bool) -> None:
         distributed.barrier()
 
 
-def _end_epoch(run: _Run, epoch: int, record: dict[str, Any], t0: float) -> None:
-    """Validate (robust early stopping, the catastrophic-overfitting guard), record the epoch and write the state."""
+def _validate(run: _Run, epoch: int, record: dict[str, Any]) -> None:
+    """With validation data: its clean and PGD accuracy into ``record``, then the catastrophic-overfitting guard
+    (the collapsed epoch is recorded and training stops) or robust early stopping's best epoch so far."""
     s, result, model = run.s, run.result, run.model
-    assert result is not None and run.opt is not None
+    assert result is not None
     if run.xv is not None:
         record.update(early_stopping.validate(model, run.xv, run.yv, s["eps"], run.val_steps,
                                               derive_seed(s["seed"], "val")))
@@ -436,8 +529,12 @@ def _end_epoch(run: _Run, epoch: int, record: dict[str, Any], t0: float) -> None
             record["guard"] = "collapsed"
         elif score >= run.best["score"]:
             run.best = {"epoch": epoch, "score": score, "model": _cpu_state(model)}
-    record["seconds"] = time.perf_counter() - t0
-    result.epochs.append(record)
+
+
+def _save_state(run: _Run, epoch: int) -> None:
+    """Write the state after ``epoch`` atomically to the state file (when there is one)."""
+    s, result, model = run.s, run.result, run.model
+    assert result is not None and run.opt is not None
     if run.state_path is not None:
         atomic_save({"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": run.fingerprint,
                      "epoch": epoch, "settings": dict(s), "model": _cpu_state(model),
@@ -460,57 +557,8 @@ def _keep(run: _Run) -> None:
         result.kept_epoch = best["epoch"]
 
 
-def _epoch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, s: dict[str, Any], epoch: int,
-           opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LambdaLR | None, dev: torch.device,
-           progress: bool, steps_per_epoch: int) -> dict[str, Any]:
-    """One training epoch over (x, y) in the epoch's seeded order; returns its record (without validation)."""
-    objective = objectives.get(s["method"])
-    n, bs = int(x.shape[0]), s["batch_size"]
-    total_steps = s["epochs"] * steps_per_epoch
-    seed_everything(derive_seed(s["seed"], epoch, "global"))  # dropout and any other global draws
-    perm = torch.randperm(n, generator=make_generator(derive_seed(s["seed"], epoch, "shuffle")))
-    gen = make_generator(derive_seed(s["seed"], epoch, "attack"), dev)
-    values = objective.epoch_values(epoch, s) if objective.epoch_values is not None else {}
-    count = ComputeCount()
-    total_loss, correct, evals_sum, early = 0.0, 0, 0, 0
-    eps_t = s["eps"]
-    starts = range(0, n, bs)
-    for i, b0 in enumerate(progress_bar(starts, enabled=progress, desc=f"{s['method']} {epoch}/{s['epochs']}",
-                                        total=len(starts), unit="batch")):
-        idx = perm[b0:b0 + bs]
-        xb = x[idx].to(dev, torch.float32, non_blocking=True)
-        yb = y[idx].to(dev, torch.long, non_blocking=True)
-        eps_t = eps_schedule((epoch - 1) * steps_per_epoch + i, total_steps, s["eps"], s["eps_warmup"])
-        loss_sum, ok, evals, stopped, spent = _batch(model, xb, yb, gen, s, eps_t, values, opt, objective)
-        if sched is not None:
-            sched.step()
-        count = count.add(spent)
-        total_loss += loss_sum
-        correct += ok
-        evals_sum += int(evals.sum())
-        early += stopped
-    model.eval()
-    record: dict[str, Any] = {
-        "epoch": epoch, "loss": total_loss / n, "adv_accuracy": correct / n, "lr": opt.param_groups[0]["lr"],
-        "eps": eps_t, "attack_evals_mean": evals_sum / n, "stopped_early": early / n, "compute": count.to_dict(),
-    }
-    record.update(values)
-    return record
-
-
 def _batch(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, gen: torch.Generator, s: dict[str, Any],
-           eps: float, values: dict[str, Any], opt: torch.optim.Optimizer, objective: Objective
-           ) -> tuple[float, int, torch.Tensor, int, ComputeCount]:
-    """One training step of ``objective`` on a batch at radius ``eps`` (the step ``alpha`` scaled by
-    ``eps / s["eps"]``): its loss, checked finite, then the optimiser step. Returns (loss summed over the batch,
-    correct on the adversarial term, attack evals int64 [B], samples stopped early, compute)."""
-    out = objective.step(model, xb, yb, gen, StepContext(s, eps, s["alpha"] * eps / s["eps"], values))
-    loss = out.loss
-    if not bool(torch.isfinite(loss)):
-        raise TrainingDiverged(f"harden diverged: the {objective.name} loss is {float(loss.detach())}; lower the "
-                               f"learning rate (lr={s['lr']:g})" + objective.diverged_hint)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    correct = int((out.logits.detach().argmax(1) == yb).sum())
-    return float(loss.detach()) * xb.shape[0], correct, out.evals, out.stopped, out.compute
+           eps: float, values: dict[str, Any], objective: Objective) -> StepOutput:
+    """The step of ``objective`` on a batch xb (B x C x H x W), yb (int64 [B]) at radius ``eps`` (the step
+    ``alpha`` scaled by ``eps / s["eps"]``), up to its loss: the engine checks it finite before the update."""
+    return objective.step(model, xb, yb, gen, StepContext(s, eps, s["alpha"] * eps / s["eps"], values))
