@@ -1,5 +1,7 @@
 """Targeted enhancement (METHODS B3): training with AugMix + Jensen-Shannon consistency + an adversarial
-copy of each image, the augmentation pool extended by the corruptions found to be weaknesses."""
+copy of each image, the augmentation pool extended by the corruptions found to be weaknesses. The epochs run
+through :func:`robustest.train.engine.run_epochs` (:class:`_Run` is enhance's
+:class:`~robustest.train.engine.EpochLoop`)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,8 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +26,14 @@ from robustest.core.atomic import atomic_save
 from robustest.core.batching import DataLike, image_shape
 from robustest.core.devices import channels_last_wanted, resolve_device
 from robustest.core.distributed import Shard
-from robustest.core.errors import ConfigError, TrainingDiverged
+from robustest.core.errors import ConfigError
 from robustest.core.modelcall import forward, set_mode
-from robustest.core.progress import progress as progress_bar
 from robustest.core.reading import load_plain
 from robustest.core.seeding import seed_everything
 from robustest.core.validation import check_eps
 from robustest.train import TrainData
 from robustest.train.checkpoints import clone_model, state_fingerprint
+from robustest.train.engine import Batch, EpochLoop, run_epochs
 from robustest.weakrobust.augment import _augmix, _jsd, augmentation_pool
 from robustest.weakrobust.validation import ValidationResult, default_eps_grid
 
@@ -58,11 +60,12 @@ class EnhanceResult:
 
 
 @dataclass
-class _Run:
-    """One enhancement run's working state, shared by its epochs: the model (and its DDP wrapper, the one that
-    steps), the optimiser, the data source, the random stream of the AugMix draws, the adversarial copies made
-    once (``x_adv_all``, N x C x H x W on CPU) or the frozen starting model they are made against, and the
-    loss's settings."""
+class _Run(EpochLoop):
+    """One enhancement run's working state, shared by its epochs, and its epoch hooks
+    (:class:`~robustest.train.engine.EpochLoop`): the model (and its DDP wrapper, the one that steps), the
+    optimiser, the data source, the random stream of the AugMix draws, the adversarial copies made once
+    (``x_adv_all``, N x C x H x W on CPU) or the frozen starting model they are made against, the loss's
+    settings; the history, the resume file and what it must match; the running epoch's sums of the loss terms."""
 
     model: nn.Module
     step_model: nn.Module
@@ -87,10 +90,65 @@ class _Run:
     lr: float
     batch_size: int
     seed: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    state_path: Path | None = None
+    settings: str = ""
+    seconds_before: float = 0.0
+    t0: float = 0.0
+    tot: dict[str, float] = field(default_factory=dict)
+    seen: int = 0
 
     @property
     def use_ddp(self) -> bool:
         return self.shard.world_size > 1
+
+    def begin_epoch(self, epoch: int) -> None:
+        self.tot, self.seen = {"loss": 0.0, "ce": 0.0, "jsd": 0.0, "adv": 0.0}, 0
+
+    def batches(self, epoch: int) -> Iterable[Batch]:
+        return self.source.indexed_epoch(epoch, self.num_classes)
+
+    def forward(self, epoch: int, i: int, batch: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Step ``i``'s inputs (the batch, its AugMix mixtures, its adversarial copy) through the model ->
+        (loss, (loss, ce, jsd, adv))."""
+        ib, xb, yb = batch
+        xb, yb = xb.to(self.dev), yb.to(self.dev).long()
+        terms = _loss(self, _inputs(self, epoch, i, ib, xb, yb), yb)
+        return terms[0], terms
+
+    def diverged(self, epoch: int, i: int, loss: torch.Tensor, aux: tuple[torch.Tensor, ...]) -> str:
+        _, ce, jsd, adv = aux
+        return (f"enhance diverged at epoch {epoch}, step {i + 1}: the loss is {float(loss)} (cross-entropy "
+                f"{float(ce)}, JSD {float(jsd)}, adversarial {float(adv)}); lower the learning rate "
+                f"(lr={self.lr:g}) or the loss weights")
+
+    def update(self, epoch: int, i: int, batch: Batch, loss: torch.Tensor, aux: tuple[torch.Tensor, ...]) -> None:
+        """The optimiser step (the loss weighted by the rank's share under DDP) and the epoch's sums."""
+        self.opt.zero_grad(set_to_none=True)
+        (loss * self.source.batch_weight if self.use_ddp else loss).backward()
+        self.opt.step()
+        m = len(batch[2])
+        self.seen += m
+        for k_, v in zip(self.tot, aux):
+            self.tot[k_] += float(v.detach()) * m
+
+    def summary(self, epoch: int) -> dict[str, float]:
+        """The epoch's record: epoch and the mean loss and its terms over every rank's samples (loss, ce, jsd,
+        adv); the engine adds the seconds it took."""
+        tot, n = self.tot, self.seen
+        if self.use_ddp:  # the epoch's means over every rank's samples
+            sums = distributed.all_reduce_sum(torch.tensor([*tot.values(), float(n)], dtype=torch.float64,
+                                                           device=self.dev)).cpu().tolist()
+            tot, n = dict(zip(tot, sums[:-1])), int(sums[-1])
+        return {"epoch": epoch, **{k_: v / max(n, 1) for k_, v in tot.items()}}
+
+    def record(self, epoch: int, record: dict[str, float], seconds: float) -> None:
+        record["seconds"] = seconds
+        self.history.append(record)
+
+    def save(self, epoch: int) -> None:
+        if self.state_path is not None:
+            _save_state(self, self.state_path, self.settings, epoch, self.history, self.seconds_before, self.t0)
 
 
 def enhance(
@@ -165,14 +223,12 @@ def enhance(
               "seed": seed}
     state_path = Path(resume_file) if resume_file is not None else None
     settings = _resume_settings(run, config, pool_names) if state_path is not None else ""
-    history, start, seconds_before = _resume(run, state_path, settings)
-    for ep in progress_bar(range(start, epochs + 1), enabled=progress, desc="enhance", unit="epoch"):
-        history.append(_epoch(run, ep))
-        if state_path is not None:
-            _save_state(run, state_path, settings, ep, history, seconds_before, t0)
+    run.history, start, run.seconds_before = _resume(run, state_path, settings)
+    run.state_path, run.settings, run.t0 = state_path, settings, t0
+    run_epochs(run, range(start, epochs + 1), ddp=run.use_ddp, progress=progress, desc="enhance")
     set_mode(model, False)
-    return EnhanceResult(epochs=history, pool=pool_names, weaknesses=weak, config=config,
-                         seconds=seconds_before + time.perf_counter() - t0)
+    return EnhanceResult(epochs=run.history, pool=pool_names, weaknesses=weak, config=config,
+                         seconds=run.seconds_before + time.perf_counter() - t0)
 
 
 def _check_settings(epochs: int, adv_source: str, jsd_weight: float, adv_weight: float, lr: float,
@@ -268,31 +324,6 @@ def _save_state(run: _Run, path: Path, settings: str, ep: int, history: list[dic
                  "seconds": seconds_before + time.perf_counter() - t0}, path)
 
 
-def _epoch(run: _Run, ep: int) -> dict[str, float]:
-    """Train one epoch -> its record: epoch, the mean loss and its terms over every rank's samples (loss, ce,
-    jsd, adv) and the seconds it took."""
-    te = time.perf_counter()
-    tot = {"loss": 0.0, "ce": 0.0, "jsd": 0.0, "adv": 0.0}
-    n = 0
-    for s, (ib, xb, yb) in enumerate(run.source.indexed_epoch(ep, run.num_classes)):
-        xb, yb = xb.to(run.dev), yb.to(run.dev).long()
-        terms = _loss(run, _inputs(run, ep, s, ib, xb, yb), yb)
-        loss = terms[0]
-        _check_finite(run, ep, s, *terms)
-        run.opt.zero_grad(set_to_none=True)
-        (loss * run.source.batch_weight if run.use_ddp else loss).backward()
-        run.opt.step()
-        m = len(yb)
-        n += m
-        for k_, v in zip(tot, terms):
-            tot[k_] += float(v.detach()) * m
-    if run.use_ddp:  # the epoch's means over every rank's samples
-        sums = distributed.all_reduce_sum(torch.tensor([*tot.values(), float(n)], dtype=torch.float64,
-                                                       device=run.dev)).cpu().tolist()
-        tot, n = dict(zip(tot, sums[:-1])), int(sums[-1])
-    return {"epoch": ep, **{k_: v / max(n, 1) for k_, v in tot.items()}, "seconds": time.perf_counter() - te}
-
-
 def _inputs(run: _Run, ep: int, s: int, ib: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> list[torch.Tensor]:
     """The images of step ``s`` the loss needs, each B x C x H x W: the batch, its two AugMix mixtures (with
     ``augmix``), then its adversarial copy (with ``adversarial``)."""
@@ -327,20 +358,6 @@ def _loss(run: _Run, inputs: list[torch.Tensor], yb: torch.Tensor
         adv = F.cross_entropy(logits[-1], yb)
         loss = loss + run.adv_weight * adv
     return loss, ce, jsd, adv
-
-
-def _check_finite(run: _Run, ep: int, s: int, loss: torch.Tensor, ce: torch.Tensor, jsd: torch.Tensor,
-                  adv: torch.Tensor) -> None:
-    """A one-line TrainingDiverged when the loss of step ``s`` is not finite (under DDP on any rank: every rank
-    stops together, not only the one that saw it)."""
-    bad = ~torch.isfinite(loss.detach())
-    if run.use_ddp:
-        bad = distributed.all_reduce_sum(bad.float().reshape(1)) > 0
-    if bool(bad):
-        raise TrainingDiverged(
-            f"enhance diverged at epoch {ep}, step {s + 1}: the loss is {float(loss)} (cross-entropy "
-            f"{float(ce)}, JSD {float(jsd)}, adversarial {float(adv)}); lower the learning rate "
-            f"(lr={run.lr:g}) or the loss weights")
 
 
 STATE_FORMAT = "robustest-enhance-state-1"
