@@ -161,7 +161,7 @@ class _Fit(EpochLoop):
         return loss, (logits, yb)
 
     def diverged(self, epoch: int, i: int, loss: torch.Tensor, aux: Any) -> str:
-        return (f"training diverged at epoch {epoch}: the loss is {float(loss)}; lower the learning rate "
+        return (f"training diverged at epoch {epoch}: the loss is {float(loss.detach())}; lower the learning rate "
                 f"(lr={self.opts.lr:g}) or check the data for NaN")
 
     def update(self, epoch: int, i: int, batch: Batch, loss: torch.Tensor, aux: Any) -> None:

@@ -118,7 +118,7 @@ class _Run(EpochLoop):
 
     def diverged(self, epoch: int, i: int, loss: torch.Tensor, aux: tuple[torch.Tensor, ...]) -> str:
         _, ce, jsd, adv = aux
-        return (f"enhance diverged at epoch {epoch}, step {i + 1}: the loss is {float(loss)} (cross-entropy "
+        return (f"enhance diverged at epoch {epoch}, step {i + 1}: the loss is {float(loss.detach())} (cross-entropy "
                 f"{float(ce)}, JSD {float(jsd)}, adversarial {float(adv)}); lower the learning rate "
                 f"(lr={self.lr:g}) or the loss weights")
 
