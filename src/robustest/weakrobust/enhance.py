@@ -117,10 +117,9 @@ class _Run(EpochLoop):
         return terms[0], terms
 
     def diverged(self, epoch: int, i: int, loss: torch.Tensor, aux: tuple[torch.Tensor, ...]) -> str:
-        _, ce, jsd, adv = aux
-        return (f"enhance diverged at epoch {epoch}, step {i + 1}: the loss is {float(loss.detach())} (cross-entropy "
-                f"{float(ce)}, JSD {float(jsd)}, adversarial {float(adv)}); lower the learning rate "
-                f"(lr={self.lr:g}) or the loss weights")
+        loss_, ce, jsd, adv = (float(t.detach()) for t in aux)
+        return (f"enhance diverged at epoch {epoch}, step {i + 1}: the loss is {loss_} (cross-entropy {ce}, JSD "
+                f"{jsd}, adversarial {adv}); lower the learning rate (lr={self.lr:g}) or the loss weights")
 
     def update(self, epoch: int, i: int, batch: Batch, loss: torch.Tensor, aux: tuple[torch.Tensor, ...]) -> None:
         """The optimiser step (the loss weighted by the rank's share under DDP) and the epoch's sums."""
