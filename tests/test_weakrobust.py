@@ -501,7 +501,7 @@ def test_analyze_under_bf16_autocast_follows_float32(trained_digits_model, digit
 def test_enhance_resumes_after_an_interruption_bit_exact(tmp_path, monkeypatch) -> None:
     import importlib
 
-    enhance_mod = importlib.import_module("robustest.weakrobust.enhance")  # the module, not the function
+    state_mod = importlib.import_module("robustest.train.state")  # where the training state is written
     g = torch.Generator().manual_seed(0)
     x, y = torch.rand(48, 1, 8, 8, generator=g), torch.arange(48) % 3
 
@@ -512,7 +512,7 @@ def test_enhance_resumes_after_an_interruption_bit_exact(tmp_path, monkeypatch) 
     kw = dict(epochs=3, batch_size=16, adv_steps=2, seed=5, progress=False)
     whole = net()
     full = wr.enhance(whole, (x, y), ["fog"], **kw)
-    real, calls = enhance_mod.atomic_save, []
+    real, calls = state_mod.atomic_save, []
 
     def save_then_stop(obj, path, **k):
         real(obj, path, **k)
@@ -521,10 +521,10 @@ def test_enhance_resumes_after_an_interruption_bit_exact(tmp_path, monkeypatch) 
             raise KeyboardInterrupt  # killed right after epoch 1 was saved
 
     state = tmp_path / "state.pt"
-    monkeypatch.setattr(enhance_mod, "atomic_save", save_then_stop)
+    monkeypatch.setattr(state_mod, "atomic_save", save_then_stop)
     with pytest.raises(KeyboardInterrupt):
         wr.enhance(net(), (x, y), ["fog"], resume_file=state, **kw)
-    monkeypatch.setattr(enhance_mod, "atomic_save", real)
+    monkeypatch.setattr(state_mod, "atomic_save", real)
     resumed = net()
     res = wr.enhance(resumed, (x, y), ["fog"], resume_file=state, **kw)
     assert [e["epoch"] for e in res.epochs] == [1, 2, 3]

@@ -5,6 +5,7 @@
 * :mod:`.engine`: the one epoch loop fit, harden and enhance run through (:func:`~.engine.run_epochs` over an
   :class:`~.engine.EpochLoop`'s hooks: batches, divergence check, validation, resume state);
   :class:`TrainData` batches any data source.
+* :mod:`.state`: the one resume format fit, harden and enhance write after every epoch and continue from.
 * :func:`harden` (:mod:`.hardening`): adversarial training with any objective of :mod:`.objectives` (pgd-at,
   trades, fosc, fol-budget, fast-at, or one registered from outside), counting its compute
   (:class:`ComputeCount`), with robust early stopping and the catastrophic-overfitting guard

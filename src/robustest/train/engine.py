@@ -20,7 +20,8 @@ A run says *what* it does through the hooks of an :class:`EpochLoop`; the engine
 The engine draws no random number itself: every shuffle, random start, augmentation and dropout draw is the
 run's (fit carries one generator across epochs, harden derives fresh seeds per epoch, enhance keeps its own
 streams), so a run keeps its draws, in their order, whatever engine runs it. Resuming is the run's: it loads its
-state before :func:`run_epochs` and passes the epochs still to train; :meth:`EpochLoop.save` writes the next.
+state before :func:`run_epochs` and passes the epochs still to train; :meth:`EpochLoop.save` writes the next, every
+run in the one format of :mod:`robustest.train.state`.
 """
 
 from __future__ import annotations

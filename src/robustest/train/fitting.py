@@ -9,7 +9,6 @@ through :func:`robustest.train.engine.run_epochs` (:class:`_Fit` is fit's :class
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -26,7 +25,6 @@ from torch.utils.data import DataLoader
 
 from robustest.core import distributed
 from robustest.core.amp import autocast
-from robustest.core.atomic import atomic_save
 from robustest.core.batching import DataLike, iter_batches
 from robustest.core.devices import channels_last_wanted, resolve_device
 from robustest.core.distributed import Shard
@@ -46,10 +44,9 @@ from robustest.train.recipes import (
     make_optimizer,
 )
 from robustest.train.schedules import make_schedule
+from robustest.train.state import StateFile, restore_rng, rng_state
 
-__all__ = ["FIT_STATE_FORMAT", "EpochStats", "History", "channel_stats", "fit"]
-
-FIT_STATE_FORMAT = "robustest-fit-state-1"
+__all__ = ["EpochStats", "History", "channel_stats", "fit"]
 
 
 @dataclass
@@ -124,7 +121,7 @@ class _Fit(EpochLoop):
     sched: torch.optim.lr_scheduler.LambdaLR | None
     scaler: torch.amp.GradScaler | None
     aug_gen: torch.Generator | None
-    settings: str
+    settings: dict[str, Any]
     history: History = field(default_factory=History)
     best_acc: float = -1.0
     best_state: dict[str, torch.Tensor] | None = None
@@ -132,7 +129,7 @@ class _Fit(EpochLoop):
     val: DataLike | None = None
     val_batch: int = 256
     restore_best: bool = False
-    state_path: Path | None = None
+    state: StateFile | None = None
     on_epoch_end: Any = None
     t_start: float = 0.0
     first_step: bool = True  # torch.compile compiles at the run's first step
@@ -215,8 +212,8 @@ class _Fit(EpochLoop):
         self.history.epochs.append(record)
 
     def save(self, epoch: int) -> None:
-        if self.state_path is not None:
-            _save_fit_state(self, epoch, self.seconds_before + time.perf_counter() - self.t_start, self.state_path)
+        if self.state is not None:
+            _save_fit_state(self, epoch, self.seconds_before + time.perf_counter() - self.t_start, self.state)
 
     def after_epoch(self, epoch: int, record: EpochStats) -> None:
         if self.on_epoch_end is not None:  # e.g. keep the last epoch's weights when restore_best is used
@@ -292,11 +289,12 @@ def fit(
     run = _setup(model, train, opts, dev, epochs=epochs, batch_size=batch_size, seed=seed, ddp=ddp,
                  restore_best=restore_best, val=val)
     start = 1
-    if state_path is not None and state_path.is_file():
-        start = _resume(run, _load_fit_state(state_path, run.settings))
-    if state_path is not None:  # every rank has read the state before rank 0 writes the next one
-        distributed.barrier()
-    run.state_path, run.on_epoch_end = state_path, on_epoch_end
+    if state_path is not None:
+        run.state = StateFile.of(state_path, "fit", run.settings, label=f"resume_file {str(state_path)!r}")
+        if state_path.is_file():
+            start = _resume(run, run.state.load())
+        distributed.barrier()  # every rank has read the state before rank 0 writes the next one
+    run.on_epoch_end = on_epoch_end
     run.t_start = time.perf_counter()
     run_epochs(run, range(start, epochs + 1), ddp=run.ddp, progress=progress, desc="train")
     if restore_best and run.best_state is not None:
@@ -342,10 +340,10 @@ def _setup(model: nn.Module, train: DataLike, opts: TrainOptions, dev: torch.dev
         from torch.nn.parallel import DistributedDataParallel
 
         step_model = DistributedDataParallel(step_model, device_ids=[dev.index] if dev.type == "cuda" else None)
-    settings = json.dumps({"epochs": epochs, "batch_size": batch_size, "seed": seed, "n": source.n,
-                           "restore_best": restore_best, "val": val is not None, **opts.to_dict(),
-                           # DDP training depends on the number of ranks (each rank's share of a batch)
-                           **({"world_size": shard.world_size} if use_ddp else {})}, sort_keys=True)
+    settings = {"epochs": epochs, "batch_size": batch_size, "seed": seed, "n": source.n,
+                "restore_best": restore_best, "val": val is not None, **opts.to_dict(),
+                # DDP training depends on the number of ranks (each rank's share of a batch)
+                **({"world_size": shard.world_size} if use_ddp else {})}
     return _Fit(model, step_model, source, opts, dev, use_ddp, num_classes, opt, sched, scaler, aug_gen, settings,
                 val=val, val_batch=max(256, batch_size), restore_best=restore_best)
 
@@ -361,62 +359,27 @@ def _validate(run: _Fit, stats: EpochStats, val: DataLike, batch_size: int, rest
 
 
 def _resume(run: _Fit, st: dict[str, Any]) -> int:
-    """Load a saved training state into the run; returns the epoch to continue with."""
+    """Load a saved training state (:meth:`StateFile.load`) into the run; returns the epoch to continue with."""
     run.model.load_state_dict(st["model"])
     run.opt.load_state_dict(st["optimizer"])
     if run.sched is not None:
         run.sched.load_state_dict(st["schedule"])
     if run.scaler is not None and st.get("scaler"):
         run.scaler.load_state_dict(st["scaler"])
-    run.source.gen.set_state(st["gen"])
-    if run.aug_gen is not None:
-        run.aug_gen.set_state(st["aug_gen"])
-    torch.set_rng_state(st["torch_rng"])
-    if run.dev.type == "cuda" and st.get("cuda_rng") is not None:
-        torch.cuda.set_rng_state(st["cuda_rng"], run.dev)
+    restore_rng(st["rng"], run.dev, {"data": run.source.gen, "augment": run.aug_gen})
     run.history.epochs = [EpochStats(**e) for e in st["history"]]
-    run.history.best_epoch = st["best_epoch"]
-    run.best_acc, run.best_state = float(st["best_acc"]), st.get("best_state")
+    best = st["best"]
+    run.history.best_epoch = best["epoch"]
+    run.best_acc, run.best_state = float(best["score"]), best.get("model")
     run.seconds_before = float(st["seconds"])
     return int(st["epoch"]) + 1
 
 
-def _save_fit_state(run: _Fit, epoch: int, seconds: float, path: Path) -> None:
-    """Write the state after ``epoch`` atomically: weights, optimiser, schedule, scaler, every generator, the
-    history and the best epoch so far."""
-    dev = run.dev
-    atomic_save({"format": FIT_STATE_FORMAT, "settings": run.settings, "epoch": epoch,
-                 "model": run.model.state_dict(), "optimizer": run.opt.state_dict(),
-                 "schedule": run.sched.state_dict() if run.sched is not None else None,
-                 "scaler": run.scaler.state_dict() if run.scaler is not None else None,
-                 "gen": run.source.gen.get_state(), "aug_gen": run.aug_gen.get_state() if run.aug_gen is not None
-                 else None, "torch_rng": torch.get_rng_state(),
-                 "cuda_rng": torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None,
-                 "history": [asdict(e) for e in run.history.epochs], "best_epoch": run.history.best_epoch,
-                 "best_acc": run.best_acc, "best_state": run.best_state, "seconds": seconds}, path)
-
-
-def _load_fit_state(path: Path, settings: str) -> dict[str, Any]:
-    """The training state :func:`fit` saved at ``path``; a one-line ConfigError when it is not one or was
-    written with other settings."""
-    try:
-        st = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - truncated, foreign or unsafe file
-        raise ConfigError(f"resume_file {str(path)!r} is not a training state robustest wrote: delete it or "
-                          "choose another path") from exc
-    if not isinstance(st, dict) or st.get("format") != FIT_STATE_FORMAT:
-        raise ConfigError(f"resume_file {str(path)!r} is not a training state robustest wrote: delete it or "
-                          "choose another path")
-    if st.get("settings") != settings:
-        try:
-            old, new = json.loads(st["settings"]), json.loads(settings)
-        except (TypeError, ValueError):
-            old, new = {}, {}
-        w_old, w_new = old.pop("world_size", 1), new.pop("world_size", 1)
-        if w_old != w_new and old == new:
-            raise ConfigError(f"resume_file {str(path)!r} holds training by {w_old} process(es) and this run has "
-                              f"{w_new}: resume with the same number (torchrun --nproc-per-node {w_old}), or delete "
-                              "it to start again")
-        raise ConfigError(f"resume_file {str(path)!r} holds training with other settings (epochs, data, "
-                          "recipe): resume with the same settings, or delete it to start again")
-    return st
+def _save_fit_state(run: _Fit, epoch: int, seconds: float, state: StateFile) -> None:
+    """Write the state after ``epoch`` (:mod:`robustest.train.state`): weights, optimiser, schedule, scaler, every
+    generator, the history and the best epoch so far."""
+    state.save(epoch, model=run.model, optimizer=run.opt, schedule=run.sched, scaler=run.scaler,
+               rng=rng_state(run.dev, {"data": run.source.gen, "augment": run.aug_gen}),
+               history=[asdict(e) for e in run.history.epochs],
+               best={"epoch": run.history.best_epoch, "score": run.best_acc, "model": run.best_state},
+               seconds=seconds)

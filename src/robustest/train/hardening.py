@@ -33,8 +33,6 @@ optimiser step, validation with best keeping and the guard, the state file).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,14 +41,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest.core.atomic import atomic_save
 from robustest.core.batching import DataLike, as_tensors
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.inputs import check_images, check_labels
 from robustest.core.modelcall import eval_mode, forward
 from robustest.core.progress import progress as progress_bar
-from robustest.core.reading import load_plain
 from robustest.core.seeding import make_generator, seed_everything
 from robustest.core.validation import check_eps, check_float
 from robustest.train import early_stopping, objectives
@@ -62,12 +58,11 @@ from robustest.train.objectives.base import Objective, StepContext, StepOutput
 from robustest.train.recipes import check_options, make_optimizer
 from robustest.train.schedules import eps_schedule, make_schedule
 from robustest.train.seeds import derive_seed
+from robustest.train.state import StateFile, data_digest
 
 __all__ = ["DEFAULT_STEPS", "RECIPE_DEFAULTS", "STATE_FILE", "HardenResult", "check_trainable", "harden",
            "harden_settings"]
 
-STATE_FORMAT = "robustest-harden-state"
-STATE_VERSION = 2
 STATE_FILE = "harden_state.pt"
 #: attack steps of the inner maximisation when ``steps`` is None (methods with ``fixed_steps`` take theirs)
 DEFAULT_STEPS = 10
@@ -218,30 +213,6 @@ def check_trainable(model: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- state
-def _digest(x: torch.Tensor, y: torch.Tensor) -> str:
-    h = hashlib.sha256()
-    for t in (x, y):
-        t = t.detach().cpu().contiguous()
-        h.update(str((tuple(t.shape), str(t.dtype))).encode())
-        h.update(t.numpy().tobytes())
-    return h.hexdigest()
-
-
-def _fingerprint(settings: dict[str, Any], data_digest: str) -> str:
-    return hashlib.sha256(json.dumps([settings, data_digest], sort_keys=True).encode()).hexdigest()
-
-
-def _load_state(path: Path, fingerprint: str) -> dict[str, Any]:
-    st = load_plain(path, fmt=STATE_FORMAT, what="harden state file",
-                    fix="delete the state folder to start afresh")
-    if int(st.get("version", 0)) > STATE_VERSION:
-        raise DataError(f"{path} was written by a newer robustest: upgrade, or delete it to start afresh")
-    if st.get("fingerprint") != fingerprint:
-        raise ConfigError(f"{path} holds a run with other settings or data: resume with the same ones, or use "
-                          "another state folder")
-    return st
-
-
 def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
@@ -272,8 +243,7 @@ class _Run(EpochLoop):
     yv: torch.Tensor | None
     dev: torch.device
     val_steps: int
-    state_path: Path | None = None
-    fingerprint: str = ""
+    state: StateFile | None = None
     steps_per_epoch: int = 1
     opt: torch.optim.Optimizer | None = None
     sched: torch.optim.lr_scheduler.LambdaLR | None = None
@@ -475,11 +445,12 @@ def _prepare(model: nn.Module, data: DataLike, s: dict[str, Any], *, device: tor
     if yv is not None:
         check_labels(yv, yv.shape[0], num_classes, name="validation labels")
     run = _Run(model, s, x, y, xv, yv, dev, val_steps)
-    run.state_path = Path(state_dir) / STATE_FILE if state_dir is not None else None
-    if run.state_path is not None and run.state_path.parent.exists() and not run.state_path.parent.is_dir():
-        raise ConfigError(f"state_dir {str(run.state_path.parent)!r} exists and is not a folder")
-    if run.state_path is not None:
-        run.fingerprint = _fingerprint(s, _digest(x, y) + (_digest(xv, yv) if xv is not None else ""))
+    if state_dir is not None:
+        path = Path(state_dir) / STATE_FILE
+        if path.parent.exists() and not path.parent.is_dir():
+            raise ConfigError(f"state_dir {str(path.parent)!r} exists and is not a folder")
+        digest = data_digest(x, y, *((xv, yv) if xv is not None and yv is not None else ()))
+        run.state = StateFile.of(path, "harden", s, digest, fix="delete the state folder to start afresh")
     return run
 
 
@@ -495,21 +466,21 @@ def _start(run: _Run, resume: bool) -> None:
     run.opt = make_optimizer(model, opts)
     run.sched = make_schedule(run.opt, opts, s["epochs"], run.steps_per_epoch)
     run.result = result = HardenResult(method=s["method"], settings=dict(s), num_samples=n)
-    path = run.state_path
-    if path is not None and path.is_file():
+    state = run.state
+    if state is not None and state.path.is_file():
         if not resume:
-            raise ConfigError(f"{path.parent} already holds a harden run: resume it (--resume) or choose "
+            raise ConfigError(f"{state.path.parent} already holds a harden run: resume it (--resume) or choose "
                               "another output folder")
-        st = _load_state(path, run.fingerprint)
+        st = state.load()
         model.load_state_dict(st["model"])
         run.opt.load_state_dict(st["optimizer"])
         if run.sched is not None:
             run.sched.load_state_dict(st["schedule"])
         result.epochs = [dict(e) for e in st["history"]]
         run.best = dict(st["best"])
-        result.guard_epoch = st.get("guard_epoch")
+        result.guard_epoch = st["extra"].get("guard_epoch")
         run.start = result.resumed_epochs = int(st["epoch"])
-    if path is not None:  # under torchrun every rank has read the state before rank 0 writes the next
+    if state is not None:  # under torchrun every rank has read the state before rank 0 writes the next
         from robustest.core import distributed
 
         distributed.barrier()
@@ -532,15 +503,13 @@ def _validate(run: _Run, epoch: int, record: dict[str, Any]) -> None:
 
 
 def _save_state(run: _Run, epoch: int) -> None:
-    """Write the state after ``epoch`` atomically to the state file (when there is one)."""
-    s, result, model = run.s, run.result, run.model
+    """Write the state after ``epoch`` to the state file, when there is one (:mod:`robustest.train.state`; no random
+    state: every epoch derives its seeds from (seed, epoch))."""
+    result = run.result
     assert result is not None and run.opt is not None
-    if run.state_path is not None:
-        atomic_save({"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": run.fingerprint,
-                     "epoch": epoch, "settings": dict(s), "model": _cpu_state(model),
-                     "optimizer": run.opt.state_dict(),
-                     "schedule": run.sched.state_dict() if run.sched is not None else None, "best": run.best,
-                     "guard_epoch": result.guard_epoch, "history": result.epochs}, run.state_path)
+    if run.state is not None:
+        run.state.save(epoch, model=run.model, optimizer=run.opt, schedule=run.sched, history=result.epochs,
+                       best=run.best, seconds=result.seconds, extra={"guard_epoch": result.guard_epoch})
 
 
 def _keep(run: _Run) -> None:

@@ -5,13 +5,11 @@ through :func:`robustest.train.engine.run_epochs` (:class:`_Run` is enhance's
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,18 +20,17 @@ from torch.nn.parallel import DistributedDataParallel
 
 from robustest import attacks
 from robustest.core import distributed, reprs
-from robustest.core.atomic import atomic_save
 from robustest.core.batching import DataLike, image_shape
 from robustest.core.devices import channels_last_wanted, resolve_device
 from robustest.core.distributed import Shard
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import forward, set_mode
-from robustest.core.reading import load_plain
 from robustest.core.seeding import seed_everything
 from robustest.core.validation import check_eps
 from robustest.train import TrainData
 from robustest.train.checkpoints import clone_model, state_fingerprint
 from robustest.train.engine import Batch, EpochLoop, run_epochs
+from robustest.train.state import StateFile, restore_rng, rng_state
 from robustest.weakrobust.augment import _augmix, _jsd, augmentation_pool
 from robustest.weakrobust.validation import ValidationResult, default_eps_grid
 
@@ -91,8 +88,7 @@ class _Run(EpochLoop):
     batch_size: int
     seed: int
     history: list[dict[str, float]] = field(default_factory=list)
-    state_path: Path | None = None
-    settings: str = ""
+    state: StateFile | None = None
     seconds_before: float = 0.0
     t0: float = 0.0
     tot: dict[str, float] = field(default_factory=dict)
@@ -146,8 +142,8 @@ class _Run(EpochLoop):
         self.history.append(record)
 
     def save(self, epoch: int) -> None:
-        if self.state_path is not None:
-            _save_state(self, self.state_path, self.settings, epoch, self.history, self.seconds_before, self.t0)
+        if self.state is not None:
+            _save_state(self, self.state, epoch)
 
 
 def enhance(
@@ -220,10 +216,10 @@ def enhance(
               "adv_weight": adv_weight, "adv_eps": eps, "adv_steps": adv_steps, "adv_alpha": alpha,
               "adv_source": adv_source, "width": width, "severity": severity, "lr": lr, "batch_size": batch_size,
               "seed": seed}
-    state_path = Path(resume_file) if resume_file is not None else None
-    settings = _resume_settings(run, config, pool_names) if state_path is not None else ""
-    run.history, start, run.seconds_before = _resume(run, state_path, settings)
-    run.state_path, run.settings, run.t0 = state_path, settings, t0
+    run.state = (StateFile.of(resume_file, "enhance", _resume_settings(run, config, pool_names),
+                              label=f"resume_file {str(resume_file)!r}") if resume_file is not None else None)
+    run.history, start, run.seconds_before = _resume(run)
+    run.t0 = t0
     run_epochs(run, range(start, epochs + 1), ddp=run.use_ddp, progress=progress, desc="enhance")
     set_mode(model, False)
     return EnhanceResult(epochs=run.history, pool=pool_names, weaknesses=weak, config=config,
@@ -284,43 +280,38 @@ def _optimiser_and_streams(model: nn.Module, dev: torch.device, shard: Shard, lr
     return opt, rng, step_model
 
 
-def _resume_settings(run: _Run, config: dict[str, Any], pool_names: list[str]) -> str:
+def _resume_settings(run: _Run, config: dict[str, Any], pool_names: list[str]) -> dict[str, Any]:
     """What a saved state must match to be continued: the settings, the pool, the data size, the starting model
-    (and under DDP the number of ranks), as one JSON string."""
-    return json.dumps({**config, "pool": pool_names, "n": run.source.n, "model": state_fingerprint(run.model),
-                       # DDP training depends on the number of ranks (each rank's share of a batch)
-                       **({"world_size": run.shard.world_size} if run.use_ddp else {})},
-                      sort_keys=True, default=str)
+    (and under DDP the number of ranks)."""
+    return {**config, "pool": pool_names, "n": run.source.n, "model": state_fingerprint(run.model),
+            # DDP training depends on the number of ranks (each rank's share of a batch)
+            **({"world_size": run.shard.world_size} if run.use_ddp else {})}
 
 
-def _resume(run: _Run, path: Path | None, settings: str) -> tuple[list[dict[str, float]], int, float]:
-    """Load the state saved at ``path`` (when there is one) into the run -> (history, first epoch to train,
-    seconds spent before); no history and a start at epoch 1 when there is none. With a ``path`` every rank
-    waits until all have read it."""
+def _resume(run: _Run) -> tuple[list[dict[str, float]], int, float]:
+    """Load the run's saved state (when there is one) into it -> (history, first epoch to train, seconds spent
+    before); no history and a start at epoch 1 when there is none. With a state file every rank waits until all
+    have read it."""
     history: list[dict[str, float]] = []
     start, seconds_before = 1, 0.0
-    if path is None:
+    if run.state is None:
         return history, start, seconds_before
-    if path.is_file():
-        st = _load_state(path, settings)
+    if run.state.path.is_file():
+        st = run.state.load()
         run.model.load_state_dict(st["model"])
         run.opt.load_state_dict(st["optimizer"])
-        run.rng.bit_generator.state = json.loads(st["numpy_rng"])
-        torch.set_rng_state(st["torch_rng"])
-        run.source.gen.set_state(st["gen"])
+        restore_rng(st["rng"], run.dev, {"data": run.source.gen}, run.rng)
         history = [dict(e) for e in st["history"]]
         start, seconds_before = int(st["epoch"]) + 1, float(st["seconds"])
     distributed.barrier()  # every rank has read the state before rank 0 writes the next one
     return history, start, seconds_before
 
 
-def _save_state(run: _Run, path: Path, settings: str, ep: int, history: list[dict[str, float]],
-                seconds_before: float, t0: float) -> None:
-    """Save the run after epoch ``ep`` atomically: what :func:`_resume` needs to continue bit-exactly."""
-    atomic_save({"format": STATE_FORMAT, "settings": settings, "epoch": ep, "model": run.model.state_dict(),
-                 "optimizer": run.opt.state_dict(), "numpy_rng": json.dumps(run.rng.bit_generator.state),
-                 "torch_rng": torch.get_rng_state(), "gen": run.source.gen.get_state(), "history": history,
-                 "seconds": seconds_before + time.perf_counter() - t0}, path)
+def _save_state(run: _Run, state: StateFile, ep: int) -> None:
+    """Save the run after epoch ``ep`` (:mod:`robustest.train.state`): what :func:`_resume` needs to continue
+    bit-exactly (the weights, the optimiser, the AugMix stream, torch's and the data order's random states)."""
+    state.save(ep, model=run.model, optimizer=run.opt, rng=rng_state(run.dev, {"data": run.source.gen}, run.rng),
+               history=run.history, seconds=run.seconds_before + time.perf_counter() - run.t0)
 
 
 def _inputs(run: _Run, ep: int, s: int, ib: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> list[torch.Tensor]:
@@ -357,17 +348,3 @@ def _loss(run: _Run, inputs: list[torch.Tensor], yb: torch.Tensor
         adv = F.cross_entropy(logits[-1], yb)
         loss = loss + run.adv_weight * adv
     return loss, ce, jsd, adv
-
-
-STATE_FORMAT = "robustest-enhance-state-1"
-
-
-def _load_state(path: Path, settings: str) -> dict[str, Any]:
-    """The state :func:`enhance` saved at ``path`` (read by :func:`robustest.core.reading.load_plain`); a one-line
-    ConfigError when it holds another run (settings, starting model or data size)."""
-    st = load_plain(path, fmt=STATE_FORMAT, what="enhancement state robustest wrote",
-                    fix="delete it or choose another resume_file")
-    if st.get("settings") != settings:
-        raise ConfigError(f"resume_file {str(path)!r} holds an enhancement with other settings, another starting "
-                          "model or other data: resume with the same ones, or delete it to start again")
-    return st
