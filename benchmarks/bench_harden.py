@@ -283,7 +283,64 @@ def summarise(runs: list[dict[str, Any]], before: dict[str, float], args) -> dic
                                                        if hit else None)
             row["reaches_at_epoch"] = hit["epoch"] if hit else None
         table.append(row)
-    return {"before": before, "curves": curves, "table": table}
+    return {"before": before, "curves": curves, "table": table, "paired": paired_against_pgd_at(by)}
+
+
+def _interval(diffs: list[float]) -> tuple[float, float, float]:
+    """Mean of paired differences and its 95 % t-interval (a zero-width interval for one pair)."""
+    from scipy import stats
+
+    m = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return m, m, m
+    h = stats.t.ppf(0.975, len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return m, float(m - h), float(m + h)
+
+
+def _whitebox_at(curve: list[dict[str, Any]], passes: float) -> float | None:
+    """White-box accuracy of a run's curve at ``passes`` per image, linear between its epochs (None beyond its
+    last epoch, and before its first, where no model was measured)."""
+    pts = [(c["passes_per_image"], c["whitebox"]) for c in curve]
+    for (p0, w0), (p1, w1) in zip(pts, pts[1:]):
+        if p0 <= passes <= p1:
+            return w0 + (w1 - w0) * (passes - p0) / (p1 - p0) if p1 > p0 else w1
+    return pts[0][1] if pts and abs(pts[0][0] - passes) < 1e-9 else None
+
+
+def paired_against_pgd_at(by: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each method against pgd-at on the seeds both ran (the same initial weights and data order per seed):
+    the paired difference of the final AutoAttack accuracy (at each method's own budget), and at matched
+    compute the difference of white-box accuracy between the method's final model and pgd-at's curve at the
+    same passes per image; means with 95 % t-intervals over the seeds."""
+    base = {r["seed"]: r for r in by.get("pgd-at", [])}
+    rows = []
+    for name, rs in by.items():
+        if name == "pgd-at":
+            continue
+        pairs = [(r, base[r["seed"]]) for r in rs if r["seed"] in base]
+        if not pairs:
+            continue
+        ratio = statistics.fmean(r["curve"][-1]["passes_per_image"] / b["curve"][-1]["passes_per_image"]
+                                 for r, b in pairs)
+        row: dict[str, Any] = {"method": name, "seeds": len(pairs), "compute_ratio": ratio}
+        aa = [(r["curve"][-1].get("autoattack"), b["curve"][-1].get("autoattack")) for r, b in pairs]
+        if all(a is not None and c is not None for a, c in aa):
+            row["autoattack_diff"], row["autoattack_ci_low"], row["autoattack_ci_high"] = _interval(
+                [a - c for a, c in aa])
+        matched = [(r["curve"][-1]["whitebox"], _whitebox_at(b["curve"], r["curve"][-1]["passes_per_image"]))
+                   for r, b in pairs]
+        if all(m is not None for _, m in matched):
+            row["whitebox_matched_diff"], row["whitebox_matched_ci_low"], row["whitebox_matched_ci_high"] = (
+                _interval([w - m for w, m in matched]))
+        rows.append(row)
+    return rows
+
+
+def _diff_cell(row: dict[str, Any], key: str) -> str:
+    """``+d.dd [lo, hi]`` in points for a paired difference of ``row`` ("-" when it was not measured)."""
+    if f"{key}_diff" not in row:
+        return "-"
+    return f"{100 * row[f'{key}_diff']:+.2f} [{100 * row[f'{key}_ci_low']:+.2f}, {100 * row[f'{key}_ci_high']:+.2f}]"
 
 
 def write_summary(summary: dict[str, Any], out: Path, args) -> str:
@@ -311,6 +368,15 @@ def write_summary(summary: dict[str, Any], out: Path, args) -> str:
                      f"| {100 * r['whitebox_mean']:.2f} ± {100 * r['whitebox_std']:.2f} | {aa}"
                      f"{100 * r['clean_mean']:.2f} ± {100 * r['clean_std']:.2f} | {reach_txt} "
                      f"| {r['train_s_mean']:.0f} | {r['train_cpu_s_mean'] / 60:.1f} |")
+    if summary.get("paired"):
+        lines += ["", "Paired against pgd-at (same seeds, points; 95 % t-intervals over the seeds): the final "
+                  "AutoAttack accuracy at each method's own budget, and the white-box accuracy at matched compute "
+                  "(the method's final model against pgd-at's curve at the same passes per image):", "",
+                  "| method | seeds | x pgd-at passes | AutoAttack diff. | white-box diff. at matched compute |",
+                  "|---|---|---|---|---|"]
+        for r in summary["paired"]:
+            lines.append(f"| {r['method']} | {r['seeds']} | {r['compute_ratio']:.2f} | {_diff_cell(r, 'autoattack')} "
+                         f"| {_diff_cell(r, 'whitebox_matched')} |")
     lines += ["", "Per epoch (mean over seeds):", "",
               "| method | epoch | passes / image | white-box acc. | clean acc. |", "|---|---|---|---|---|"]
     for name, rows in summary["curves"].items():

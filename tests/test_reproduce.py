@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -338,3 +339,32 @@ def test_harden_benchmark_from_scratch_reference_is_the_same_recipe(tmp_path, on
     assert res["runs"][0]["settings"]["eps_warmup"] == 0.3
     with pytest.raises(SystemExit, match="not both"):
         bench.main([*args[:2], "--checkpoint", "x.pt", *args[2:]])
+
+
+def test_harden_benchmark_pairs_methods_with_pgd_at_by_seed_and_at_matched_compute(tmp_path):
+    """bench_harden's paired comparison: per seed, the method's final AutoAttack minus pgd-at's, and its final
+    white-box accuracy minus pgd-at's curve interpolated at the same passes per image; t-intervals over seeds."""
+    bench = script("bench_harden")
+
+    def run(method, seed, passes, whitebox, aa):
+        curve = [{"passes_per_image": p, "whitebox": w} for p, w in zip(passes, whitebox)]
+        curve[-1]["autoattack"] = aa
+        return {"method": method, "seed": seed, "curve": curve}
+
+    by = {"pgd-at": [run("pgd-at", s, [10, 20, 30], [0.2, 0.4, 0.6], 0.5 + s / 100) for s in (0, 1, 2)],
+          "fol-budget": [run("fol-budget", s, [5, 15], [0.1, 0.35 + s / 100], 0.48 + 2 * s / 100) for s in (0, 1, 2)],
+          "fast-at": [run("fast-at", 3, [2, 4], [0.1, 0.2], 0.1)]}  # no seed in common: not paired
+    (row,) = bench.paired_against_pgd_at(by)
+    assert row["method"] == "fol-budget" and row["seeds"] == 3 and row["compute_ratio"] == pytest.approx(0.5)
+    # AutoAttack differences -0.02, -0.01, 0.00: mean -0.01, t-interval -0.01 +- 4.303 * 0.01 / sqrt(3)
+    assert row["autoattack_diff"] == pytest.approx(-0.01)
+    assert row["autoattack_ci_high"] - row["autoattack_diff"] == pytest.approx(4.302653 * 0.01 / 3 ** 0.5, rel=1e-5)
+    # pgd-at's curve at 15 passes: 0.3; fol-budget's final white-box 0.35-0.37
+    assert row["whitebox_matched_diff"] == pytest.approx(0.06)
+    assert bench._whitebox_at(by["pgd-at"][0]["curve"], 40) is None  # beyond the curve: not extrapolated
+    args = SimpleNamespace(dataset="digits", eps=0.2, train_limit=100, seeds_text="0,1,2", eval_limit=20, pgd_steps=2,
+                           restarts=1, apgd_steps=2, aa_limit=20, schedule="none", eps_warmup=0.3, batch_size=64,
+                           lr=1e-3, autoattack="fast")
+    text = bench.write_summary({"before": {"whitebox": 0.0, "clean": 0.1}, "table": [], "curves": {}, "paired": [row]},
+                               tmp_path, args)
+    assert "| fol-budget | 3 | 0.50 | -1.00 [-3.48, +1.48] | +6.00 [" in text
