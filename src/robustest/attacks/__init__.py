@@ -20,7 +20,11 @@ square     Square Attack (Andriushchenko et al. 2020): score-based black-box ran
 =========  ==========================================================================================
 
 The gradient attacks (fgsm, pgd, bim, rfgsm, mifgsm) also take ``target=`` (a class or int64 [N]) for their
-targeted variants; apgd_t and fab_t take it to attack given classes instead of the most likely ones.
+targeted variants; apgd_t and fab_t take it to attack given classes instead of the most likely ones. :func:`pgd`
+also takes per-sample radii (``eps`` a tensor [N]), a per-sample stopping rule (``stop=``, a :data:`StopRule`:
+stopped samples leave the active set) and ``return_details=True`` for a :class:`PGDDetails` (gradient
+evaluations per sample, whether any evaluated point succeeded): the inner maximisation of adversarial training
+and the white-box radius search of ``weakrobust`` run on it.
 
 :func:`attack` runs any of them by name over a data set in batches and returns an :class:`AttackResult` with the
 adversarial images, per-sample success (prediction on the adversarial image differs from the label), clean
@@ -70,7 +74,7 @@ from robustest.attacks._core import (  # noqa: F401 - re-exported for callers an
 from robustest.attacks.apgd import apgd, apgd_dlr, apgd_t
 from robustest.attacks.cw import cw_l2
 from robustest.attacks.fab import fab
-from robustest.attacks.gradient import bim, fgsm, mifgsm, pgd, rfgsm
+from robustest.attacks.gradient import PGDDetails, StopRule, bim, fgsm, mifgsm, pgd, rfgsm
 from robustest.attacks.square import square
 from robustest.core.batching import DataLike
 from robustest.core.devices import resolve_device
@@ -81,6 +85,8 @@ from robustest.core.seeding import make_generator
 
 __all__ = [
     "AttackResult",
+    "PGDDetails",
+    "StopRule",
     "apgd",
     "apgd_dlr",
     "apgd_t",
@@ -285,6 +291,10 @@ def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | N
     entry = _entry(name)
     if "generator" in kw or "batch_size" in kw:
         raise ConfigError("attack() takes seed and batch_size itself; do not pass generator")
+    if any(k in kw for k in ("stop", "return_details", "track_success")) or any(
+            isinstance(kw.get(k), torch.Tensor) and kw[k].dim() > 0 for k in ("eps", "alpha")):
+        raise ConfigError("attack() takes one eps and returns images: call robustest.attacks.pgd itself for "
+                          "per-sample eps, stopping rules or details")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
     data = (x_or_data, y) if isinstance(x_or_data, torch.Tensor) else x_or_data

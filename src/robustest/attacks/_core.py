@@ -226,16 +226,18 @@ def _margin(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 BATCH_SEED_STRIDE = 1_000_003  # chunk k of an attack draws from seed + k * this (chunk 0: the seed itself)
 
 
-def _run(core: Callable[..., torch.Tensor], model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+def _run(core: Callable[..., Any], model: nn.Module, x: torch.Tensor, y: torch.Tensor,
          seed: int | None, batch_size: int | None, gen: torch.Generator | None = None, *,
-         per_sample: dict[str, torch.Tensor | None] | None = None, **kw: Any) -> torch.Tensor:
+         per_sample: dict[str, torch.Tensor | None] | None = None, **kw: Any) -> Any:
     """Run ``core`` over x in chunks on the model's device, in eval mode with frozen parameters.
 
     Randomness: a given ``gen`` serves every chunk in order; otherwise chunk ``k`` draws from its own
     generator seeded with ``seed + k * BATCH_SEED_STRIDE`` (as :func:`robustest.attacks.attack` does), so a
     chunk's result depends only on its position, not on what ran before it.
-    ``per_sample``: tensors of length N (e.g. target classes) sliced with the chunk and passed to ``core`` by
-    name (None values are passed as None)."""
+    ``per_sample``: tensors of length N (e.g. target classes as int64, per-sample radii as float) sliced with
+    the chunk and passed to ``core`` by name (None values are passed as None).
+    Returns the adversarial images N x C x H x W on x's device; when ``core`` returns a tuple (x_adv, then
+    per-sample tensors [n] or None), the tuple over all chunks (those tensors joined, on x's device)."""
     device = resolve_device(model)
     per_chunk = gen is None and seed is not None
     if gen is None:
@@ -251,6 +253,7 @@ def _run(core: Callable[..., torch.Tensor], model: nn.Module, x: torch.Tensor, y
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     per_sample = per_sample or {}
     out = torch.empty_like(x)
+    more: list[list[Any]] | None = None
     with eval_mode(model), frozen_params(model):
         for k, s in enumerate(range(0, n, bs)):
             e = min(s + bs, n)
@@ -258,6 +261,15 @@ def _run(core: Callable[..., torch.Tensor], model: nn.Module, x: torch.Tensor, y
                 gen = make_generator(int(seed) + k * BATCH_SEED_STRIDE, device)  # type: ignore[arg-type]
             xb = x[s:e].to(device, torch.float32).detach()
             yb = y[s:e].to(device, torch.long)
-            extra = {k: (None if v is None else v[s:e].to(device, torch.long)) for k, v in per_sample.items()}
-            out[s:e] = core(model, xb, yb, gen, **extra, **kw).detach().to(out.device, out.dtype)
-    return out
+            extra = {k: (None if v is None else v[s:e].to(device, v.dtype if v.is_floating_point() else torch.long))
+                     for k, v in per_sample.items()}
+            res = core(model, xb, yb, gen, **extra, **kw)
+            if isinstance(res, tuple):
+                res, rest = res[0], res[1:]
+                more = more or [[] for _ in rest]
+                for parts, t in zip(more, rest):
+                    parts.append(t)
+            out[s:e] = res.detach().to(out.device, out.dtype)
+    if more is None:
+        return out
+    return (out, *(None if parts[0] is None else torch.cat(parts).to(out.device) for parts in more))

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from robustest import attacks
 from robustest.core import reprs
 from robustest.core.amp import autocast, check_amp
 from robustest.core.atomic import atomic_save
@@ -418,21 +418,8 @@ def adversarial_radius(
 
 def _pgd_flips(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: torch.Tensor, steps: int,
                gen: torch.Generator) -> torch.Tensor:
-    """L-inf PGD with a per-sample budget ``eps`` [N]; True where some iterate is misclassified."""
-    e = eps.view(-1, *([1] * (x.dim() - 1)))
-    alpha = 2.5 * e / steps
-    delta = (torch.rand(x.shape, generator=gen, device=x.device) * 2 - 1) * e
-    xa = (x + delta).clamp(0, 1)
-    flipped = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
-    for _ in range(steps):
-        xa.requires_grad_(True)
-        logits = forward(model, xa)
-        flipped |= logits.detach().argmax(1) != y
-        grad, = torch.autograd.grad(F.cross_entropy(logits, y, reduction="sum"), xa)
-        with torch.no_grad():
-            xa = xa.detach() + alpha * grad.sign()
-            xa = torch.max(torch.min(xa, x + e), x - e).clamp(0, 1)
-    with torch.no_grad():
-        flipped |= forward(model, xa).argmax(1) != y
-    return flipped
-
+    """L-inf PGD with a per-sample budget ``eps`` [N] (step ``2.5 eps / steps``, random start ``(2u - 1) eps``
+    from ``gen``); True where some iterate, the final one included, is misclassified."""
+    res = attacks.pgd(model, x, y, eps, steps=steps, random_start=True, batch_size=None, generator=gen,
+                      start_draw="unit", return_details=True, track_success=True)
+    return res.success

@@ -3,9 +3,10 @@ may stop individually (FOL / FOSC or misclassification), the FOL of a point, and
 
 FOL / FOSC of a point x' of the L-inf ball around x (g = grad_x CE(f(x'), y), per sample):
 ``eps * ||g||_1 - <x' - x, g>``; it is 0 at a first-order stationary point of the inner maximisation. With a
-stopping rule the batched PGD's active set shrinks: at every gradient evaluation the samples that meet their rule
-keep their current point and leave the set, and the next step's forward/backward passes run on the remaining
-samples only (index selection, no per-sample Python loop). The check uses the gradient the step needs anyway.
+stopping rule (a ``stop=`` rule of :func:`robustest.attacks.pgd`) the batched PGD's active set shrinks: at every
+gradient evaluation the samples that meet their rule keep their current point and leave the set, and the next
+step's forward/backward passes run on the remaining samples only (index selection, no per-sample Python loop).
+The check uses the gradient the step needs anyway.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest import attacks
-from robustest.attacks import input_gradient, random_point
 from robustest.core.modelcall import forward
 from robustest.train.compute import ComputeCount
 
@@ -31,45 +31,30 @@ def fol(g: torch.Tensor, delta: torch.Tensor, eps: float) -> torch.Tensor:
 def pgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator, *, eps: float, alpha: float,
         steps: int, threshold: float | None = None, first_check: int = 0, stop_misclassified: bool = False
         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """L-inf PGD from a uniform random start; with a stopping rule, its samples stop individually.
+    """L-inf PGD from a uniform random start (:func:`robustest.attacks.pgd` drawing from ``gen``, in one chunk);
+    with a stopping rule, its samples stop individually.
 
     Without a rule (``threshold`` None and ``stop_misclassified`` False) every sample takes ``steps`` steps of
-    ``alpha * sign(grad)``, projected into the ball and [0, 1]: :func:`robustest.attacks.pgd` drawing from
-    ``gen``. With a rule, from gradient evaluation ``first_check`` on (0-based), a sample whose FOL is <=
-    ``threshold`` (or, with ``stop_misclassified``, that is misclassified) keeps its current point and leaves
-    the active set; only active samples go through the model (the same random start and steps otherwise).
-    x: N x C x H x W, y: int64 [N]. Returns (x_adv N x C x H x W, evals: int64 [N] gradient evaluations spent on
-    each sample).
+    ``alpha * sign(grad)``, projected into the ball and [0, 1]. With a rule, from gradient evaluation
+    ``first_check`` on (0-based), a sample whose FOL is <= ``threshold`` (or, with ``stop_misclassified``, that
+    is misclassified) keeps its current point and leaves the active set; only active samples go through the
+    model (the same random start and steps otherwise). x: N x C x H x W, y: int64 [N]. Returns (x_adv
+    N x C x H x W, evals: int64 [N] gradient evaluations spent on each sample).
     """
-    n = x.shape[0]
-    if threshold is None and not stop_misclassified:  # attacks' PGD: the same draws and steps, in one chunk
-        adv = attacks.pgd(model, x, y, eps, alpha=alpha, steps=steps, random_start=True, batch_size=None,
-                          generator=gen)
-        return adv, torch.full((n,), steps, dtype=torch.long, device=x.device)
-    lo, hi = (x - eps).clamp_(min=0.0), (x + eps).clamp_(max=1.0)
-    adv = random_point(x, eps, "linf", gen)
-    evals = torch.zeros(n, dtype=torch.long, device=x.device)
-    active = torch.arange(n, device=x.device)
-    xa = adv
-    for k in range(steps):
-        ya = y.index_select(0, active)
-        g, logits = input_gradient(model, xa, ya)
-        evals.index_add_(0, active, torch.ones_like(active))
-        if k >= first_check:
-            stop = torch.zeros_like(ya, dtype=torch.bool)
+    rule = None
+    if threshold is not None or stop_misclassified:
+        def rule(k: int, xa: torch.Tensor, g: torch.Tensor, logits: torch.Tensor, index: torch.Tensor
+                 ) -> torch.Tensor:
+            stop = torch.zeros_like(index, dtype=torch.bool)
             if threshold is not None:
-                stop |= fol(g, xa - x.index_select(0, active), eps) <= threshold
+                stop |= fol(g, xa - x.index_select(0, index), eps) <= threshold
             if stop_misclassified:
-                stop |= logits.argmax(1) != ya
-            if bool(stop.any()):
-                keep = ~stop
-                active, xa, g = active[keep], xa[keep], g[keep]
-                if active.numel() == 0:
-                    break
-        xa = xa.add_(g.sign_(), alpha=alpha)
-        xa = torch.max(torch.min(xa, hi.index_select(0, active)), lo.index_select(0, active))
-        adv.index_copy_(0, active, xa)
-    return adv, evals
+                stop |= logits.argmax(1) != y.index_select(0, index)
+            return stop
+
+    res = attacks.pgd(model, x, y, eps, alpha=alpha, steps=steps, random_start=True, batch_size=None,
+                      generator=gen, stop=rule, stop_from=first_check, return_details=True)
+    return res.adv, res.evals
 
 
 def attack_count(evals: torch.Tensor) -> ComputeCount:
