@@ -355,3 +355,96 @@ def test_attack_batches_draw_their_own_random_numbers(trained_digits_model, digi
     assert torch.equal(a.adv, b.adv) and torch.equal(a.adv[:16], first.adv)
     swapped = attacks.attack("pgd", trained_digits_model, x[16:], y[16:], eps=0.1, steps=1, batch_size=16, seed=2)
     assert not torch.equal(a.adv[16:], swapped.adv)
+
+
+# ------------------------------------------------------------------ PGD: stopping rule, per-sample eps, details
+def test_pgd_stop_shrinks_the_active_set_and_counts_evaluations(trained_digits_model, digits_test):
+    # the even positions stop at gradient evaluation 1: they keep the point of their first step, and from the
+    # third evaluation on only the odd half goes through the model; the rule sees positions in x, chunks too
+    x, y = _digits_xy(digits_test, 32)
+    m, seen, sizes = trained_digits_model, [], []
+
+    def even(k, xa, g, logits, index):
+        seen.append((k, index.clone()))
+        assert xa.shape[0] == g.shape[0] == logits.shape[0] == index.shape[0]
+        return index % 2 == 0
+
+    hook = m.register_forward_hook(lambda mod, inp, out: sizes.append(inp[0].shape[0]))
+    res = attacks.pgd(m, x, y, eps=0.1, alpha=0.02, steps=5, seed=3, batch_size=16, stop=even, stop_from=1,
+                      return_details=True)
+    hook.remove()
+    assert isinstance(res, attacks.PGDDetails) and res.success is None
+    assert res.evals.tolist() == [2 if i % 2 == 0 else 5 for i in range(32)]
+    assert sizes == [16, 16, 8, 8, 8] * 2
+    assert [k for k, _ in seen] == [1, 2, 3, 4] * 2 and torch.equal(seen[0][1], torch.arange(16))
+    assert torch.equal(seen[1][1], torch.arange(1, 16, 2)) and torch.equal(seen[4][1], torch.arange(16, 32))
+    one_step = attacks.pgd(m, x, y, eps=0.1, alpha=0.02, steps=1, seed=3, batch_size=16)
+    assert torch.equal(res.adv[0::2], one_step[0::2])
+    plain = attacks.pgd(m, x, y, eps=0.1, alpha=0.02, steps=5, seed=3, batch_size=16)
+    assert torch.allclose(res.adv[1::2], plain[1::2], atol=1e-6)
+    everyone = attacks.pgd(m, x, y, eps=0.1, steps=5, seed=3, stop=lambda k, *a: torch.ones_like(a[-1]).bool(),
+                           return_details=True)
+    assert bool((everyone.evals == 1).all())  # all stop at the first evaluation: the random start is kept
+
+
+@pytest.mark.parametrize(("norm", "target"), [("linf", None), ("l2", None), ("linf", "shift")])
+def test_pgd_with_a_rule_that_never_fires_is_the_plain_pgd(trained_digits_model, digits_test, norm, target):
+    x, y = _digits_xy(digits_test, 40)
+    t = None if target is None else (y + 1) % 10
+    kw = dict(eps=EPS[norm], steps=4, norm=norm, seed=5, batch_size=16, target=t)
+    plain = attacks.pgd(trained_digits_model, x, y, **kw)
+    never = attacks.pgd(trained_digits_model, x, y, **kw, stop=lambda k, xa, *a: torch.zeros(len(xa), dtype=bool),
+                        return_details=True)
+    details = attacks.pgd(trained_digits_model, x, y, **kw, return_details=True)
+    assert torch.equal(never.adv, plain) and torch.equal(details.adv, plain)
+    assert never.evals.tolist() == details.evals.tolist() == [4] * 40
+
+
+def test_pgd_per_sample_eps_stays_inside_each_ball(trained_digits_model, digits_test):
+    x, y = _digits_xy(digits_test, 40)
+    m = trained_digits_model
+    for norm, top in (("linf", 0.2), ("l2", 1.0)):
+        eps = torch.linspace(top / 10, top, 40)
+        adv = attacks.pgd(m, x, y, eps=eps, steps=10, norm=norm, seed=1, batch_size=16)
+        size = attacks.lp_norm(adv - x, norm)
+        assert bool((size <= eps + TOL).all()) and float(adv.min()) >= 0 and float(adv.max()) <= 1
+        assert bool((size[20:] > eps[:20].max()).any())  # the larger balls are used
+    # the same radius for everyone (an exact binary fraction, so alpha = 2.5 eps / steps rounds alike) is the
+    # plain call; a per-sample alpha too
+    same = attacks.pgd(m, x, y, eps=torch.full((40,), 0.125), steps=5, seed=2)
+    assert torch.equal(same, attacks.pgd(m, x, y, eps=0.125, steps=5, seed=2))
+    stepped = attacks.pgd(m, x, y, eps=0.125, alpha=torch.full((40,), 0.0625), steps=5, seed=2)
+    assert torch.equal(stepped, same)
+
+
+def test_pgd_tracks_success_and_draws_the_unit_start(trained_digits_model, digits_test):
+    x, y = _digits_xy(digits_test, 40)
+    m = trained_digits_model
+    res = attacks.pgd(m, x, y, eps=0.15, steps=5, seed=4, return_details=True, track_success=True)
+    with torch.no_grad():
+        wrong = m(res.adv).argmax(1) != y
+    assert bool(res.success[wrong].all()) and res.success.dtype == torch.bool
+    # alpha 0 keeps the random start: with start_draw="unit" it is clip(x + (2u - 1) eps)
+    gen = torch.Generator().manual_seed(7)
+    start = attacks.pgd(m, x, y, eps=0.1, alpha=0.0, steps=1, start_draw="unit", generator=gen, batch_size=None)
+    u = torch.rand(x.shape, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(start, (x + (u * 2 - 1) * 0.1).clamp(0, 1))
+
+
+def test_pgd_bad_stopping_and_per_sample_options(trained_digits_model, digits_test):
+    x, y = _digits_xy(digits_test, 8)
+    m = trained_digits_model
+    never = lambda k, xa, *a: torch.zeros(len(xa), dtype=bool)  # noqa: E731
+    for kw, match in [({"stop": never, "restarts": 2}, "restarts=1"), ({"start_draw": "unit", "norm": "l2"}, "unit"),
+                      ({"track_success": True}, "return_details"), ({"stop": 3}, "callable"),
+                      ({"stop_from": -1}, "stop_from"), ({"eps": torch.full((7,), 0.1)}, "8 radii"),
+                      ({"eps": torch.zeros(8)}, r"\(0, 1\]"), ({"alpha": torch.full((8,), -1.0)}, "alpha"),
+                      ({"stop": lambda *a: torch.zeros(3, dtype=bool)}, "active samples")]:
+        with pytest.raises(ConfigError, match=match):
+            attacks.pgd(m, x, y, **{"eps": 0.1, **kw})
+    with pytest.raises(ConfigError, match="per-sample"):
+        attacks.attack("pgd", m, x, y, eps=torch.full((8,), 0.1))
+    with pytest.raises(ConfigError, match="per-sample"):
+        attacks.attack("pgd", m, x, y, eps=0.1, stop=never)
+    empty = attacks.pgd(m, x[:0], y[:0], eps=0.1, return_details=True, track_success=True)
+    assert empty.adv.shape == (0, 1, 8, 8) and empty.evals.shape == empty.success.shape == (0,)

@@ -99,6 +99,10 @@ def _pgd_once(model, x, y, gen, *, eps, alpha, steps, norm, random_start, target
             _or_into(success, active, _hits(logits, sel(y), sel(target)))
         if stop is not None and k >= stop_from:
             done = stop(k, xa, g, logits, sel(index))
+            if not isinstance(done, torch.Tensor) or done.shape != (xa.shape[0],):
+                raise ConfigError(f"stop must return a bool tensor of the {xa.shape[0]} active samples, got "
+                                  f"{getattr(done, 'shape', done)!r}")
+            done = done.to(torch.bool)
             if bool(done.any()):
                 keep = ~done
                 active = torch.arange(n, device=x.device) if active is None else active
