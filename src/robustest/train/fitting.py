@@ -4,7 +4,9 @@ resume) come from :mod:`robustest.train.recipes`; :class:`robustest.train.engine
 one epoch from any data-like object (also under torchrun); :func:`channel_stats` the per-channel statistics a
 Normalize layer takes.
 Validation during :func:`fit` is measured with :func:`robustest.evaluate.loss_and_accuracy`; the epochs run
-through :func:`robustest.train.engine.run_epochs` (:class:`_Fit` is fit's :class:`~robustest.train.engine.EpochLoop`).
+through :func:`robustest.train.engine.run_epochs` (:class:`_Fit` is fit's :class:`~robustest.train.engine.EpochLoop`);
+each batch's loss is the ``cross-entropy`` objective's of :mod:`robustest.train.objectives`, looked up in the
+registry when fit starts.
 """
 
 from __future__ import annotations
@@ -19,20 +21,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
 from robustest.core import distributed
-from robustest.core.amp import autocast
 from robustest.core.batching import DataLike, iter_batches
 from robustest.core.devices import channels_last_wanted, resolve_device
 from robustest.core.distributed import Shard
 from robustest.core.errors import ConfigError, DataError
-from robustest.core.modelcall import forward, set_mode
+from robustest.core.modelcall import set_mode
 from robustest.core.seeding import make_generator, seed_everything
 from robustest.evaluate import loss_and_accuracy
+from robustest.train import objectives
 from robustest.train.engine import Batch, EpochLoop, TrainData, run_epochs
+from robustest.train.objectives.base import Objective, StepContext, StepOutput
 from robustest.train.recipes import (
     TrainOptions,
     check_device,
@@ -107,8 +109,9 @@ def channel_stats(data: DataLike, batch_size: int = 1024) -> tuple[list[float], 
 class _Fit(EpochLoop):
     """One fit call's working state and its epoch hooks (:class:`~robustest.train.engine.EpochLoop`): what trains
     (the model, the module the steps run through: compiled and/or DDP-wrapped), the batches, the optimiser,
-    schedule, scaler and augmentation generator, the history and the best epoch so far, the settings a resume file
-    must match, the validation data, the resume file and the caller's callback; the running epoch's tallies."""
+    schedule, scaler and augmentation generator, the settings a resume file must match (also the objective's
+    ``ctx.settings``), the objective that gives each batch's loss, the history and the best epoch so far, the
+    validation data, the resume file and the caller's callback; the running epoch's tallies."""
 
     model: nn.Module
     step_model: nn.Module
@@ -122,6 +125,7 @@ class _Fit(EpochLoop):
     scaler: torch.amp.GradScaler | None
     aug_gen: torch.Generator | None
     settings: dict[str, Any]
+    objective: Objective
     history: History = field(default_factory=History)
     best_acc: float = -1.0
     best_state: dict[str, torch.Tensor] | None = None
@@ -144,18 +148,17 @@ class _Fit(EpochLoop):
     def batches(self, epoch: int) -> Iterable[Batch]:
         return self.source.indexed_epoch(epoch, self.num_classes)
 
-    def forward(self, epoch: int, i: int, batch: Batch) -> tuple[torch.Tensor, Any]:
-        """The batch on the device (crop-flipped with ``augment``) -> (cross-entropy loss, (logits B x K, labels))."""
+    def forward(self, epoch: int, i: int, batch: Batch) -> tuple[torch.Tensor, tuple[StepOutput, torch.Tensor]]:
+        """The batch on the device (crop-flipped with ``augment``) through the objective's step (its settings:
+        fit's, ``label_smoothing`` and ``amp`` among them; its generator: the crop-flip one) -> (the loss, (the
+        step's output, labels on the device))."""
         _, xb, yb = batch
         xb, yb = xb.to(self.dev, non_blocking=True), yb.to(self.dev, non_blocking=True)
         if self.aug_gen is not None:
             xb = crop_flip(xb, generator=self.aug_gen)
-        opts = self.opts
-        with self._compile_errors(), autocast(opts.amp, self.dev):
-            logits = forward(self.step_model, xb)
-            loss = (F.cross_entropy(logits, yb, label_smoothing=opts.label_smoothing)
-                    if opts.label_smoothing else F.cross_entropy(logits, yb))
-        return loss, (logits, yb)
+        with self._compile_errors():
+            out = self.objective.step(self.step_model, xb, yb, self.aug_gen, StepContext(self.settings))
+        return out.loss, (out, yb)
 
     def diverged(self, epoch: int, i: int, loss: torch.Tensor, aux: Any) -> str:
         return (f"training diverged at epoch {epoch}: the loss is {float(loss.detach())}; lower the learning rate "
@@ -164,7 +167,8 @@ class _Fit(EpochLoop):
     def update(self, epoch: int, i: int, batch: Batch, loss: torch.Tensor, aux: Any) -> None:
         """The optimiser step (through the GradScaler with fp16; the loss weighted by the rank's share under DDP),
         the schedule's step and the epoch's tallies."""
-        logits, yb = aux
+        out, yb = aux
+        logits = out.logits
         with self._compile_errors():
             self.opt.zero_grad(set_to_none=True)
             step_loss = loss * self.source.batch_weight if self.ddp else loss
@@ -323,7 +327,8 @@ def _check_fit_args(epochs: Any, batch_size: int, lr: float, weight_decay: float
 def _setup(model: nn.Module, train: DataLike, opts: TrainOptions, dev: torch.device, *, epochs: int,
            batch_size: int, seed: int, ddp: bool | None, restore_best: bool, val: DataLike | None) -> _Fit:
     """Move the model to ``dev``, seed, and build the batches, optimiser, schedule, scaler, augmentation
-    generator and the module the steps run through (compiled, DDP-wrapped under torchrun)."""
+    generator and the module the steps run through (compiled, DDP-wrapped under torchrun); the objective is the
+    registry's ``cross-entropy``."""
     model.to(dev)
     seed_everything(seed)
     shard = Shard.current() if ddp is not False else Shard()
@@ -345,7 +350,7 @@ def _setup(model: nn.Module, train: DataLike, opts: TrainOptions, dev: torch.dev
                 # DDP training depends on the number of ranks (each rank's share of a batch)
                 **({"world_size": shard.world_size} if use_ddp else {})}
     return _Fit(model, step_model, source, opts, dev, use_ddp, num_classes, opt, sched, scaler, aug_gen, settings,
-                val=val, val_batch=max(256, batch_size), restore_best=restore_best)
+                objectives.get("cross-entropy"), val=val, val_batch=max(256, batch_size), restore_best=restore_best)
 
 
 def _validate(run: _Fit, stats: EpochStats, val: DataLike, batch_size: int, restore_best: bool) -> None:

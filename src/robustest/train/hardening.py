@@ -135,7 +135,7 @@ def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *
         if key not in owners:
             raise TypeError(f"harden_settings() got an unexpected keyword argument {key!r} (method options: "
                             f"{', '.join(owners)})")
-    objective = objectives.get(method)
+    objective = objectives.get(method, harden_method=True)
     m = objective.name
     eps_f = float(check_eps("eps", eps))  # the project's one radius check (same message in every verb)
     n_epochs = check_count(epochs, "epochs")

@@ -1,6 +1,8 @@
-"""Hardening objectives behind a registry: one file per method, each an :class:`Objective` (name, method-specific
-options with their defaults, one ``step``), read by :func:`robustest.train.harden`, its settings, the ``harden``
-verb and RobOT's hardening strategies.
+"""Training objectives behind a registry: one file per objective, each an :class:`Objective` (name, method-specific
+options with their defaults, one ``step``). The hardening methods are read by :func:`robustest.train.harden`, its
+settings, the ``harden`` verb and RobOT's hardening strategies; :func:`robustest.train.fit` looks up
+``cross-entropy`` and :func:`robustest.weakrobust.enhance` ``augmix-jsd-adv`` (registered by
+:mod:`robustest.weakrobust`, whose AugMix it needs); these two are no harden methods (``harden_method=False``).
 
 =============  ===========================================================================================
 ``pgd-at``     Madry et al. (2018): k-step L-inf PGD from a uniform random start; ``mix * CE(x) + (1 - mix) *
@@ -11,13 +13,20 @@ verb and RobOT's hardening strategies.
 ``fast-at``    Wong et al. (2020): one FGSM step of 1.25 eps from a random start (:mod:`.fast_at`).
 =============  ===========================================================================================
 
+=================  =======================================================================================
+``cross-entropy``  fit's loss: CE (optional label smoothing) under the run's autocast (:mod:`.cross_entropy`).
+``augmix-jsd-adv`` enhance's loss: ``CE(x) + jsd_weight * JSD(x, aug1, aug2) + adv_weight * CE(x_adv)``
+                   (:mod:`robustest.weakrobust.enhance_objective`).
+=================  =======================================================================================
+
 A new method is one file defining an :class:`Objective` and one :func:`register` call (or ``with
-registered(obj):`` for a temporary one); its options become keywords of ``harden`` and flags of the verb.
+registered(obj):`` for a temporary one); its options become keywords of ``harden`` and flags of the verb. A loop's
+objective is replaced the same way (``with registered(obj, replace=True):`` under its name).
 """
 
 from __future__ import annotations
 
-from robustest.train.objectives import fast_at, fol_budget, fosc, pgd_at, trades
+from robustest.train.objectives import cross_entropy, fast_at, fol_budget, fosc, pgd_at, trades
 from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
 from robustest.train.objectives.registry import (
     canonical,
@@ -32,5 +41,5 @@ from robustest.train.objectives.registry import (
 __all__ = ["Objective", "Option", "StepContext", "StepOutput", "canonical", "get", "names", "option_owners",
            "register", "registered", "unregister"]
 
-for _module in (pgd_at, trades, fosc, fol_budget, fast_at):
+for _module in (pgd_at, trades, fosc, fol_budget, fast_at, cross_entropy):
     register(_module.OBJECTIVE)

@@ -1,15 +1,21 @@
-"""The one interface of a hardening objective: what :func:`robustest.train.harden` needs to know about a method.
+"""The one interface of a training objective: what a training loop needs to know about the loss it minimises.
 
 An :class:`Objective` is a name, its method-specific :class:`Option` s (name, default, check, CLI help), and a
 ``step`` that takes one batch and returns the loss to minimise together with the batch's statistics and compute:
 
-    step(model, x, y, gen, ctx) -> StepOutput(loss, logits, evals, compute, stopped)
+    step(model, x, y, gen, ctx) -> StepOutput(loss, logits, evals, compute, stopped, terms)
 
-``x``: float32 images B x C x H x W in [0, 1] on the model's device; ``y``: int64 labels [B]; ``gen``: the epoch's
-attack generator (every random number of the step comes from it); ``ctx``: a :class:`StepContext` (the resolved
-settings, this batch's radius and step size, the epoch's values). The step generates its adversarial examples
-(the model in eval mode, parameters frozen), puts the model in train mode and computes the loss; harden checks the
-loss is finite, steps the optimiser and adds the compute up.
+``x``: float32 images B x C x H x W in [0, 1] on the model's device; ``y``: int64 labels [B]; ``gen``: the loop's
+generator for the step's draws (harden: the epoch's attack generator, every random number of the step comes from
+it; fit: its crop-flip generator, None without ``augment``; enhance: None, its streams are in ``ctx.extra``);
+``ctx``: a :class:`StepContext` (the resolved settings, this batch's radius and step size, the epoch's values,
+what the loop hands the step besides). A hardening step generates its adversarial examples (the model in eval
+mode, parameters frozen), puts the model in train mode and computes the loss; the loop checks the loss is finite,
+steps the optimiser and adds the compute up.
+
+Every loop looks its objective up in the registry (:mod:`.registry`): harden the method it is given, fit
+``cross-entropy``, enhance ``augmix-jsd-adv``. Only the objectives with ``harden_method`` set are offered as
+``harden`` methods.
 """
 
 from __future__ import annotations
@@ -53,13 +59,16 @@ class Option:
 @dataclass(frozen=True)
 class StepContext:
     """What a step knows besides its batch: ``settings`` (every resolved setting of the run, method options
-    included), ``eps`` (this batch's radius: below ``settings["eps"]`` during the eps warm-up), ``alpha`` (the attack
-    step size scaled with the radius) and ``epoch`` (the values of :attr:`Objective.epoch_values` for this epoch)."""
+    included), ``eps`` (this batch's radius: below ``settings["eps"]`` during the eps warm-up; 0 in a loop without
+    an attack, fit), ``alpha`` (the attack step size scaled with the radius), ``epoch`` (the values of
+    :attr:`Objective.epoch_values` for this epoch) and ``extra`` (what a loop hands its objective besides, by name:
+    enhance's AugMix stream and pool, the batch's stored adversarial copy, the model and seed of an online one)."""
 
     settings: dict[str, Any]
-    eps: float
-    alpha: float
+    eps: float = 0.0
+    alpha: float = 0.0
     epoch: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -67,17 +76,19 @@ class StepOutput:
     """A step's result. ``loss``: the scalar to minimise (graph attached); ``logits``: B x K train-mode logits of
     the loss' adversarial term (the epoch's ``adv_accuracy``); ``evals``: int64 [B], gradient evaluations of the
     inner maximisation per sample; ``compute``: the step's sample-forwards and -backwards (attack and update);
-    ``stopped``: samples whose attack stopped before the step budget."""
+    ``stopped``: samples whose attack stopped before the step budget; ``terms``: named scalar parts of the loss
+    that a loop records (enhance: ``ce``, ``jsd``, ``adv``)."""
 
     loss: torch.Tensor
     logits: torch.Tensor
     evals: torch.Tensor
     compute: ComputeCount
     stopped: int = 0
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class StepFn(Protocol):
-    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator,
+    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator | None,
                  ctx: StepContext) -> StepOutput: ...
 
 
@@ -88,10 +99,14 @@ def default_alpha(eps: float, steps: int) -> float:
 
 @dataclass(frozen=True)
 class Objective:
-    """A hardening method.
+    """A training objective: a hardening method, or the loss of another loop (``harden_method`` False).
 
     ``name``: its registry name (lower case, ``-`` separated); ``step``: see the module docstring; ``summary``: one
-    line for listings; ``options``: its method-specific settings, resolved in this order after the common ones;
+    line for listings; ``harden_method``: offered as a ``harden`` method (listed by :func:`~.registry.names`, a
+    ``harden --method`` choice and a RobOT hardening strategy, its options harden's keywords), False for the
+    objective of another loop, looked up by name (fit's ``cross-entropy``, enhance's ``augmix-jsd-adv``); the
+    fields below are harden's and the other loops ignore them. ``options``: its method-specific settings,
+    resolved in this order after the common ones;
     ``fixed_steps``: the number of attack steps when the method allows no other (fast-at: 1), else None;
     ``alpha(eps, steps)``: the default step size, ``alpha_doc`` how it reads; ``epoch_values(epoch, settings)``:
     per-epoch values the steps read from ``ctx.epoch`` and the epoch's record keeps (fosc's c_t), or None;
@@ -111,3 +126,4 @@ class Objective:
     check: Callable[[dict[str, Any]], None] | None = None
     co_guard: bool | None = None
     diverged_hint: str = ""
+    harden_method: bool = True

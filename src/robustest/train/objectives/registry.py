@@ -1,5 +1,7 @@
-"""The registry of hardening objectives: :func:`register` / :func:`unregister` / :func:`registered` add and remove
-one, :func:`get` and :func:`names` are what harden, its settings, the CLI and RobOT's hardening strategies read."""
+"""The registry of training objectives: :func:`register` / :func:`unregister` / :func:`registered` add and remove
+one, :func:`get` and :func:`names` are what the loops (harden, fit, enhance), harden's settings, the CLI and RobOT's
+hardening strategies read. :func:`names` and :func:`option_owners` see the harden methods only (objectives with
+``harden_method``) unless asked for every objective."""
 
 from __future__ import annotations
 
@@ -39,33 +41,44 @@ def unregister(name: str) -> Objective:
 
 
 @contextmanager
-def registered(objective: Objective) -> Iterator[Objective]:
-    """``with registered(obj):`` the objective is registered inside the block and removed after it."""
-    register(objective)
+def registered(objective: Objective, *, replace: bool = False) -> Iterator[Objective]:
+    """``with registered(obj):`` the objective is registered inside the block and removed after it; with
+    ``replace=True`` it stands in for the objective of the same name inside the block (e.g. a replacement of
+    ``cross-entropy`` that fit then uses), which is back after it."""
+    previous = _REGISTRY.get(objective.name) if replace else None
+    register(objective, replace=replace)
     try:
         yield objective
     finally:
-        _REGISTRY.pop(objective.name, None)
+        if previous is not None:
+            _REGISTRY[objective.name] = previous
+        else:
+            _REGISTRY.pop(objective.name, None)
 
 
-def get(name: str) -> Objective:
-    """The objective registered as ``name`` (any case, ``_`` or ``-``); a one-line ConfigError naming the choices."""
+def get(name: str, *, harden_method: bool = False) -> Objective:
+    """The objective registered as ``name`` (any case, ``_`` or ``-``); with ``harden_method``, only one offered
+    as a harden method. A one-line ConfigError naming the harden methods otherwise."""
     obj = _REGISTRY.get(canonical(name))
-    if obj is None:
-        raise ConfigError(f"unknown harden method {name!r}: choose one of {', '.join(_REGISTRY)}")
+    if obj is None or (harden_method and not obj.harden_method):
+        other = "" if obj is None else f" ({obj.name} is the training objective of another loop)"
+        raise ConfigError(f"unknown harden method {name!r}{other}: choose one of {', '.join(names())}")
     return obj
 
 
-def names() -> tuple[str, ...]:
-    """The registered objectives' names, in registration order."""
-    return tuple(_REGISTRY)
+def names(*, harden_only: bool = True) -> tuple[str, ...]:
+    """The registered harden methods' names (every objective's with ``harden_only=False``), in registration
+    order."""
+    return tuple(name for name, obj in _REGISTRY.items() if obj.harden_method or not harden_only)
 
 
 def option_owners() -> dict[str, tuple[tuple[str, ...], Option]]:
-    """Every method-specific option name -> (the objectives that take it, the first one's :class:`Option`), in
-    registration order."""
+    """Every method-specific option name of the harden methods -> (the methods that take it, the first one's
+    :class:`Option`), in registration order."""
     owners: dict[str, tuple[tuple[str, ...], Option]] = {}
     for obj in _REGISTRY.values():
+        if not obj.harden_method:
+            continue
         for opt in obj.options:
             prev = owners.get(opt.name)
             owners[opt.name] = ((*prev[0], obj.name), prev[1]) if prev else ((obj.name,), opt)
