@@ -12,7 +12,9 @@ validation under attacks and corruptions, and targeted enhancement (METHODS.md p
   test split) under gradient attacks and common corruptions and labels every perturbation type a strength
   or a weakness.
 * :func:`enhance` trains with AugMix-style mixing + Jensen-Shannon consistency + an adversarial copy of each
-  image, with the augmentation pool extended by the corruptions found to be weaknesses.
+  image, with the augmentation pool extended by the corruptions found to be weaknesses; that loss is the
+  ``augmix-jsd-adv`` objective (:mod:`.enhance_objective`), registered in :mod:`robustest.train.objectives` when
+  this package is imported and looked up there by enhance.
 
 Neighbour noise (reproducibility): the data set is cut into fixed blocks of :data:`NOISE_BLOCK` consecutive
 samples; block ``b`` draws its noise from a generator seeded with ``SeedSequence([seed, b])``. Results
@@ -21,11 +23,13 @@ differences of the forward pass itself). CPU and CUDA generators differ, so the 
 
 Package layout: ``analysis`` (Analysis, analyze, adversarial_radius), ``selection`` (WeakSet, select_weak),
 ``validation`` (ValidationResult, validate), ``augment`` (the AugMix operations and pool, the mixing, the
-JSD loss), ``enhance`` (EnhanceResult, enhance).
+JSD loss), ``enhance_objective`` (enhance's training objective), ``enhance`` (EnhanceResult, enhance).
 """
 
 from __future__ import annotations
 
+from robustest.train import objectives as _objectives
+from robustest.weakrobust import enhance_objective as _enhance_objective
 from robustest.weakrobust.analysis import NOISE_BLOCK, Analysis, adversarial_radius, analyze, default_batch_size
 from robustest.weakrobust.augment import AUGMIX_OPS, augmentation_pool
 from robustest.weakrobust.enhance import EnhanceResult, enhance
@@ -58,3 +62,5 @@ __all__ = [
     "select_weak",
     "validate",
 ]
+
+_objectives.register(_enhance_objective.OBJECTIVE)  # enhance's loss, looked up by name as fit's cross-entropy is

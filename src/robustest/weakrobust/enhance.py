@@ -1,7 +1,9 @@
 """Targeted enhancement (METHODS B3): training with AugMix + Jensen-Shannon consistency + an adversarial
 copy of each image, the augmentation pool extended by the corruptions found to be weaknesses. The epochs run
 through :func:`robustest.train.engine.run_epochs` (:class:`_Run` is enhance's
-:class:`~robustest.train.engine.EpochLoop`)."""
+:class:`~robustest.train.engine.EpochLoop`); each batch's loss is the ``augmix-jsd-adv`` objective's
+(:mod:`robustest.weakrobust.enhance_objective`), looked up in :mod:`robustest.train.objectives`' registry when
+enhance starts."""
 
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -24,14 +25,15 @@ from robustest.core.batching import DataLike, image_shape
 from robustest.core.devices import channels_last_wanted, resolve_device
 from robustest.core.distributed import Shard
 from robustest.core.errors import ConfigError
-from robustest.core.modelcall import forward, set_mode
+from robustest.core.modelcall import set_mode
 from robustest.core.seeding import seed_everything
 from robustest.core.validation import check_eps
-from robustest.train import TrainData
+from robustest.train import TrainData, objectives
 from robustest.train.checkpoints import clone_model, state_fingerprint
 from robustest.train.engine import Batch, EpochLoop, run_epochs
+from robustest.train.objectives import Objective, StepContext, StepOutput
 from robustest.train.state import StateFile, restore_rng, rng_state
-from robustest.weakrobust.augment import _augmix, _jsd, augmentation_pool
+from robustest.weakrobust.augment import augmentation_pool
 from robustest.weakrobust.validation import ValidationResult, default_eps_grid
 
 
@@ -60,9 +62,10 @@ class EnhanceResult:
 class _Run(EpochLoop):
     """One enhancement run's working state, shared by its epochs, and its epoch hooks
     (:class:`~robustest.train.engine.EpochLoop`): the model (and its DDP wrapper, the one that steps), the
-    optimiser, the data source, the random stream of the AugMix draws, the adversarial copies made once
-    (``x_adv_all``, N x C x H x W on CPU) or the frozen starting model they are made against, the loss's
-    settings; the history, the resume file and what it must match; the running epoch's sums of the loss terms."""
+    optimiser, the data source, the random stream of the AugMix draws and the pool's operations, the adversarial
+    copies made once (``x_adv_all``, N x C x H x W on CPU) or the frozen starting model they are made against,
+    the objective and the settings (``config``: the objective's ``ctx.settings``); the history, the resume file
+    and what it must match; the running epoch's sums of the loss terms."""
 
     model: nn.Module
     step_model: nn.Module
@@ -75,18 +78,8 @@ class _Run(EpochLoop):
     num_classes: int
     x_adv_all: torch.Tensor | None
     frozen: nn.Module | None
-    augmix: bool
-    adversarial: bool
-    jsd_weight: float
-    adv_weight: float
-    eps: float
-    alpha: float
-    adv_steps: int
-    width: int
-    severity: float
-    lr: float
-    batch_size: int
-    seed: int
+    objective: Objective
+    config: dict[str, Any]
     history: list[dict[str, float]] = field(default_factory=list)
     state: StateFile | None = None
     seconds_before: float = 0.0
@@ -104,28 +97,45 @@ class _Run(EpochLoop):
     def batches(self, epoch: int) -> Iterable[Batch]:
         return self.source.indexed_epoch(epoch, self.num_classes)
 
-    def forward(self, epoch: int, i: int, batch: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """Step ``i``'s inputs (the batch, its AugMix mixtures, its adversarial copy) through the model ->
-        (loss, (loss, ce, jsd, adv))."""
+    def forward(self, epoch: int, i: int, batch: Batch) -> tuple[torch.Tensor, StepOutput]:
+        """Step ``i``'s batch through the objective's step (the model that steps, :meth:`context`) -> (loss, the
+        step's output, its terms ce, jsd, adv)."""
         ib, xb, yb = batch
         xb, yb = xb.to(self.dev), yb.to(self.dev).long()
-        terms = _loss(self, _inputs(self, epoch, i, ib, xb, yb), yb)
-        return terms[0], terms
+        out = self.objective.step(self.step_model, xb, yb, None, self.context(epoch, i, ib))
+        return out.loss, out
 
-    def diverged(self, epoch: int, i: int, loss: torch.Tensor, aux: tuple[torch.Tensor, ...]) -> str:
-        loss_, ce, jsd, adv = (float(t.detach()) for t in aux)
-        return (f"enhance diverged at epoch {epoch}, step {i + 1}: the loss is {loss_} (cross-entropy {ce}, JSD "
-                f"{jsd}, adversarial {adv}); lower the learning rate (lr={self.lr:g}) or the loss weights")
+    def context(self, ep: int, s: int, ib: torch.Tensor | None) -> StepContext:
+        """What step ``s`` of epoch ``ep`` hands the objective besides its batch (positions ``ib``): the settings,
+        the adversarial copy's radius and step, and ``extra``: the AugMix stream and operations, the batch's
+        stored adversarial copy (on the device) or else the model and seed its copy is made with."""
+        c = self.config
+        extra: dict[str, Any] = {"rng": self.rng, "ops": self.ops, "adv": None}
+        if c["adversarial"]:
+            if self.x_adv_all is not None:
+                extra["adv"] = self.x_adv_all[ib].to(self.dev)
+            else:
+                extra["attack_model"] = self.frozen if self.frozen is not None else self.model
+                extra["attack_seed"] = (c["seed"] + ep * self.source.n + s * c["batch_size"]
+                                        + self.shard.rank * 7_919)
+        return StepContext(c, eps=c["adv_eps"], alpha=c["adv_alpha"], extra=extra)
 
-    def update(self, epoch: int, i: int, batch: Batch, loss: torch.Tensor, aux: tuple[torch.Tensor, ...]) -> None:
+    def diverged(self, epoch: int, i: int, loss: torch.Tensor, aux: StepOutput) -> str:
+        ce, jsd, adv = (_term(aux, k) for k in ("ce", "jsd", "adv"))
+        return (f"enhance diverged at epoch {epoch}, step {i + 1}: the loss is {float(loss.detach())} (cross-entropy "
+                f"{ce}, JSD {jsd}, adversarial {adv}); lower the learning rate (lr={self.config['lr']:g}) or the "
+                "loss weights")
+
+    def update(self, epoch: int, i: int, batch: Batch, loss: torch.Tensor, aux: StepOutput) -> None:
         """The optimiser step (the loss weighted by the rank's share under DDP) and the epoch's sums."""
         self.opt.zero_grad(set_to_none=True)
         (loss * self.source.batch_weight if self.use_ddp else loss).backward()
         self.opt.step()
         m = len(batch[2])
         self.seen += m
-        for k_, v in zip(self.tot, aux):
-            self.tot[k_] += float(v.detach()) * m
+        self.tot["loss"] += float(loss.detach()) * m
+        for k_ in ("ce", "jsd", "adv"):
+            self.tot[k_] += _term(aux, k_) * m
 
     def summary(self, epoch: int) -> dict[str, float]:
         """The epoch's record: epoch and the mean loss and its terms over every rank's samples (loss, ce, jsd,
@@ -210,12 +220,12 @@ def enhance(
     x_adv_all, frozen = (_offline_adversarial(model, source, dev, eps, alpha, adv_steps, seed)
                          if adversarial and adv_source == "offline" else (None, None))
     opt, rng, step_model = _optimiser_and_streams(model, dev, shard, lr, seed)
-    run = _Run(model, step_model, opt, source, rng, ops, dev, shard, num_classes, x_adv_all, frozen, augmix,
-               adversarial, jsd_weight, adv_weight, eps, alpha, adv_steps, width, severity, lr, batch_size, seed)
     config = {"epochs": epochs, "augmix": augmix, "adversarial": adversarial, "jsd_weight": jsd_weight,
               "adv_weight": adv_weight, "adv_eps": eps, "adv_steps": adv_steps, "adv_alpha": alpha,
               "adv_source": adv_source, "width": width, "severity": severity, "lr": lr, "batch_size": batch_size,
               "seed": seed}
+    run = _Run(model, step_model, opt, source, rng, ops, dev, shard, num_classes, x_adv_all, frozen,
+               objectives.get("augmix-jsd-adv"), config)
     run.state = (StateFile.of(resume_file, "enhance", _resume_settings(run, config, pool_names),
                               label=f"resume_file {str(resume_file)!r}") if resume_file is not None else None)
     run.history, start, run.seconds_before = _resume(run)
@@ -314,37 +324,7 @@ def _save_state(run: _Run, state: StateFile, ep: int) -> None:
                history=run.history, seconds=run.seconds_before + time.perf_counter() - run.t0)
 
 
-def _inputs(run: _Run, ep: int, s: int, ib: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> list[torch.Tensor]:
-    """The images of step ``s`` the loss needs, each B x C x H x W: the batch, its two AugMix mixtures (with
-    ``augmix``), then its adversarial copy (with ``adversarial``)."""
-    inputs = [xb]
-    if run.augmix:
-        inputs += [_augmix(xb, run.ops, run.rng, run.width, -1, run.severity),
-                   _augmix(xb, run.ops, run.rng, run.width, -1, run.severity)]
-    if run.adversarial:
-        if run.x_adv_all is not None:
-            inputs.append(run.x_adv_all[ib].to(run.dev))
-        else:
-            inputs.append(attacks.pgd(run.frozen if run.frozen is not None else run.model, xb, yb, eps=run.eps,
-                                      alpha=run.alpha, steps=run.adv_steps,
-                                      seed=run.seed + ep * run.source.n + s * run.batch_size
-                                      + run.shard.rank * 7_919).detach())
-    return inputs
-
-
-def _loss(run: _Run, inputs: list[torch.Tensor], yb: torch.Tensor
-          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One forward pass of the model in train mode over every input -> (loss, ce, jsd, adv), scalars; a term
-    that is switched off is 0."""
-    set_mode(run.model, True)
-    logits = forward(run.step_model, torch.cat(inputs)).split(inputs[0].shape[0])
-    ce = F.cross_entropy(logits[0], yb)
-    loss = ce
-    jsd = adv = torch.zeros((), device=run.dev)
-    if run.augmix:
-        jsd = _jsd(logits[:3])
-        loss = loss + run.jsd_weight * jsd
-    if run.adversarial:
-        adv = F.cross_entropy(logits[-1], yb)
-        loss = loss + run.adv_weight * adv
-    return loss, ce, jsd, adv
+def _term(out: StepOutput, name: str) -> float:
+    """The value of the step's loss term ``name`` (0 when its objective gives none)."""
+    term = out.terms.get(name)
+    return 0.0 if term is None else float(term.detach())
