@@ -1,5 +1,6 @@
-"""Hardening objectives behind a registry (robustest.train.objectives): a new method defined outside the package
-runs through harden, its option is checked like the built-ins' and the registry forgets it afterwards."""
+"""Training objectives behind a registry (robustest.train.objectives): a new method defined outside the package
+runs through harden, its option is checked like the built-ins' and the registry forgets it afterwards; fit and
+enhance compute their loss with the registry's cross-entropy and augmix-jsd-adv, which harden does not offer."""
 
 from __future__ import annotations
 
@@ -99,3 +100,76 @@ def test_the_harden_verb_offers_the_registry(capsys):
     text = capsys.readouterr().out
     assert "noise-at" in text and "--noise-scale" in text and "--fol-threshold" in text
     assert "noise-at" not in objectives.names()
+
+
+# ------------------------------------------------------------------------------- the other loops' objectives
+def _calls_and_zero_loss(name: str, calls: list[StepContext]) -> Objective:
+    """A stand-in for the registry's ``name``: the original step, its loss times 0 (no update: Adam's step on a
+    zero gradient is 0), every call's context recorded."""
+    original = objectives.get(name)
+
+    def step(model, x, y, gen, ctx):
+        calls.append(ctx)
+        out = original.step(model, x, y, gen, ctx)
+        return StepOutput(out.loss * 0.0, out.logits, out.evals, out.compute)
+
+    return Objective(name=name, step=step, harden_method=False)
+
+
+def test_the_registry_holds_fit_and_enhance_objectives_but_harden_offers_neither(digits_model, few_digits):
+    import robustest.weakrobust  # noqa: F401 - registers enhance's objective
+
+    every = objectives.names(harden_only=False)
+    assert {"cross-entropy", "augmix-jsd-adv"} <= set(every)
+    assert objectives.names() == ("pgd-at", "trades", "fosc", "fol-budget", "fast-at")
+    assert all(not objectives.get(n).harden_method for n in ("cross-entropy", "augmix-jsd-adv"))
+    assert set(objectives.option_owners()) == {o.name for n in objectives.names() for o in objectives.get(n).options}
+    with pytest.raises(ConfigError, match="unknown harden method 'cross-entropy' .*another loop.*: choose one of "
+                                          "pgd-at, trades, fosc, fol-budget, fast-at$"):
+        harden_settings("cross-entropy", eps=0.1)
+    with pytest.raises(ConfigError, match=r"unknown harden method 'augmix_jsd_adv' \(augmix-jsd-adv is"):
+        harden(copy.deepcopy(digits_model), few_digits, "augmix_jsd_adv", eps=0.1, epochs=1)
+
+
+def test_the_cross_entropy_objective_is_fit_s_loss(digits_model, few_digits):
+    x, y = few_digits
+    ctx = StepContext({"label_smoothing": 0.1, "amp": None})
+    out = objectives.get("cross-entropy").step(digits_model, x, y, None, ctx)
+    logits = forward(digits_model, x)
+    assert torch.equal(out.logits, logits) and torch.equal(out.loss, F.cross_entropy(logits, y, label_smoothing=0.1))
+    assert out.compute.train_forward == out.compute.train_backward == 96 and out.compute.attack_forward == 0
+    assert torch.equal(out.evals, torch.zeros(96, dtype=torch.long))
+
+
+def test_fit_computes_its_loss_with_the_registry_s_cross_entropy(digits_model, few_digits):
+    from robustest.train import fit
+
+    original = objectives.get("cross-entropy")
+    start = copy.deepcopy(digits_model).state_dict()
+    calls: list[StepContext] = []
+    with objectives.registered(_calls_and_zero_loss("cross-entropy", calls), replace=True):
+        model = copy.deepcopy(digits_model)
+        hist = fit(model, few_digits, epochs=2, batch_size=32, label_smoothing=0.1, progress=False)
+    assert len(calls) == 6 and calls[0].settings["label_smoothing"] == 0.1
+    assert all(torch.equal(start[k], v) for k, v in model.state_dict().items())  # the stand-in's zero loss
+    assert [e.loss for e in hist.epochs] == [0.0, 0.0]
+    assert objectives.get("cross-entropy") is original  # back after the block
+    trained = copy.deepcopy(digits_model)
+    fit(trained, few_digits, epochs=2, batch_size=32, label_smoothing=0.1, progress=False)
+    assert any(not torch.equal(start[k], v) for k, v in trained.state_dict().items())
+
+
+def test_enhance_computes_its_loss_with_the_registry_s_objective(digits_model, few_digits):
+    from robustest import weakrobust as wr
+
+    original = objectives.get("augmix-jsd-adv")
+    start = copy.deepcopy(digits_model).state_dict()
+    calls: list[StepContext] = []
+    with objectives.registered(_calls_and_zero_loss("augmix-jsd-adv", calls), replace=True):
+        model = copy.deepcopy(digits_model)
+        res = wr.enhance(model, few_digits, ["fog"], epochs=1, adv_steps=2, batch_size=32, adv_source="online")
+    assert len(calls) == 3 and calls[0].settings["jsd_weight"] == 6.0 and calls[0].eps == res.config["adv_eps"]
+    assert {"rng", "ops", "adv", "attack_model", "attack_seed"} <= set(calls[0].extra)
+    assert all(torch.equal(start[k], v) for k, v in model.state_dict().items())
+    assert res.epochs[0]["loss"] == 0.0 and res.epochs[0]["ce"] == res.epochs[0]["jsd"] == 0.0  # no terms given
+    assert objectives.get("augmix-jsd-adv") is original

@@ -1,7 +1,8 @@
 """Training: the one home of how models are trained.
 
 * :func:`fit` (:mod:`.fitting`): supervised training with the recipe options of :mod:`.recipes`, seeded and
-  resumable, under torchrun with DistributedDataParallel.
+  resumable, under torchrun with DistributedDataParallel; each batch's loss is the ``cross-entropy`` objective
+  of :mod:`.objectives`, the registry of every training objective (harden's methods, fit's and enhance's losses).
 * :mod:`.engine`: the one epoch loop fit, harden and enhance run through (:func:`~.engine.run_epochs` over an
   :class:`~.engine.EpochLoop`'s hooks: batches, divergence check, validation, resume state);
   :class:`TrainData` batches any data source.
