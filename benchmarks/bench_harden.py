@@ -343,6 +343,22 @@ def _diff_cell(row: dict[str, Any], key: str) -> str:
     return f"{100 * row[f'{key}_diff']:+.2f} [{100 * row[f'{key}_ci_low']:+.2f}, {100 * row[f'{key}_ci_high']:+.2f}]"
 
 
+def _paired_lines(paired: list[dict[str, Any]]) -> list[str]:
+    """The paired table of summary.md; its AutoAttack column only when the runs were measured with it."""
+    has_aa = any("autoattack_diff" in r for r in paired)
+    lines = ["", "Paired against pgd-at (same seeds, points; 95 % t-intervals over the seeds): "
+             + ("the final AutoAttack accuracy at each method's own budget, and " if has_aa else "")
+             + "the white-box accuracy at matched compute (the method's final model against pgd-at's curve at the "
+             "same passes per image):", "",
+             "| method | seeds | x pgd-at passes | " + ("AutoAttack diff. | " if has_aa else "")
+             + "white-box diff. at matched compute |", "|---|---|---|" + ("---|" if has_aa else "") + "---|"]
+    for r in paired:
+        aa = f"{_diff_cell(r, 'autoattack')} | " if has_aa else ""
+        lines.append(f"| {r['method']} | {r['seeds']} | {r['compute_ratio']:.2f} | {aa}"
+                     f"{_diff_cell(r, 'whitebox_matched')} |")
+    return lines
+
+
 def write_summary(summary: dict[str, Any], out: Path, args) -> str:
     b = summary["before"]
     has_aa = any("autoattack_mean" in r for r in summary["table"])
@@ -369,14 +385,7 @@ def write_summary(summary: dict[str, Any], out: Path, args) -> str:
                      f"{100 * r['clean_mean']:.2f} ± {100 * r['clean_std']:.2f} | {reach_txt} "
                      f"| {r['train_s_mean']:.0f} | {r['train_cpu_s_mean'] / 60:.1f} |")
     if summary.get("paired"):
-        lines += ["", "Paired against pgd-at (same seeds, points; 95 % t-intervals over the seeds): the final "
-                  "AutoAttack accuracy at each method's own budget, and the white-box accuracy at matched compute "
-                  "(the method's final model against pgd-at's curve at the same passes per image):", "",
-                  "| method | seeds | x pgd-at passes | AutoAttack diff. | white-box diff. at matched compute |",
-                  "|---|---|---|---|---|"]
-        for r in summary["paired"]:
-            lines.append(f"| {r['method']} | {r['seeds']} | {r['compute_ratio']:.2f} | {_diff_cell(r, 'autoattack')} "
-                         f"| {_diff_cell(r, 'whitebox_matched')} |")
+        lines += _paired_lines(summary["paired"])
     lines += ["", "Per epoch (mean over seeds):", "",
               "| method | epoch | passes / image | white-box acc. | clean acc. |", "|---|---|---|---|---|"]
     for name, rows in summary["curves"].items():
