@@ -222,11 +222,18 @@ def _build_report(suite: Any, doc: dict[str, Any]) -> Any:
     rows = [{"estimate": k.replace("_", " "), "value": v["value"], "ci low": v["ci_low"], "ci high": v["ci_high"],
              "effective n": v["n_eff"]} for k, v in m["baseline"].items()]
     rep.heading("Baseline on the suite").table(rows)
-    k = min(32, len(suite))
-    caps = [f"{int(suite.y[i])} s{int(suite.stratum[i])} {'R' if bool(suite.robust[i]) else 'x'}" for i in range(k)]
-    rep.image(report.save_image_grid(suite.images()[:k], None, captions=caps, ncols=8),
+    idx = torch.arange(min(32, len(suite)))
+    rep.image(_sample_grid(suite, idx, ["R" if bool(suite.robust[i]) else "x" for i in idx.tolist()]),
               "suite samples: label, stratum, R = robust under the baseline, x = broken")
     return rep
+
+
+def _sample_grid(suite: Any, idx: torch.Tensor, marks: list[str]) -> bytes:
+    """PNG grid of the suite samples at ``idx`` (int64 [n]), each captioned "label s<stratum> <mark>"."""
+    from robustest import report
+
+    caps = [f"{int(suite.y[i])} s{int(suite.stratum[i])} {m}" for i, m in zip(idx.tolist(), marks)]
+    return report.save_image_grid(suite.images()[idx], None, captions=caps, ncols=8)
 
 
 # ------------------------------------------------------------------------------------------------- check
@@ -325,21 +332,18 @@ def _check_report(res: Any, doc: dict[str, Any], suite: Any) -> Any:
 def _changed_samples(rep: Any, res: Any, suite: Any, limit: int = 32) -> None:
     """The samples whose robust outcome differs between baseline and candidate (those the candidate breaks
     first), or, without a baseline or without any change, the first suite samples with the candidate's outcome."""
-    from robustest import report
-
     cand = res.outcomes["robust"].bool()
     base = None if res.baseline_outcomes is None else res.baseline_outcomes["robust"].bool()
     if base is not None and bool((cand != base).any()):
         broken = torch.nonzero(base & ~cand).flatten()
         saved = torch.nonzero(~base & cand).flatten()
         idx = torch.cat([broken, saved])[:limit]
-        caps = [f"{int(suite.y[i])} s{int(suite.stratum[i])} {'broken' if bool(base[i]) else 'saved'}"
-                for i in idx.tolist()]
+        marks = ["broken" if bool(base[i]) else "saved" for i in idx.tolist()]
         what = (f"samples whose robust outcome changed ({len(broken)} broken by the candidate only, {len(saved)} "
                 f"kept robust by the candidate only; first {len(idx)}): label, stratum, change")
     else:
         idx = torch.arange(min(limit, len(suite)))
-        caps = [f"{int(suite.y[i])} s{int(suite.stratum[i])} {'R' if bool(cand[i]) else 'x'}" for i in idx.tolist()]
+        marks = ["R" if bool(cand[i]) else "x" for i in idx.tolist()]
         what = ("suite samples (no outcome differs from the baseline's)" if base is not None else "suite samples") + (
             ": label, stratum, R = robust under the candidate, x = broken")
-    rep.heading("Samples").image(report.save_image_grid(suite.images()[idx], None, captions=caps, ncols=8), what)
+    rep.heading("Samples").image(_sample_grid(suite, idx, marks), what)
