@@ -7,6 +7,9 @@ Contenders, all in one process on the same images:
 * ``robustest standard``: ``evaluate(version="standard")`` = APGD-CE (100 steps) -> APGD-T (9 targets x
   100 steps) -> FAB-T (9 targets x 100 steps) -> Square (5000 queries), AutoAttack's standard settings.
 * ``robustest fast``: ``version="fast"`` = APGD-CE (100 steps) -> APGD-T (3 targets x 100 steps).
+* ``robustest auto``: ``version="auto"`` (the default) = fast, the checks, a Square probe (1000 queries) on at most
+  100 survivors, FAB-T and Square on every survivor only where the probe broke a sample. Target on models without
+  gradient masking: robust accuracy within 0.5 points of standard (or lower) at <= 0.2x its CPU time, no flag.
 * ``torchattacks AA``: ``torchattacks.AutoAttack(version="standard", n_classes=K, seed=0)`` as shipped (3.5.1: its
   APGD, APGD-T and FAB default to 10 steps, not AutoAttack's 100; Square 5000 queries with a rescaled schedule).
 * ``torchattacks AA (paper)``: the same four torchattacks attacks with AutoAttack's standard settings (100 steps,
@@ -67,7 +70,9 @@ def run_ours(model, x, y, eps, norm, version, bs):
     assert abs(acc - r.robust_accuracy) < 1e-9, (acc, r.robust_accuracy)
     total = max(1, sum(r.breaks.values()))
     parts = {k: (r.breaks[k] / total, r.timings[f"{k}_s"]) for k in r.attacks}
-    return {"acc": acc, "clean": r.clean_accuracy, "wall": wall, "cpu": cpu, "inside": inside, "parts": parts}
+    flags = ", ".join(f"{f.name}:{f.severity}" for f in r.flags) or "-"
+    return {"acc": acc, "clean": r.clean_accuracy, "wall": wall, "cpu": cpu, "inside": inside, "parts": parts,
+            "flags": flags}
 
 
 def torchattacks_list(model, eps, norm, k, paper):
@@ -127,6 +132,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="device of the model and images (cuda: read the wall times)")
     p.add_argument("--paper", action="store_true", help="also run torchattacks with AutoAttack's paper settings")
     p.add_argument("--no-fast", action="store_true", help="skip robustest's fast version")
+    p.add_argument("--no-auto", action="store_true", help="skip robustest's auto version")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     model = load_checkpoint(args.checkpoint, map_location=args.device).eval()
@@ -149,19 +155,26 @@ def main() -> None:
             rows = [("robustest standard", run_ours(model, x, y, eps, norm, "standard", bs))]
             if not args.no_fast:
                 rows.append(("robustest fast", run_ours(model, x, y, eps, norm, "fast", bs)))
+            if not args.no_auto:
+                rows.append(("robustest auto", run_ours(model, x, y, eps, norm, "auto", bs)))
             if ta_version:
                 rows.append(("torchattacks AA", run_torchattacks(model, x, y, eps, norm, k, paper=False)))
                 if args.paper:
                     rows.append(("torchattacks AA (paper)", run_torchattacks(model, x, y, eps, norm, k, paper=True)))
             ref = rows[0][1]
             print(f"\n### {norm} eps {eps:g} (clean accuracy {ref['clean']:.4f})\n")
-            print("| contender | robust acc | wall s | CPU s | CPU x robustest standard | in ball | share of breaks "
-                  "(seconds) |")
-            print("|---|---|---|---|---|---|---|")
+            print("| contender | robust acc | wall s | CPU s | CPU x robustest standard | in ball | flags | share of "
+                  "breaks (seconds) |")
+            print("|---|---|---|---|---|---|---|---|")
             for name, r in rows:
                 parts = ", ".join(f"{a} {100 * s:.1f}% ({sec:.1f}s)" for a, (s, sec) in r["parts"].items())
                 print(f"| {name} | {r['acc']:.4f} | {r['wall']:.1f} | {r['cpu']:.1f} | {r['cpu'] / ref['cpu']:.3f} | "
-                      f"{r['inside']} | {parts} |")
+                      f"{r['inside']} | {r.get('flags', '')} | {parts} |")
+            auto = dict(rows).get("robustest auto")
+            if auto is not None:
+                ok = auto["acc"] <= ref["acc"] + 0.005 and auto["cpu"] <= 0.2 * ref["cpu"]
+                print(f"\nrobustest auto {auto['acc']:.4f} within 0.5 points of standard {ref['acc']:.4f} (or lower) "
+                      f"at {auto['cpu'] / ref['cpu']:.3f}x its CPU time (target <= 0.2x): {'ok' if ok else 'NOT MET'}")
             for name, r in rows[1:]:
                 if name.startswith("torchattacks"):
                     verdict = "ok" if ref["acc"] <= r["acc"] + 0.01 else "NOT MET"

@@ -73,7 +73,8 @@ def test_fail_under_exit_codes(mlp_digits_checkpoint, tmp_path: Path, capsys):
     base = ["eval", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--eps", "0.2", *FAST]
     assert main([*base, "--out", str(tmp_path / "a"), "--fail-under", "0"]) == 0
     doc = json.loads((tmp_path / "a" / "results.json").read_text())
-    assert doc["gate"] == {"fail_under": 0.0, "passed": True}
+    assert doc["gate"] == {"fail_under": 0.0, "passed": True, "accuracy_passed": True, "accepted_flags": [],
+                           "blocking_flags": []}
     robust = doc["robust_accuracy"]
     assert robust < 1.0
     capsys.readouterr()

@@ -235,6 +235,34 @@ def test_assert_no_regression(suite, models, files):
         assert_no_regression(models["plain"], suite, version="standard")
 
 
+def test_a_masked_candidate_fails_the_gate_as_unreliable(suite, models, tmp_path: Path, capsys):
+    """A candidate that hides its gradients (a quantiser in front of the baseline) looks as robust as the
+    baseline to the gradient attacks; its evaluation is flagged, so the gate fails unless the flag is accepted."""
+    from masked_zoo import Quantized
+    from robustest.testing import assert_no_regression
+
+    masked = Quantized(models["hardened"], 16).eval()
+    res = check_suite(masked, suite)
+    assert res.blocking_flags == ["zero-gradient"] and res.failed and res.verdict in ("unreliable", "regression")
+    assert res.to_dict()["blocking_flags"] == ["zero-gradient"] and res.to_dict()["failed"] is True
+    if not res.regression:
+        assert "UNRELIABLE: the evaluation is flagged zero-gradient" in res.message()
+        with pytest.raises(AssertionError, match="UNRELIABLE"):
+            assert_no_regression(masked, suite)
+        ok = assert_no_regression(masked, suite, accept_flags=["zero-gradient"])
+        assert ok.verdict == "pass" and ok.accepted_flags == ("zero-gradient",)
+    with pytest.raises(ConfigError, match="unknown flag"):
+        check_suite(masked, suite, accept_flags=["masked"])
+    ts = tmp_path / "masked.ts"
+    torch.jit.script(masked).save(str(ts))
+    code = main(["suite", "check", "--suite", str(suite.save(tmp_path / "s.pt")),
+                 "--torchscript", "--checkpoint", str(ts), "--out", str(tmp_path / "o"), "--no-progress"])
+    assert code == 1
+    assert "flag unreliable zero-gradient" in capsys.readouterr().err
+    doc = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert doc["blocking_flags"] == ["zero-gradient"] and doc["failed"] is True
+
+
 def test_format_round_trip_and_refusals(suite, tmp_path: Path):
     path = suite.save(tmp_path / "s.pt")
     raw = torch.load(path, weights_only=True)  # plain data: no unpickling of objects

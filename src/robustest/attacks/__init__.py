@@ -72,6 +72,7 @@ from robustest.attacks._core import (  # noqa: F401 - re-exported for callers an
     random_point,
 )
 from robustest.attacks.apgd import apgd, apgd_dlr, apgd_t
+from robustest.attacks.bpda import BPDA, straight_through, with_bpda
 from robustest.attacks.cw import cw_l2
 from robustest.attacks.fab import fab
 from robustest.attacks.gradient import PGDDetails, StopRule, bim, fgsm, mifgsm, pgd, rfgsm
@@ -85,6 +86,7 @@ from robustest.core.seeding import make_generator
 
 __all__ = [
     "AttackResult",
+    "BPDA",
     "PGDDetails",
     "StopRule",
     "apgd",
@@ -109,6 +111,8 @@ __all__ = [
     "random_point",
     "rfgsm",
     "square",
+    "straight_through",
+    "with_bpda",
 ]
 
 

@@ -62,6 +62,17 @@ def _loss_grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, ta
     return g.contiguous(), logits.detach(), per.detach()
 
 
+def _eot_loss_grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, target: torch.Tensor | None,
+                   hit_target: bool, eot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_loss_grad` averaged over ``eot`` forward and backward passes (Expectation over Transformation, for
+    randomised models): the mean gradient, logits and loss; one pass when ``eot`` is 1."""
+    if eot == 1:
+        return _loss_grad(model, x, y, loss, target, hit_target)
+    parts = [_loss_grad(model, x, y, loss, target, hit_target) for _ in range(eot)]
+    g, logits, per = (torch.stack(p).mean(0) for p in zip(*parts))
+    return g, logits, per
+
+
 def _halve_at_checkpoint(losses: torch.Tensor, rho: float, halved_last: torch.Tensor, best_last: torch.Tensor,
                          best: torch.Tensor) -> torch.Tensor:
     """Which samples halve their step size at a checkpoint (AutoAttack's rule), bool [N].
@@ -77,7 +88,7 @@ def _halve_at_checkpoint(losses: torch.Tensor, rho: float, halved_last: torch.Te
 
 
 def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None, hit_target=False,
-              stop_on_success=False):
+              stop_on_success=False, eot=1):
     """One run of APGD on one chunk, following Croce & Hein (2020) and AutoAttack's ``attack_single_run``.
 
     ``loss``: "ce" (cross-entropy with y), "dlr" or "dlr_t" (targeted DLR towards ``target``). Success is
@@ -112,7 +123,7 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None
     x_best = x_adv.clone()
     x_best_adv = x_adv.clone()
     loss_steps = torch.zeros(steps + 1, n, device=x.device)
-    g, logits, cur = _loss_grad(model, x_adv, y, loss, target, hit_target)
+    g, logits, cur = _eot_loss_grad(model, x_adv, y, loss, target, hit_target, eot)
     loss_steps[0] = cur
     robust = ok(logits, y, target)
     loss_best = cur.clone()
@@ -134,11 +145,11 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None
         if act is not None and act.numel() == 0:
             break
         if act is None or act.numel() == n:
-            g, logits, cur = _loss_grad(model, x_adv, y, loss, target, hit_target)
+            g, logits, cur = _eot_loss_grad(model, x_adv, y, loss, target, hit_target, eot)
             pred_ok = ok(logits, y, target)
         else:  # only the samples not yet successful go through the model; the others keep their state
             t_a = None if target is None else target[act]
-            g_a, logits_a, cur_a = _loss_grad(model, x_adv[act], y[act], loss, t_a, hit_target)
+            g_a, logits_a, cur_a = _eot_loss_grad(model, x_adv[act], y[act], loss, t_a, hit_target, eot)
             g = torch.zeros_like(x_adv).index_copy_(0, act, g_a)
             cur = loss_best.clone().index_copy_(0, act, cur_a)
             pred_ok = torch.ones(n, dtype=torch.bool, device=x.device).index_copy_(0, act, ok(logits_a, y[act], t_a))
@@ -169,11 +180,12 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None
     return out, loss_best, success
 
 
-def _apgd_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, loss="ce", stop_on_success=False):
+def _apgd_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, loss="ce", stop_on_success=False,
+               eot_iter=1):
     best = best_loss = best_succ = None
     for _ in range(restarts):
         adv, cur, succ = _apgd_run(model, x, y, gen, eps=eps, steps=steps, norm=norm, rho=rho, loss=loss,
-                                   stop_on_success=stop_on_success)
+                                   stop_on_success=stop_on_success, eot=eot_iter)
         if best is None:
             best, best_loss, best_succ = adv, cur, succ
         else:
@@ -214,7 +226,8 @@ def _apgd_t_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, n_targets
 # ------------------------------------------------------------------------------------------ public attacks
 def apgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100, norm: str = "linf",
          restarts: int = 1, rho: float = 0.75, seed: int | None = None, *, stop_on_success: bool = False,
-         batch_size: int | None = _DEFAULT_CHUNK, generator: torch.Generator | None = None) -> torch.Tensor:
+         eot_iter: int = 1, batch_size: int | None = _DEFAULT_CHUNK,
+         generator: torch.Generator | None = None) -> torch.Tensor:
     """APGD-CE (Croce & Hein 2020): PGD on the cross-entropy with momentum 0.75 and a step size that starts at
     ``2 * eps`` and is halved at checkpoints (after 22%, then shrinking intervals of at least 6% of the steps)
     where the loss increased in at most a fraction ``rho`` of the steps since the last checkpoint, or where the
@@ -225,7 +238,9 @@ def apgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: 
     with ``restarts > 1`` the strongest of the runs (successful first, else highest loss; every restart runs on
     every sample, unlike AutoAttack, which restarts only the samples not yet broken: the success is the same).
     ``stop_on_success`` stops attacking a sample once it is misclassified (then its first misclassified iterate
-    is returned): the same success for less work, used by :func:`robustest.evaluate.evaluate`.
+    is returned): the same success for less work, used by :func:`robustest.evaluate.evaluate`. ``eot_iter > 1``
+    (Expectation over Transformation, for randomised models; AutoAttack's ``rand`` version uses 20) averages the
+    gradient, logits and loss of that many forward and backward passes at every step.
     x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W on x's device.
     """
     x, y = _prepare(model, x, y)
@@ -235,16 +250,18 @@ def apgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: 
     restarts = _check_steps(restarts, "restarts")
     rho = _check_non_negative(rho, "rho")
     return _run(_apgd_core, model, x, y, seed, batch_size, generator, eps=eps, steps=steps, norm=norm,
-                restarts=restarts, rho=rho, stop_on_success=bool(stop_on_success))
+                restarts=restarts, rho=rho, stop_on_success=bool(stop_on_success),
+                eot_iter=_check_steps(eot_iter, "eot_iter"))
 
 
 def apgd_dlr(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100, norm: str = "linf",
              restarts: int = 1, rho: float = 0.75, seed: int | None = None, *, stop_on_success: bool = False,
-             batch_size: int | None = _DEFAULT_CHUNK, generator: torch.Generator | None = None) -> torch.Tensor:
+             eot_iter: int = 1, batch_size: int | None = _DEFAULT_CHUNK,
+             generator: torch.Generator | None = None) -> torch.Tensor:
     """APGD-DLR (Croce & Hein 2020): the APGD schedule of :func:`apgd` on the Difference of Logits Ratio
     ``-(z_y - max_{i != y} z_i) / (z_pi1 - z_pi3)``, which is invariant to shifting and rescaling the logits (so
     it does not suffer from the vanishing cross-entropy gradients of over-confident models). Needs a model with
-    at least 3 classes. Same return convention (and ``stop_on_success``) as :func:`apgd`.
+    at least 3 classes. Same return convention (and ``stop_on_success``, ``eot_iter``) as :func:`apgd`.
     x: N x C x H x W in [0, 1]; y: int64 [N].
     """
     x, y = _prepare(model, x, y)
@@ -254,7 +271,8 @@ def apgd_dlr(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, ste
     restarts = _check_steps(restarts, "restarts")
     rho = _check_non_negative(rho, "rho")
     return _run(_apgd_dlr_core, model, x, y, seed, batch_size, generator, eps=eps, steps=steps, norm=norm,
-                restarts=restarts, rho=rho, stop_on_success=bool(stop_on_success))
+                restarts=restarts, rho=rho, stop_on_success=bool(stop_on_success),
+                eot_iter=_check_steps(eot_iter, "eot_iter"))
 
 
 def _apgd_dlr_core(model, x, y, gen, **kw):

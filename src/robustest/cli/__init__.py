@@ -116,7 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     main_rank = True
     restore_logging = configure_logging(args.verb, quiet=bool(getattr(args, "quiet", False)))
+    # progress_lines: progress asked for but stderr is no terminal, so long steps print plain lines instead of bars
+    args.progress_lines = not getattr(args, "no_progress", False) and not getattr(args, "quiet", False)
     args.no_progress = not progress_enabled(args)  # what every verb reads: off when stderr is not a terminal
+    args.progress_lines = args.progress_lines and args.no_progress
     try:
         if getattr(args, "threads", None):
             import torch

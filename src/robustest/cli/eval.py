@@ -5,11 +5,20 @@ Writes to --out: ``results.json`` (clean and robust accuracy, accuracy after eac
 a RobustBench ``model_info`` entry; schema in docs/RESULTS_SCHEMA.md), ``samples.csv`` (one row per sample: label,
 predictions, robust, the attack that broke it, perturbation norms) and ``report.html``.
 
-Versions: ``standard`` = APGD-CE -> APGD-T (9 targets) -> FAB-T (9 targets) -> Square (5000 queries), AutoAttack's
-standard version; ``fast`` = APGD-CE -> APGD-T (3 targets); ``custom`` = the attacks named in --attacks.
+Versions: ``auto`` (default) = ``fast`` plus the checks and a Square probe on a sample of the survivors, escalating
+to FAB-T and the full Square run where the probe breaks a sample, a long Square run on samples without a usable
+gradient, ``rand`` for a randomised model and gradient-free attacks for a model without gradients; ``standard`` =
+APGD-CE -> APGD-T (9 targets) -> FAB-T (9 targets) -> Square (5000 queries), AutoAttack's standard version; ``fast``
+= APGD-CE -> APGD-T (3 targets); ``rand`` = APGD-CE and APGD-DLR with EOT over 20 draws, points judged by the
+majority of 11 forwards; ``custom`` = the attacks named in --attacks.
 
-Exit status: 0 done (and robust accuracy >= --fail-under when given), 1 robust accuracy below --fail-under,
-2 bad input (one line on stderr, before any attack runs), 3 internal error.
+Every version checks the model (randomness, probability outputs, dynamic defences, zero or missing gradients) and
+whether a gradient-free attack broke what the gradient attacks left robust; each finding is a flag (one line on
+stderr, in results.json and at the top of the report; docs/EVAL.md). A flag of severity ``unreliable`` makes the
+--fail-under gate fail unless accepted with --accept-flag NAME.
+
+Exit status: 0 done (and, with --fail-under, robust accuracy >= ACC and no unaccepted unreliable flag), 1 the gate
+failed, 2 bad input (one line on stderr, before any attack runs), 3 internal error.
 """
 
 from __future__ import annotations
@@ -57,8 +66,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eps", type=radius, required=True, metavar="E",
                    help="radius of the threat model in pixel scale, e.g. 0.3 or 8/255 (L-inf: in (0, 1])")
     p.add_argument("--norm", choices=("linf", "l2"), default="linf", help="threat model (default: linf)")
-    p.add_argument("--version", choices=("standard", "fast", "custom"), default="standard",
-                   help="attack ensemble (default: standard = AutoAttack's)")
+    p.add_argument("--version", choices=("auto", "standard", "fast", "rand", "custom"), default="auto",
+                   help="attack ensemble (default: auto = fast, checked and escalated where a probe finds masking; "
+                        "standard = AutoAttack's)")
     p.add_argument("--attacks", type=name_list("attack"), default=None, metavar="LIST",
                    help="with --version custom: comma-separated attacks in order, e.g. apgd-ce,apgd-dlr,square")
     p.add_argument("--n-targets", type=positive_int, default=None, metavar="K",
@@ -70,7 +80,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", default=None, metavar="FILE",
                    help="checkpoint of a baseline model whose corruption errors normalise the mCE")
     p.add_argument("--fail-under", type=parse_accuracy, default=None, metavar="ACC",
-                   help="exit with status 1 when the robust accuracy is below ACC (0.85 or 85%%)")
+                   help="exit with status 1 when the robust accuracy is below ACC (0.85 or 85%%) or a flag says the "
+                        "evaluation is unreliable")
+    p.add_argument("--accept-flag", type=name_list("flag"), default=None, metavar="LIST",
+                   help="unreliable flags the gate accepts, by name (recorded in results.json), e.g. zero-gradient")
+    p.add_argument("--bpda", default=None, metavar="LIST",
+                   help="submodules (dotted names) whose backward pass the attacks replace by the identity (BPDA, "
+                        "for non-differentiable preprocessing), e.g. quant or pre.0")
+    p.add_argument("--surrogate", default=None, metavar="FILE",
+                   help="checkpoint of a surrogate model: its APGD-CE points are transferred and judged on the model")
+    p.add_argument("--forwards", type=positive_int, default=None, metavar="R",
+                   help="forward passes judging each point, the majority deciding (default: 1, or 11 for a model "
+                        "found randomised)")
     p.add_argument("--batch-size", type=batch_size_arg, default=256, metavar="B",
                    help="images per attack batch, or 'auto': the largest that fits the GPU with the attacks' "
                         "gradients (the default 256 on the CPU)")
@@ -88,8 +109,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _check_args(args: argparse.Namespace) -> tuple[list[str] | None, list[int] | None]:
     """Every check that needs no model or data: one-line ConfigError before any work."""
     from robustest import corruptions
+    from robustest.evaluate.flags import check_accepted
 
     check_eps("eps", args.eps, args.norm)
+    args.accept_flag = list(check_accepted(args.accept_flag))
     attacks = None
     if args.attacks is not None:
         if args.version != "custom":
@@ -129,6 +152,11 @@ def run(args: argparse.Namespace) -> int:
         from robustest.train.checkpoints import load_model as load_file
 
         baseline = load_file(args.baseline, torchscript=args.torchscript, map_location=model_device(model))
+    surrogate = None
+    if args.surrogate is not None:
+        from robustest.train.checkpoints import load_model as load_file
+
+        surrogate = load_file(args.surrogate, torchscript=args.torchscript, map_location=model_device(model))
     ds = load_data(args)
     check_fits(model, ds)
     from robustest.core.amp import check_amp
@@ -140,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
                       n_targets=args.n_targets, seed=args.seed, batch_size=args.batch_size,
                       block_size=args.block_size,
                       corruptions=args.corruptions, severities=severities or (1, 2, 3, 4, 5), baseline=baseline,
-                      keep_adv=True, progress=not args.no_progress, amp=args.amp)
+                      keep_adv=True, progress=not args.no_progress or args.progress_lines, amp=args.amp, bpda=args.bpda,
+                      surrogate=surrogate, forwards=args.forwards)
     out = out_dir(args)
     spec = getattr(model, "robustest_spec", None)
     doc = result.to_dict()
@@ -156,9 +185,12 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline is not None:
         doc["attack_settings"].setdefault("corruptions", {})["baseline_checkpoint"] = str(args.baseline)
     passed = None
+    stopping = result.blocking(args.accept_flag)
     if args.fail_under is not None:
-        passed = result.robust_accuracy >= args.fail_under
-        doc["gate"] = {"fail_under": args.fail_under, "passed": passed}
+        passed = result.robust_accuracy >= args.fail_under and not stopping
+        doc["gate"] = {"fail_under": args.fail_under, "passed": passed,
+                       "accuracy_passed": result.robust_accuracy >= args.fail_under,
+                       "accepted_flags": list(args.accept_flag), "blocking_flags": [f.name for f in stopping]}
     doc["peak_rss_mib"] = peak_rss_mib()
     files = ["results.json", "samples.csv", "report.html"]
     if args.save_adv:
@@ -175,26 +207,38 @@ def run(args: argparse.Namespace) -> int:
                 "device": str(model_device(model))}
     if args.batch_size_auto:
         settings["batch_size_auto"] = True
-    for key in ("attacks", "n_targets", "fail_under", "baseline", "amp"):
+    for key in ("attacks", "n_targets", "fail_under", "baseline", "amp", "bpda", "surrogate", "forwards"):
         if getattr(args, key) is not None:
             settings[key] = attacks if key == "attacks" else getattr(args, key)
     if args.corruptions is not None:
         settings.update(corruptions=args.corruptions, severities=severities)
     if args.save_adv:
         settings["save_adv"] = True
+    if args.accept_flag:
+        settings["accept_flag"] = list(args.accept_flag)
     doc = write_results(out, "eval", settings, {**doc, "files": files}, timings)
     _html(result, doc).write(out / "report.html")
     per = ", ".join(f"{k} {100 * v:.2f}%" for k, v in result.attacks.items())
-    log.info(f"{args.dataset} ({result.num_samples} images), {args.norm} eps={args.eps:g}, {args.version}: clean "
+    plan = args.version if result.plan == args.version else f"{args.version} -> {result.plan}"
+    log.info(f"{args.dataset} ({result.num_samples} images), {args.norm} eps={args.eps:g}, {plan}: clean "
              f"{100 * result.clean_accuracy:.2f}%, robust {100 * result.robust_accuracy:.2f}% ({per})")
+    from robustest.evaluate.flags import flag_lines
+
+    for line in flag_lines(result.flags, "robustest eval"):
+        print(line, file=sys.stderr)
     if result.corruption is not None:
         c = result.corruption
         mce = "" if c["mce"] is None else f", mCE {100 * c['mce']:.2f}% of the baseline's"
         log.info(f"corruptions: mean accuracy {100 * c['mean_corruption_accuracy']:.2f}%{mce}")
     log.info(f"wrote {', '.join(files)} to {out} in {time.perf_counter() - t0:.1f}s")
     if passed is False:
-        print(f"robustest eval: robust accuracy {result.robust_accuracy:.4f} is below --fail-under "
-              f"{args.fail_under:.4f}", file=sys.stderr)
+        if result.robust_accuracy < args.fail_under:
+            print(f"robustest eval: robust accuracy {result.robust_accuracy:.4f} is below --fail-under "
+                  f"{args.fail_under:.4f}", file=sys.stderr)
+        if stopping:
+            print(f"robustest eval: gate failed: the evaluation is flagged unreliable "
+                  f"({', '.join(f.name for f in stopping)}); fix the cause, or accept with --accept-flag NAME",
+                  file=sys.stderr)
         return EXIT_GATE
     return 0
 
@@ -214,9 +258,21 @@ def _html(result, doc):
         rep.paragraph("No gate: --fail-under was not given, so the exit status is 0 whatever the robust accuracy.")
     else:
         verb = "passed" if gate["passed"] else "FAILED"
-        rel = "at least" if gate["passed"] else "below"
+        rel = "at least" if gate["accuracy_passed"] else "below"
+        why = ""
+        if gate["blocking_flags"]:
+            why = f"; the evaluation is flagged unreliable ({', '.join(gate['blocking_flags'])})"
         rep.paragraph(f"The gate {verb}: robust accuracy {result.robust_accuracy:.4f} is {rel} --fail-under "
-                      f"{gate['fail_under']:.4f} (exit status {0 if gate['passed'] else EXIT_GATE}).")
+                      f"{gate['fail_under']:.4f}{why} (exit status {0 if gate['passed'] else EXIT_GATE}).")
+    rep.heading("Checks")
+    if not result.flags:
+        rep.paragraph("No flag: the model is deterministic, returns logits, has usable input gradients, and no "
+                      "gradient-free attack broke what the gradient attacks left robust.")
+    else:
+        rep.paragraph("What the checks found (an unreliable flag means the robust accuracy may be far too high; "
+                      "docs/EVAL.md explains each flag):")
+        rep.table([{"flag": f.name, "severity": f.severity, "samples": len(f.samples), "finding": f.message,
+                    "remedy": f.remedy} for f in result.flags])
     rows = [{"attack": "clean", "accuracy": result.clean_accuracy, "broke": None, "attacked": None, "seconds":
              result.timings.get("clean_s")}]
     rows += [{"attack": k, "accuracy": v, "broke": result.breaks[k], "attacked": result.attacked[k],

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -311,6 +312,7 @@ def run(args: argparse.Namespace) -> int:
         "before": before, "after": after, "last": last,
         "kept_epoch": res.kept_epoch, "best_epoch": res.best_epoch, "guard_epoch": res.guard_epoch,
         "autoattack_accuracy": after.get("autoattack_accuracy"),
+        "autoattack_flags": after.get("autoattack_flags"),
         "epochs": res.epochs, "compute": res.compute, "resumed_epochs": res.resumed_epochs,
         "peak_rss_mib": peak_rss_mib(), "files": files,
     }
@@ -324,6 +326,9 @@ def run(args: argparse.Namespace) -> int:
             for name, r in (("before", before), (f"after (epoch {res.kept_epoch})", after),
                             (f"last (epoch {final_epoch})", last)) if r is not None]
     print_table(rows, ["model", "clean", "white-box", "pgd", "apgd"] + (["autoattack"] if args.autoattack else []))
+    for f in after.get("autoattack_flags") or []:
+        print(f"robustest harden: flag {f['severity']} {f['name']}: {f['message']} (remedy: {f['remedy']})",
+              file=sys.stderr)
     c = res.compute
     log.info(f"{res.method}: {final_epoch} epoch{'s' if final_epoch != 1 else ''} on {res.num_samples} images, "
              f"{c['passes']:.4g} forward+backward passes ({c['passes'] / res.num_samples:.2f} per image)"

@@ -35,6 +35,7 @@ from robustest.cli._common import (
     load_model,
     log,
     model_settings,
+    name_list,
     noise_width,
     out_dir,
     plain,
@@ -107,6 +108,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--version", choices=("standard", "fast"), default=None,
                    help="attack ensemble (default: the suite's; another one re-evaluates the baseline, so it needs "
                         "--baseline)")
+    c.add_argument("--accept-flag", type=name_list("flag"), default=None, metavar="LIST",
+                   help="unreliable evaluation flags the gate accepts, by name (docs/EVAL.md)")
     c.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
     c.add_argument("--device", default=None, metavar="D",
                    help="cpu, cuda, cuda:N or auto (default: the model's device, i.e. cpu)")
@@ -259,7 +262,7 @@ def run_check(args: argparse.Namespace) -> int:
     if args.baseline is not None:
         baseline = load_file(args.baseline, torchscript=args.torchscript, map_location=model_device(model))
     res = check_suite(model, suite, baseline, alpha=args.alpha, max_drop=args.max_drop, version=args.version,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, accept_flags=args.accept_flag)
     out = out_dir(args)
     settings: dict[str, Any] = {"command": "check", "suite": str(path), **model_settings(args),
                                 "alpha": args.alpha, "max_drop": args.max_drop, "version": res.version,
@@ -268,6 +271,8 @@ def run_check(args: argparse.Namespace) -> int:
         settings["baseline"] = args.baseline
     if args.no_baseline:
         settings["no_baseline"] = True
+    if args.accept_flag:
+        settings["accept_flag"] = list(res.accepted_flags)
     m = suite.meta
     doc = {"command": "check", **res.to_dict(), "message": res.message(),
            "suite": {"k": m["k"], "n_population": m["n_population"], "strata": len(m["stratum_sizes"]),
@@ -280,9 +285,20 @@ def run_check(args: argparse.Namespace) -> int:
     _check_report(res, doc, suite).write(out / "report.html")
     log.info(res.message())
     log.info(f"wrote results.json, report.html to {out} in {time.perf_counter() - t0:.1f}s")
-    if res.regression:
-        from robustest.core.distributed import is_main
+    from robustest.core.distributed import is_main
 
+    if is_main():
+        for f in res.flags:
+            who = "baseline " if f.get("model") == "baseline" else ""
+            print(f"robustest suite: {who}flag {f['severity']} {f['name']}: {f['message']} (remedy: {f['remedy']})",
+                  file=sys.stderr)
+    if res.blocking_flags and not res.regression:
+        if is_main():
+            print(f"robustest suite: gate failed: the evaluation is flagged unreliable "
+                  f"({', '.join(res.blocking_flags)}); fix the cause, or accept with --accept-flag NAME",
+                  file=sys.stderr)
+        return EXIT_GATE
+    if res.regression:
         c = res.comparison
         if is_main():  # one line, not one per rank
             print(f"robustest suite: robust accuracy dropped by {100 * c.drop:.1f} points (McNemar p = "

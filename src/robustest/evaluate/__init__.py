@@ -7,8 +7,11 @@
   :func:`fixed_set_accuracy`) and :func:`whitebox_accuracy` of the current model;
 * :mod:`~robustest.evaluate.corruption`: :func:`corruption_accuracy` under the common corruptions
   (:class:`CorruptionResult`), published -C data and the mCE against a baseline;
-* :mod:`~robustest.evaluate.ensemble`: :func:`evaluate`, the AutoAttack-level ensemble
-  (:func:`ensemble_plan`, :class:`EvalResult`);
+* :mod:`~robustest.evaluate.ensemble`: :func:`evaluate`, the AutoAttack-level ensemble that checks itself
+  (:class:`EvalResult`); its plans (:mod:`~robustest.evaluate.plans`, :func:`ensemble_plan`), the block loop
+  (:mod:`~robustest.evaluate.runner`), the model and gradient checks (:mod:`~robustest.evaluate.checks`,
+  :func:`probe_model`) and the flags they raise (:mod:`~robustest.evaluate.flags`, :class:`Flag`,
+  :mod:`~robustest.evaluate.findings`);
 * :mod:`~robustest.evaluate.report`: :func:`measure`, all of them for one model in a :class:`RobustnessReport`.
 
 Every function takes a model and data in the robustest contract (images N x C x H x W in [0, 1], int64 labels
@@ -27,16 +30,12 @@ from robustest.evaluate.adversarial import (
     fixed_set_accuracy,
     whitebox_accuracy,
 )
+from robustest.evaluate.checks import ModelProbe, probe_model
 from robustest.evaluate.clean import accuracy, clean_accuracy, loss_and_accuracy, predict
 from robustest.evaluate.corruption import CorruptionResult, corruption_accuracy
-from robustest.evaluate.ensemble import (
-    AUTOATTACK_NAMES,
-    EVAL_FORMAT,
-    EVAL_VERSIONS,
-    EvalResult,
-    ensemble_plan,
-    evaluate,
-)
+from robustest.evaluate.ensemble import EVAL_FORMAT, EvalResult, evaluate
+from robustest.evaluate.flags import FLAGS, Flag
+from robustest.evaluate.plans import AUTOATTACK_NAMES, EVAL_VERSIONS, ensemble_plan
 from robustest.evaluate.report import RobustnessReport, measure
 
 __all__ = [
@@ -44,9 +43,12 @@ __all__ = [
     "EVAL_FORMAT",
     "EVAL_VERSIONS",
     "FIXED_SET_FORMAT",
+    "FLAGS",
     "CorruptionResult",
     "EvalResult",
+    "Flag",
     "FixedAdversarialSet",
+    "ModelProbe",
     "RobustnessReport",
     "accuracy",
     "adversarial_examples",
@@ -59,5 +61,6 @@ __all__ = [
     "loss_and_accuracy",
     "measure",
     "predict",
+    "probe_model",
     "whitebox_accuracy",
 ]

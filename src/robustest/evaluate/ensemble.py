@@ -1,15 +1,18 @@
-"""``evaluate``: a standard robustness evaluation, the AutoAttack ensemble run per sample on the points still
-robust, with clean, per-attack and worst-case robust accuracy and, optionally, accuracy under common corruptions.
+"""``evaluate``: a robustness evaluation that checks itself: the attack ensemble run per sample on the points
+still robust, with clean, per-attack and worst-case robust accuracy, flags for every way the model may have fooled
+the attacks and, optionally, accuracy under common corruptions.
 
 Follows Croce & Hein (2020, "Reliable evaluation of adversarial robustness with an ensemble of diverse
 parameter-free attacks"): the attacks run in order (standard: APGD-CE -> APGD-T -> FAB-T -> Square), each only on
 the samples that every earlier attack left correctly classified, so the robust accuracy is the per-sample worst
-case and the accuracy after each attack is cumulative.
+case and the accuracy after each attack is cumulative. Before the attacks, :func:`robustest.evaluate.checks.
+probe_model` probes the model (randomness, probability outputs, dynamic defences, a gradient path) and every
+sample's input gradient is checked; the ``auto`` version acts on what they find (:mod:`robustest.evaluate.plans`),
+and :mod:`robustest.evaluate.findings` turns it into flags.
 """
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,17 +21,15 @@ import torch
 from torch import nn
 
 from robustest import corruptions as _corr
-from robustest.attacks import BATCH_SEED_STRIDE, attack_function, canonical_name, check_norm, lp_norm
-from robustest.core import distributed
-from robustest.core.amp import autocast, check_amp
-from robustest.core.batching import DataLike, batch_origin, iter_batches
+from robustest.attacks import check_norm, with_bpda
+from robustest.core.amp import check_amp
+from robustest.core.batching import DataLike, iter_batches
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.inputs import check_images, check_labels, check_logits
 from robustest.core.modelcall import eval_mode, forward
-from robustest.core.progress import progress as _progress
-from robustest.core.seeding import make_generator
 from robustest.core.validation import check_eps
+from robustest.evaluate.checks import GRAD_NONFINITE, GRAD_OK, GRAD_ZERO, LogProbabilities, ModelProbe, probe_model
 from robustest.evaluate.clean import accuracy
 from robustest.evaluate.corruption import (
     CorruptionResult,
@@ -36,106 +37,27 @@ from robustest.evaluate.corruption import (
     corruption_summary,
     published_corruptions,
 )
+from robustest.evaluate.findings import collect_flags
+from robustest.evaluate.flags import Flag, blocking, check_accepted
+from robustest.evaluate.plans import (
+    AUTOATTACK_NAMES,
+    EVAL_VERSIONS,
+    PlanStep,
+    ensemble_plan,
+    ensemble_steps,
+    skipped_attacks,
+    transfer_step,
+)
+from robustest.evaluate.runner import GRAD_NO_PATH, RunSetup, Tally, attack_blocks
 
-__all__ = ["AUTOATTACK_NAMES", "EVAL_FORMAT", "EVAL_VERSIONS", "EvalResult", "ensemble_plan",
-           "evaluate"]
+__all__ = ["AUTOATTACK_NAMES", "EVAL_FORMAT", "EVAL_VERSIONS", "EvalResult", "ensemble_plan", "evaluate"]
 
 EVAL_FORMAT = "robustest-eval-results"
-EVAL_VERSIONS = ("standard", "fast", "custom")
-#: AutoAttack's names of the ensemble attacks -> robustest registry names
-AUTOATTACK_NAMES = {"apgd-ce": "apgd", "apgd-dlr": "apgd_dlr", "apgd-t": "apgd_t", "fab": "fab", "fab-t": "fab_t",
-                    "square": "square"}
-_STANDARD = (("apgd-ce", {"steps": 100, "restarts": 1, "rho": 0.75}),
-             ("apgd-t", {"steps": 100, "restarts": 1, "rho": 0.75, "n_targets": 9}),
-             ("fab-t", {"steps": 100, "restarts": 1, "n_targets": 9}),
-             ("square", {"queries": 5000, "p_init": 0.8, "restarts": 1}))
-_FAST = (("apgd-ce", {"steps": 100, "restarts": 1, "rho": 0.75}),
-         ("apgd-t", {"steps": 100, "restarts": 1, "rho": 0.75, "n_targets": 3}))
-
-
-@dataclass
-class _Step:
-    name: str  # display name (AutoAttack's for its attacks, else the registry name)
-    attack: str  # registry name
-    fn: Any
-    params: dict[str, Any]
-
-
-def ensemble_plan(version: str = "standard", norm: str = "linf", attacks: Any = None, *,
-                  n_targets: int | None = None, num_classes: int | None = None) -> list[tuple[str, str, dict]]:
-    """The attacks :func:`evaluate` runs, in order, as ``(display name, registry name, parameters)``.
-
-    ``standard`` (AutoAttack's standard version, Croce & Hein 2020): APGD-CE (100 steps, 1 run), APGD-T (100
-    steps, the 9 most likely other classes, 1 run each), FAB-T (100 steps, 9 target classes, 1 run each) and
-    Square (5000 queries, p_init 0.8). ``fast``: APGD-CE (100 steps) and APGD-T on the 3 most likely other
-    classes. ``custom``: ``attacks``, a list of names (AutoAttack's ``apgd-ce``, ``apgd-dlr``, ``apgd-t``,
-    ``fab``, ``fab-t``, ``square`` or any :func:`robustest.attacks.names`) or ``(name, {param: value})`` pairs.
-    ``n_targets`` replaces the number of target classes of APGD-T and FAB-T; by default it is
-    ``min(9, classes - 1)``. With fewer than 4 classes APGD-T is left out (its loss needs 4 logits).
-    Attacks that can (APGD, FAB) stop working on a sample once it is broken (``stop_on_success``; AutoAttack
-    runs every sample for all steps: the same samples are broken, at less cost).
-    """
-    version = str(version).lower()
-    if version not in EVAL_VERSIONS:
-        raise ConfigError(f"unknown version {version!r}: use one of {', '.join(EVAL_VERSIONS)}")
-    if version != "custom" and attacks:
-        raise ConfigError(f"attacks are chosen by version={version!r}; pass version='custom' to choose them")
-    if version == "custom":
-        if not attacks:
-            raise ConfigError("version='custom' needs attacks: e.g. ['apgd-ce', 'square']")
-        items = [a if isinstance(a, (tuple, list)) else (a, {}) for a in
-                 ([attacks] if isinstance(attacks, str) else attacks)]
-    else:
-        items = [(n, dict(p)) for n, p in (_STANDARD if version == "standard" else _FAST)]
-    if n_targets is not None:
-        if isinstance(n_targets, bool) or not isinstance(n_targets, int) or n_targets < 1:
-            raise ConfigError(f"n_targets must be a positive integer, got {n_targets!r}")
-        if num_classes is not None and n_targets > num_classes - 1:
-            raise ConfigError(f"n_targets={n_targets} but the model has {num_classes} classes: use at most "
-                              f"{num_classes - 1}")
-    plan: list[tuple[str, str, dict]] = []
-    for item in items:
-        if len(item) != 2 or not isinstance(item[1], dict):
-            raise ConfigError(f"an attack is a name or a (name, params) pair, got {item!r}")
-        raw, params = str(item[0]), dict(item[1])
-        key = raw.lower().replace("_", "-")
-        reg = AUTOATTACK_NAMES.get(key) or canonical_name(raw)
-        display = key if key in AUTOATTACK_NAMES else reg
-        fn = attack_function(reg)
-        sig = inspect.signature(fn).parameters
-        bad = [p for p in params if p not in sig or p in ("model", "x", "y", "eps", "norm", "seed", "generator",
-                                                            "batch_size", "target")]
-        if bad:
-            raise ConfigError(f"attack {display!r} does not take parameter(s) {', '.join(bad)}")
-        if "stop_on_success" in sig:
-            params.setdefault("stop_on_success", True)  # a broken sample needs no more steps
-        if "norm" in sig:
-            params["norm"] = norm
-        elif norm != "linf" and reg != "cw_l2":
-            raise ConfigError(f"attack {display!r} is L-inf only: use it with norm='linf'")
-        elif reg == "cw_l2" and norm != "l2":
-            raise ConfigError("attack 'cw_l2' is an L2 attack: use it with norm='l2'")
-        if "n_targets" in sig:
-            k = n_targets if n_targets is not None else params.get("n_targets", 9)
-            if num_classes is not None:
-                if reg == "apgd_t" and num_classes < 4:
-                    if version == "custom":
-                        raise ConfigError(f"apgd-t needs a model with at least 4 classes, this one has {num_classes}")
-                    continue
-                if n_targets is None and (version != "custom" or "n_targets" not in item[1]):
-                    k = min(k, num_classes - 1)  # the default (9) adapts to the model
-                if k > num_classes - 1:
-                    raise ConfigError(f"{display}: n_targets={k} but the model has {num_classes} classes: use at "
-                                      f"most {num_classes - 1}")
-            params["n_targets"] = k
-        if reg == "apgd_dlr" and num_classes is not None and num_classes < 3:
-            raise ConfigError(f"apgd-dlr needs a model with at least 3 classes, this one has {num_classes}")
-        plan.append((display, reg, params))
-    names_seen = [p[0] for p in plan]
-    if len(set(names_seen)) != len(names_seen):
-        dup = sorted({n for n in names_seen if names_seen.count(n) > 1})
-        raise ConfigError(f"attack(s) {', '.join(dup)} listed twice: give each attack once")
-    return plan
+#: images the model probe runs on
+PROBE_IMAGES = 32
+#: forward passes judging each point of a randomised model (the majority decides)
+RANDOM_FORWARDS = 11
+_GRAD_NAMES = {GRAD_OK: "ok", GRAD_ZERO: "zero", GRAD_NONFINITE: "non-finite", GRAD_NO_PATH: "no-path"}
 
 
 @dataclass
@@ -152,8 +74,15 @@ class EvalResult:
       ``clean_correct``, ``robust``, ``broken_by`` (list of str: ``"misclassified"`` for a clean error, the
       name of the attack that broke the sample, ``""`` if robust), ``linf`` / ``l2`` (norms of the adversarial
       perturbation; 0 where none); ``adv`` (N x C x H x W, only with ``keep_adv``).
+    * ``gradient`` (list of str per sample: ``ok``, ``zero``, ``non-finite``, ``no-path`` or ``""`` for a clean
+      error), the input-gradient check of each sample;
+    * ``flags``: what the checks found (:class:`robustest.evaluate.flags.Flag`), ``probe``: the model probe's
+      measurements, ``forwards``: forward passes judging each point (1, or the majority of more for a randomised
+      model); ``plan``: what ran (``auto`` may choose ``rand`` or ``gradient-free``).
     * ``corruption``: corruption accuracy summary (:func:`evaluate` with ``corruptions``), else None.
     * ``settings`` (what was run), ``timings`` (seconds).
+
+    :meth:`blocking` gives the ``unreliable`` flags a gate fails on; :attr:`reliable` is True when there is none.
     """
 
     eps: float
@@ -174,6 +103,11 @@ class EvalResult:
     linf: torch.Tensor
     l2: torch.Tensor
     adv: torch.Tensor | None = None
+    gradient: list[str] = field(default_factory=list)
+    flags: list[Flag] = field(default_factory=list)
+    probe: dict[str, Any] = field(default_factory=dict)
+    forwards: int = 1
+    plan: str = ""
     corruption: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -182,20 +116,40 @@ class EvalResult:
     def num_samples(self) -> int:
         return int(self.y.shape[0])
 
+    @property
+    def reliable(self) -> bool:
+        """No flag of severity ``unreliable`` was raised."""
+        return not blocking(self.flags)
+
+    def blocking(self, accepted: Any = ()) -> list[Flag]:
+        """The ``unreliable`` flags not in ``accepted`` (flag names): a gate fails while any is left."""
+        return blocking(self.flags, check_accepted(accepted))
+
     def __repr__(self) -> str:
         per = ", ".join(f"{k} {100 * v:.2f}%" for k, v in self.attacks.items())
         corr = ""
         if self.corruption:
             corr = f"; corruptions {100 * self.corruption['mean_corruption_accuracy']:.2f}%"
+        flags = ""
+        if self.flags:
+            flags = "; flags " + ", ".join(f"{f.name} ({f.severity})" for f in self.flags)
         return (f"EvalResult({self.norm} eps={self.eps:g}, {self.version}, n={self.num_samples}: clean "
-                f"{100 * self.clean_accuracy:.2f}%, robust {100 * self.robust_accuracy:.2f}% [{per}]{corr})")
+                f"{100 * self.clean_accuracy:.2f}%, robust {100 * self.robust_accuracy:.2f}% [{per}]{corr}{flags})")
 
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per sample (index, label, clean_pred, clean_correct, adv_pred, robust, broken_by, linf, l2)."""
+        """One dict per sample (index, label, clean_pred, clean_correct, adv_pred, robust, broken_by, linf, l2,
+        gradient, flags: the names of the flags that name the sample, joined by "+")."""
+        named: dict[int, list[str]] = {}
+        for f in self.flags:
+            for i in f.samples:
+                named.setdefault(i, []).append(f.name)
+        grads = self.gradient or [""] * self.num_samples
         cols = zip(self.index.tolist(), self.y.tolist(), self.clean_pred.tolist(), self.clean_correct.tolist(),
-                   self.adv_pred.tolist(), self.robust.tolist(), self.broken_by, self.linf.tolist(), self.l2.tolist())
+                   self.adv_pred.tolist(), self.robust.tolist(), self.broken_by, self.linf.tolist(), self.l2.tolist(),
+                   grads)
         return [{"index": i, "label": y, "clean_pred": cp, "clean_correct": int(cc), "adv_pred": ap,
-                 "robust": int(r), "broken_by": b, "linf": li, "l2": l2} for i, y, cp, cc, ap, r, b, li, l2 in cols]
+                 "robust": int(r), "broken_by": b, "linf": li, "l2": l2, "gradient": g,
+                 "flags": "+".join(named.get(i, []))} for i, y, cp, cc, ap, r, b, li, l2, g in cols]
 
     def to_dict(self) -> dict[str, Any]:
         """The results contract of ``robustest eval`` (docs/RESULTS_SCHEMA.md), without the model and data
@@ -212,6 +166,8 @@ class EvalResult:
             "misclassified_clean": int((~self.clean_correct).sum()),
             "perturbation": _quantiles(self.linf if self.norm == "linf" else self.l2,
                                        ~self.robust & self.clean_correct),
+            "plan": self.plan or self.version, "forwards": self.forwards, "reliable": self.reliable,
+            "flags": [f.to_dict() for f in self.flags], "probe": dict(self.probe),
         }
         if self.corruption is not None:
             out["corruptions"] = {k: v for k, v in self.corruption.items() if k not in ("result", "baseline_result")}
@@ -223,10 +179,13 @@ class EvalResult:
     def robustbench(self, **info: Any) -> dict[str, Any]:
         """The fields of a RobustBench ``model_info`` entry this evaluation fills (accuracies as percent strings
         with two decimals, as RobustBench writes them); ``info`` fills the descriptive ones (name, dataset, ...).
-        ``autoattack_acc`` is set only for ``version="standard"`` (the other versions are not AutoAttack)."""
-        aa = f"{100 * self.robust_accuracy:.2f}" if self.version == "standard" else None
+        ``autoattack_acc`` is set only for ``version="standard"`` and ``"rand"`` (the other versions are not
+        AutoAttack's) and only when no flag says the figure is unreliable."""
+        aa = (f"{100 * self.robust_accuracy:.2f}" if self.version in ("standard", "rand") and self.reliable
+              else None)
         entry: dict[str, Any] = {"link": None, "name": None, "authors": None, "additional_data": None,
-                                 "number_forward_passes": 1, "dataset": None, "venue": None, "architecture": None,
+                                 "number_forward_passes": self.forwards, "dataset": None, "venue": None,
+                                 "architecture": None,
                                  "eps": f"{self.eps:g}", "clean_acc": f"{100 * self.clean_accuracy:.2f}",
                                  "reported": None, "autoattack_acc": aa}
         if self.corruption is not None:
@@ -236,7 +195,6 @@ class EvalResult:
         entry.update(info)
         return entry
 
-
 def _quantiles(t: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     v = t[mask].double()
     if v.numel() == 0:
@@ -245,61 +203,119 @@ def _quantiles(t: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
 
 
 
+
 # ------------------------------------------------------------------------------------------------ evaluate
-def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", version: str = "standard",
+def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", version: str = "auto",
              attacks: Any = None, *, n_targets: int | None = None, seed: int = 0, batch_size: int = 256,
              block_size: int = 4096, corruptions: Any = None, severities: Any = (1, 2, 3, 4, 5),
              baseline: Any = None, keep_adv: bool = False, progress: bool = False,
-             amp: str | None = None) -> EvalResult:
-    """Evaluate the robustness of ``model`` on labelled ``data`` at radius ``eps`` (L-inf or L2, pixel scale).
+             amp: str | None = None, bpda: Any = None, surrogate: nn.Module | None = None,
+             forwards: int | None = None) -> EvalResult:
+    """Evaluate the robustness of ``model`` on labelled ``data`` at radius ``eps`` (L-inf or L2, pixel scale), and
+    check the evaluation itself.
 
-    Runs the attacks of :func:`ensemble_plan` (``version`` "standard": APGD-CE -> APGD-T -> FAB-T -> Square,
-    AutoAttack's standard version; "fast": APGD-CE -> APGD-T on 3 target classes; "custom": ``attacks``) in
-    order, each only on the samples still classified correctly (clean misclassifications are never attacked), and
-    counts a sample as broken only when the attack's point is misclassified and inside the eps-ball. Returns an
-    :class:`EvalResult` with clean accuracy, cumulative robust accuracy after each attack, the worst case, the
-    attack that broke each sample and timings.
+    ``version``: "auto" (the default: "fast", then a Square probe on a sample of the survivors, escalating to FAB-T
+    and the full Square run where the probe breaks a sample; a long Square run on samples without a usable input
+    gradient; "rand" for a randomised model; only gradient-free attacks for a model without a gradient path),
+    "standard" (APGD-CE -> APGD-T -> FAB-T -> Square, AutoAttack's standard version), "fast" (APGD-CE -> APGD-T on
+    3 target classes), "rand" (APGD-CE and APGD-DLR with EOT over 20 draws, AutoAttack's rand version) or "custom"
+    (``attacks``); see :mod:`robustest.evaluate.plans`. Each attack runs only on the samples still classified
+    correctly (clean misclassifications are never attacked), and a sample counts as broken only when the attack's
+    point is misclassified (by the majority of ``forwards`` forward passes) and inside the eps-ball.
+
+    Checks (every version): the model probe (:func:`robustest.evaluate.checks.probe_model`) and each sample's
+    input gradient; their findings are :attr:`EvalResult.flags` (docs/EVAL.md lists them). A model returning
+    probabilities is attacked through their logarithm. ``bpda``: submodule names (a comma-separated string, a list,
+    or a mapping name -> approximation, see :func:`robustest.attacks.with_bpda`) whose backward pass the attacks
+    replace by a differentiable approximation (straight-through identity by default); points are still judged on
+    ``model``. ``surrogate``: a model whose APGD-CE points are transferred (judged on ``model``), after the gradient
+    attacks. ``forwards``: passes judging each point (default 1, or 11 for a model the probe finds randomised).
 
     ``data``: anything :func:`robustest.core.batching.iter_batches` takes, with labels (images N x C x H x W in [0, 1],
     int64 labels [N]); it is processed in blocks of ``block_size`` images (memory stays bounded), the attacks in
     batches of ``batch_size``. Attack k on block b draws its randomness from a ``torch.Generator`` on the
     model's device seeded ``seed + k + b * BATCH_SEED_STRIDE`` (the first block: ``seed + k``), so the same
-    seed, data and sizes give the same result, and under torchrun (each rank evaluates whole blocks of its
-    share; per-sample results are gathered on every rank, counts summed, timings summed over the ranks) the
-    same result as one process.
+    seed, data and sizes give the same result for a deterministic model, and under torchrun (each rank evaluates
+    whole blocks of its share; per-sample results are gathered on every rank, counts summed, timings summed over
+    the ranks) the same result as one process. A randomised model's own randomness is never reseeded.
 
     ``corruptions``: None; ``"all"``, a group or a list of names (the 19 common corruptions of
     :mod:`robustest.corruptions` at ``severities``, via :func:`robustest.evaluate.corruption_accuracy`); or
-    published -C data as ``{corruption: {severity: labelled data}}`` (e.g. from ``robustest.data``'s -C
-    loaders). ``baseline``: a model (or a :class:`robustest.evaluate.CorruptionResult`) whose corruption errors
-    normalise the mCE. ``keep_adv`` keeps the worst-case images (N x C x H x W) in the result.
+    published -C data as ``{corruption: {severity: labelled data}}``. ``baseline``: a model (or a
+    :class:`robustest.evaluate.CorruptionResult`) whose corruption errors normalise the mCE. ``keep_adv`` keeps
+    the worst-case images (N x C x H x W) in the result.
 
-    ``amp``: "bf16" (CPU or CUDA) or "fp16" (CUDA) runs the clean pass (the predictions that decide which
-    samples are attacked) under ``torch.autocast``; the attacks and their predictions stay in float32. A
-    sample on the decision boundary may then count as a clean error that float32 classifies correctly.
+    ``amp``: "bf16" (CPU or CUDA) or "fp16" (CUDA) runs the clean pass under ``torch.autocast``; the attacks and
+    their predictions stay in float32.
 
     Bad input (raised before any attack runs, as one-line ConfigError/DataError): eps <= 0 (or > 1 for L-inf),
-    an unknown norm or version, a model with fewer than 2 outputs, more target classes than classes - 1.
+    an unknown norm or version, a model with fewer than 2 outputs, more target classes than classes - 1, an
+    unknown BPDA submodule.
     """
     t_start = time.perf_counter()
     norm, eps, version = _check_arguments(model, eps, norm, version, batch_size, block_size)
+    forwards = _check_forwards(forwards)
     corr_names, sets, severities = _check_corruptions(corruptions, severities, baseline)
+    if surrogate is not None and not isinstance(surrogate, nn.Module):
+        raise ConfigError(f"surrogate must be a torch.nn.Module, got {type(surrogate).__name__}")
     device = resolve_device(model)
     amp = check_amp(amp, device)
-    num_classes = _count_classes(model, data, device)
-    plan = ensemble_plan(version, norm, attacks, n_targets=n_targets, num_classes=num_classes)
-    steps = [_Step(d, r, attack_function(r), p) for d, r, p in plan]
-    tally = _attack_blocks(model, data, steps, num_classes, eps=eps, norm=norm, seed=seed, batch_size=batch_size,
-                           block_size=block_size, amp=amp, device=device, keep_adv=keep_adv, progress=progress)
-    parts = _gather(tally)
-    settings = _settings(steps, version=version, norm=norm, eps=eps, num_classes=num_classes, seed=seed,
-                         batch_size=batch_size, block_size=block_size, device=device, amp=amp)
+    num_classes, first = _count_classes(model, data, device)
+    ensemble_steps(version, norm, attacks, n_targets=n_targets, num_classes=num_classes)  # checked before the probe
+    attack_model = with_bpda(model, bpda) if bpda else model
+    t0 = time.perf_counter()
+    probe = probe_model(model, *first)
+    if probe.probability_output:
+        attack_model = LogProbabilities(attack_model)
+    if attack_model is not model and not probe.gradient_path:  # BPDA may give the path back
+        probe.gradient_path, probe.gradient_error = probe_model(attack_model, *first, forwards=1).gradient_path, None
+    probe_s = time.perf_counter() - t0
+    plan_name, steps = _choose_plan(version, probe, norm, attacks, n_targets, num_classes, surrogate)
+    judged = forwards if forwards is not None else (RANDOM_FORWARDS if probe.randomised else 1)
+    setup = RunSetup(model=model, attack_model=attack_model, steps=steps, num_classes=num_classes, eps=eps,
+                     norm=norm, seed=seed, batch_size=batch_size, block_size=block_size, device=device, amp=amp,
+                     keep_adv=keep_adv, progress=progress, forwards=judged, gradient_path=probe.gradient_path,
+                     surrogate=surrogate)
+    tally = attack_blocks(data, setup)
+    parts = tally.gather()
+    tally.checks_s += probe_s
+    flags = collect_flags(probe, parts, tally, steps, randomised_acted=plan_name == "rand", forwards=judged)
+    settings = _settings(steps, tally, version=version, plan=plan_name, norm=norm, eps=eps, num_classes=num_classes,
+                         seed=seed, batch_size=batch_size, block_size=block_size, device=device, amp=amp,
+                         forwards=judged, bpda=bpda, surrogate=surrogate is not None)
     result = _result(parts, tally, settings, eps=eps, norm=norm, version=version, keep_adv=keep_adv)
+    result.flags, result.probe, result.forwards, result.plan = flags, probe.to_dict(), judged, plan_name
     if corr_names is not None or sets is not None:
         _add_corruptions(result, model, data, corr_names=corr_names, sets=sets, severities=severities,
                          baseline=baseline, seed=seed, batch_size=batch_size)
     result.timings["total_s"] = time.perf_counter() - t_start
     return result
+
+
+def _choose_plan(version: str, probe: ModelProbe, norm: str, attacks: Any, n_targets: int | None,
+                 num_classes: int, surrogate: nn.Module | None) -> tuple[str, list[PlanStep]]:
+    """(the plan's name, its steps): ``auto`` acts on the probe (a randomised model gets ``rand``, one without a
+    gradient path ``gradient-free``); every version without a gradient path runs the gradient-free plan; a
+    surrogate adds the transfer step after the gradient attacks."""
+    plan_name = version
+    if version == "auto" and probe.randomised:
+        plan_name = "rand"
+    if not probe.gradient_path and version != "custom":
+        plan_name = "gradient-free"
+    steps = ensemble_steps(plan_name, norm, attacks if plan_name == "custom" else None, n_targets=n_targets,
+                           num_classes=num_classes)
+    if surrogate is not None:
+        free = [k for k, s in enumerate(steps) if s.gradient_free]
+        steps.insert(free[0] if free else len(steps), transfer_step(norm))
+    return plan_name, steps
+
+
+def _check_forwards(forwards: Any) -> int | None:
+    if forwards is None:
+        return None
+    if isinstance(forwards, bool) or not isinstance(forwards, int) or forwards < 1:
+        raise ConfigError(f"forwards must be a positive integer, got {forwards!r}")
+    return forwards
 
 
 def _check_arguments(model: nn.Module, eps: Any, norm: str, version: str, batch_size: Any, block_size: Any
@@ -340,146 +356,56 @@ def _check_corruptions(corruptions: Any, severities: Any, baseline: Any
         raise ConfigError("a baseline is only used for the mCE: pass corruptions too")
     return corr_names, sets, severities
 
-
-def _count_classes(model: nn.Module, data: DataLike, device: torch.device) -> int:
-    """The number of classes of ``model``, from one forward pass on the first image of ``data``, before any
-    work: a one-line DataError for empty or unlabelled data, ConfigError for fewer than 2 logits."""
-    first = next(iter(iter_batches(data, 1)), None)
+def _count_classes(model: nn.Module, data: DataLike, device: torch.device
+                   ) -> tuple[int, tuple[torch.Tensor, torch.Tensor]]:
+    """The number of classes of ``model``, from one forward pass on the first images of ``data``, before any
+    work, and those images and labels (at most :data:`PROBE_IMAGES`, on the device, for the probe): a one-line
+    DataError for empty or unlabelled data, ConfigError for fewer than 2 logits."""
+    first = next(iter(iter_batches(data, PROBE_IMAGES)), None)
     if first is None or first[0].shape[0] == 0:
         raise DataError("the data set is empty: check the split and the path")
     if first[1] is None:
         raise DataError("evaluate needs labels: pass (x, y) or a labelled data set")
     check_images(first[0])
     with eval_mode(model), torch.no_grad():
-        probe = check_logits(forward(model, first[0].to(device).float()))  # NaN/inf logits: no result at all
+        probe = check_logits(forward(model, first[0][:1].to(device).float()))  # NaN/inf logits: no result at all
     if probe.dim() != 2 or probe.shape[1] < 2:
         raise ConfigError(f"the model returns outputs of shape {tuple(probe.shape[1:])}: evaluate needs logits "
                           "for at least 2 classes")
-    return int(probe.shape[1])
+    x = first[0].to(device).float()
+    y = check_labels(first[1].to(device), x.shape[0], int(probe.shape[1])).long()
+    return int(probe.shape[1]), (x, y)
 
 
-#: the per-sample results of :func:`evaluate`, in the order they are gathered
-_PARTS = ("index", "y", "clean_pred", "adv_pred", "code", "linf", "l2", "adv")
 
-
-@dataclass
-class _Tally:
-    """What the blocks of one :func:`evaluate` add up: per-sample parts (CPU tensors, one per block; ``code`` is
-    -2 for a clean error, -1 for robust, else the index of the attack that broke the sample), per-attack counts
-    and seconds, and the seconds of the clean pass."""
-
-    parts: dict[str, list[torch.Tensor]]
-    breaks: dict[str, int]
-    attacked: dict[str, int]
-    seconds: dict[str, float]
-    clean_s: float = 0.0
-
-    @classmethod
-    def start(cls, steps: list[_Step]) -> _Tally:
-        return cls(parts={k: [] for k in _PARTS}, breaks={s.name: 0 for s in steps},
-                   attacked={s.name: 0 for s in steps}, seconds={s.name: 0.0 for s in steps})
-
-
-def _predicted(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """Predicted labels (int64 [N]) of ``x`` (N x C x H x W) in batches of ``batch_size`` (caller sets the mode)."""
-    return torch.cat([forward(model, x[s:s + batch_size]).argmax(1) for s in range(0, x.shape[0], batch_size)])
-
-
-def _attack_blocks(model: nn.Module, data: DataLike, steps: list[_Step], num_classes: int, *, eps: float,
-                   norm: str, seed: int, batch_size: int, block_size: int, amp: str | None, device: torch.device,
-                   keep_adv: bool, progress: bool) -> _Tally:
-    """Run the ensemble over ``data`` in blocks of ``block_size`` images (this rank's share under torchrun),
-    attack k on block b seeded ``seed + k + b * BATCH_SEED_STRIDE``."""
-    tally = _Tally.start(steps)
-    shard = distributed.Shard.current()
-    block, pos = batch_origin(data, block_size, shard)
-    for idx, xb, yb in iter_batches(data, block_size, device, with_index=True, shard=shard):
-        b, pos = pos // block, pos + len(idx)
-        gens = [make_generator(seed + k + b * BATCH_SEED_STRIDE, device) for k in range(len(steps))]
-        if yb is None:
-            raise DataError("evaluate needs labels: pass (x, y) or a labelled data set")
-        xb = check_images(xb).float()
-        yb = check_labels(yb, xb.shape[0], num_classes).long()
-        t0 = time.perf_counter()
-        with eval_mode(model), torch.no_grad(), autocast(amp, device):
-            cp = _predicted(model, xb, batch_size)
-        tally.clean_s += time.perf_counter() - t0
-        ap, code, adv = _attack_block(model, xb, yb, cp, steps, gens, tally, eps=eps, norm=norm,
-                                      batch_size=batch_size, progress=progress)
-        delta = (adv - xb).flatten(1)
-        block_parts = {"index": idx, "y": yb, "clean_pred": cp, "adv_pred": ap, "code": code,
-                       "linf": delta.abs().amax(1), "l2": delta.norm(dim=1)}
-        if keep_adv:
-            block_parts["adv"] = adv
-        for k_, v in block_parts.items():
-            tally.parts[k_].append(v.cpu())
-    return tally
-
-
-def _attack_block(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, cp: torch.Tensor, steps: list[_Step],
-                  gens: list[torch.Generator], tally: _Tally, *, eps: float, norm: str, batch_size: int,
-                  progress: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The attacks in order on one block (images ``xb`` B x C x H x W, labels ``yb`` and clean predictions ``cp``
-    [B]), each on the samples still robust. Returns ``(adv_pred [B], code [B], adv B x C x H x W)``: the worst
-    case found per sample (the clean input where none broke it); counts and seconds go to ``tally``."""
-    tol = eps * 1e-6 + 1e-6
-    robust = cp == yb
-    code = torch.where(robust, -1, -2)
-    adv = xb.clone()
-    ap = cp.clone()
-    for k, step in enumerate(_progress(steps, enabled=progress, desc="evaluate", unit="attack")):
-        sel = robust.nonzero().flatten()
-        if sel.numel() == 0:
-            break
-        t0 = time.perf_counter()
-        out = step.fn(model, xb[sel], yb[sel], eps, generator=gens[k], batch_size=batch_size, **step.params)
-        with eval_mode(model), torch.no_grad():
-            pred = _predicted(model, out, batch_size)
-        dist = lp_norm(out - xb[sel], norm)
-        broke = (pred != yb[sel]) & (dist <= eps + tol)
-        hit = sel[broke]
-        robust[hit] = False
-        code[hit] = k
-        adv[hit] = out[broke]
-        ap[hit] = pred[broke]
-        tally.seconds[step.name] += time.perf_counter() - t0
-        tally.breaks[step.name] += int(hit.numel())
-        tally.attacked[step.name] += int(sel.numel())
-    return ap, code, adv
-
-
-def _gather(tally: _Tally) -> dict[str, torch.Tensor | None]:
-    """The per-sample parts of every rank, in data order (None for a part no block kept); under torchrun the
-    counts and seconds in ``tally`` become sums over the ranks."""
-    parts = distributed.all_gather_cat({k: torch.cat(v) if v else None for k, v in tally.parts.items()})
-    if distributed.world_size() > 1:  # counts and compute time of every rank
-        for counts in (tally.breaks, tally.attacked, tally.seconds):
-            every = distributed.all_gather_objects(dict(counts))
-            for k_ in counts:
-                counts[k_] = sum(t[k_] for t in every)
-        tally.clean_s = sum(distributed.all_gather_objects(tally.clean_s))
-    return parts
-
-
-def _settings(steps: list[_Step], *, version: str, norm: str, eps: float, num_classes: int, seed: int,
-              batch_size: int, block_size: int, device: torch.device, amp: str | None) -> dict[str, Any]:
-    """What :func:`evaluate` ran: its arguments, each attack with its parameters and seed, and the attacks of
-    the version left out for the model (APGD-T with fewer than 4 classes)."""
+def _settings(steps: list[PlanStep], tally: Tally, *, version: str, plan: str, norm: str, eps: float,
+              num_classes: int, seed: int, batch_size: int, block_size: int, device: torch.device, amp: str | None,
+              forwards: int, bpda: Any, surrogate: bool) -> dict[str, Any]:
+    """What :func:`evaluate` ran: its arguments, the plan chosen, each attack with its parameters, seed and which
+    survivors it attacks, the attacks of the version left out for the model, and how many blocks escalated."""
     settings: dict[str, Any] = {
-        "version": version, "norm": norm, "eps": eps, "num_classes": num_classes, "seed": seed,
+        "version": version, "plan": plan, "norm": norm, "eps": eps, "num_classes": num_classes, "seed": seed,
         "batch_size": batch_size, "block_size": block_size, "device": str(device), **({"amp": amp} if amp else {}),
-        "attacks": [{"name": s.name, "attack": s.attack, "params": dict(s.params), "seed": seed + k}
+        "forwards": forwards,
+        "attacks": [{"name": s.name, "attack": s.attack, "params": dict(s.params), "seed": seed + k,
+                     **({"only": s.only} if s.only != "all" else {}), **({"surrogate": True} if s.on_surrogate else {})}
                     for k, s in enumerate(steps)],
     }
-    labels = [s.name for s in steps]
-    skipped = [d for d, _ in (_STANDARD if version == "standard" else _FAST if version == "fast" else ())
-               if d not in labels]
+    if bpda:
+        settings["bpda"] = bpda if isinstance(bpda, str) else (sorted(bpda) if isinstance(bpda, dict) else list(bpda))
+    if surrogate:
+        settings["surrogate"] = True
+    if any(s.only in ("probe", "escalate") for s in steps):
+        settings["escalated_blocks"] = tally.escalated
+        settings["blocks"] = tally.blocks
+    skipped = {**skipped_attacks(plan if plan in ("standard", "fast", "rand", "auto") else version, steps,
+                                 num_classes), **tally.skipped}
     if skipped:
-        settings["skipped"] = {d: f"needs at least 4 classes, the model has {num_classes}" for d in skipped}
+        settings["skipped"] = skipped
     return settings
 
 
-def _result(parts: dict[str, torch.Tensor | None], tally: _Tally, settings: dict[str, Any], *, eps: float,
+def _result(parts: dict[str, torch.Tensor | None], tally: Tally, settings: dict[str, Any], *, eps: float,
             norm: str, version: str, keep_adv: bool) -> EvalResult:
     """The :class:`EvalResult` of the gathered per-sample ``parts`` and the summed ``tally``."""
     y = parts["y"]
@@ -493,14 +419,18 @@ def _result(parts: dict[str, torch.Tensor | None], tally: _Tally, settings: dict
     for name in labels:
         cum -= tally.breaks[name]
         per_attack[name] = cum / n
-    timings = {"clean_s": tally.clean_s, **{f"{k}_s": v for k, v in tally.seconds.items()}}
+    ran = [s["name"] for s in settings["attacks"] if s.get("only", "all") == "all" or tally.attacked[s["name"]]]
+    per_attack = {k: per_attack[k] for k in ran}  # conditional steps (probe, escalation) only where they ran
+    timings = {"clean_s": tally.clean_s, "checks_s": tally.checks_s,
+               **{f"{k}_s": tally.seconds[k] for k in ran}}
     return EvalResult(
         eps=eps, norm=norm, version=version, clean_accuracy=float(clean_correct.double().mean()),
-        robust_accuracy=float((code == -1).double().mean()), attacks=per_attack, breaks=tally.breaks,
-        attacked=tally.attacked, index=parts["index"].long(), y=y, clean_pred=parts["clean_pred"],
+        robust_accuracy=float((code == -1).double().mean()), attacks=per_attack,
+        breaks={k: tally.breaks[k] for k in ran}, attacked={k: tally.attacked[k] for k in ran},
+        index=parts["index"].long(), y=y, clean_pred=parts["clean_pred"],
         adv_pred=parts["adv_pred"], clean_correct=clean_correct, robust=code == -1, broken_by=broken_by,
-        linf=parts["linf"], l2=parts["l2"], adv=parts["adv"] if keep_adv else None, settings=settings,
-        timings=timings)
+        linf=parts["linf"], l2=parts["l2"], adv=parts["adv"] if keep_adv else None,
+        gradient=[_GRAD_NAMES.get(int(g), "") for g in parts["grad"].tolist()], settings=settings, timings=timings)
 
 
 def _add_corruptions(result: EvalResult, model: nn.Module, data: DataLike, *, corr_names: list[str] | None,

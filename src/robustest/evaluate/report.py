@@ -30,7 +30,8 @@ class RobustnessReport:
     * ``corruption_accuracy``: mean accuracy under common corruptions (when measured), details in
       ``corruption``.
     * ``autoattack_accuracy``: robust accuracy under :func:`evaluate`'s ensemble (``measure(autoattack=True)``,
-      same images and eps as the white-box attacks), else None.
+      same images and eps as the white-box attacks), else None; ``autoattack_flags``: that evaluation's flags
+      (:meth:`robustest.evaluate.Flag.to_dict`), else None.
     * ``seconds``: wall time of the measurement (kept out of reproducibility comparisons).
     """
 
@@ -48,6 +49,7 @@ class RobustnessReport:
     settings: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     autoattack_accuracy: float | None = None
+    autoattack_flags: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (NaN written as None)."""
@@ -91,10 +93,10 @@ def measure(model: Any, data: Any, *, eps: float, fixed: FixedAdversarialSet | N
         wb = whitebox_accuracy(model, (x[:m], y[:m]), eps, pgd_steps=pgd_steps, pgd_restarts=pgd_restarts,
                                apgd_steps=apgd_steps, seed=seed, batch_size=batch_size)
         nwb = m
-    aa = None
+    aa = aa_flags = None
     if whitebox and autoattack:
-        aa = evaluate(model, (x[:nwb], y[:nwb]), eps, version=autoattack_version, seed=seed,
-                      batch_size=batch_size).robust_accuracy
+        res = evaluate(model, (x[:nwb], y[:nwb]), eps, version=autoattack_version, seed=seed, batch_size=batch_size)
+        aa, aa_flags = res.robust_accuracy, [f.to_dict() for f in res.flags]
     corr_mean, corr = None, None
     if corruptions:
         res = corruption_accuracy(model, (x, y), corruptions=corruptions, severities=tuple(corruption_severities),
@@ -109,4 +111,4 @@ def measure(model: Any, data: Any, *, eps: float, fixed: FixedAdversarialSet | N
                             whitebox_pgd_accuracy=wb["pgd"], whitebox_apgd_accuracy=wb["apgd"],
                             whitebox_accuracy=wb["worst"], eps=eps, num_eval=int(x.shape[0]), num_whitebox=nwb,
                             corruption_accuracy=corr_mean, corruption=corr, settings=settings,
-                            seconds=time.perf_counter() - t0, autoattack_accuracy=aa)
+                            seconds=time.perf_counter() - t0, autoattack_accuracy=aa, autoattack_flags=aa_flags)

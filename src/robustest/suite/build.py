@@ -118,7 +118,8 @@ def evaluate_outcomes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, attack
     """Per-sample outcomes of ``model`` on the suite's samples ``x`` (float32 K x C x H x W) and labels ``y``:
     ``clean`` and ``robust`` (bool [K], from :func:`robustest.evaluate.evaluate` with the stored attack
     settings), ``corruption`` (bool [K, S]: correct under each stored corruption setting, the samples corrupted in
-    batches of ``batch_size`` with seed ``seed + batch start``) and ``seconds``."""
+    batches of ``batch_size`` with seed ``seed + batch start``), ``seconds`` and ``flags`` (the evaluation's flags
+    as dicts, :meth:`robustest.evaluate.Flag.to_dict`; sample indices are positions in the suite)."""
     from robustest.core.devices import resolve_device
     from robustest.core.modelcall import eval_mode, forward
     from robustest.corruptions import corrupt
@@ -142,7 +143,7 @@ def evaluate_outcomes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, attack
                     out[start:start + bs, j] = (forward(model, xc).argmax(1) == yb).cpu()
     return {"clean": res.clean_correct.bool().cpu(), "robust": res.robust.bool().cpu(), "corruption": out,
             "seconds": {"attack_s": t_attack, "corruptions_s": time.perf_counter() - t0 - t_attack},
-            "attack_settings": res.settings}
+            "attack_settings": res.settings, "flags": [f.to_dict() for f in res.flags]}
 
 
 def _as_stored(x: torch.Tensor) -> torch.Tensor:
@@ -236,7 +237,7 @@ def build_suite(model: nn.Module, data: DataLike, eps: float, *, k: int = 100, n
                                                       "allocation": allocation},
         "analysis": {k_: an.params[k_] for k_ in ("n_neighbors", "eps", "noise", "quantize", "seed")},
         "attack": attack, "corruption": corruption,
-        "baseline_sha256": model_fingerprint(model), "baseline": baseline,
+        "baseline_sha256": model_fingerprint(model), "baseline": baseline, "baseline_flags": outcomes["flags"],
         "robustest_version": __version__, "format_version": SUITE_VERSION,
     }
     timings = {"analyze_s": t_analyze, "evaluate_s": t_eval, "total_s": time.perf_counter() - t0}

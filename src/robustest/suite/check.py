@@ -3,7 +3,9 @@ accuracy with an interval, and compare it with the baseline on the same samples.
 
 Verdict (see docs/SUITE.md): with ``drop = baseline - candidate`` (stratified robust accuracy on the suite) and the
 exact one-sided McNemar p-value of the discordant pairs, the candidate **regressed** when
-``p_value < alpha`` AND ``drop > max_drop``; otherwise it passes. Without a baseline there is no verdict.
+``p_value < alpha`` AND ``drop > max_drop``; otherwise it passes. Without a baseline there is no verdict. The gate
+also fails (verdict ``unreliable``) when the candidate's evaluation, or the baseline's when it is evaluated, raised
+a flag of severity ``unreliable`` that ``accept_flags`` does not name.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ class SuiteCheck:
     :class:`Difference` baseline - candidate (None without a baseline); ``regression``: the verdict (None without
     a baseline); ``baseline_source``: "stored" (the suite's outcomes reused), "evaluated" or None; per sample
     (length K): ``outcomes`` and ``baseline_outcomes`` dicts of ``clean``, ``robust`` (bool [K]) and
-    ``corruption`` (bool [K, S]).
+    ``corruption`` (bool [K, S]). ``flags``: the candidate's evaluation flags (dicts; the evaluated baseline's
+    follow with ``"model": "baseline"``), ``accepted_flags``: names accepted, ``blocking_flags``: the names of the
+    unreliable flags not accepted; :attr:`failed` is True on a regression or a blocking flag.
     """
 
     robust: Estimate
@@ -53,6 +57,20 @@ class SuiteCheck:
     outcomes: dict[str, torch.Tensor]
     baseline_outcomes: dict[str, torch.Tensor] | None
     timings: dict[str, float] = field(default_factory=dict)
+    flags: list[dict[str, Any]] = field(default_factory=list)
+    accepted_flags: tuple[str, ...] = ()
+
+    @property
+    def blocking_flags(self) -> list[str]:
+        """Names of the unreliable flags not accepted (in order, each once)."""
+        names = [f["name"] for f in self.flags if f["severity"] == "unreliable" and f["name"] not in
+                 self.accepted_flags]
+        return list(dict.fromkeys(names))
+
+    @property
+    def failed(self) -> bool:
+        """The gate fails: a regression, or a flag that makes an evaluation unreliable."""
+        return bool(self.regression) or bool(self.blocking_flags)
 
     def __repr__(self) -> str:
         r = self.robust
@@ -66,16 +84,24 @@ class SuiteCheck:
 
     @property
     def verdict(self) -> str:
-        """"regression", "pass" or "no baseline"."""
-        return "no baseline" if self.regression is None else ("regression" if self.regression else "pass")
+        """"regression", "unreliable" (an unaccepted unreliable flag), "pass" or "no baseline"."""
+        if self.regression:
+            return "regression"
+        if self.blocking_flags:
+            return "unreliable"
+        return "no baseline" if self.regression is None else "pass"
 
     def message(self) -> str:
         """The verdict in words (one paragraph)."""
         r = self.robust
         est = (f"robust accuracy {100 * r.value:.1f}% (95% interval {100 * r.ci_low:.1f}-{100 * r.ci_high:.1f}%) on "
                f"{len(self.outcomes['robust'])} suite samples")
+        flagged = ""
+        if self.blocking_flags:
+            flagged = (f"; UNRELIABLE: the evaluation is flagged {', '.join(self.blocking_flags)} (accept with "
+                       "--accept-flag NAME / accept_flags=)")
         if self.comparison is None:
-            return est + "; no baseline to compare with"
+            return est + "; no baseline to compare with" + flagged
         c = self.comparison
         b = self.baseline["robust_accuracy"].value if self.baseline else float("nan")
         head = "REGRESSION" if self.regression else "no regression"
@@ -86,7 +112,7 @@ class SuiteCheck:
                 f"{100 * self.max_drop:.1f} points"))
         return (f"{head}: {est}, baseline {100 * b:.1f}%; drop {100 * c.drop:+.1f} points (interval "
                 f"{100 * c.ci_low:+.1f} to {100 * c.ci_high:+.1f}); {c.b} samples broken only by the candidate, "
-                f"{c.c} only by the baseline; {why}")
+                f"{c.c} only by the baseline; {why}{flagged}")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready results (estimates, comparison, verdict)."""
@@ -95,6 +121,8 @@ class SuiteCheck:
             "clean": self.clean.to_dict(),
             "verdict": self.verdict, "regression": self.regression, "alpha": self.alpha, "max_drop": self.max_drop,
             "attack_version": self.version, "baseline_source": self.baseline_source,
+            "flags": list(self.flags), "accepted_flags": list(self.accepted_flags),
+            "blocking_flags": self.blocking_flags, "failed": self.failed,
         }
         if self.corruption is not None:
             d["corruption"] = self.corruption.to_dict() | {"corruption_accuracy": self.corruption.value}
@@ -123,7 +151,7 @@ def _estimates(out: dict[str, torch.Tensor], suite: Suite, level: float) -> dict
 
 def check_suite(candidate: nn.Module, suite: Suite | str | os.PathLike[str], baseline: nn.Module | bool | None = None,
                 *, alpha: float = DEFAULT_ALPHA, max_drop: float = DEFAULT_MAX_DROP, version: str | None = None,
-                level: float = 0.95, progress: bool = False) -> SuiteCheck:
+                level: float = 0.95, progress: bool = False, accept_flags: Any = ()) -> SuiteCheck:
     """Check ``candidate`` on ``suite`` (a :class:`Suite` or its file).
 
     ``baseline``: None compares with the outcomes stored in the suite (its own baseline); a model is evaluated on
@@ -131,9 +159,13 @@ def check_suite(candidate: nn.Module, suite: Suite | str | os.PathLike[str], bas
     the stored one (then the stored outcomes are reused); False: no comparison, only the estimate. ``version``:
     "standard" or "fast" (default: the suite's); another version than the stored one needs a baseline model.
     ``alpha`` (0 < alpha < 1) and ``max_drop`` (in [0, 1], accuracy as a fraction) define the verdict (module
-    docstring); ``level``: the confidence level of the intervals.
+    docstring); ``level``: the confidence level of the intervals; ``accept_flags``: names of unreliable flags the gate
+    accepts (:data:`robustest.evaluate.FLAGS`).
     """
+    from robustest.evaluate.flags import check_accepted
+
     t0 = time.perf_counter()
+    accepted = check_accepted(accept_flags)
     suite = load_suite(suite)
     for name, v, lo, hi in (("alpha", alpha, 0.0, 1.0), ("level", level, 0.0, 1.0)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo < v < hi:
@@ -162,6 +194,7 @@ def check_suite(candidate: nn.Module, suite: Suite | str | os.PathLike[str], bas
     y = y.to(x.device)
     timings: dict[str, float] = {}
     out = evaluate_outcomes(candidate, x, y, attack, suite.meta["corruption"], progress=progress)
+    flags_seen = list(out.get("flags", []))
     timings.update({f"candidate_{k}": v for k, v in out["seconds"].items()})
     stored_out = {"clean": suite.clean.bool(), "robust": suite.robust.bool(), "corruption": suite.corruption.bool()}
     base_out: dict[str, torch.Tensor] | None = None
@@ -176,6 +209,7 @@ def check_suite(candidate: nn.Module, suite: Suite | str | os.PathLike[str], bas
             b = evaluate_outcomes(baseline, x.to(resolve_device(baseline)), y.to(resolve_device(baseline)), attack,
                                   suite.meta["corruption"], progress=progress)
             base_out, source = b, "evaluated"
+            flags_seen = [*out.get("flags", []), *({**f, "model": "baseline"} for f in b.get("flags", []))]
             timings["baseline_s"] = time.perf_counter() - t1
     est = _estimates(out, suite, level)
     base_est = _estimates(base_out, suite, level) if base_out is not None else None
@@ -195,4 +229,4 @@ def check_suite(candidate: nn.Module, suite: Suite | str | os.PathLike[str], bas
                       outcomes={k: out[k] for k in ("clean", "robust", "corruption")},
                       baseline_outcomes=None if base_out is None else {k: base_out[k] for k in
                                                                         ("clean", "robust", "corruption")},
-                      timings=timings)
+                      timings=timings, flags=flags_seen, accepted_flags=accepted)

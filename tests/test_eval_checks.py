@@ -1,0 +1,375 @@
+"""The evaluation checks itself: model probes, per-sample gradient checks, flags, the auto and rand versions,
+and gates that fail on an unreliable evaluation (robustest.evaluate.checks / flags / findings / plans / runner)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from masked_zoo import DetachedMedian, NoGradPath, Quantized, RandomShiftNoise, ScaledLogits, SoftmaxOutput
+from robustest.cli import main
+from robustest.core.errors import ConfigError
+from robustest.evaluate import FLAGS, Flag, ensemble_plan, evaluate, probe_model
+from robustest.evaluate.checks import (
+    GRAD_NONFINITE,
+    GRAD_OK,
+    GRAD_ZERO,
+    SATURATED_MARGIN,
+    LogProbabilities,
+    gradient_status,
+    margins,
+)
+from robustest.evaluate.findings import GRADIENT_FREE_SHARE
+from robustest.evaluate.flags import blocking, check_accepted, flag_lines
+from robustest.evaluate.plans import PROBE_SIZE, ensemble_steps
+from robustest.evaluate.runner import judge
+from robustest.testing import assert_robust
+
+EPS = 0.2
+
+
+@pytest.fixture
+def sample(digits_test):
+    x, y = digits_test.tensors
+    return x[:48], y[:48]
+
+
+def _names(result) -> dict[str, str]:
+    return {f.name: f.severity for f in result.flags}
+
+
+# ------------------------------------------------------------------------------------------------- flags
+def test_flag_record_and_gate_rule():
+    f = Flag("zero-gradient", "unreliable", "m", "r", (3, 5))
+    assert f.to_dict() == {"name": "zero-gradient", "severity": "unreliable", "message": "m", "remedy": "r",
+                           "num_samples": 2, "samples": [3, 5]}
+    assert Flag.from_dict(f.to_dict()) == f
+    assert f.line() == "unreliable zero-gradient: m (remedy: r)"
+    assert flag_lines([f], "robustest eval") == ["robustest eval: flag unreliable zero-gradient: m (remedy: r)"]
+    info = Flag("randomised", "warning", "m", "r")
+    assert blocking([f, info]) == [f]
+    assert blocking([f, info], ("zero-gradient",)) == []
+    with pytest.raises(ValueError, match="unknown flag"):
+        Flag("nope", "info", "m", "r")
+    with pytest.raises(ValueError, match="unknown severity"):
+        Flag("randomised", "fatal", "m", "r")
+
+
+def test_accepted_flags_are_checked():
+    assert check_accepted("zero_gradient, randomised") == ("zero-gradient", "randomised")
+    assert check_accepted(["zero-gradient", "zero-gradient"]) == ("zero-gradient",)
+    assert check_accepted(None) == ()
+    with pytest.raises(ConfigError, match="unknown flag 'masked' to accept: use one of randomised"):
+        check_accepted("masked")
+    assert set(FLAGS) >= {"randomised", "probability-output", "zero-gradient", "no-gradient-path",
+                          "gradient-free-breaks", "dynamic-defence", "saturated-logits", "non-finite-gradient",
+                          "unstable-predictions"}
+
+
+# ------------------------------------------------------------------------------------------------- probes
+class _BufferCounter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(64, 10)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        return self.lin(x.flatten(1))
+
+
+class _GradInForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(64, 10)
+
+    def forward(self, x):
+        with torch.enable_grad():
+            z = x.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(self.lin(z.flatten(1)).sum(), z)
+        return self.lin((x - 0.01 * g.sign()).flatten(1))
+
+
+def test_probe_of_plain_and_masked_models(trained_digits_model, sample):
+    x, y = sample
+    plain = probe_model(trained_digits_model, x, y)
+    assert (plain.randomised, plain.probability_output, plain.dynamic, plain.gradient_path) == (False, False, False,
+                                                                                                True)
+    assert plain.max_output_diff == 0.0 and plain.prediction_changes == 0
+    torch.manual_seed(0)
+    rnd = probe_model(RandomShiftNoise(trained_digits_model, 1, 0.1).eval(), x, y)
+    assert rnd.randomised and rnd.max_output_diff > 1e-4 and rnd.prediction_changes >= 1
+    assert probe_model(SoftmaxOutput(trained_digits_model), x, y).probability_output
+    nog = probe_model(NoGradPath(trained_digits_model), x, y)
+    assert not nog.gradient_path and nog.gradient_error
+    buf = probe_model(_BufferCounter(), x, y)
+    assert buf.changed_state == ["buffer calls"] and buf.dynamic
+    assert probe_model(_GradInForward(), x, y).autograd_calls == 1  # one traced forward, one call of autograd.grad
+
+
+def test_gradient_status_codes_and_margins():
+    x = torch.rand(4, 1, 8, 8)
+    y = torch.tensor([0, 1, 2, 3])
+    torch.manual_seed(0)
+    lin = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    assert gradient_status(lin, x, y).tolist() == [GRAD_OK] * 4
+    assert gradient_status(Quantized(lin, 3), x, y).tolist() == [GRAD_ZERO] * 4
+
+    class Sqrt(nn.Module):  # d sqrt(t)/dt at t = 0 is infinite
+        def forward(self, t):
+            return lin(torch.sqrt(t - t + 0.0))
+
+    assert gradient_status(Sqrt(), x, y, batch_size=3).tolist() == [GRAD_NONFINITE] * 4
+    logits = torch.tensor([[3.0, 1.0, 2.0], [0.0, 5.0, 1.0]])
+    assert margins(logits, torch.tensor([0, 0])).tolist() == [1.0, -5.0]
+
+
+def test_log_probabilities_keep_predictions(trained_digits_model, sample):
+    x, _ = sample
+    soft = SoftmaxOutput(trained_digits_model)
+    with torch.no_grad():
+        lp = LogProbabilities(soft)(x)
+        torch.testing.assert_close(lp, torch.log_softmax(trained_digits_model(x), 1), atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------- judging
+class _Scripted(nn.Module):
+    """Each forward returns the next row of ``preds`` as one-hot logits (a randomised model, scripted)."""
+
+    def __init__(self, preds: list[list[int]], k: int = 3) -> None:
+        super().__init__()
+        self.preds, self.k, self.calls = preds, k, 0
+
+    def forward(self, x):
+        p = torch.tensor(self.preds[self.calls % len(self.preds)])
+        self.calls += 1
+        return torch.nn.functional.one_hot(p, self.k).float()
+
+
+def test_judge_by_majority_exactly():
+    y = torch.tensor([0, 0, 0, 0])
+    model = _Scripted([[0, 1, 1, 2], [0, 1, 2, 0], [1, 1, 2, 0]])
+    pred, wrong, unstable = judge(model, torch.zeros(4, 1), y, forwards=3)
+    # sample 0: 0,0,1 -> right; 1: 1,1,1 -> wrong (1); 2: 1,2,2 -> wrong, class 2; 3: 2,0,0 -> right
+    assert wrong.tolist() == [False, True, True, False]
+    assert pred.tolist() == [0, 1, 2, 0]
+    assert unstable.tolist() == [True, False, True, True]
+    model = _Scripted([[1, 0, 0, 0], [2, 0, 0, 0]])
+    pred, wrong, unstable = judge(model, torch.zeros(4, 1), y, forwards=2)  # 2 wrong votes of 2: wrong
+    assert wrong.tolist() == [True, False, False, False] and pred.tolist()[0] in (1, 2)
+    pred, wrong, unstable = judge(_Scripted([[1, 0, 0, 0]]), torch.zeros(4, 1), y, forwards=1)
+    assert wrong.tolist() == [True, False, False, False] and not unstable.any()
+
+
+# ------------------------------------------------------------------------------------------------- plans
+def test_plans_of_the_new_versions():
+    auto = ensemble_plan("auto", num_classes=10)
+    assert [s[0] for s in auto] == ["apgd-ce", "apgd-t", "square-probe", "fab-t", "square", "square-long"]
+    steps = ensemble_steps("auto", num_classes=10)
+    assert [s.only for s in steps] == ["all", "all", "probe", "escalate", "escalate", "bad-gradient"]
+    assert steps[2].params["queries"] == 1000 and steps[5].params["queries"] == 10000
+    assert steps[1].params["n_targets"] == 3 and steps[3].params["n_targets"] == 9
+    rand = ensemble_plan("rand", num_classes=10)
+    assert [(s[0], s[2]["eot_iter"], s[2]["steps"]) for s in rand] == [("apgd-ce", 20, 100), ("apgd-dlr", 20, 100)]
+    assert [s[0] for s in ensemble_plan("rand", num_classes=2)] == ["apgd-ce"]
+    assert [s.name for s in ensemble_steps("gradient-free")] == ["square-long"]
+    assert PROBE_SIZE == 100 and GRADIENT_FREE_SHARE == 0.01
+    with pytest.raises(ConfigError, match="unknown version 'slow'"):
+        ensemble_plan("slow")
+
+
+def test_apgd_eot_of_a_deterministic_model_is_plain_apgd(trained_digits_model, sample):
+    from robustest import attacks
+
+    x, y = sample
+    a = attacks.apgd(trained_digits_model, x[:16], y[:16], EPS, steps=10, seed=3)
+    b = attacks.apgd(trained_digits_model, x[:16], y[:16], EPS, steps=10, seed=3, eot_iter=4)  # mean of 4 equal
+    assert torch.equal(a, b)
+    with pytest.raises(ConfigError, match="eot_iter must be a positive integer"):
+        attacks.apgd(trained_digits_model, x[:2], y[:2], EPS, eot_iter=0)
+
+
+# ------------------------------------------------------------------------------------------------- evaluate
+def test_plain_model_raises_no_flag_and_auto_matches_fast(trained_digits_model, sample):
+    fast = evaluate(trained_digits_model, sample, 0.05, version="fast")
+    auto = evaluate(trained_digits_model, sample, 0.05)
+    assert fast.flags == [] and auto.flags == [] and auto.reliable
+    assert auto.version == "auto" and auto.plan == "auto" and auto.forwards == 1
+    assert auto.robust_accuracy <= fast.robust_accuracy
+    assert auto.settings["escalated_blocks"] in (0, 1)
+    assert all(g == "ok" for g, c in zip(auto.gradient, auto.clean_correct.tolist()) if c)
+    doc = auto.to_dict()
+    assert doc["flags"] == [] and doc["reliable"] is True and doc["plan"] == "auto"
+
+
+def test_shattered_gradients_are_flagged_and_auto_breaks_them(trained_digits_model, sample):
+    model = Quantized(trained_digits_model, 3).eval()
+    fast = evaluate(model, sample, EPS, version="fast")
+    flags = _names(fast)
+    assert flags["zero-gradient"] == "unreliable" and not fast.reliable
+    zero = next(f for f in fast.flags if f.name == "zero-gradient")
+    assert set(zero.samples) == set(fast.index[fast.robust].tolist())  # exactly the survivors
+    assert fast.robustbench()["autoattack_acc"] is None
+    auto = evaluate(model, sample, EPS)
+    assert auto.robust_accuracy < fast.robust_accuracy - 0.5  # Square broke what the zero gradients hid
+    assert sum(v for k, v in auto.breaks.items() if k.startswith("square")) > 0
+    assert auto.settings["escalated_blocks"] == 1  # the probe broke a sample: the standard rest was due
+    assert _names(auto)["gradient-free-breaks"] == "unreliable"
+    assert all(g == "zero" for g, c in zip(auto.gradient, auto.clean_correct.tolist()) if c)
+    rows = auto.rows()
+    assert rows[0]["gradient"] in ("zero", "") and "flags" in rows[0]
+
+
+def test_detached_denoiser_escalates_in_auto(trained_digits_model, sample):
+    model = DetachedMedian(trained_digits_model, 3).eval()
+    std = evaluate(model, sample, EPS, version="fast")
+    assert _names(std)["zero-gradient"] == "unreliable"
+    auto = evaluate(model, sample, EPS)
+    assert auto.robust_accuracy <= std.robust_accuracy and "gradient-free-breaks" in _names(auto)
+
+
+def test_randomised_model_gets_rand_and_majority(trained_digits_model, sample):
+    torch.manual_seed(0)
+    model = RandomShiftNoise(trained_digits_model, 1, 0.1).eval()
+    fast = evaluate(model, sample, EPS, version="fast")
+    assert _names(fast)["randomised"] == "unreliable" and fast.forwards == 11
+    auto = evaluate(model, sample, EPS)
+    assert auto.plan == "rand" and auto.forwards == 11 and _names(auto)["randomised"] == "warning"
+    assert list(auto.attacks) == ["apgd-ce", "apgd-dlr"]
+    assert auto.robustbench()["number_forward_passes"] == 11
+    assert auto.settings["attacks"][0]["params"]["eot_iter"] == 20
+    one = evaluate(model, sample, EPS, version="fast", forwards=1)
+    assert one.forwards == 1
+    with pytest.raises(ConfigError, match="forwards must be a positive integer"):
+        evaluate(model, sample, EPS, forwards=0)
+
+
+def test_probability_outputs_are_attacked_as_log_probabilities(trained_digits_model, sample):
+    plain = evaluate(trained_digits_model, sample, 0.1, version="fast")
+    soft = evaluate(SoftmaxOutput(trained_digits_model), sample, 0.1, version="fast")
+    assert _names(soft) == {"probability-output": "warning"} and soft.reliable
+    assert abs(soft.robust_accuracy - plain.robust_accuracy) <= 2 / 48
+
+
+def test_no_gradient_path_is_evaluated_gradient_free(trained_digits_model, sample):
+    res = evaluate(NoGradPath(trained_digits_model), sample, EPS, version="fast")
+    assert res.plan == "gradient-free" and list(res.attacks) == ["square-long"]
+    assert _names(res) == {"no-gradient-path": "unreliable"}
+    assert res.probe["gradient_path"] is False
+    custom = evaluate(NoGradPath(trained_digits_model), sample, EPS, version="custom", attacks=["apgd-ce", "square"])
+    assert custom.settings["skipped"]["apgd-ce"] == "the model has no gradient path to its input"
+    assert custom.attacked["apgd-ce"] == 0
+
+
+def test_saturated_logits_flag(trained_digits_model, sample):
+    model = ScaledLogits(trained_digits_model, 1000.0).eval()
+    ce_only = evaluate(model, sample, 0.02, version="custom", attacks=["apgd-ce"])
+    sat = next(f for f in ce_only.flags if f.name == "saturated-logits")
+    assert sat.severity == "unreliable" and sat.samples
+    assert all(ce_only.robust[ce_only.index.tolist().index(i)] for i in sat.samples)
+    assert f"above {SATURATED_MARGIN:g}" in sat.message
+    fast = evaluate(model, sample, 0.02, version="fast")  # APGD-T is scale-invariant
+    assert _names(fast).get("saturated-logits") in (None, "info")
+
+
+def test_dynamic_defence_flag(sample):
+    torch.manual_seed(0)
+    res = evaluate(_BufferCounter(), sample, 0.05, version="fast")
+    flag = next(f for f in res.flags if f.name == "dynamic-defence")
+    assert flag.severity == "unreliable" and "buffer calls" in flag.message
+
+
+def test_bpda_and_surrogate_break_the_quantised_model(trained_digits_model, sample):
+    model = Quantized(trained_digits_model, 3).eval()
+    bpda = evaluate(model, sample, EPS, version="fast", bpda="quant")
+    assert bpda.flags == [] or "zero-gradient" not in _names(bpda)
+    assert bpda.settings["bpda"] == "quant" and bpda.robust_accuracy < 0.3
+    sur = evaluate(model, sample, EPS, version="fast", surrogate=trained_digits_model)
+    assert "transfer" in sur.attacks and sur.breaks["transfer"] > 0
+    assert _names(sur)["gradient-free-breaks"] == "unreliable"
+    with pytest.raises(ConfigError, match="unknown submodule 'nope'"):
+        evaluate(model, sample, EPS, bpda="nope")
+
+
+# ------------------------------------------------------------------------------------------------- gates
+def test_assert_robust_fails_on_unreliable_unless_accepted(trained_digits_model, sample):
+    model = Quantized(trained_digits_model, 3).eval()
+    with pytest.raises(AssertionError, match="cannot be trusted: the evaluation is flagged unreliable "
+                                             r"\(zero-gradient"):
+        assert_robust(model, sample, eps=EPS, min_accuracy=0.0, attack="fast")
+    res = assert_robust(model, sample, eps=EPS, min_accuracy=0.0, attack="fast", accept_flags=["zero-gradient"])
+    assert not res.reliable
+
+
+def _script(model: nn.Module, path: Path) -> str:
+    torch.jit.script(model.eval()).save(str(path))
+    return str(path)
+
+
+def test_cli_gate_fails_on_a_masked_model(trained_digits_model, tmp_path: Path, capsys):
+    ts = _script(Quantized(trained_digits_model, 3), tmp_path / "quant.ts")
+    base = ["eval", "--torchscript", "--checkpoint", ts, "--dataset", "digits", "--limit", "48", "--eps", "0.2",
+            "--version", "fast", "--fail-under", "0.5", "--no-progress"]
+    assert main([*base, "--out", str(tmp_path / "a")]) == 1
+    err = capsys.readouterr().err
+    assert "robustest eval: flag unreliable zero-gradient:" in err
+    assert "gate failed: the evaluation is flagged unreliable (zero-gradient)" in err
+    doc = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert doc["gate"]["passed"] is False and doc["gate"]["accuracy_passed"] is True
+    assert doc["gate"]["blocking_flags"] == ["zero-gradient"] and doc["reliable"] is False
+    assert doc["robust_accuracy"] >= 0.5  # the fooled figure, which the gate no longer passes
+    assert main([*base, "--accept-flag", "zero-gradient", "--out", str(tmp_path / "b")]) == 0
+    doc = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert doc["gate"]["passed"] is True and doc["gate"]["accepted_flags"] == ["zero-gradient"]
+    assert doc["settings"]["accept_flag"] == ["zero-gradient"]
+    html = (tmp_path / "a" / "report.html").read_text()
+    assert "flagged unreliable (zero-gradient)" in html and "Checks" in html
+    assert main([*base, "--accept-flag", "masked", "--out", str(tmp_path / "c")]) == 2
+    assert "unknown flag 'masked'" in capsys.readouterr().err
+
+
+def test_cli_no_gradient_path_is_not_an_internal_error(trained_digits_model, tmp_path: Path, capsys):
+    ts = _script(NoGradPath(trained_digits_model), tmp_path / "nograd.ts")
+    code = main(["eval", "--torchscript", "--checkpoint", ts, "--dataset", "digits", "--limit", "24", "--eps",
+                 "0.1", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert code == 0
+    doc = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert doc["plan"] == "gradient-free" and [f["name"] for f in doc["flags"]] == ["no-gradient-path"]
+    assert "flag unreliable no-gradient-path" in capsys.readouterr().err
+
+
+def test_progress_lines_when_stderr_is_not_a_terminal(mlp_digits_checkpoint, tmp_path: Path, capsys):
+    assert main(["eval", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--limit", "20", "--eps",
+                 "0.05", "--version", "fast", "--out", str(tmp_path / "o")]) == 0
+    err = capsys.readouterr().err
+    assert "evaluate: apgd-ce on " in err and "evaluate: 20 of 20 samples done" in err
+    assert main(["eval", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--limit", "20", "--eps",
+                 "0.05", "--version", "fast", "--no-progress", "--out", str(tmp_path / "p")]) == 0
+    assert "evaluate:" not in capsys.readouterr().err
+
+
+def test_gradient_free_share_rule():
+    from robustest.evaluate.findings import _gradient_free_flag
+    from robustest.evaluate.runner import Tally
+
+    steps = ensemble_steps("standard", num_classes=10)
+    tally = Tally.start(steps)
+    tally.attacked.update({"apgd-ce": 400, "apgd-t": 300, "fab-t": 300, "square": 300})
+    code = torch.full((400,), -1)
+    tally.breaks["square"] = 3  # 3 of 300 = 1 %: unreliable
+    code[:3] = 3
+    parts = {"code": code, "index": torch.arange(400)}
+    (flag,) = _gradient_free_flag(parts, steps, tally)
+    assert flag.severity == "unreliable" and flag.samples == (0, 1, 2) and "3 of the 300" in flag.message
+    tally.breaks["square"] = 2  # 2 of 300 < 1 %: noted only
+    code[2] = -1
+    (flag,) = _gradient_free_flag({"code": code, "index": torch.arange(400)}, steps, tally)
+    assert flag.severity == "info"
+    tally.attacked["square"], tally.breaks["square"] = 200, 2  # 2 of 200 = 1 % exactly: unreliable
+    (flag,) = _gradient_free_flag({"code": code, "index": torch.arange(400)}, steps, tally)
+    assert flag.severity == "unreliable" and math.isclose(2 / 200, GRADIENT_FREE_SHARE)
