@@ -373,3 +373,34 @@ def test_gradient_free_share_rule():
     tally.attacked["square"], tally.breaks["square"] = 200, 2  # 2 of 200 = 1 % exactly: unreliable
     (flag,) = _gradient_free_flag({"code": code, "index": torch.arange(400)}, steps, tally)
     assert flag.severity == "unreliable" and math.isclose(2 / 200, GRADIENT_FREE_SHARE)
+
+
+# ------------------------------------------------------------------------------------------------- curves
+def test_robustness_curve_attacks_each_radius_on_the_survivors(trained_digits_model, sample):
+    single = evaluate(trained_digits_model, sample, 0.05, version="fast")
+    res = evaluate(trained_digits_model, sample, [0.1, 0.05], version="fast")  # sorted ascending
+    assert [c["eps"] for c in res.curve] == [0.05, 0.1] and res.eps == 0.1
+    assert res.curve[0]["robust_accuracy"] == single.robust_accuracy
+    assert res.curve[1]["attacked"] == int(single.robust.sum())  # only the survivors of 0.05
+    assert res.curve[1]["robust_accuracy"] <= res.curve[0]["robust_accuracy"]
+    assert res.robust_accuracy == res.curve[-1]["robust_accuracy"] == float(res.robust.double().mean())
+    assert not (res.robust & ~single.robust).any()  # robust at 0.1 implies robust at 0.05
+    at = res.broken_at
+    assert torch.equal(torch.isnan(at), res.robust)
+    assert set(at[~torch.isnan(at)].tolist()) <= {0.0, 0.05, 0.1}
+    assert int((at == 0.05).sum()) == int((single.clean_correct & ~single.robust).sum())
+    assert res.settings["eps"] == [0.05, 0.1] and res.to_dict()["curve"][1]["eps"] == 0.1
+    assert "broken_at_eps" in res.rows()[0]
+    with pytest.raises(ConfigError, match="empty list"):
+        evaluate(trained_digits_model, sample, [])
+
+
+def test_cli_curve(mlp_digits_checkpoint, tmp_path: Path, results_contract):
+    assert main(["eval", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--limit", "30", "--eps",
+                 "0.1,0.05", "--version", "fast", "--no-progress", "--out", str(tmp_path / "o")]) == 0
+    doc = results_contract(tmp_path / "o", "eval")
+    assert [c["eps"] for c in doc["curve"]] == [0.05, 0.1] and doc["eps"] == 0.1
+    assert doc["settings"]["eps"] == [0.05, 0.1]
+    header = (tmp_path / "o" / "samples.csv").read_text().splitlines()[0]
+    assert header.endswith("gradient,flags,broken_at_eps")
+    assert "Robustness curve" in (tmp_path / "o" / "report.html").read_text()

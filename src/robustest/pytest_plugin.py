@@ -35,8 +35,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "robustness(eps=None, min_accuracy=None, attack='standard', norm='linf'): a robustness test; its "
-        "arguments are the defaults of the assert_robust fixture",
+        "robustness(eps=None, min_accuracy=None, attack='auto', norm='linf', accept_flags=()): a robustness test; "
+        "its arguments are the defaults of the assert_robust fixture",
     )
     setattr(config, _RESULTS_KEY, [])
 
@@ -63,7 +63,7 @@ def assert_robust(request: pytest.FixtureRequest) -> Any:
         for key in ("eps", "min_accuracy"):
             if key not in args:
                 raise TypeError(f"assert_robust needs {key}=: pass it or set it on @pytest.mark.robustness")
-        row = {"test": request.node.nodeid, "attack": str(args.get("attack", "standard")), "eps": args["eps"],
+        row = {"test": request.node.nodeid, "attack": str(args.get("attack", "auto")), "eps": args["eps"],
                "required": args["min_accuracy"], "measured": None, "passed": False}
         checks.append(row)
         try:

@@ -36,6 +36,7 @@ from robustest.cli._common import (
     check_fits,
     data_settings,
     int_list,
+    list_arg,
     load_data,
     load_model,
     log,
@@ -63,8 +64,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint_arg(p)
     add_data_args(p, split="test")
-    p.add_argument("--eps", type=radius, required=True, metavar="E",
-                   help="radius of the threat model in pixel scale, e.g. 0.3 or 8/255 (L-inf: in (0, 1])")
+    p.add_argument("--eps", type=list_arg(radius, what="eps"), required=True, metavar="E",
+                   help="radius of the threat model in pixel scale, e.g. 0.3 or 8/255 (L-inf: in (0, 1]); a list "
+                        "(0.1,0.2,0.3) measures a robustness curve, each radius on the survivors of the smaller")
     p.add_argument("--norm", choices=("linf", "l2"), default="linf", help="threat model (default: linf)")
     p.add_argument("--version", choices=("auto", "standard", "fast", "rand", "custom"), default="auto",
                    help="attack ensemble (default: auto = fast, checked and escalated where a probe finds masking; "
@@ -111,7 +113,8 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str] | None, list[int] |
     from robustest import corruptions
     from robustest.evaluate.flags import check_accepted
 
-    check_eps("eps", args.eps, args.norm)
+    radii = sorted({check_eps("eps", e, args.norm) for e in args.eps})
+    args.eps = radii[0] if len(radii) == 1 else radii
     args.accept_flag = list(check_accepted(args.accept_flag))
     attacks = None
     if args.attacks is not None:
@@ -220,7 +223,11 @@ def run(args: argparse.Namespace) -> int:
     _html(result, doc).write(out / "report.html")
     per = ", ".join(f"{k} {100 * v:.2f}%" for k, v in result.attacks.items())
     plan = args.version if result.plan == args.version else f"{args.version} -> {result.plan}"
-    log.info(f"{args.dataset} ({result.num_samples} images), {args.norm} eps={args.eps:g}, {plan}: clean "
+    if result.curve:
+        for c in result.curve:
+            log.info(f"eps={c['eps']:g}: robust {100 * c['robust_accuracy']:.2f}% ({c['broke']} of {c['attacked']} "
+                     f"broken at this radius)")
+    log.info(f"{args.dataset} ({result.num_samples} images), {args.norm} eps={result.eps:g}, {plan}: clean "
              f"{100 * result.clean_accuracy:.2f}%, robust {100 * result.robust_accuracy:.2f}% ({per})")
     from robustest.evaluate.flags import flag_lines
 
@@ -246,8 +253,8 @@ def run(args: argparse.Namespace) -> int:
 def _html(result, doc):
     from robustest import report
 
-    rep = report.HtmlReport.from_results(doc, f"robustest eval: {doc['data']['dataset']}, {result.norm} "
-                                              f"eps={result.eps:g}")
+    radii = f"eps={result.eps:g}" if not result.curve else "eps=" + ",".join(f"{c['eps']:g}" for c in result.curve)
+    rep = report.HtmlReport.from_results(doc, f"robustest eval: {doc['data']['dataset']}, {result.norm} {radii}")
     rep.paragraph(f"{result.num_samples} images, version {result.version}: clean accuracy "
                   f"{100 * result.clean_accuracy:.2f}%, robust accuracy {100 * result.robust_accuracy:.2f}%. Each "
                   "attack runs only on the images every earlier attack left correctly classified; the accuracy "
@@ -273,6 +280,18 @@ def _html(result, doc):
                       "docs/EVAL.md explains each flag):")
         rep.table([{"flag": f.name, "severity": f.severity, "samples": len(f.samples), "finding": f.message,
                     "remedy": f.remedy} for f in result.flags])
+    if result.curve:
+        rep.heading("Robustness curve")
+        rep.paragraph("Each radius was attacked only on the images that survived the smaller one; the tables below "
+                      f"are those of the largest radius, eps={result.eps:g}.")
+        xs = [c["eps"] for c in result.curve]
+        rep.image(report.save_lines({"robust accuracy": (xs, [c["robust_accuracy"] for c in result.curve])}, None,
+                                    title="robust accuracy against the radius", xlabel=f"{result.norm} eps",
+                                    ylabel="robust accuracy"), "robust accuracy against eps")
+        rep.table([{"eps": c["eps"], "robust accuracy": c["robust_accuracy"], "attacked": c["attacked"],
+                    "broke": c["broke"], "plan": c["plan"], "reliable": c["reliable"],
+                    "flags": ", ".join(f"{f['name']} ({f['severity']})" for f in c["flags"]) or "-"}
+                   for c in result.curve])
     rows = [{"attack": "clean", "accuracy": result.clean_accuracy, "broke": None, "attacked": None, "seconds":
              result.timings.get("clean_s")}]
     rows += [{"attack": k, "accuracy": v, "broke": result.breaks[k], "attacked": result.attacked[k],

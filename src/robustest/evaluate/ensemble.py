@@ -13,6 +13,7 @@ and :mod:`robustest.evaluate.findings` turns it into flags.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,7 @@ from torch import nn
 from robustest import corruptions as _corr
 from robustest.attacks import check_norm, with_bpda
 from robustest.core.amp import check_amp
-from robustest.core.batching import DataLike, iter_batches
+from robustest.core.batching import DataLike, as_tensors, iter_batches
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.inputs import check_images, check_labels, check_logits
@@ -79,6 +80,10 @@ class EvalResult:
     * ``flags``: what the checks found (:class:`robustest.evaluate.flags.Flag`), ``probe``: the model probe's
       measurements, ``forwards``: forward passes judging each point (1, or the majority of more for a randomised
       model); ``plan``: what ran (``auto`` may choose ``rand`` or ``gradient-free``).
+    * with several radii (``evaluate(eps=[...])``): ``eps`` is the largest, the per-sample fields are those at
+      the largest radius, ``curve`` one dict per radius (``eps``, ``robust_accuracy``, ``attacked``, ``broke``,
+      ``plan``, ``reliable``, ``flags``, ``seconds``) and ``broken_at`` (float [N]) the smallest radius that broke
+      each sample (0 for a clean error, NaN where robust at every radius).
     * ``corruption``: corruption accuracy summary (:func:`evaluate` with ``corruptions``), else None.
     * ``settings`` (what was run), ``timings`` (seconds).
 
@@ -108,6 +113,8 @@ class EvalResult:
     probe: dict[str, Any] = field(default_factory=dict)
     forwards: int = 1
     plan: str = ""
+    curve: list[dict[str, Any]] | None = None
+    broken_at: torch.Tensor | None = None
     corruption: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -147,9 +154,13 @@ class EvalResult:
         cols = zip(self.index.tolist(), self.y.tolist(), self.clean_pred.tolist(), self.clean_correct.tolist(),
                    self.adv_pred.tolist(), self.robust.tolist(), self.broken_by, self.linf.tolist(), self.l2.tolist(),
                    grads)
-        return [{"index": i, "label": y, "clean_pred": cp, "clean_correct": int(cc), "adv_pred": ap,
+        rows = [{"index": i, "label": y, "clean_pred": cp, "clean_correct": int(cc), "adv_pred": ap,
                  "robust": int(r), "broken_by": b, "linf": li, "l2": l2, "gradient": g,
                  "flags": "+".join(named.get(i, []))} for i, y, cp, cc, ap, r, b, li, l2, g in cols]
+        if self.broken_at is not None:
+            for row, e in zip(rows, self.broken_at.tolist()):
+                row["broken_at_eps"] = None if math.isnan(e) else e
+        return rows
 
     def to_dict(self) -> dict[str, Any]:
         """The results contract of ``robustest eval`` (docs/RESULTS_SCHEMA.md), without the model and data
@@ -169,6 +180,8 @@ class EvalResult:
             "plan": self.plan or self.version, "forwards": self.forwards, "reliable": self.reliable,
             "flags": [f.to_dict() for f in self.flags], "probe": dict(self.probe),
         }
+        if self.curve is not None:
+            out["curve"] = [dict(c) for c in self.curve]
         if self.corruption is not None:
             out["corruptions"] = {k: v for k, v in self.corruption.items() if k not in ("result", "baseline_result")}
         out["settings"] = dict(self.settings)
@@ -205,7 +218,7 @@ def _quantiles(t: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------ evaluate
-def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", version: str = "auto",
+def evaluate(model: nn.Module, data: DataLike, eps: float | list[float], norm: str = "linf", version: str = "auto",
              attacks: Any = None, *, n_targets: int | None = None, seed: int = 0, batch_size: int = 256,
              block_size: int = 4096, corruptions: Any = None, severities: Any = (1, 2, 3, 4, 5),
              baseline: Any = None, keep_adv: bool = False, progress: bool = False,
@@ -248,11 +261,21 @@ def evaluate(model: nn.Module, data: DataLike, eps: float, norm: str = "linf", v
     ``amp``: "bf16" (CPU or CUDA) or "fp16" (CUDA) runs the clean pass under ``torch.autocast``; the attacks and
     their predictions stay in float32.
 
+    ``eps`` may be a list of radii: a robustness curve in one run (:attr:`EvalResult.curve`). The radii are
+    attacked in increasing order, each only on the samples that survived the smaller one (a sample broken inside
+    a ball is broken inside every larger ball); corruptions are measured once. The data are materialised as
+    tensors for this.
+
     Bad input (raised before any attack runs, as one-line ConfigError/DataError): eps <= 0 (or > 1 for L-inf),
     an unknown norm or version, a model with fewer than 2 outputs, more target classes than classes - 1, an
     unknown BPDA submodule.
     """
     t_start = time.perf_counter()
+    if isinstance(eps, (list, tuple)):
+        return _evaluate_curve(model, data, list(eps), dict(
+            norm=norm, version=version, attacks=attacks, n_targets=n_targets, seed=seed, batch_size=batch_size,
+            block_size=block_size, keep_adv=keep_adv, progress=progress, amp=amp, bpda=bpda, surrogate=surrogate,
+            forwards=forwards), dict(corruptions=corruptions, severities=severities, baseline=baseline))
     norm, eps, version = _check_arguments(model, eps, norm, version, batch_size, block_size)
     forwards = _check_forwards(forwards)
     corr_names, sets, severities = _check_corruptions(corruptions, severities, baseline)
@@ -431,6 +454,79 @@ def _result(parts: dict[str, torch.Tensor | None], tally: Tally, settings: dict[
         adv_pred=parts["adv_pred"], clean_correct=clean_correct, robust=code == -1, broken_by=broken_by,
         linf=parts["linf"], l2=parts["l2"], adv=parts["adv"] if keep_adv else None,
         gradient=[_GRAD_NAMES.get(int(g), "") for g in parts["grad"].tolist()], settings=settings, timings=timings)
+
+
+# ------------------------------------------------------------------------------------------------ curves
+def _remapped(flags: list[Flag], index: torch.Tensor, eps: float) -> list[Flag]:
+    """``flags`` of an evaluation on a subset whose row j is sample ``index[j]`` of the whole, for radius ``eps``."""
+    return [Flag(f.name, f.severity, f"eps {eps:g}: {f.message}", f.remedy,
+                 tuple(int(index[i]) for i in f.samples)) for f in flags]
+
+
+def _curve_point(res: EvalResult, eps: float, n: int, robust_before: int) -> dict[str, Any]:
+    return {"eps": eps, "robust_accuracy": float(res.robust.sum()) / n if n else float("nan"),
+            "attacked": robust_before, "broke": robust_before - int(res.robust.sum()), "plan": res.plan,
+            "reliable": res.reliable, "flags": [f.to_dict() for f in res.flags],
+            "seconds": res.timings.get("total_s", 0.0)}
+
+
+def _evaluate_curve(model: nn.Module, data: DataLike, radii: list[Any], kw: dict[str, Any],
+                    corr: dict[str, Any]) -> EvalResult:
+    """:func:`evaluate` at every radius of ``radii`` (ascending), each on the survivors of the smaller one; the
+    result at the largest radius with the curve (see :func:`evaluate`)."""
+    t0 = time.perf_counter()
+    norm = check_norm(kw["norm"])
+    if not radii:
+        raise ConfigError("eps is an empty list: give at least one radius")
+    radii = sorted({check_eps("eps", e, norm) for e in radii})
+    x, y = as_tensors(data)
+    if y is None:
+        raise DataError("evaluate needs labels: pass (x, y) or a labelled data set")
+    res = evaluate(model, (x, y), radii[0], **kw, **corr)
+    n = res.num_samples
+    curve = [_curve_point(res, radii[0], n, int(res.clean_correct.sum()))]
+    flags = _remapped(res.flags, res.index, radii[0]) if len(radii) > 1 else list(res.flags)
+    broken_at = torch.full((n,), float("nan"), dtype=torch.float64)
+    broken_at[~res.robust] = radii[0]
+    broken_at[~res.clean_correct] = 0.0
+    for e in radii[1:]:
+        pos = res.robust.nonzero().flatten()
+        sub = evaluate(model, (x[pos], y[pos]), e, **kw) if pos.numel() else None
+        if sub is None:
+            curve.append({"eps": e, "robust_accuracy": 0.0, "attacked": 0, "broke": 0, "plan": res.plan,
+                          "reliable": True, "flags": [], "seconds": 0.0})
+            continue
+        curve.append(_curve_point(sub, e, n, int(pos.numel())))
+        flags += _remapped(sub.flags, res.index[pos], e)
+        _merge(res, sub, pos, e, broken_at, n)
+    res.eps, res.curve, res.flags, res.broken_at = radii[-1], curve, flags, broken_at
+    res.robust_accuracy = float(res.robust.double().mean())
+    res.settings["eps"] = radii
+    res.timings["total_s"] = time.perf_counter() - t0
+    return res
+
+
+def _merge(res: EvalResult, sub: EvalResult, pos: torch.Tensor, eps: float, broken_at: torch.Tensor, n: int) -> None:
+    """Write the evaluation ``sub`` of the survivors ``pos`` (positions in ``res``) at radius ``eps`` into ``res``:
+    per-sample outcomes, the largest radius's per-attack figures (as fractions of all ``n`` samples)."""
+    broke = ~sub.robust
+    hit = pos[broke]
+    res.robust[hit] = False
+    broken_at[hit] = eps
+    res.adv_pred[hit] = sub.adv_pred[broke]
+    res.linf[hit], res.l2[hit] = sub.linf[broke], sub.l2[broke]
+    if res.adv is not None and sub.adv is not None:
+        res.adv[hit] = sub.adv[broke]
+    for j, p in enumerate(pos.tolist()):
+        if broke[j]:
+            res.broken_by[p] = sub.broken_by[j]
+    m = int(pos.numel())
+    res.attacks = {k: v * m / n for k, v in sub.attacks.items()}
+    res.breaks, res.attacked = dict(sub.breaks), dict(sub.attacked)
+    res.plan = sub.plan
+    for k, v in sub.timings.items():
+        if k != "total_s":
+            res.timings[k] = res.timings.get(k, 0.0) + v
 
 
 def _add_corruptions(result: EvalResult, model: nn.Module, data: DataLike, *, corr_names: list[str] | None,
