@@ -392,3 +392,11 @@ def adaptive_attack(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tenso
             best[idx] = torch.where(hit.view(-1, 1, 1, 1), adv, best[idx])
             found[idx] = hit
     return best
+
+
+def quantized_digits_cnn(levels: int = 3) -> nn.Module:
+    """A factory for ``--model masked_zoo:quantized_digits_cnn``: :class:`Quantized` around robustest's
+    ``digits_cnn`` (weights from ``--weights``)."""
+    from robustest import models
+
+    return Quantized(models.create("digits_cnn", input_size=8), levels)

@@ -404,3 +404,114 @@ def test_cli_curve(mlp_digits_checkpoint, tmp_path: Path, results_contract):
     header = (tmp_path / "o" / "samples.csv").read_text().splitlines()[0]
     assert header.endswith("gradient,flags,broken_at_eps")
     assert "Robustness curve" in (tmp_path / "o" / "report.html").read_text()
+
+
+def test_cli_bpda_and_surrogate(trained_digits_model, mlp_digits_checkpoint, tmp_path: Path, capsys):
+    model = Quantized(trained_digits_model, 3).eval()
+    weights = tmp_path / "q.pt"
+    torch.save(model.state_dict(), weights)
+    base = ["eval", "--model", "masked_zoo:quantized_digits_cnn", "--weights", str(weights), "--dataset", "digits",
+            "--limit", "30", "--eps", "0.2", "--version", "fast", "--no-progress"]
+    assert main([*base, "--bpda", "quant", "--out", str(tmp_path / "b")]) == 0
+    doc = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert doc["settings"]["bpda"] == "quant" and "zero-gradient" not in [f["name"] for f in doc["flags"]]
+    assert doc["robust_accuracy"] < 0.3
+    assert main([*base, "--surrogate", mlp_digits_checkpoint, "--out", str(tmp_path / "s")]) == 0
+    doc = json.loads((tmp_path / "s" / "results.json").read_text())
+    assert "transfer" in doc["attacks"] and doc["settings"]["surrogate"] == mlp_digits_checkpoint
+    assert main([*base, "--bpda", "nope", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown submodule 'nope'" in capsys.readouterr().err
+
+
+def test_heartbeat_lines_during_a_long_step(monkeypatch, capsys):
+    from robustest.evaluate import runner
+
+    monkeypatch.setattr(runner, "HEARTBEAT_S", 0.05)
+    status = runner._Status(True, 10)
+    status.enabled = True
+    with status.running("apgd-ce", 7):
+        import time
+
+        time.sleep(0.18)
+    err = capsys.readouterr().err
+    assert err.count("evaluate: apgd-ce still running on 7 samples") >= 2
+    quiet = runner._Status(False, 10)
+    with quiet.running("apgd-ce", 7):
+        pass
+    assert capsys.readouterr().err == ""
+
+
+class _Decoy(nn.Module):
+    """Forward: the trained model; backward: the gradient of an unrelated random network (a decoy backward pass:
+    gradients neither zero nor useful)."""
+
+    def __init__(self, real: nn.Module) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.real, self.decoy = real, nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+
+    def forward(self, x):
+        d = self.decoy(x)
+        return d + (self.real(x) - d).detach()
+
+
+class _NoisyOffGrid(nn.Module):
+    """Deterministic on images whose pixels are multiples of 1/16 (every digits image), random elsewhere: the
+    probe on clean images sees no randomness, the adversarial points do."""
+
+    def __init__(self, real: nn.Module) -> None:
+        super().__init__()
+        self.real = real
+
+    def forward(self, x):
+        z = self.real(x)
+        off = ((x * 16 - torch.round(x * 16)).abs().flatten(1).amax(1) > 1e-4).float()[:, None]
+        return z + off * 5 * torch.randn_like(z)
+
+
+def test_decoy_gradients_are_caught_by_the_probe_in_fast(trained_digits_model, sample):
+    model = _Decoy(trained_digits_model).eval()
+    res = evaluate(model, sample, EPS, version="fast")
+    assert "square-probe" in res.attacks and res.breaks["square-probe"] >= 2
+    assert _names(res)["gradient-free-breaks"] == "unreliable" and not res.reliable
+    assert "zero-gradient" not in _names(res)  # the decoy's gradients are neither zero nor useful
+    plain = evaluate(trained_digits_model, sample, 0.05, version="fast")
+    assert plain.flags == [] and plain.attacked.get("square-probe", 0) <= PROBE_SIZE
+
+
+def test_randomness_off_the_data_is_caught_by_a_second_look(trained_digits_model, sample):
+    torch.manual_seed(0)
+    model = _NoisyOffGrid(trained_digits_model).eval()
+    res = evaluate(model, sample, 0.1, version="fast")
+    assert res.probe["randomised"] is False and res.forwards == 1
+    flag = next(f for f in res.flags if f.name == "unstable-predictions")
+    assert flag.severity == "unreliable" and flag.samples
+
+
+def test_a_model_that_changes_while_attacked_is_dynamic(trained_digits_model, sample):
+    class Drifting(nn.Module):
+        def __init__(self, real):
+            super().__init__()
+            self.real = real
+            self.register_buffer("seen", torch.zeros(()))
+
+        def forward(self, x):
+            if torch.is_grad_enabled():  # only attack passes move it, the probe's no-grad forwards do not
+                self.seen += 1
+            return self.real(x)
+
+    res = evaluate(Drifting(trained_digits_model).eval(), sample, 0.05, version="fast")
+    flag = next(f for f in res.flags if f.name == "dynamic-defence")
+    assert flag.severity == "unreliable" and "(while attacked)" in flag.message
+
+
+def test_measure_records_the_autoattack_flags(trained_digits_model, sample):
+    from robustest.evaluate import measure
+
+    plain = measure(trained_digits_model, sample, eps=0.05, autoattack=True, autoattack_version="fast",
+                    whitebox_limit=24, pgd_steps=2, pgd_restarts=1, apgd_steps=2)
+    assert plain.autoattack_flags == [] and plain.to_dict()["autoattack_flags"] == []
+    masked = measure(Quantized(trained_digits_model, 3).eval(), sample, eps=EPS, autoattack=True,
+                     autoattack_version="fast", whitebox_limit=24, pgd_steps=2, pgd_restarts=1, apgd_steps=2)
+    assert [f["name"] for f in masked.autoattack_flags][:1] == ["zero-gradient"]
+    assert measure(trained_digits_model, sample, eps=0.05, whitebox=False).autoattack_flags is None

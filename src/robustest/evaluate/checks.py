@@ -24,7 +24,7 @@ from torch import nn
 from robustest.core.modelcall import eval_mode, forward, frozen_params
 
 __all__ = ["RANDOMNESS_TOLERANCE", "SATURATED_MARGIN", "LogProbabilities", "ModelProbe", "gradient_status",
-           "margins", "probe_model"]
+           "margins", "probe_model", "state_fingerprint"]
 
 #: L2 distance of the normalised outputs of two forwards above which a model counts as randomised (AutoAttack's)
 RANDOMNESS_TOLERANCE = 1e-4
@@ -82,6 +82,18 @@ class ModelProbe:
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:
     out = {f"parameter {k}": p.detach().clone() for k, p in model.named_parameters()}
     out.update({f"buffer {k}": b.detach().clone() for k, b in model.named_buffers()})
+    return out
+
+
+def state_fingerprint(model: nn.Module) -> dict[str, tuple[float, float]]:
+    """A cheap fingerprint of every parameter and buffer (sum and sum of squares, in float64): what an
+    evaluation compares before and after its attacks to catch a model that changes itself while attacked."""
+    out = {}
+    with torch.no_grad():
+        for kind, items in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
+            for k, t in items:
+                d = t.detach().double()
+                out[f"{kind} {k}"] = (float(d.sum()), float((d * d).sum()))
     return out
 
 

@@ -30,7 +30,15 @@ from robustest.core.errors import ConfigError, DataError
 from robustest.core.inputs import check_images, check_labels, check_logits
 from robustest.core.modelcall import eval_mode, forward
 from robustest.core.validation import check_eps
-from robustest.evaluate.checks import GRAD_NONFINITE, GRAD_OK, GRAD_ZERO, LogProbabilities, ModelProbe, probe_model
+from robustest.evaluate.checks import (
+    GRAD_NONFINITE,
+    GRAD_OK,
+    GRAD_ZERO,
+    LogProbabilities,
+    ModelProbe,
+    probe_model,
+    state_fingerprint,
+)
 from robustest.evaluate.clean import accuracy
 from robustest.evaluate.corruption import (
     CorruptionResult,
@@ -46,6 +54,7 @@ from robustest.evaluate.plans import (
     PlanStep,
     ensemble_plan,
     ensemble_steps,
+    probe_step,
     skipped_attacks,
     transfer_step,
 )
@@ -299,7 +308,11 @@ def evaluate(model: nn.Module, data: DataLike, eps: float | list[float], norm: s
                      norm=norm, seed=seed, batch_size=batch_size, block_size=block_size, device=device, amp=amp,
                      keep_adv=keep_adv, progress=progress, forwards=judged, gradient_path=probe.gradient_path,
                      surrogate=surrogate)
+    before = state_fingerprint(model)
     tally = attack_blocks(data, setup)
+    after = state_fingerprint(model)
+    probe.changed_state += [f"{k} (while attacked)" for k in after if after[k] != before.get(k)
+                            and k not in probe.changed_state]
     parts = tally.gather()
     tally.checks_s += probe_s
     flags = collect_flags(probe, parts, tally, steps, randomised_acted=plan_name == "rand", forwards=judged)
@@ -327,6 +340,8 @@ def _choose_plan(version: str, probe: ModelProbe, norm: str, attacks: Any, n_tar
         plan_name = "gradient-free"
     steps = ensemble_steps(plan_name, norm, attacks if plan_name == "custom" else None, n_targets=n_targets,
                            num_classes=num_classes)
+    if plan_name in ("fast", "custom") and not any(s.gradient_free for s in steps):
+        steps.append(probe_step(norm))  # the check for gradients masked without being zero
     if surrogate is not None:
         free = [k for k, s in enumerate(steps) if s.gradient_free]
         steps.insert(free[0] if free else len(steps), transfer_step(norm))

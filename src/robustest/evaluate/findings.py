@@ -117,7 +117,13 @@ def collect_flags(probe: ModelProbe, parts: dict[str, Any], tally: Tally, plan: 
     flags += _gradient_free_flag(parts, plan, tally)
     shaky = parts["unstable"]
     if shaky is not None and bool(shaky.any()):
-        flags.append(Flag("unstable-predictions", "info", f"the {forwards} forwards disagreed on the class of "
-                          f"{int(shaky.sum())} judged images (clean or adversarial); each was judged by the majority",
-                          "none needed", _indices(parts["index"], shaky)))
+        if forwards > 1:
+            flags.append(Flag("unstable-predictions", "info", f"the {forwards} forwards disagreed on the class of "
+                              f"{int(shaky.sum())} judged images (clean or adversarial); each was judged by the "
+                              "majority", "none needed", _indices(parts["index"], shaky)))
+        else:  # the probe found the model deterministic, yet a second forward changed a verdict
+            flags.append(Flag("unstable-predictions", "unreliable", f"a second forward pass changed the class of "
+                              f"{int(shaky.sum())} adversarial images judged on one forward: the model is random or "
+                              "input-dependent where the probe did not look", "evaluate with forwards= > 1 (the "
+                              "majority decides) or version 'rand'", _indices(parts["index"], shaky)))
     return flags

@@ -14,6 +14,9 @@ on which of the samples still robust.
   Square run.
 * ``custom``: the attacks named.
 
+``fast`` and ``custom`` (without a gradient-free attack) also get the Square probe as a check (:func:`probe_step`):
+its breaks count, and a probe that breaks what the gradient attacks left robust raises ``gradient-free-breaks``.
+
 A step's ``only`` says which survivors it attacks: ``all``, ``probe``, ``escalate`` (all, but only when a probe
 broke some sample of the block) or ``bad-gradient``.
 """
@@ -28,7 +31,7 @@ from robustest.attacks import attack_function, canonical_name
 from robustest.core.errors import ConfigError
 
 __all__ = ["AUTOATTACK_NAMES", "EVAL_VERSIONS", "PROBE_SIZE", "PlanStep", "ensemble_plan", "ensemble_steps",
-           "skipped_attacks", "transfer_step"]
+           "probe_step", "skipped_attacks", "transfer_step"]
 
 EVAL_VERSIONS = ("auto", "standard", "fast", "rand", "custom")
 #: AutoAttack's names of the ensemble attacks -> robustest registry names
@@ -45,7 +48,8 @@ _SQUARE = {"queries": 5000, "p_init": 0.8, "restarts": 1}
 _STANDARD = (("apgd-ce", dict(_APGD), "all"), ("apgd-t", {**_APGD, "n_targets": 9}, "all"),
              ("fab-t", {"steps": 100, "restarts": 1, "n_targets": 9}, "all"), ("square", dict(_SQUARE), "all"))
 _FAST = (("apgd-ce", dict(_APGD), "all"), ("apgd-t", {**_APGD, "n_targets": 3}, "all"))
-_AUTO = _FAST + (("square-probe", {**_SQUARE, "queries": 1000}, "probe"),
+_PROBE = ("square-probe", {**_SQUARE, "queries": 1000}, "probe")
+_AUTO = _FAST + (_PROBE,
                  ("fab-t", {"steps": 100, "restarts": 1, "n_targets": 9}, "escalate"),
                  ("square", dict(_SQUARE), "escalate"),
                  ("square-long", {**_SQUARE, "queries": 10000}, "bad-gradient"))
@@ -191,3 +195,11 @@ def transfer_step(norm: str) -> PlanStep:
     surrogate transfers better than its first success), its points judged on the real model."""
     return PlanStep("transfer", "apgd", attack_function("apgd"), {**_APGD, "norm": norm, "stop_on_success": False},
                     "all", on_surrogate=True)
+
+
+def probe_step(norm: str) -> PlanStep:
+    """The Square probe (1000 queries on a seeded sample of at most :data:`PROBE_SIZE` survivors per block): the
+    check every plan without a gradient-free attack gets, since a model can mask its gradients without zeroing
+    them (a decoy backward pass); its breaks count, and raise ``gradient-free-breaks``."""
+    name, params, only = _PROBE
+    return PlanStep(name, "square", attack_function("square"), {**params, "norm": norm}, only)

@@ -7,8 +7,11 @@ Per block b, attack k draws from a generator seeded ``seed + k + b * BATCH_SEED_
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -126,14 +129,41 @@ def judge(model: nn.Module, x: torch.Tensor, y: torch.Tensor, forwards: int = 1,
     return torch.where(wrong, other, y), wrong, (preds != preds[0]).any(0)
 
 
+#: seconds between the "still running" lines of a long step
+HEARTBEAT_S = 60.0
+
+
 class _Status:
     """A line on stderr per step when progress is on but stderr is not a terminal (a CI log never looks hung):
-    the step, the samples it ran on, what it broke, the time and an estimate of what is left."""
+    the step, the samples it ran on, what it broke, the time and an estimate of what is left; during a step, a
+    line every :data:`HEARTBEAT_S` seconds."""
 
     def __init__(self, enabled: bool, total: int) -> None:
         isatty = getattr(sys.stderr, "isatty", None)
         self.enabled = enabled and not (callable(isatty) and isatty()) and distributed.is_main()
         self.total, self.done, self.t0 = max(total, 1), 0, time.perf_counter()
+
+    @contextlib.contextmanager
+    def running(self, name: str, attacked: int) -> Iterator[None]:
+        """While the step ``name`` runs on ``attacked`` samples: a line every HEARTBEAT_S seconds."""
+        if not self.enabled:
+            yield
+            return
+        stop = threading.Event()
+        t_step = time.perf_counter()
+
+        def beat() -> None:
+            while not stop.wait(HEARTBEAT_S):
+                print(f"evaluate: {name} still running on {attacked} samples, {time.perf_counter() - t_step:.0f}s "
+                      f"into it ({time.perf_counter() - self.t0:.0f}s elapsed)", file=sys.stderr, flush=True)
+
+        thread = threading.Thread(target=beat, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def step(self, name: str, attacked: int, broke: int, seconds: float) -> None:
         if self.enabled:
@@ -232,8 +262,9 @@ def _attack_block(xb: torch.Tensor, yb: torch.Tensor, idx: torch.Tensor, gens: l
             continue
         t0 = time.perf_counter()
         attacker = setup.surrogate if step.on_surrogate else setup.attack_model
-        out = step.fn(attacker, xb[sel], yb[sel], setup.eps, generator=gens[k], batch_size=setup.batch_size,
-                      **step.params)
+        with status.running(step.name, int(sel.numel())):
+            out = step.fn(attacker, xb[sel], yb[sel], setup.eps, generator=gens[k], batch_size=setup.batch_size,
+                          **step.params)
         with eval_mode(setup.model), torch.no_grad():
             pred, wrong, shaky = judge(setup.model, out, yb[sel], setup.forwards, setup.batch_size)
         broke = wrong & (lp_norm(out - xb[sel], setup.norm) <= setup.eps + tol)
@@ -250,6 +281,11 @@ def _attack_block(xb: torch.Tensor, yb: torch.Tensor, idx: torch.Tensor, gens: l
         tally.attacked[step.name] += int(sel.numel())
         status.step(step.name, int(sel.numel()), int(hit.numel()), seconds)
     tally.escalated += int(probe_broke)
+    broken = (~robust & correct).nonzero().flatten()
+    if setup.forwards == 1 and broken.numel():  # a second look at every adversarial point: is the verdict stable?
+        with eval_mode(setup.model), torch.no_grad():
+            again, _ = _predicted(setup.model, adv[broken], setup.batch_size)
+        unstable[broken] |= again != ap[broken]
     delta = (adv - xb).flatten(1)
     block_parts = {"index": idx, "y": yb, "clean_pred": cp, "adv_pred": ap, "code": code,
                    "linf": delta.abs().amax(1), "l2": delta.norm(dim=1), "grad": grad, "unstable": unstable,
