@@ -43,12 +43,13 @@ def test_outputs(mlp_digits_checkpoint, tmp_path: Path, capsys):
     doc = json.loads((out / "results.json").read_text())
     assert doc["format"] == "robustest-eval-results" and doc["version"] == 1 and doc["world_size"] == 1
     assert doc["num_samples"] == 40 and doc["data"]["dataset"] == "digits" and doc["data"]["num_samples"] == 40
-    assert set(doc["attacks"]) == {"fgsm", "bim"} and doc["attacks"]["bim"] == doc["robust_accuracy"]
+    assert list(doc["attacks"])[:2] == ["fgsm", "bim"] and set(doc["attacks"]) <= {"fgsm", "bim", "square-probe"}
+    assert list(doc["attacks"].values())[-1] == doc["robust_accuracy"]  # the probe, a check, counts too
     assert 0 <= doc["robust_accuracy"] <= doc["attacks"]["fgsm"] <= doc["clean_accuracy"] <= 1
     s = doc["settings"]
     assert s["version"] == "custom" and s["norm"] == "linf" and s["eps"] == 0.1 and s["seed"] == 2
     assert s["attacks"] == ["fgsm", "bim"] and "corruptions" not in s  # the options in effect
-    assert [a["name"] for a in doc["attack_settings"]["attacks"]] == ["fgsm", "bim"]  # the ensemble's parameters
+    assert [a["name"] for a in doc["attack_settings"]["attacks"]] == ["fgsm", "bim", "square-probe"]
     assert {"clean_s", "fgsm_s", "bim_s", "total_s", "load_s"} <= set(doc["timings"])
     rb = doc["robustbench"]
     assert rb["dataset"] == "digits" and rb["architecture"] == "mlp" and rb["eps"] == "0.1"
@@ -58,7 +59,7 @@ def test_outputs(mlp_digits_checkpoint, tmp_path: Path, capsys):
         rows = list(csv.DictReader(fh))
     assert len(rows) == 40 and rows[0].keys() >= {"index", "label", "robust", "broken_by", "linf", "l2"}
     assert sum(int(r["robust"]) for r in rows) == round(doc["robust_accuracy"] * 40)
-    assert {r["broken_by"] for r in rows} <= {"", "misclassified", "fgsm", "bim"}
+    assert {r["broken_by"] for r in rows} <= {"", "misclassified", "fgsm", "bim", "square-probe"}
     html = (out / "report.html").read_text()
     assert html.startswith("<!DOCTYPE html>") and "Accuracy after each attack" in html
     # the sections every verb's report has: settings and timings as tables, the gate's verdict
@@ -70,17 +71,20 @@ def test_outputs(mlp_digits_checkpoint, tmp_path: Path, capsys):
 
 
 def test_fail_under_exit_codes(mlp_digits_checkpoint, tmp_path: Path, capsys):
-    base = ["eval", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--eps", "0.2", *FAST]
+    # FGSM and BIM are weak: the Square probe breaks more, which the gate accepts here to test the threshold alone
+    base = ["eval", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--eps", "0.2", *FAST,
+            "--accept-flag", "gradient-free-breaks"]
     assert main([*base, "--out", str(tmp_path / "a"), "--fail-under", "0"]) == 0
     doc = json.loads((tmp_path / "a" / "results.json").read_text())
-    assert doc["gate"] == {"fail_under": 0.0, "passed": True, "accuracy_passed": True, "accepted_flags": [],
-                           "blocking_flags": []}
+    assert doc["gate"] == {"fail_under": 0.0, "passed": True, "accuracy_passed": True,
+                           "accepted_flags": ["gradient-free-breaks"], "blocking_flags": []}
     robust = doc["robust_accuracy"]
     assert robust < 1.0
     capsys.readouterr()
     assert main([*base, "--out", str(tmp_path / "b"), "--fail-under", f"{robust + 0.01:.4f}"]) == 1
     err = capsys.readouterr().err
-    assert "below --fail-under" in err and len(err.strip().splitlines()) == 1
+    lines = err.strip().splitlines()  # the flags (accepted, so not blocking), then the one reason the gate failed
+    assert "below --fail-under" in lines[-1] and all(" flag " in line for line in lines[:-1])
     assert json.loads((tmp_path / "b" / "results.json").read_text())["gate"]["passed"] is False
     assert main([*base, "--out", str(tmp_path / "c"), "--fail-under", f"{100 * robust:.4f}%"]) == 0
     # the verdict is in the report too, with the gate in the settings table

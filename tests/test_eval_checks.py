@@ -209,14 +209,16 @@ def test_plain_model_raises_no_flag_and_auto_matches_fast(trained_digits_model, 
 
 def test_shattered_gradients_are_flagged_and_auto_breaks_them(trained_digits_model, sample):
     model = Quantized(trained_digits_model, 3).eval()
-    fast = evaluate(model, sample, EPS, version="fast")
+    fast = evaluate(model, sample, 0.05, version="fast")  # small enough that many survive even Square's probe
     flags = _names(fast)
-    assert flags["zero-gradient"] == "unreliable" and not fast.reliable
+    assert flags["zero-gradient"] == "unreliable" and not fast.reliable and fast.robust_accuracy > 0.5
     zero = next(f for f in fast.flags if f.name == "zero-gradient")
     assert set(zero.samples) == set(fast.index[fast.robust].tolist())  # exactly the survivors
     assert fast.robustbench()["autoattack_acc"] is None
+    fast = evaluate(model, sample, EPS, version="fast")
+    assert _names(fast)["gradient-free-breaks"] == "unreliable"  # fast's probe broke what the gradients hid
     auto = evaluate(model, sample, EPS)
-    assert auto.robust_accuracy < fast.robust_accuracy - 0.5  # Square broke what the zero gradients hid
+    assert auto.robust_accuracy <= 0.1  # Square broke what the zero gradients hid
     assert sum(v for k, v in auto.breaks.items() if k.startswith("square")) > 0
     assert auto.settings["escalated_blocks"] == 1  # the probe broke a sample: the standard rest was due
     assert _names(auto)["gradient-free-breaks"] == "unreliable"
@@ -228,7 +230,7 @@ def test_shattered_gradients_are_flagged_and_auto_breaks_them(trained_digits_mod
 def test_detached_denoiser_escalates_in_auto(trained_digits_model, sample):
     model = DetachedMedian(trained_digits_model, 3).eval()
     std = evaluate(model, sample, EPS, version="fast")
-    assert _names(std)["zero-gradient"] == "unreliable"
+    assert "zero-gradient" in _names(std) and not std.reliable
     auto = evaluate(model, sample, EPS)
     assert auto.robust_accuracy <= std.robust_accuracy and "gradient-free-breaks" in _names(auto)
 
@@ -301,8 +303,9 @@ def test_assert_robust_fails_on_unreliable_unless_accepted(trained_digits_model,
     model = Quantized(trained_digits_model, 3).eval()
     with pytest.raises(AssertionError, match="cannot be trusted: the evaluation is flagged unreliable "
                                              r"\(zero-gradient"):
-        assert_robust(model, sample, eps=EPS, min_accuracy=0.0, attack="fast")
-    res = assert_robust(model, sample, eps=EPS, min_accuracy=0.0, attack="fast", accept_flags=["zero-gradient"])
+        assert_robust(model, sample, eps=0.05, min_accuracy=0.0, attack="fast")
+    accept = ["zero-gradient", "gradient-free-breaks"]
+    res = assert_robust(model, sample, eps=0.05, min_accuracy=0.0, attack="fast", accept_flags=accept)
     assert not res.reliable
 
 
@@ -313,22 +316,23 @@ def _script(model: nn.Module, path: Path) -> str:
 
 def test_cli_gate_fails_on_a_masked_model(trained_digits_model, tmp_path: Path, capsys):
     ts = _script(Quantized(trained_digits_model, 3), tmp_path / "quant.ts")
-    base = ["eval", "--torchscript", "--checkpoint", ts, "--dataset", "digits", "--limit", "48", "--eps", "0.2",
+    base = ["eval", "--torchscript", "--checkpoint", ts, "--dataset", "digits", "--limit", "48", "--eps", "0.05",
             "--version", "fast", "--fail-under", "0.5", "--no-progress"]
     assert main([*base, "--out", str(tmp_path / "a")]) == 1
     err = capsys.readouterr().err
     assert "robustest eval: flag unreliable zero-gradient:" in err
-    assert "gate failed: the evaluation is flagged unreliable (zero-gradient)" in err
+    assert "gate failed: the evaluation is flagged unreliable (zero-gradient" in err
     doc = json.loads((tmp_path / "a" / "results.json").read_text())
     assert doc["gate"]["passed"] is False and doc["gate"]["accuracy_passed"] is True
-    assert doc["gate"]["blocking_flags"] == ["zero-gradient"] and doc["reliable"] is False
+    assert doc["gate"]["blocking_flags"][0] == "zero-gradient" and doc["reliable"] is False
     assert doc["robust_accuracy"] >= 0.5  # the fooled figure, which the gate no longer passes
-    assert main([*base, "--accept-flag", "zero-gradient", "--out", str(tmp_path / "b")]) == 0
+    accept = ",".join(doc["gate"]["blocking_flags"])
+    assert main([*base, "--accept-flag", accept, "--out", str(tmp_path / "b")]) == 0
     doc = json.loads((tmp_path / "b" / "results.json").read_text())
-    assert doc["gate"]["passed"] is True and doc["gate"]["accepted_flags"] == ["zero-gradient"]
-    assert doc["settings"]["accept_flag"] == ["zero-gradient"]
+    assert doc["gate"]["passed"] is True and doc["gate"]["accepted_flags"] == accept.split(",")
+    assert doc["settings"]["accept_flag"] == accept.split(",")
     html = (tmp_path / "a" / "report.html").read_text()
-    assert "flagged unreliable (zero-gradient)" in html and "Checks" in html
+    assert "flagged unreliable (zero-gradient" in html and "Checks" in html
     assert main([*base, "--accept-flag", "masked", "--out", str(tmp_path / "c")]) == 2
     assert "unknown flag 'masked'" in capsys.readouterr().err
 

@@ -243,14 +243,14 @@ def test_a_masked_candidate_fails_the_gate_as_unreliable(suite, models, tmp_path
 
     masked = Quantized(models["hardened"], 16).eval()
     res = check_suite(masked, suite)
-    assert res.blocking_flags == ["zero-gradient"] and res.failed and res.verdict in ("unreliable", "regression")
-    assert res.to_dict()["blocking_flags"] == ["zero-gradient"] and res.to_dict()["failed"] is True
+    assert "zero-gradient" in res.blocking_flags and res.failed and res.verdict in ("unreliable", "regression")
+    assert res.to_dict()["blocking_flags"] == res.blocking_flags and res.to_dict()["failed"] is True
     if not res.regression:
         assert "UNRELIABLE: the evaluation is flagged zero-gradient" in res.message()
         with pytest.raises(AssertionError, match="UNRELIABLE"):
             assert_no_regression(masked, suite)
-        ok = assert_no_regression(masked, suite, accept_flags=["zero-gradient"])
-        assert ok.verdict == "pass" and ok.accepted_flags == ("zero-gradient",)
+        ok = assert_no_regression(masked, suite, accept_flags=res.blocking_flags)
+        assert ok.verdict == "pass" and ok.accepted_flags == tuple(res.blocking_flags)
     with pytest.raises(ConfigError, match="unknown flag"):
         check_suite(masked, suite, accept_flags=["masked"])
     ts = tmp_path / "masked.ts"
@@ -260,7 +260,7 @@ def test_a_masked_candidate_fails_the_gate_as_unreliable(suite, models, tmp_path
     assert code == 1
     assert "flag unreliable zero-gradient" in capsys.readouterr().err
     doc = json.loads((tmp_path / "o" / "results.json").read_text())
-    assert doc["blocking_flags"] == ["zero-gradient"] and doc["failed"] is True
+    assert "zero-gradient" in doc["blocking_flags"] and doc["failed"] is True
 
 
 def test_format_round_trip_and_refusals(suite, tmp_path: Path):

@@ -32,8 +32,9 @@ def test_assert_robust_passes_and_fails(trained_digits_model, digits_test):
                       attack=("apgd-ce", {"steps": 5}), limit=50)
     assert "linf eps=0.1" in str(e.value) and "50 samples" in str(e.value) and "\n" not in str(e.value)
     # attack names and lists pick a custom ensemble; "fast" is evaluate's fast version
-    assert assert_robust(m, digits_test, eps=0.05, min_accuracy=0.0, attack=["fgsm", "bim"], limit=20).attacks.keys() \
-        == {"fgsm", "bim"}
+    weak = assert_robust(m, digits_test, eps=0.05, min_accuracy=0.0, attack=["fgsm", "bim"], limit=20,
+                         accept_flags=["gradient-free-breaks"])  # the Square probe may find what they missed
+    assert list(weak.attacks)[:2] == ["fgsm", "bim"] and set(weak.attacks) <= {"fgsm", "bim", "square-probe"}
     assert robust_accuracy(m, digits_test, eps=0.05, attack="fast", limit=10, n_targets=2).version == "fast"
 
 

@@ -75,7 +75,7 @@ def _gradient_flags(parts: dict[str, Any], plan: list[PlanStep]) -> list[Flag]:
                               "none needed", _indices(index, bad)))
     sat = (parts["margin"] > SATURATED_MARGIN) & robust
     if bool(sat.any()):
-        scale_free = any(s.attack in _SCALE_FREE for s in plan)
+        scale_free = any(s.attack in _SCALE_FREE and s.only == "all" for s in plan)  # not a probe of a few
         flags.append(Flag("saturated-logits", "info" if scale_free else "unreliable",
                           f"{int(sat.sum())} robust samples have logit margins above {SATURATED_MARGIN:g}, where "
                           "float32 cross-entropy gradients underflow"
@@ -101,8 +101,8 @@ def _gradient_free_flag(parts: dict[str, Any], plan: list[PlanStep], tally: Tall
     severe = broke >= 2 and share >= GRADIENT_FREE_SHARE
     return [Flag("gradient-free-breaks", "unreliable" if severe else "info",
                  f"{names} broke {broke} of the {attacked} samples the gradient attacks left robust "
-                 f"({100 * share:.1f}%)" + (": the gradients are likely masked, so the figure may still be too high"
-                                            if severe else ""),
+                 f"({100 * share:.1f}%)" + (": the gradient attacks missed them (masked gradients or too weak an "
+                                            "attack), so the figure may still be too high" if severe else ""),
                  "run an adaptive attack (bpda=, a surrogate, more Square queries) or accept the flag" if severe
                  else "none needed", _indices(parts["index"], mask))]
 
