@@ -278,8 +278,9 @@ def _html(result, doc):
     else:
         rep.paragraph("What the checks found (an unreliable flag means the robust accuracy may be far too high; "
                       "docs/EVAL.md explains each flag):")
-        rep.table([{"flag": f.name, "severity": f.severity, "samples": len(f.samples), "finding": f.message,
-                    "remedy": f.remedy} for f in result.flags])
+        rep.table([{"flag": f.name, "severity": f.severity, "samples": len(f.samples)} for f in result.flags])
+        for f in result.flags:
+            rep.paragraph(f"{f.severity.upper()} {f.name}: {f.message}. Remedy: {f.remedy}.")
     if result.curve:
         rep.heading("Robustness curve")
         rep.paragraph("Each radius was attacked only on the images that survived the smaller one; the tables below "
