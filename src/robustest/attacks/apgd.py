@@ -88,7 +88,7 @@ def _halve_at_checkpoint(losses: torch.Tensor, rho: float, halved_last: torch.Te
 
 
 def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None, hit_target=False,
-              stop_on_success=False, eot=1):
+              stop_on_success=False, eot=1, trace=None):
     """One run of APGD on one chunk, following Croce & Hein (2020) and AutoAttack's ``attack_single_run``.
 
     ``loss``: "ce" (cross-entropy with y), "dlr" or "dlr_t" (targeted DLR towards ``target``). Success is
@@ -98,6 +98,9 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None
     returned; the others' runs are unchanged, so success is the same at less cost). Difference from the
     reference code: the oscillation count of the first checkpoint compares the first step with the loss at the
     starting point (the paper's definition) instead of with an unfilled (zero) entry of the loss history.
+    ``trace``: a dict that gets ``improving`` (bool [n]): the sample was not broken and its best loss still rose,
+    by more than 1e-3 of its whole rise, in the last tenth of the steps (Pintor et al. 2022's "incomplete
+    optimisation").
     """
     n = x.shape[0]
     dims = tuple(range(1, x.dim()))
@@ -134,7 +137,11 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None
     counter = 0
     loss_best_last_check = loss_best.clone()
     reduced_last_check = torch.ones(n, dtype=torch.bool, device=x.device)
+    tail_from = steps - max(steps // 10, 1)
+    best_before_tail = None
     for i in range(steps):
+        if i == tail_from:
+            best_before_tail = loss_best.clone()
         with torch.no_grad():
             momentum = x_adv - x_adv_old
             x_adv_old = x_adv
@@ -177,19 +184,30 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None
                 counter = 0
     success = ~robust
     out = torch.where(success.view(bshape), x_best_adv, x_best)
+    if trace is not None:
+        rise = loss_best - loss_steps[0]
+        improving = torch.zeros_like(success) if best_before_tail is None else (
+            (loss_best - best_before_tail) > 1e-3 * rise.abs() + 1e-6)
+        trace["improving"] = improving & robust
     return out, loss_best, success
 
 
 def _apgd_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, loss="ce", stop_on_success=False,
-               eot_iter=1):
+               eot_iter=1, return_trace=False):
     best = best_loss = best_succ = None
+    improving = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
     for _ in range(restarts):
+        trace: dict[str, Any] | None = {} if return_trace else None
         adv, cur, succ = _apgd_run(model, x, y, gen, eps=eps, steps=steps, norm=norm, rho=rho, loss=loss,
-                                   stop_on_success=stop_on_success, eot=eot_iter)
+                                   stop_on_success=stop_on_success, eot=eot_iter, trace=trace)
+        if trace is not None:
+            improving |= trace["improving"]
         if best is None:
             best, best_loss, best_succ = adv, cur, succ
         else:
             _keep_stronger(best, best_loss, best_succ, adv, cur, succ)
+    if return_trace:
+        return best, improving & ~best_succ
     return best
 
 
@@ -226,8 +244,8 @@ def _apgd_t_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, n_targets
 # ------------------------------------------------------------------------------------------ public attacks
 def apgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100, norm: str = "linf",
          restarts: int = 1, rho: float = 0.75, seed: int | None = None, *, stop_on_success: bool = False,
-         eot_iter: int = 1, batch_size: int | None = _DEFAULT_CHUNK,
-         generator: torch.Generator | None = None) -> torch.Tensor:
+         eot_iter: int = 1, return_trace: bool = False, batch_size: int | None = _DEFAULT_CHUNK,
+         generator: torch.Generator | None = None) -> Any:
     """APGD-CE (Croce & Hein 2020): PGD on the cross-entropy with momentum 0.75 and a step size that starts at
     ``2 * eps`` and is halved at checkpoints (after 22%, then shrinking intervals of at least 6% of the steps)
     where the loss increased in at most a fraction ``rho`` of the steps since the last checkpoint, or where the
@@ -240,7 +258,9 @@ def apgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: 
     ``stop_on_success`` stops attacking a sample once it is misclassified (then its first misclassified iterate
     is returned): the same success for less work, used by :func:`robustest.evaluate.evaluate`. ``eot_iter > 1``
     (Expectation over Transformation, for randomised models; AutoAttack's ``rand`` version uses 20) averages the
-    gradient, logits and loss of that many forward and backward passes at every step.
+    gradient, logits and loss of that many forward and backward passes at every step. ``return_trace=True``
+    returns ``(x_adv, improving)``: ``improving`` (bool [N]) marks the samples not broken whose best loss still
+    rose in the last tenth of the steps (the optimisation may be incomplete; Pintor et al. 2022).
     x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W on x's device.
     """
     x, y = _prepare(model, x, y)
@@ -251,7 +271,7 @@ def apgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: 
     rho = _check_non_negative(rho, "rho")
     return _run(_apgd_core, model, x, y, seed, batch_size, generator, eps=eps, steps=steps, norm=norm,
                 restarts=restarts, rho=rho, stop_on_success=bool(stop_on_success),
-                eot_iter=_check_steps(eot_iter, "eot_iter"))
+                eot_iter=_check_steps(eot_iter, "eot_iter"), return_trace=bool(return_trace))
 
 
 def apgd_dlr(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100, norm: str = "linf",

@@ -9,8 +9,8 @@ Versions: ``auto`` (default) = ``fast`` plus the checks and a Square probe on a 
 to FAB-T and the full Square run where the probe breaks a sample, a long Square run on samples without a usable
 gradient, ``rand`` for a randomised model and gradient-free attacks for a model without gradients; ``standard`` =
 APGD-CE -> APGD-T (9 targets) -> FAB-T (9 targets) -> Square (5000 queries), AutoAttack's standard version; ``fast``
-= APGD-CE -> APGD-T (3 targets) and the Square probe as a check; ``rand`` = APGD-CE and APGD-DLR with EOT over 20 draws, points judged by the
-majority of 11 forwards; ``custom`` = the attacks named in --attacks.
+= APGD-CE -> APGD-T (3 targets) and the Square probe as a check; ``rand`` = APGD-CE and APGD-DLR with EOT over 20
+draws, points judged by the majority of 11 forwards; ``custom`` = the attacks named in --attacks.
 
 Every version checks the model (randomness, probability outputs, dynamic defences, zero or missing gradients) and
 whether a gradient-free attack broke what the gradient attacks left robust; each finding is a flag (one line on

@@ -38,6 +38,7 @@ FLAGS = {
     "gradient-free-breaks": "a gradient-free attack (Square) or a transfer broke samples the gradient attacks left "
                             "robust",
     "unstable-predictions": "repeated forward passes of an image disagree on its class",
+    "incomplete-optimisation": "the attack's loss was still rising at its last steps, and a longer run broke more",
 }
 
 

@@ -10,15 +10,16 @@ on which of the samples still robust.
 * ``auto`` (the default): ``fast``, then a short Square run (1000 queries) on a seeded sample of at most 100 of the
   survivors (``square-probe``); only where the probe broke a sample do FAB-T and the full Square run on every
   survivor (``escalate``); samples whose input gradient is zero or not finite get a long Square run (10,000
-  queries, ``bad-gradient``). A randomised model gets ``rand``; a model without a gradient path only the long
-  Square run.
+  queries, ``bad-gradient``); survivors whose APGD-CE loss still rose in its last tenth of the steps get APGD-CE
+  with 300 steps (``incomplete``, Pintor et al. 2022's incomplete optimisation). A randomised model gets
+  ``rand``; a model without a gradient path only the long Square run.
 * ``custom``: the attacks named.
 
 ``fast`` and ``custom`` (without a gradient-free attack) also get the Square probe as a check (:func:`probe_step`):
 its breaks count, and a probe that breaks what the gradient attacks left robust raises ``gradient-free-breaks``.
 
 A step's ``only`` says which survivors it attacks: ``all``, ``probe``, ``escalate`` (all, but only when a probe
-broke some sample of the block) or ``bad-gradient``.
+broke some sample of the block), ``bad-gradient`` or ``incomplete``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ EVAL_VERSIONS = ("auto", "standard", "fast", "rand", "custom")
 AUTOATTACK_NAMES = {"apgd-ce": "apgd", "apgd-dlr": "apgd_dlr", "apgd-t": "apgd_t", "fab": "fab", "fab-t": "fab_t",
                     "square": "square"}
 #: the steps of the fixed versions that are no AutoAttack name -> registry name
-_EXTRA_NAMES = {"square-probe": "square", "square-long": "square"}
+_EXTRA_NAMES = {"square-probe": "square", "square-long": "square", "apgd-ce-long": "apgd"}
 #: survivors a probe attacks per block at most
 PROBE_SIZE = 100
 #: forward and backward passes per step of the rand version's attacks (AutoAttack's)
@@ -49,10 +50,11 @@ _STANDARD = (("apgd-ce", dict(_APGD), "all"), ("apgd-t", {**_APGD, "n_targets": 
              ("fab-t", {"steps": 100, "restarts": 1, "n_targets": 9}, "all"), ("square", dict(_SQUARE), "all"))
 _FAST = (("apgd-ce", dict(_APGD), "all"), ("apgd-t", {**_APGD, "n_targets": 3}, "all"))
 _PROBE = ("square-probe", {**_SQUARE, "queries": 1000}, "probe")
-_AUTO = _FAST + (_PROBE,
-                 ("fab-t", {"steps": 100, "restarts": 1, "n_targets": 9}, "escalate"),
-                 ("square", dict(_SQUARE), "escalate"),
-                 ("square-long", {**_SQUARE, "queries": 10000}, "bad-gradient"))
+_AUTO = ((_FAST[0][0], {**_FAST[0][1], "return_trace": True}, "all"), _FAST[1], _PROBE,
+         ("fab-t", {"steps": 100, "restarts": 1, "n_targets": 9}, "escalate"),
+         ("square", dict(_SQUARE), "escalate"),
+         ("square-long", {**_SQUARE, "queries": 10000}, "bad-gradient"),
+         ("apgd-ce-long", {**_APGD, "steps": 300}, "incomplete"))
 _RAND = (("apgd-ce", {**_APGD, "eot_iter": EOT_ITER}, "all"), ("apgd-dlr", {**_APGD, "eot_iter": EOT_ITER}, "all"))
 _GRADIENT_FREE = (("square-long", {**_SQUARE, "queries": 10000}, "all"),)
 _TABLES = {"standard": _STANDARD, "fast": _FAST, "auto": _AUTO, "rand": _RAND}

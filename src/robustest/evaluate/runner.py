@@ -226,12 +226,16 @@ def _gradient_codes(xb: torch.Tensor, yb: torch.Tensor, correct: torch.Tensor, t
     return codes
 
 
-def _targets(step: PlanStep, robust: torch.Tensor, grad: torch.Tensor, probe_broke: bool, gen: torch.Generator
-             ) -> torch.Tensor | None:
+def _targets(step: PlanStep, robust: torch.Tensor, grad: torch.Tensor, probe_broke: bool, gen: torch.Generator,
+             incomplete: torch.Tensor) -> torch.Tensor | None:
     """Positions in the block the step attacks (None: the step does not run on this block)."""
     if step.only == "escalate" and not probe_broke:
         return None
-    mask = robust & (grad != GRAD_OK) if step.only == "bad-gradient" else robust
+    mask = robust
+    if step.only == "bad-gradient":
+        mask = robust & (grad != GRAD_OK)
+    elif step.only == "incomplete":
+        mask = robust & incomplete
     sel = mask.nonzero().flatten()
     if step.only == "probe" and sel.numel() > PROBE_SIZE:
         pick = torch.randperm(sel.numel(), generator=gen, device=gen.device)[:PROBE_SIZE].to(sel.device)
@@ -250,6 +254,7 @@ def _attack_block(xb: torch.Tensor, yb: torch.Tensor, idx: torch.Tensor, gens: l
     code = torch.where(robust, -1, -2)
     adv, ap = xb.clone(), cp.clone()
     probe_broke = False
+    incomplete = torch.zeros_like(robust)
     for k, step in enumerate(_progress(setup.steps, enabled=setup.progress and status.enabled is False,
                                        desc="evaluate", unit="attack")):
         if not robust.any():
@@ -257,7 +262,7 @@ def _attack_block(xb: torch.Tensor, yb: torch.Tensor, idx: torch.Tensor, gens: l
         if step.needs_gradient and not setup.gradient_path:
             tally.skipped[step.name] = "the model has no gradient path to its input"
             continue
-        sel = _targets(step, robust, grad, probe_broke, gens[k])
+        sel = _targets(step, robust, grad, probe_broke, gens[k], incomplete)
         if sel is None or sel.numel() == 0:
             continue
         t0 = time.perf_counter()
@@ -265,6 +270,9 @@ def _attack_block(xb: torch.Tensor, yb: torch.Tensor, idx: torch.Tensor, gens: l
         with status.running(step.name, int(sel.numel())):
             out = step.fn(attacker, xb[sel], yb[sel], setup.eps, generator=gens[k], batch_size=setup.batch_size,
                           **step.params)
+        if isinstance(out, tuple):  # (points, still improving): APGD's trace
+            out, improving = out
+            incomplete[sel] |= improving.to(incomplete.device)
         with eval_mode(setup.model), torch.no_grad():
             pred, wrong, shaky = judge(setup.model, out, yb[sel], setup.forwards, setup.batch_size)
         broke = wrong & (lp_norm(out - xb[sel], setup.norm) <= setup.eps + tol)
