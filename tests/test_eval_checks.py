@@ -584,3 +584,30 @@ def test_incomplete_optimisation_flag_rule():
     assert flag.severity == "warning" and flag.samples == (4, 7) and "broke 2 of them" in flag.message
     tally.attacked["apgd-ce-long"] = 201  # 2 of 201 < 1 %
     assert _incomplete_flag(parts, steps, tally) == []
+
+
+def test_flag_details_pinned(trained_digits_model, sample):
+    """Exact texts and defaults a reader or a script relies on (survivors of a mutation run)."""
+    assert Flag.from_dict({"name": "randomised", "severity": "info", "message": "m", "remedy": "r"}).samples == ()
+    assert flag_lines([Flag("randomised", "info", "m", "r")]) == ["robustest: flag info randomised: m (remedy: r)"]
+    with pytest.raises(ConfigError) as e:
+        check_accepted("masked")
+    assert str(e.value) == f"unknown flag 'masked' to accept: use one of {', '.join(FLAGS)}"
+    quant = evaluate(Quantized(trained_digits_model, 3).eval(), sample, 0.05, version="fast")
+    zero = next(f for f in quant.flags if f.name == "zero-gradient")
+    n_zero = sum(1 for g in quant.gradient if g == "zero")
+    assert zero.message == (f"the input gradient is exactly zero for {n_zero} samples, {int(quant.robust.sum())} of "
+                            "which no attack broke")
+
+    class NaNGradient(nn.Module):  # finite outputs, NaN input gradients (d sqrt(t)/dt at 0 times 0)
+        def __init__(self, real):
+            super().__init__()
+            self.real = real
+
+        def forward(self, x):
+            return self.real(x) + torch.sqrt(x - x).sum((1, 2, 3))[:, None]
+
+    res = evaluate(NaNGradient(trained_digits_model).eval(), sample, 0.02, version="fast")
+    bad = next(f for f in res.flags if f.name == "non-finite-gradient")
+    assert "the input gradient is NaN or infinite for" in bad.message
+    assert set(res.gradient) <= {"non-finite", ""}
