@@ -169,9 +169,10 @@ def test_judge_by_majority_exactly():
 # ------------------------------------------------------------------------------------------------- plans
 def test_plans_of_the_new_versions():
     auto = ensemble_plan("auto", num_classes=10)
-    assert [s[0] for s in auto] == ["apgd-ce", "apgd-t", "square-probe", "fab-t", "square", "square-long"]
+    assert [s[0] for s in auto] == ["apgd-ce", "apgd-t", "square-probe", "fab-t", "square", "square-long",
+                                    "apgd-ce-long"]
     steps = ensemble_steps("auto", num_classes=10)
-    assert [s.only for s in steps] == ["all", "all", "probe", "escalate", "escalate", "bad-gradient"]
+    assert [s.only for s in steps] == ["all", "all", "probe", "escalate", "escalate", "bad-gradient", "incomplete"]
     assert steps[2].params["queries"] == 1000 and steps[5].params["queries"] == 10000
     assert steps[1].params["n_targets"] == 3 and steps[3].params["n_targets"] == 9
     rand = ensemble_plan("rand", num_classes=10)
