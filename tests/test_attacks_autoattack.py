@@ -165,7 +165,7 @@ def test_dlr_losses():
     expected_t = -(z[torch.arange(20), y] - z[torch.arange(20), t]) / (zs[:, 0] - 0.5 * (zs[:, 2] + zs[:, 3]) + 1e-12)
     assert torch.allclose(dt, expected_t, atol=1e-6)
     assert torch.allclose(_core._dlr_targeted_loss(2 * z - 1, y, t), dt, atol=1e-5)
-    m = _core._margin(z, y)
+    m = _core.margin(z, y)
     assert bool(((m <= 0) == (z.argmax(1) != y)).all())
 
 

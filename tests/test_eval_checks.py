@@ -22,7 +22,6 @@ from robustest.evaluate.checks import (
     SATURATED_MARGIN,
     LogProbabilities,
     gradient_status,
-    margins,
 )
 from robustest.evaluate.findings import GRADIENT_FREE_SHARE
 from robustest.evaluate.flags import blocking, check_accepted, flag_lines
@@ -126,7 +125,9 @@ def test_gradient_status_codes_and_margins():
 
     assert gradient_status(Sqrt(), x, y, batch_size=3).tolist() == [GRAD_NONFINITE] * 4
     logits = torch.tensor([[3.0, 1.0, 2.0], [0.0, 5.0, 1.0]])
-    assert margins(logits, torch.tensor([0, 0])).tolist() == [1.0, -5.0]
+    from robustest.attacks import margin
+
+    assert margin(logits, torch.tensor([0, 0])).tolist() == [1.0, -5.0]
 
 
 def test_log_probabilities_keep_predictions(trained_digits_model, sample):

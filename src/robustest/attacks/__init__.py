@@ -68,6 +68,7 @@ from robustest.attacks._core import (  # noqa: F401 - re-exported for callers an
     check_norm,
     input_gradient,
     lp_norm,
+    margin,
     project,
     random_point,
 )
@@ -104,6 +105,7 @@ __all__ = [
     "fgsm",
     "input_gradient",
     "lp_norm",
+    "margin",
     "mifgsm",
     "names",
     "pgd",

@@ -216,7 +216,7 @@ def _dlr_targeted_loss(logits: torch.Tensor, y: torch.Tensor, target: torch.Tens
     return -(z_o - z_t) / (top[:, 0] - 0.5 * (top[:, 2] + top[:, 3]) + 1e-12)
 
 
-def _margin(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def margin(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``z_y - max_{i != y} z_i`` per sample (<= 0 exactly when the sample is misclassified, ties included)."""
     z_y = logits.gather(1, y[:, None]).squeeze(1)
     return z_y - logits.scatter(1, y[:, None], float("-inf")).amax(1)

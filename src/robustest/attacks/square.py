@@ -32,11 +32,11 @@ from torch import nn
 from robustest.attacks._core import (
     _DEFAULT_CHUNK,
     _check_steps,
-    _margin,
     _prepare,
     _run,
     check_norm,
 )
+from robustest.attacks._core import margin as margin_of
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import forward
 from robustest.core.validation import check_eps
@@ -121,7 +121,7 @@ def _square_run(model, x, y, gen, *, eps, norm, queries, p_init, rescale):
     else:
         x_best = _l2_init(x, eps, gen)
     with torch.no_grad():
-        margin = _margin(forward(model, x_best), y)
+        margin = margin_of(forward(model, x_best), y)
     n_features = c * h * w
     for it in range(queries):
         idx = (margin > 0).nonzero().flatten()
@@ -159,7 +159,7 @@ def _square_run(model, x, y, gen, *, eps, norm, queries, p_init, rescale):
             total = delta.flatten(1).norm(dim=1).view(k, 1, 1, 1)
             x_new = (xc + eps * delta / (total + 1e-12)).clamp_(0.0, 1.0)
         with torch.no_grad():
-            new_margin = _margin(forward(model, x_new), yc)
+            new_margin = margin_of(forward(model, x_new), yc)
         take = (new_margin < margin[idx]) | (new_margin <= 0)
         sel = idx[take]
         x_best[sel] = x_new[take]

@@ -21,10 +21,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from robustest.attacks import margin
 from robustest.core.modelcall import eval_mode, forward, frozen_params
 
-__all__ = ["RANDOMNESS_TOLERANCE", "SATURATED_MARGIN", "LogProbabilities", "ModelProbe", "gradient_status",
-           "margins", "probe_model", "state_fingerprint"]
+__all__ = ["RANDOMNESS_TOLERANCE", "SATURATED_MARGIN", "LogProbabilities", "ModelProbe", "gradient_path",
+           "gradient_status", "probe_model", "state_fingerprint"]
 
 #: L2 distance of the normalised outputs of two forwards above which a model counts as randomised (AutoAttack's)
 RANDOMNESS_TOLERANCE = 1e-4
@@ -124,7 +125,9 @@ def _count_autograd_calls(model: nn.Module, x: torch.Tensor) -> int:
     return calls
 
 
-def _gradient_path(model: nn.Module, x: torch.Tensor) -> tuple[bool, str | None]:
+def gradient_path(model: nn.Module, x: torch.Tensor) -> tuple[bool, str | None]:
+    """``(True, None)`` when ``model``'s output on images ``x`` (N x C x H x W) has an autograd path to ``x``, else
+    ``(False, why)``; the caller sets the mode."""
     xr = x.detach().clone().requires_grad_(True)
     try:
         with torch.enable_grad():
@@ -160,16 +163,10 @@ def probe_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, forwards:
         o = outs[0]
         prob = bool(o.max() < 1 + 1e-5 and o.min() > -1e-5 and ((o.sum(1) - 1).abs() < 1e-5).all())
         calls = _count_autograd_calls(model, x[:2])
-        path, err = _gradient_path(model, x[:2])
+        path, err = gradient_path(model, x[:2])
     return ModelProbe(num_images=int(x.shape[0]), forwards=forwards, randomised=changes > 0 or diff > tolerance,
                       max_output_diff=diff, prediction_changes=changes, probability_output=prob,
                       changed_state=changed, autograd_calls=calls, gradient_path=path, gradient_error=err)
-
-
-def margins(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """``z_y - max_{j != y} z_j`` per sample (float [N]; <= 0 where the sample is misclassified)."""
-    z_y = logits.gather(1, y[:, None]).squeeze(1)
-    return z_y - logits.scatter(1, y[:, None], float("-inf")).amax(1)
 
 
 def gradient_status(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
@@ -181,7 +178,7 @@ def gradient_status(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_si
         for s in range(0, x.shape[0], batch_size):
             xr = x[s:s + batch_size].detach().clone().requires_grad_(True)
             with torch.enable_grad():
-                m = margins(forward(model, xr).float(), y[s:s + batch_size])
+                m = margin(forward(model, xr).float(), y[s:s + batch_size])
                 (g,) = torch.autograd.grad(m.sum(), xr, allow_unused=True)
             if g is None:
                 out.append(torch.full((xr.shape[0],), GRAD_ZERO, dtype=torch.long))

@@ -28,7 +28,7 @@ from robustest.core.batching import DataLike, as_tensors, iter_batches
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.inputs import check_images, check_labels, check_logits
-from robustest.core.modelcall import eval_mode, forward
+from robustest.core.modelcall import eval_mode, forward, frozen_params
 from robustest.core.validation import check_eps
 from robustest.evaluate.checks import (
     GRAD_NONFINITE,
@@ -36,6 +36,7 @@ from robustest.evaluate.checks import (
     GRAD_ZERO,
     LogProbabilities,
     ModelProbe,
+    gradient_path,
     probe_model,
     state_fingerprint,
 )
@@ -300,7 +301,8 @@ def evaluate(model: nn.Module, data: DataLike, eps: float | list[float], norm: s
     if probe.probability_output:
         attack_model = LogProbabilities(attack_model)
     if attack_model is not model and not probe.gradient_path:  # BPDA may give the path back
-        probe.gradient_path, probe.gradient_error = probe_model(attack_model, *first, forwards=1).gradient_path, None
+        with eval_mode(attack_model), frozen_params(attack_model):
+            probe.gradient_path, probe.gradient_error = gradient_path(attack_model, first[0][:2])
     probe_s = time.perf_counter() - t0
     plan_name, steps = _choose_plan(version, probe, norm, attacks, n_targets, num_classes, surrogate)
     judged = forwards if forwards is not None else (RANDOM_FORWARDS if probe.randomised else 1)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from robustest.attacks import BATCH_SEED_STRIDE, lp_norm
+from robustest.attacks import BATCH_SEED_STRIDE, lp_norm, margin
 from robustest.core import distributed
 from robustest.core.amp import autocast
 from robustest.core.batching import DataLike, batch_origin, iter_batches, num_samples
@@ -26,7 +26,7 @@ from robustest.core.inputs import check_images, check_labels
 from robustest.core.modelcall import eval_mode, forward
 from robustest.core.progress import progress as _progress
 from robustest.core.seeding import make_generator
-from robustest.evaluate.checks import GRAD_OK, gradient_status, margins
+from robustest.evaluate.checks import GRAD_OK, gradient_status
 from robustest.evaluate.plans import PROBE_SIZE, PlanStep
 
 __all__ = ["GRAD_NO_PATH", "GRAD_UNCHECKED", "PARTS", "RunSetup", "Tally", "attack_blocks", "judge"]
@@ -100,15 +100,14 @@ class Tally:
         return parts
 
 
-def _predicted(model: nn.Module, x: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(predicted labels int64 [N], margins float [N] of the predicted class over the runner-up) of ``x``."""
-    preds, gaps = [], []
-    for s in range(0, x.shape[0], batch_size):
-        z = forward(model, x[s:s + batch_size]).float()
-        top = z.topk(2, dim=1).values
-        preds.append(z.argmax(1))
-        gaps.append(top[:, 0] - top[:, 1])
-    return torch.cat(preds), torch.cat(gaps)
+def _logits(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Logits (float32 N x K) of ``x`` in batches of ``batch_size`` (the caller sets the mode)."""
+    return torch.cat([forward(model, x[s:s + batch_size]).float() for s in range(0, x.shape[0], batch_size)])
+
+
+def _predicted(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Predicted labels (int64 [N]) of ``x``."""
+    return _logits(model, x, batch_size).argmax(1)
 
 
 def judge(model: nn.Module, x: torch.Tensor, y: torch.Tensor, forwards: int = 1, batch_size: int = 256
@@ -117,10 +116,10 @@ def judge(model: nn.Module, x: torch.Tensor, y: torch.Tensor, forwards: int = 1,
     mode): ``(pred int64 [N], wrong bool [N], unstable bool [N])``. A sample is ``wrong`` when more than half of
     the forwards misclassify it; ``pred`` is then its most frequent wrong class, else ``y``; ``unstable``: the
     forwards disagree. With one forward: the argmax, ``pred != y`` and no instability."""
-    first, _ = _predicted(model, x, batch_size)
+    first = _predicted(model, x, batch_size)
     if forwards == 1:
         return first, first != y, torch.zeros_like(y, dtype=torch.bool)
-    preds = torch.stack([first] + [_predicted(model, x, batch_size)[0] for _ in range(forwards - 1)])
+    preds = torch.stack([first] + [_predicted(model, x, batch_size) for _ in range(forwards - 1)])
     k = max(int(preds.max()) + 1, int(y.max()) + 1 if y.numel() else 1)
     counts = torch.nn.functional.one_hot(preds, k).sum(0)  # N x K
     right = counts.gather(1, y[:, None]).squeeze(1)
@@ -204,11 +203,14 @@ def _clean_pass(xb: torch.Tensor, yb: torch.Tensor, tally: Tally, setup: RunSetu
     """(clean pred, correct, unstable, margin of the predicted class) of one block."""
     t0 = time.perf_counter()
     with eval_mode(setup.model), torch.no_grad(), autocast(setup.amp, setup.device):
-        cp, wrong, unstable = judge(setup.model, xb, yb, setup.forwards, setup.batch_size)
-        logits = torch.cat([forward(setup.model, xb[s:s + setup.batch_size]).float()
-                            for s in range(0, xb.shape[0], setup.batch_size)])
+        logits = _logits(setup.model, xb, setup.batch_size)
+        if setup.forwards == 1:  # the one forward gives both the verdict and the margins
+            cp = logits.argmax(1)
+            wrong, unstable = cp != yb, torch.zeros_like(yb, dtype=torch.bool)
+        else:
+            cp, wrong, unstable = judge(setup.model, xb, yb, setup.forwards, setup.batch_size)
     tally.clean_s += time.perf_counter() - t0
-    return cp, ~wrong, unstable, margins(logits, yb)
+    return cp, ~wrong, unstable, margin(logits, yb)
 
 
 def _gradient_codes(xb: torch.Tensor, yb: torch.Tensor, correct: torch.Tensor, tally: Tally, setup: RunSetup
@@ -292,7 +294,7 @@ def _attack_block(xb: torch.Tensor, yb: torch.Tensor, idx: torch.Tensor, gens: l
     broken = (~robust & correct).nonzero().flatten()
     if setup.forwards == 1 and broken.numel():  # a second look at every adversarial point: is the verdict stable?
         with eval_mode(setup.model), torch.no_grad():
-            again, _ = _predicted(setup.model, adv[broken], setup.batch_size)
+            again = _predicted(setup.model, adv[broken], setup.batch_size)
         unstable[broken] |= again != ap[broken]
     delta = (adv - xb).flatten(1)
     block_parts = {"index": idx, "y": yb, "clean_pred": cp, "adv_pred": ap, "code": code,
