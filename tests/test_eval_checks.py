@@ -298,6 +298,8 @@ def test_bpda_and_surrogate_break_the_quantised_model(trained_digits_model, samp
     assert _names(sur)["gradient-free-breaks"] == "unreliable"
     with pytest.raises(ConfigError, match="unknown submodule 'nope'"):
         evaluate(model, sample, EPS, bpda="nope")
+    with pytest.raises(ConfigError, match="straight-through BPDA needs an output of the input's shape"):
+        evaluate(trained_digits_model, sample, EPS, bpda="conv1", progress=True)  # refused before any attack
 
 
 # ------------------------------------------------------------------------------------------------- gates

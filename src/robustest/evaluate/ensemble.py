@@ -295,14 +295,17 @@ def evaluate(model: nn.Module, data: DataLike, eps: float | list[float], norm: s
     amp = check_amp(amp, device)
     num_classes, first = _count_classes(model, data, device)
     ensemble_steps(version, norm, attacks, n_targets=n_targets, num_classes=num_classes)  # checked before the probe
-    attack_model = with_bpda(model, bpda) if bpda else model
     t0 = time.perf_counter()
+    attack_model, bpda_path = model, None
+    if bpda:  # one gradient forward also checks the approximations' shapes, before any attack
+        attack_model = with_bpda(model, bpda)
+        with eval_mode(attack_model), frozen_params(attack_model):
+            bpda_path = gradient_path(attack_model, first[0][:2])
     probe = probe_model(model, *first)
     if probe.probability_output:
         attack_model = LogProbabilities(attack_model)
-    if attack_model is not model and not probe.gradient_path:  # BPDA may give the path back
-        with eval_mode(attack_model), frozen_params(attack_model):
-            probe.gradient_path, probe.gradient_error = gradient_path(attack_model, first[0][:2])
+    if bpda_path is not None and not probe.gradient_path:  # BPDA may give the path back
+        probe.gradient_path, probe.gradient_error = bpda_path
     probe_s = time.perf_counter() - t0
     plan_name, steps = _choose_plan(version, probe, norm, attacks, n_targets, num_classes, surrogate)
     judged = forwards if forwards is not None else (RANDOM_FORWARDS if probe.randomised else 1)
