@@ -1,0 +1,8 @@
+"""Certified robustness: sound lower bounds beside the attacks' upper bounds.
+
+Bound propagation (``ibp``, ``crown``) proves, per sample, that no point of an L-inf or L2 ball changes the
+prediction; randomised smoothing (``smooth_predict``, ``smooth_certify``) certifies an L2 radius for the smoothed
+classifier of any model. Inputs follow the data contract: N x C x H x W float in [0, 1], int64 labels.
+"""
+
+from __future__ import annotations
