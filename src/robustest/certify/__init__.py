@@ -6,3 +6,10 @@ classifier of any model. Inputs follow the data contract: N x C x H x W float in
 """
 
 from __future__ import annotations
+
+from robustest.certify.certificate import Certificate
+from robustest.certify.graph import SUPPORTED
+from robustest.certify.verify import METHODS, check_certifiable, crown, ibp, margin_bounds, margin_spec
+
+__all__ = ["METHODS", "SUPPORTED", "Certificate", "check_certifiable", "crown", "ibp", "margin_bounds",
+           "margin_spec"]
