@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from robustest.certify.graph import Graph, Op, diag_params
-from robustest.certify.ibp import Bounds
+from robustest.certify.interval import Bounds
 from robustest.certify.ops import relu_relaxation
 
 

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from robustest.certify.certificate import Certificate
-from robustest.certify.crown import Propagator, ibp_margins
+from robustest.certify.backward import Propagator, ibp_margins
 from robustest.certify.graph import Graph, trace
-from robustest.certify.ibp import interval_bounds
+from robustest.certify.interval import interval_bounds
 from robustest.core.devices import model_device
 from robustest.core.inputs import check_images, check_labels
 from robustest.core.modelcall import eval_mode, model_dtype
@@ -51,7 +51,7 @@ def margin_bounds(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float
     graph = graph if graph is not None else trace(model, tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     spec = margin_spec(y, graph.ops[-1].out_shape[0], x.dtype)
     if method == "ibp":
-        return ibp_margins(graph, interval_bounds(graph, x, eps, norm), spec)
+        return ibp_margins(graph, interval_bounds(graph, x, eps, norm), spec, x, eps, norm)
     prop = Propagator(graph, x, eps, norm, intermediate="ibp" if method == "crown-ibp" else "crown")
     if method == "crown-ibp":
         return prop.backward(len(graph.ops) - 1, spec, upper=False)[0]

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from robustest.certify.graph import Graph
-from robustest.certify.ibp import Bounds, first_weight_layer, input_box, interval_bounds, step
+from robustest.certify.interval import Bounds, first_weight_layer, input_box, interval_bounds, step
 from robustest.certify.ops import affine_transposed, concretize, relu_relaxation
 from robustest.certify.patches import chain, conv_bounds, patch_width
 
@@ -202,19 +202,36 @@ class Propagator:
             if op.kind in ("relu", "maxpool"):
                 self.bounds_of(op.inputs[0])
         lower, _ = self.backward(last, spec, upper=False)
-        return torch.maximum(lower, ibp_margins(self.graph, self.ibp, spec))
+        return torch.maximum(lower, ibp_margins(self.graph, self.ibp, spec, self.x, self.eps, self.norm))
 
 
-def ibp_margins(graph: Graph, bounds: list[Bounds] | dict[int, Bounds], spec: torch.Tensor) -> torch.Tensor:
+def ibp_margins(graph: Graph, bounds: list[Bounds] | dict[int, Bounds], spec: torch.Tensor,
+                x: torch.Tensor | None = None, eps: float = 0.0, norm: str = "linf") -> torch.Tensor:
     """IBP's lower bounds (N x S) of ``spec @ logits``, with the specification folded into the last weight layer
-    (Gowal et al. 2018's elision) when the logits come from one; ``spec`` is N x S x K."""
+    (Gowal et al. 2018's elision) when the logits come from one; ``spec`` is N x S x K. When that layer reads the
+    input through per-element maps only, and the ball (``x``, ``eps``, ``norm``) is given, the folded row is
+    concretised on the ball itself (exact, also for L2)."""
     i = len(graph.ops) - 1
     while graph.ops[i].kind == "identity":
         i = graph.ops[i].inputs[0]
     op = graph.ops[i]
     if op.kind == "affine" and op.kind_detail in ("linear", "conv"):
         a, const = affine_transposed(op, spec.view(*spec.shape[:2], *op.out_shape))
-        lo, hi = bounds[op.inputs[0]]
+        j = op.inputs[0]
+        if x is not None:
+            a_in, c_in, k = a, const, j
+            while graph.ops[k].kind in ("reshape", "identity") or graph.ops[k].kind == "affine" \
+                    and graph.ops[k].kind_detail == "diag":
+                below = graph.ops[k]
+                if below.kind == "affine":
+                    a_in, c = affine_transposed(below, a_in)
+                    c_in = c_in + c
+                elif below.kind == "reshape":
+                    a_in = a_in.reshape(*a_in.shape[:2], *below.in_shape)
+                k = below.inputs[0]
+            if graph.ops[k].kind == "input":
+                return c_in + concretize(a_in, x, *input_box(x, eps, norm), eps, norm, sign=-1)
+        lo, hi = bounds[j]
     else:
         a, const = spec, spec.new_zeros(spec.shape[:2])
         lo, hi = bounds[i]

@@ -1,0 +1,266 @@
+"""Bound propagation (robustest.certify: ibp, crown, margin_bounds): exact values on hand-built nets, soundness
+against sampled points and attacks on random nets of every supported layer, the patch form against the dense
+propagation, and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import robustest.certify.backward as backward_module
+from robustest import models
+from robustest.attacks import pgd
+from robustest.certify import SUPPORTED, Certificate, check_certifiable, crown, ibp, margin_bounds, margin_spec
+from robustest.core.errors import ConfigError, DataError
+
+
+def _two_layer(relu: bool) -> nn.Module:
+    """x (1 x 1 x 2) -> h = (x1 + x2, x1 - x2) -> [relu] -> z = (h1 + h2, 0)."""
+    first = nn.Linear(2, 2)
+    second = nn.Linear(2, 2)
+    with torch.no_grad():
+        first.weight.copy_(torch.tensor([[1.0, 1.0], [1.0, -1.0]]))
+        first.bias.zero_()
+        second.weight.copy_(torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+        second.bias.zero_()
+    layers = [nn.Flatten(), first] + ([nn.ReLU()] if relu else []) + [second]
+    return nn.Sequential(*layers).eval()
+
+
+X_HALF = torch.full((1, 1, 1, 2), 0.5)
+
+
+def test_linear_chain_crown_is_exact_and_ibp_loses_the_dependency():
+    # z0 - z1 = 2 x1 over x in [0.25, 0.75]^2: the true minimum is 0.5. IBP: h1 in [0.5, 1.5], h2 in [-0.5, 0.5],
+    # folded spec (1, 1) gives 0.5 - 0.5 = 0; CROWN is exact.
+    net = _two_layer(relu=False)
+    y = torch.tensor([0])
+    assert margin_bounds(net, X_HALF, y, 0.25, method="ibp")[0, 1].item() == pytest.approx(0.0, abs=1e-6)
+    assert margin_bounds(net, X_HALF, y, 0.25, method="crown")[0, 1].item() == pytest.approx(0.5, abs=1e-6)
+    assert margin_bounds(net, X_HALF, y, 0.25, method="crown-ibp")[0, 1].item() == pytest.approx(0.5, abs=1e-6)
+
+
+def test_relu_relaxation_hand_computed():
+    # margin z1 - z0 = -(relu(h1) + relu(h2)); h1 in [0.5, 1.5] is active, h2 in [-0.5, 0.5] unstable: upper line
+    # 0.5 h2 + 0.25, so CROWN bounds relu(h1) + relu(h2) by 1.5 x1 + 0.5 x2 + 0.25 <= 1.75; IBP by 1.5 + 0.5 = 2.
+    net = _two_layer(relu=True)
+    y = torch.tensor([1])
+    assert margin_bounds(net, X_HALF, y, 0.25, method="crown")[0, 0].item() == pytest.approx(-1.75, abs=1e-6)
+    assert margin_bounds(net, X_HALF, y, 0.25, method="ibp")[0, 0].item() == pytest.approx(-2.0, abs=1e-6)
+    # the other side: the lower slope of the unstable h2 is 0 (u = -l), so relu(h1) + relu(h2) >= x1 + x2 >= 0.5
+    y0 = torch.tensor([0])
+    assert margin_bounds(net, X_HALF, y0, 0.25, method="crown")[0, 1].item() == pytest.approx(0.5, abs=1e-6)
+
+
+@pytest.mark.parametrize("norm", ["linf", "l2"])
+def test_one_linear_layer_is_exact_for_both_norms(norm):
+    torch.manual_seed(0)
+    lin = nn.Linear(12, 4)
+    net = nn.Sequential(nn.Flatten(), lin).eval()
+    x = torch.rand(5, 1, 3, 4) * 0.5 + 0.25  # eps 0.1 stays inside [0, 1]: no clipping
+    y = torch.tensor([0, 1, 2, 3, 0])
+    w, b = lin.weight.detach(), lin.bias.detach()
+    diff = w[y].unsqueeze(1) - w.unsqueeze(0)  # N x K x 12
+    dual = diff.abs().sum(-1) if norm == "linf" else diff.norm(dim=-1)
+    exact = torch.einsum("nkd,nd->nk", diff, x.flatten(1)) + (b[y].unsqueeze(1) - b) - 0.1 * dual
+    for method in ("ibp", "crown"):
+        got = margin_bounds(net, x, y, 0.1, norm, method)
+        torch.testing.assert_close(got, exact, atol=1e-5, rtol=0)
+
+
+class _Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.bn(self.conv(x)))
+
+
+def _nets() -> dict[str, nn.Module]:
+    torch.manual_seed(1)
+    residual = nn.Sequential(
+        models.Normalize([0.4], [0.3]), nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), _Residual(),
+        nn.AvgPool2d(2), nn.Conv2d(4, 6, 3, stride=2, padding="valid"), nn.BatchNorm2d(6), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 5))
+    for m in residual.modules():  # non-trivial running statistics
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.2, 0.2)
+            m.running_var.uniform_(0.5, 2.0)
+            m.weight.data.uniform_(0.5, 1.5)
+    pool = nn.Sequential(nn.Conv2d(1, 5, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(5, 6, 3), nn.ReLU(),
+                         nn.Dropout(0.3), nn.Flatten(), nn.Linear(6 * 2 * 2, 16), nn.ReLU(), nn.Linear(16, 5))
+    deep = nn.Sequential(nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(4, 8, 3, padding=1),
+                         nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(8 * 2 * 2, 5))
+    return {"residual": residual.eval(), "maxpool": pool.eval(), "conv-chain": deep.eval()}
+
+
+def _sampled_margins(net: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, norm: str, draws: int
+                     ) -> torch.Tensor:
+    """The smallest margin z_y - z_j seen over random corners / sphere points of the ball (N x K)."""
+    g = torch.Generator().manual_seed(5)
+    best = torch.full((x.shape[0], 5), float("inf"))
+    for _ in range(draws):
+        if norm == "linf":
+            delta = (torch.randint(0, 2, x.shape, generator=g).float() * 2 - 1) * eps
+        else:
+            d = torch.randn(x.shape, generator=g)
+            delta = d / d.flatten(1).norm(dim=1).view(-1, 1, 1, 1) * eps
+        xs = (x + delta).clamp(0, 1) if norm == "linf" else x + delta
+        with torch.no_grad():
+            z = net(xs)
+        best = torch.minimum(best, z.gather(1, y[:, None]) - z)
+    return best
+
+
+@pytest.mark.parametrize("name", ["residual", "maxpool", "conv-chain"])
+@pytest.mark.parametrize("norm", ["linf", "l2"])
+def test_bounds_are_sound_against_sampled_and_attacked_points(name, norm):
+    net = _nets()[name]
+    torch.manual_seed(2)
+    x = torch.rand(6, 1, 8, 8)
+    y = torch.randint(0, 5, (6,))
+    eps = 0.05 if norm == "linf" else 0.3
+    bounds = {m: margin_bounds(net, x, y, eps, norm, m).detach() for m in ("ibp", "crown-ibp", "crown")}
+    seen = _sampled_margins(net, x, y, eps, norm, draws=64)
+    for method, lower in bounds.items():
+        assert bool((lower <= seen + 1e-5).all()), f"{method} bound above a sampled margin"
+    # the tightest bound is not vacuous: it sits within the range the sampled margins show
+    assert bool((bounds["crown"] >= bounds["ibp"] - 1e-6).all())
+    if norm == "linf":
+        adv = pgd(net, x, y, eps=eps, steps=20, seed=0)
+        with torch.no_grad():
+            z = net(adv)
+        attacked = z.gather(1, y[:, None]) - z
+        assert bool((bounds["crown"] <= attacked + 1e-5).all())
+
+
+@pytest.mark.parametrize("name", ["residual", "maxpool", "conv-chain"])
+def test_crown_is_usually_tighter_than_ibp_on_random_nets(name):
+    net = _nets()[name]
+    torch.manual_seed(3)
+    x = torch.rand(4, 1, 8, 8)
+    y = torch.randint(0, 5, (4,))
+    ibp_m = margin_bounds(net, x, y, 0.02, "linf", "ibp")
+    crown_m = margin_bounds(net, x, y, 0.02, "linf", "crown")
+    off = margin_spec(y, 5).abs().sum(-1) > 0
+    assert float((crown_m - ibp_m).detach()[off].mean()) > 0
+
+
+def test_patch_form_equals_the_dense_propagation(monkeypatch):
+    net = _nets()["conv-chain"]
+    torch.manual_seed(4)
+    x = torch.rand(5, 1, 8, 8)
+    y = torch.randint(0, 5, (5,))
+    for norm, eps in (("linf", 0.03), ("l2", 0.4)):
+        patched = margin_bounds(net, x, y, eps, norm, "crown")
+        with monkeypatch.context() as m:
+            m.setattr(backward_module, "chain", lambda graph, target: None)
+            dense = margin_bounds(net, x, y, eps, norm, "crown")
+        torch.testing.assert_close(patched, dense, atol=2e-5, rtol=1e-5)
+
+
+def test_a_small_row_budget_gives_the_same_bounds():
+    net = _nets()["maxpool"]
+    torch.manual_seed(6)
+    x = torch.rand(3, 1, 8, 8)
+    y = torch.randint(0, 5, (3,))
+    whole = margin_bounds(net, x, y, 0.03, "linf", "crown")
+    prop = backward_module.Propagator(check_certifiable(net, (1, 8, 8)), x, 0.03, "linf", budget=7)
+    chunked = prop.margins(margin_spec(y, 5))
+    torch.testing.assert_close(whole, chunked, atol=1e-5, rtol=1e-5)
+
+
+def test_certificate_flags_and_batching():
+    net = _nets()["maxpool"]
+    torch.manual_seed(7)
+    x = torch.rand(7, 1, 8, 8)
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    net.train()
+    cert = crown(net, x, y, 1e-4)
+    assert net.training  # the mode is restored
+    assert isinstance(cert, Certificate) and cert.method == "crown" and cert.norm == "linf" and cert.eps == 1e-4
+    assert bool(torch.isinf(cert.margins[torch.arange(7), y]).all())
+    assert torch.equal(cert.certified, cert.lower_margin > 0)
+    assert cert.certified_accuracy == pytest.approx(float(cert.certified.float().mean()))
+    assert cert.certified.all()  # a tiny ball around the model's own predictions
+    wrong = (y + 1) % 5
+    assert not crown(net, x, wrong, 1e-4).certified.any()  # a misclassified sample is never certified
+    small = ibp(net, x, y, 0.05, batch_size=3)
+    whole = ibp(net, x, y, 0.05)
+    torch.testing.assert_close(small.margins, whole.margins)
+
+
+def test_zoo_models_trace_and_resnet_shortcut_slicing_is_refused():
+    for name in ("mnist_small", "madry_cnn", "lenet5", "digits_cnn", "mlp", "lenet1"):
+        c, s, _ = models.native(name)
+        check_certifiable(models.create(name).eval(), (c, s, s))
+    check_certifiable(models.create("lenet5", mean=[0.13], std=[0.31]).eval(), (1, 28, 28))
+    check_certifiable(models.create("preact_resnet18").eval(), (3, 32, 32))
+    with pytest.raises(ConfigError, match="indexing or slicing"):
+        check_certifiable(models.create("resnet20").eval(), (3, 32, 32))
+
+
+@pytest.mark.parametrize("layer, named", [
+    (nn.Sigmoid(), r"layer '1' \(Sigmoid\)"),
+    (nn.MaxPool2d(3, stride=1), "overlapping windows"),
+    (nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect"), "padding_mode 'reflect'"),
+])
+def test_unsupported_layers_are_refused_in_one_line(layer, named):
+    net = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), layer, nn.Flatten(), nn.LazyLinear(3))
+    net(torch.zeros(1, 1, 6, 6))
+    with pytest.raises(ConfigError, match=named) as info:
+        ibp(net.eval(), torch.rand(2, 1, 6, 6), torch.tensor([0, 1]), 0.1)
+    message = str(info.value)
+    assert "\n" not in message and "supported layers: " + ", ".join(SUPPORTED) in message
+
+
+def test_untraceable_forward_is_refused():
+    class Branchy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > 0:  # data-dependent control flow
+                return self.fc(x.flatten(1))
+            return -self.fc(x.flatten(1))
+
+    with pytest.raises(ConfigError, match="cannot follow the model's forward"):
+        check_certifiable(Branchy(), (1, 2, 2))
+
+
+def test_inputs_are_validated():
+    net = _nets()["maxpool"]
+    x = torch.rand(2, 1, 8, 8)
+    y = torch.tensor([0, 1])
+    with pytest.raises(ConfigError, match="eps"):
+        ibp(net, x, y, 0.0)
+    with pytest.raises(ConfigError, match="norm"):
+        crown(net, x, y, 0.1, norm="l1")
+    with pytest.raises(DataError, match=r"\[0, 1\]"):
+        ibp(net, x * 2, y, 0.1)
+    with pytest.raises(DataError, match="outside"):
+        ibp(net, x, torch.tensor([0, 7]), 0.1)
+    with pytest.raises(ConfigError, match="method"):
+        margin_bounds(net, x, y, 0.1, method="lp")
+    assert margin_bounds(net, x, y, 0.0).shape == (2, 5)  # eps 0 is a schedule's start
+
+
+def test_eps_zero_bounds_equal_the_margins_and_are_differentiable():
+    net = _nets()["residual"]
+    torch.manual_seed(8)
+    x = torch.rand(3, 1, 8, 8)
+    y = torch.tensor([0, 2, 4])
+    z = net(x)
+    exact = z.gather(1, y[:, None]) - z
+    for method in ("ibp", "crown-ibp", "crown"):
+        got = margin_bounds(net, x, y, 0.0, method=method)
+        torch.testing.assert_close(got, exact, atol=1e-5, rtol=1e-5)
+    loss = torch.nn.functional.cross_entropy(-margin_bounds(net, x, y, 0.05, method="crown-ibp"), y)
+    loss.backward()
+    assert all(p.grad is not None for p in net.parameters() if p.requires_grad)
