@@ -150,8 +150,9 @@ def test_crown_is_usually_tighter_than_ibp_on_random_nets(name):
     assert float((crown_m - ibp_m).detach()[off].mean()) > 0
 
 
-def test_patch_form_equals_the_dense_propagation(monkeypatch):
-    net = _nets()["conv-chain"]
+@pytest.mark.parametrize("name", ["conv-chain", "maxpool"])
+def test_patch_form_equals_the_dense_propagation(monkeypatch, name):
+    net = _nets()[name]
     torch.manual_seed(4)
     x = torch.rand(5, 1, 8, 8)
     y = torch.randint(0, 5, (5,))

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from robustest.certify.certificate import Certificate
 from robustest.certify.graph import SUPPORTED
+from robustest.certify.smoothing import (
+    ABSTAIN,
+    SmoothCertificate,
+    certified_accuracy,
+    smooth_certify,
+    smooth_predict,
+)
 from robustest.certify.verify import METHODS, check_certifiable, crown, ibp, margin_bounds, margin_spec
 
-__all__ = ["METHODS", "SUPPORTED", "Certificate", "check_certifiable", "crown", "ibp", "margin_bounds",
-           "margin_spec"]
+__all__ = ["ABSTAIN", "METHODS", "SUPPORTED", "Certificate", "SmoothCertificate", "certified_accuracy",
+           "check_certifiable", "crown", "ibp", "margin_bounds", "margin_spec", "smooth_certify", "smooth_predict"]

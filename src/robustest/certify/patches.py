@@ -31,7 +31,8 @@ def chain(graph: Graph, target: int) -> list[int] | None:
     i = graph.ops[target].inputs[0]
     while graph.ops[i].kind != "input":
         op = graph.ops[i]
-        if not (op.kind in ("relu", "identity") or _plain_conv(op) or op.kind == "affine" and op.kind_detail == "diag"):
+        if not (op.kind in ("relu", "identity", "maxpool") or _plain_conv(op)
+                or op.kind == "affine" and op.kind_detail == "diag"):
             return None
         path.append(i)
         i = op.inputs[0]
@@ -49,6 +50,10 @@ def patch_width(graph: Graph, path: list[int]) -> int:
             w, (sy, sx) = op.params["weight"], op.params["stride"]
             c, ph, pw = w.shape[1], (ph - 1) * sy + w.shape[2], (pw - 1) * sx + w.shape[3]
             widest = max(widest, c * ph * pw)
+        elif op.kind == "maxpool":
+            ky, kx = op.params["kernel"]
+            ph, pw = ph * ky, pw * kx
+            widest = max(widest, c * ph * pw * ky * kx)  # the one-hot expansion
     return widest
 
 
@@ -98,6 +103,10 @@ def conv_bounds(graph: Graph, path: list[int], rows: torch.Tensor, bounds_of, x:
             lo_p, const_lo = pos * lo_s + neg * up_s, const_lo + (neg * up_b).flatten(2).sum(-1)
             pos, neg = hi_p.clamp(min=0), hi_p.clamp(max=0)
             hi_p, const_hi = pos * up_s + neg * lo_s, const_hi + (pos * up_b).flatten(2).sum(-1)
+        elif op.kind == "maxpool":
+            (lo_p, hi_p), (cl, cu) = _maxpool(lo_p, hi_p, bounds_of(op.inputs[0]), op.params["kernel"], oy, ox)
+            const_lo, const_hi = const_lo + cl, const_hi + cu
+            oy, ox = oy * op.params["kernel"][0], ox * op.params["kernel"][1]
         elif op.kind == "affine" and op.kind_detail == "diag":
             scale, shift = diag_params(op)
             shift_w = _windows(shift.expand(1, *op.out_shape), oy, ox, ph, pw)
@@ -123,6 +132,35 @@ def conv_bounds(graph: Graph, path: list[int], rows: torch.Tensor, bounds_of, x:
     lower = const_lo + (lo_p * x_w).flatten(2).sum(-1) - eps * lo_p.flatten(2).norm(dim=-1)
     upper = const_hi + (hi_p * x_w).flatten(2).sum(-1) + eps * hi_p.flatten(2).norm(dim=-1)
     return lower, upper
+
+
+def _maxpool(lo_p: torch.Tensor, hi_p: torch.Tensor, bounds: Bounds, kernel: tuple[int, int], oy: torch.Tensor,
+             ox: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """Patches on a max-pool's output moved to its input (the relaxation of :mod:`.backward`): each coefficient
+    goes to its window's element with the largest lower bound; the windows' constants are returned too."""
+    lower, upper = bounds
+    ky, kx = kernel
+    w = lower.shape[-1]
+    best, index = F.max_pool2d(lower, kernel, kernel, return_indices=True)
+    others = upper.flatten(2).scatter(-1, index.flatten(2), float("-inf")).view_as(upper)
+    linear = (best >= F.max_pool2d(others, kernel, kernel)).to(lower.dtype)
+    icpt = (1 - linear) * F.max_pool2d(upper, kernel, kernel)
+    local = (index // w % ky) * kx + index % w % kx
+    ph, pw = lo_p.shape[-2:]
+    local_w = _windows(local, oy, ox, ph, pw)
+    linear_w, icpt_w = _windows(linear, oy, ox, ph, pw), _windows(icpt, oy, ox, ph, pw)
+    pos, neg = lo_p.clamp(min=0), lo_p.clamp(max=0)
+    lo_c, cl = pos + neg * linear_w, (neg * icpt_w).flatten(2).sum(-1)
+    pos, neg = hi_p.clamp(min=0), hi_p.clamp(max=0)
+    hi_c, cu = pos * linear_w + neg, (pos * icpt_w).flatten(2).sum(-1)
+    onehot = F.one_hot(local_w, ky * kx).to(lower.dtype)  # N x S x C x ph x pw x ky*kx
+
+    def expand(coef: torch.Tensor) -> torch.Tensor:
+        full = coef.unsqueeze(-1) * onehot
+        n, s, c = full.shape[:3]
+        return full.view(n, s, c, ph, pw, ky, kx).permute(0, 1, 2, 3, 5, 4, 6).reshape(n, s, c, ph * ky, pw * kx)
+
+    return (expand(lo_c), expand(hi_c)), (cl, cu)
 
 
 def _transpose(patch: torch.Tensor, q: dict) -> torch.Tensor:

@@ -21,15 +21,17 @@ Noise: added in pixel space (the model holds its own normalisation, as the data 
 not Gaussian. The noisy images are batched: every pass through the model holds ``batch_size`` noisy copies of
 one or several samples (each sample repeated as many times as it has draws in the pass); the predicted classes
 are counted per sample with one ``index_add_``. Statistics (binomial p-values, beta quantiles, normal quantiles)
-are computed in float64 with SciPy, so the figures equal SciPy's to the last bit.
+are computed in float64 with SciPy: ``p_lower`` and ``radius`` are SciPy's ``beta.ppf`` and ``sigma * norm.ppf``
+to the last bit.
 
 Randomness: the draws of sample ``i`` come in fixed blocks of :func:`block_draws` draws (a number that depends on
 the image size only); block ``b`` of sample ``i`` in phase ``p`` (selection, estimation, prediction) is drawn by
-a generator on the model's device seeded with a hash of ``(seed, p, i, b)``. The noise of every sample is
-therefore the same whatever ``batch_size`` and whichever other samples are certified with it, and the counts are
-too as long as the model's outputs for an image do not depend on the other images of its batch (batch-norm in
-eval mode, convolutions and linear layers; only a bit-level difference between batch sizes could move an exact
-tie). CPU and CUDA draw different numbers for the same seed. Per-sample results are 1-D tensors of length N, in
+a generator on the model's device seeded with a hash of ``(seed, p, i, b)`` (i: the sample's position in x, so
+copies of one image at two positions draw different noise). The noise of every sample is therefore the same
+whatever ``batch_size`` and whatever the other images of x are, and so are the counts as long as the model's
+outputs for an image do not depend on the other images of its batch (batch-norm in eval mode, convolutions and
+linear layers; only a bit-level difference between batch sizes could move an exact tie). CPU and CUDA draw
+different numbers for the same seed. Per-sample results are 1-D tensors of length N, in
 input order, on the CPU.
 """
 

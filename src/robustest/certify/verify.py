@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from robustest.certify.certificate import Certificate
 from robustest.certify.backward import Propagator, ibp_margins
+from robustest.certify.certificate import Certificate
 from robustest.certify.graph import Graph, trace
 from robustest.certify.interval import interval_bounds
 from robustest.core.devices import model_device

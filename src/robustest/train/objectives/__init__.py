@@ -4,14 +4,17 @@ settings, the ``harden`` verb and RobOT's hardening strategies; :func:`robustest
 ``cross-entropy`` and :func:`robustest.weakrobust.enhance` ``augmix-jsd-adv`` (registered by
 :mod:`robustest.weakrobust`, whose AugMix it needs); these two are no harden methods (``harden_method=False``).
 
-=============  ===========================================================================================
-``pgd-at``     Madry et al. (2018): k-step L-inf PGD from a uniform random start; ``mix * CE(x) + (1 - mix) *
-               CE(x_adv)`` (:mod:`.pgd_at`).
-``trades``     Zhang et al. (2019): ``CE(f(x), y) + beta * KL(p(x) || p(x_adv))`` (:mod:`.trades`).
-``fosc``       Wang et al. (2019), dynamic AT: PGD stops per sample at FOSC <= c_t (:mod:`.fosc`).
-``fol-budget`` PGD stops per sample at FOL <= ``fol_threshold`` or misclassification (:mod:`.fol_budget`).
-``fast-at``    Wong et al. (2020): one FGSM step of 1.25 eps from a random start (:mod:`.fast_at`).
-=============  ===========================================================================================
+==================  ======================================================================================
+``pgd-at``          Madry et al. (2018): k-step L-inf PGD from a uniform random start; ``mix * CE(x) + (1 - mix)
+                    * CE(x_adv)`` (:mod:`.pgd_at`).
+``trades``          Zhang et al. (2019): ``CE(f(x), y) + beta * KL(p(x) || p(x_adv))`` (:mod:`.trades`).
+``fosc``            Wang et al. (2019), dynamic AT: PGD stops per sample at FOSC <= c_t (:mod:`.fosc`).
+``fol-budget``      PGD stops per sample at FOL <= ``fol_threshold`` or misclassification (:mod:`.fol_budget`).
+``fast-at``         Wong et al. (2020): one FGSM step of 1.25 eps from a random start (:mod:`.fast_at`).
+``gaussian-noise``  Cohen et al. (2019): ``CE(x + sigma * e)``, e ~ N(0, I), not clipped (``sigma``, default
+                    0.25): a base model for randomised smoothing (:mod:`robustest.certify.smoothing`); no attack
+                    (:mod:`.gaussian_noise`).
+==================  ======================================================================================
 
 =================  =======================================================================================
 ``cross-entropy``  fit's loss: CE (optional label smoothing) under the run's autocast (:mod:`.cross_entropy`).
@@ -26,7 +29,7 @@ objective is replaced the same way (``with registered(obj, replace=True):`` unde
 
 from __future__ import annotations
 
-from robustest.train.objectives import cross_entropy, fast_at, fol_budget, fosc, pgd_at, trades
+from robustest.train.objectives import cross_entropy, fast_at, fol_budget, fosc, gaussian_noise, pgd_at, trades
 from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
 from robustest.train.objectives.registry import (
     canonical,
@@ -41,5 +44,5 @@ from robustest.train.objectives.registry import (
 __all__ = ["Objective", "Option", "StepContext", "StepOutput", "canonical", "get", "names", "option_owners",
            "register", "registered", "unregister"]
 
-for _module in (pgd_at, trades, fosc, fol_budget, fast_at, cross_entropy):
+for _module in (pgd_at, trades, fosc, fol_budget, fast_at, gaussian_noise, cross_entropy):
     register(_module.OBJECTIVE)
