@@ -7,9 +7,10 @@ largest lower bound) below and, above, ``x_i*`` when it dominates the window (``
 the window's largest upper bound. The input ball is then concretised (dual norm).
 
 Intermediate bounds (the inputs of every ReLU and max-pool) come from CROWN itself, as in auto_LiRPA: a neuron is
-bounded backwards only when one IBP step from the tighter bounds below leaves it unstable (all neurons when a
-max-pool reads it), and every CROWN bound is intersected with that IBP step, so a sample's bounds never depend on
-the other samples of its batch. ``intermediate="ibp"`` keeps IBP's boxes instead (CROWN-IBP, Zhang et al. 2020).
+bounded backwards only when one IBP step from the tighter bounds below leaves it unstable for that sample (every
+neuron when something other than a ReLU reads it), and every CROWN bound is intersected with that IBP step. A
+sample's bounds therefore never depend on the other samples of its batch; they equal auto_LiRPA's for the sample
+alone (auto_LiRPA bounds the neurons unstable for any sample of the batch, so its figures move with the batch). ``intermediate="ibp"`` keeps IBP's boxes instead (CROWN-IBP, Zhang et al. 2020).
 
 Memory: coefficients are N x S x (largest layer); S (the rows bounded at once) is chosen to stay near
 ``budget`` elements.
@@ -84,12 +85,14 @@ class Propagator:
         lo, hi = reference
         n = lo.shape[0]
         reads = [self.graph.ops[c].kind for c in self.consumers[i]]
-        flat_lo, flat_hi = lo.flatten(1), hi.flatten(1)
+        flat_lo, flat_hi = lo.flatten(1).clone(), hi.flatten(1).clone()
         if reads and all(k == "relu" for k in reads):
-            rows = ((flat_lo < 0) & (flat_hi > 0)).any(0).nonzero().flatten()
+            # only the signs of these bounds matter below: bound a sample's unstable neurons, keep the IBP step
+            # for its stable ones (whatever the other samples need), so its bounds do not depend on its batch
+            wanted = (flat_lo < 0) & (flat_hi > 0)
         else:
-            rows = torch.arange(flat_lo.shape[1], device=lo.device)
-        flat_lo, flat_hi = flat_lo.clone(), flat_hi.clone()
+            wanted = torch.ones_like(flat_lo, dtype=torch.bool)
+        rows = wanted.any(0).nonzero().flatten()
         path = chain(self.graph, i)
         width = max(int(math.prod(o.out_shape)) for o in self.graph.ops[: i + 1]) if path is None \
             else patch_width(self.graph, path)
@@ -99,15 +102,13 @@ class Propagator:
             if path is not None:
                 lower, upper = conv_bounds(self.graph, path, part, self.bounds_of, self.x, self.box, self.eps,
                                            self.norm)
-                flat_lo[:, part] = torch.maximum(flat_lo[:, part], lower)
-                flat_hi[:, part] = torch.minimum(flat_hi[:, part], upper)
-                continue
-            # the same rows for every sample until the first relaxation: one copy, broadcast over the batch
-            a = lo.new_zeros(1, part.numel(), flat_lo.shape[1])
-            a[0, torch.arange(part.numel(), device=lo.device), part] = 1.0
-            lower, upper = self.backward(i, a.view(1, part.numel(), *op.out_shape))
-            flat_lo[:, part] = torch.maximum(flat_lo[:, part], lower)
-            flat_hi[:, part] = torch.minimum(flat_hi[:, part], upper)
+            else:  # the same rows for every sample until the first relaxation: one copy, broadcast over the batch
+                a = lo.new_zeros(1, part.numel(), flat_lo.shape[1])
+                a[0, torch.arange(part.numel(), device=lo.device), part] = 1.0
+                lower, upper = self.backward(i, a.view(1, part.numel(), *op.out_shape))
+            use = wanted[:, part]
+            flat_lo[:, part] = torch.where(use, torch.maximum(flat_lo[:, part], lower), flat_lo[:, part])
+            flat_hi[:, part] = torch.where(use, torch.minimum(flat_hi[:, part], upper), flat_hi[:, part])
         self.bounds[i] = (flat_lo.view_as(lo), flat_hi.view_as(hi))
         return self.bounds[i]
 
