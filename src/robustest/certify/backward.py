@@ -8,7 +8,8 @@ the window's largest upper bound. The input ball is then concretised (dual norm)
 
 Intermediate bounds (the inputs of every ReLU and max-pool) come from CROWN itself, as in auto_LiRPA: a neuron is
 bounded backwards only when one IBP step from the tighter bounds below leaves it unstable for that sample (every
-neuron when something other than a ReLU reads it), and every CROWN bound is intersected with that IBP step. A
+neuron when something other than a ReLU reads it, or when more than 90 % of the sample's neurons of the layer are
+unstable), and every CROWN bound is intersected with that IBP step. A
 sample's bounds therefore never depend on the other samples of its batch; they equal auto_LiRPA's for the sample
 alone (auto_LiRPA bounds the neurons unstable for any sample of the batch, so its figures move with the batch). ``intermediate="ibp"`` keeps IBP's boxes instead (CROWN-IBP, Zhang et al. 2020).
 
@@ -29,6 +30,7 @@ from robustest.certify.ops import affine_transposed, concretize, relu_relaxation
 from robustest.certify.patches import chain, conv_bounds, patch_width
 
 BUDGET = 1 << 25  # elements of one coefficient tensor (128 MiB in float32)
+SPARSE_SHARE = 0.9  # above this share of unstable neurons, a sample's layer is bounded whole
 
 
 def _add(acc: dict[int, torch.Tensor], key: int, value: torch.Tensor) -> None:
@@ -90,6 +92,8 @@ class Propagator:
             # only the signs of these bounds matter below: bound a sample's unstable neurons, keep the IBP step
             # for its stable ones (whatever the other samples need), so its bounds do not depend on its batch
             wanted = (flat_lo < 0) & (flat_hi > 0)
+            # as auto_LiRPA: when more than 90 % of a sample's neurons are unstable, bound all of them
+            wanted[wanted.float().mean(1) > SPARSE_SHARE] = True
         else:
             wanted = torch.ones_like(flat_lo, dtype=torch.bool)
         rows = wanted.any(0).nonzero().flatten()
