@@ -266,7 +266,7 @@ def test_a_masked_candidate_fails_the_gate_as_unreliable(suite, models, tmp_path
 def test_format_round_trip_and_refusals(suite, tmp_path: Path):
     path = suite.save(tmp_path / "s.pt")
     raw = torch.load(path, weights_only=True)  # plain data: no unpickling of objects
-    assert raw["format"] == "robustest-suite" and raw["version"] == SUITE_VERSION == 1
+    assert raw["format"] == "robustest-suite" and raw["version"] == 1 and SUITE_VERSION == 2  # 2: certified outcomes
     back = Suite.load(path)
     for k, t in suite.tensors().items():
         assert torch.equal(getattr(back, k), t), k

@@ -7,7 +7,8 @@
   screen and in HTML.
 * :func:`save_histogram`, :func:`save_lines`, :func:`save_bars`, :func:`save_hbars` draw PNG plots with
   matplotlib (Agg); legends sit outside the data. :func:`save_hbars` (one bar per category, horizontal) grows in
-  height with the number of categories and keeps a fixed font size, so it stays legible at any count. Every plot
+  height with the number of categories and keeps a fixed font size, so it stays legible at any count;
+  :func:`save_stacked_bar` splits one horizontal bar into parts (certified | undecided | broken). Every plot
   draws any data: empty, all-NaN, one point, all values equal (:func:`histogram_edges`); count axes have
   whole-number ticks.
 * :func:`save_image_grid` writes a grid of images (N x C x H x W in [0, 1]) with optional captions.
@@ -36,7 +37,8 @@ import torch
 from robustest.core.atomic import atomic_write_bytes, atomic_write_text
 
 __all__ = ["HtmlReport", "figure_png", "format_value", "header_label", "histogram_edges", "mean_std", "plural",
-           "save_bars", "save_hbars", "save_histogram", "save_image_grid", "save_lines", "write_csv"]
+           "save_bars", "save_hbars", "save_histogram", "save_image_grid", "save_lines", "save_stacked_bar",
+           "write_csv"]
 
 DPI = 110
 FONT = 9  # points: every label, tick and legend of a chart
@@ -309,6 +311,32 @@ def save_hbars(groups: Mapping[str, Mapping[str, float]], path: str | os.PathLik
     _style(ax, title, xlabel, "")
     ax.grid(axis="x", alpha=0.3)
     if len(groups) > 1:
+        _legend_outside(ax)
+    return _done(fig, path)
+
+
+def save_stacked_bar(parts: Mapping[str, float], path: str | os.PathLike[str] | None, *, title: str = "",
+                     xlabel: str = "", colors: Sequence[str] | None = None) -> bytes:
+    """ONE horizontal bar split into ``parts`` (label -> value, left to right in order; e.g. shares summing to 1),
+    each segment in its own colour (``colors``, one per part) and written on when it is wide enough; the legend,
+    with each part's value, sits to the right. Negative, None and NaN values draw nothing. Returns PNG bytes,
+    written to ``path`` when given."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 1.5))
+    values = [max(0.0, v) if math.isfinite(v := _num(x)) else 0.0 for x in parts.values()]
+    total = sum(values)
+    left = 0.0
+    for i, (label, v) in enumerate(zip(parts, values)):
+        color = colors[i] if colors is not None and i < len(colors) else None
+        ax.barh([0], [v], left=left, height=0.6, color=color, label=f"{label} ({format_value(v, 'share')})")
+        if total and v >= 0.07 * total:
+            ax.text(left + v / 2, 0, format_value(v, "share"), ha="center", va="center", fontsize=FONT,
+                    color="white")
+        left += v
+    ax.set_xlim(0, left if left > 0 else 1.0)
+    ax.set_yticks([])
+    _style(ax, title, xlabel, "")
+    if parts:
         _legend_outside(ax)
     return _done(fig, path)
 

@@ -9,9 +9,10 @@ the window's largest upper bound. The input ball is then concretised (dual norm)
 Intermediate bounds (the inputs of every ReLU and max-pool) come from CROWN itself, as in auto_LiRPA: a neuron is
 bounded backwards only when one IBP step from the tighter bounds below leaves it unstable for that sample (every
 neuron when something other than a ReLU reads it, or when more than 90 % of the sample's neurons of the layer are
-unstable), and every CROWN bound is intersected with that IBP step. A
-sample's bounds therefore never depend on the other samples of its batch; they equal auto_LiRPA's for the sample
-alone (auto_LiRPA bounds the neurons unstable for any sample of the batch, so its figures move with the batch). ``intermediate="ibp"`` keeps IBP's boxes instead (CROWN-IBP, Zhang et al. 2020).
+unstable), and every CROWN bound is intersected with that IBP step. A sample's bounds therefore never depend on
+the other samples of its batch; they equal auto_LiRPA's for the sample alone (auto_LiRPA bounds the neurons
+unstable for any sample of the batch, so its figures move with the batch). ``intermediate="ibp"`` keeps IBP's
+boxes instead (CROWN-IBP, Zhang et al. 2020).
 
 Memory: coefficients are N x S x (largest layer); S (the rows bounded at once) is chosen to stay near
 ``budget`` elements.

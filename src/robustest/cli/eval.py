@@ -12,13 +12,20 @@ APGD-CE -> APGD-T (9 targets) -> FAB-T (9 targets) -> Square (5000 queries), Aut
 = APGD-CE -> APGD-T (3 targets) and the Square probe as a check; ``rand`` = APGD-CE and APGD-DLR with EOT over 20
 draws, points judged by the majority of 11 forwards; ``custom`` = the attacks named in --attacks.
 
+--certify ibp|crown also proves a lower bound on the same samples and brackets the truth: each sample is
+certified, broken (misclassified, or an attack's point checked again on the model) or undecided, and certified
+<= robust <= clean accuracy; a sample both certified and broken is a soundness error (flag unsound-certificate).
+Randomised smoothing is refused there: it certifies the smoothed classifier, not the model the attacks ran on
+(use robustest certify --method smoothing).
+
 Every version checks the model (randomness, probability outputs, dynamic defences, zero or missing gradients) and
 whether a gradient-free attack broke what the gradient attacks left robust; each finding is a flag (one line on
 stderr, in results.json and at the top of the report; docs/EVAL.md). A flag of severity ``unreliable`` makes the
 --fail-under gate fail unless accepted with --accept-flag NAME.
 
 Exit status: 0 done (and, with --fail-under, robust accuracy >= ACC and no unaccepted unreliable flag), 1 the gate
-failed, 2 bad input (one line on stderr, before any attack runs), 3 internal error.
+failed (with --certify also: a soundness error, with or without --fail-under), 2 bad input (one line on stderr,
+before any attack runs), 3 internal error.
 """
 
 from __future__ import annotations
@@ -103,6 +110,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=positive_int, default=4096, metavar="N",
                    help="images read and attacked per block (memory stays bounded; under torchrun the ranks share "
                         "out whole blocks; default: 4096)")
+    p.add_argument("--certify", choices=("ibp", "crown", "smoothing"), default=None,
+                   help="also certify the same samples by bound propagation (ibp or crown) and bracket the truth: "
+                        "certified <= robust <= clean (smoothing is refused: it certifies another classifier)")
     p.add_argument("--save-adv", action="store_true", help="also write the worst-case images to adv.pt")
     add_run_args(p)
     p.set_defaults(func=run)
@@ -113,6 +123,10 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str] | None, list[int] |
     from robustest import corruptions
     from robustest.evaluate.flags import check_accepted
 
+    if args.certify == "smoothing":
+        from robustest.evaluate.certification import NOT_COMPARABLE
+
+        raise ConfigError(f"--certify smoothing: {NOT_COMPARABLE}")
     radii = sorted({check_eps("eps", e, args.norm) for e in args.eps})
     args.eps = radii[0] if len(radii) == 1 else radii
     args.accept_flag = list(check_accepted(args.accept_flag))
@@ -162,6 +176,11 @@ def run(args: argparse.Namespace) -> int:
         surrogate = load_file(args.surrogate, torchscript=args.torchscript, map_location=model_device(model))
     ds = load_data(args)
     check_fits(model, ds)
+    if args.certify is not None:
+        from robustest.core.batching import image_shape
+        from robustest.evaluate.certification import check_method
+
+        check_method(model, image_shape(ds), args.certify, args.norm)  # an unsupported layer: before any attack
     from robustest.core.amp import check_amp
 
     check_amp(args.amp, model_device(model))
@@ -173,12 +192,19 @@ def run(args: argparse.Namespace) -> int:
                       corruptions=args.corruptions, severities=severities or (1, 2, 3, 4, 5), baseline=baseline,
                       keep_adv=True, progress=not args.no_progress or args.progress_lines, amp=args.amp, bpda=args.bpda,
                       surrogate=surrogate, forwards=args.forwards)
+    brk = None
+    if args.certify is not None:
+        from robustest.evaluate.certification import bracket_eval
+
+        brk = bracket_eval(model, ds, result, args.certify)  # a soundness error joins result.flags
     out = out_dir(args)
     spec = getattr(model, "robustest_spec", None)
     doc = result.to_dict()
     for key in ("format", "version", "world_size"):
         doc.pop(key, None)
-    timings = {**doc.pop("timings", {}), "load_s": t_load}
+    timings = {**doc.pop("timings", {}), "load_s": t_load, **(brk.timings if brk is not None else {})}
+    if brk is not None:
+        doc["bracket"] = brk.to_dict()
     doc["attack_settings"] = doc.pop("settings", {})  # the ensemble's own parameters, attack by attack
     name = Path(args.checkpoint).stem if args.checkpoint else str(args.model_factory)
     doc["robustbench"] = result.robustbench(dataset=args.dataset, name=name,
@@ -202,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         files.append("adv.pt")
     from robustest import report
 
-    report.write_csv(out / "samples.csv", result.rows())
+    report.write_csv(out / "samples.csv", _rows(result, brk))
     timings["total_s"] = time.perf_counter() - t0
     settings = {**model_settings(args), **data_settings(args), "eps": args.eps, "norm": args.norm,
                 "version": args.version, "batch_size": args.batch_size, "block_size": args.block_size,
@@ -210,7 +236,8 @@ def run(args: argparse.Namespace) -> int:
                 "device": str(model_device(model))}
     if args.batch_size_auto:
         settings["batch_size_auto"] = True
-    for key in ("attacks", "n_targets", "fail_under", "baseline", "amp", "bpda", "surrogate", "forwards"):
+    for key in ("attacks", "n_targets", "fail_under", "baseline", "amp", "bpda", "surrogate", "forwards",
+                "certify"):
         if getattr(args, key) is not None:
             settings[key] = attacks if key == "attacks" else getattr(args, key)
     if args.corruptions is not None:
@@ -220,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
     if args.accept_flag:
         settings["accept_flag"] = list(args.accept_flag)
     doc = write_results(out, "eval", settings, {**doc, "files": files}, timings)
-    _html(result, doc).write(out / "report.html")
+    _html(result, doc, brk, ds).write(out / "report.html")
     per = ", ".join(f"{k} {100 * v:.2f}%" for k, v in result.attacks.items())
     plan = args.version if result.plan == args.version else f"{args.version} -> {result.plan}"
     if result.curve:
@@ -237,7 +264,16 @@ def run(args: argparse.Namespace) -> int:
         c = result.corruption
         mce = "" if c["mce"] is None else f", mCE {100 * c['mce']:.2f}% of the baseline's"
         log.info(f"corruptions: mean accuracy {100 * c['mean_corruption_accuracy']:.2f}%{mce}")
+    if brk is not None:
+        log.info(f"bracket ({args.certify}): certified {100 * brk.certified_accuracy:.2f}% <= robust "
+                 f"{100 * brk.robust_accuracy:.2f}% <= clean {100 * brk.clean_accuracy:.2f}% "
+                 f"({brk.counts()['undecided']} undecided)")
     log.info(f"wrote {', '.join(files)} to {out} in {time.perf_counter() - t0:.1f}s")
+    if brk is not None and not brk.sound:
+        print(f"robustest eval: SOUNDNESS ERROR: {brk.counts()['unsound']} samples are both certified and broken "
+              "(samples.csv: bracket = unsound); the figures cannot be trusted", file=sys.stderr)
+        if passed is None:
+            return EXIT_GATE
     if passed is False:
         if result.robust_accuracy < args.fail_under:
             print(f"robustest eval: robust accuracy {result.robust_accuracy:.4f} is below --fail-under "
@@ -250,7 +286,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _html(result, doc):
+def _rows(result, brk):
+    """samples.csv's rows: the evaluation's, with --certify the bracket label and the certificate's lower margin."""
+    rows = result.rows()
+    if brk is not None:
+        margins = brk.lower_margin.tolist() if brk.lower_margin is not None else [None] * len(rows)
+        for row, label, m in zip(rows, brk.labels, margins):
+            row.update(bracket=label, lower_margin=m)
+    return rows
+
+
+def _html(result, doc, brk=None, data=None):
     from robustest import report
 
     radii = f"eps={result.eps:g}" if not result.curve else "eps=" + ",".join(f"{c['eps']:g}" for c in result.curve)
@@ -261,7 +307,10 @@ def _html(result, doc):
                   "after an attack is cumulative.")
     rep.heading("Verdict")
     gate = doc.get("gate")
-    if gate is None:
+    if gate is None and brk is not None and not brk.sound:
+        rep.paragraph(f"No --fail-under gate, but the exit status is {EXIT_GATE}: a sample both certified and broken "
+                      "is a soundness error (see below).")
+    elif gate is None:
         rep.paragraph("No gate: --fail-under was not given, so the exit status is 0 whatever the robust accuracy.")
     else:
         verb = "passed" if gate["passed"] else "FAILED"
@@ -281,6 +330,8 @@ def _html(result, doc):
         rep.table([{"flag": f.name, "severity": f.severity, "samples": len(f.samples)} for f in result.flags])
         for f in result.flags:
             rep.paragraph(f"{f.severity.upper()} {f.name}: {f.message}. Remedy: {f.remedy}.")
+    if brk is not None:
+        _bracket_section(rep, result, brk, data)
     if result.curve:
         rep.heading("Robustness curve")
         rep.paragraph("Each radius was attacked only on the images that survived the smaller one; the tables below "
@@ -323,3 +374,56 @@ def _html(result, doc):
                          f"{100 * c['relative_mce']:.2f}% of the baseline's"))
         rep.table([{"corruption": name, **per} for name, per in c["accuracy"].items()])
     return rep  # the settings and timings tables follow (HtmlReport.from_results)
+
+
+#: the bracket's bar: label -> (share key, colour)
+_BAR = {"certified": ("certified", "#2da44e"), "undecided": ("undecided", "#bf8700"),
+        "broken by an attack": ("broken_by_attack", "#cf222e"), "misclassified clean": ("misclassified", "#6e7781"),
+        "UNSOUND (certified and broken)": ("unsound", "#8250df")}
+
+
+def _bracket_section(rep, result, brk, data) -> None:
+    """Certified, robust and clean accuracy as one stacked bar, the counts, and the undecided samples."""
+    import torch
+
+    from robustest import report
+    from robustest.core.batching import take
+
+    shares, counts = brk.shares(), brk.counts()
+    rep.heading("Certified, robust and clean accuracy")
+    rep.paragraph(f"{brk.method.upper()} certificate on the same {brk.num_samples} images: certified "
+                  f"{brk.certified_accuracy:.3f} <= robust {brk.robust_accuracy:.3f} <= clean "
+                  f"{brk.clean_accuracy:.3f}. "
+                  "Certified: no point of the ball changes the prediction (proved). Broken: misclassified clean, or "
+                  "an attack's point inside the ball and [0, 1] that the model misclassifies (checked again here). "
+                  "Undecided: neither; the true robust accuracy lies between the certified share and the robust "
+                  "accuracy.")
+    if not brk.sound:
+        rep.paragraph(f"SOUNDNESS ERROR: {counts['unsound']} samples are both certified and broken "
+                      f"({', '.join(str(i) for i in _unsound_indices(brk))}): the certificate or the evaluation is "
+                      "wrong, and neither figure can be trusted.")
+    if brk.unverified:
+        rep.note(f"{brk.unverified} samples the attacks broke did not pass the check (the point left the ball or "
+                 "[0, 1], or the model judged it differently again): they count as undecided here.")
+    parts = {label: shares[key] for label, (key, _) in _BAR.items() if key != "unsound" or counts["unsound"]}
+    colours = [c for label, (_, c) in _BAR.items() if label in parts]
+    rep.image(report.save_stacked_bar(parts, None, title="certified | undecided | broken | misclassified",
+                                      xlabel="share of the samples", colors=colours),
+              "certified accuracy = the green part; robust accuracy = green + amber; clean accuracy = everything but "
+              "the grey part")
+    rep.table([counts])
+    undecided = torch.tensor([lab == "undecided" for lab in brk.labels], dtype=torch.bool)
+    pick = torch.nonzero(undecided).flatten()[:16]
+    if pick.numel() and data is not None:
+        x, _ = take(data, brk.index[pick])
+        margins = brk.lower_margin[pick].tolist() if brk.lower_margin is not None else [None] * len(pick)
+        caps = [f"{int(result.y[i])} m={m:.2g}" if m is not None else f"{int(result.y[i])}"
+                for i, m in zip(pick.tolist(), margins)]
+        rep.heading("Undecided samples", level=3)
+        rep.image(report.save_image_grid(x, None, captions=caps, ncols=8),
+                  "neither certified nor broken: label and the certificate's lower margin bound (m)")
+
+
+def _unsound_indices(brk, limit: int = 10) -> list[int]:
+    """The first ``limit`` data indices of the unsound samples."""
+    return [int(i) for i in brk.index[brk.unsound][:limit].tolist()]

@@ -2,15 +2,17 @@
 
 ``robustest suite build`` scores a data split's samples by local robustness under the baseline model, draws K
 samples stratified by that score (and class), runs the baseline's evaluation on them (AutoAttack's ensemble by
-default, optionally common corruptions) and writes ``suite.pt`` (a versioned file read with
+default, optionally common corruptions and, with --certify ibp|crown, which samples the baseline's certificate
+proves) and writes ``suite.pt`` (a versioned file read with
 ``torch.load(weights_only=True)``; docs/SUITE.md), ``results.json`` and ``report.html`` to --out.
 
 ``robustest suite check`` runs the suite's stored attacks and corruptions on a candidate model and writes the
 stratified robust accuracy with its 95 % interval and, against the baseline (the suite's stored outcomes, or
---baseline), the paired drop with its interval, the exact McNemar test and a verdict.
+--baseline), the paired drop with its interval, the exact McNemar test and a verdict; a suite with certified
+outcomes also compares the candidate's certificate (samples certified before and no longer are lost certificates).
 
-Exit status (check): 0 no regression, 1 regression (the drop is significant at --alpha AND larger than
---max-drop), 2 bad input (one line on stderr).
+Exit status (check): 0 no regression, 1 regression (the drop of robust, or certified, accuracy is significant at
+--alpha AND larger than --max-drop), 2 bad input (one line on stderr).
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also store corruption outcomes: 'all', a group or names (default: none)")
     b.add_argument("--severities", type=int_list(what="severity", lo=1, hi=5, sort=True), default=[1, 2, 3, 4, 5],
                    metavar="LIST", help="corruption severities: 1-5, 1,3,5 or 1-2,5 (default: 1-5)")
+    b.add_argument("--certify", choices=("ibp", "crown"), default=None,
+                   help="also store which samples the baseline's certificate proves at --eps (bound "
+                        "propagation); every check compares the candidate's (default: none)")
     b.add_argument("--k", type=positive_int, default=100, metavar="K", help="samples in the suite (default: 100)")
     b.add_argument("--strata", type=positive_int, default=4, metavar="H",
                    help="rank-quantile bins of the local robustness score (default: 4; at most K/2)")
@@ -156,7 +161,7 @@ def run_build(args: argparse.Namespace) -> int:
                         strata=args.strata, by_class=args.by_class, allocation=args.allocation,
                         n_neighbors=args.neighbors, noise_eps=args.noise_eps, seed=args.seed,
                         batch_size=args.batch_size, dataset=args.dataset, split=args.split,
-                        progress=not args.no_progress)
+                        certify=args.certify, progress=not args.no_progress)
     out = out_dir(args)
     suite.save(out / SUITE_FILE)
     m = suite.meta
@@ -169,13 +174,16 @@ def run_build(args: argparse.Namespace) -> int:
         settings["n_targets"] = args.n_targets
     if args.corruptions is not None:
         settings.update(corruptions=args.corruptions, severities=list(args.severities))
+    if args.certify is not None:
+        settings["certify"] = args.certify
     doc = {"command": "build",
            "suite": {"file": SUITE_FILE, "k": m["k"], "n_population": m["n_population"],
                      "strata": len(m["stratum_sizes"]), "by_class": m["strata"]["by_class"],
                      "stratum_sizes": m["stratum_sizes"], "stratum_samples": m["stratum_samples"],
                      "stratum_weights": m["stratum_weights"], "data_sha256": m["data_sha256"],
                      "baseline_sha256": m["baseline_sha256"], "attack": m["attack"],
-                     "corruption_settings": len(m["corruption"]["settings"])},
+                     "corruption_settings": len(m["corruption"]["settings"]),
+                     **({"certify": m["certify"]["method"]} if "certify" in m else {})},
            "baseline": m["baseline"], "files": [SUITE_FILE, "results.json", "report.html"]}
     timings = {**suite.timings, "total_s": time.perf_counter() - t0}
     doc = write_results(out, "suite", settings, doc, timings)
@@ -277,7 +285,8 @@ def run_check(args: argparse.Namespace) -> int:
     doc = {"command": "check", **res.to_dict(), "message": res.message(),
            "suite": {"k": m["k"], "n_population": m["n_population"], "strata": len(m["stratum_sizes"]),
                      "dataset": m.get("dataset"), "split": m.get("split"), "data_sha256": m["data_sha256"],
-                     "baseline_sha256": m["baseline_sha256"], "attack": {**m["attack"], "version": res.version}},
+                     "baseline_sha256": m["baseline_sha256"], "attack": {**m["attack"], "version": res.version},
+                     **({"certify": m["certify"]["method"]} if "certify" in m else {})},
            "strata": _stratum_rows(suite, res.outcomes, res.baseline_outcomes),
            "files": ["results.json", "report.html"]}
     timings = {**res.timings, "total_s": time.perf_counter() - t0}
@@ -292,7 +301,7 @@ def run_check(args: argparse.Namespace) -> int:
             who = "baseline " if f.get("model") == "baseline" else ""
             print(f"robustest suite: {who}flag {f['severity']} {f['name']}: {f['message']} (remedy: {f['remedy']})",
                   file=sys.stderr)
-    if res.blocking_flags and not res.regression:
+    if res.blocking_flags and not (res.regression or res.certified_regression):
         if is_main():
             print(f"robustest suite: gate failed: the evaluation is flagged unreliable "
                   f"({', '.join(res.blocking_flags)}); fix the cause, or accept with --accept-flag NAME",
@@ -305,6 +314,13 @@ def run_check(args: argparse.Namespace) -> int:
                   f"{c.p_value:.3g} < {args.alpha:g}, more than --max-drop {100 * args.max_drop:.1f} points): "
                   "regression",
                   file=sys.stderr)
+    if res.certified_regression:
+        c = res.certified_comparison
+        if is_main():
+            print(f"robustest suite: {c.b} samples certified by the baseline lost their certificate; certified "
+                  f"accuracy dropped by {100 * c.drop:.1f} points (McNemar p = {c.p_value:.3g} < {args.alpha:g}, more "
+                  f"than --max-drop {100 * args.max_drop:.1f} points): regression", file=sys.stderr)
+    if res.regression or res.certified_regression:
         return EXIT_GATE
     return 0
 
@@ -324,21 +340,23 @@ def _check_report(res: Any, doc: dict[str, Any], suite: Any) -> Any:
              "ci low": res.robust.ci_low, "ci high": res.robust.ci_high},
             {"model": "candidate", "estimate": "clean accuracy", "value": res.clean.value, "ci low": res.clean.ci_low,
              "ci high": res.clean.ci_high}]
-    if res.corruption is not None:
-        rows.append({"model": "candidate", "estimate": "corruption accuracy", "value": res.corruption.value,
-                     "ci low": res.corruption.ci_low, "ci high": res.corruption.ci_high})
+    for name, e in (("corruption accuracy", res.corruption), ("certified accuracy", res.certified)):
+        if e is not None:
+            rows.append({"model": "candidate", "estimate": name, "value": e.value, "ci low": e.ci_low,
+                         "ci high": e.ci_high})
     for k, v in (res.baseline or {}).items():
         rows.append({"model": f"baseline ({res.baseline_source})", "estimate": k.replace("_", " "), "value": v.value,
                      "ci low": v.ci_low, "ci high": v.ci_high})
     rep.heading("Stratified estimates (95% intervals)").table(rows)
     if res.comparison is not None:
         cmp_rows = []
-        for name, c in (("robust accuracy", res.comparison), ("corruption accuracy", res.corruption_comparison)):
+        for name, c in (("robust accuracy", res.comparison), ("corruption accuracy", res.corruption_comparison),
+                        ("certified accuracy", res.certified_comparison)):
             if c is None:
                 continue
             cmp_rows.append({"measure": name, "drop": c.drop, "ci low": c.ci_low, "ci high": c.ci_high,
                              "only baseline right": c.b, "only candidate right": c.c,
-                             "McNemar p (one-sided)": c.p_value if name == "robust accuracy" else None})
+                             "McNemar p (one-sided)": c.p_value if name != "corruption accuracy" else None})
         rep.heading("Baseline minus candidate, paired on the suite").table(cmp_rows)
     rep.heading("Per stratum").table(doc["strata"])
     _changed_samples(rep, res, suite)

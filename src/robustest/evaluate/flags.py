@@ -9,7 +9,8 @@ gradient attacks left robust, unstable predictions). Each has a ``severity``:
   returns probabilities, or chose the ``rand`` version for a randomised model);
 * ``unreliable``: the robust accuracy may be far above the truth. Every gate (``eval --fail-under``,
   ``suite check``, :func:`robustest.testing.assert_robust`, :func:`robustest.testing.assert_no_regression`) fails on
-  such a flag unless the user accepts it by name.
+  such a flag unless the user accepts it by name; ``unsound-certificate`` (a sample both certified and broken, from
+  ``eval --certify``) cannot be accepted.
 
 :data:`FLAGS` is the catalogue (name -> what it means); docs/EVAL.md gives each flag's threshold and remedy.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 from robustest.core.errors import ConfigError
 
-__all__ = ["FLAGS", "SEVERITIES", "Flag", "blocking", "check_accepted", "flag_lines"]
+__all__ = ["FLAGS", "NEVER_ACCEPTED", "SEVERITIES", "Flag", "blocking", "check_accepted", "flag_lines"]
 
 SEVERITIES = ("info", "warning", "unreliable")
 
@@ -39,7 +40,11 @@ FLAGS = {
                             "robust",
     "unstable-predictions": "repeated forward passes of an image disagree on its class",
     "incomplete-optimisation": "the attack's loss was still rising at its last steps, and a longer run broke more",
+    "unsound-certificate": "a sample is both certified and broken by a checked adversarial point (eval --certify): "
+                           "the certificate or the evaluation is wrong",
 }
+#: flags no gate accepts: they say a figure is wrong, not merely in doubt
+NEVER_ACCEPTED = ("unsound-certificate",)
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,9 @@ def check_accepted(names: Any) -> tuple[str, ...]:
         key = str(n).strip().lower().replace("_", "-")
         if key not in FLAGS:
             raise ConfigError(f"unknown flag {n!r} to accept: use one of {', '.join(FLAGS)}")
+        if key in NEVER_ACCEPTED:
+            raise ConfigError(f"the flag {key} cannot be accepted: it says a figure is wrong (a sample both certified "
+                              "and broken), not merely in doubt")
         out.append(key)
     return tuple(dict.fromkeys(out))
 

@@ -7,8 +7,8 @@ rank-quantile bins of equal size (as the weak-robust ``stratified`` validation s
 when K allows at least two samples per (bin, class) cell; (3) allocate K samples to the strata (proportional to
 N_h, or Neyman with the analysis's share of misclassified neighbours as the pilot), at least two per stratum, and
 draw them without replacement; (4) run the baseline's evaluation on the K samples (the AutoAttack ensemble of
-:func:`robustest.evaluate.evaluate`, optionally common corruptions) and store the samples, strata, settings
-and per-sample outcomes in a :class:`~robustest.suite.format.Suite`.
+:func:`robustest.evaluate.evaluate`, optionally common corruptions and a bound-propagation certificate) and store
+the samples, strata, settings and per-sample outcomes in a :class:`~robustest.suite.format.Suite`.
 """
 
 from __future__ import annotations
@@ -114,12 +114,15 @@ def stratified_draw(analysis: Any, k: int, strata: int = 4, by_class: str = "aut
 
 
 def evaluate_outcomes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, attack: dict[str, Any],
-                      corruption: dict[str, Any], progress: bool = False) -> dict[str, Any]:
+                      corruption: dict[str, Any], progress: bool = False,
+                      certify: dict[str, Any] | None = None) -> dict[str, Any]:
     """Per-sample outcomes of ``model`` on the suite's samples ``x`` (float32 K x C x H x W) and labels ``y``:
     ``clean`` and ``robust`` (bool [K], from :func:`robustest.evaluate.evaluate` with the stored attack
     settings), ``corruption`` (bool [K, S]: correct under each stored corruption setting, the samples corrupted in
-    batches of ``batch_size`` with seed ``seed + batch start``), ``seconds`` and ``flags`` (the evaluation's flags
-    as dicts, :meth:`robustest.evaluate.Flag.to_dict`; sample indices are positions in the suite)."""
+    batches of ``batch_size`` with seed ``seed + batch start``), with ``certify`` (the stored ``{"method": ibp |
+    crown}``) ``certified`` (bool [K]: the certificate at the attack's eps and norm), ``seconds`` and ``flags`` (the
+    evaluation's flags as dicts, :meth:`robustest.evaluate.Flag.to_dict`; sample indices are positions in the
+    suite)."""
     from robustest.core.devices import resolve_device
     from robustest.core.modelcall import eval_mode, forward
     from robustest.corruptions import corrupt
@@ -141,9 +144,16 @@ def evaluate_outcomes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, attack
                 for j, (name, sev) in enumerate(settings):
                     xc = corrupt(xb, name, int(sev), seed=int(corruption["seed"]) + start)
                     out[start:start + bs, j] = (forward(model, xc).argmax(1) == yb).cpu()
-    return {"clean": res.clean_correct.bool().cpu(), "robust": res.robust.bool().cpu(), "corruption": out,
-            "seconds": {"attack_s": t_attack, "corruptions_s": time.perf_counter() - t0 - t_attack},
-            "attack_settings": res.settings, "flags": [f.to_dict() for f in res.flags]}
+    seconds = {"attack_s": t_attack, "corruptions_s": time.perf_counter() - t0 - t_attack}
+    outcomes = {"clean": res.clean_correct.bool().cpu(), "robust": res.robust.bool().cpu(), "corruption": out,
+                "seconds": seconds, "attack_settings": res.settings, "flags": [f.to_dict() for f in res.flags]}
+    if certify:
+        from robustest.evaluate.certification import certified_outcomes
+
+        t1 = time.perf_counter()
+        outcomes["certified"] = certified_outcomes(model, x, y, attack["eps"], attack["norm"], certify["method"])
+        seconds["certify_s"] = time.perf_counter() - t1
+    return outcomes
 
 
 def _as_stored(x: torch.Tensor) -> torch.Tensor:
@@ -160,7 +170,7 @@ def build_suite(model: nn.Module, data: DataLike, eps: float, *, k: int = 100, n
                 severities: Any = (1, 2, 3, 4, 5), strata: int = 4, by_class: str = "auto",
                 allocation: str = "proportional", n_neighbors: int = 20, noise_eps: float = 0.5,
                 seed: int = 0, batch_size: int = 256, dataset: str | None = None, split: str | None = None,
-                progress: bool = False) -> Suite:
+                certify: str | None = None, progress: bool = False) -> Suite:
     """Build a regression suite of ``k`` samples of the labelled split ``data`` (images N x C x H x W in [0, 1],
     int64 labels) for the baseline ``model`` (see the module docstring).
 
@@ -169,7 +179,9 @@ def build_suite(model: nn.Module, data: DataLike, eps: float, *, k: int = 100, n
     a group or names) at ``severities``: the corruption settings (none by default). ``strata``: rank-quantile
     bins of the local robustness score (``n_neighbors`` neighbours with uniform noise of width ``noise_eps``),
     ``by_class``: "auto" | "yes" | "no" (cross the bins with the class), ``allocation``: "proportional" |
-    "neyman". ``seed`` drives the analysis, the draw, the attacks and the corruptions. ``k >= n`` takes the whole
+    "neyman". ``seed`` drives the analysis, the draw, the attacks and the corruptions. ``certify``: None, or
+    ``"ibp"`` / ``"crown"``: also store which samples the baseline's certificate proves at ``eps`` (a model the
+    bounds do not cover is refused before any work); every check then compares them. ``k >= n`` takes the whole
     split. Under torchrun every rank returns the same suite (the analysis and the evaluation are shared out).
     """
     from robustest import corruptions as corr_mod
@@ -190,6 +202,16 @@ def build_suite(model: nn.Module, data: DataLike, eps: float, *, k: int = 100, n
         raise ConfigError(f"version must be 'standard' or 'fast', got {version!r}")
     eps = float(check_eps("eps", eps, norm))
     ensemble_plan(version, norm, None, n_targets=n_targets)  # norm and n_targets checked before any work
+    cert = None
+    if certify is not None:
+        from robustest.core.batching import image_shape
+        from robustest.evaluate.certification import BRACKET_METHODS, check_method
+
+        if certify not in BRACKET_METHODS:
+            raise ConfigError(f"a suite stores bound-propagation certificates: certify must be one of "
+                              f"{', '.join(BRACKET_METHODS)}, got {certify!r}")
+        check_method(model, image_shape(data), certify, norm)
+        cert = {"method": certify}
     settings: list[list[Any]] = []
     if corruptions is not None:
         names = corr_mod.resolve_names(corruptions)
@@ -216,7 +238,7 @@ def build_suite(model: nn.Module, data: DataLike, eps: float, *, k: int = 100, n
               "batch_size": int(batch_size)}
     corruption = {"settings": settings, "seed": int(seed)}
     t1 = time.perf_counter()
-    outcomes = evaluate_outcomes(model, x, y, attack, corruption, progress=progress)
+    outcomes = evaluate_outcomes(model, x, y, attack, corruption, progress=progress, certify=cert)
     t_eval = time.perf_counter() - t1
     stratum = stratum_all[pos]
     from robustest import __version__
@@ -227,6 +249,8 @@ def build_suite(model: nn.Module, data: DataLike, eps: float, *, k: int = 100, n
     if settings:
         baseline["corruption_accuracy"] = stratified_estimate(outcomes["corruption"].double().mean(1), stratum,
                                                               sizes).to_dict()
+    if cert is not None:
+        baseline["certified_accuracy"] = stratified_estimate(outcomes["certified"], stratum, sizes).to_dict()
     meta: dict[str, Any] = {
         "k": int(len(index)), "n_population": int(n), "dataset": dataset, "split": split,
         "data_sha256": data_sha256(data),
@@ -238,9 +262,11 @@ def build_suite(model: nn.Module, data: DataLike, eps: float, *, k: int = 100, n
         "analysis": {k_: an.params[k_] for k_ in ("n_neighbors", "eps", "noise", "quantize", "seed")},
         "attack": attack, "corruption": corruption,
         "baseline_sha256": model_fingerprint(model), "baseline": baseline, "baseline_flags": outcomes["flags"],
-        "robustest_version": __version__, "format_version": SUITE_VERSION,
+        "robustest_version": __version__, "format_version": SUITE_VERSION if cert is not None else 1,
     }
+    if cert is not None:
+        meta["certify"] = cert
     timings = {"analyze_s": t_analyze, "evaluate_s": t_eval, "total_s": time.perf_counter() - t0}
     return Suite(x=_as_stored(x), y=y, index=index, stratum=stratum.long(), score=an.score[pos].float(),
                  clean=outcomes["clean"], robust=outcomes["robust"], corruption=outcomes["corruption"], meta=meta,
-                 timings=timings)
+                 timings=timings, certified=outcomes.get("certified"))

@@ -5,7 +5,10 @@ Verdict (see docs/SUITE.md): with ``drop = baseline - candidate`` (stratified ro
 exact one-sided McNemar p-value of the discordant pairs, the candidate **regressed** when
 ``p_value < alpha`` AND ``drop > max_drop``; otherwise it passes. Without a baseline there is no verdict. The gate
 also fails (verdict ``unreliable``) when the candidate's evaluation, or the baseline's when it is evaluated, raised
-a flag of severity ``unreliable`` that ``accept_flags`` does not name.
+a flag of severity ``unreliable`` that ``accept_flags`` does not name. A suite built with a certificate stores
+which samples the baseline's certificate proves; the candidate's certificate is compared the same way (the
+samples certified before and no longer, ``b``, against the reverse, ``c``: exact McNemar and the stratified drop
+of certified accuracy), and a significant drop beyond ``max_drop`` is a regression too.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ class SuiteCheck:
     (length K): ``outcomes`` and ``baseline_outcomes`` dicts of ``clean``, ``robust`` (bool [K]) and
     ``corruption`` (bool [K, S]). ``flags``: the candidate's evaluation flags (dicts; the evaluated baseline's
     follow with ``"model": "baseline"``), ``accepted_flags``: names accepted, ``blocking_flags``: the names of the
-    unreliable flags not accepted; :attr:`failed` is True on a regression or a blocking flag.
+    unreliable flags not accepted; :attr:`failed` is True on a regression or a blocking flag. A suite with certified
+    outcomes adds ``certified`` (the candidate's estimate), ``certified_comparison`` (baseline - candidate; ``b``:
+    certificates lost) and ``certified_regression``; ``outcomes`` then hold ``certified`` (bool [K]) too.
     """
 
     robust: Estimate
@@ -59,6 +64,9 @@ class SuiteCheck:
     timings: dict[str, float] = field(default_factory=dict)
     flags: list[dict[str, Any]] = field(default_factory=list)
     accepted_flags: tuple[str, ...] = ()
+    certified: Estimate | None = None
+    certified_comparison: Difference | None = None
+    certified_regression: bool | None = None
 
     @property
     def blocking_flags(self) -> list[str]:
@@ -69,8 +77,9 @@ class SuiteCheck:
 
     @property
     def failed(self) -> bool:
-        """The gate fails: a regression, or a flag that makes an evaluation unreliable."""
-        return bool(self.regression) or bool(self.blocking_flags)
+        """The gate fails: a regression (of robust or certified accuracy), or a flag that makes an evaluation
+        unreliable."""
+        return bool(self.regression) or bool(self.certified_regression) or bool(self.blocking_flags)
 
     def __repr__(self) -> str:
         r = self.robust
@@ -84,8 +93,9 @@ class SuiteCheck:
 
     @property
     def verdict(self) -> str:
-        """"regression", "unreliable" (an unaccepted unreliable flag), "pass" or "no baseline"."""
-        if self.regression:
+        """"regression" (robust or certified accuracy), "unreliable" (an unaccepted unreliable flag), "pass" or
+        "no baseline"."""
+        if self.regression or self.certified_regression:
             return "regression"
         if self.blocking_flags:
             return "unreliable"
@@ -101,7 +111,7 @@ class SuiteCheck:
             flagged = (f"; UNRELIABLE: the evaluation is flagged {', '.join(self.blocking_flags)} (accept with "
                        "--accept-flag NAME / accept_flags=)")
         if self.comparison is None:
-            return est + "; no baseline to compare with" + flagged
+            return est + "; no baseline to compare with" + self._certified_message() + flagged
         c = self.comparison
         b = self.baseline["robust_accuracy"].value if self.baseline else float("nan")
         head = "REGRESSION" if self.regression else "no regression"
@@ -112,7 +122,21 @@ class SuiteCheck:
                 f"{100 * self.max_drop:.1f} points"))
         return (f"{head}: {est}, baseline {100 * b:.1f}%; drop {100 * c.drop:+.1f} points (interval "
                 f"{100 * c.ci_low:+.1f} to {100 * c.ci_high:+.1f}); {c.b} samples broken only by the candidate, "
-                f"{c.c} only by the baseline; {why}{flagged}")
+                f"{c.c} only by the baseline; {why}{self._certified_message()}{flagged}")
+
+    def _certified_message(self) -> str:
+        """The certified outcomes' part of :meth:`message` ("" for a suite without them)."""
+        if self.certified is None:
+            return ""
+        text = f"; certified accuracy {100 * self.certified.value:.1f}%"
+        c = self.certified_comparison
+        if c is None:
+            return text
+        b = self.baseline["certified_accuracy"].value if self.baseline else float("nan")
+        head = "CERTIFIED REGRESSION" if self.certified_regression else "no certified regression"
+        return (f"; {head}: {text[2:]}, baseline {100 * b:.1f}%; {c.b} samples certified by the baseline lost "
+                f"their certificate, {c.c} gained one (drop {100 * c.drop:+.1f} points, McNemar p = "
+                f"{c.p_value:.3g})")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready results (estimates, comparison, verdict)."""
@@ -126,6 +150,12 @@ class SuiteCheck:
         }
         if self.corruption is not None:
             d["corruption"] = self.corruption.to_dict() | {"corruption_accuracy": self.corruption.value}
+        if self.certified is not None:
+            d["certified"] = self.certified.to_dict() | {"certified_accuracy": self.certified.value}
+            d["certified_regression"] = self.certified_regression
+        if self.certified_comparison is not None:
+            d["certified_comparison"] = self.certified_comparison.to_dict()
+            d["lost_certificates"] = self.certified_comparison.b
         if self.baseline is not None:
             d["baseline"] = {k: v.to_dict() for k, v in self.baseline.items()}
         if self.comparison is not None:
@@ -146,6 +176,8 @@ def _estimates(out: dict[str, torch.Tensor], suite: Suite, level: float) -> dict
     if out["corruption"].shape[1]:
         est["corruption_accuracy"] = stratified_estimate(out["corruption"].double().mean(1), suite.stratum,
                                                          suite.sizes, level)
+    if out.get("certified") is not None:
+        est["certified_accuracy"] = stratified_estimate(out["certified"], suite.stratum, suite.sizes, level)
     return est
 
 
@@ -188,15 +220,23 @@ def check_suite(candidate: nn.Module, suite: Suite | str | os.PathLike[str], bas
     if baseline is not None and baseline is not False and not isinstance(baseline, nn.Module):
         raise ConfigError(f"baseline must be a torch.nn.Module, None or False, got {type(baseline).__name__}")
     x, y = suite.images(), suite.y.long()
+    certify = suite.meta.get("certify")
+    if certify is not None:  # a model the bounds do not cover: refused before any attack
+        from robustest.evaluate.certification import check_method
+
+        for m in (candidate, baseline if isinstance(baseline, nn.Module) else None):
+            if m is not None:
+                check_method(m, tuple(x.shape[1:]), certify["method"], stored["norm"])
     from robustest.core.devices import resolve_device
 
     x = x.to(resolve_device(candidate))
     y = y.to(x.device)
     timings: dict[str, float] = {}
-    out = evaluate_outcomes(candidate, x, y, attack, suite.meta["corruption"], progress=progress)
+    out = evaluate_outcomes(candidate, x, y, attack, suite.meta["corruption"], progress=progress, certify=certify)
     flags_seen = list(out.get("flags", []))
     timings.update({f"candidate_{k}": v for k, v in out["seconds"].items()})
-    stored_out = {"clean": suite.clean.bool(), "robust": suite.robust.bool(), "corruption": suite.corruption.bool()}
+    stored_out = {"clean": suite.clean.bool(), "robust": suite.robust.bool(), "corruption": suite.corruption.bool(),
+                  "certified": None if suite.certified is None else suite.certified.bool()}
     base_out: dict[str, torch.Tensor] | None = None
     source = None
     if baseline is None:
@@ -207,7 +247,7 @@ def check_suite(candidate: nn.Module, suite: Suite | str | os.PathLike[str], bas
         else:
             t1 = time.perf_counter()
             b = evaluate_outcomes(baseline, x.to(resolve_device(baseline)), y.to(resolve_device(baseline)), attack,
-                                  suite.meta["corruption"], progress=progress)
+                                  suite.meta["corruption"], progress=progress, certify=certify)
             base_out, source = b, "evaluated"
             flags_seen = [*out.get("flags", []), *({**f, "model": "baseline"} for f in b.get("flags", []))]
             timings["baseline_s"] = time.perf_counter() - t1
@@ -221,12 +261,18 @@ def check_suite(candidate: nn.Module, suite: Suite | str | os.PathLike[str], bas
             corr_cmp = paired_difference(base_out["corruption"].double().mean(1), out["corruption"].double().mean(1),
                                          suite.stratum, suite.sizes, level)
         regression = bool(comparison.p_value < alpha and comparison.drop > max_drop)
+    cert_cmp, cert_regression = None, None
+    if base_out is not None and out.get("certified") is not None:
+        cert_cmp = paired_difference(base_out["certified"], out["certified"], suite.stratum, suite.sizes, level)
+        cert_regression = bool(cert_cmp.p_value < alpha and cert_cmp.drop > max_drop)
     timings["total_s"] = time.perf_counter() - t0
+    keys = ("clean", "robust", "corruption", *(("certified",) if certify is not None else ()))
     return SuiteCheck(robust=est["robust_accuracy"], clean=est["clean_accuracy"],
                       corruption=est.get("corruption_accuracy"), baseline=base_est, comparison=comparison,
                       corruption_comparison=corr_cmp, regression=regression, alpha=float(alpha),
                       max_drop=float(max_drop), version=version, baseline_source=source,
-                      outcomes={k: out[k] for k in ("clean", "robust", "corruption")},
-                      baseline_outcomes=None if base_out is None else {k: base_out[k] for k in
-                                                                        ("clean", "robust", "corruption")},
-                      timings=timings, flags=flags_seen, accepted_flags=accepted)
+                      outcomes={k: out[k] for k in keys},
+                      baseline_outcomes=None if base_out is None else {k: base_out[k] for k in keys},
+                      timings=timings, flags=flags_seen, accepted_flags=accepted,
+                      certified=est.get("certified_accuracy"), certified_comparison=cert_cmp,
+                      certified_regression=cert_regression)

@@ -3,7 +3,8 @@
 A suite file is ``torch.save`` of one plain dict, read back with ``torch.load(weights_only=True)``::
 
     format    "robustest-suite"
-    version   1 (SUITE_VERSION); a file of a newer version is refused
+    version   1, or 2 for a suite that stores certified outcomes (SUITE_VERSION = 2, the newest this reads); a file
+              of a newer version is refused
     meta      JSON-able settings and provenance (see docs/SUITE.md): data set and split, the split's size N and its
               SHA-256 (``data_sha256``), strata (``strata``: how they were cut; ``stratum_sizes`` N_h;
               ``stratum_weights`` W_h = N_h / N), attack settings (eps, norm, version, n_targets, seed,
@@ -14,7 +15,8 @@ A suite file is ``torch.save`` of one plain dict, read back with ``torch.load(we
               index (int64 [K]: positions in the split), stratum (int64 [K]), score (float32 [K]: local robustness
               score under the baseline), and the baseline's per-sample outcomes: clean (bool [K]), robust
               (bool [K]), corruption (bool [K, S]: correct under each of the S corruption settings; [K, 0]
-              without corruptions)
+              without corruptions); optional (version 2, a suite built with a certificate): certified (bool [K]:
+              the baseline's certificate, ``meta["certify"]`` naming the method, at the attack's eps and norm)
     sha256    SHA-256 of meta (canonical JSON) and every tensor (name, dtype, shape, bytes): a file altered after
               it was written is refused
 
@@ -41,8 +43,10 @@ from robustest.core.reading import check_torch_file
 __all__ = ["SUITE_FORMAT", "SUITE_VERSION", "Suite", "content_sha256", "model_fingerprint", "tensor_sha256"]
 
 SUITE_FORMAT = "robustest-suite"
-SUITE_VERSION = 1
+SUITE_VERSION = 2
 TENSORS = ("x", "y", "index", "stratum", "score", "clean", "robust", "corruption")
+#: tensors only some suites hold (and the file version that introduced them)
+OPTIONAL_TENSORS = {"certified": 2}
 
 
 def _update(h: Any, name: str, t: torch.Tensor) -> None:
@@ -94,6 +98,7 @@ class Suite:
     corruption: torch.Tensor
     meta: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict, compare=False)  # seconds of the build (not stored)
+    certified: torch.Tensor | None = None  # the baseline's certified outcomes (a suite built with a certificate)
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -115,11 +120,20 @@ class Suite:
         return self.x.float() / 255.0 if self.x.dtype == torch.uint8 else self.x.float()
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {k: getattr(self, k) for k in TENSORS}
+        """Every tensor the suite holds, the optional ones (certified) only when present."""
+        t = {k: getattr(self, k) for k in TENSORS}
+        t.update({k: getattr(self, k) for k in OPTIONAL_TENSORS if getattr(self, k) is not None})
+        return t
+
+    @property
+    def format_version(self) -> int:
+        """The file version: 1, or the version that introduced an optional tensor the suite holds (so a suite
+        without one stays readable by earlier robustest)."""
+        return max([1, *(v for k, v in OPTIONAL_TENSORS.items() if getattr(self, k) is not None)])
 
     def to_dict(self) -> dict[str, Any]:
         t = self.tensors()
-        return {"format": SUITE_FORMAT, "version": SUITE_VERSION, "meta": self.meta, "tensors": t,
+        return {"format": SUITE_FORMAT, "version": self.format_version, "meta": self.meta, "tensors": t,
                 "sha256": content_sha256(self.meta, t)}
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -152,10 +166,13 @@ class Suite:
         if not isinstance(meta, dict) or not isinstance(tensors, dict) or \
                 any(not isinstance(tensors.get(k), torch.Tensor) for k in TENSORS):
             raise DataError(f"{path}: damaged suite (fields missing): {fix}")
-        if d.get("sha256") != content_sha256(meta, {k: tensors[k] for k in TENSORS}):
+        held = [k for k in OPTIONAL_TENSORS if k in tensors]
+        if any(not isinstance(tensors[k], torch.Tensor) or OPTIONAL_TENSORS[k] > version for k in held):
+            raise DataError(f"{path}: damaged suite (a field its version {version} does not have): {fix}")
+        if d.get("sha256") != content_sha256(meta, {k: tensors[k] for k in (*TENSORS, *held)}):
             raise DataError(f"{path}: the suite's content does not match its SHA-256 (the file was altered or "
                             f"damaged after it was written): {fix}")
-        suite = cls(**{k: tensors[k] for k in TENSORS}, meta=meta)
+        suite = cls(**{k: tensors[k] for k in (*TENSORS, *held)}, meta=meta)
         suite.validate(str(path))
         return suite
 
@@ -186,3 +203,7 @@ class Suite:
         for key in ("attack", "n_population", "baseline_sha256"):
             if key not in self.meta:
                 raise DataError(f"{bad} meta has no {key!r}")
+        if (self.certified is None) != ("certify" not in self.meta):
+            raise DataError(f"{bad} certified outcomes and meta['certify'] come together")
+        if self.certified is not None and (self.certified.dim() != 1 or self.certified.shape[0] != k):
+            raise DataError(f"{bad} certified must hold one value per sample ({k})")

@@ -1,0 +1,170 @@
+"""``robustest certify``: certified robustness of a model, a guaranteed lower bound beside the attacks' upper
+bound (docs/CERTIFY.md).
+
+Methods: ``ibp`` (interval bound propagation) and ``crown`` (linear bounds, tighter) prove, per sample, that no
+point of the L-inf (clipped to [0, 1]) or L2 ball of radius --eps changes the model's prediction away from the
+label; the model must be built of the layers they support (Linear, Conv2d, ReLU, BatchNorm, pooling, Normalize,
+residual adds), anything else is refused with one line before any work. ``smoothing`` (randomised smoothing,
+--norm l2 only) certifies the *smoothed* classifier of any model (the majority vote under Gaussian noise of
+--sigma): a sample is certified when it predicts the label with a certified L2 radius of at least --eps.
+
+Writes to --out: ``results.json`` (certified and clean accuracy, counts, settings, timings; schema
+docs/schemas/certify.schema.json), ``samples.csv`` (one row per sample: label, clean prediction, certified, and
+the lower margin bound or the smoothed prediction and radius) and ``report.html``.
+
+Exit status: 0 done, 2 bad input (one line on stderr, before any work), 3 internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from robustest.cli._common import (
+    add_checkpoint_arg,
+    add_data_args,
+    add_run_args,
+    check_fits,
+    data_settings,
+    load_data,
+    load_model,
+    log,
+    model_settings,
+    out_dir,
+    peak_rss_mib,
+    positive_float,
+    positive_int,
+    radius,
+    significance,
+)
+from robustest.core.errors import ConfigError
+
+ORDER = 37
+_SMOOTHING_FLAGS = (("sigma", "--sigma"), ("n0", "--n0"), ("n_samples", "--n-samples"), ("alpha", "--alpha"))
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("certify", help="certified robustness (IBP, CROWN, randomised smoothing): a proved lower "
+                                       "bound of robust accuracy", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_checkpoint_arg(p)
+    add_data_args(p, split="test")
+    p.add_argument("--eps", type=radius, required=True, metavar="E",
+                   help="radius to certify in pixel scale, e.g. 0.1 or 8/255 (L-inf: in (0, 1]; smoothing: an L2 "
+                        "radius)")
+    p.add_argument("--norm", choices=("linf", "l2"), default="linf", help="the ball (default: linf)")
+    p.add_argument("--method", choices=("ibp", "crown", "smoothing"), default="crown",
+                   help="ibp (fast, loose), crown (tighter; default) or smoothing (the smoothed classifier, --norm l2)")
+    g = p.add_argument_group("randomised smoothing (--method smoothing)")
+    g.add_argument("--sigma", type=positive_float, default=None, metavar="S",
+                   help="standard deviation of the Gaussian noise, pixel scale (required with smoothing)")
+    g.add_argument("--n0", type=positive_int, default=None, metavar="N0",
+                   help="noise samples that select the class (default: 100)")
+    g.add_argument("--n-samples", type=positive_int, default=None, metavar="N",
+                   help="noise samples that estimate its probability (Cohen et al.'s n; default: 100000)")
+    g.add_argument("--alpha", type=significance, default=None, metavar="A",
+                   help="the certificate holds with probability 1 - A (default: 0.001)")
+    p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
+                   help="images per bound-propagation batch (default: 256 ibp, 64 crown) or noisy images per forward "
+                        "pass (default: 1000 smoothing)")
+    p.add_argument("--block-size", type=positive_int, default=4096, metavar="N",
+                   help="images read and certified per block (default: 4096)")
+    add_run_args(p)
+    p.set_defaults(func=run)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Every check that needs no model or data: one-line ConfigError before any work."""
+    from robustest.core.validation import check_eps
+
+    args.eps = float(check_eps("eps", args.eps, args.norm))
+    if args.method == "smoothing":
+        if args.norm != "l2":
+            raise ConfigError("--method smoothing certifies an L2 radius: add --norm l2")
+        if args.sigma is None:
+            raise ConfigError("--method smoothing needs --sigma, the noise's standard deviation (e.g. 0.25)")
+    else:
+        given = [flag for key, flag in _SMOOTHING_FLAGS if getattr(args, key) is not None]
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            raise ConfigError(f"{', '.join(given)} {verb} to --method smoothing only")
+
+
+def run(args: argparse.Namespace) -> int:
+    from robustest.core.devices import model_device
+    from robustest.evaluate.certification import run_certify
+    from robustest.results import write_results
+    from robustest.train.checkpoints import source_of
+
+    t0 = time.perf_counter()
+    _check_args(args)
+    if Path(args.out).exists():
+        out_dir(args)
+    model = load_model(args)
+    ds = load_data(args)
+    check_fits(model, ds)
+    t_load = time.perf_counter() - t0
+    result = run_certify(model, ds, args.eps, norm=args.norm, method=args.method, sigma=args.sigma, n0=args.n0,
+                         n=args.n_samples, alpha=args.alpha, seed=args.seed, batch_size=args.batch_size,
+                         block_size=args.block_size, progress=not args.no_progress)
+    out = out_dir(args)
+    from robustest import report
+
+    report.write_csv(out / "samples.csv", result.rows())
+    files = ["results.json", "samples.csv", "report.html"]
+    doc = {**result.to_results(), "model": {**model_settings(args), "spec": source_of(model)},
+           "data": {**data_settings(args), "num_samples": result.num_samples}, "peak_rss_mib": peak_rss_mib(),
+           "files": files}
+    settings = {**model_settings(args), **data_settings(args), **result.settings, "device": str(model_device(model))}
+    timings = {**result.timings, "load_s": t_load, "total_s": time.perf_counter() - t0}
+    doc = write_results(out, "certify", settings, doc, timings)
+    _html(result, doc, ds).write(out / "report.html")
+    what = f"{args.method} (sigma={result.settings['sigma']:g})" if args.method == "smoothing" else args.method
+    log.info(f"{args.dataset} ({result.num_samples} images), {args.norm} eps={result.eps:g}, {what}: certified "
+             f"{100 * result.certified_accuracy:.2f}%, clean {100 * result.clean_accuracy:.2f}%")
+    log.info(f"wrote {', '.join(files)} to {out} in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+def _html(result: Any, doc: dict[str, Any], data: Any) -> Any:
+    import torch
+
+    from robustest import report
+
+    rep = report.HtmlReport.from_results(doc, f"robustest certify: {doc['data']['dataset']}, {result.method}, "
+                                              f"{result.norm} eps={result.eps:g}")
+    n = result.num_samples
+    if result.method == "smoothing":
+        s = doc["smoothing"]
+        rep.paragraph(f"{n} images. Randomised smoothing certifies the smoothed classifier (the model's majority vote "
+                      f"under Gaussian noise of sigma {s['sigma']:g}), not the model itself: a sample is certified "
+                      f"when the smoothed classifier predicts its label with a certified L2 radius of at least "
+                      f"{result.eps:g} (probability at least {1 - s['alpha']:g}; {s['n']} noise samples).")
+    else:
+        rep.paragraph(f"{n} images. {result.method.upper()} proves, per sample, that no point of the {result.norm} "
+                      f"ball of radius {result.eps:g} changes the model's prediction away from the label: the "
+                      "certified accuracy is a lower bound of the robust accuracy any attack could measure.")
+    rows = [{"measure": "clean accuracy", "value": result.clean_accuracy},
+            {"measure": "certified accuracy", "value": result.certified_accuracy}]
+    if result.method == "smoothing":
+        rows.insert(1, {"measure": "smoothed accuracy", "value": doc["smoothing"]["smoothed_accuracy"]})
+    rep.heading("Certified accuracy").table(rows, columns=["measure", "value"])
+    rep.table([doc["counts"]])
+    if result.lower_margin is not None:
+        rep.image(report.save_histogram(result.lower_margin, None, title="lower bound of the margin over the ball",
+                                        xlabel="min_j z_y - z_j (> 0: certified)"), "lower margin bounds")
+    elif result.radius is not None:
+        rep.image(report.save_histogram(result.radius[result.prediction == result.y], None,
+                                        title="certified L2 radius of the samples predicted correctly",
+                                        xlabel="L2 radius"), "certified radii")
+    missed = torch.nonzero(result.clean_correct & ~result.certified).flatten()[:16]
+    if missed.numel():
+        from robustest.core.batching import take
+
+        x, _ = take(data, result.index[missed])
+        caps = [f"{int(result.y[i])}" for i in missed.tolist()]
+        rep.heading("Not certified").image(report.save_image_grid(x, None, captions=caps, ncols=8),
+                                           "correctly classified images the certificate does not cover: label")
+    return rep
