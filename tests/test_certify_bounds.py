@@ -95,7 +95,16 @@ def _nets() -> dict[str, nn.Module]:
     deep = nn.Sequential(nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(4, 8, 3, padding=1),
                          nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(),
                          nn.Linear(8 * 2 * 2, 5))
-    return {"residual": residual.eval(), "maxpool": pool.eval(), "conv-chain": deep.eval()}
+    # a grouped and a dilated convolution (the patch form leaves them to the dense propagation) and a strided
+    # one whose windows hang over the top-left border more than over the bottom-right
+    grouped = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1, groups=2),
+                            nn.ReLU(), nn.Conv2d(4, 4, 3, padding=2, dilation=2), nn.ReLU(),
+                            nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 64, 5))
+    strided = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(),
+                            nn.Conv2d(4, 4, (5, 3), stride=(4, 2), padding=(2, 1)), nn.ReLU(), nn.Flatten(),
+                            nn.Linear(4 * 2 * 4, 5))
+    return {"residual": residual.eval(), "maxpool": pool.eval(), "conv-chain": deep.eval(), "grouped": grouped.eval(),
+            "strided": strided.eval()}
 
 
 def _sampled_margins(net: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, norm: str, draws: int
@@ -116,7 +125,7 @@ def _sampled_margins(net: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: floa
     return best
 
 
-@pytest.mark.parametrize("name", ["residual", "maxpool", "conv-chain"])
+@pytest.mark.parametrize("name", ["residual", "maxpool", "conv-chain", "grouped"])
 @pytest.mark.parametrize("norm", ["linf", "l2"])
 def test_bounds_are_sound_against_sampled_and_attacked_points(name, norm):
     net = _nets()[name]
@@ -150,7 +159,7 @@ def test_crown_is_usually_tighter_than_ibp_on_random_nets(name):
     assert float((crown_m - ibp_m).detach()[off].mean()) > 0
 
 
-@pytest.mark.parametrize("name", ["conv-chain", "maxpool"])
+@pytest.mark.parametrize("name", ["conv-chain", "maxpool", "grouped", "strided"])
 def test_patch_form_equals_the_dense_propagation(monkeypatch, name):
     net = _nets()[name]
     torch.manual_seed(4)
@@ -162,6 +171,19 @@ def test_patch_form_equals_the_dense_propagation(monkeypatch, name):
             m.setattr(backward_module, "chain", lambda graph, target: None)
             dense = margin_bounds(net, x, y, eps, norm, "crown")
         torch.testing.assert_close(patched, dense, atol=2e-5, rtol=1e-5)
+
+
+def test_patches_through_a_transposed_convolution_equal_the_written_out_matrix(monkeypatch):
+    import robustest.certify.patches as patches_module
+
+    net = _nets()["conv-chain"]
+    torch.manual_seed(10)
+    x = torch.rand(3, 1, 8, 8)
+    y = torch.randint(0, 5, (3,))
+    matrix = margin_bounds(net, x, y, 0.03, "linf", "crown")
+    monkeypatch.setattr(patches_module, "_MATRIX_LIMIT", 0)  # every patch through F.conv_transpose2d
+    transposed = margin_bounds(net, x, y, 0.03, "linf", "crown")
+    torch.testing.assert_close(matrix, transposed, atol=1e-5, rtol=1e-5)
 
 
 def test_a_small_row_budget_gives_the_same_bounds():
@@ -283,3 +305,50 @@ def test_eps_zero_bounds_equal_the_margins_and_are_differentiable():
     loss = torch.nn.functional.cross_entropy(-margin_bounds(net, x, y, 0.05, method="crown-ibp"), y)
     loss.backward()
     assert all(p.grad is not None for p in net.parameters() if p.requires_grad)
+
+
+def test_relu_tie_takes_the_zero_lower_slope_and_a_dead_neuron_stays_finite():
+    # margin z0 - z1 = relu(h2) with h2 = x1 - x2 in [-0.5, 0.5]: u = -l, so the lower slope is 0 (not 1), and
+    # CROWN's bound is 0 (slope 1 would give -0.5); a neuron whose bounds are exactly [0, 0] gets slope 0, not NaN
+    net = _two_layer(relu=True)
+    with torch.no_grad():
+        net[3].weight.copy_(torch.tensor([[0.0, 1.0], [0.0, 0.0]]))
+    y = torch.tensor([0])
+    assert margin_bounds(net, X_HALF, y, 0.25, method="crown")[0, 1].item() == 0.0
+    with torch.no_grad():
+        net[1].weight[0].zero_()  # h1 = 0 exactly: bounds [0, 0]
+        net[3].weight.copy_(torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+    got = margin_bounds(net, X_HALF, y, 0.25, method="crown")
+    assert bool(torch.isfinite(got).all()) and got[0, 1].item() == 0.0
+
+
+def _dense_matrix(layer: nn.Module, shape: tuple[int, ...]) -> torch.Tensor:
+    """The layer's linear part as a matrix (outputs x inputs), built from basis images."""
+    numel = int(torch.tensor(shape).prod())
+    basis = torch.eye(numel).view(numel, *shape)
+    with torch.no_grad():
+        out = layer(basis) - layer(torch.zeros(1, *shape))
+    return out.flatten(1).T
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_l2_ibp_is_exact_at_the_first_weight_layer_behind_normalize(kind):
+    from robustest.certify.interval import interval_bounds
+
+    torch.manual_seed(9)
+    layer = nn.Linear(16, 3) if kind == "linear" else nn.Conv2d(1, 2, 3, padding=1)
+    front = [nn.Flatten()] if kind == "linear" else []
+    net = nn.Sequential(models.Normalize([0.3], [0.5]), *front, layer, nn.ReLU(), nn.Flatten(),
+                        nn.LazyLinear(4)).eval()
+    net(torch.zeros(1, 1, 4, 4))
+    x = torch.rand(2, 1, 4, 4)
+    graph = check_certifiable(net, (1, 4, 4))
+    bounds = interval_bounds(graph, x, 0.2, "l2")
+    index = 2 if kind == "linear" else 1
+    lo, hi = bounds[index + 1]
+    matrix = _dense_matrix(layer, (16,) if kind == "linear" else (1, 4, 4)) / 0.5  # d layer / d x
+    with torch.no_grad():
+        centre = layer(((x - 0.3) / 0.5).flatten(1) if kind == "linear" else (x - 0.3) / 0.5).flatten(1)
+    radius = 0.2 * matrix.norm(dim=1)  # each output's row norm: smaller at a convolution's border
+    torch.testing.assert_close(lo.flatten(1), centre - radius, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(hi.flatten(1), centre + radius, atol=1e-5, rtol=1e-5)
