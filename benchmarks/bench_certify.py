@@ -9,7 +9,7 @@ environment; without it the benchmark says so and stops (exit 0), since there is
 
 Fidelity: on the first ``--n-fidelity`` images, auto_LiRPA run on one sample at a time (in a batch it bounds every
 neuron unstable for any sample of the batch, so its figure for a sample moves with the batch; robustest's never
-does), for each net (random initialisation, seed 0; ``mnist_small``, ``lenet5``, ``digits_cnn`` on the MNIST images
+does), for each net (random initialisation, seed 0; ``mnist_small``, ``lenet1``, ``lenet5``, ``digits_cnn`` on the MNIST images
 average-pooled to 8x8, ``mlp``, ``madry_cnn`` on the first 4 images only, because dense
 CROWN on it is slow in both libraries) and each ball (L-inf 0.01 and 0.1 clipped to [0, 1]; L2 0.3), the lower
 bounds of the margins ``z_y - z_j`` from ``robustest.certify.margin_bounds`` and from auto_LiRPA's
@@ -82,8 +82,8 @@ def _lirpa_bounds(lirpa, net, x, y, eps, norm, method, k):
 
 def fidelity(lirpa, images, labels, n: int) -> list[dict]:
     rows = []
-    nets = [("mnist_small", 28, None), ("lenet5", 28, None), ("mlp", 28, None), ("digits_cnn", 8, None),
-            ("madry_cnn", 28, 4)]
+    nets = [("mnist_small", 28, None), ("lenet1", 28, None), ("lenet5", 28, None), ("mlp", 28, None),
+            ("digits_cnn", 8, None), ("madry_cnn", 28, 4)]
     for name, size, limit in nets:
         torch.manual_seed(0)
         net = _strip_dropout(models.create(name)).eval()

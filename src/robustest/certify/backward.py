@@ -21,6 +21,7 @@ Memory: coefficients are N x S x (largest layer); S (the rows bounded at once) i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -208,15 +209,16 @@ class Propagator:
             if op.kind in ("relu", "maxpool"):
                 self.bounds_of(op.inputs[0])
         lower, _ = self.backward(last, spec, upper=False)
-        return torch.maximum(lower, ibp_margins(self.graph, self.ibp, spec, self.x, self.eps, self.norm))
+        return torch.maximum(lower, ibp_margins(self.graph, self.bounds_of, spec, self.x, self.eps, self.norm))
 
 
-def ibp_margins(graph: Graph, bounds: list[Bounds] | dict[int, Bounds], spec: torch.Tensor,
+def ibp_margins(graph: Graph, bounds: Callable[[int], Bounds], spec: torch.Tensor,
                 x: torch.Tensor | None = None, eps: float = 0.0, norm: str = "linf") -> torch.Tensor:
     """IBP's lower bounds (N x S) of ``spec @ logits``, with the specification folded into the last weight layer
-    (Gowal et al. 2018's elision) when the logits come from one; ``spec`` is N x S x K. When that layer reads the
-    input through per-element maps only, and the ball (``x``, ``eps``, ``norm``) is given, the folded row is
-    concretised on the ball itself (exact, also for L2)."""
+    (Gowal et al. 2018's elision) when the logits come from one; ``spec`` is N x S x K; ``bounds(i)`` gives op
+    ``i``'s box (IBP's own, or the tighter ones CROWN found, as auto_LiRPA's final comparison uses). When that layer
+    reads the input through per-element maps only, and the ball (``x``, ``eps``, ``norm``) is given, the folded
+    row is concretised on the ball itself (exact, also for L2)."""
     i = len(graph.ops) - 1
     while graph.ops[i].kind == "identity":
         i = graph.ops[i].inputs[0]
@@ -237,10 +239,10 @@ def ibp_margins(graph: Graph, bounds: list[Bounds] | dict[int, Bounds], spec: to
                 k = below.inputs[0]
             if graph.ops[k].kind == "input":
                 return c_in + concretize(a_in, x, *input_box(x, eps, norm), eps, norm, sign=-1)
-        lo, hi = bounds[j]
+        lo, hi = bounds(j)
     else:
         a, const = spec, spec.new_zeros(spec.shape[:2])
-        lo, hi = bounds[i]
+        lo, hi = bounds(i)
     flat = a.flatten(2)
     return const + (flat.clamp(min=0) * lo.flatten(1).unsqueeze(1)).sum(-1) \
         + (flat.clamp(max=0) * hi.flatten(1).unsqueeze(1)).sum(-1)

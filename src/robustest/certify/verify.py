@@ -51,7 +51,8 @@ def margin_bounds(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float
     graph = graph if graph is not None else trace(model, tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     spec = margin_spec(y, graph.ops[-1].out_shape[0], x.dtype)
     if method == "ibp":
-        return ibp_margins(graph, interval_bounds(graph, x, eps, norm), spec, x, eps, norm)
+        boxes = interval_bounds(graph, x, eps, norm)
+        return ibp_margins(graph, boxes.__getitem__, spec, x, eps, norm)
     prop = Propagator(graph, x, eps, norm, intermediate="ibp" if method == "crown-ibp" else "crown")
     if method == "crown-ibp":
         return prop.backward(len(graph.ops) - 1, spec, upper=False)[0]
