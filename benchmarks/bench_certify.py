@@ -9,9 +9,9 @@ environment; without it the benchmark says so and stops (exit 0), since there is
 
 Fidelity: on the first ``--n-fidelity`` images, auto_LiRPA run on one sample at a time (in a batch it bounds every
 neuron unstable for any sample of the batch, so its figure for a sample moves with the batch; robustest's never
-does), for each net (random initialisation, seed 0; ``mnist_small``, ``lenet1``, ``lenet5``, ``digits_cnn`` on the MNIST images
-average-pooled to 8x8, ``mlp``, ``madry_cnn`` on the first 4 images only, because dense
-CROWN on it is slow in both libraries) and each ball (L-inf 0.01 and 0.1 clipped to [0, 1]; L2 0.3), the lower
+does), for each net (random initialisation, seed 0; ``mnist_small``, ``lenet1``, ``lenet5``, ``mlp``,
+``digits_cnn`` on the MNIST images average-pooled to 8x8, ``madry_cnn`` on the first 4 images only, as CROWN on
+it is slow in both libraries) and each ball (L-inf 0.01 and 0.1 clipped to [0, 1]; L2 0.3), the lower
 bounds of the margins ``z_y - z_j`` from ``robustest.certify.margin_bounds`` and from auto_LiRPA's
 ``compute_bounds(C=spec, method=IBP|CROWN)`` with ``compare_crown_with_ibp=True`` (robustest's ``crown`` keeps the
 tighter of CROWN's and IBP's bound, intermediate and final, as that option does). Reported: the largest absolute
