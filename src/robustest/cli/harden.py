@@ -14,7 +14,9 @@ white-box and, with --autoattack, AutoAttack accuracy before and after, timings)
 same model as an uninterrupted one.
 
 White-box accuracy: the per-sample worst case of PGD (--whitebox-pgd-steps steps of eps/4 from a random start,
-best of --whitebox-restarts) and APGD-CE (--apgd-steps) on the first --whitebox-limit test images.
+best of --whitebox-restarts) and APGD-CE (--apgd-steps) on the first --whitebox-limit test images. Certified
+accuracy (--certify; by default with the certified-training methods ibp and crown-ibp): the share of the test
+images that IBP or CROWN bound propagation proves robust at --eps.
 
 Examples:
     robustest harden --checkpoint model.pt --dataset digits --method fol-budget --eps 0.2 --epochs 5 --out hard
@@ -43,6 +45,7 @@ from robustest.cli._common import (
     data_settings,
     finite_float,
     learning_rate,
+    list_arg,
     load_data,
     load_model,
     log,
@@ -142,6 +145,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also measure robust accuracy under the AutoAttack-style ensemble of 'robustest eval' on the "
                         "white-box images, before and after (and of the last epoch's model when another was kept): "
                         "fast = APGD-CE + APGD-T on 3 classes, standard = AutoAttack's standard version (default: off)")
+    certified = " / ".join(o.name for o in methods if o.certificates)
+    m.add_argument("--certify", type=list_arg(_certificate, what="certificate"), default=None, metavar="LIST",
+                   help="certified accuracy at --eps on the test images, before and after, by bound propagation: "
+                        f"ibp, crown or ibp,crown; none: off (default: ibp,crown with --method {certified}, else off)")
     p.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
     add_run_args(p)
     p.set_defaults(func=run)
@@ -159,8 +166,8 @@ def _add_method_options(g: argparse._ArgumentGroup) -> None:
             g.add_argument(f"--no-{flag}", dest=name, action="store_const", const=False, default=None,
                            help=f"{who}: {text}")
         else:
-            g.add_argument(f"--{flag}", type=_OPTION_TYPES[opt.kind], default=None,
-                           help=f"{who}: {text} (default: {opt.default})")
+            default = "" if opt.default is None else f" (default: {opt.default})"
+            g.add_argument(f"--{flag}", type=_OPTION_TYPES[opt.kind], default=None, help=f"{who}: {text}{default}")
 
 
 def _fingerprint_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -200,7 +207,52 @@ def _measure(model, test, args) -> dict[str, Any]:
     d = rep.to_dict()
     for key in ("fixed_set_accuracy", "fixed_set_size", "seconds"):  # seconds go to timings: results stay reproducible
         d.pop(key, None)
+    if args.certify:
+        d.update(_certified(model, test, args))
     return d
+
+
+def _certificate(text: str) -> str:
+    name = str(text).strip().lower()
+    if name not in ("ibp", "crown", "none"):
+        raise argparse.ArgumentTypeError(f"unknown certificate {text!r}: choose ibp, crown or none")
+    return name
+
+
+def _certificates(args: argparse.Namespace, model: Any, test: Any) -> list[str] | None:
+    """--certify in effect (unset: the method's certificates; none: None); a model bound propagation does not
+    cover is refused here, before any work, when certifying or training with the bounds (ibp, crown-ibp)."""
+    from robustest.train import objectives
+
+    given = args.certify if args.certify is not None else list(objectives.get(args.method).certificates)
+    if "none" in given and len(given) > 1:
+        raise ConfigError(f"--certify none turns certification off: give it alone, not with {given}")
+    names = [c for c in given if c != "none"]
+    if names or objectives.get(args.method).certificates:  # certified training needs the bounds too
+        from robustest.certify import check_certifiable
+        from robustest.core.batching import image_shape
+        from robustest.core.modelcall import eval_mode
+
+        with eval_mode(model):  # tracing runs one forward: BatchNorm's running statistics stay as they are
+            check_certifiable(model, image_shape(test))
+    return names or None
+
+
+def _certified(model: Any, test: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Certified accuracy at --eps on the test images: per certificate of --certify (``certified_ibp_accuracy``,
+    ``certified_crown_accuracy``) and ``certified_accuracy``, the share certified by any of them."""
+    from robustest import certify
+    from robustest.evaluate.clean import labelled_tensors
+
+    x, y = labelled_tensors(test, "test data")
+    out: dict[str, Any] = {}
+    proved = torch.zeros(x.shape[0], dtype=torch.bool)
+    for name in args.certify:
+        cert = getattr(certify, name)(model, x, y, args.eps)
+        out[f"certified_{name}_accuracy"] = cert.certified_accuracy
+        proved |= cert.certified.cpu()
+    out["certified_accuracy"] = int(proved.sum()) / x.shape[0] if x.shape[0] else 0.0
+    return out
 
 
 def _method_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -259,6 +311,7 @@ def run(args: argparse.Namespace) -> int:
     check_fits(model, train)
     test = load_data(argparse.Namespace(**{**vars(args), "limit": args.test_limit}), args.test_split)
     check_fits(model, test)
+    args.certify = _certificates(args, model, test)
     fit_data, val = _split(train, args)
     out = _prepare_out(args)
     t_load = time.perf_counter() - t0
@@ -304,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
                     "val_size": args.val_size, "val_steps": args.val_steps, "test_split": args.test_split,
                     "test_limit": args.test_limit, "whitebox_limit": args.whitebox_limit,
                     "whitebox_pgd_steps": args.whitebox_pgd_steps, "whitebox_restarts": args.whitebox_restarts,
-                    "apgd_steps": args.apgd_steps, "autoattack": args.autoattack,
+                    "apgd_steps": args.apgd_steps, "autoattack": args.autoattack, "certify": args.certify,
                     "device": str(next(iter(model.parameters())).device)}
     results = {
         "data": {"num_train": len(train), "num_fit": res.num_samples, "num_val": 0 if val is None else len(val[1]),
@@ -312,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
         "before": before, "after": after, "last": last,
         "kept_epoch": res.kept_epoch, "best_epoch": res.best_epoch, "guard_epoch": res.guard_epoch,
         "autoattack_accuracy": after.get("autoattack_accuracy"),
-        "autoattack_flags": after.get("autoattack_flags"),
+        "autoattack_flags": after.get("autoattack_flags"), "certified_accuracy": after.get("certified_accuracy"),
         "epochs": res.epochs, "compute": res.compute, "resumed_epochs": res.resumed_epochs,
         "peak_rss_mib": peak_rss_mib(), "files": files,
     }
@@ -322,10 +375,11 @@ def run(args: argparse.Namespace) -> int:
     _report(doc, out / "report.html")
     rows = [{"model": name, "clean": r["clean_accuracy"], "white-box": r["whitebox_accuracy"],
              "pgd": r["whitebox_pgd_accuracy"], "apgd": r["whitebox_apgd_accuracy"],
-             "autoattack": r.get("autoattack_accuracy")}
+             "autoattack": r.get("autoattack_accuracy"), "certified": r.get("certified_accuracy")}
             for name, r in (("before", before), (f"after (epoch {res.kept_epoch})", after),
                             (f"last (epoch {final_epoch})", last)) if r is not None]
-    print_table(rows, ["model", "clean", "white-box", "pgd", "apgd"] + (["autoattack"] if args.autoattack else []))
+    print_table(rows, ["model", "clean", "white-box", "pgd", "apgd"] + (["autoattack"] if args.autoattack else [])
+                + (["certified"] if args.certify else []))
     for f in after.get("autoattack_flags") or []:
         print(f"robustest harden: flag {f['severity']} {f['name']}: {f['message']} (remedy: {f['remedy']})",
               file=sys.stderr)
@@ -360,7 +414,7 @@ def _report(results: dict[str, Any], path: Path) -> None:
     rep.heading("Robustness before and after")
     rows = [{"model": name, "clean accuracy": r["clean_accuracy"], "white-box accuracy": r["whitebox_accuracy"],
              "PGD accuracy": r["whitebox_pgd_accuracy"], "APGD-CE accuracy": r["whitebox_apgd_accuracy"],
-             "AutoAttack accuracy": r.get("autoattack_accuracy"),
+             "AutoAttack accuracy": r.get("autoattack_accuracy"), "certified accuracy": r.get("certified_accuracy"),
              "test images": r["num_eval"], "white-box images": r["num_whitebox"]}
             for name, r in (("before", results["before"]), (f"after (epoch {kept}, model.pt)", results["after"]),
                             ("last epoch (last.pt)", results.get("last"))) if r is not None]

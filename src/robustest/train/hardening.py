@@ -79,12 +79,13 @@ class HardenResult:
     ``lr``, ``seconds``, ``compute`` (:meth:`ComputeCount.to_dict`), ``attack_evals_mean`` (gradient evaluations
     of the inner maximisation per sample), ``stopped_early`` (fraction of samples whose attack stopped before the
     budget), the objective's epoch values (fosc: ``fosc_c``, the epoch's c_t), ``eps`` (the radius of the epoch's
-    last batch; below the target during the eps warm-up) and, with ``val``, ``val_clean_accuracy`` /
-    ``val_pgd_accuracy``. ``compute``: the totals over all epochs. ``resumed_epochs``: epochs loaded from
-    ``state_dir`` (0: fresh run). ``best_epoch``: the epoch of the highest validation PGD accuracy (None without
-    ``val``); ``kept_epoch``: the epoch whose weights the model ends with; ``guard_epoch``: the epoch at which the
-    catastrophic-overfitting guard stopped training (None: it did not); ``last_weights``: the last epoch's
-    state_dict (on the CPU) when another epoch's weights were kept, else None.
+    last batch; below the target during the eps warm-up), the schedule values of the objective's last step (ibp /
+    crown-ibp: ``kappa``, crown-ibp's ``beta``, and ``eps`` the bounds' radius) and, with ``val``,
+    ``val_clean_accuracy`` / ``val_pgd_accuracy``. ``compute``: the totals over all epochs. ``resumed_epochs``:
+    epochs loaded from ``state_dir`` (0: fresh run). ``best_epoch``: the epoch of the highest validation PGD
+    accuracy (None without ``val``); ``kept_epoch``: the epoch whose weights the model ends with; ``guard_epoch``:
+    the epoch at which the catastrophic-overfitting guard stopped training (None: it did not); ``last_weights``:
+    the last epoch's state_dict (on the CPU) when another epoch's weights were kept, else None.
     """
 
     method: str
@@ -271,7 +272,8 @@ class _Run(EpochLoop):
                                    generator=make_generator(derive_seed(s["seed"], epoch, "shuffle")))
         self.gen = make_generator(derive_seed(s["seed"], epoch, "attack"), self.dev)
         self.values = objective.epoch_values(epoch, s) if objective.epoch_values is not None else {}
-        self.tally = {"count": ComputeCount(), "loss": 0.0, "correct": 0, "evals": 0, "early": 0, "eps": s["eps"]}
+        self.tally = {"count": ComputeCount(), "loss": 0.0, "correct": 0, "evals": 0, "early": 0, "eps": s["eps"],
+                      "values": {}}
 
     def batches(self, epoch: int) -> Iterator[Batch]:
         """The epoch's batches in its seeded order, on the device (float32 images, int64 labels)."""
@@ -290,7 +292,8 @@ class _Run(EpochLoop):
         self.tally["eps"] = eps_t = eps_schedule((epoch - 1) * self.steps_per_epoch + i,
                                                  s["epochs"] * self.steps_per_epoch, s["eps"], s["eps_warmup"])
         assert self.gen is not None and self.objective is not None
-        out = _batch(self.model, batch[1], batch[2], self.gen, s, eps_t, self.values, self.objective)
+        out = _batch(self.model, batch[1], batch[2], self.gen, s, eps_t, self.values, self.objective,
+                     (epoch, i, self.steps_per_epoch))
         return out.loss, out
 
     def diverged(self, epoch: int, i: int, loss: torch.Tensor, aux: Any) -> str:
@@ -314,6 +317,7 @@ class _Run(EpochLoop):
         t["correct"] += correct
         t["evals"] += int(aux.evals.sum())
         t["early"] += aux.stopped
+        t["values"] = aux.values
 
     def summary(self, epoch: int) -> dict[str, Any]:
         """The epoch's record (without validation); the model ends in eval mode."""
@@ -326,6 +330,7 @@ class _Run(EpochLoop):
             "stopped_early": t["early"] / n, "compute": t["count"].to_dict(),
         }
         record.update(self.values)
+        record.update(t["values"])  # the objective's own schedule (ibp: its radius replaces the warm-up's)
         return record
 
     def validate(self, epoch: int, record: dict[str, Any]) -> None:
@@ -527,7 +532,10 @@ def _keep(run: _Run) -> None:
 
 
 def _batch(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, gen: torch.Generator, s: dict[str, Any],
-           eps: float, values: dict[str, Any], objective: Objective) -> StepOutput:
+           eps: float, values: dict[str, Any], objective: Objective, place: tuple[int, int, int]) -> StepOutput:
     """The step of ``objective`` on a batch xb (B x C x H x W), yb (int64 [B]) at radius ``eps`` (the step
-    ``alpha`` scaled by ``eps / s["eps"]``), up to its loss: the engine checks it finite before the update."""
-    return objective.step(model, xb, yb, gen, StepContext(s, eps, s["alpha"] * eps / s["eps"], values))
+    ``alpha`` scaled by ``eps / s["eps"]``), up to its loss: the engine checks it finite before the update.
+    ``place``: (epoch, step within it, steps per epoch)."""
+    epoch, i, per_epoch = place
+    return objective.step(model, xb, yb, gen, StepContext(s, eps, s["alpha"] * eps / s["eps"], values,
+                                                          epoch_number=epoch, step=i, steps_per_epoch=per_epoch))

@@ -1,6 +1,7 @@
 """Schedules of training, stepped once per batch: the learning rate (:func:`make_schedule`), the attack radius
-of adversarial training (:func:`eps_schedule`, a linear warm-up) and dynamic adversarial training's FOSC
-criterion (:func:`fosc_schedule`, per epoch)."""
+of adversarial training (:func:`eps_schedule`, a linear warm-up), dynamic adversarial training's FOSC
+criterion (:func:`fosc_schedule`, per epoch) and certified training's ramp (:func:`ramp_schedule`: after a
+warm-up, the radius of the bounds and the weights of the loss terms move linearly to their final values)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 if TYPE_CHECKING:
     from robustest.train.recipes import TrainOptions
 
-__all__ = ["CYCLIC_PEAK", "SCHEDULES", "eps_schedule", "fosc_schedule", "make_schedule"]
+__all__ = ["CYCLIC_PEAK", "SCHEDULES", "eps_schedule", "fosc_schedule", "make_schedule", "ramp_schedule"]
 
 SCHEDULES = ("cosine", "step", "cyclic")
 #: where the cyclic schedule peaks, as a fraction of training (Wong et al. 2020: 2/5 of the epochs)
@@ -71,3 +72,18 @@ def eps_schedule(step: int, total_steps: int, eps: float, warmup: float) -> floa
     if w <= 1.0:
         return float(eps)
     return float(eps * min(1.0, (step + 1) / w))
+
+
+def ramp_schedule(step: int, total_steps: int, warmup: float, length: float) -> float:
+    """How far certified training's ramp has come at training step ``step`` (0-based) of ``total_steps``, in
+    [0, 1]: 0 for the first ``S = warmup * total_steps`` steps, then ``min(1, (step + 1 - S) / L)`` over the
+    ``L = length * total_steps`` steps of the ramp (as :func:`eps_schedule`: the ramp's last step reaches 1), 1
+    after it. Gowal et al. (2018) and Zhang et al. (2020) move the radius from 0 to its target, and the weight of
+    the clean loss (and CROWN-IBP's weight of its bound) from 1 to their final values, linearly along it."""
+    start, span = warmup * total_steps, length * total_steps
+    done = step + 1 - start
+    if done <= 0.0:
+        return 0.0
+    if span <= 1.0:
+        return 1.0
+    return float(min(1.0, done / span))

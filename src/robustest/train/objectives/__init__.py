@@ -14,6 +14,11 @@ settings, the ``harden`` verb and RobOT's hardening strategies; :func:`robustest
 ``gaussian-noise``  Cohen et al. (2019): ``CE(x + sigma * e)``, e ~ N(0, I), not clipped (``sigma``, default
                     0.25): a base model for randomised smoothing (:mod:`robustest.certify.smoothing`); no attack
                     (:mod:`.gaussian_noise`).
+``ibp``             Gowal et al. (2018): ``kappa * CE(z(x), y) + (1 - kappa) * CE(-m_ibp, y)``, m the IBP lower
+                    bounds of the margins at a radius ramped from 0 to ``eps_train`` after a clean warm-up,
+                    kappa 1 -> ``kappa_end`` along the ramp (:mod:`.ibp`).
+``crown-ibp``       Zhang et al. (2020): as ibp with ``beta * m_crown_ibp + (1 - beta) * m_ibp``, beta 1 ->
+                    ``beta_end`` and kappa 1 -> 0 along the ramp (:mod:`.crown_ibp`).
 ==================  ======================================================================================
 
 =================  =======================================================================================
@@ -29,7 +34,17 @@ objective is replaced the same way (``with registered(obj, replace=True):`` unde
 
 from __future__ import annotations
 
-from robustest.train.objectives import cross_entropy, fast_at, fol_budget, fosc, gaussian_noise, pgd_at, trades
+from robustest.train.objectives import (
+    cross_entropy,
+    crown_ibp,
+    fast_at,
+    fol_budget,
+    fosc,
+    gaussian_noise,
+    ibp,
+    pgd_at,
+    trades,
+)
 from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
 from robustest.train.objectives.registry import (
     canonical,
@@ -44,5 +59,5 @@ from robustest.train.objectives.registry import (
 __all__ = ["Objective", "Option", "StepContext", "StepOutput", "canonical", "get", "names", "option_owners",
            "register", "registered", "unregister"]
 
-for _module in (pgd_at, trades, fosc, fol_budget, fast_at, gaussian_noise, cross_entropy):
+for _module in (pgd_at, trades, fosc, fol_budget, fast_at, gaussian_noise, ibp, crown_ibp, cross_entropy):
     register(_module.OBJECTIVE)

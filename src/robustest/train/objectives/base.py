@@ -61,14 +61,19 @@ class StepContext:
     """What a step knows besides its batch: ``settings`` (every resolved setting of the run, method options
     included), ``eps`` (this batch's radius: below ``settings["eps"]`` during the eps warm-up; 0 in a loop without
     an attack, fit), ``alpha`` (the attack step size scaled with the radius), ``epoch`` (the values of
-    :attr:`Objective.epoch_values` for this epoch) and ``extra`` (what a loop hands its objective besides, by name:
-    enhance's AugMix stream and pool, the batch's stored adversarial copy, the model and seed of an online one)."""
+    :attr:`Objective.epoch_values` for this epoch), ``extra`` (what a loop hands its objective besides, by name:
+    enhance's AugMix stream and pool, the batch's stored adversarial copy, the model and seed of an online one) and
+    the batch's place in training, for an objective with its own schedule (ibp's ramp): ``epoch_number`` (1-based),
+    ``step`` (0-based, within the epoch) and ``steps_per_epoch`` (harden gives them; 0 in the other loops)."""
 
     settings: dict[str, Any]
     eps: float = 0.0
     alpha: float = 0.0
     epoch: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    epoch_number: int = 0
+    step: int = 0
+    steps_per_epoch: int = 0
 
 
 @dataclass
@@ -77,7 +82,9 @@ class StepOutput:
     the loss' adversarial term (the epoch's ``adv_accuracy``); ``evals``: int64 [B], gradient evaluations of the
     inner maximisation per sample; ``compute``: the step's sample-forwards and -backwards (attack and update);
     ``stopped``: samples whose attack stopped before the step budget; ``terms``: named scalar parts of the loss
-    that a loop records (enhance: ``ce``, ``jsd``, ``adv``)."""
+    that a loop records (enhance: ``ce``, ``jsd``, ``adv``); ``values``: the step's schedule values that harden's
+    epoch record keeps, the epoch's last batch's (ibp: ``eps``, in place of the eps warm-up's radius, and
+    ``kappa``)."""
 
     loss: torch.Tensor
     logits: torch.Tensor
@@ -85,6 +92,7 @@ class StepOutput:
     compute: ComputeCount
     stopped: int = 0
     terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    values: dict[str, float] = field(default_factory=dict)
 
 
 class StepFn(Protocol):
@@ -112,7 +120,9 @@ class Objective:
     per-epoch values the steps read from ``ctx.epoch`` and the epoch's record keeps (fosc's c_t), or None;
     ``check(settings)``: checks across the resolved settings, or None; ``co_guard``: None when the
     catastrophic-overfitting guard does not apply, else its default (fast-at: True); ``diverged_hint``: added to
-    the error when the loss is not finite (e.g. " or beta").
+    the error when the loss is not finite (e.g. " or beta"); ``certificates``: the bound-propagation certificates
+    (``ibp``, ``crown``: :mod:`robustest.certify`) the harden verb reports by default for a model trained with it
+    (ibp, crown-ibp: both).
     """
 
     name: str
@@ -127,3 +137,4 @@ class Objective:
     co_guard: bool | None = None
     diverged_hint: str = ""
     harden_method: bool = True
+    certificates: tuple[str, ...] = ()
