@@ -48,8 +48,9 @@ from torch import nn
 
 from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError
-from robustest.core.inputs import check_image_size, check_images, check_labels, check_logits
+from robustest.core.inputs import check_images, check_labels, check_logits
 from robustest.core.modelcall import eval_mode, forward
+from robustest.core.modelchecks import check_model_fits
 from robustest.core.reprs import one_line, shape
 from robustest.core.seeding import make_generator
 from robustest.core.validation import check_float, check_int, check_seed
@@ -137,18 +138,8 @@ def _prepare(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int]:
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     x = check_images(x)
-    check_image_size(tuple(x.shape[1:]))
-    x = x.to(model_device(model))
-    probe = x[:1] if x.shape[0] else torch.zeros((1, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    with torch.no_grad(), eval_mode(model):
-        out = forward(model, probe)
-    if out.dim() != 2 or out.shape[0] != 1:
-        raise ConfigError(f"the model returned outputs of shape {tuple(out.shape)} for one image: a classifier "
-                          "returns N x K logits (wrap it in robustest.models.Logits to select them)")
-    k = int(out.shape[1])
-    if k < 2:
-        raise ConfigError(f"the model has {k} output class(es): smoothing needs a classifier of at least 2 classes")
-    return x, k
+    k = check_model_fits(model, x)  # the image size, one forward pass, N x K logits with K >= 2
+    return x.to(model_device(model)), k
 
 
 # ------------------------------------------------------------------------------------------------ noise
