@@ -71,6 +71,7 @@ def base_args(verb: str, f: dict[str, str], out: Path) -> list[str] | None:
         "validate": [*m, *d, "--analysis", f["analysis"], *o],
         "enhance": [*m, *d, "--epochs", "1", *o],
         "eval": [*m, *d, "--eps", "0.1", *o],
+        "certify": [*m, *d, "--eps", "0.1", "--method", "ibp", *o],
         "harden": [*m, *d, "--epochs", "1", "--eps", "0.1", *o],
         "suite": ["build", *m, *d, "--eps", "0.1", "--version", "fast", "--k", "10", *o],
     }
