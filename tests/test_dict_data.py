@@ -129,3 +129,14 @@ def test_unlabelled_dict_data_is_refused_where_labels_are_needed(xy, trained_dig
     x, y = xy
     with pytest.raises(ConfigError, match="needs labels"):
         accuracy(trained_digits_model, DictData(x, y, label_key=None))
+
+
+def test_string_labels_are_one_line_data_error():
+    from robustest.models import create
+
+    x = torch.rand(2, 1, 8, 8)
+    with pytest.raises(DataError, match=r"integer class indices, got str values such as 'cat': map") as info:
+        as_tensors((x, ["cat", "dog"]))
+    assert "\n" not in str(info.value)
+    with pytest.raises(DataError, match="integer class indices"):
+        accuracy(create("digits_cnn").eval(), (x, ["cat", "dog"]))

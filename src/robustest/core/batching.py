@@ -25,7 +25,12 @@ def as_tensors(data: DataLike) -> tuple[torch.Tensor, torch.Tensor | None]:
     if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], torch.Tensor):
         y = data[1]
         if y is not None and not isinstance(y, torch.Tensor):
-            y = torch.as_tensor(y)
+            try:
+                y = torch.as_tensor(y)
+            except (TypeError, ValueError, RuntimeError):
+                first = next(iter(y), None) if hasattr(y, "__iter__") else y
+                raise DataError(f"labels must be integer class indices, got {type(first).__name__} values such as "
+                                f"{first!r}: map the class names to 0..K-1 first") from None
         return data[0], y
     if isinstance(data, TensorDataset) and len(data.tensors) >= 2:
         return data.tensors[0], data.tensors[1]
