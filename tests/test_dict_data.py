@@ -140,3 +140,16 @@ def test_string_labels_are_one_line_data_error():
     assert "\n" not in str(info.value)
     with pytest.raises(DataError, match="integer class indices"):
         accuracy(create("digits_cnn").eval(), (x, ["cat", "dog"]))
+
+
+def test_accuracy_refuses_pixels_outside_0_1_as_evaluate_does():
+    from robustest.models import create
+
+    model = create("digits_cnn").eval()
+    levels = torch.randint(0, 256, (4, 1, 8, 8))
+    y = torch.tensor([0, 1, 2, 3])
+    with pytest.raises(DataError, match=r"must lie in \[0, 1\]"):
+        accuracy(model, (levels.float(), y))
+    with pytest.raises(DataError, match="floating point in"):
+        accuracy(model, (levels.to(torch.uint8), y))
+    assert accuracy(model, (levels.float() / 255, y)) in (0.0, 0.25, 0.5, 0.75, 1.0)

@@ -35,13 +35,17 @@ def predict(model: nn.Module, data: DataLike, batch_size: int = 512, device: tor
 @torch.no_grad()
 def loss_and_accuracy(model: nn.Module, data: DataLike, batch_size: int = 512,
                       device: torch.device | str | None = None) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) of ``model`` on labelled ``data``, in eval mode (mode restored)."""
+    """(mean cross-entropy, accuracy) of ``model`` on labelled ``data``, in eval mode (mode restored). Every batch
+    is checked as :func:`robustest.evaluate.evaluate` checks its input (float images in [0, 1], integer labels):
+    pixels in 0..255 or uint8 are a one-line DataError, not a plausible wrong figure."""
     dev = resolve_device(model, device)
     total, correct, n = 0.0, 0, 0
     with eval_mode(model):
         for xb, yb in iter_batches(data, batch_size, dev):
             if yb is None:
                 raise ConfigError("evaluation needs labels: pass (x, y) or a labelled Dataset")
+            check_images(xb, "data")
+            check_labels(yb, int(xb.shape[0]), name="data labels")
             logits = forward(model, xb)
             total += float(F.cross_entropy(logits, yb, reduction="sum"))
             correct += int((logits.argmax(1) == yb).sum())
