@@ -366,3 +366,68 @@ def test_crown_final_comparison_uses_the_tightened_boxes():
     got = margin_bounds(net, x, y, 0.5, "l2", "crown")[0]
     assert got[1].item() == pytest.approx(0.086261, abs=2e-6)
     assert got[2].item() == pytest.approx(0.121021, abs=2e-6)
+
+
+def test_two_convolutions_without_a_relu_between_get_their_exact_box():
+    # IBP's box after conv -> conv is loose (it forgets that both read the same pixels); the ReLU after the second
+    # needs the exact one, which CROWN's backward pass gives: W2 W1 x + b -+ eps |W2 W1| 1 on an inner ball
+    torch.manual_seed(11)
+    conv1, conv2 = nn.Conv2d(1, 3, 3, padding=1), nn.Conv2d(3, 2, 3, padding=1)
+    net = nn.Sequential(conv1, conv2, nn.ReLU(), nn.Flatten(), nn.Linear(2 * 36, 4)).eval()
+    x = torch.rand(2, 1, 6, 6) * 0.6 + 0.2
+    prop = backward_module.Propagator(check_certifiable(net, (1, 6, 6)), x, 0.1, "linf")
+    lo, hi = prop.bounds_of(2)
+    both = nn.Sequential(conv1, conv2)
+    matrix = _dense_matrix(both, (1, 6, 6))
+    with torch.no_grad():
+        centre = both(x).flatten(1)
+    radius = 0.1 * matrix.abs().sum(1)
+    # the neurons IBP leaves unstable get the exact box; the ones it already decides keep IBP's (only their sign
+    # matters to the ReLU)
+    unstable = (prop.ibp[2][0] < 0).flatten(1) & (prop.ibp[2][1] > 0).flatten(1)
+    assert int(unstable.sum()) > 10
+    torch.testing.assert_close(lo.flatten(1)[unstable], (centre - radius)[unstable], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(hi.flatten(1)[unstable], (centre + radius)[unstable], atol=1e-5, rtol=1e-5)
+    assert bool((prop.ibp[2][0].flatten(1)[unstable] < (centre - radius)[unstable] - 1e-4).any())  # IBP: looser
+
+
+def test_a_trailing_identity_keeps_ibps_folded_last_layer_and_a_relu_output_is_bounded_as_a_box():
+    torch.manual_seed(12)
+    body = [nn.Flatten(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3)]
+    plain = nn.Sequential(*body).eval()
+    trailing = nn.Sequential(*body, nn.Dropout(0.5)).eval()
+    x = torch.rand(3, 1, 4, 4)
+    y = torch.tensor([0, 1, 2])
+    for method in ("ibp", "crown"):
+        torch.testing.assert_close(margin_bounds(trailing, x, y, 0.05, method=method),
+                                   margin_bounds(plain, x, y, 0.05, method=method))
+    from robustest.certify.interval import interval_bounds
+
+    ending = nn.Sequential(*body, nn.ReLU()).eval()  # logits through a ReLU: no weight layer to fold
+    boxes = interval_bounds(check_certifiable(ending, (1, 4, 4)), x, 0.05, "linf")
+    lo, hi = boxes[-1]
+    expected = lo.gather(1, y[:, None]) - hi  # z_y >= l_y, z_j <= u_j
+    expected[torch.arange(3), y] = 0.0
+    torch.testing.assert_close(margin_bounds(ending, x, y, 0.05, method="ibp"), expected)
+
+
+def test_a_layer_mostly_unstable_is_bounded_whole(monkeypatch):
+    # above 90 % unstable neurons a sample's layer is bounded whole (its stable neurons' values reach the max-pool)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(),
+                        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(6 * 16, 5)).eval()
+    torch.manual_seed(3)
+    x = torch.rand(4, 1, 8, 8)
+    y = torch.randint(0, 5, (4,))
+    graph = check_certifiable(net, (1, 8, 8))
+    prop = backward_module.Propagator(graph, x, 0.3, "linf")
+    lo, hi = backward_module.step(graph.ops[3], {2: prop.bounds_of(2)})
+    share = ((lo < 0) & (hi > 0)).flatten(1).float().mean(1)
+    assert bool((share > 0.9).all())  # the IBP step leaves more than 90 % unstable for every sample
+    default = margin_bounds(net, x, y, 0.3, method="crown")
+    monkeypatch.setattr(backward_module, "SPARSE_SHARE", -1.0)  # every layer whole
+    whole = margin_bounds(net, x, y, 0.3, method="crown")
+    monkeypatch.setattr(backward_module, "SPARSE_SHARE", 2.0)  # never whole: unstable neurons only
+    sparse = margin_bounds(net, x, y, 0.3, method="crown")
+    torch.testing.assert_close(default, whole)
+    assert not torch.allclose(default, sparse)
