@@ -101,3 +101,9 @@ for run in score_fol_auto analyze_auto; do
 d['settings']['batch_size'], 'total', round(d['timings']['total_s'], 2), 's')" "$OUT/$run/results.json" "$run" \
         || echo "$run did not finish: see $OUT/$run.txt"
 done
+# certified bounds on the GPU (docs/CERTIFY.md has no CUDA figure yet): IBP and CROWN over 1,000 MNIST test images
+for method in ibp crown; do
+    /usr/bin/time -f "certify $method cuda: %e s wall" python -m robustest certify --checkpoint "$CHECKPOINT" \
+        --dataset mnist --data-dir "$DATA_DIR" --eps 0.1 --method "$method" --limit 1000 --device cuda --quiet \
+        --out "$OUT/certify_$method" > "$OUT/certify_$method.txt" 2>&1 || echo "certify $method failed: see $OUT"
+done

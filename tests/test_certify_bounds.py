@@ -431,3 +431,15 @@ def test_a_layer_mostly_unstable_is_bounded_whole(monkeypatch):
     sparse = margin_bounds(net, x, y, 0.3, method="crown")
     torch.testing.assert_close(default, whole)
     assert not torch.allclose(default, sparse)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_bounds_equal_the_cpu_ones():
+    net = _nets()["maxpool"]
+    torch.manual_seed(13)
+    x = torch.rand(5, 1, 8, 8)
+    y = torch.randint(0, 5, (5,))
+    cpu = crown(net, x, y, 0.03).margins
+    gpu = crown(net.cuda(), x, y, 0.03)  # x and y on the CPU: moved to the model's device
+    torch.testing.assert_close(gpu.margins, cpu, atol=1e-4, rtol=1e-4)
+    assert gpu.margins.device.type == "cpu"  # per-sample results come back on the CPU
