@@ -443,3 +443,13 @@ def test_cuda_bounds_equal_the_cpu_ones():
     gpu = crown(net.cuda(), x, y, 0.03)  # x and y on the CPU: moved to the model's device
     torch.testing.assert_close(gpu.margins, cpu, atol=1e-4, rtol=1e-4)
     assert gpu.margins.device.type == "cpu"  # per-sample results come back on the CPU
+
+
+def test_a_zero_margin_bound_is_not_certified_and_an_empty_batch_is_empty():
+    net = _two_layer(relu=True)
+    with torch.no_grad():
+        net[3].weight.copy_(torch.tensor([[0.0, 1.0], [0.0, 0.0]]))  # z0 - z1 = relu(x1 - x2) >= 0: bound 0.0
+    cert = crown(net, X_HALF, torch.tensor([0]), 0.25)
+    assert cert.lower_margin.item() == 0.0 and not bool(cert.certified[0])  # certified means > 0
+    empty = ibp(_nets()["conv-chain"], torch.rand(0, 1, 8, 8), torch.zeros(0, dtype=torch.long), 0.1)
+    assert empty.margins.shape == (0, 5) and empty.certified.shape == (0,) and empty.certified_accuracy == 0.0
