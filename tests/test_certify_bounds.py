@@ -453,3 +453,12 @@ def test_a_zero_margin_bound_is_not_certified_and_an_empty_batch_is_empty():
     assert cert.lower_margin.item() == 0.0 and not bool(cert.certified[0])  # certified means > 0
     empty = ibp(_nets()["conv-chain"], torch.rand(0, 1, 8, 8), torch.zeros(0, dtype=torch.long), 0.1)
     assert empty.margins.shape == (0, 5) and empty.certified.shape == (0,) and empty.certified_accuracy == 0.0
+
+
+def test_certifying_a_training_model_leaves_its_batchnorm_statistics_alone():
+    net = _nets()["residual"].train()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    crown(net, torch.rand(2, 1, 8, 8), torch.tensor([0, 1]), 0.01)
+    check_certifiable(net, (1, 8, 8))
+    assert net.training
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())

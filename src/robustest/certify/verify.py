@@ -21,8 +21,10 @@ NORMS = ("linf", "l2")
 
 def check_certifiable(model: nn.Module, input_shape: tuple[int, ...]) -> Graph:
     """The model's graph for inputs of ``input_shape`` (C x H x W); ConfigError (one line naming the layer and
-    the supported set) when bound propagation does not cover the model."""
-    return trace(model, tuple(input_shape), dtype=model_dtype(model), device=model_device(model))
+    the supported set) when bound propagation does not cover the model. Traced in eval mode (the mode is
+    restored), so the one forward pass of tracing leaves BatchNorm's running statistics as they are."""
+    with eval_mode(model):
+        return trace(model, tuple(input_shape), dtype=model_dtype(model), device=model_device(model))
 
 
 def margin_spec(y: torch.Tensor, num_classes: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -64,7 +66,6 @@ def _certify(method: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, ep
     norm = _norm(norm)
     eps = check_eps("eps", eps, norm)
     x = check_images(x)
-    num_classes = None
     graph = check_certifiable(model, tuple(x.shape[1:]))
     num_classes = graph.ops[-1].out_shape[0]
     y = check_labels(y, x.shape[0], num_classes)
