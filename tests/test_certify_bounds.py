@@ -460,5 +460,6 @@ def test_certifying_a_training_model_leaves_its_batchnorm_statistics_alone():
     before = {k: v.clone() for k, v in net.state_dict().items()}
     crown(net, torch.rand(2, 1, 8, 8), torch.tensor([0, 1]), 0.01)
     check_certifiable(net, (1, 8, 8))
+    margin_bounds(net, torch.rand(2, 1, 8, 8), torch.tensor([0, 1]), 0.01, method="ibp")  # as training calls it
     assert net.training
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())

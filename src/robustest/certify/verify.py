@@ -50,7 +50,7 @@ def margin_bounds(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float
     method = check_choice("method", method, METHODS)
     norm = _norm(norm)
     eps = check_float("eps", eps, 0.0)
-    graph = graph if graph is not None else trace(model, tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    graph = graph if graph is not None else check_certifiable(model, tuple(x.shape[1:]))
     spec = margin_spec(y, graph.ops[-1].out_shape[0], x.dtype)
     if method == "ibp":
         boxes = interval_bounds(graph, x, eps, norm)
