@@ -24,11 +24,10 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from robustest.certify.graph import Graph
 from robustest.certify.interval import Bounds, first_weight_layer, input_box, interval_bounds, step
-from robustest.certify.ops import affine_transposed, concretize, relu_relaxation
+from robustest.certify.ops import affine_transposed, concretize, maxpool_relaxation, relaxed, relu_relaxation
 from robustest.certify.patches import chain, conv_bounds, patch_width
 
 BUDGET = 1 << 25  # elements of one coefficient tensor (128 MiB in float32)
@@ -37,10 +36,6 @@ SPARSE_SHARE = 0.9  # above this share of unstable neurons, a sample's layer is 
 
 def _add(acc: dict[int, torch.Tensor], key: int, value: torch.Tensor) -> None:
     acc[key] = acc[key] + value if key in acc else value
-
-
-def _sum_rest(t: torch.Tensor) -> torch.Tensor:
-    return t.flatten(2).sum(-1)
 
 
 class Propagator:
@@ -169,22 +164,17 @@ class Propagator:
         cl: torch.Tensor | float = 0.0
         cu: torch.Tensor | float = 0.0
         if al is not None:
-            pos, neg = al.clamp(min=0), al.clamp(max=0)
-            al, cl = pos * lo_slope + neg * up_slope, _sum_rest(neg * up_icpt)
+            al, cl = relaxed(al, lo_slope, up_slope, up_icpt, upper=False)
         if au is not None:
-            pos, neg = au.clamp(min=0), au.clamp(max=0)
-            au, cu = pos * up_slope + neg * lo_slope, _sum_rest(pos * up_icpt)
+            au, cu = relaxed(au, lo_slope, up_slope, up_icpt, upper=True)
         return al, au, cl, cu
 
     def _maxpool(self, source: int, kernel: tuple[int, int], al: torch.Tensor | None, au: torch.Tensor | None
                  ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | float, torch.Tensor | float]:
         lo, hi = self.bounds_of(source)
         n, c, h, w = lo.shape
-        best_lo, index = F.max_pool2d(lo, kernel, kernel, return_indices=True)
-        flat_index = index.flatten(2)
-        others = hi.flatten(2).scatter(-1, flat_index, float("-inf")).view_as(hi)
-        linear = (best_lo >= F.max_pool2d(others, kernel, kernel)).to(lo.dtype).unsqueeze(1)
-        icpt = ((1 - linear) * F.max_pool2d(hi, kernel, kernel).unsqueeze(1))
+        index, linear, icpt = (t.unsqueeze(1) for t in maxpool_relaxation(lo, hi, kernel))
+        flat_index = index.squeeze(1).flatten(2)
 
         def to_input(coef: torch.Tensor) -> torch.Tensor:
             s = coef.shape[1]
@@ -195,11 +185,11 @@ class Propagator:
         cl: torch.Tensor | float = 0.0
         cu: torch.Tensor | float = 0.0
         if al is not None:
-            pos, neg = al.clamp(min=0), al.clamp(max=0)
-            al, cl = to_input(pos + neg * linear), _sum_rest(neg * icpt)
+            al, cl = relaxed(al, 1.0, linear, icpt, upper=False)
+            al = to_input(al)
         if au is not None:
-            pos, neg = au.clamp(min=0), au.clamp(max=0)
-            au, cu = to_input(pos * linear + neg), _sum_rest(pos * icpt)
+            au, cu = relaxed(au, 1.0, linear, icpt, upper=True)
+            au = to_input(au)
         return al, au, cl, cu
 
     def margins(self, spec: torch.Tensor) -> torch.Tensor:

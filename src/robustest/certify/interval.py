@@ -7,6 +7,8 @@ with the dual norm, ``W x + b +- eps ||W_i||_2``, and the layers before it with 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -23,7 +25,7 @@ def input_box(x: torch.Tensor, eps: float, norm: str) -> Bounds:
     return x - eps, x + eps
 
 
-def step(op: Op, bounds: list[Bounds]) -> Bounds:
+def step(op: Op, bounds: Sequence[Bounds] | Mapping[int, Bounds]) -> Bounds:
     """The op's output box from its inputs' boxes (``bounds`` indexed like the graph's ops)."""
     if op.kind == "affine":
         lo, hi = bounds[op.inputs[0]]

@@ -74,6 +74,29 @@ def relu_relaxation(lower: torch.Tensor, upper: torch.Tensor) -> tuple[torch.Ten
 
 
 
+def maxpool_relaxation(lower: torch.Tensor, upper: torch.Tensor, kernel: tuple[int, int]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(index, linear, upper_intercept)`` of a non-overlapping max-pool's relaxation, each N x C x Ho x Wo, from
+    its input bounds (N x C x H x W): ``max >= x_i*`` with ``i*`` = ``index`` (flat in H x W), the window's element
+    with the largest lower bound; ``max <= x_i*`` where ``linear`` is 1 (``l_i* >= u_j`` for the others), else
+    ``max <= upper_intercept`` (the window's largest upper bound)."""
+    best, index = F.max_pool2d(lower, kernel, kernel, return_indices=True)
+    others = upper.flatten(2).scatter(-1, index.flatten(2), float("-inf")).view_as(upper)
+    linear = (best >= F.max_pool2d(others, kernel, kernel)).to(lower.dtype)
+    return index, linear, (1 - linear) * F.max_pool2d(upper, kernel, kernel)
+
+
+def relaxed(a: torch.Tensor, lower_slope: torch.Tensor | float, upper_slope: torch.Tensor,
+            upper_icpt: torch.Tensor, *, upper: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Coefficients ``a`` (N x S x ...) moved through ``lower_slope * z <= f(z) <= upper_slope * z + upper_icpt``:
+    for a lower bound (``upper`` False) the positive part takes the lower line and the negative part the upper one,
+    for an upper bound the other way round; returns the new coefficients and the constant (N x S) they pick up."""
+    pos, neg = a.clamp(min=0), a.clamp(max=0)
+    if upper:
+        return pos * upper_slope + neg * lower_slope, (pos * upper_icpt).flatten(2).sum(-1)
+    return pos * lower_slope + neg * upper_slope, (neg * upper_icpt).flatten(2).sum(-1)
+
+
 def concretize(a: torch.Tensor, x: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor, eps: float,
                norm: str, *, sign: int) -> torch.Tensor:
     """The minimum (``sign=-1``) or maximum (``sign=+1``) of ``a . x'`` (N x S) over the ball around ``x``.

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from robustest.certify.graph import Graph, Op, diag_params
 from robustest.certify.interval import Bounds
-from robustest.certify.ops import relu_relaxation
+from robustest.certify.ops import maxpool_relaxation, relaxed, relu_relaxation
 
 
 def _plain_conv(op: Op) -> bool:
@@ -99,10 +99,9 @@ def conv_bounds(graph: Graph, path: list[int], rows: torch.Tensor, bounds_of, x:
         if op.kind == "relu":
             lower, upper = bounds_of(op.inputs[0])
             lo_s, up_s, up_b = (_windows(t, oy, ox, ph, pw) for t in relu_relaxation(lower, upper))
-            pos, neg = lo_p.clamp(min=0), lo_p.clamp(max=0)
-            lo_p, const_lo = pos * lo_s + neg * up_s, const_lo + (neg * up_b).flatten(2).sum(-1)
-            pos, neg = hi_p.clamp(min=0), hi_p.clamp(max=0)
-            hi_p, const_hi = pos * up_s + neg * lo_s, const_hi + (pos * up_b).flatten(2).sum(-1)
+            lo_p, cl = relaxed(lo_p, lo_s, up_s, up_b, upper=False)
+            hi_p, cu = relaxed(hi_p, lo_s, up_s, up_b, upper=True)
+            const_lo, const_hi = const_lo + cl, const_hi + cu
         elif op.kind == "maxpool":
             (lo_p, hi_p), (cl, cu) = _maxpool(lo_p, hi_p, bounds_of(op.inputs[0]), op.params["kernel"], oy, ox)
             const_lo, const_hi = const_lo + cl, const_hi + cu
@@ -141,18 +140,13 @@ def _maxpool(lo_p: torch.Tensor, hi_p: torch.Tensor, bounds: Bounds, kernel: tup
     lower, upper = bounds
     ky, kx = kernel
     w = lower.shape[-1]
-    best, index = F.max_pool2d(lower, kernel, kernel, return_indices=True)
-    others = upper.flatten(2).scatter(-1, index.flatten(2), float("-inf")).view_as(upper)
-    linear = (best >= F.max_pool2d(others, kernel, kernel)).to(lower.dtype)
-    icpt = (1 - linear) * F.max_pool2d(upper, kernel, kernel)
+    index, linear, icpt = maxpool_relaxation(lower, upper, kernel)
     local = (index // w % ky) * kx + index % w % kx
     ph, pw = lo_p.shape[-2:]
     local_w = _windows(local, oy, ox, ph, pw)
     linear_w, icpt_w = _windows(linear, oy, ox, ph, pw), _windows(icpt, oy, ox, ph, pw)
-    pos, neg = lo_p.clamp(min=0), lo_p.clamp(max=0)
-    lo_c, cl = pos + neg * linear_w, (neg * icpt_w).flatten(2).sum(-1)
-    pos, neg = hi_p.clamp(min=0), hi_p.clamp(max=0)
-    hi_c, cu = pos * linear_w + neg, (pos * icpt_w).flatten(2).sum(-1)
+    lo_c, cl = relaxed(lo_p, 1.0, linear_w, icpt_w, upper=False)
+    hi_c, cu = relaxed(hi_p, 1.0, linear_w, icpt_w, upper=True)
     onehot = F.one_hot(local_w, ky * kx).to(lower.dtype)  # N x S x C x ph x pw x ky*kx
 
     def expand(coef: torch.Tensor) -> torch.Tensor:
