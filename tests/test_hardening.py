@@ -328,16 +328,55 @@ def test_fast_at_guard_stops_at_the_collapse_and_restores_the_best(base_model, d
 
 
 @pytest.mark.parametrize("score, best, collapsed", [(0.2, 0.45, True), (0.3, 0.45, False), (0.04, 0.1, False),
-                                                    (0.0, 0.1, True), (0.5, 0.5, False)])
+                                                    (0.0, 0.1, True), (0.5, 0.5, False), (0.225, 0.45, False),
+                                                    (0.3, 0.5, False), (0.2, 0.5, True)])
 def test_collapse_rule(score, best, collapsed):
-    assert early_stopping.collapsed(score, best) is collapsed
+    assert early_stopping.CO_RATIO == 0.5 and early_stopping.CO_MIN_DROP == 0.1
+    assert early_stopping.collapsed(score, best) is collapsed  # (0.225, 0.45): exactly half is not below half
+
+
+def test_collapse_rule_drop_of_exactly_the_minimum_counts(monkeypatch):
+    monkeypatch.setattr(early_stopping, "CO_MIN_DROP", 0.25)
+    assert early_stopping.collapsed(0.125, 0.375) is True  # under half, and 0.25 down: exactly the minimum
+    assert early_stopping.collapsed(0.125, 0.37) is False
+
+
+def test_keep_best_takes_the_latest_of_equal_validation_scores(base_model, digits_split, monkeypatch):
+    (x, y), test = digits_split
+    _scripted_validation(monkeypatch, [0.5, 0.5, 0.4])
+    res = harden(copy.deepcopy(base_model), (x[:64], y[:64]), "pgd-at", eps=EPS, epochs=3, steps=1, val=test)
+    assert res.best_epoch == 2 and res.kept_epoch == 2
+
+
+def test_validation_is_pgd_of_quarter_eps_steps_from_a_random_start(base_model, digits_split, monkeypatch):
+    import robustest.attacks
+
+    (_, _), (xv, yv) = digits_split
+    calls = []
+    real = robustest.attacks.attack
+
+    def spy(*args, **kw):
+        calls.append((args[0], kw))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(robustest.attacks, "attack", spy)
+    got = early_stopping.validate(base_model, xv, yv, 0.2, 3, seed=5)
+    assert calls == [("pgd", {"eps": 0.2, "alpha": 0.05, "steps": 3, "random_start": True, "seed": 5})]
+    want = real("pgd", base_model, (xv, yv), eps=0.2, alpha=0.05, steps=3, random_start=True, seed=5)
+    assert got == {"val_clean_accuracy": want.clean_accuracy, "val_pgd_accuracy": want.robust_accuracy}
 
 
 def test_validation_data_is_measured_every_epoch(base_model, digits_split):
+    from robustest.train.seeds import derive_seed
+
     (x, y), test = digits_split
-    res = harden(copy.deepcopy(base_model), (x[:100], y[:100]), "fast-at", eps=EPS, epochs=2, val=test, val_steps=3)
-    for r in res.epochs:
-        assert 0 <= r["val_pgd_accuracy"] <= r["val_clean_accuracy"] <= 1
+    weights, snap = _snapshots()
+    res = harden(copy.deepcopy(base_model), (x[:100], y[:100]), "fast-at", eps=EPS, epochs=2, val=test, val_steps=3,
+                 on_epoch_end=snap)
+    for r in res.epochs:  # each epoch's figures are those of that epoch's weights, with the run's validation seed
+        want = early_stopping.validate(weights[r["epoch"]], *test, EPS, 3, derive_seed(res.settings["seed"], "val"))
+        assert r["val_pgd_accuracy"] == want["val_pgd_accuracy"]
+        assert r["val_clean_accuracy"] == want["val_clean_accuracy"]
 
 
 # ----------------------------------------------------------------------------------------- bad input

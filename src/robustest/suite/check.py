@@ -165,6 +165,12 @@ class SuiteCheck:
         return d
 
 
+def regressed(comparison: Difference, alpha: float, max_drop: float) -> bool:
+    """The verdict rule: a regression when the one-sided exact McNemar p-value (H1: the candidate is worse) is
+    below ``alpha`` AND the drop is larger than ``max_drop``; a drop of exactly ``max_drop`` passes."""
+    return bool(comparison.p_value < alpha and comparison.drop > max_drop)
+
+
 def load_suite(suite: Suite | str | os.PathLike[str]) -> Suite:
     """A :class:`Suite` as given, or read from a file."""
     return suite if isinstance(suite, Suite) else Suite.load(suite)
@@ -179,6 +185,22 @@ def _estimates(out: dict[str, torch.Tensor], suite: Suite, level: float) -> dict
     if out.get("certified") is not None:
         est["certified_accuracy"] = stratified_estimate(out["certified"], suite.stratum, suite.sizes, level)
     return est
+
+
+def _check_takes(model: nn.Module, role: str, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One line when ``model`` cannot run on the suite's images (or its classes do not cover the labels)."""
+    from robustest.core.modelchecks import check_model_fits
+
+    shape = "x".join(str(int(d)) for d in x.shape[1:])
+    try:
+        check_model_fits(model, (x, y))  # one forward pass of one blank image, and the labels
+    except ConfigError as exc:
+        if exc.__cause__ is None:  # not a failed forward pass: the check's own line (channels, classes)
+            raise ConfigError(f"the {role} model does not fit the suite: {exc}") from exc
+        detail = " ".join(str(exc.__cause__).split())[:160]
+        raise ConfigError(f"the {role} model's input shape does not match the suite's {shape} images ({detail}): "
+                          f"give a {role} model for {shape} images, such as the one the suite was built with"
+                          ) from exc
 
 
 def check_suite(candidate: nn.Module, suite: Suite | str | os.PathLike[str], baseline: nn.Module | bool | None = None,
@@ -220,6 +242,8 @@ def check_suite(candidate: nn.Module, suite: Suite | str | os.PathLike[str], bas
     if baseline is not None and baseline is not False and not isinstance(baseline, nn.Module):
         raise ConfigError(f"baseline must be a torch.nn.Module, None or False, got {type(baseline).__name__}")
     x, y = suite.images(), suite.y.long()
+    if isinstance(baseline, nn.Module):
+        _check_takes(baseline, "baseline", x, y)
     certify = suite.meta.get("certify")
     if certify is not None:  # a model the bounds do not cover: refused before any attack
         from robustest.evaluate.certification import check_method
@@ -260,11 +284,11 @@ def check_suite(candidate: nn.Module, suite: Suite | str | os.PathLike[str], bas
         if out["corruption"].shape[1]:
             corr_cmp = paired_difference(base_out["corruption"].double().mean(1), out["corruption"].double().mean(1),
                                          suite.stratum, suite.sizes, level)
-        regression = bool(comparison.p_value < alpha and comparison.drop > max_drop)
+        regression = regressed(comparison, alpha, max_drop)
     cert_cmp, cert_regression = None, None
     if base_out is not None and out.get("certified") is not None:
         cert_cmp = paired_difference(base_out["certified"], out["certified"], suite.stratum, suite.sizes, level)
-        cert_regression = bool(cert_cmp.p_value < alpha and cert_cmp.drop > max_drop)
+        cert_regression = regressed(cert_cmp, alpha, max_drop)
     timings["total_s"] = time.perf_counter() - t0
     keys = ("clean", "robust", "corruption", *(("certified",) if certify is not None else ()))
     return SuiteCheck(robust=est["robust_accuracy"], clean=est["clean_accuracy"],
