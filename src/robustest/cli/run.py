@@ -166,11 +166,9 @@ def build_config(args: argparse.Namespace, defaults: dict[str, Any] | None = Non
 
 
 def _yaml_keys(path: str) -> list[str]:
-    import yaml
+    from robustest.robot.config import read_config
 
-    with open(path, encoding="utf-8") as fh:
-        raw = yaml.safe_load(fh) or {}
-    return [str(k).replace("-", "_") for k in raw]
+    return [str(k).replace("-", "_") for k in read_config(path)]
 
 
 def print_loop_table(results: dict[str, Any], file=None) -> None:

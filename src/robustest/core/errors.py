@@ -31,3 +31,12 @@ class OutputError(RobustestError, OSError):
 class TrainingDiverged(RobustestError, ArithmeticError):
     """Training produced a non-finite loss (NaN or infinity); the weights are not saved, and the message names
     the epoch, the step and the setting to lower."""
+
+
+def user_error(exc: BaseException, keep: int = 200) -> str:
+    """``"ValueError: message"`` of an exception raised by the user's code, on one line and at most ``keep``
+    characters of message: the part of a one-line error that says what the user's code raised."""
+    text = " ".join(str(exc).split())
+    if len(text) > keep:
+        text = text[:keep] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

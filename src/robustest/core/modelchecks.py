@@ -10,7 +10,7 @@ from torch import nn
 
 from robustest.core.batching import DataLike, image_shape, iter_batches, labels_of
 from robustest.core.devices import resolve_device
-from robustest.core.errors import ConfigError
+from robustest.core.errors import ConfigError, user_error
 from robustest.core.inputs import check_image_size, check_logits
 from robustest.core.modelcall import eval_mode, forward
 
@@ -60,7 +60,8 @@ def check_model_fits(model: nn.Module, data: DataLike, *, device: torch.device |
     except Exception as exc:  # noqa: BLE001 - whatever the model raised, the input does not fit it
         first = " ".join(str(exc).split())[:160] or type(exc).__name__
         want = f" (it was built for {c or '?'}x{size}x{size})" if size else ""
-        raise ConfigError(f"the model cannot take the data's {'x'.join(map(str, shape))} images{want}: {first}; "
+        raise ConfigError(f"{model_name(model)} cannot take the data's {'x'.join(map(str, shape))} images{want}: "
+                          f"{first}; "
                           "check the data set (or --resize) against the model's input") from exc
     if out.dim() != 2 or out.shape[0] != 1:
         raise ConfigError(f"the model returned outputs of shape {tuple(out.shape)} for one image: a classifier "
@@ -85,6 +86,29 @@ def check_finite_logits(model: nn.Module, data: DataLike, *, device: torch.devic
     n = max(1, min(n, FIRST_BATCH_VALUES // max(1, math.prod(int(d) for d in shape))))
     dev = resolve_device(model, device)
     for xb, _ in iter_batches(data, n, dev, workers=0):  # a few images: no worker processes to start
-        with torch.no_grad(), eval_mode(model):
-            check_logits(forward(model, xb[:n]))
+        try:
+            with torch.no_grad(), eval_mode(model):
+                out = forward(model, xb[:n])
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the model's own code failed on real images
+            raise ConfigError(f"{model_name(model)} raised {user_error(exc)} on the first batch of the data: fix its "
+                              "forward (run it in Python on a batch to see the traceback)") from exc
+        check_logits(out)
         return
+
+
+def model_name(model: nn.Module) -> str:
+    """How a one-line error names the code behind ``model``: the factory, zoo name or class it was built by."""
+    src = getattr(model, "robustest_source", None) or {}
+    spec = getattr(model, "robustest_spec", None) or {}
+    if src.get("kind") == "factory":
+        return f"the model built by {src.get('factory')}"
+    if src.get("kind") == "export":
+        return "the torch.export program"
+    if src.get("kind") == "torchscript" or isinstance(model, torch.jit.ScriptModule):
+        return "the TorchScript model"
+    if spec.get("name"):
+        return f"the zoo model {spec['name']}"
+    cls = type(model)
+    return f"the model {cls.__module__}.{cls.__qualname__}"

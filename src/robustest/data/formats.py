@@ -23,11 +23,27 @@ from typing import IO, Any
 import numpy as np
 
 from robustest.core.errors import DataError
+from robustest.core.inputs import MAX_IMAGE_VALUES
 from robustest.core.reading import max_array_bytes
 
 __all__ = ["npz_headers", "open_npy", "read_idx", "read_npz", "read_npz_images", "restricted_unpickle"]
 
 _NPY_MAGIC = b"\x93NUMPY"
+def _check_image_shape(shape: tuple[int, ...], source: str) -> None:
+    """Images (N x ... of 3 or 4 dimensions) of more than :data:`robustest.core.inputs.MAX_IMAGE_VALUES` values
+    each are refused from the header, before the array is read."""
+    if len(shape) < 3:
+        return
+    values = int(np.prod(shape[1:], dtype=np.int64))
+    if values > MAX_IMAGE_VALUES:
+        image = (1, *shape[1:]) if len(shape) == 3 else shape[1:]
+        if len(shape) == 4 and shape[3] in (1, 3, 4) and shape[1] not in (1, 3, 4):  # channels last
+            image = (shape[3], shape[1], shape[2])
+        raise DataError(f"{source}: the images are {'x'.join(map(str, image))} ({values:,} values each), more "
+                        f"than the {MAX_IMAGE_VALUES:,} (3 x 1024 x 1024) a model is run on: resize them to the size "
+                        "the model was built for")
+
+
 def _check_size(nbytes: int, source: str, what: str = "array") -> None:
     cap = max_array_bytes()
     if nbytes > cap:
@@ -156,6 +172,7 @@ def read_npz_images(path: str | os.PathLike[str], kx: str, ky: str, *, limit: in
         raise DataError(f"{src}: labels must be a 1-D array of class indices, got shape {ys} (one-hot?)")
     if xs[0] != ys[0]:
         raise DataError(f"{src}: {xs[0]} images but {ys[0]} labels")
+    _check_image_shape(xs, src)
     rows = _rows(xs, limit)
     pixels = int(np.prod(xs[1:], dtype=np.int64))
     x_bytes = rows * pixels * xd.itemsize
@@ -192,6 +209,7 @@ def open_npy(path: str | os.PathLike[str], *, mmap: bool = True, limit: int | No
         fh.seek(0)
         shape, fortran, dtype = _npy_header(fh, src)
         offset = fh.tell()
+    _check_image_shape(shape, src)
     need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     size = path.stat().st_size
     if size < need:
@@ -236,6 +254,7 @@ def read_idx(path: str | os.PathLike[str], expected_ndim: int | None = None, *, 
             if len(dims_raw) < 4 * ndim:
                 raise DataError(f"{path}: truncated IDX header")
             dims = struct.unpack(f">{ndim}I", dims_raw)
+            _check_image_shape(dims, str(path))
             dtype = np.dtype(_IDX_DTYPES[code])
             rows = dims[0] if limit is None else min(dims[0], int(limit))
             per_row = int(np.prod(dims[1:], dtype=np.int64)) if ndim > 1 else 1

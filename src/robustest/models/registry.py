@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from robustest.core.errors import ConfigError
+from robustest.core.inputs import check_image_size
 from robustest.core.modelcall import logits_of
 
 #: ImageNet channel statistics (torchvision's pretrained weights expect them): ``create(..., mean=, std=)``.
@@ -129,6 +130,7 @@ def check_input(name: str, in_channels: int, input_size: int, num_classes: int |
     zoo model ``name`` with ``options`` takes ``in_channels`` x ``input_size`` x ``input_size`` images; returns
     its spec. A size it cannot take is the one-line ConfigError of :func:`create`, naming the model, the
     input and the zoo models that fit it; unknown or invalid options are refused the same way."""
+    check_image_size((int(in_channels), int(input_size), int(input_size)))  # a size no model is run on: no probe
     with torch.device("meta"):
         model = create(name, num_classes=num_classes, in_channels=in_channels, input_size=input_size, **options)
     return spec_of(model)

@@ -26,6 +26,9 @@ from robustest.core.validation import (
 )
 from robustest.train import objectives
 
+#: the largest config file read (a run config is a few hundred bytes; YAML's parser needs about 2 kB of memory per
+#: byte of a file of many keys, so a file of 800,000 keys would take 1.5 GB before its keys were refused)
+MAX_CONFIG_BYTES = 2**20
 POOLS = ("attack", "fol-fuzz", "cov-fuzz")
 #: robot's name of a hardening objective where it differs from the objective's (adv-train is Madry's PGD-AT)
 _STRATEGY_NAMES = {"pgd-at": "adv-train"}
@@ -167,21 +170,7 @@ class RobotConfig:
     @classmethod
     def from_yaml(cls, path: str | Path, validate: bool = True) -> RobotConfig:
         """Read a YAML (or JSON) config file; see :meth:`from_dict`."""
-        import yaml
-
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist: pass a YAML file with --config")
-        try:
-            d = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"config file {path} is not text (a binary byte at offset {exc.start}): pass a YAML "
-                              "file") from exc
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"config file {path} is not valid YAML{where}: fix the syntax") from exc
-        return cls.from_dict(d or {}, validate=validate)
+        return cls.from_dict(read_config(path), validate=validate)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -521,3 +510,37 @@ def strategies() -> tuple[str, ...]:
     """Every strategy a run or comparison accepts: :func:`selection_strategies`, the whole pool (``all``) and the
     hardening strategies (:data:`HARDEN_STRATEGIES`)."""
     return (*selection_strategies(), "all", *HARDEN_STRATEGIES)
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The mapping of a YAML (or JSON) config file, read only when it is a regular file of at most
+    :data:`MAX_CONFIG_BYTES` (refused before parsing otherwise); one-line :class:`ConfigError` for a missing,
+    binary, oversized or malformed file, or one that is not a mapping of keys."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist: pass a YAML file with --config")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is {size:,} bytes, more than the {MAX_CONFIG_BYTES:,} a config may "
+                          "have: a run config holds a few keys (see docs/RESULTS_SCHEMA.md)")
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:  # grew since it was measured
+            raise ConfigError(f"config file {path} is more than the {MAX_CONFIG_BYTES:,} bytes a config may have")
+        d = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not text (a binary byte at offset {exc.start}): pass a YAML "
+                          "file") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}: fix the syntax") from exc
+    if d is None:
+        return {}
+    if not isinstance(d, dict):
+        raise ConfigError(f"config file {path} holds a {type(d).__name__}, not a mapping of keys: write one key: "
+                          "value per line")
+    return d

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,9 @@ from torch import nn
 
 from robustest.core.atomic import atomic_save
 from robustest.core.errors import DataError
+from robustest.core.inputs import MAX_IMAGE_VALUES
 from robustest.core.reading import check_torch_file
+from robustest.suite.meta import check_meta
 
 __all__ = ["SUITE_FORMAT", "SUITE_VERSION", "Suite", "content_sha256", "model_fingerprint", "tensor_sha256"]
 
@@ -149,8 +152,8 @@ class Suite:
         if not path.is_file():
             raise DataError(f"suite file {str(path)!r} does not exist: {fix}")
         check_torch_file(path, "suite file")  # a member declaring gigabytes is refused before it is read
-        try:
-            d = torch.load(path, map_location="cpu", weights_only=True)
+        try:  # memory-mapped: shapes are checked before the images are read
+            d = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as exc:  # noqa: BLE001 - any failure means the file is refused
             raise DataError(f"{path} is not a robustest suite (cannot be read safely: {type(exc).__name__}): "
                             f"{fix}") from None
@@ -166,6 +169,11 @@ class Suite:
         if not isinstance(meta, dict) or not isinstance(tensors, dict) or \
                 any(not isinstance(tensors.get(k), torch.Tensor) for k in TENSORS):
             raise DataError(f"{path}: damaged suite (fields missing): {fix}")
+        x = tensors["x"]
+        if x.dim() == 4 and math.prod(x.shape[1:]) > MAX_IMAGE_VALUES:  # refused before a byte of them is read
+            raise DataError(f"{path}: the suite's images are {'x'.join(str(int(d)) for d in x.shape[1:])} "
+                            f"({math.prod(x.shape[1:]):,} values each), more than the {MAX_IMAGE_VALUES:,} "
+                            "(3 x 1024 x 1024) a model is run on: build the suite from images of that size at most")
         held = [k for k in OPTIONAL_TENSORS if k in tensors]
         if any(not isinstance(tensors[k], torch.Tensor) or OPTIONAL_TENSORS[k] > version for k in held):
             raise DataError(f"{path}: damaged suite (a field its version {version} does not have): {fix}")
@@ -180,6 +188,7 @@ class Suite:
         """Check that the fields fit together (shapes, dtypes, strata); one-line :class:`DataError` otherwise."""
         k = len(self)
         bad = f"{source}: damaged suite:"
+        check_meta(self.meta, k, source)  # every stored value: its type and range
         if self.x.dim() != 4 or self.x.shape[0] != k or self.x.dtype not in (torch.uint8, torch.float32):
             raise DataError(f"{bad} x must be uint8 or float32 K x C x H x W with K = {k}")
         for name in ("index", "stratum", "score", "clean", "robust"):
@@ -188,21 +197,16 @@ class Suite:
                 raise DataError(f"{bad} {name} must hold one value per sample ({k})")
         if self.corruption.dim() != 2 or self.corruption.shape[0] != k:
             raise DataError(f"{bad} corruption must be K x S")
-        sizes = self.meta.get("stratum_sizes")
-        if not isinstance(sizes, list) or not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
-            raise DataError(f"{bad} stratum_sizes must be a list of positive integers")
+        sizes = self.meta["stratum_sizes"]
         if k == 0 or int(self.stratum.min()) < 0 or int(self.stratum.max()) >= len(sizes):
             raise DataError(f"{bad} stratum ids must lie in 0..{len(sizes) - 1}")
         counts = torch.bincount(self.stratum.long(), minlength=len(sizes))
         if bool((counts == 0).any()) or bool((counts > torch.tensor(sizes)).any()):
             raise DataError(f"{bad} every stratum needs 1..N_h samples")
-        names = self.meta.get("corruption", {}).get("settings", [])
+        names = self.meta["corruption"]["settings"]
         if len(names) != self.corruption.shape[1]:
             raise DataError(f"{bad} {self.corruption.shape[1]} corruption outcomes per sample but "
                             f"{len(names)} corruption settings")
-        for key in ("attack", "n_population", "baseline_sha256"):
-            if key not in self.meta:
-                raise DataError(f"{bad} meta has no {key!r}")
         if (self.certified is None) != ("certify" not in self.meta):
             raise DataError(f"{bad} certified outcomes and meta['certify'] come together")
         if self.certified is not None and (self.certified.dim() != 1 or self.certified.shape[0] != k):

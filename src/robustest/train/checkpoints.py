@@ -36,7 +36,7 @@ from torch import nn
 from robustest import models as zoo
 from robustest.core.atomic import atomic_save, atomic_write_bytes
 from robustest.core.devices import resolve_device
-from robustest.core.errors import CheckpointError, ConfigError
+from robustest.core.errors import CheckpointError, ConfigError, user_error
 from robustest.core.modelcall import set_mode
 from robustest.core.reading import check_torch_file
 
@@ -148,6 +148,9 @@ def _build_factory(factory: str, args: dict[str, Any] | None) -> nn.Module:
         model = fn(**(args or {}))
     except TypeError as exc:
         raise ConfigError(f"{factory}(**{json.dumps(args or {})}) failed: {exc}: check --model-args") from exc
+    except Exception as exc:  # noqa: BLE001 - the user's factory failed: its fix is in the user's code
+        raise ConfigError(f"the model factory {factory} raised {user_error(exc)}: fix the factory (run it in Python "
+                          "to see the traceback)") from exc
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{factory} returned a {type(model).__name__}, not a torch.nn.Module")
     return model

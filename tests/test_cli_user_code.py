@@ -1,0 +1,108 @@
+"""The user's own code through the CLI: a model factory that raises, a forward that raises on the first batch,
+and a hardened own model reloaded with one flag. Each failure of the user's code is bad input (exit 2) with one
+line naming that code, never an internal error."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from robustest import cli
+
+USER_CODE = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    def raising(**kwargs):
+        raise ValueError("bad width")
+
+
+    class Exploding(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(64, 10)
+
+        def forward(self, x):
+            if bool(x.abs().sum() > 0):  # a blank probe image passes, real images do not
+                raise RuntimeError("forward exploded")
+            return self.head(x.flatten(1))
+
+
+    def exploding():
+        return Exploding()
+
+
+    def small(num_classes=10):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))
+''')
+
+
+@pytest.fixture
+def user_pkg(tmp_path, monkeypatch):
+    """A folder holding usermods.py (on sys.path) and exploding.pt (weights of usermods:exploding)."""
+    (tmp_path / "usermods.py").write_text(USER_CODE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "usermods", raising=False)
+    import usermods
+
+    torch.save(usermods.exploding().state_dict(), tmp_path / "exploding.pt")
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    sys.modules.pop("usermods", None)
+
+
+def run_cli(capsys, *argv: object) -> tuple[int, str, str]:
+    try:
+        code = cli.main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line(code: int, err: str, status: int = 2) -> str:
+    assert code == status, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip() and ": warning: " not in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+VERBS = {
+    "eval": ["eval", "--dataset", "digits", "--limit", "16", "--eps", "0.1", "--version", "fast"],
+    "score": ["score", "--dataset", "digits", "--limit", "16", "--metric", "gini"],
+    "harden": ["harden", "--dataset", "digits", "--limit", "32", "--eps", "0.1", "--epochs", "1"],
+    "suite": ["suite", "build", "--dataset", "digits", "--limit", "40", "--eps", "0.1", "--k", "10"],
+}
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_a_raising_factory_is_bad_input_naming_the_factory(verb, user_pkg, capsys, tmp_path):
+    code, _, err = run_cli(capsys, *VERBS[verb], "--model", "usermods:raising", "--random-init",
+                           "--out", tmp_path / "out")
+    line = one_line(code, err)
+    name = verb.split()[0]
+    assert line == (f"robustest {name}: error: the model factory usermods:raising raised ValueError: bad width: fix "
+                    "the factory (run it in Python to see the traceback)")
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_a_forward_raising_on_the_first_batch_is_bad_input_naming_the_model(verb, user_pkg, capsys, tmp_path):
+    code, _, err = run_cli(capsys, *VERBS[verb], "--model", "usermods:exploding", "--weights",
+                           user_pkg / "exploding.pt", "--out", tmp_path / "out")
+    line = one_line(code, err)
+    assert line == (f"robustest {verb}: error: the model built by usermods:exploding raised RuntimeError: forward "
+                    "exploded on the first batch of the data: fix its forward (run it in Python on a batch to see "
+                    "the traceback)")
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_train_with_a_raising_factory_is_bad_input(user_pkg, capsys, tmp_path):
+    code, _, err = run_cli(capsys, "train", "--dataset", "digits", "--limit", "32", "--model", "usermods:raising",
+                           "--epochs", "1", "--out", tmp_path / "out")
+    assert "the model factory usermods:raising raised ValueError: bad width" in one_line(code, err)
