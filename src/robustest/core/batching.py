@@ -1,5 +1,6 @@
-"""Batching over any data source (tensor pairs, Datasets, DataLoaders, dict batches), with each
-sample's index in the data set and one sharding hook (Shard.current)."""
+"""Batching over any data source (tensor pairs, Datasets, DataLoaders, dict batches, data sets of dict columns
+such as a Hugging Face ``datasets.Dataset``), with each sample's index in the data set and one sharding hook
+(Shard.current)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import ctypes
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -15,7 +17,7 @@ from robustest.core.distributed import Shard, count_share
 from robustest.core.errors import ConfigError, DataError, RobustestError
 from robustest.core.inputs import check_images, check_labels
 
-DataLike = Any  # (x, y) tensor pair, a bare x tensor, a Dataset or a DataLoader
+DataLike = Any  # (x, y) tensor pair, a bare x tensor, a Dataset, a DataLoader or a data set of dict columns
 
 
 def as_tensors(data: DataLike) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -23,24 +25,16 @@ def as_tensors(data: DataLike) -> tuple[torch.Tensor, torch.Tensor | None]:
     if isinstance(data, torch.Tensor):
         return data, None
     if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], torch.Tensor):
-        y = data[1]
-        if y is not None and not isinstance(y, torch.Tensor):
-            try:
-                y = torch.as_tensor(y)
-            except (TypeError, ValueError, RuntimeError):
-                first = next(iter(y), None) if hasattr(y, "__iter__") else y
-                raise DataError(f"labels must be integer class indices, got {type(first).__name__} values such as "
-                                f"{first!r}: map the class names to 0..K-1 first") from None
-        return data[0], y
+        return data[0], _label_tensor(data[1])
     if isinstance(data, TensorDataset) and len(data.tensors) >= 2:
         return data.tensors[0], data.tensors[1]
     if isinstance(data, TensorDataset) and len(data.tensors) == 1:
         return data.tensors[0], None
     if converts_batches(data):
         return data.get_batch(slice(None))
-    if not isinstance(data, (Dataset, DataLoader)):  # anything else would recurse via iter_batches
+    if not isinstance(data, (Dataset, DataLoader)) and not is_columnar(data):  # would recurse via iter_batches
         raise DataError(f"unsupported data of type {type(data).__name__}: pass an (x, y) pair of torch tensors, "
-                        "an x tensor, a Dataset or a DataLoader")
+                        "an x tensor, a Dataset, a DataLoader or a data set of dict columns (datasets.Dataset)")
     xs, ys = [], []
     for x, y in iter_batches(data, batch_size=1024):
         xs.append(x)
@@ -70,6 +64,127 @@ def converts_batches(data: Any) -> bool:
 #: keys of a dict sample or batch (Hugging Face style) that hold the images and the labels, in order of preference
 IMAGE_KEYS = ("pixel_values", "image", "images", "img", "x")
 LABEL_KEYS = ("labels", "label", "targets", "target", "y")
+
+
+def _label_tensor(y: Any) -> torch.Tensor | None:
+    """Labels (a tensor, an array or a sequence of class indices) as a tensor [N]; ``None`` stays ``None``;
+    anything that is not numbers (class names) is a one-line DataError."""
+    if y is None or isinstance(y, torch.Tensor):
+        return y
+    try:
+        return torch.as_tensor(y)
+    except (TypeError, ValueError, RuntimeError):
+        first = next(iter(y), None) if hasattr(y, "__iter__") else y
+        raise DataError(f"labels must be integer class indices, got {type(first).__name__} values such as "
+                        f"{first!r}: map the class names to 0..K-1 first") from None
+
+
+def is_columnar(data: Any) -> bool:
+    """A map-style data set of dict columns that is not a torch ``Dataset``: ``len(data)`` samples, and
+    ``data[lo:hi]`` (or ``data[[i, j, ...]]``) a dict of columns holding those samples, as a Hugging Face
+    ``datasets.Dataset`` returns them (with or without a format or a transform). Reads at most one sample."""
+    if isinstance(data, (torch.Tensor, np.ndarray, tuple, list, str, bytes, Mapping, Dataset, DataLoader)):
+        return False
+    kind = type(data)
+    if not (callable(getattr(kind, "__getitem__", None)) and callable(getattr(kind, "__len__", None))):
+        return False
+    try:
+        probe = data[0:1]
+    except (TypeError, KeyError, IndexError, ValueError, NotImplementedError):  # cannot be sliced
+        return False
+    return isinstance(probe, Mapping)
+
+
+def to_float_images(t: torch.Tensor, layout: str = "NCHW") -> torch.Tensor:
+    """Stored images as float32 N x C x H x W: ``t`` holds uint8 levels 0..255 (divided by 255) or floating-point
+    values (kept), in ``layout`` NCHW, NHWC or NHW. The result is a fresh tensor in the standard layout: a size-1
+    channel axis may otherwise carry strides that make convolutions pick a channels-last kernel (other rounding
+    than the same images as a plain tensor)."""
+    if layout == "NHW":
+        t = t.unsqueeze(1)
+    elif layout == "NHWC":
+        t = t.permute(0, 3, 1, 2)
+    x = torch.empty(t.shape, dtype=torch.float32).copy_(t)
+    if t.dtype == torch.uint8:
+        x.div_(255.0)
+    return x
+
+
+#: PIL modes read as one grey channel (as image folders read them); any other mode is read as RGB
+GREY_MODES = ("L", "1", "I;16", "I", "LA")
+
+
+def _pil_arrays(images: list[Any], key: str) -> tuple[np.ndarray, str]:
+    """PIL images as one uint8 array: B x H x W (layout NHW) when every image is grey, else B x H x W x 3 (NHWC)."""
+    mode = "L" if all(im.mode in GREY_MODES for im in images) else "RGB"
+    arrays = [np.asarray(im if im.mode == mode else im.convert(mode), dtype=np.uint8) for im in images]
+    sizes = {a.shape[:2] for a in arrays}
+    if len(sizes) > 1:
+        (h0, w0), (h1, w1) = sorted(sizes)[:2]
+        raise DataError(f"the {key!r} images have different sizes ({h0}x{w0}, {h1}x{w1}, ...): resize them to one "
+                        "size in the data set's transform (with_transform or map)")
+    return np.stack(arrays), ("NHW" if mode == "L" else "NHWC")
+
+
+def _image_layout(shape: tuple[int, ...], key: str) -> str:
+    """The layout of an image batch of ``shape``, guessed as data files are read: B x H x W is NHW; B x H x W x C
+    with C in 1, 3 (and the second axis not) is NHWC; any other 4-D batch is NCHW."""
+    if len(shape) == 3:
+        return "NHW"
+    if len(shape) == 4:
+        return "NHWC" if shape[-1] in (1, 3) and shape[1] not in (1, 3) else "NCHW"
+    raise DataError(f"the {key!r} column holds images of shape {tuple(shape[1:])}: robustest reads images of "
+                    "shape C x H x W or H x W (or PIL images)")
+
+
+def column_images(column: Any, key: str = "image") -> torch.Tensor:
+    """One batch of an image column as float32 B x C x H x W: a tensor or array (B x C x H x W, B x H x W x C or
+    B x H x W), or a list of PIL images, tensors, arrays or nested lists. PIL images and uint8 levels are divided
+    by 255 (as image files are read), other integers must lie in 0..255 and are read as such levels; floating
+    point values are kept (the consumers check they lie in [0, 1])."""
+    if isinstance(column, (list, tuple)):
+        from PIL import Image
+
+        if column and all(isinstance(im, Image.Image) for im in column):
+            arr, layout = _pil_arrays(list(column), key)
+            return to_float_images(torch.from_numpy(arr), layout)
+        try:
+            if column and all(isinstance(t, torch.Tensor) for t in column):
+                column = torch.stack(list(column))
+            else:
+                column = np.asarray(column)
+        except (RuntimeError, ValueError, TypeError):
+            raise DataError(f"the {key!r} images of one batch differ in shape: resize them to one size in the data "
+                            "set's transform (with_transform or map)") from None
+    if isinstance(column, np.ndarray):
+        if column.dtype == object or not (np.issubdtype(column.dtype, np.number)):
+            raise DataError(f"the {key!r} column holds {column.dtype} values, not images: give PIL images, "
+                            "tensors or arrays of pixels")
+        column = torch.from_numpy(np.ascontiguousarray(column))
+    if not isinstance(column, torch.Tensor):
+        raise DataError(f"the {key!r} column holds {type(column).__name__} values, not images: give PIL images, "
+                        "tensors or arrays of pixels")
+    if column.dtype != torch.uint8 and not column.is_floating_point():
+        if column.dtype == torch.bool or column.is_complex():
+            raise DataError(f"the {key!r} column has dtype {column.dtype}: images are uint8 levels or floats in [0, 1]")
+        lo, hi = (int(v) for v in torch.aminmax(column)) if column.numel() else (0, 0)
+        if lo < 0 or hi > 255:
+            raise DataError(f"the {key!r} column holds integer pixels in [{lo}, {hi}]: images are uint8 levels "
+                            "0..255 or floats in [0, 1]")
+        column = column.to(torch.uint8)
+    return to_float_images(column, _image_layout(tuple(column.shape), key))
+
+
+def column_batch(batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(images float32 B x C x H x W, labels [B] or None) of one batch of a data set of dict columns, read from
+    the first of :data:`IMAGE_KEYS` and :data:`LABEL_KEYS` it has (a one-line DataError naming its keys when it has
+    no image key)."""
+    if not isinstance(batch, Mapping):
+        raise DataError(f"a batch of the data set is a {type(batch).__name__}, not a dict of columns: index it "
+                        "with a slice or a list of positions to get one")
+    images, labels = split_batch(batch)
+    key = next(k for k in IMAGE_KEYS if k in batch)
+    return column_images(images, key), _label_tensor(labels)
 
 
 def split_batch(batch: Any) -> tuple[Any, Any]:
@@ -154,17 +269,18 @@ def iter_batches(
     """Iterate over ``data`` yielding ``(x, y)`` batches on ``device`` (``y`` None for unlabelled data).
 
     ``data`` may be an ``(x, y)`` tensor pair, a bare ``x`` tensor, a ``TensorDataset``, a robustest
-    ``ImageDataset`` (converted batch by batch from its compact storage), any other ``Dataset`` (read in
-    order through a DataLoader with ``workers`` worker processes, default the data set's ``num_workers``
-    attribute or 0) or a ``DataLoader``. With ``with_index=True`` yields ``(idx, x, y)`` where ``idx`` holds
-    the int64 positions of the batch's samples IN THE DATA SET: for a DataLoader, the indices its sampler
-    drew (so shuffling never changes which sample a result belongs to; an ``IterableDataset`` has no
-    indices, and its samples are numbered in stream order). With ``shard`` (e.g. ``Shard.current()`` under
-    torchrun) only that contiguous part is read, its boundaries on multiples of ``batch_size`` so every rank
-    sees exactly the batches a single process would; by default the whole data set. ``span=(lo, hi)``
-    restricts the iteration to those positions (before sharding). ``align`` (default ``batch_size``) sets the
-    multiple the rank parts' boundaries fall on instead: work whose results do not depend on the batching
-    (``analyze``, seeded per block of 16 samples) balances the ranks better with a small ``align``.
+    ``ImageDataset`` (converted batch by batch from its compact storage), any other ``Dataset`` (read in order
+    through a DataLoader with ``workers`` worker processes, default the data set's ``num_workers`` attribute or 0),
+    a ``DataLoader``, or a data set of dict columns (:func:`is_columnar`: a Hugging Face ``datasets.Dataset``, read
+    a slice per batch and converted by :func:`column_batch`). With ``with_index=True`` yields ``(idx, x, y)`` where
+    ``idx`` holds the int64 positions of the batch's samples IN THE DATA SET: for a DataLoader, the indices its
+    sampler drew (so shuffling never changes which sample a result belongs to; an ``IterableDataset`` has no
+    indices, and its samples are numbered in stream order). With ``shard`` (e.g. ``Shard.current()`` under torchrun)
+    only that contiguous part is read, its boundaries on multiples of ``batch_size`` so every rank sees exactly the
+    batches a single process would; by default the whole data set. ``span=(lo, hi)`` restricts the iteration to
+    those positions (before sharding). ``align`` (default ``batch_size``) sets the multiple the rank parts'
+    boundaries fall on instead: work whose results do not depend on the batching (``analyze``, seeded per block of
+    16 samples) balances the ranks better with a small ``align``.
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -182,6 +298,8 @@ def iter_batches(
     elif isinstance(data, Dataset) and not isinstance(data, TensorDataset):
         nw = int(workers if workers is not None else getattr(data, "num_workers", 0) or 0)
         yield from _dataset_batches(data, batch_size, _part(shard, len(data), unit, span), nw, pin, emit)
+    elif is_columnar(data):
+        yield from _column_batches(data, batch_size, _part(shard, len(data), unit, span), pin, emit)
     else:
         yield from _tensor_batches(data, batch_size, shard, unit, span, emit)
 
@@ -240,6 +358,21 @@ def _converted_batches(data: Any, batch_size: int, part: tuple[int, int], pin: b
         if pin:
             x = x.pin_memory()
         yield emit(torch.arange(s, e), x, y)
+
+
+def _column_batches(data: Any, batch_size: int, part: tuple[int, int], pin: bool, emit: _Emit) -> Iterator[Any]:
+    """The batches of positions [lo, hi) of a data set of dict columns, each read as one slice."""
+    lo, hi = part
+    for s in range(lo, hi, batch_size):
+        e = min(s + batch_size, hi)
+        x, y = column_batch(data[s:e])
+        if len(x) != e - s:
+            raise DataError(f"the data set gave {len(x)} images for the {e - s} positions [{s}, {e}): its transform "
+                            "must return one image per sample")
+        if pin:
+            x = x.pin_memory()
+        yield emit(torch.arange(s, e), x, y)
+        trim_heap()
 
 
 def _dataset_batches(data: Dataset, batch_size: int, part: tuple[int, int], workers: int, pin: bool, emit: _Emit
@@ -308,6 +441,10 @@ def take(data: DataLike, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
         data = data.dataset
     if converts_batches(data):
         return data.get_batch(index)
+    if is_columnar(data):  # one read of those positions
+        if index.numel() == 0:
+            raise DataError("no samples to take: the index is empty")
+        return column_batch(data[index.tolist()])
     if isinstance(data, Dataset) and not isinstance(data, TensorDataset):
         if index.numel() == 0:
             raise DataError("no samples to take: the index is empty")
@@ -352,6 +489,8 @@ def image_shape(data: DataLike) -> tuple[int, ...]:
     if isinstance(data, Dataset):
         x, _ = split_batch(data[0])
         return tuple(torch.as_tensor(x).shape)
+    if is_columnar(data):
+        return tuple(column_batch(data[0:1])[0].shape[1:])
     raise DataError(f"unsupported data of type {type(data).__name__}")
 
 

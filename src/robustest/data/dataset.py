@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from robustest.core.batching import to_float_images
 from robustest.core.errors import DataError
 
 __all__ = ["MAX_CLASSES", "FolderDataset", "ImageDataset", "arrays_to_dataset"]
@@ -100,16 +101,7 @@ class ImageDataset(Dataset):
         """Images (float32 B x C x H x W in [0, 1]) and labels (int64 [B]) at ``index`` (a slice or positions)."""
         idx = _as_index(index, len(self))
         raw = self._x[idx]
-        t = raw if isinstance(raw, torch.Tensor) else _from_numpy(raw)
-        if self.layout == "NHW":
-            t = t.unsqueeze(1)
-        elif self.layout == "NHWC":
-            t = t.permute(0, 3, 1, 2)
-        # a fresh tensor in the standard layout: a size-1 channel axis may otherwise carry strides that make
-        # convolutions pick a channels-last kernel (other rounding than the same images as a plain tensor)
-        x = torch.empty(t.shape, dtype=torch.float32).copy_(t)
-        if t.dtype == torch.uint8:
-            x.div_(255.0)
+        x = to_float_images(raw if isinstance(raw, torch.Tensor) else _from_numpy(raw), self.layout)
         y = self.labels[idx] if isinstance(idx, slice) else self.labels[torch.from_numpy(idx)]
         return x, y
 

@@ -44,9 +44,9 @@ def loss_and_accuracy(model: nn.Module, data: DataLike, batch_size: int = 512,
         for xb, yb in iter_batches(data, batch_size, dev):
             if yb is None:
                 raise ConfigError("evaluation needs labels: pass (x, y) or a labelled Dataset")
-            check_images(xb, "data")
-            check_labels(yb, int(xb.shape[0]), name="data labels")
+            check_images(xb)  # the checks and one-line errors of evaluate: images, then labels against the logits
             logits = forward(model, xb)
+            check_labels(yb, int(xb.shape[0]), int(logits.shape[-1]))
             total += float(F.cross_entropy(logits, yb, reduction="sum"))
             correct += int((logits.argmax(1) == yb).sum())
             n += len(yb)
