@@ -12,9 +12,10 @@
   draws any data: empty, all-NaN, one point, all values equal (:func:`histogram_edges`); count axes have
   whole-number ticks.
 * :func:`save_image_grid` writes a grid of images (N x C x H x W in [0, 1]) with optional captions.
-* :class:`HtmlReport` assembles headings, paragraphs, tables (in a horizontal-scroll wrapper), images
-  (embedded as base64), the settings in effect and the timings of a results document into one
-  self-contained ``report.html`` (no script, nothing fetched).
+* :class:`HtmlReport` assembles headings, paragraphs, a gate's verdict badge (PASS, FAIL, NOT GATED), tables (in a
+  horizontal-scroll wrapper, one number format per column: :func:`column_formatter`), images (embedded as
+  base64; a histogram of one repeated value becomes a sentence), the settings in effect and the timings of a
+  results document into one self-contained ``report.html`` (no script, nothing fetched).
 * :func:`write_csv` writes rows of dicts as CSV, atomically.
 """
 
@@ -27,7 +28,7 @@ import io
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,13 @@ import torch
 
 from robustest.core.atomic import atomic_write_bytes, atomic_write_text
 
-__all__ = ["HtmlReport", "figure_png", "format_value", "header_label", "histogram_edges", "mean_std", "plural",
-           "save_bars", "save_hbars", "save_histogram", "save_image_grid", "save_lines", "save_stacked_bar",
-           "write_csv"]
+__all__ = ["VERDICTS", "HtmlReport", "column_formatter", "constant_value", "figure_png", "format_value",
+           "header_label", "histogram_edges", "mean_std", "plural", "save_bars", "save_hbars", "save_histogram",
+           "save_image_grid", "save_lines", "save_stacked_bar", "write_csv"]
 
 DPI = 110
+#: the verdicts of a gate and their badges' words
+VERDICTS = {"pass": "PASS", "fail": "FAIL", "not-gated": "NOT GATED"}
 FONT = 9  # points: every label, tick and legend of a chart
 
 
@@ -95,6 +98,39 @@ def format_value(v: Any, key: str = "") -> str:
     if isinstance(v, Mapping):
         return ", ".join(f"{a}={format_value(b, str(a))}" for a, b in v.items()) if v else "-"
     return str(v)
+
+
+def _decimals(largest: float, digits: int, most: int) -> int:
+    """Decimals that give the column's ``largest`` magnitude ``digits`` significant digits, within 0..``most``."""
+    return 0 if largest == 0 else min(most, max(0, digits - 1 - int(math.floor(math.log10(largest)))))
+
+
+def column_formatter(values: Sequence[Any], key: str = "", kind: str | None = None) -> Callable[[Any], str]:
+    """A function writing every number of a table column in one format, by ``kind`` (else read from ``key`` as
+    :func:`format_value` does): ``fraction`` (3 decimals), ``signed`` (sign and 3 decimals), ``seconds`` (the
+    decimals giving the column's largest value 2 significant digits, at most 3), ``number`` (4, at most 6; none
+    when every value is whole). Text, None, NaN and booleans are written by :func:`format_value`."""
+    k = key.lower()
+    kind = kind or ("seconds" if _SECONDS_KEY.search(k) else "mib" if "mib" in k else
+                    "fraction" if _FRACTION_KEY.search(k) else "number")
+    finite = [abs(v) for v in map(_number, values) if v is not None and math.isfinite(v)]
+    if not finite or kind == "number" and all(v.is_integer() for v in finite):  # counts stay whole
+        return lambda v: format_value(v, key)
+    places = {"fraction": 3, "signed": 3, "mib": 0, "seconds": _decimals(max(finite), 2, 3),
+              "number": _decimals(max(finite), 4, 6)}[kind]
+    sign = "+" if kind == "signed" else ""
+
+    return lambda v: (f"{f:{sign}.{places}f}" if (f := _number(v)) is not None and math.isfinite(f)
+                      else format_value(v, key))
+
+
+def _number(v: Any) -> float | None:
+    """A table cell as a float when it is a number (Python, NumPy or a one-element tensor; not a boolean)."""
+    if isinstance(v, torch.Tensor):
+        v = v.item() if v.numel() == 1 else None
+    if isinstance(v, np.generic):
+        v = v.item()
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def mean_std(mean: Any, std: Any, n: int | None, key: str = "accuracy") -> str:
@@ -193,6 +229,18 @@ def histogram_edges(values: Any, bins: int = 50) -> np.ndarray:
     return np.linspace(left, right, _DEGENERATE_BINS + 1)
 
 
+def constant_value(values: Any | Mapping[str, Any]) -> tuple[int, float] | None:
+    """``(count, value)`` when the finite ``values`` (one array, or label -> array, taken together) are one value
+    within the tolerance of :func:`histogram_edges` (also when there are none: ``(0, nan)``); else None."""
+    arr = np.concatenate([_to_numpy(v).astype(np.float64).ravel() for v in
+                          (values.values() if isinstance(values, Mapping) else [values])] or [np.zeros(0)])
+    arr = arr[np.isfinite(arr)]
+    if not arr.size:
+        return 0, float("nan")
+    lo, hi = float(arr.min()), float(arr.max())
+    return (int(arr.size), (lo + hi) / 2) if hi - lo <= _NARROW * max(abs(lo), abs(hi)) else None
+
+
 def _integer_ticks(axis: Any) -> None:
     """Whole-number ticks (counts, rounds, epochs), also on an axis narrower than 1 (one point: one tick)."""
     from matplotlib.ticker import MaxNLocator
@@ -224,13 +272,23 @@ def save_histogram(values: Any | Mapping[str, Any], path: str | os.PathLike[str]
 
 
 def save_lines(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], path: str | os.PathLike[str] | None,
-               *, title: str = "", xlabel: str = "", ylabel: str = "") -> bytes:
-    """Line plot of ``label -> (xs, ys)``; returns PNG bytes, written to ``path`` when given."""
+               *, title: str = "", xlabel: str = "", ylabel: str = "",
+               marks: Mapping[str, tuple[float, float]] | None = None) -> bytes:
+    """Line plot of ``label -> (xs, ys)``; returns PNG bytes, written to ``path`` when given. ``marks`` (label ->
+    (x, y)) rings a point and writes its label beside it (the kept epoch), visible also on a one-point line."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.4))
     points = {label: ([_num(x) for x in xs], [_num(y) for y in ys]) for label, (xs, ys) in series.items()}
     for label, (xs, ys) in points.items():
         ax.plot(xs, ys, marker="o", label=label)
+    for label, (x, y) in (marks or {}).items():
+        ax.plot([_num(x)], [_num(y)], marker="o", markersize=15, markerfacecolor="none", markeredgecolor="#cf222e",
+                markeredgewidth=2, linestyle="none", label=label, zorder=5)
+        right = _num(x) >= np.nanmean([v for xs, _ in points.values() for v in xs] or [0.0])  # label inwards
+        ax.annotate(label, (_num(x), _num(y)), xytext=(-11 if right else 11, 9), textcoords="offset points",
+                    ha="right" if right else "left", fontsize=FONT, color="#cf222e", fontweight="bold")
+        points[label] = ([_num(x)], [_num(y)])
+        ax.margins(0.08, 0.2)  # room for the ring and its label at the edge of the data
     if all(x.is_integer() for xs, _ in points.values() for x in xs):
         _integer_ticks(ax.xaxis)  # rounds, epochs: whole numbers
     _style(ax, title, xlabel, ylabel)
@@ -367,10 +425,7 @@ def save_image_grid(x: torch.Tensor, path: str | os.PathLike[str] | None, *, cap
             ax.set_title(str(captions[i]), fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
-    png = figure_png(fig)
-    if path is not None:
-        atomic_write_bytes(path, png)
-    return png
+    return _done(fig, path)
 
 
 def write_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None
@@ -418,6 +473,12 @@ _STYLE = (
     "figcaption{font-size:13px;color:#57606a;margin-top:.2em}"
     "pre{background:#f6f8fa;padding:.6em;overflow-x:auto}"
     ".note{font-size:13px;color:#57606a}"
+    ".verdict,.headline{padding:.55em .8em;border-left:5px solid;border-radius:4px;font-size:15.5px}"
+    ".verdict-pass{border-color:#1a7f37;background:#e7f5ea}.verdict-fail{border-color:#cf222e;background:#ffebe9}"
+    ".verdict-not-gated{border-color:#6e7781;background:#f3f5f7}.headline{border-color:#0969da;background:#ddf4ff}"
+    ".badge{display:inline-block;padding:.1em .6em;margin-right:.5em;border-radius:4px;color:#fff;font-weight:700;"
+    "letter-spacing:.04em}.badge-pass{background:#1a7f37}.badge-fail{background:#cf222e}"
+    ".badge-not-gated{background:#6e7781}"
     "footer{margin-top:2em;font-size:12px;color:#57606a;border-top:1px solid #d8dee4;padding-top:.5em}"
 )
 
@@ -470,23 +531,51 @@ class HtmlReport:
         self._parts.append(f'<p class="note">{html.escape(text)}</p>')
         return self
 
+    def verdict(self, status: str, text: str) -> HtmlReport:
+        """A gate's verdict (``status`` pass, fail, not-gated) as a green PASS, red FAIL or grey NOT GATED badge
+        on a tinted band, then ``text``."""
+        if status not in VERDICTS:
+            raise ValueError(f"unknown verdict {status!r}: choose one of {', '.join(VERDICTS)}")
+        self._parts.append(f'<p class="verdict verdict-{status}"><span class="badge badge-{status}">'
+                           f"{VERDICTS[status]}</span> {html.escape(text)}</p>")
+        return self
+
+    def headline(self, text: str) -> HtmlReport:
+        """The report's conclusion in one sentence, set apart at the top."""
+        self._parts.append(f'<p class="headline">{html.escape(text)}</p>')
+        return self
+
+    def histogram(self, values: Any | Mapping[str, Any], caption: str, **kwargs: Any) -> HtmlReport:
+        """A histogram of ``values`` (keyword arguments: :func:`save_histogram`'s), or, when every finite value is
+        the same (:func:`constant_value`), a sentence saying so: a histogram of one value shows nothing else."""
+        same = constant_value(values)
+        if same is None:
+            return self.image(save_histogram(values, None, **kwargs), caption)
+        n, v = same
+        v_text = f"{v:.4f}" if v == 0 or 1e-3 <= abs(v) < 1e5 else f"{v:.4g}"  # 0.3000; 4 digits when tiny or huge
+        what = {0: "no finite value", 1: f"the one value is {v_text}"}.get(n, f"all {n} values equal {v_text}")
+        return self.paragraph(f"{caption[:1].upper()}{caption[1:]}: {what}.")
+
     def preformatted(self, text: str) -> HtmlReport:
         self._parts.append(f"<pre>{html.escape(text)}</pre>")
         return self
 
     def table(self, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, *,
-              caption: str = "", marked: Sequence[bool] | None = None) -> HtmlReport:
-        """Rows of dicts as a table: headers from :func:`header_label`, cells from :func:`format_value` keyed by
-        the column; rows flagged in ``marked`` are highlighted."""
+              caption: str = "", marked: Sequence[bool] | None = None,
+              kinds: Mapping[str, str] | None = None) -> HtmlReport:
+        """Rows of dicts as a table: headers from :func:`header_label`, every number of a column in one format
+        (:func:`column_formatter`, keyed by the column or by its ``kinds`` entry: fraction, signed, seconds,
+        number); rows flagged in ``marked`` are highlighted."""
         if columns is None:
             columns = []
             for r in rows:
                 columns += [k for k in r if k not in columns]
         head = "".join(f'<th scope="col">{html.escape(header_label(c))}</th>' for c in columns)
+        fmt = {c: column_formatter([r.get(c) for r in rows], str(c), (kinds or {}).get(c)) for c in columns}
         body = []
         for i, r in enumerate(rows):
             cls = ' class="sig"' if marked is not None and i < len(marked) and marked[i] else ""
-            cells = "".join(f"<td>{html.escape(format_value(r.get(c), str(c)))}</td>" for c in columns)
+            cells = "".join(f"<td>{html.escape(fmt[c](r.get(c)))}</td>" for c in columns)
             body.append(f"<tr{cls}>{cells}</tr>")
         cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
         self._parts.append(f'<div class="table-wrap"><table>{cap}<thead><tr>{head}</tr></thead>'
