@@ -153,12 +153,11 @@ def _html(result: Any, doc: dict[str, Any], data: Any) -> Any:
     rep.heading("Certified accuracy").table(rows, columns=["measure", "value"])
     rep.table([doc["counts"]])
     if result.lower_margin is not None:
-        rep.image(report.save_histogram(result.lower_margin, None, title="lower bound of the margin over the ball",
-                                        xlabel="min_j z_y - z_j (> 0: certified)"), "lower margin bounds")
+        rep.histogram(result.lower_margin, "lower margin bounds", title="lower bound of the margin over the ball",
+                      xlabel="min_j z_y - z_j (> 0: certified)")
     elif result.radius is not None:
-        rep.image(report.save_histogram(result.radius[result.prediction == result.y], None,
-                                        title="certified L2 radius of the samples predicted correctly",
-                                        xlabel="L2 radius"), "certified radii")
+        rep.histogram(result.radius[result.prediction == result.y], "certified radii",
+                      title="certified L2 radius of the samples predicted correctly", xlabel="L2 radius")
     missed = torch.nonzero(result.clean_correct & ~result.certified).flatten()[:16]
     if missed.numel():
         from robustest.core.batching import take

@@ -308,18 +308,20 @@ def _html(result, doc, brk=None, data=None):
     rep.heading("Verdict")
     gate = doc.get("gate")
     if gate is None and brk is not None and not brk.sound:
-        rep.paragraph(f"No --fail-under gate, but the exit status is {EXIT_GATE}: a sample both certified and broken "
-                      "is a soundness error (see below).")
+        rep.verdict("fail", f"No --fail-under gate, but the exit status is {EXIT_GATE}: a sample both certified and "
+                            "broken is a soundness error (see below).")
     elif gate is None:
-        rep.paragraph("No gate: --fail-under was not given, so the exit status is 0 whatever the robust accuracy.")
+        rep.verdict("not-gated", "No gate: --fail-under was not given, so the exit status is 0 whatever the robust "
+                                 "accuracy.")
     else:
         verb = "passed" if gate["passed"] else "FAILED"
         rel = "at least" if gate["accuracy_passed"] else "below"
         why = ""
         if gate["blocking_flags"]:
             why = f"; the evaluation is flagged unreliable ({', '.join(gate['blocking_flags'])})"
-        rep.paragraph(f"The gate {verb}: robust accuracy {result.robust_accuracy:.4f} is {rel} --fail-under "
-                      f"{gate['fail_under']:.4f}{why} (exit status {0 if gate['passed'] else EXIT_GATE}).")
+        rep.verdict("pass" if gate["passed"] else "fail",
+                    f"The gate {verb}: robust accuracy {result.robust_accuracy:.4f} is {rel} --fail-under "
+                    f"{gate['fail_under']:.4f}{why} (exit status {0 if gate['passed'] else EXIT_GATE}).")
     rep.heading("Checks")
     if not result.flags:
         rep.paragraph("No flag: the model is deterministic, returns logits, has usable input gradients, and no "
@@ -356,8 +358,9 @@ def _html(result, doc, brk=None, data=None):
     if broken.numel() and result.adv is not None:
         norms = (result.linf if result.norm == "linf" else result.l2)[broken]
         rep.heading("Adversarial examples")
-        rep.image(report.save_histogram(norms, None, title=f"{result.norm} norm of the perturbations",
-                                        xlabel=result.norm), "perturbation norms of the broken images")
+        name = {"linf": "L-inf", "l2": "L2"}.get(result.norm, result.norm)
+        rep.histogram(norms, f"{name} norms of the perturbations of the {broken.numel()} broken images",
+                      title=f"{result.norm} norm of the perturbations", xlabel=result.norm)
         import torch
 
         pick = broken[:16].tolist()  # result tensors are in data order, aligned with adv

@@ -423,8 +423,8 @@ def _report(doc: dict[str, Any], method: str, grid: bytes | None, fol_values: to
         rep.image(grid, "Seeds (top row) and the tests generated from them (bottom row), captioned label -> "
                   "prediction.")
     if len(fol_values):
-        rep.image(save_histogram(fol_values.numpy(), None, title=f"FOL of the {method} tests", xlabel="FOL"),
-                  "Distribution of the tests' FOL (measured against each test's seed).")
+        rep.histogram(fol_values.numpy(), "distribution of the tests' FOL (measured against each test's seed)",
+                      title=f"FOL of the {method} tests", xlabel="FOL")
     if doc.get("fuzz_stats"):
         rep.heading("Fuzzer statistics")
         rep.key_values(doc["fuzz_stats"])

@@ -292,6 +292,7 @@ def _split(train: Any, args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from robustest.report import format_value
     from robustest.results import write_results
     from robustest.train import hardening
     from robustest.train.checkpoints import save_checkpoint, source_of
@@ -325,11 +326,11 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_json(before_path, before)
     t_before = time.perf_counter() - t1
 
-    t2 = time.perf_counter()
+    t2, cpu2 = time.perf_counter(), time.process_time()
     res = hardening.harden(model, fit_data, args.method, **common, **method_kw, device=args.device,
                            progress=not args.no_progress, val=val, val_steps=args.val_steps, state_dir=out / "state",
                            resume=args.resume)
-    t_harden = time.perf_counter() - t2
+    t_harden, cpu_harden = time.perf_counter() - t2, time.process_time() - cpu2
 
     t3 = time.perf_counter()
     after = _measure(model, test, args)
@@ -367,43 +368,57 @@ def run(args: argparse.Namespace) -> int:
         "autoattack_accuracy": after.get("autoattack_accuracy"),
         "autoattack_flags": after.get("autoattack_flags"), "certified_accuracy": after.get("certified_accuracy"),
         "epochs": res.epochs, "compute": res.compute, "resumed_epochs": res.resumed_epochs,
-        "peak_rss_mib": peak_rss_mib(), "files": files,
+        "training_cpu_s": cpu_harden, "peak_rss_mib": peak_rss_mib(), "files": files,
     }
     timings = {"load_s": t_load, "before_s": t_before, "harden_s": t_harden, "after_s": t_after,
                "total_s": time.perf_counter() - t0}
     doc = write_results(out, "harden", {k: v for k, v in cli_settings.items() if v is not None}, results, timings)
     _report(doc, out / "report.html")
-    rows = [{"model": name, "clean": r["clean_accuracy"], "white-box": r["whitebox_accuracy"],
-             "pgd": r["whitebox_pgd_accuracy"], "apgd": r["whitebox_apgd_accuracy"],
-             "autoattack": r.get("autoattack_accuracy"), "certified": r.get("certified_accuracy")}
-            for name, r in (("before", before), (f"after (epoch {res.kept_epoch})", after),
-                            (f"last (epoch {final_epoch})", last)) if r is not None]
-    print_table(rows, ["model", "clean", "white-box", "pgd", "apgd"] + (["autoattack"] if args.autoattack else [])
-                + (["certified"] if args.certify else []))
+    rows = [{"model": name, **_summary_figures(r)} for name, r in (("before", before), (f"after (epoch "
+            f"{res.kept_epoch})", after), (f"last (epoch {final_epoch})", last)) if r is not None]
+    print_table(rows, [c for c in rows[0] if c == "model" or rows[0][c] is not None])
     for f in after.get("autoattack_flags") or []:
         print(f"robustest harden: flag {f['severity']} {f['name']}: {f['message']} (remedy: {f['remedy']})",
               file=sys.stderr)
     c = res.compute
     log.info(f"{res.method}: {final_epoch} epoch{'s' if final_epoch != 1 else ''} on {res.num_samples} images, "
-             f"{c['passes']:.4g} forward+backward passes ({c['passes'] / res.num_samples:.2f} per image)"
+             f"{c['passes']:.4g} forward+backward passes ({c['passes'] / res.num_samples:.2f} per image), "
+             f"{format_value(cpu_harden, 'cpu_s')} CPU-seconds of training"
              + (f"; stopped by the catastrophic-overfitting guard at epoch {res.guard_epoch}"
                 if res.guard_epoch is not None else ""))
     log.info(f"wrote {out / 'model.pt'}, {out / 'results.json'} and {out / 'report.html'}")
     return 0
 
 
+def _summary_figures(r: dict[str, Any]) -> dict[str, Any]:
+    """One model's figures of the before/after table, each column naming the number of test images it was measured
+    on (clean accuracy and certificates: the first --test-limit images; the attacks: the first --whitebox-limit);
+    a figure not measured is None."""
+    n, wb = r["num_eval"], r["num_whitebox"]
+    return {f"clean accuracy ({n} images)": r["clean_accuracy"],
+            f"white-box accuracy ({wb} images)": r["whitebox_accuracy"],
+            f"PGD accuracy ({wb} images)": r["whitebox_pgd_accuracy"],
+            f"APGD-CE accuracy ({wb} images)": r["whitebox_apgd_accuracy"],
+            f"AutoAttack accuracy ({wb} images)": r.get("autoattack_accuracy"),
+            f"certified accuracy ({n} images)": r.get("certified_accuracy")}
+
+
 def _report(results: dict[str, Any], path: Path) -> None:
-    from robustest.report import HtmlReport, save_lines
+    from robustest.report import HtmlReport, format_value
 
     s = results["settings"]
     n_ep = len(results["epochs"])
     how = "from random weights" if s.get("from_scratch") else "fine-tuning"
     rep = HtmlReport.from_results(results, f"robustest harden: {s['method']} on {s['dataset']}")
     warm = f", eps warm-up over {s['eps_warmup']:.0%} of the steps" if s.get("eps_warmup") else ""
+    cpu = results.get("training_cpu_s")
     rep.paragraph(f"{s['method']} at eps {s['eps']:g} (L-inf){warm}, {how}, {n_ep} epoch{'s' if n_ep != 1 else ''} "
                   f"of {s['epochs']}, {s['steps']} attack step(s) of {s['alpha']:.4g}, {s['optimizer']} "
                   f"{s['lr']:g} ({s.get('schedule') or 'constant'} schedule), on {results['data']['num_fit']} images "
-                  f"of {s['dataset']}; {results['compute']['passes']:.4g} forward+backward passes in all.")
+                  f"of {s['dataset']}; {results['compute']['passes']:.4g} forward+backward passes in all"
+                  + ("." if cpu is None else
+                     f", {format_value(cpu, 'cpu_s')} CPU-seconds of training "
+                     f"({format_value(results['timings']['harden_s'], 'harden_s')} s wall-clock)."))
     kept, guard = results.get("kept_epoch"), results.get("guard_epoch")
     if results["data"].get("num_val"):
         rep.paragraph(f"Validation: {results['data']['num_val']} held-out training images, PGD-{s['val_steps']} after "
@@ -412,13 +427,11 @@ def _report(results: dict[str, Any], path: Path) -> None:
                       + (f" Training stopped at epoch {guard}: the catastrophic-overfitting guard saw the validation "
                          "PGD accuracy collapse." if guard is not None else ""))
     rep.heading("Robustness before and after")
-    rows = [{"model": name, "clean accuracy": r["clean_accuracy"], "white-box accuracy": r["whitebox_accuracy"],
-             "PGD accuracy": r["whitebox_pgd_accuracy"], "APGD-CE accuracy": r["whitebox_apgd_accuracy"],
-             "AutoAttack accuracy": r.get("autoattack_accuracy"), "certified accuracy": r.get("certified_accuracy"),
-             "test images": r["num_eval"], "white-box images": r["num_whitebox"]}
-            for name, r in (("before", results["before"]), (f"after (epoch {kept}, model.pt)", results["after"]),
-                            ("last epoch (last.pt)", results.get("last"))) if r is not None]
-    rep.table(rows)
+    models = (("before", results["before"]), (f"after (epoch {kept}, model.pt)", results["after"]),
+              ("last epoch (last.pt)", results.get("last")))
+    rows = [{"model": name, **_summary_figures(r)} for name, r in models if r is not None]
+    rep.table(rows, [c for c in rows[0] if c == "model" or any(r[c] is not None for r in rows)],
+              caption="Each column names the number of test images its figure was measured on.")
     rep.heading("Epochs")
     cum = 0.0
     erows = []
@@ -430,15 +443,32 @@ def _report(results: dict[str, Any], path: Path) -> None:
                       "passes": e["compute"]["passes"], "cumulative passes": cum,
                       "fosc c_t": e.get("fosc_c"), "validation clean": e.get("val_clean_accuracy"),
                       "validation PGD": e.get("val_pgd_accuracy"), "seconds": e["seconds"]})
-    rep.table(erows)
-    if erows and erows[0]["validation PGD"] is not None:
-        xs = [r["cumulative passes"] for r in erows]
+    rep.table(erows, kinds={"adv. accuracy (train)": "fraction", "validation clean": "fraction",
+                            "validation PGD": "fraction"})
+    if erows:
+        _epoch_chart(rep, erows, kept)
+    rep.write(path)
+
+
+def _epoch_chart(rep: Any, erows: list[dict[str, Any]], kept: int | None) -> None:
+    """Accuracy after every epoch against cumulative compute, the kept epoch (model.pt) ringed and labelled, also
+    after one epoch: the held-out validation images' PGD and clean accuracy, or, without validation, the training
+    batches' adversarial accuracy."""
+    from robustest.report import save_lines
+
+    val = erows[0]["validation PGD"] is not None
+    xs = [r["cumulative passes"] for r in erows]
+    if val:
         series = {"validation PGD accuracy": (xs, [r["validation PGD"] for r in erows]),
                   "validation clean accuracy": (xs, [r["validation clean"] for r in erows])}
-        k = next((r for r in erows if r["epoch"] == kept), None)
-        if k is not None and len(erows) > 1:  # one epoch: nothing was chosen, and the mark would hide its point
-            series[f"kept: epoch {kept}"] = ([k["cumulative passes"]], [k["validation PGD"]])
-        rep.image(save_lines(series, None, title="held-out validation images after every epoch",
-                             xlabel="cumulative forward+backward passes", ylabel="accuracy"),
-                  "validation robustness and clean accuracy against training compute, the kept epoch marked")
-    rep.write(path)
+    else:
+        series = {"adversarial accuracy (training batches)": (xs, [r["adv. accuracy (train)"] for r in erows])}
+    k = next((r for r in erows if r["epoch"] == kept), None)
+    marks = {} if k is None else {
+        f"kept: epoch {kept}": (k["cumulative passes"], k["validation PGD" if val else "adv. accuracy (train)"])}
+    title = "held-out validation images" if val else "training batches (no validation split)"
+    what = "validation robustness and clean accuracy" if val else "adversarial accuracy of the training batches"
+    rep.image(save_lines(series, None, title=f"{title} after every epoch", xlabel="cumulative forward+backward passes",
+                         ylabel="accuracy", marks=marks),
+              f"{what} against training compute, the kept epoch marked"
+              + (f" (ringed: epoch {kept}, model.pt)" if kept is not None else ""))

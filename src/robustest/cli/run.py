@@ -236,21 +236,10 @@ def print_paired_table(paired: list[dict[str, Any]], file=None) -> None:
 
 
 def paired_verdict(rows: list[dict[str, Any]]) -> str:
-    """One strategy's paired rows (one per metric) in words: which figures its 95 % intervals put above or below
-    random's, e.g. ``better than random on white-box, fixed-set; worse on clean``, or ``not distinguishable from
-    random`` when every interval holds 0 (``no interval (1 seed)`` when there is none)."""
-    names = {"fixed_set_accuracy": "fixed-set", "whitebox_accuracy": "white-box", "clean_accuracy": "clean",
-             "autoattack_accuracy": "AutoAttack"}
-    if all(p.get("ci_low") is None for p in rows):
-        return "no interval (1 seed)"
-    order = sorted(rows, key=lambda p: -abs(p.get("mean_diff") or 0.0))
-    up = [names.get(p["metric"], p["metric"]) for p in order if p.get("ci_low") is not None and p["ci_low"] > 0]
-    down = [names.get(p["metric"], p["metric"]) for p in order if p.get("ci_high") is not None and p["ci_high"] < 0]
-    if not up and not down:
-        return "not distinguishable from random"
-    parts = ([f"better than random on {', '.join(up)}"] if up else []) + \
-        ([f"{'worse' if up else 'worse than random'} on {', '.join(down)}"] if down else [])
-    return "; ".join(parts)
+    """One strategy's paired rows in words (:func:`robustest.robot.report.paired_verdict`)."""
+    from robustest.robot.report import paired_verdict as verdict
+
+    return verdict(rows)
 
 
 def paired_cell(p: dict[str, Any]) -> str:

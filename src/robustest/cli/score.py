@@ -333,7 +333,7 @@ def _settings(args: argparse.Namespace, device: Any, opts: dict[str, Any]) -> di
 
 def _report(doc: dict[str, Any], scores: torch.Tensor):
     """report.html of a scoring run: summary, quantiles, histogram."""
-    from robustest.report import HtmlReport, save_histogram
+    from robustest.report import HtmlReport
 
     rep = HtmlReport.from_results(doc, f"robustest score: {doc['metric']} on {doc['source']}")
     rep.paragraph(doc["description"])
@@ -344,8 +344,8 @@ def _report(doc: dict[str, Any], scores: torch.Tensor):
         rep.heading("Quantiles")
         rep.table([doc["quantiles"]])
     finite = scores[torch.isfinite(scores)]
-    rep.image(save_histogram(finite, None, title=f"{doc['metric']} (n={len(finite)})", xlabel=doc["metric"]),
-              f"Distribution of the {doc['metric']} scores.")
+    rep.histogram(finite, f"distribution of the {doc['metric']} scores", title=f"{doc['metric']} (n={len(finite)})",
+                  xlabel=doc["metric"])
     if doc.get("options"):
         rep.heading("Metric options")
         rep.key_values(doc["options"])

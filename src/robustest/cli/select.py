@@ -232,7 +232,7 @@ def _selection_input(args: argparse.Namespace, spec: selection.Strategy,
 
 def _report(doc: dict[str, Any], scores: torch.Tensor, chosen: torch.Tensor):
     """report.html of a selection: statistics of the pool and of the selection, and their score histograms."""
-    from robustest.report import HtmlReport, save_histogram
+    from robustest.report import HtmlReport
 
     strategy = doc["settings"]["strategy"]
     rep = HtmlReport.from_results(doc, f"robustest select: {strategy}, {doc['selected']} of {doc['pool_size']}")
@@ -244,9 +244,9 @@ def _report(doc: dict[str, Any], scores: torch.Tensor, chosen: torch.Tensor):
     if "cells" in doc:
         rep.key_values({k: doc[k] for k in ("cells", "cells_covered_by_pool", "cells_covered_by_selection")})
     s = scores.double()
-    rep.image(save_histogram({"pool": s[torch.isfinite(s)], "selected": chosen}, None, bins=40,
-                             title="scores of the pool and of the selection", xlabel=doc["metric"] or "score"),
-              "Where the selected inputs lie in the pool's score distribution.")
+    rep.histogram({"pool": s[torch.isfinite(s)], "selected": chosen},
+                  "where the selected inputs lie in the pool's score distribution", bins=40,
+                  title="scores of the pool and of the selection", xlabel=doc["metric"] or "score")
     return rep
 
 

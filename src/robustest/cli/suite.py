@@ -214,6 +214,14 @@ def _stratum_rows(suite: Any, outcomes: dict[str, Any], base: dict[str, Any] | N
     return rows
 
 
+#: number formats of the report's tables (robustest.report.column_formatter): shares as fractions, drops signed
+_STRATUM_KINDS = {"weight": "fraction", "robust": "fraction", "baseline robust": "fraction"}
+_ESTIMATE_KINDS = {"value": "fraction", "ci low": "fraction", "ci high": "fraction", "effective n": "number"}
+_DROP_KINDS = {"drop": "signed", "ci low": "signed", "ci high": "signed"}
+#: suite check's verdict -> the report's badge
+_BADGE = {"pass": "pass", "regression": "fail", "unreliable": "fail", "no baseline": "not-gated"}
+
+
 def _build_report(suite: Any, doc: dict[str, Any]) -> Any:
     from robustest import report
 
@@ -227,12 +235,14 @@ def _build_report(suite: Any, doc: dict[str, Any]) -> Any:
                   f"{', crossed with the class' if m['strata']['by_class'] else ''}; {m['strata']['allocation']} "
                   f"allocation). The baseline's stratified robust accuracy on them ({a['version']} ensemble): "
                   f"{100 * r['value']:.1f}%, 95% interval {100 * r['ci_low']:.1f}-{100 * r['ci_high']:.1f}%.")
-    rep.heading("Strata").table(_stratum_rows(suite, {"robust": suite.robust}),
+    rep.verdict("not-gated", "Building a suite gates nothing: robustest suite check compares a candidate with this "
+                             "baseline and gates on a regression.")
+    rep.heading("Strata").table(_stratum_rows(suite, {"robust": suite.robust}), kinds=_STRATUM_KINDS,
                                 caption="N_h: samples of the split in the stratum; weight W_h = N_h / N; robust: "
                                         "share of the stratum's suite samples the baseline keeps robust.")
     rows = [{"estimate": k.replace("_", " "), "value": v["value"], "ci low": v["ci_low"], "ci high": v["ci_high"],
              "effective n": v["n_eff"]} for k, v in m["baseline"].items()]
-    rep.heading("Baseline on the suite").table(rows)
+    rep.heading("Baseline on the suite").table(rows, kinds=_ESTIMATE_KINDS)
     idx = torch.arange(min(32, len(suite)))
     rep.image(_sample_grid(suite, idx, ["R" if bool(suite.robust[i]) else "x" for i in idx.tolist()]),
               "suite samples: label, stratum, R = robust under the baseline, x = broken")
@@ -331,7 +341,7 @@ def _check_report(res: Any, doc: dict[str, Any], suite: Any) -> Any:
     s = doc["suite"]
     a = s["attack"]
     rep = report.HtmlReport.from_results(doc, f"robustest suite check: {res.verdict}")
-    rep.heading("Verdict").paragraph(res.message())
+    rep.heading("Verdict").verdict(_BADGE[res.verdict], res.message())
     rep.note(f"Regression means: the exact one-sided McNemar test of the discordant pairs is significant at alpha "
              f"{res.alpha:g} AND the stratified drop of robust accuracy exceeds max-drop {100 * res.max_drop:.1f} "
              f"points. Suite: {s['k']} of {s['n_population']} samples in {s['strata']} strata; {a['norm']} "
@@ -347,7 +357,7 @@ def _check_report(res: Any, doc: dict[str, Any], suite: Any) -> Any:
     for k, v in (res.baseline or {}).items():
         rows.append({"model": f"baseline ({res.baseline_source})", "estimate": k.replace("_", " "), "value": v.value,
                      "ci low": v.ci_low, "ci high": v.ci_high})
-    rep.heading("Stratified estimates (95% intervals)").table(rows)
+    rep.heading("Stratified estimates (95% intervals)").table(rows, kinds=_ESTIMATE_KINDS)
     if res.comparison is not None:
         cmp_rows = []
         for name, c in (("robust accuracy", res.comparison), ("corruption accuracy", res.corruption_comparison),
@@ -357,8 +367,8 @@ def _check_report(res: Any, doc: dict[str, Any], suite: Any) -> Any:
             cmp_rows.append({"measure": name, "drop": c.drop, "ci low": c.ci_low, "ci high": c.ci_high,
                              "only baseline right": c.b, "only candidate right": c.c,
                              "McNemar p (one-sided)": c.p_value if name != "corruption accuracy" else None})
-        rep.heading("Baseline minus candidate, paired on the suite").table(cmp_rows)
-    rep.heading("Per stratum").table(doc["strata"])
+        rep.heading("Baseline minus candidate, paired on the suite").table(cmp_rows, kinds=_DROP_KINDS)
+    rep.heading("Per stratum").table(doc["strata"], kinds=_STRATUM_KINDS)
     _changed_samples(rep, res, suite)
     return rep
 

@@ -261,15 +261,14 @@ def _weakest_grid(ds, analysis, positions: torch.Tensor, title: str) -> bytes:
 
 
 def _analysis_report(rep, ds, analysis, top: int) -> None:
-    from robustest.report import save_histogram
 
     rep.heading("Local robustness")
     rep.key_values({k: v for k, v in analysis.summary().items() if k != "seconds"})
-    rep.image(save_histogram({"mean misprediction score": analysis.score}, None, title="sample scores",
-                             xlabel="mean misprediction score (higher = weaker)", log=True),
-              "Distribution of the per-sample mean misprediction score over the neighbours.")
-    rep.image(save_histogram({"fraction of neighbours misclassified": analysis.frac_misclassified}, None,
-                             title="fraction misclassified", xlabel="fraction", log=True))
+    rep.histogram({"mean misprediction score": analysis.score},
+                  "distribution of the per-sample mean misprediction score over the neighbours", title="sample scores",
+                  xlabel="mean misprediction score (higher = weaker)", log=True)
+    rep.histogram({"fraction of neighbours misclassified": analysis.frac_misclassified},
+                  "fraction of neighbours misclassified", title="fraction misclassified", xlabel="fraction", log=True)
     order = analysis.order()[:top]
     if len(order):
         rep.image(_weakest_grid(ds, analysis, order, f"{len(order)} weakest samples"),
@@ -297,7 +296,7 @@ def _analysis_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_analyze(args: argparse.Namespace) -> int:
-    from robustest.report import HtmlReport, save_histogram
+    from robustest.report import HtmlReport
 
     out = out_dir(args)
     t0 = time.perf_counter()
@@ -338,8 +337,8 @@ def run_analyze(args: argparse.Namespace) -> int:
     if radius is not None:
         rep.heading("Adversarial radius")
         rep.key_values(results["radius"])
-        rep.image(save_histogram({"PGD radius": radius[torch.isfinite(radius)]}, None, title="adversarial radius",
-                                 xlabel="smallest L-inf budget that flips the sample"))
+        rep.histogram({"PGD radius": radius[torch.isfinite(radius)]}, "PGD radius", title="adversarial radius",
+                      xlabel="smallest L-inf budget that flips the sample")
     rep.heading("Weakest samples")
     rep.table(results["weakest"])
     rep.write(out / "report.html")

@@ -16,7 +16,6 @@ from robustest.report import (
     mean_std,
     plural,
     save_bars,
-    save_histogram,
     save_image_grid,
     save_lines,
     write_csv,
@@ -153,6 +152,82 @@ def _summary_row(r: int, rob: dict[str, Any], rec: dict[str, Any] | None, last: 
     return row
 
 
+_METRIC_WORDS = {"fixed_set_accuracy": "fixed-set", "whitebox_accuracy": "white-box", "clean_accuracy": "clean",
+                 "autoattack_accuracy": "AutoAttack"}
+
+
+def paired_verdict(rows: list[dict[str, Any]]) -> str:
+    """One strategy's paired rows (one per metric) in words: which figures its 95 % intervals put above or below
+    random's, e.g. ``better than random on white-box, fixed-set; worse on clean``, or ``not distinguishable from
+    random`` when every interval holds 0 (``no interval (1 seed)`` when there is none)."""
+    if all(p.get("ci_low") is None for p in rows):
+        return "no interval (1 seed)"
+    order = sorted(rows, key=lambda p: -abs(p.get("mean_diff") or 0.0))
+    up = [_METRIC_WORDS.get(p["metric"], p["metric"]) for p in order if p.get("ci_low") is not None
+          and p["ci_low"] > 0]
+    down = [_METRIC_WORDS.get(p["metric"], p["metric"]) for p in order if p.get("ci_high") is not None
+            and p["ci_high"] < 0]
+    if not up and not down:
+        return "not distinguishable from random"
+    parts = ([f"better than random on {', '.join(up)}"] if up else []) + \
+        ([f"{'worse' if up else 'worse than random'} on {', '.join(down)}"] if down else [])
+    return "; ".join(parts)
+
+
+def _names(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def compare_verdict(results: dict[str, Any]) -> str:
+    """A comparison's conclusion in one sentence: the strategy ending with the highest robustness (AutoAttack
+    accuracy when measured, else white-box, else fixed-set; mean over seeds) against the original model's, then
+    which strategies the paired 95 % intervals put above or below random selection."""
+    table = results["table"]
+    metric = next((m for m in ("autoattack_accuracy", "whitebox_accuracy", "fixed_set_accuracy")
+                   if any(r.get(f"{m}_mean") is not None for r in table)), None)
+    if metric is None:
+        return "Verdict: no robustness figure was measured."
+    best = max(r[f"{metric}_mean"] for r in table if r.get(f"{metric}_mean") is not None)
+    tops = [r for r in table if r.get(f"{metric}_mean") == best]
+    several = len({str(r["budget"]) for r in table if r["budget"] != "online"}) > 1  # online: no pool, no budget
+    names = _names([f"{r['strategy']} ({r['budget']})" if several else r["strategy"] for r in tops])
+    text = (f"Verdict: {names} {'ends' if len(tops) == 1 else 'end'} with the highest {_METRIC_WORDS[metric]} "
+            f"accuracy, {_pm(tops[0], metric)} over {plural(tops[0]['seeds'], 'seed')}, from "
+            f"{_acc(tops[0].get(f'before_{metric}'))} for the original model")
+    groups: dict[str, list[str]] = {}
+    by_cell: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for p in results.get("paired_vs_random") or []:
+        by_cell.setdefault((p["strategy"], str(p["budget"])), []).append(p)
+    for (strategy, budget), rows in by_cell.items():
+        label = f"{strategy} ({budget})" if several else strategy
+        groups.setdefault(paired_verdict(rows).replace("; worse on", ", but worse on"), []).append(label)
+    if not groups:
+        return text + "; random selection did not run, so nothing is compared with it."
+    if set(groups) == {"no interval (1 seed)"}:
+        return text + "; with one seed there is no interval for the paired comparison with random selection."
+    parts = [f"{_names(who)} {'is' if len(who) == 1 else 'are'} {v}" for v, who in groups.items()
+             if v != "no interval (1 seed)"]
+    return text + "; paired with random selection by seed (95 % intervals), " + "; ".join(parts) + "."
+
+
+_STOPPED = {"rounds": "all rounds ran", "time": "the time budget was spent", "requirement": "the requirement was met",
+            "converged": "the median FOL converged"}
+
+
+def loop_verdict(results: dict[str, Any]) -> str:
+    """A RobOT run's conclusion in one sentence: the robustness of the original model and after the last round
+    (AutoAttack accuracy when measured, else white-box, else fixed-set) and why the loop stopped."""
+    base, rounds = results["baseline"], results["rounds"]
+    last = rounds[-1]["robustness"] if rounds else base
+    metric = next((m for m in ("autoattack_accuracy", "whitebox_accuracy", "fixed_set_accuracy")
+                   if base.get(m) is not None and last.get(m) is not None), "clean_accuracy")
+    return (f"Verdict: {_METRIC_WORDS[metric]} accuracy went from {_acc(base.get(metric))} (original model) to "
+            f"{_acc(last.get(metric))} after {plural(results['rounds_completed'], 'round')}; clean accuracy "
+            f"{_acc(base.get('clean_accuracy'))} -> {_acc(last.get('clean_accuracy'))}; stopped: "
+            f"{_STOPPED.get(results['stop_reason'], results['stop_reason'])}.")
+
+
 def _pm(row: dict[str, Any], metric: str) -> str:
     """``mean ± std`` of a comparison row's metric over its seeds, 3 decimals (``mean (n = 1)`` for one seed)."""
     return mean_std(row.get(f"{metric}_mean"), row.get(f"{metric}_std"), row.get("seeds"))
@@ -166,6 +241,7 @@ def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotC
                   fol_by_round: dict[int, torch.Tensor] | None, examples: Pool | None,
                   compare_data: dict[str, Any] | None) -> None:
     rep = HtmlReport.from_results(results, report_title(results))
+    rep.headline(loop_verdict(results) if results["kind"] == "loop" else compare_verdict(results))
     _describe_setup(rep, results["data"], cfg)
     if results["kind"] == "loop":
         _loop_sections(rep, results, cfg, fol_by_round, examples)
@@ -232,9 +308,9 @@ def _loop_sections(rep: HtmlReport, results: dict[str, Any], cfg: RobotConfig,
         rep.paragraph(f"Convergence rule: stop when the median FOL changes by less than "
                       f"{format_value(cfg.convergence_tol)} (relative) for {cfg.convergence_patience} "
                       "consecutive rounds.")
-        rep.image(save_histogram({f"round {r}": v for r, v in sorted(fol_by_round.items())}, None,
-                                 title="FOL of fresh PGD tests", xlabel="FOL", bins=40),
-                  "FOL per round (lower and more concentrated = closer to convergence).")
+        rep.histogram({f"round {r}": v for r, v in sorted(fol_by_round.items())},
+                      "FOL per round (lower and more concentrated = closer to convergence)",
+                      title="FOL of fresh PGD tests", xlabel="FOL", bins=40)
     if examples is not None and len(examples):
         k = min(cfg.examples, len(examples))
         rep.heading("Example selected tests")
@@ -269,12 +345,11 @@ def _compare_sections(rep: HtmlReport, results: dict[str, Any], cfg: RobotConfig
     assert compare_data is not None
     pool: Pool = compare_data["pool"]
     rep.heading("FOL distribution of the pool and of each strategy's selection")
-    rep.image(save_histogram({"pool": pool.fol}, None, title="FOL of the pool", xlabel="FOL", bins=40),
-              "FOL of all pool tests.")
+    rep.histogram({"pool": pool.fol}, "FOL of all pool tests", title="FOL of the pool", xlabel="FOL", bins=40)
     sel_fol = {s: pool.fol[i] for s, i in compare_data["selected"].items() if len(i)}
     if sel_fol:
-        rep.image(save_histogram(sel_fol, None, title="FOL of the selected tests", xlabel="FOL", bins=40),
-                  "FOL of the tests each strategy selected (first budget, first seed).")
+        rep.histogram(sel_fol, "FOL of the tests each strategy selected (first budget, first seed)",
+                      title="FOL of the selected tests", xlabel="FOL", bins=40)
     for s, ex in compare_data["examples"].items():
         if len(ex):
             rep.heading(f"Example tests selected by {s}", level=3)
