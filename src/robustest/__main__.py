@@ -2,6 +2,6 @@
 
 import sys
 
-from robustest.cli import main
+from robustest._entry import main
 
 sys.exit(main())
