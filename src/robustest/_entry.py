@@ -27,6 +27,9 @@ def exit_interrupted(signum: int, frame: FrameType | None) -> None:
         os._exit(EXIT_INTERRUPTED)
 
 
+exit_interrupted.while_starting = True  # type: ignore[attr-defined]  # robustest.cli.main replaces it then
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``robustest`` console script (and ``python -m robustest``); returns the exit status."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when the caller handles SIGINT itself

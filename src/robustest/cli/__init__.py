@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from robustest import __version__
-from robustest._entry import exit_interrupted
 from robustest.cli._common import (
     add_output_flags,
     available_cores,
@@ -122,8 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.no_progress = not progress_enabled(args)  # what every verb reads: off when stderr is not a terminal
     args.progress_lines = args.progress_lines and args.no_progress
     try:
-        if signal.getsignal(signal.SIGINT) is exit_interrupted:  # the work starts: Ctrl-C now lets it clean up
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if getattr(signal.getsignal(signal.SIGINT), "while_starting", False):  # robustest._entry's: the work
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # starts, Ctrl-C now lets it clean up
         if getattr(args, "threads", None):
             import torch
 
