@@ -75,10 +75,45 @@ def _finish_verb_parser(p: argparse.ArgumentParser) -> None:
             action.help = plain(action.help)
 
 
+#: how ``robustest --help`` groups the verbs, in this order (a verb in no group is listed under "other")
+VERB_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("test a model", ("eval", "suite", "certify")),
+    ("make it robust", ("harden", "train")),
+    ("research methods", ("run", "compare", "analyze", "validate", "enhance")),
+    ("data", ("corrupt", "generate", "score", "select")),
+    ("get to know robustest", ("info", "demo")),
+)
+START = ("For your own model, start with:\n"
+         "  robustest eval --model pkg.module:factory --weights FILE --dataset NAME --eps 8/255 --out DIR\n"
+         "(a model trained by robustest: robustest eval --checkpoint model.pt ...). Every verb has --help.")
+
+
+def _grouped_verbs(helps: dict[str, str]) -> str:
+    """The verbs by group, each with its one-line help: the body of ``robustest --help``."""
+    import textwrap
+
+    width = max(len(v) for v in helps) + 2
+    grouped = [(title, [v for v in verbs if v in helps]) for title, verbs in VERB_GROUPS]
+    listed = {v for _, verbs in grouped for v in verbs}
+    grouped.append(("other", [v for v in helps if v not in listed]))
+    lines = []
+    for title, verbs in grouped:
+        if not verbs:
+            continue
+        lines.append(f"{title}:")
+        for v in verbs:
+            text = textwrap.wrap(" ".join(helps[v].split()), 100 - width - 2) or [""]
+            lines.append(f"  {v.ljust(width)}{text[0]}")
+            lines.extend(f"  {' ' * width}{t}" for t in text[1:])
+        lines.append("")
+    return "\n".join(lines) + "\n" + START
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="robustest",
         description="Test deep-learning classifiers for robustness and make them more robust.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"robustest {__version__}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
@@ -94,8 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_parser(sub)
     for p in sub.choices.values():
         _finish_verb_parser(p)
-    for action in sub._choices_actions:
-        action.help = plain(action.help)
+    helps = {a.dest: plain(a.help) or "" for a in sub._choices_actions}
+    sub._choices_actions = []  # listed by group instead, in the description
+    sub.help = "the verb to run: one of those above ('robustest VERB --help' for its options)"
+    parser.description = f"{parser.description}\n\n{_grouped_verbs(helps)}"
     parser.set_defaults(verb_parsers=dict(sub.choices))
     return parser
 

@@ -63,8 +63,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = p.add_subparsers(dest="suite_command", metavar="COMMAND", parser_class=type(p))
     b = verbs.add_parser("build", help="draw K samples stratified by local robustness and store the baseline's "
-                                       "outcomes", description="robustest suite build: " + (__doc__ or "").split(
-                                           "\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                       "outcomes", description=(__doc__ or "").split("\n\n")[1],
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint_arg(b)
     add_data_args(b, split="test")
     b.add_argument("--eps", type=radius, required=True, metavar="E",
