@@ -227,7 +227,7 @@ def test_loop_verdict_says_where_robustness_went_and_why_the_loop_stopped():
     results = {"baseline": {**rob, "whitebox_accuracy": 0.1}, "rounds": [{"robustness": rob}],
                "rounds_completed": 1, "stop_reason": "converged"}
     assert loop_verdict(results) == ("Verdict: white-box accuracy went from 0.100 (original model) to 0.300 after "
-                                     "1 round; clean accuracy 0.900 -> 0.900; stopped: the median FOL converged.")
+                                     "1 round; clean accuracy from 0.900 to 0.900; stopped: the median FOL converged.")
 
 
 def test_compare_report_opens_with_the_verdict(mlp_digits_checkpoint, tmp_path):

@@ -223,8 +223,8 @@ def loop_verdict(results: dict[str, Any]) -> str:
     metric = next((m for m in ("autoattack_accuracy", "whitebox_accuracy", "fixed_set_accuracy")
                    if base.get(m) is not None and last.get(m) is not None), "clean_accuracy")
     return (f"Verdict: {_METRIC_WORDS[metric]} accuracy went from {_acc(base.get(metric))} (original model) to "
-            f"{_acc(last.get(metric))} after {plural(results['rounds_completed'], 'round')}; clean accuracy "
-            f"{_acc(base.get('clean_accuracy'))} -> {_acc(last.get('clean_accuracy'))}; stopped: "
+            f"{_acc(last.get(metric))} after {plural(results['rounds_completed'], 'round')}; clean accuracy from "
+            f"{_acc(base.get('clean_accuracy'))} to {_acc(last.get('clean_accuracy'))}; stopped: "
             f"{_STOPPED.get(results['stop_reason'], results['stop_reason'])}.")
 
 
