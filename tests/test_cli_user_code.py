@@ -4,6 +4,7 @@ line naming that code, never an internal error."""
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 
@@ -106,3 +107,52 @@ def test_train_with_a_raising_factory_is_bad_input(user_pkg, capsys, tmp_path):
     code, _, err = run_cli(capsys, "train", "--dataset", "digits", "--limit", "32", "--model", "usermods:raising",
                            "--epochs", "1", "--out", tmp_path / "out")
     assert "the model factory usermods:raising raised ValueError: bad width" in one_line(code, err)
+
+
+# ------------------------------------------------------------------------- a hardened own model, one flag
+@pytest.fixture
+def hardened(user_pkg, capsys, tmp_path):
+    """model.pt of usermods:small hardened for one epoch from its random weights."""
+    code, _, err = run_cli(capsys, "harden", "--dataset", "digits", "--limit", "48", "--eps", "0.1", "--epochs", "1",
+                           "--model", "usermods:small", "--model-args", '{"num_classes": 10}', "--from-scratch",
+                           "--out", tmp_path / "hard", "--no-progress")
+    assert code == 0, err
+    return tmp_path / "hard" / "model.pt"
+
+
+EVAL = ["eval", "--dataset", "digits", "--limit", "16", "--eps", "0.1", "--version", "fast", "--no-progress"]
+
+
+def test_a_hardened_own_model_reloads_with_weights_alone(hardened, capsys, tmp_path):
+    payload = torch.load(hardened, weights_only=True)  # a safe checkpoint that names its factory
+    assert payload["spec"] == {"kind": "factory", "factory": "usermods:small", "args": {"num_classes": 10}}
+    code, _, err = run_cli(capsys, *EVAL, "--weights", hardened, "--out", tmp_path / "e1")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, *EVAL, "--model", "usermods:small", "--weights", hardened, "--out", tmp_path / "e2")
+    assert code == 0, err  # naming the factory as well is the same model (its arguments come from the file)
+    a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("e1", "e2"))
+    assert a["clean_accuracy"] == b["clean_accuracy"] and a["robust_accuracy"] == b["robust_accuracy"]
+
+
+def test_checkpoint_of_an_own_model_points_to_weights(hardened, capsys, tmp_path):
+    code, _, err = run_cli(capsys, *EVAL, "--checkpoint", hardened, "--out", tmp_path / "e")
+    assert one_line(code, err) == ("robustest eval: error: " f"{hardened} holds weights of a model built by your "
+                                   "'usermods:small': load them with --weights model.pt (or --model usermods:small "
+                                   "--weights model.pt), which imports and runs that factory")
+
+
+def test_bare_weights_alone_ask_for_the_model(user_pkg, capsys, tmp_path):
+    code, _, err = run_cli(capsys, *EVAL, "--weights", user_pkg / "exploding.pt", "--out", tmp_path / "e")
+    assert one_line(code, err) == (f"robustest eval: error: {user_pkg / 'exploding.pt'} holds bare weights, which do "
+                                   "not say which model they belong to: name it, --model pkg.module:factory "
+                                   "--weights exploding.pt")
+
+
+def test_weights_alone_of_a_zoo_checkpoint_load_it(capsys, tmp_path):
+    from robustest import models
+    from robustest.train.checkpoints import save_checkpoint
+
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "zoo.pt", models.create("digits_cnn", input_size=8))
+    code, _, err = run_cli(capsys, *EVAL, "--weights", tmp_path / "zoo.pt", "--out", tmp_path / "e")
+    assert code == 0, err

@@ -56,8 +56,9 @@ def add_model_args(p: argparse.ArgumentParser, zoo: bool = False) -> None:
     that trains: with --from-scratch, the same flag as --random-init)."""
     g = p.add_argument_group("model (give --checkpoint, or --model for your own code)")
     g.add_argument("--checkpoint", metavar="FILE", default=None,
-                   help="model.pt from 'robustest train' (safe: weights only), a torch.export program (.pt2), or "
-                        "a TorchScript archive with --torchscript; with --model: that model's weights")
+                   help="model.pt of a zoo model from 'robustest train' or 'harden' (safe: weights only), a "
+                        "torch.export program (.pt2), or a TorchScript archive with --torchscript; the weights of "
+                        "your own model go in --weights")
     g.add_argument("--torchscript", action="store_true",
                    help="accept a TorchScript archive as --checkpoint: it RUNS CODE from the file, so only from a "
                         "source you trust")
@@ -68,7 +69,9 @@ def add_model_args(p: argparse.ArgumentParser, zoo: bool = False) -> None:
     g.add_argument("--model-args", type=json_object, default=None, metavar="JSON",
                    help="keyword arguments for --model as a JSON object, e.g. '{\"num_classes\": 10}'")
     g.add_argument("--weights", metavar="FILE", default=None,
-                   help="state_dict for --model (read with torch.load(weights_only=True))")
+                   help="the weights of your model (read with torch.load(weights_only=True)): a state_dict for "
+                        "--model, or a checkpoint robustest saved from your --model (harden, enhance, run): it names "
+                        "its factory, so --weights FILE alone rebuilds the model (importing and running that factory)")
     if zoo:
         g.add_argument("--from-scratch", "--random-init", dest="random_init", action="store_true",
                        help="train --model (a zoo name such as mnist_small, sized from the data, or "
@@ -274,8 +277,9 @@ def load_model(args: argparse.Namespace) -> nn.Module:
     opts = model_options(args)
     if opts["factory_args"] is not None and opts["factory"] is None:
         raise ConfigError("--model-args applies to --model pkg.module:factory")
-    if opts["source"] is None and opts["factory"] is None:
-        raise ConfigError("no model given: pass --checkpoint FILE (or --model pkg.module:factory [--weights FILE])")
+    if opts["source"] is None and opts["factory"] is None and opts["weights"] is None:
+        raise ConfigError("no model given: pass --checkpoint FILE, or --model pkg.module:factory --weights FILE for "
+                          "your own model (--weights FILE alone for a checkpoint robustest saved from it)")
     random_init = bool(getattr(args, "random_init", False))
     if random_init and (opts["source"] is not None or opts["weights"] is not None):
         raise ConfigError("--random-init/--from-scratch starts from random weights: drop --checkpoint/--weights, or "

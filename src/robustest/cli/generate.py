@@ -348,7 +348,8 @@ def run(args: argparse.Namespace) -> int:
     fol_norm = args.fol_norm or ("l2" if args.method == "cw" else args.norm)
     method = args.method
     summary: dict[str, Any] = {"method": method, "dataset": args.dataset, "split": args.split,
-                               "checkpoint": str(args.checkpoint or args.model_factory), "seeds": n_seeds}
+                               "checkpoint": str(args.checkpoint or args.model_factory or args.weights),
+                               "seeds": n_seeds}
     t_gen = time.perf_counter()
     t = _generate(args, model, ds, n_seeds, eps, fol_norm, not args.no_progress)
     summary.update(t.summary)

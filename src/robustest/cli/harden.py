@@ -346,7 +346,7 @@ def run(args: argparse.Namespace) -> int:
     t_after = time.perf_counter() - t3
     meta = dict(getattr(model, "robustest_metadata", {}) or {})
     meta["hardened"] = {"settings": res.settings, "compute": res.compute, "kept_epoch": res.kept_epoch,
-                        "source": str(args.checkpoint or args.model_factory), "dataset": args.dataset,
+                        "source": str(args.checkpoint or args.model_factory or args.weights), "dataset": args.dataset,
                         "from_scratch": bool(args.random_init)}
     save_checkpoint(out / "model.pt", model, metadata=meta)
     files = {"model": "model.pt", "report": "report.html", "state": "state/"}

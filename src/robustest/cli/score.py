@@ -287,7 +287,8 @@ def run(args: argparse.Namespace) -> int:
     timings = {"load_s": t_load, "score_s": t_score, "per_input_ms": 1000 * t_score / max(n, 1),
                "total_s": time.perf_counter() - t0}
     # summary.json: the pre-contract file, same figures (kept for scripts that read it)
-    atomic_write_json(out / "summary.json", {**figures, "checkpoint": str(args.checkpoint or args.model_factory),
+    source = str(args.checkpoint or args.model_factory or args.weights)
+    atomic_write_json(out / "summary.json", {**figures, "checkpoint": source,
                                              "fol_seed": figures.get("fol_seed"), "timings": timings})
     files = {"scores": "scores.pt", "csv": "scores.csv", "histogram": "scores_hist.png", "summary": "summary.json",
              "report": "report.html"}

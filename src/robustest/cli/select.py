@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     if "fill" in spec.options:
         settings["fill"] = args.fill
     if spec.needs == "features":
-        settings["model"] = args.checkpoint or args.model_factory
+        settings["model"] = args.checkpoint or args.model_factory or args.weights
     if spec.seeded or ("fill" in spec.options and args.fill == "random"):
         settings["seed"] = args.seed
     if args.tests is not None:

@@ -159,13 +159,23 @@ def _build_factory(factory: str, args: dict[str, Any] | None) -> nn.Module:
 def load_state_dict_file(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """A state_dict from ``path`` (``torch.load(weights_only=True)``): a bare state_dict, a robustest
     checkpoint, or a dict holding it under ``state_dict``/``model``/``model_state_dict``."""
-    path = Path(path)
+    return _weights_file(Path(path))[0]
+
+
+def _weights_file(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, dict[str, Any]]:
+    """(state_dict, spec, metadata) of a weights file: a robustest checkpoint (its spec says which model the
+    weights belong to) or a bare or wrapped state_dict (spec None, no metadata)."""
     if not path.is_file():
         raise CheckpointError(f"weights file {str(path)!r} does not exist: pass a state_dict saved with torch.save")
+    kind = file_kind(path)
+    if kind in ("torchscript", "export"):
+        what = "a TorchScript archive" if kind == "torchscript" else "a .pt2 program"
+        raise CheckpointError(f"{path} is {what}, not weights: pass it as --checkpoint")
     payload = _safe_load(path, map_location="cpu")
     if isinstance(payload, dict) and payload.get("format") == CHECKPOINT_FORMAT:
-        payload = payload.get("state_dict")
-    elif isinstance(payload, dict):
+        payload = _checked_checkpoint(path, payload)
+        return payload["state_dict"], payload["spec"], dict(payload.get("metadata") or {})
+    if isinstance(payload, dict):
         for key in ("state_dict", "model_state_dict", "model"):
             if isinstance(payload.get(key), dict):
                 payload = payload[key]
@@ -174,7 +184,7 @@ def load_state_dict_file(path: str | os.PathLike[str]) -> dict[str, torch.Tensor
             not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in payload.items()):
         raise CheckpointError(f"{path} holds no state_dict (a mapping of parameter names to tensors): save one with "
                               "torch.save(model.state_dict(), path)")
-    return payload
+    return payload, None, {}
 
 
 def _load_weights(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
@@ -234,26 +244,34 @@ def load_model(source: str | os.PathLike[str] | None = None, *, factory: str | N
     """
     if isinstance(map_location, (str, torch.device)):  # an unusable device is a ConfigError, not a bad file
         resolve_device(None, map_location)
+    if factory is None and source is None and weights is not None:  # the weights alone: the file names the model
+        path = Path(weights)
+        state, spec, meta = _weights_file(path)
+        if spec is None:
+            raise ConfigError(f"{path} holds bare weights, which do not say which model they belong to: name it, "
+                              f"--model pkg.module:factory --weights {path.name}")
+        if spec.get("kind") != "factory":  # a zoo model (or an export program's weights): none of your code runs
+            model = _rebuild(path, spec, map_location)
+            _load_weights(model, state, str(path))
+            model.robustest_metadata = meta
+            return set_mode(model.to(map_location), False)
+        if not isinstance(spec.get("factory"), str):
+            raise CheckpointError(f"{path}: the checkpoint names no factory: load it with --model pkg.module:factory "
+                                  f"--weights {path.name}")
+        args = factory_args if factory_args is not None else spec.get("args") or {}
+        return _from_factory(spec["factory"], args, state, meta, str(path), map_location)
     if factory is not None:
         if source is not None and weights is not None:
-            raise ConfigError("give the weights once: --weights FILE or --checkpoint FILE, not both")
+            raise ConfigError("give the weights once: --weights FILE (or --checkpoint FILE), not both")
         meta: dict[str, Any] = {}
         args = factory_args
         state = None
-        if source is not None:
-            payload = _read_checkpoint(Path(source))
-            spec = payload["spec"]
-            if args is None and spec.get("kind") == "factory" and spec.get("factory") == factory:
+        file = source if source is not None else weights
+        if file is not None:  # a robustest checkpoint of this factory also gives its arguments
+            state, spec, meta = _weights_file(Path(file)) if source is None else _checkpoint_parts(Path(file))
+            if args is None and spec and spec.get("kind") == "factory" and spec.get("factory") == factory:
                 args = spec.get("args") or {}
-            state, meta = payload["state_dict"], dict(payload.get("metadata") or {})
-        elif weights is not None:
-            state = load_state_dict_file(weights)
-        model = _build_factory(factory, args)
-        if state is not None:
-            _load_weights(model, state, str(source or weights))
-        model.robustest_source = {"kind": "factory", "factory": factory, "args": dict(args or {})}
-        model.robustest_metadata = meta
-        return set_mode(model.to(map_location), False)
+        return _from_factory(factory, args, state, meta, None if file is None else str(file), map_location)
     if source is None:
         raise ConfigError("no model given: pass --checkpoint FILE or --model pkg.module:factory")
     if weights is not None:
@@ -290,6 +308,23 @@ def load_model(source: str | os.PathLike[str] | None = None, *, factory: str | N
     return set_mode(model.to(map_location), False)
 
 
+def _checkpoint_parts(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    payload = _read_checkpoint(path)
+    return payload["state_dict"], payload["spec"], dict(payload.get("metadata") or {})
+
+
+def _from_factory(factory: str, args: dict[str, Any] | None, state: dict[str, torch.Tensor] | None,
+                  meta: dict[str, Any], where: str | None, map_location: Any) -> nn.Module:
+    """The model ``factory(**args)`` with the weights ``state`` (from the file ``where``), recording the spec that
+    rebuilds it (saved with every checkpoint of it, so ``--weights FILE`` alone loads it again)."""
+    model = _build_factory(factory, args)
+    if state is not None:
+        _load_weights(model, state, str(where))
+    model.robustest_source = {"kind": "factory", "factory": factory, "args": dict(args or {})}
+    model.robustest_metadata = meta
+    return set_mode(model.to(map_location), False)
+
+
 def _load_export(path: Path, map_location: Any, sha256: str | None = None) -> nn.Module:
     if sha256 is not None and _sha256(path) != sha256:
         raise CheckpointError(f"{path} changed since the checkpoint was saved from it (its SHA-256 differs): "
@@ -315,7 +350,10 @@ def _read_checkpoint(path: Path) -> dict[str, Any]:
     if kind in ("torchscript", "export"):
         raise CheckpointError(f"{path} is a {'TorchScript archive' if kind == 'torchscript' else '.pt2 program'}, "
                               "not a robustest checkpoint")
-    payload = _safe_load(path, map_location="cpu")
+    return _checked_checkpoint(path, _safe_load(path, map_location="cpu"))
+
+
+def _checked_checkpoint(path: Path, payload: Any) -> dict[str, Any]:
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a robustest checkpoint (a bare state_dict or another format): "
                               "save one with save_checkpoint/'robustest train', or load a state_dict with "
@@ -346,14 +384,15 @@ def _rebuild(path: Path, spec: dict[str, Any], map_location: Any) -> nn.Module:
                                   "put the .pt2 file back or load the weights with --model pkg.module:factory")
         return _load_export(Path(program), map_location, spec.get("sha256"))
     if kind == "factory":
-        raise CheckpointError(f"{path} holds weights of a model built by {spec.get('factory')!r}: rebuilding it runs "
-                              f"that code, so name it: --checkpoint {path.name} --model {spec.get('factory')}")
+        raise CheckpointError(f"{path} holds weights of a model built by your {spec.get('factory')!r}: load them with "
+                              f"--weights {path.name} (or --model {spec.get('factory')} --weights {path.name}), which "
+                              "imports and runs that factory")
     if kind == "torchscript":
         raise CheckpointError(f"{path} holds weights of a TorchScript model: load the archive it came from with "
                               "--torchscript (or restore_weights in Python)")
     if kind == "module":
         raise CheckpointError(f"{path} holds weights of {spec.get('class')!r}, built outside robustest: rebuild it "
-                              "with --model pkg.module:factory --checkpoint FILE (or restore_weights in Python)")
+                              f"with --model pkg.module:factory --weights {path.name} (or restore_weights in Python)")
     raise CheckpointError(f"{path}: unknown model spec kind {kind!r}")
 
 
