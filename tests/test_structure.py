@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -115,3 +116,18 @@ def test_layers_contract_holds() -> None:
     res = subprocess.run([exe, "--config", str(SRC.parents[1] / "pyproject.toml")], capture_output=True, text=True,
                          cwd=SRC.parents[1])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+
+
+def test_no_extra_requires_a_package_that_replaces_the_installed_torch() -> None:
+    """torchattacks (its torchvision pin), imagecorruptions (opencv-python) and dnn-tip are installed with --no-deps
+    by CI and the benchmarks' instructions; an extra that required them would let pip swap the CPU torch."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pulled = {"torch", "torchvision", "torchattacks", "imagecorruptions", "dnn-tip", "opencv-python"}
+    for name, reqs in extras.items():
+        names = {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower() for r in reqs}
+        assert not names & pulled, (name, names & pulled)
+    ci = (root / ".ci" / "run").read_text()
+    assert "--no-deps torchattacks==3.5.1 dnn-tip==0.1.1" in ci and "--no-deps imagecorruptions==1.1.2" in ci
