@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from robustest.core.errors import ConfigError
-from robustest.suite.build import MIN_PER_STRATUM, make_strata, stratified_draw
-from robustest.suite.check import regressed
-from robustest.suite.stats import paired_difference
+from robustest.suite.build import MIN_PER_STRATUM, data_sha256, make_strata, stratified_draw
+from robustest.suite.check import SuiteCheck, regressed
+from robustest.suite.stats import Estimate, paired_difference
 
 
 def five_broken(n: int = 40):
@@ -87,3 +87,74 @@ def test_neyman_counts_a_clean_error_as_certain_failure():
     assert alloc.tolist() == [2, 10]
     with pytest.raises(ConfigError, match="unknown allocation 'optimal'"):
         stratified_draw(a, 12, strata=2, by_class="no", allocation="optimal")
+
+
+# ------------------------------------------------------------------------------------- the check's reporting
+def est(value: float, lo: float, hi: float) -> Estimate:
+    return Estimate(value, lo, hi, 0.01, 100.0, 38, 0.95)
+
+
+def a_check(regression: bool | None, flags: list[dict] | None = None, accepted: tuple[str, ...] = ()) -> SuiteCheck:
+    comparison = None if regression is None else five_broken()
+    k = 40
+    outcomes = {"clean": torch.ones(k, dtype=torch.bool), "robust": torch.ones(k, dtype=torch.bool)}
+    return SuiteCheck(robust=est(0.875, 0.75, 0.95), clean=est(1.0, 0.9, 1.0), corruption=None,
+                      baseline=None if regression is None else {"robust_accuracy": est(1.0, 0.9, 1.0)},
+                      comparison=comparison, corruption_comparison=None, regression=regression, alpha=0.05,
+                      max_drop=0.02, version="fast", baseline_source=None if regression is None else "stored",
+                      outcomes=outcomes, baseline_outcomes=None, flags=flags or [], accepted_flags=accepted)
+
+
+def test_repr_and_message_of_a_regression_name_the_figures():
+    r = a_check(True)
+    assert repr(r) == ("SuiteCheck(robust 87.5% [75.0, 95.0], version='fast', drop +12.5 points "
+                       f"[{100 * r.comparison.ci_low:+.1f}, {100 * r.comparison.ci_high:+.1f}], McNemar p=0.0312, "
+                       "REGRESSION)")
+    m = r.message()
+    assert m.startswith("REGRESSION: robust accuracy 87.5% (95% interval 75.0-95.0%) on 40 suite samples, "
+                        "baseline 100.0%; drop +12.5 points")
+    assert "5 samples broken only by the candidate, 0 only by the baseline" in m
+    assert m.endswith("the drop is significant (exact McNemar p = 0.0312 < alpha 0.05) and larger than max_drop "
+                      "2.0 points")
+    assert r.verdict == "regression" and r.failed is True
+    d = r.to_dict()
+    assert d["verdict"] == "regression" and d["failed"] is True and d["comparison"]["b"] == 5
+    assert d["estimate"]["robust_accuracy"] == 0.875 and d["baseline"]["robust_accuracy"]["value"] == 1.0
+
+
+def test_pass_no_baseline_and_unreliable_verdicts():
+    ok = a_check(False)
+    assert ok.verdict == "pass" and ok.failed is False and repr(ok).endswith(", pass)")
+    assert ok.message().startswith("no regression: ")
+    assert ok.message().endswith("the drop is significant (p = 0.0312) but not larger than max_drop 2.0 points")
+    none = a_check(None)
+    assert none.verdict == "no baseline" and none.failed is False
+    assert repr(none) == "SuiteCheck(robust 87.5% [75.0, 95.0], version='fast')"
+    assert none.message() == ("robust accuracy 87.5% (95% interval 75.0-95.0%) on 40 suite samples; no baseline "
+                              "to compare with")
+    flags = [{"name": "gradient_masking", "severity": "unreliable"}, {"name": "gradient_masking",
+             "severity": "unreliable"}, {"name": "slow", "severity": "warning"}]
+    bad = a_check(False, flags)
+    assert bad.blocking_flags == ["gradient_masking"] and bad.verdict == "unreliable" and bad.failed is True
+    assert "UNRELIABLE: the evaluation is flagged gradient_masking" in bad.message()
+    fine = a_check(False, flags, accepted=("gradient_masking",))
+    assert fine.blocking_flags == [] and fine.verdict == "pass" and fine.failed is False
+
+
+def test_data_sha256_is_the_hash_of_the_images_labels_and_count_whatever_the_batching():
+    import hashlib
+
+    x = torch.linspace(0, 1, 5 * 4).reshape(5, 1, 2, 2)
+    y = torch.tensor([0, 1, 2, 1, 0])
+    want = hashlib.sha256(x.numpy().tobytes() + y.numpy().astype("int64").tobytes())
+    assert data_sha256((x, y), batch_size=5) != want.hexdigest()  # the count is part of the hash
+    want.update(b"n=5")
+    assert data_sha256((x, y), batch_size=5) == want.hexdigest()
+    # streamed in batches of 2: images and labels interleave per batch
+    h = hashlib.sha256()
+    for s in range(0, 5, 2):
+        h.update(x[s:s + 2].numpy().tobytes())
+        h.update(y[s:s + 2].numpy().astype("int64").tobytes())
+    h.update(b"n=5")
+    assert data_sha256((x, y), batch_size=2) == h.hexdigest()
+    assert data_sha256(x, batch_size=5) == hashlib.sha256(x.numpy().tobytes() + b"n=5").hexdigest()

@@ -29,7 +29,7 @@ import torch
 
 from robustest.core.errors import ConfigError
 
-__all__ = ["Difference", "Estimate", "mcnemar_exact", "paired_difference", "stratified_estimate", "weighted_counts"]
+__all__ = ["Difference", "Estimate", "mcnemar_exact", "paired_difference", "stratified_estimate"]
 
 
 @dataclass(frozen=True)
@@ -144,15 +144,6 @@ def stratified_estimate(values: torch.Tensor, stratum: torch.Tensor, sizes: torc
         n_eff *= (_t(1 - alpha / 2, k - 1) / _t(1 - alpha / 2, df)) ** 2
     lo, hi = _clopper_pearson(p, n_eff, alpha)
     return Estimate(p, lo, hi, math.sqrt(variance), float(n_eff), df, level)
-
-
-def weighted_counts(base: torch.Tensor, cand: torch.Tensor, weights: torch.Tensor) -> dict[str, float]:
-    """The weighted 2 x 2 table of two binary outcome vectors: ``both``, ``base_only``, ``cand_only``, ``neither``."""
-    a = torch.as_tensor(base).bool()
-    b = torch.as_tensor(cand).bool()
-    w = torch.as_tensor(weights).double()
-    return {"both": float(w[a & b].sum()), "base_only": float(w[a & ~b].sum()),
-            "cand_only": float(w[~a & b].sum()), "neither": float(w[~a & ~b].sum())}
 
 
 def _weighted_correlation(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> float:
