@@ -1,7 +1,8 @@
 """Exact behaviour of the AutoAttack attacks, not only "at least as strong": APGD's checkpoint rule and step-size
 schedule against a transcription of the reference rule (fra31/auto-attack, ``attack_single_run``), the order of
 APGD-T's and FAB-T's target classes (the runner-up first, never the true class), and Square's p schedule against
-the reference table."""
+the reference table; PGD's per-sample options (a stopping rule shrinks the active set and the per-sample step
+sizes with it, ``track_success`` counts the final point)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import importlib
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from robustest import attacks
 from robustest.attacks.apgd import _halve_at_checkpoint
@@ -203,3 +205,64 @@ def test_square_p_schedule_is_the_reference_schedule(queries, rescale):
         drops = [it for it in range(1, queries) if got[it] < got[it - 1]]
         assert drops == [11, 51, 201, 501, 1001, 2001, 4001, 6001, 8001]
         assert got[-1] == pytest.approx(0.8 / 512)
+
+
+# ------------------------------------------------------------------ PGD: per-sample options, exactly
+
+def boundary_model() -> nn.Module:
+    """logits = [s - 2, 2 - s] with s the sum of the 4 pixels: class 0 exactly when s > 2."""
+    m = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+    with torch.no_grad():
+        m[1].weight.copy_(torch.tensor([[1.0] * 4, [-1.0] * 4]))
+        m[1].bias.copy_(torch.tensor([-2.0, 2.0]))
+    return m.eval()
+
+
+def test_success_counts_the_final_point():
+    # s = 2.04: class 0, right; one step of 0.05 per pixel down (s = 1.84) crosses the boundary, and only the final
+    # point is misclassified
+    x, y = torch.full((1, 1, 2, 2), 0.51), torch.tensor([0])
+    res = attacks.pgd(boundary_model(), x, y, 0.05, alpha=0.05, steps=1, random_start=False,
+                      return_details=True, track_success=True)
+    assert torch.allclose(res.adv, torch.full_like(x, 0.46)) and res.evals.tolist() == [1]
+    assert res.success.tolist() == [True]
+    small = attacks.pgd(boundary_model(), x, y, 0.005, alpha=0.005, steps=1, random_start=False,
+                        return_details=True, track_success=True)
+    assert small.success.tolist() == [False]  # s = 2.02: still right
+
+
+def test_a_stopped_sample_keeps_its_point_and_the_others_their_own_step_sizes():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3)).eval()
+    x, y = torch.rand(4, 1, 4, 4), torch.tensor([0, 1, 2, 0])
+    eps = torch.tensor([0.1, 0.2, 0.05, 0.15])
+    alpha = torch.tensor([0.01, 0.03, 0.02, 0.04])
+
+    def run(stop=None):
+        return attacks.pgd(model, x, y, eps, alpha=alpha, steps=4, generator=torch.Generator().manual_seed(3),
+                           stop=stop, return_details=True)
+
+    free = run()
+    first = run(lambda k, xa, g, logits, index: index == 0)  # sample 0 stops at its first evaluation
+    start = run(lambda k, xa, g, logits, index: torch.ones_like(index, dtype=torch.bool))
+    assert start.evals.tolist() == [1, 1, 1, 1]
+    assert first.evals.tolist() == [1, 4, 4, 4] and free.evals.tolist() == [4, 4, 4, 4]
+    assert torch.equal(first.adv[0], start.adv[0])  # stopped: its (random) start point
+    assert torch.equal(first.adv[1:], free.adv[1:])  # the others moved by their own alpha, as without the rule
+    # each moved sample lies in its own ball, and moved by at most steps x its alpha from the start
+    moved = (free.adv - start.adv).flatten(1).abs().amax(1)
+    assert bool((moved <= 4 * alpha + 1e-6).all()) and bool((moved > 0).all())
+    assert bool(((free.adv - x).flatten(1).abs().amax(1) <= eps + 1e-6).all())
+
+
+def test_stop_from_delays_the_rule():
+    model = boundary_model()
+    x, y = torch.rand(3, 1, 2, 2), torch.tensor([0, 1, 0])
+
+    def always(k, xa, g, logits, index):
+        return torch.ones_like(index, dtype=torch.bool)
+
+    res = attacks.pgd(model, x, y, 0.1, steps=5, random_start=False, stop=always, stop_from=2, return_details=True)
+    assert res.evals.tolist() == [3, 3, 3]
+    with pytest.raises(Exception, match="stop must return a bool tensor of the 3 active samples"):
+        attacks.pgd(model, x, y, 0.1, steps=2, stop=lambda *a: torch.ones(2, dtype=torch.bool), return_details=True)
