@@ -266,3 +266,42 @@ def test_stop_from_delays_the_rule():
     assert res.evals.tolist() == [3, 3, 3]
     with pytest.raises(Exception, match="stop must return a bool tensor of the 3 active samples"):
         attacks.pgd(model, x, y, 0.1, steps=2, stop=lambda *a: torch.ones(2, dtype=torch.bool), return_details=True)
+
+
+def test_apgd_variants_share_the_reference_defaults_and_check_their_counts():
+    import inspect
+
+    from robustest.core.errors import ConfigError
+
+    for fn in (attacks.apgd, attacks.apgd_dlr, attacks.apgd_t):
+        params = inspect.signature(fn).parameters
+        assert params["rho"].default == RHO and params["restarts"].default == 1, fn.__name__
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3)).eval()
+    x, y = torch.rand(2, 1, 2, 2), torch.tensor([0, 1])
+    for kw, name in (({"restarts": 0}, "restarts"), ({"eot_iter": 0}, "eot_iter"), ({"steps": 0}, "steps")):
+        with pytest.raises(ConfigError, match=name):
+            attacks.apgd_dlr(model, x, y, 0.1, **kw)
+
+
+@pytest.mark.parametrize("target", [None, torch.tensor([2, 2, 0, 1, 0, 1])])
+def test_pgd_restarts_keep_per_sample_the_stronger_run(target):
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3)).eval()
+    x, y = torch.rand(6, 1, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2])
+    kw = {"steps": 2, "alpha": 0.02, "target": target}
+    both = attacks.pgd(model, x, y, 0.05, restarts=2, generator=torch.Generator().manual_seed(4), **kw)
+    gen = torch.Generator().manual_seed(4)
+    runs = [attacks.pgd(model, x, y, 0.05, generator=gen, **kw) for _ in range(2)]
+    with torch.no_grad():
+        logits = [model(r) for r in runs]
+    if target is None:
+        loss = [F.cross_entropy(lg, y, reduction="none") for lg in logits]
+        succ = [lg.argmax(1) != y for lg in logits]
+    else:
+        loss = [-F.cross_entropy(lg, target, reduction="none") for lg in logits]
+        succ = [lg.argmax(1) == target for lg in logits]
+    second = (succ[1] & ~succ[0]) | ((succ[1] == succ[0]) & (loss[1] > loss[0]))
+    assert 0 < int(second.sum()) < 6  # each run wins somewhere: the choice is per sample
+    want = torch.where(second.view(-1, 1, 1, 1), runs[1], runs[0])
+    assert torch.equal(both, want)

@@ -249,3 +249,17 @@ def test_cuda_model_cpu_data(trained_digits_model, xy):
     again = ev.evaluate(model, xy, 0.1, version="custom", attacks=SMALL, seed=0)
     assert r.adv.device.type == "cpu" and r.settings["device"].startswith("cuda")
     assert r.broken_by == again.broken_by
+
+
+def test_corruptions_use_the_evaluation_seed_and_are_timed(trained_digits_model, xy):
+    m = trained_digits_model
+    kw = {"version": "custom", "attacks": [("apgd-ce", {"steps": 1})], "corruptions": ["gaussian_noise"],
+          "severities": (5,)}
+    per_seed = {}
+    for seed in (0, 5):
+        r = ev.evaluate(m, xy, 0.1, seed=seed, **kw)
+        ref = ev.corruption_accuracy(m, xy, corruptions=["gaussian_noise"], severities=(5,), seed=seed)
+        assert r.corruption["mean_corruption_accuracy"] == ref.mean_corruption_accuracy
+        assert r.timings["corruptions_s"] > 0 and "total_s" in r.timings
+        per_seed[seed] = ref.accuracy
+    assert per_seed[0] != per_seed[5]  # the noise draws differ: the seed reaches the corruptions

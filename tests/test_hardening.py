@@ -433,3 +433,44 @@ def test_harden_stops_with_one_line_when_the_loss_is_not_finite(exploding_model)
     x, y = torch.rand(16, 1, 8, 8), torch.arange(16) % 3
     with pytest.raises(TrainingDiverged, match=r"harden diverged: the pgd-at loss is nan"):
         harden(exploding_model, (x, y), method="pgd-at", eps=0.1, epochs=1, progress=False)
+
+
+def _held_by_hand(labels: torch.Tensor, shares: list[int], seed: int) -> list[int]:
+    """Within each class the ``shares[c]`` samples with the smallest keys of the seeded draw, sorted."""
+    from robustest.core.seeding import make_generator
+    from robustest.train.seeds import derive_seed
+
+    key = torch.rand(len(labels), generator=make_generator(derive_seed(seed, "holdout")))
+    held = []
+    for c, share in enumerate(shares):
+        members = (labels == c).nonzero().flatten()
+        held += members[torch.argsort(key[members])[:share]].tolist()
+    return sorted(held)
+
+
+def test_holdout_split_shares_by_largest_remainder_and_draws_by_the_seed():
+    labels = torch.tensor([0] * 6 + [1] * 3 + [2] * 1)
+    # k = 5 of 10: exact shares 3, 1.5, 0.5 -> floors 3, 1, 0 and the one left to class 1 (the tie: smaller index)
+    for seed in (0, 1):
+        train, val = early_stopping.holdout_split(labels, 5, seed=seed)
+        assert torch.bincount(labels[val], minlength=3).tolist() == [3, 2, 0]
+        assert val.tolist() == _held_by_hand(labels, [3, 2, 0], seed)
+        assert train.tolist() == sorted(set(range(10)) - set(val.tolist()))
+    assert not torch.equal(early_stopping.holdout_split(labels, 5, seed=0)[1],
+                           early_stopping.holdout_split(labels, 5, seed=1)[1])
+    # classes in another order of labels: the class comes first, then the key
+    mixed = torch.tensor([2, 0, 1, 0, 1, 0, 2, 1, 0, 0])
+    _, val = early_stopping.holdout_split(mixed, 4, seed=3)  # shares 2, 1.2, 0.8 -> 2, 1, 1
+    assert val.tolist() == _held_by_hand(mixed, [2, 1, 1], 3)
+
+
+def test_holdout_split_bounds():
+    labels = torch.tensor([0, 1, 0, 1])
+    train, val = early_stopping.holdout_split(labels, 0)
+    assert train.tolist() == [0, 1, 2, 3] and val.tolist() == []
+    train, val = early_stopping.holdout_split(labels, 4)
+    assert train.tolist() == [] and val.tolist() == [0, 1, 2, 3]
+    with pytest.raises(ConfigError, match="cannot hold out 5 of 4 samples"):
+        early_stopping.holdout_split(labels, 5)
+    with pytest.raises(ConfigError, match="k"):
+        early_stopping.holdout_split(labels, -1)

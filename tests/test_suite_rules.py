@@ -158,3 +158,35 @@ def test_data_sha256_is_the_hash_of_the_images_labels_and_count_whatever_the_bat
     h.update(b"n=5")
     assert data_sha256((x, y), batch_size=2) == h.hexdigest()
     assert data_sha256(x, batch_size=5) == hashlib.sha256(x.numpy().tobytes() + b"n=5").hexdigest()
+
+
+def test_images_on_the_255_grid_are_stored_as_bytes_and_others_as_floats():
+    from robustest.suite.build import _as_stored
+
+    grid = torch.tensor([0, 1, 128, 254, 255], dtype=torch.float32).reshape(1, 1, 1, 5) / 255.0
+    stored = _as_stored(grid)
+    assert stored.dtype == torch.uint8 and stored.flatten().tolist() == [0, 1, 128, 254, 255]
+    off = grid.clone()
+    off[0, 0, 0, 2] = 0.5  # 127.5 / 255: not on the grid
+    kept = _as_stored(off)
+    assert kept.dtype == torch.float32 and torch.equal(kept, off)
+
+
+def test_fewer_than_four_samples_make_one_stratum():
+    stratum, desc, _ = make_strata(torch.arange(10), torch.zeros(10, dtype=torch.long), k=3, strata=4, by_class="no")
+    assert len(desc) == 1 and stratum.tolist() == [0] * 10
+    stratum, desc, _ = make_strata(torch.arange(10), torch.zeros(10, dtype=torch.long), k=4, strata=4, by_class="no")
+    assert len(desc) == 2 and stratum.tolist() == [0] * 5 + [1] * 5
+
+
+def test_build_checks_the_number_of_targets_before_any_work(monkeypatch):
+    from robustest.suite import build as build_mod
+
+    def no_work(*a, **k):
+        raise AssertionError("analysed before the settings were checked")
+
+    monkeypatch.setattr(build_mod, "num_samples", no_work)  # the first look at the data
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    data = (torch.rand(8, 1, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]))
+    with pytest.raises(ConfigError, match="n_targets"):
+        build_mod.build_suite(model, data, 0.1, k=4, n_targets=0)
