@@ -255,11 +255,10 @@ def load_model(source: str | os.PathLike[str] | None = None, *, factory: str | N
             _load_weights(model, state, str(path))
             model.robustest_metadata = meta
             return set_mode(model.to(map_location), False)
-        if not isinstance(spec.get("factory"), str):
-            raise CheckpointError(f"{path}: the checkpoint names no factory: load it with --model pkg.module:factory "
-                                  f"--weights {path.name}")
-        args = factory_args if factory_args is not None else spec.get("args") or {}
-        return _from_factory(spec["factory"], args, state, meta, str(path), map_location)
+        named = spec.get("factory") if isinstance(spec.get("factory"), str) else "pkg.module:factory"
+        # a file never decides which code runs: the factory it names is imported only when the caller names it too
+        raise ConfigError(f"{path} holds weights of a model built by {named!r}: name that code yourself, --model "
+                          f"{named} --weights {path.name} (robustest never runs code a file names)")
     if factory is not None:
         if source is not None and weights is not None:
             raise ConfigError("give the weights once: --weights FILE (or --checkpoint FILE), not both")
@@ -385,8 +384,8 @@ def _rebuild(path: Path, spec: dict[str, Any], map_location: Any) -> nn.Module:
         return _load_export(Path(program), map_location, spec.get("sha256"))
     if kind == "factory":
         raise CheckpointError(f"{path} holds weights of a model built by your {spec.get('factory')!r}: load them with "
-                              f"--weights {path.name} (or --model {spec.get('factory')} --weights {path.name}), which "
-                              "imports and runs that factory")
+                              f"--model {spec.get('factory')} --weights {path.name}, which imports and runs that "
+                              "factory")
     if kind == "torchscript":
         raise CheckpointError(f"{path} holds weights of a TorchScript model: load the archive it came from with "
                               "--torchscript (or restore_weights in Python)")
