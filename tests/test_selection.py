@@ -330,3 +330,28 @@ def test_kcenter_duplicates_whole_pool_and_errors():
     with pytest.raises(ConfigError, match="NaN or infinite"):
         select(torch.tensor([[0.0], [float("nan")]]), 1, "kcenter")
     assert "core-set" in selection.describe("kcenter")
+
+
+def test_stratified_gives_the_leftover_to_the_largest_fraction_not_the_largest_stratum():
+    # one score bin x 2 classes: strata of 7 and 2; n = 3 -> quotas 2.33 and 0.67 -> 2 + 1
+    labels = torch.tensor([0] * 7 + [1] * 2)
+    for seed in range(5):
+        picked = selection.select(torch.arange(9.0), 3, "stratified", k=1, labels=labels, seed=seed)
+        assert torch.bincount(labels[picked], minlength=2).tolist() == [2, 1]
+
+
+def test_fol_prop_draws_exponential_keys_in_double_precision():
+    scores = torch.tensor([0.5, 2.0, 0.0, 1.0, 3.0, 0.25])
+    picked = selection.select(scores, 4, "fol-prop", seed=11)
+    gen = torch.Generator().manual_seed(11)
+    u = torch.rand(6, generator=gen, dtype=torch.float64)
+    pos = torch.tensor([0, 1, 3, 4, 5])
+    keys = torch.log(u[pos]) / scores[pos].double()
+    assert picked.tolist() == pos[torch.argsort(keys, descending=True)][:4].tolist()
+    assert picked.dtype == torch.int64
+
+
+def test_selection_returns_int64_positions_for_int32_labels():
+    labels = torch.tensor([0, 1, 0, 1, 0, 1], dtype=torch.int32)
+    picked = selection.select(torch.arange(6.0), 4, "stratified", k=2, labels=labels, seed=0)
+    assert picked.dtype == torch.int64 and len(set(picked.tolist())) == 4
