@@ -305,3 +305,20 @@ def test_pgd_restarts_keep_per_sample_the_stronger_run(target):
     assert 0 < int(second.sum()) < 6  # each run wins somewhere: the choice is per sample
     want = torch.where(second.view(-1, 1, 1, 1), runs[1], runs[0])
     assert torch.equal(both, want)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"restarts": 0}, "restarts must be a positive integer, got 0"),
+    ({"alpha": -1.0}, "alpha must be a finite number >= 0, got -1.0"),
+    ({"steps": 0}, "steps must be a positive integer, got 0"),
+    ({"stop_from": -1}, "stop_from must be an integer >= 0, got -1"),
+    ({"eps": 2.0}, "eps must lie in (0, 1] for the L-inf threat model"),
+])
+def test_pgd_refusals_name_the_argument(kw, message):
+    from robustest.core.errors import ConfigError
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3)).eval()
+    x, y = torch.rand(2, 1, 2, 2), torch.tensor([0, 1])
+    with pytest.raises(ConfigError) as err:
+        attacks.pgd(model, x, y, **{"eps": 0.1, **kw})
+    assert str(err.value).startswith(message)
