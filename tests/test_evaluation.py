@@ -263,3 +263,17 @@ def test_corruptions_use_the_evaluation_seed_and_are_timed(trained_digits_model,
         assert r.timings["corruptions_s"] > 0 and "total_s" in r.timings
         per_seed[seed] = ref.accuracy
     assert per_seed[0] != per_seed[5]  # the noise draws differ: the seed reaches the corruptions
+
+
+def test_a_curve_radius_with_no_survivors_left_is_an_empty_point_of_the_same_shape():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3)).eval()
+    x = torch.rand(12, 1, 4, 4)
+    y = model(x).argmax(1)  # every sample right: the curve starts from 12 robust candidates
+    r = ev.evaluate(model, (x, y), [0.01, 0.9, 1.0], version="custom", attacks=[("apgd-ce", {"steps": 5})])
+    first, full, empty = r.curve
+    assert full["robust_accuracy"] == 0.0 and full["broke"] == full["attacked"]  # the whole box: all broken
+    assert empty == {"eps": 1.0, "robust_accuracy": 0.0, "attacked": 0, "broke": 0, "plan": r.plan,
+                     "reliable": True, "flags": [], "seconds": 0.0}
+    assert set(empty) == set(first) == set(full)
+    assert first["attacked"] == 12 and r.robust_accuracy == 0.0
