@@ -72,7 +72,7 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
     t = 0
     for epoch in range(1, epochs + 1):
         if twin:
-            from robustest.train.seeds import derive_seed
+            from robustest.core.seeding import derive_seed
 
             torch.manual_seed(derive_seed(seed, epoch, "global"))
             perm = torch.randperm(n, generator=torch.Generator().manual_seed(derive_seed(seed, epoch, "shuffle")))

@@ -12,9 +12,9 @@ from torch import nn
 from robustest import evaluate as ev
 from robustest import metrics
 from robustest.core.errors import ConfigError
+from robustest.core.seeding import derive_seed
 from robustest.train import early_stopping, fit, fitting, harden, harden_settings, hardening, objectives, schedules
 from robustest.train.objectives import inner
-from robustest.train.seeds import derive_seed
 
 EPS = 0.15
 
@@ -367,7 +367,7 @@ def test_validation_is_pgd_of_quarter_eps_steps_from_a_random_start(base_model, 
 
 
 def test_validation_data_is_measured_every_epoch(base_model, digits_split):
-    from robustest.train.seeds import derive_seed
+    from robustest.core.seeding import derive_seed
 
     (x, y), test = digits_split
     weights, snap = _snapshots()
@@ -437,8 +437,7 @@ def test_harden_stops_with_one_line_when_the_loss_is_not_finite(exploding_model)
 
 def _held_by_hand(labels: torch.Tensor, shares: list[int], seed: int) -> list[int]:
     """Within each class the ``shares[c]`` samples with the smallest keys of the seeded draw, sorted."""
-    from robustest.core.seeding import make_generator
-    from robustest.train.seeds import derive_seed
+    from robustest.core.seeding import derive_seed, make_generator
 
     key = torch.rand(len(labels), generator=make_generator(derive_seed(seed, "holdout")))
     held = []

@@ -78,8 +78,8 @@ def test_comparison_table_has_no_autoattack_columns_when_not_measured():
 # ----------------------------------------------------------------------------------- compare end to end
 def test_compare_with_autoattack_records_it_everywhere(checkpoint, tmp_path, results_contract):
     from robustest import data as datasets
+    from robustest.core.seeding import derive_seed
     from robustest.evaluate import evaluate
-    from robustest.robot import derive_seed
     from robustest.train.checkpoints import load_model
 
     out = tmp_path / "cmp"

@@ -110,6 +110,12 @@ def test_old_homes_are_gone() -> None:
         assert not (SRC / f"{old}.py").exists(), f"src/robustest/{old}.py is still there"
 
 
+def test_one_home_per_helper() -> None:
+    """A helper is defined once: derived seeds live in core/seeding.py only."""
+    homes = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if "def derive_seed(" in p.read_text()]
+    assert homes == ["core/seeding.py"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("importlinter") is None, reason="import-linter is not installed")
 def test_layers_contract_holds() -> None:
     exe = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))

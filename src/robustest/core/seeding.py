@@ -1,8 +1,15 @@
-"""Seeding: every random number generator at once, and explicit torch generators."""
+"""Seeding: every random number generator at once, explicit torch generators, and derived seeds.
+
+Training draws every random number of an epoch (shuffling, random starts, dropout) from a seed derived from
+``(seed, epoch, purpose)``, so the epoch number is the whole random state and a resumed run draws what an
+uninterrupted one does; RobOT derives each round's and cell's seeds the same way."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,3 +31,9 @@ def make_generator(seed: int | None, device: torch.device | str | None = None) -
     else:
         gen.manual_seed(int(seed))
     return gen
+
+
+def derive_seed(*parts: Any) -> int:
+    """A 31-bit seed derived from ``parts`` (their ``str``; stable across runs, processes and platforms)."""
+    digest = hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF

@@ -30,7 +30,7 @@ checkpoint, the selected tests with their pool indices, and a JSON record writte
 (seed, round or cell, purpose), so a resumed run writes the same ``results.json`` as an uninterrupted one;
 wall-clock timings live in ``timings.json``.
 
-Package layout: ``config`` (RobotConfig, parse_budget, derive_seed), ``pool`` (Pool, generate_pool,
+Package layout: ``config`` (RobotConfig, parse_budget), ``pool`` (Pool, generate_pool,
 select_tests), ``setup`` (what run and compare share: output folder and resume marker, data, original model,
 fixed set and baseline, fine-tuning, measurement), ``loop`` (run, the rounds, the convergence rule),
 ``compare`` (compare, comparison_table, paired_vs_random), ``compute`` (PassCounter: compute in
@@ -47,7 +47,6 @@ from robustest.robot.config import (
     METRICS,
     POOLS,
     RobotConfig,
-    derive_seed,
     parse_budget,
     selection_strategies,
     strategies,
@@ -69,7 +68,6 @@ __all__ = [
     "compare",
     "comparison_table",
     "convergence_update",
-    "derive_seed",
     "generate_pool",
     "paired_vs_random",
     "parse_budget",

@@ -16,6 +16,7 @@ from robustest.core import distributed
 from robustest.core.atomic import atomic_save, atomic_write_json
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.progress import progress as progress_bar
+from robustest.core.seeding import derive_seed
 from robustest.evaluate import RobustnessReport
 from robustest.robot.compute import PassCounter, cell_compute
 from robustest.robot.config import (
@@ -23,7 +24,6 @@ from robustest.robot.config import (
     DEFAULT_STRATEGIES,
     HARDEN_STRATEGIES,
     RobotConfig,
-    derive_seed,
     parse_budget,
 )
 from robustest.robot.pool import Pool, _coverage_profile, generate_pool, select_tests

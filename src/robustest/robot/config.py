@@ -3,8 +3,6 @@ seeds every unit of work derives from."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -484,12 +482,6 @@ def parse_budget(budget: int | str, pool_size: int) -> int:
             pass
     raise ConfigError(f"budget must be a count (e.g. 100) or a percentage of the pool in (0, 100] (e.g. '5%'), "
                       f"got {budget!r}")
-
-
-def derive_seed(*parts: Any) -> int:
-    """A 31-bit seed derived from ``parts`` (stable across runs and processes)."""
-    digest = hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
 def selection_strategies() -> tuple[str, ...]:

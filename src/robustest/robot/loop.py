@@ -14,9 +14,10 @@ from torch import nn
 
 from robustest.core.atomic import atomic_save, atomic_write_json
 from robustest.core.errors import ConfigError
+from robustest.core.seeding import derive_seed
 from robustest.robot.compare import compare
 from robustest.robot.compute import PassCounter, cell_compute
-from robustest.robot.config import HARDEN_STRATEGIES, RobotConfig, derive_seed, parse_budget
+from robustest.robot.config import HARDEN_STRATEGIES, RobotConfig, parse_budget
 from robustest.robot.pool import Pool, _coverage_profile, _fol, generate_pool, select_tests
 from robustest.robot.report import RESULTS_FORMAT, RESULTS_VERSION, _write_outputs
 from robustest.robot.setup import (

@@ -12,8 +12,9 @@ from torch import nn
 from robustest import selection
 from robustest.core import reprs
 from robustest.core.errors import ConfigError
+from robustest.core.seeding import derive_seed
 from robustest.evaluate import adversarial_examples
-from robustest.robot.config import RANKED_SCORES, RobotConfig, derive_seed, selection_strategies, strategies
+from robustest.robot.config import RANKED_SCORES, RobotConfig, selection_strategies, strategies
 
 
 # ----------------------------------------------------------------------------------------------- pools

@@ -20,8 +20,9 @@ from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.modelcall import set_mode
 from robustest.core.modelchecks import check_model_fits
+from robustest.core.seeding import derive_seed
 from robustest.evaluate import FixedAdversarialSet, RobustnessReport, adversarial_examples, build_fixed_set, measure
-from robustest.robot.config import _EXTENDABLE_KEYS, _PATH_KEYS, RobotConfig, derive_seed
+from robustest.robot.config import _EXTENDABLE_KEYS, _PATH_KEYS, RobotConfig
 from robustest.robot.pool import Pool
 from robustest.train.checkpoints import clone_model, source_of
 

@@ -14,9 +14,8 @@ import torch
 from torch import nn
 
 from robustest.core.errors import ConfigError
-from robustest.core.seeding import make_generator
+from robustest.core.seeding import derive_seed, make_generator
 from robustest.train.checks import check_count
-from robustest.train.seeds import derive_seed
 
 __all__ = ["CO_MIN_DROP", "CO_RATIO", "KEEP", "collapsed", "holdout_split", "validate"]
 

@@ -47,7 +47,7 @@ from robustest.core.errors import ConfigError, DataError
 from robustest.core.inputs import check_images, check_labels
 from robustest.core.modelcall import eval_mode, forward
 from robustest.core.progress import progress as progress_bar
-from robustest.core.seeding import make_generator, seed_everything
+from robustest.core.seeding import derive_seed, make_generator, seed_everything
 from robustest.core.validation import check_eps, check_float
 from robustest.train import early_stopping, objectives
 from robustest.train.checks import check_count, check_number
@@ -57,7 +57,6 @@ from robustest.train.engine import Batch, EpochLoop, run_epochs
 from robustest.train.objectives.base import Objective, StepContext, StepOutput
 from robustest.train.recipes import check_options, make_optimizer
 from robustest.train.schedules import eps_schedule, make_schedule
-from robustest.train.seeds import derive_seed
 from robustest.train.state import StateFile, data_digest
 
 __all__ = ["DEFAULT_STEPS", "RECIPE_DEFAULTS", "STATE_FILE", "HardenResult", "check_trainable", "harden",
