@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli_runner import run_cli
 from robustest import cli, results
 from robustest.cli import _common
 from robustest.core.errors import ConfigError, DataError
@@ -26,15 +27,6 @@ def verb_parsers() -> dict[str, argparse.ArgumentParser]:
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return dict(sub.choices)
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    try:
-        code = cli.main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line_error(code: int, err: str, verb: str) -> str:

@@ -15,22 +15,13 @@ import numpy as np
 import pytest
 import torch
 
+from cli_runner import run_cli
 from robustest import cli, data, models
 from robustest import evaluate as ev
 from robustest.core.errors import DataError
 from robustest.train.checkpoints import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("no_data_env")
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    """Run ``robustest ARGV`` in-process; return (exit code, stdout, stderr). argparse exits are caught."""
-    try:
-        code = cli.main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_one_line_error(code: int, err: str) -> str:

@@ -10,19 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from robustest import cli, models
+from cli_runner import run_cli
+from robustest import models
 from robustest.core.errors import ConfigError
 from robustest.train import channel_stats, fit
 from robustest.train.checkpoints import load_checkpoint
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    try:
-        code = cli.main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line(code: int, err: str) -> str:

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from robustest import cli
+from cli_runner import run_cli
 
 USER_CODE = textwrap.dedent('''
     import torch
@@ -55,15 +55,6 @@ def user_pkg(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     yield tmp_path
     sys.modules.pop("usermods", None)
-
-
-def run_cli(capsys, *argv: object) -> tuple[int, str, str]:
-    try:
-        code = cli.main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line(code: int, err: str, status: int = 2) -> str:

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robustest import cli, models
+from cli_runner import run_cli
+from robustest import models
 from robustest.core.errors import ConfigError
 from robustest.train import fit
 from robustest.train.checkpoints import load_checkpoint, save_checkpoint
@@ -36,15 +37,6 @@ def on_meta(name: str, **kwargs) -> nn.Module:
 
 def shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = cli.main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # ----------------------------------------------------------------------------------- registry and specs
