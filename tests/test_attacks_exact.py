@@ -322,3 +322,33 @@ def test_pgd_refusals_name_the_argument(kw, message):
     with pytest.raises(ConfigError) as err:
         attacks.pgd(model, x, y, **{"eps": 0.1, **kw})
     assert str(err.value).startswith(message)
+
+
+def test_random_start_is_inside_the_ball_and_the_pixel_range():
+    from robustest.attacks._core import random_point
+
+    x = torch.tensor([0.0, 0.02, 0.5, 0.98, 1.0]).repeat(200).reshape(200, 1, 1, 5)
+    p = random_point(x, 0.1, "linf", torch.Generator().manual_seed(0))
+    d = p - x
+    assert float(p.min()) == 0.0 and float(p.max()) == 1.0  # clipped at both ends, reached at both ends
+    assert float(d.abs().max()) <= 0.1 + 1e-7
+    mid = d[..., 2].flatten()  # unclipped: uniform on [-0.1, 0.1]
+    assert -0.1 <= float(mid.min()) < -0.08 and 0.08 < float(mid.max()) <= 0.1 and abs(float(mid.mean())) < 0.02
+
+
+def test_targeted_success_is_prediction_of_the_target():
+    x, y = torch.full((1, 1, 2, 2), 0.51), torch.tensor([0])
+    # class 1 is the target: reached at the final point, as the untargeted attack's success
+    res = attacks.pgd(boundary_model(), x, y, 0.05, alpha=0.05, steps=1, random_start=False, target=1,
+                      return_details=True, track_success=True)
+    assert res.success.tolist() == [True]
+    start = attacks.pgd(boundary_model(), x, y, 0.005, alpha=0.005, steps=1, random_start=False, target=1,
+                        return_details=True, track_success=True)
+    assert start.success.tolist() == [False]
+
+
+def test_apgd_t_does_not_stop_on_success_by_default():
+    import inspect
+
+    for fn in (attacks.apgd, attacks.apgd_dlr, attacks.apgd_t):
+        assert inspect.signature(fn).parameters["stop_on_success"].default is False, fn.__name__

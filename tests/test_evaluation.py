@@ -277,3 +277,14 @@ def test_a_curve_radius_with_no_survivors_left_is_an_empty_point_of_the_same_sha
                      "reliable": True, "flags": [], "seconds": 0.0}
     assert set(empty) == set(first) == set(full)
     assert first["attacked"] == 12 and r.robust_accuracy == 0.0
+
+
+def test_perturbation_quantiles():
+    from robustest.evaluate.ensemble import _quantiles
+
+    t = torch.tensor([0.1, 0.3, 0.2, 0.9])
+    assert _quantiles(t, torch.tensor([True, True, True, False])) == pytest.approx(
+        {"mean": 0.2, "median": 0.2, "max": 0.3})
+    assert _quantiles(t, torch.tensor([False, True, False, False])) == pytest.approx(
+        {"mean": 0.3, "median": 0.3, "max": 0.3})
+    assert _quantiles(t, torch.zeros(4, dtype=torch.bool)) == {}

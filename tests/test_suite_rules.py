@@ -190,3 +190,30 @@ def test_build_checks_the_number_of_targets_before_any_work(monkeypatch):
     data = (torch.rand(8, 1, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]))
     with pytest.raises(ConfigError, match="n_targets"):
         build_mod.build_suite(model, data, 0.1, k=4, n_targets=0)
+
+
+def test_corruption_outcomes_are_right_predictions_on_the_corrupted_images():
+    from robustest.corruptions import corrupt
+    from robustest.suite.build import evaluate_outcomes
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3)).eval()
+    x, y = torch.rand(10, 1, 4, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 0])
+    attack = {"eps": 0.05, "norm": "linf", "version": "fast", "seed": 0, "batch_size": 4}
+    corruption = {"seed": 7, "settings": [["gaussian_noise", 5], ["brightness", 1]]}
+    out = evaluate_outcomes(model, x, y, attack, corruption)
+    with torch.no_grad():
+        for j, (name, sev) in enumerate(corruption["settings"]):
+            want = torch.cat([model(corrupt(x[s:s + 4], name, sev, seed=7 + s)).argmax(1) == y[s:s + 4]
+                              for s in range(0, 10, 4)])
+            assert torch.equal(out["corruption"][:, j], want), name
+    assert out["corruption"].shape == (10, 2) and out["clean"].tolist() == (model(x).argmax(1) == y).tolist()
+
+
+def test_clopper_pearson_at_the_ends():
+    from robustest.suite.stats import _clopper_pearson
+
+    lo, hi = _clopper_pearson(0.0, 10.0, 0.05)
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / 10))
+    lo, hi = _clopper_pearson(1.0, 10.0, 0.05)
+    assert hi == 1.0 and lo == pytest.approx(0.025 ** (1 / 10))
