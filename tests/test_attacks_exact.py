@@ -334,6 +334,25 @@ def test_random_start_is_inside_the_ball_and_the_pixel_range():
     assert float(d.abs().max()) <= 0.1 + 1e-7
     mid = d[..., 2].flatten()  # unclipped: uniform on [-0.1, 0.1]
     assert -0.1 <= float(mid.min()) < -0.08 and 0.08 < float(mid.max()) <= 0.1 and abs(float(mid.mean())) < 0.02
+    q = random_point(x, 0.5, "l2", torch.Generator().manual_seed(0))  # L2: a scaled random direction, clipped
+    assert float(q.min()) == 0.0 and float(q.max()) == 1.0 and float(q.std()) > 0.1
+    assert float((q - x).flatten(1).norm(dim=1).max()) <= 0.5 + 1e-6
+
+
+def test_targeted_success_is_prediction_of_the_target_not_any_other_class():
+    # three classes: logits [s - 2, 2 - s, 0]; from s = 2.04 one step of 0.05 down lands on class 1, not class 2
+    m = nn.Sequential(nn.Flatten(), nn.Linear(4, 3)).eval()
+    with torch.no_grad():
+        m[1].weight.copy_(torch.tensor([[1.0] * 4, [-1.0] * 4, [0.0] * 4]))
+        m[1].bias.copy_(torch.tensor([-2.0, 2.0, 0.0]))
+    x, y = torch.full((1, 1, 2, 2), 0.51), torch.tensor([0])
+    for target, hit in ((1, True), (2, False)):
+        res = attacks.pgd(m, x, y, 0.05, alpha=0.05, steps=1, random_start=False, target=target,
+                          return_details=True, track_success=True)
+        assert res.success.tolist() == [hit], target
+        two = attacks.pgd(m, x, y, 0.05, alpha=0.025, steps=2, random_start=False, target=target,
+                          return_details=True, track_success=True)
+        assert two.success.tolist() == [hit], target  # the evaluated points and the final one alike
 
 
 def test_targeted_success_is_prediction_of_the_target():
