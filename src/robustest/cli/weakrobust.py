@@ -50,6 +50,7 @@ from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.steps import Steps, data_fingerprint, fingerprint
 from robustest.results import write_results
+from robustest.weakrobust.selection import ALLOCATIONS
 
 ORDER = 60
 
@@ -66,7 +67,6 @@ weaker). Writes to --out:
 # robustest.weakrobust.selection's names, repeated so that the CLI does not import the package to build its
 # parser (tests/test_cli_weakrobust.py checks that they agree)
 STRATEGIES = ("weak", "weak-correct", "stratified", "random")
-ALLOCATIONS = ("proportional", "neyman")
 DEFAULT_SUBSET_SIZE = 1000
 DEFAULT_STRATEGY = "stratified"
 """validate's default --strategy: the one that predicted test robustness best in docs/WEAKROBUST.md."""

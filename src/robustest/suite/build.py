@@ -23,12 +23,11 @@ from torch import nn
 from robustest.core.batching import DataLike, iter_batches, num_samples, take
 from robustest.core.errors import ConfigError, DataError
 from robustest.suite.format import SUITE_VERSION, Suite, model_fingerprint
-from robustest.weakrobust.selection import allocate
+from robustest.weakrobust.selection import ALLOCATIONS, allocate
 
-__all__ = ["ALLOCATIONS", "allocate", "build_suite", "data_sha256", "evaluate_outcomes", "make_strata",
+__all__ = ["allocate", "build_suite", "data_sha256", "evaluate_outcomes", "make_strata",
            "stratified_draw"]
 
-ALLOCATIONS = ("proportional", "neyman")
 BY_CLASS = ("auto", "yes", "no")
 MIN_PER_STRATUM = 2
 

@@ -13,8 +13,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from robustest.attacks import NORMS
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.validation import check_bool, check_choice, check_eps, check_float, check_int, check_seed
+from robustest.weakrobust.selection import ALLOCATIONS
 
 __all__ = ["MAX_BATCH_SIZE", "check_meta"]
 
@@ -24,8 +26,6 @@ MAX_BATCH_SIZE = 2**20
 MAX_COUNT = 100_000
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _VERSIONS = ("standard", "fast")
-_NORMS = ("linf", "l2")
-_ALLOCATIONS = ("proportional", "neyman")
 _NOISES = ("uniform", "gaussian")
 
 
@@ -104,7 +104,7 @@ def _fields(meta: dict[str, Any], k: int, h: int) -> None:
     check_int("strata.bins", strata.get("bins"), lo=1, hi=h)
     check_bool("strata.by_class", strata.get("by_class"))
     check_int("strata.requested", strata.get("requested"), lo=1, hi=MAX_COUNT)
-    check_choice("strata.allocation", strata.get("allocation"), _ALLOCATIONS)
+    check_choice("strata.allocation", strata.get("allocation"), ALLOCATIONS)
     for i, cell in enumerate(_list("strata.cells", strata.get("cells"), h)):
         cell = _mapping(f"strata.cells[{i}]", cell)
         check_int(f"strata.cells[{i}].bin", cell.get("bin"), lo=0, hi=h - 1)
@@ -116,7 +116,7 @@ def _fields(meta: dict[str, Any], k: int, h: int) -> None:
     check_bool("analysis.quantize", analysis.get("quantize"))
     check_seed("analysis.seed", analysis.get("seed"))
     attack = _mapping("attack", meta.get("attack"))
-    norm = check_choice("attack.norm", attack.get("norm"), _NORMS)
+    norm = check_choice("attack.norm", attack.get("norm"), NORMS)
     check_eps("attack.eps", attack.get("eps"), str(norm))
     check_choice("attack.version", attack.get("version"), _VERSIONS)
     check_int("attack.n_targets", attack.get("n_targets"), lo=1, hi=MAX_COUNT, allow_none=True)
