@@ -47,7 +47,7 @@ def test_run_verb(checkpoint, tmp_path, capsys, results_contract):
 
 
 def test_compare_verb(checkpoint, tmp_path, capsys, results_contract):
-    from robustest.cli.run import paired_verdict
+    from robustest.robot.report import paired_verdict
 
     cfg = tmp_path / "cmp.yaml"
     cfg.write_text(TINY_YAML)
@@ -145,7 +145,7 @@ def test_paired_cell_marks_intervals_that_exclude_zero():
 
 
 def test_paired_verdict_says_how_a_strategy_compares_with_random():
-    from robustest.cli.run import paired_verdict
+    from robustest.robot.report import paired_verdict
 
     def row(metric, mean, lo, hi):
         return {"metric": metric, "mean_diff": mean, "ci_low": lo, "ci_high": hi}
@@ -197,7 +197,7 @@ def test_demo_verb_wiring(tmp_path, capsys, monkeypatch, results_contract):
     assert res["settings"]["train_model"] == "mlp" and "coverage_metric" in res["settings"]
     assert res["baseline"]["fixed_set_accuracy"] == 0.0 and len(res["table"]) == 4
     # one line per strategy says in words how it compares with random
-    from robustest.cli.run import paired_verdict
+    from robustest.robot.report import paired_verdict
 
     paired = text[text.index("paired by seed"):].splitlines()
     for s in ("best", "gini", "coverage"):

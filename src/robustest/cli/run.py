@@ -215,6 +215,8 @@ def print_compare_table(results: dict[str, Any], file=None) -> None:
 def print_paired_table(paired: list[dict[str, Any]], file=None) -> None:
     """The paired differences to random selection: one row per (strategy, budget), one column per metric with
     ``mean [low, high]``, marked ``*`` where the interval excludes 0."""
+    from robustest.robot.report import paired_verdict
+
     if not paired:
         return
     labels = {"fixed_set_accuracy": "fixed-set vs random", "whitebox_accuracy": "white-box vs random",
@@ -233,13 +235,6 @@ def print_paired_table(paired: list[dict[str, Any]], file=None) -> None:
     out(f"\npaired by seed, strategy minus random: mean [95 % t-interval] over {', '.join(map(str, seeds))} "
         "seed(s); * = the interval excludes 0")
     print_table([{c: r.get(c, "-") for c in cols} for r in rows.values()], cols, file=file)
-
-
-def paired_verdict(rows: list[dict[str, Any]]) -> str:
-    """One strategy's paired rows in words (:func:`robustest.robot.report.paired_verdict`)."""
-    from robustest.robot.report import paired_verdict as verdict
-
-    return verdict(rows)
 
 
 def paired_cell(p: dict[str, Any]) -> str:
