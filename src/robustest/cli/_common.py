@@ -69,9 +69,9 @@ def add_model_args(p: argparse.ArgumentParser, zoo: bool = False) -> None:
     g.add_argument("--model-args", type=json_object, default=None, metavar="JSON",
                    help="keyword arguments for --model as a JSON object, e.g. '{\"num_classes\": 10}'")
     g.add_argument("--weights", metavar="FILE", default=None,
-                   help="the weights of your model (read with torch.load(weights_only=True)): a state_dict for "
-                        "--model, or a checkpoint robustest saved from your --model (harden, enhance, run): it names "
-                        "its factory, so --weights FILE alone rebuilds the model (importing and running that factory)")
+                   help="the weights of your --model (read with torch.load(weights_only=True)): a state_dict, or a "
+                        "checkpoint robustest saved from that factory (harden, enhance, run), whose factory arguments "
+                        "it supplies; code runs only when you name it with --model, never because a file names it")
     if zoo:
         g.add_argument("--from-scratch", "--random-init", dest="random_init", action="store_true",
                        help="train --model (a zoo name such as mnist_small, sized from the data, or "
@@ -279,7 +279,7 @@ def load_model(args: argparse.Namespace) -> nn.Module:
         raise ConfigError("--model-args applies to --model pkg.module:factory")
     if opts["source"] is None and opts["factory"] is None and opts["weights"] is None:
         raise ConfigError("no model given: pass --checkpoint FILE, or --model pkg.module:factory --weights FILE for "
-                          "your own model (--weights FILE alone for a checkpoint robustest saved from it)")
+                          "your own model")
     random_init = bool(getattr(args, "random_init", False))
     if random_init and (opts["source"] is not None or opts["weights"] is not None):
         raise ConfigError("--random-init/--from-scratch starts from random weights: drop --checkpoint/--weights, or "

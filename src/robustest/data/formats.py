@@ -29,6 +29,8 @@ from robustest.core.reading import max_array_bytes
 __all__ = ["npz_headers", "open_npy", "read_idx", "read_npz", "read_npz_images", "restricted_unpickle"]
 
 _NPY_MAGIC = b"\x93NUMPY"
+
+
 def _check_image_shape(shape: tuple[int, ...], source: str) -> None:
     """Images (N x ... of 3 or 4 dimensions) of more than :data:`robustest.core.inputs.MAX_IMAGE_VALUES` values
     each are refused from the header, before the array is read."""
