@@ -497,6 +497,12 @@ def _imagecorruptions():
 
         shim.resource_filename = resource_filename  # type: ignore[attr-defined]
         sys.modules["pkg_resources"] = shim
+        # imagecorruptions binds resource_filename when imported; the shim must not outlive that import (pytest's
+        # syspath_prepend takes any pkg_resources in sys.modules for setuptools' and calls into it)
+        try:
+            import imagecorruptions
+        finally:
+            del sys.modules["pkg_resources"]
     import imagecorruptions
 
     return imagecorruptions
