@@ -24,7 +24,7 @@ __all__ = ["MAX_BATCH_SIZE", "check_meta"]
 MAX_BATCH_SIZE = 2**20
 #: the largest number of neighbours (analysis) or attack targets a suite may store
 MAX_COUNT = 100_000
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _VERSIONS = ("standard", "fast")
 _NOISES = ("uniform", "gaussian")
 
@@ -32,7 +32,7 @@ _NOISES = ("uniform", "gaussian")
 def _sha(name: str, value: Any, *, allow_none: bool = False) -> Any:
     if value is None and allow_none:
         return None
-    if not isinstance(value, str) or not _SHA256.match(value):
+    if not isinstance(value, str) or not _SHA256.fullmatch(value):
         raise ConfigError(f"{name} must be a SHA-256 digest (64 lowercase hex digits), got {value!r}"[:200])
     return value
 
