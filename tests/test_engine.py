@@ -92,3 +92,238 @@ def test_labels_out_of_range_name_the_training_labels():
     loader = TrainData(Plain(6), 4, seed=0)
     with pytest.raises(DataError, match="training labels"):
         list(loader.indexed_epoch(1, 2))
+
+
+def collate_pairs(items):
+    """A collate function of the caller's own: it must survive the re-reading under torchrun."""
+    xs, ys = zip(*items)
+    return torch.stack(xs), torch.stack(ys)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_dataloader_under_two_ranks_is_reread_through_a_distributed_sampler(shuffle):
+    from torch.utils.data.distributed import DistributedSampler
+
+    from robustest.train.engine import _distributed_loader
+
+    ds = Plain(10)
+    loader = torch.utils.data.DataLoader(ds, batch_size=3, shuffle=shuffle, collate_fn=collate_pairs,
+                                         drop_last=True, worker_init_fn=print)
+    out = _distributed_loader(loader, Shard(1, 2), seed=7)
+    s = out.sampler
+    assert isinstance(s, DistributedSampler) and (s.num_replicas, s.rank, s.shuffle, s.seed) == (2, 1, shuffle, 7)
+    assert out.dataset is ds and out.batch_size == 3 and out.collate_fn is collate_pairs
+    assert out.drop_last is True and out.worker_init_fn is print and out.num_workers == 0
+    assert out.persistent_workers is False and out.pin_memory is False
+    ranks = [list(_distributed_loader(loader, Shard(r, 2), seed=7)) for r in (0, 1)]
+    assert [len(r) for r in ranks] == [1, 1]  # 5 samples per rank, batches of 3, the last dropped
+    if not shuffle:  # DistributedSampler without shuffling: rank r takes samples r, r + 2, ...
+        assert torch.equal(ranks[1][0][1], ds.y[[1, 3, 5]]) and torch.equal(ranks[0][0][1], ds.y[[0, 2, 4]])
+    own = DistributedSampler(ds, num_replicas=2, rank=0, shuffle=False)
+    given = torch.utils.data.DataLoader(ds, batch_size=2, sampler=own)
+    assert _distributed_loader(given, Shard(1, 2), seed=7).sampler is own  # the caller's own sampler is kept
+    td = TrainData(loader, 4, seed=7, shard=Shard(1, 2))
+    assert isinstance(td.loader.sampler, DistributedSampler) and td.loader.sampler.rank == 1
+    assert td.n == 10 and td.steps_per_epoch == 1
+    assert TrainData(loader, 4, seed=7).loader is loader  # one process: the loader as it is
+
+
+def test_a_dataloader_that_cannot_be_split_across_ranks_is_refused():
+    from robustest.core.errors import ConfigError
+    from robustest.train.engine import _distributed_loader
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield torch.zeros(1, 4, 4), torch.tensor(0)
+
+    with pytest.raises(ConfigError, match="^an IterableDataset cannot be split across torchrun's ranks"):
+        _distributed_loader(torch.utils.data.DataLoader(Stream(), batch_size=2), Shard(0, 2), 0)
+    by_batches = torch.utils.data.DataLoader(Plain(6), batch_sampler=[[0, 1], [2, 3]])
+    with pytest.raises(ConfigError, match="^under torchrun a DataLoader with its own batch_sampler"):
+        _distributed_loader(by_batches, Shard(0, 2), 0)
+
+
+def test_a_loader_without_length_counts_its_steps_from_its_data_sets_size():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for i in range(7):
+                yield torch.zeros(1, 4, 4), torch.tensor(i % 2)
+
+        def __len__(self):
+            return 7
+
+    class NoLength(torch.utils.data.DataLoader):
+        def __len__(self):
+            raise TypeError("no length")
+
+    td = TrainData(NoLength(Stream(), batch_size=3), 3, seed=0)
+    assert td.n == 7 and td.steps_per_epoch == 3  # ceil(7 / 3)
+
+
+def test_a_dataset_passes_its_num_workers_to_the_loader():
+    ds = Plain(6)
+    ds.num_workers = 0
+    assert TrainData(ds, 4, seed=0).loader.num_workers == 0
+    ds.num_workers = None  # no attribute value: no workers
+    assert TrainData(ds, 4, seed=0).loader.num_workers == 0
+    loader = TrainData(ds, 4, seed=0).loader
+    assert loader.batch_size == 4 and isinstance(loader.sampler, torch.utils.data.RandomSampler)
+    two = TrainData(Plain(7), 5, seed=0, shard=Shard(0, 2)).loader
+    assert two.batch_size == 3  # ceil(5 / 2) per rank
+
+
+def test_empty_or_unlabelled_training_data_is_refused_with_one_line():
+    from robustest.core.errors import ConfigError, DataError
+
+    with pytest.raises(DataError, match="^the training data is empty: check the split, the path and --limit$"):
+        TrainData((torch.zeros(0, 1, 4, 4), torch.zeros(0, dtype=torch.long)), 4, seed=0)
+    with pytest.raises(ConfigError, match=r"^training data needs labels: pass \(x, y\) or a labelled Dataset$"):
+        TrainData(torch.zeros(3, 1, 4, 4), 4, seed=0)
+    images_only = torch.utils.data.DataLoader(torch.zeros(3, 1, 4, 4), batch_size=2)
+    td = TrainData(images_only, 2, seed=0)
+    with pytest.raises(ConfigError, match="^training data needs labels: the DataLoader yields images only$"):
+        td.first_batch()
+    with pytest.raises(ConfigError, match="^training data needs labels: the DataLoader yields images only$"):
+        list(td.indexed_epoch(1, 2))
+    empty = torch.utils.data.DataLoader(Plain(3), batch_size=2)
+    empty.dataset.y = empty.dataset.y[:0]  # len() 0 after the loader was made
+    with pytest.raises(DataError, match="^the training data is empty"):
+        TrainData(empty, 2, seed=0)
+
+
+def test_first_batch_and_check_read_one_sample_and_return_the_class_count():
+    x, y = data(5)
+    td = TrainData((x, y), 4, seed=0)
+    xb, yb = td.first_batch()
+    assert torch.equal(xb, x[:1]) and torch.equal(yb, y[:1])
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
+    model.train()
+    assert td.check(model, torch.device("cpu")) == 3 and model.training  # eval only for the probe
+    loader = TrainData(torch.utils.data.DataLoader(Plain(5), batch_size=2), 2, seed=0)
+    xb, yb = loader.first_batch()
+    assert xb.shape == (2, 1, 4, 4) and loader.check(model, torch.device("cpu")) == 3
+    for (_, xe, ye), (xa, ya) in zip(loader.indexed_epoch(1, 3), loader.epoch(1, 3)):
+        assert xe.shape == xa.shape and ye.dtype == ya.dtype == torch.long
+
+
+class Recorder:
+    """An EpochLoop that logs every hook call; ``losses[(epoch, i)]`` overrides a step's loss of 1.0."""
+
+    def __init__(self, stop_after: int | None = None, losses: dict | None = None) -> None:
+        self.log: list[tuple] = []
+        self.stop_after, self.losses = stop_after, losses or {}
+
+    def stopped(self):
+        self.log.append(("stopped",))
+        return self.stop_after is not None and sum(e[0] == "begin" for e in self.log) >= self.stop_after
+
+    def begin_epoch(self, epoch):
+        self.log.append(("begin", epoch))
+
+    def batches(self, epoch):
+        return [(None, torch.zeros(1), torch.zeros(1)), (None, torch.ones(1), torch.ones(1))]
+
+    def forward(self, epoch, i, batch):
+        self.log.append(("forward", epoch, i))
+        return torch.tensor(self.losses.get((epoch, i), 1.0)), f"aux{i}"
+
+    def diverged(self, epoch, i, loss, aux):
+        return f"diverged at epoch {epoch} step {i} ({aux}, loss {loss.item()})"
+
+    def update(self, epoch, i, batch, loss, aux):
+        self.log.append(("update", epoch, i, aux))
+
+    def summary(self, epoch):
+        self.log.append(("summary", epoch))
+        return {"epoch": epoch}
+
+    def validate(self, epoch, record):
+        self.log.append(("validate", epoch, record["epoch"]))
+
+    def record(self, epoch, record, seconds):
+        assert seconds >= 0
+        self.log.append(("record", epoch, record["epoch"]))
+
+    def save(self, epoch):
+        self.log.append(("save", epoch))
+
+    def after_epoch(self, epoch, record):
+        self.log.append(("after", epoch, record["epoch"]))
+
+
+def test_run_epochs_calls_the_hooks_in_the_documented_order():
+    from robustest.train.engine import run_epochs
+
+    loop = Recorder()
+    run_epochs(loop, range(3, 5))
+    epoch = [("forward", 0), ("update", 0, "aux0"), ("forward", 1), ("update", 1, "aux1")]
+    expected = []
+    for e in (3, 4):
+        expected += [("stopped",), ("begin", e)] + [(t[0], e, *t[1:]) for t in epoch]
+        expected += [("summary", e), ("validate", e, e), ("record", e, e), ("save", e), ("after", e, e)]
+    assert loop.log == expected
+
+
+def test_run_epochs_stops_before_the_epoch_after_the_guard_fires():
+    from robustest.train.engine import run_epochs
+
+    loop = Recorder(stop_after=1)
+    run_epochs(loop, range(1, 4))
+    assert [e for e in loop.log if e[0] in ("begin", "stopped")] == [("stopped",), ("begin", 1), ("stopped",)]
+
+
+def test_a_non_finite_loss_raises_the_loops_message_before_its_update():
+    from robustest.core.errors import TrainingDiverged
+    from robustest.train.engine import run_epochs
+
+    loop = Recorder(losses={(2, 1): float("nan")})
+    with pytest.raises(TrainingDiverged, match=r"^diverged at epoch 2 step 1 \(aux1, loss nan\)$"):
+        run_epochs(loop, range(1, 3))
+    assert loop.log[-1] == ("forward", 2, 1) and ("update", 2, 0, "aux0") in loop.log
+
+
+def test_run_epochs_shows_a_progress_bar_over_the_epochs_when_asked(monkeypatch):
+    from robustest.train import engine
+
+    seen = []
+
+    def bar(iterable, *, enabled, desc, unit):
+        seen.append((list(iterable), enabled, desc, unit))
+        return seen[-1][0]
+
+    monkeypatch.setattr(engine, "progress_bar", bar)
+    engine.run_epochs(Recorder(), range(1, 3), progress=True, desc="harden")
+    engine.run_epochs(Recorder(), range(5, 6))
+    assert seen == [([1, 2], True, "harden", "epoch"), ([5], False, None, "epoch")]
+
+
+@pytest.mark.parametrize("loss, others, raises", [
+    (1.0, 0.0, False),               # finite here and on the other rank
+    (1.0, 1.0, True),                # another rank saw a non-finite loss: every rank stops
+    (float("inf"), 0.0, True),       # this rank's own
+    (-float("inf"), 0.0, True),
+])
+def test_check_finite_under_ddp_stops_every_rank_together(monkeypatch, loss, others, raises):
+    from robustest.core import distributed
+    from robustest.core.errors import TrainingDiverged
+    from robustest.train.engine import check_finite
+
+    summed = []
+
+    def reduce(t):
+        summed.append(t.clone())
+        return t + others
+
+    monkeypatch.setattr(distributed, "all_reduce_sum", reduce)
+    if raises:
+        with pytest.raises(TrainingDiverged, match="^stop$"):
+            check_finite(torch.tensor(loss), lambda: "stop", ddp=True)
+    else:
+        check_finite(torch.tensor(loss), lambda: "stop", ddp=True)
+    assert len(summed) == 1 and summed[0].dtype == torch.float32 and summed[0].shape == (1,)
+    assert summed[0].item() == (0.0 if loss == 1.0 else 1.0)
+    summed.clear()
+    check_finite(torch.tensor(1.0), lambda: "never", ddp=False)
+    assert summed == []  # one process: no collective
+    with pytest.raises(TrainingDiverged, match="^local$"):
+        check_finite(torch.tensor(float("nan"), requires_grad=True) * 1, lambda: "local")
