@@ -371,3 +371,69 @@ def test_apgd_t_does_not_stop_on_success_by_default():
 
     for fn in (attacks.apgd, attacks.apgd_dlr, attacks.apgd_t):
         assert inspect.signature(fn).parameters["stop_on_success"].default is False, fn.__name__
+
+
+@pytest.mark.parametrize("fn, expected", [
+    (attacks.apgd, {"steps": 100, "norm": "linf", "restarts": 1, "rho": 0.75, "seed": None, "eot_iter": 1,
+                    "return_trace": False}),
+    (attacks.apgd_dlr, {"steps": 100, "norm": "linf", "restarts": 1, "rho": 0.75, "seed": None, "eot_iter": 1}),
+    (attacks.apgd_t, {"steps": 100, "norm": "linf", "n_targets": 9, "restarts": 1, "rho": 0.75, "seed": None,
+                      "target": None}),
+])
+def test_apgd_defaults_are_autoattacks(fn, expected):
+    import inspect
+
+    from robustest.attacks._core import _DEFAULT_CHUNK
+
+    params = inspect.signature(fn).parameters
+    assert {k: params[k].default for k in expected} == expected
+    assert params["batch_size"].default == _DEFAULT_CHUNK and params["generator"].default is None
+
+
+@pytest.mark.parametrize("fn", [attacks.apgd, attacks.apgd_dlr, attacks.apgd_t])
+@pytest.mark.parametrize("kw, message", [
+    ({"steps": 0}, "steps must be a positive integer, got 0"),
+    ({"restarts": 0}, "restarts must be a positive integer, got 0"),
+    ({"rho": -0.5}, "rho must be a finite number >= 0, got -0.5"),
+    ({"norm": "l7"}, "norm"),
+    ({"eps": 2.0}, "eps must lie in (0, 1] for the L-inf threat model"),
+])
+def test_apgd_variants_name_each_bad_argument(fn, kw, message):
+    from robustest.core.errors import ConfigError
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 5)).eval()
+    x, y = torch.rand(2, 1, 2, 2), torch.tensor([0, 1])
+    kw = {"eps": 0.1, **kw}
+    with pytest.raises(ConfigError) as exc:
+        fn(model, x, y, **kw)
+    assert message in str(exc.value)
+
+
+def test_apgd_eot_iter_and_n_targets_are_checked_by_name():
+    from robustest.core.errors import ConfigError
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 5)).eval()
+    x, y = torch.rand(2, 1, 2, 2), torch.tensor([0, 1])
+    for fn in (attacks.apgd, attacks.apgd_dlr):
+        with pytest.raises(ConfigError, match="^eot_iter must be a positive integer, got 0$"):
+            fn(model, x, y, 0.1, eot_iter=0)
+    with pytest.raises(ConfigError, match="^n_targets must be a positive integer, got 0$"):
+        attacks.apgd_t(model, x, y, 0.1, n_targets=0)
+    with pytest.raises(ConfigError, match="^n_targets=5 but the model returns 5 classes: use at most 4 target"):
+        attacks.apgd_t(model, x, y, 0.1, n_targets=5)
+    attacks.apgd_t(model, x, y, 0.1, n_targets=4, steps=1)  # the bound itself is fine
+
+
+def test_apgd_dlr_needs_three_classes_and_apgd_t_four():
+    from robustest.core.errors import ConfigError
+
+    x = torch.rand(2, 1, 2, 2)
+    two = nn.Sequential(nn.Flatten(), nn.Linear(4, 2)).eval()
+    with pytest.raises(ConfigError, match="APGD-DLR"):
+        attacks.apgd_dlr(two, x, torch.tensor([0, 1]), 0.1, steps=1)
+    three = nn.Sequential(nn.Flatten(), nn.Linear(4, 3)).eval()
+    attacks.apgd_dlr(three, x, torch.tensor([0, 1]), 0.1, steps=1)
+    with pytest.raises(ConfigError, match=r"APGD-T \(targeted DLR loss\)"):
+        attacks.apgd_t(three, x, torch.tensor([0, 1]), 0.1, steps=1, n_targets=1)
+    four = nn.Sequential(nn.Flatten(), nn.Linear(4, 4)).eval()
+    attacks.apgd_t(four, x, torch.tensor([0, 1]), 0.1, steps=1, n_targets=1)
