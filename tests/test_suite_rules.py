@@ -217,3 +217,94 @@ def test_clopper_pearson_at_the_ends():
     assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / 10))
     lo, hi = _clopper_pearson(1.0, 10.0, 0.05)
     assert hi == 1.0 and lo == pytest.approx(0.025 ** (1 / 10))
+
+
+def certified_check(regression: bool | None, cert_regression: bool | None, with_baseline: bool = True) -> SuiteCheck:
+    """A check of a suite with certificates: candidate certified 50 %, baseline 62.5 %, 5 certificates lost."""
+    from dataclasses import replace
+
+    r = a_check(regression)
+    r.certified = est(0.5, 0.35, 0.65)
+    if with_baseline:
+        r.baseline = {"robust_accuracy": est(1.0, 0.9, 1.0), "certified_accuracy": est(0.625, 0.5, 0.75)}
+        r.certified_comparison = replace(five_broken(), c=1)
+        r.certified_regression = cert_regression
+    r.corruption = est(0.8, 0.7, 0.9)
+    r.corruption_comparison = replace(five_broken(), b=2)
+    return r
+
+
+def test_the_certified_part_of_the_message_and_results():
+    r = certified_check(False, True)
+    c = r.certified_comparison
+    assert r.message().endswith(
+        "; CERTIFIED REGRESSION: certified accuracy 50.0%, baseline 62.5%; 5 samples certified by the baseline lost "
+        f"their certificate, 1 gained one (drop {100 * c.drop:+.1f} points, McNemar p = {c.p_value:.3g})")
+    assert r.verdict == "regression" and r.failed is True  # a certified regression alone fails the gate
+    d = r.to_dict()
+    assert d["certified"] == {**est(0.5, 0.35, 0.65).to_dict(), "certified_accuracy": 0.5}
+    assert d["certified_regression"] is True and d["lost_certificates"] == 5
+    assert d["certified_comparison"] == c.to_dict() and d["corruption_comparison"]["b"] == 2
+    assert d["corruption"] == {**est(0.8, 0.7, 0.9).to_dict(), "corruption_accuracy": 0.8}
+    assert d["clean"] == est(1.0, 0.9, 1.0).to_dict() and d["alpha"] == 0.05 and d["max_drop"] == 0.02
+    assert (d["attack_version"], d["baseline_source"], d["regression"]) == ("fast", "stored", False)
+    assert d["flags"] == [] and d["accepted_flags"] == [] and d["blocking_flags"] == []
+    kept = certified_check(False, False)
+    assert "; no certified regression: certified accuracy 50.0%, baseline 62.5%; " in kept.message()
+    assert kept.verdict == "pass" and kept.failed is False
+    alone = certified_check(None, None, with_baseline=False)
+    assert alone.message().endswith("; no baseline to compare with; certified accuracy 50.0%")
+    d = alone.to_dict()
+    assert d["certified_regression"] is None and "certified_comparison" not in d and "lost_certificates" not in d
+    assert "baseline" not in d and "comparison" not in d
+    plain = a_check(False).to_dict()
+    assert "certified" not in plain and "certified_regression" not in plain and "corruption" not in plain
+
+
+def test_a_message_with_a_p_value_at_alpha_says_it_is_not_below():
+    from dataclasses import replace
+
+    r = a_check(False)
+    r.comparison = replace(r.comparison, p_value=0.05)
+    assert r.message().endswith("McNemar p = 0.05 is not below alpha 0.05")
+    r.baseline = None
+    assert "baseline nan%" in r.message()
+
+
+def test_an_evaluated_baseline_adds_its_flags_and_its_time(monkeypatch):
+    """check_suite with a baseline model the suite did not store: both evaluations' flags (the baseline's marked),
+    the outcomes compared pairwise, the baseline's own timing; an unaccepted unreliable flag of the baseline fails."""
+    from robustest.suite import check as check_mod
+    from test_suite_reading import make_suite
+
+    k = 4
+    calls = []
+
+    def fake(model, x, y, attack, corruption, progress=False, certify=None):
+        calls.append((model, attack["version"], certify))
+        mine = model is candidate
+        return {"clean": torch.ones(k, dtype=torch.bool),
+                "robust": torch.tensor([True, False, True, False] if mine else [True] * k),
+                "corruption": torch.zeros(k, 0, dtype=torch.bool), "seconds": {"attack_s": 1.0},
+                "flags": [{"name": "randomised", "severity": "warning"}] if mine else
+                [{"name": "zero-gradient", "severity": "unreliable"}]}
+
+    monkeypatch.setattr(check_mod, "evaluate_outcomes", fake)
+    torch.manual_seed(0)
+    candidate = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    baseline = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    r = check_mod.check_suite(candidate, make_suite(k=k), baseline, max_drop=0.0)
+    assert [c[0] is candidate for c in calls] == [True, False] and {c[1] for c in calls} == {"fast"}
+    assert r.baseline_source == "evaluated"
+    assert r.flags == [{"name": "randomised", "severity": "warning"},
+                       {"name": "zero-gradient", "severity": "unreliable", "model": "baseline"}]
+    assert r.blocking_flags == ["zero-gradient"] and r.verdict == "unreliable" and r.failed
+    assert set(r.timings) == {"candidate_attack_s", "baseline_s", "total_s"} and r.timings["candidate_attack_s"] == 1.0
+    assert (r.comparison.b, r.comparison.c) == (2, 0) and r.baseline_outcomes["robust"].all()
+    calls.clear()
+    accepted = check_mod.check_suite(candidate, make_suite(k=k), baseline, accept_flags="zero-gradient")
+    assert accepted.blocking_flags == [] and accepted.accepted_flags == ("zero-gradient",)
+    calls.clear()
+    own = check_mod.check_suite(candidate, make_suite(k=k), False)
+    assert len(calls) == 1 and own.baseline_source is None and own.comparison is None and own.regression is None
+    assert own.flags == [{"name": "randomised", "severity": "warning"}] and "baseline_s" not in own.timings
