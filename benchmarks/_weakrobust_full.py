@@ -188,8 +188,8 @@ def run_full(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from robustest import weakrobust as wr
     from robustest.core.batching import image_shape, labels_of, take
     from robustest.evaluate import accuracy
+    from robustest.models.checkpoints import clone_model, load_checkpoint, save_checkpoint
     from robustest.train import channel_stats, fit, recipes
-    from robustest.train.checkpoints import clone_model, load_checkpoint, save_checkpoint
 
     s = resolve(args)
     dev = torch.device(args.device) if args.device else torch.device("cpu")

@@ -20,8 +20,8 @@ import torch
 from robustest import data as datasets
 from robustest import models as zoo
 from robustest import weakrobust as wr
+from robustest.models.checkpoints import load_checkpoint
 from robustest.train import fit
-from robustest.train.checkpoints import load_checkpoint
 
 
 def rss_mib() -> float:

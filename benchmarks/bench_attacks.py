@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from robustest import attacks, data, models  # noqa: E402
 from robustest.core.modelcall import eval_mode, frozen_params  # noqa: E402
+from robustest.models.checkpoints import load_checkpoint  # noqa: E402
 from robustest.train import fit  # noqa: E402
-from robustest.train.checkpoints import load_checkpoint  # noqa: E402
 
 
 def get_model(args: argparse.Namespace) -> torch.nn.Module:

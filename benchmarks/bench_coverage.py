@@ -50,8 +50,8 @@ def main() -> None:
 
     from robustest import data, models
     from robustest.evaluate import accuracy
+    from robustest.models.checkpoints import load_checkpoint, save_checkpoint
     from robustest.train import fit
-    from robustest.train.checkpoints import load_checkpoint, save_checkpoint
 
     torch.manual_seed(args.seed)
     train = data.load("mnist", root=args.data_dir, split="train")

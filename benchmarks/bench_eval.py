@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from robustest import data  # noqa: E402
 from robustest.core.modelcall import forward  # noqa: E402
 from robustest.evaluate import evaluate  # noqa: E402
-from robustest.train.checkpoints import load_checkpoint  # noqa: E402
+from robustest.models.checkpoints import load_checkpoint  # noqa: E402
 
 
 def clock():

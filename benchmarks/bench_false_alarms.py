@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from robustest import attacks, data, models  # noqa: E402
 from robustest.evaluate import evaluate  # noqa: E402
+from robustest.models.checkpoints import load_checkpoint  # noqa: E402
 from robustest.train import fit  # noqa: E402
-from robustest.train.checkpoints import load_checkpoint  # noqa: E402
 
 
 def pgd_train(model, x, y, eps, epochs, seed=0):

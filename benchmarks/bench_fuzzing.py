@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 from robustest import data, models
 from robustest.fuzzing import fol_fuzz
+from robustest.models.checkpoints import load_checkpoint
 from robustest.train import fit
-from robustest.train.checkpoints import load_checkpoint
 
 
 def fol_fuzz_one_at_a_time(model: torch.nn.Module, x: torch.Tensor, steps: int = 40, lr: float = 0.1,

@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown methods {sorted(unknown)}: choose from {', '.join(ALL)}")
 
     from robustest import data as datasets
-    from robustest.train.checkpoints import load_checkpoint
+    from robustest.models.checkpoints import load_checkpoint
 
     if args.from_scratch != (args.model is not None) or (args.checkpoint is not None) == args.from_scratch:
         raise SystemExit("give --checkpoint FILE (fine-tuning) or --model NAME --from-scratch, not both")

@@ -45,8 +45,8 @@ import masked_zoo as mz  # noqa: E402
 from robustest import data, models  # noqa: E402
 from robustest.core.errors import ConfigError  # noqa: E402
 from robustest.evaluate import evaluate  # noqa: E402
+from robustest.models.checkpoints import load_checkpoint, save_checkpoint  # noqa: E402
 from robustest.train import fit  # noqa: E402
-from robustest.train.checkpoints import load_checkpoint, save_checkpoint  # noqa: E402
 
 FOOLED_POINTS = 3.0
 VOTES = 11

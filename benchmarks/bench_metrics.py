@@ -89,7 +89,7 @@ def main() -> None:
     torch.manual_seed(0)
     test = data.load("mnist", root=args.data_dir, split="test")
     if args.checkpoint:
-        from robustest.train.checkpoints import load_checkpoint
+        from robustest.models.checkpoints import load_checkpoint
 
         model = load_checkpoint(args.checkpoint)
     else:

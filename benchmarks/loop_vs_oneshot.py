@@ -71,8 +71,8 @@ def original_model(out: Path, train_epochs: int) -> Path:
     """Train (once) digits_cnn on all digits training images, seed 0, as benchmarks/reproduce_robot.py does."""
     from robustest import data as datasets
     from robustest import models as zoo
+    from robustest.models.checkpoints import save_checkpoint
     from robustest.train import fit
-    from robustest.train.checkpoints import save_checkpoint
 
     ckpt = out / "original_digits_cnn.pt"
     if ckpt.is_file():

@@ -152,8 +152,8 @@ def train_original(args: argparse.Namespace, s: dict[str, Any], out: Path, ckpt:
     from robustest import models as zoo
     from robustest.core.batching import image_shape, labels_of
     from robustest.evaluate import accuracy
+    from robustest.models.checkpoints import save_checkpoint
     from robustest.train import fit, recipes
-    from robustest.train.checkpoints import save_checkpoint
 
     train = load_split(args, "train")
     test = load_split(args, "test")
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     from robustest import robot
     from robustest.core.batching import image_shape
     from robustest.core.errors import ConfigError
-    from robustest.train.checkpoints import load_checkpoint
+    from robustest.models.checkpoints import load_checkpoint
 
     out = Path(args.out)
     if is_rank0():

@@ -73,8 +73,8 @@ def _trained_digits_session(_digits_train_session: TensorDataset) -> torch.nn.Mo
 def mlp_digits_checkpoint(tmp_path_factory: pytest.TempPathFactory, _digits_train_session: TensorDataset) -> str:
     """Path of a checkpoint of an ``mlp`` trained 6 epochs on the first 300 digits (trained with one thread)."""
     from robustest import models
+    from robustest.models.checkpoints import save_checkpoint
     from robustest.train import fit
-    from robustest.train.checkpoints import save_checkpoint
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -153,7 +153,7 @@ def test_bracket_eval_adds_the_flag_to_the_evaluation(monkeypatch):
 # --------------------------------------------------------------------------------------------- on digits
 @pytest.fixture(scope="module")
 def mlp(mlp_digits_checkpoint) -> nn.Module:
-    from robustest.train.checkpoints import load_model
+    from robustest.models.checkpoints import load_model
 
     return load_model(mlp_digits_checkpoint).eval()
 

@@ -22,7 +22,7 @@ EVAL = ["--version", "custom", "--attacks", "fgsm,bim", "--eps", "0.005"]  # IBP
 def unsupported_checkpoint(tmp_path_factory) -> str:
     """A resnet20 for digits (random weights): its option-A shortcuts slice tensors, which bounds do not cover."""
     from robustest import models
-    from robustest.train.checkpoints import save_checkpoint
+    from robustest.models.checkpoints import save_checkpoint
 
     torch.manual_seed(0)
     model = models.create("resnet20", num_classes=10, in_channels=1, input_size=8)

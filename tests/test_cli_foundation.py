@@ -19,7 +19,7 @@ from cli_runner import run_cli
 from robustest import cli, data, models
 from robustest import evaluate as ev
 from robustest.core.errors import DataError
-from robustest.train.checkpoints import load_checkpoint
+from robustest.models.checkpoints import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("no_data_env")
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # two shared cores: one intr
 
 @pytest.fixture
 def checkpoint(tmp_path, trained_digits_model):
-    from robustest.train.checkpoints import save_checkpoint
+    from robustest.models.checkpoints import save_checkpoint
 
     path = tmp_path / "model.pt"
     save_checkpoint(path, trained_digits_model)

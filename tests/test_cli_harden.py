@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from robustest.cli import main
+from robustest.models.checkpoints import load_checkpoint
 from robustest.train import hardening
-from robustest.train.checkpoints import load_checkpoint
 
 TINY = ["--dataset", "digits", "--limit", "200", "--eps", "0.2", "--epochs", "2", "--steps", "3",
         "--batch-size", "64", "--test-limit", "60", "--whitebox-limit", "30", "--whitebox-pgd-steps", "3",
@@ -25,8 +25,8 @@ TINY = ["--dataset", "digits", "--limit", "200", "--eps", "0.2", "--epochs", "2"
 def checkpoint(tmp_path_factory):
     """A digits_cnn checkpoint trained 5 epochs on the first 300 digits (one thread)."""
     from robustest import data, models
+    from robustest.models.checkpoints import save_checkpoint
     from robustest.train import fit
-    from robustest.train.checkpoints import save_checkpoint
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -15,7 +15,7 @@ from robustest.cli import main
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory, _trained_digits_session) -> Path:
-    from robustest.train.checkpoints import save_checkpoint
+    from robustest.models.checkpoints import save_checkpoint
 
     path = tmp_path_factory.mktemp("model") / "model.pt"
     save_checkpoint(path, _trained_digits_session)
@@ -24,7 +24,7 @@ def ckpt(tmp_path_factory, _trained_digits_session) -> Path:
 
 @pytest.fixture(scope="module")
 def model(ckpt):
-    from robustest.train.checkpoints import load_checkpoint
+    from robustest.models.checkpoints import load_checkpoint
 
     return load_checkpoint(ckpt)
 

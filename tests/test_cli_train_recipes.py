@@ -13,8 +13,8 @@ import torch
 from cli_runner import run_cli
 from robustest import models
 from robustest.core.errors import ConfigError
+from robustest.models.checkpoints import load_checkpoint
 from robustest.train import channel_stats, fit
-from robustest.train.checkpoints import load_checkpoint
 
 
 def one_line(code: int, err: str) -> str:
@@ -238,7 +238,7 @@ def test_compare_passes_the_recipe_options_to_training(tmp_path, monkeypatch):
 def test_state_fingerprint_of_a_batch_norm_model():
     """Regression: batch norm's 0-d num_batches_tracked made state_fingerprint (and so run/compare with a
     checkpoint of any BN network) fail."""
-    from robustest.train import checkpoints
+    from robustest.models import checkpoints
 
     torch.manual_seed(0)
     a = models.create("resnet20", input_size=8)

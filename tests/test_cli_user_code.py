@@ -124,7 +124,7 @@ def test_a_hardened_own_model_reloads_with_its_factory_and_weights(hardened, cap
 
 
 def test_weights_alone_never_run_the_code_the_file_names(hardened, capsys, tmp_path, monkeypatch):
-    import robustest.train.checkpoints as ck
+    import robustest.models.checkpoints as ck
 
     def imported(*a, **k):
         raise AssertionError("imported the factory a file named")
@@ -152,7 +152,7 @@ def test_bare_weights_alone_ask_for_the_model(user_pkg, capsys, tmp_path):
 
 def test_weights_alone_of_a_zoo_checkpoint_load_it(capsys, tmp_path):
     from robustest import models
-    from robustest.train.checkpoints import save_checkpoint
+    from robustest.models.checkpoints import save_checkpoint
 
     torch.manual_seed(0)
     save_checkpoint(tmp_path / "zoo.pt", models.create("digits_cnn", input_size=8))

@@ -12,7 +12,7 @@ from robustest.cli import main
 
 @pytest.fixture
 def checkpoint(tmp_path, trained_digits_model):
-    from robustest.train.checkpoints import save_checkpoint
+    from robustest.models.checkpoints import save_checkpoint
 
     path = tmp_path / "model.pt"
     save_checkpoint(path, trained_digits_model)
@@ -99,7 +99,7 @@ def test_enhance_verb(tmp_path, checkpoint, capsys, results_contract):
     assert "split" not in res["settings"] and res["before"] == {} and res["after"] == {}
     assert "gaussian_noise" in res["enhance"]["pool"] and res["enhance"]["weaknesses"] == ["gaussian_noise", "pgd"]
     assert "<p>1 epoch; pool:" in (out / "report.html").read_text()  # not "1 epochs"
-    from robustest.train.checkpoints import load_checkpoint
+    from robustest.models.checkpoints import load_checkpoint
 
     m = load_checkpoint(out / "model.pt")
     assert m.robustest_metadata["weaknesses"] == ["gaussian_noise", "pgd"]

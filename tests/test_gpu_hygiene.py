@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # two shared cores: one intr
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory, _trained_digits_session) -> Path:
-    from robustest.train.checkpoints import save_checkpoint
+    from robustest.models.checkpoints import save_checkpoint
 
     path = tmp_path_factory.mktemp("model") / "model.pt"
     save_checkpoint(path, _trained_digits_session)

@@ -76,7 +76,7 @@ def test_enhance_killed_and_rerun_equals_an_uninterrupted_run(tmp_path, mlp_digi
     assert "continuing the interrupted enhancement" in done.stderr.read()
     ref = _cli(*args, "--out", str(tmp_path / "whole"))
     assert ref.wait() == 0, ref.stderr.read()
-    from robustest.train.checkpoints import load_model
+    from robustest.models.checkpoints import load_model
 
     a, b = load_model(out / "model.pt").state_dict(), load_model(tmp_path / "whole" / "model.pt").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -186,7 +186,7 @@ def _one_line(code: int, err: str, match: str) -> None:
 @pytest.fixture(scope="module")
 def nan_checkpoint(tmp_path_factory, mlp_digits_checkpoint) -> str:
     """The mlp checkpoint with one NaN weight: every logit it computes is NaN."""
-    from robustest.train.checkpoints import load_checkpoint, save_checkpoint
+    from robustest.models.checkpoints import load_checkpoint, save_checkpoint
 
     model = load_checkpoint(mlp_digits_checkpoint)
     with torch.no_grad():
@@ -503,7 +503,7 @@ def test_a_huge_image_set_is_refused_by_its_shape_before_any_forward(tmp_path, c
 
     from robustest import models
     from robustest.core.errors import ConfigError
-    from robustest.train.checkpoints import save_checkpoint
+    from robustest.models.checkpoints import save_checkpoint
 
     calls = []
     net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
@@ -658,7 +658,7 @@ def test_other_os_errors_are_internal_errors_in_one_line(tmp_path, capsys, monke
 def test_positional_images_and_labels_name_the_signature(mlp_digits_checkpoint) -> None:
     """evaluate(model, x, y, eps) puts the labels where eps goes: a one-line error naming the signature."""
     from robustest.evaluate import evaluate
-    from robustest.train.checkpoints import load_checkpoint
+    from robustest.models.checkpoints import load_checkpoint
 
     model = load_checkpoint(mlp_digits_checkpoint)
     x, y = torch.rand(4, 1, 8, 8), torch.arange(4)
@@ -682,7 +682,7 @@ def test_torchscript_and_exported_programs_with_bombs_are_refused_before_loading
     """TorchScript archives and .pt2 programs are zip files too: a member declaring more than the limit is refused
     before torch.jit.load / torch.export.load read it."""
     from robustest.core.errors import DataError
-    from robustest.train.checkpoints import load_model
+    from robustest.models.checkpoints import load_model
 
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3)).eval()
     torch.jit.script(net).save(str(tmp_path / "net.ts"))

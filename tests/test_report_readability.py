@@ -64,7 +64,7 @@ def test_eval_report_badges_pass_fail_and_no_gate(mlp_digits_checkpoint, tmp_pat
 
 def test_suite_report_badges_pass_fail_and_no_baseline(mlp_digits_checkpoint, tmp_path: Path):
     from robustest import models
-    from robustest.train.checkpoints import save_checkpoint
+    from robustest.models.checkpoints import save_checkpoint
 
     torch.manual_seed(1)
     untrained = tmp_path / "untrained.pt"

@@ -79,8 +79,8 @@ def screenshot(page: Path, tmp: Path) -> np.ndarray:
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory, _trained_digits_session) -> dict[str, Path]:
     """report.html of every verb that writes one, from tiny digits runs."""
+    from robustest.models.checkpoints import save_checkpoint
     from robustest.report import HtmlReport, save_hbars
-    from robustest.train.checkpoints import save_checkpoint
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -80,7 +80,7 @@ def test_compare_with_autoattack_records_it_everywhere(checkpoint, tmp_path, res
     from robustest import data as datasets
     from robustest.core.seeding import derive_seed
     from robustest.evaluate import evaluate
-    from robustest.train.checkpoints import load_model
+    from robustest.models.checkpoints import load_model
 
     out = tmp_path / "cmp"
     cfg = {**TINY, "model": checkpoint, "budgets": [15], "seeds": [0, 1], "out": str(out),

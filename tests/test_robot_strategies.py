@@ -197,7 +197,7 @@ def test_compare_with_baselines_new_strategies_compute_and_paired(checkpoint, tm
 
 def test_kcenter_in_compare_and_loop_selects_by_penultimate_features(checkpoint, tmp_path):
     from robustest.metrics.activations import penultimate_features
-    from robustest.train.checkpoints import load_model
+    from robustest.models.checkpoints import load_model
 
     out = tmp_path / "kc"
     res = robot.compare({**TINY, "model": checkpoint, "budgets": [12], "seeds": [0, 1], "out": str(out),

@@ -163,7 +163,7 @@ def suite(models) -> Suite:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, models, suite) -> dict[str, str]:
-    from robustest.train.checkpoints import save_checkpoint
+    from robustest.models.checkpoints import save_checkpoint
 
     root = tmp_path_factory.mktemp("suite")
     paths = {name: str(root / f"{name}.pt") for name in models}
@@ -376,7 +376,7 @@ def test_cli_build(files, tmp_path: Path, capsys):
 def test_pytest_fixture(pytester: pytest.Pytester, files):
     pytester.makepyfile(test_gate=f'''
 import torch
-from robustest.train.checkpoints import load_checkpoint, save_checkpoint
+from robustest.models.checkpoints import load_checkpoint, save_checkpoint
 
 def test_gate(assert_no_regression):
     torch.set_num_threads(1)

@@ -120,7 +120,7 @@ def test_images_too_large_for_a_model_are_refused_before_they_are_read(tmp_path,
 
 def test_suite_check_with_a_baseline_for_other_images_is_bad_input(tmp_path, capsys):
     from robustest import models
-    from robustest.train.checkpoints import save_checkpoint
+    from robustest.models.checkpoints import save_checkpoint
 
     make_suite().save(tmp_path / "s.pt")
     torch.manual_seed(0)

@@ -240,7 +240,7 @@ def test_compare_with_autoattack(model, tmp_path) -> None:
 
 
 def _same_weights(a: Path, b: Path) -> None:
-    from robustest.train.checkpoints import load_model
+    from robustest.models.checkpoints import load_model
 
     sa, sb = load_model(a).state_dict(), load_model(b).state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

@@ -17,8 +17,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from robustest import evaluate as ev
 from robustest import models
 from robustest.core.errors import CheckpointError, ConfigError, DataError
+from robustest.models.checkpoints import load_checkpoint, save_checkpoint
 from robustest.train import History, TrainData, fit
-from robustest.train.checkpoints import load_checkpoint, save_checkpoint
 
 
 def small_train(ds: TensorDataset, n: int = 400) -> TensorDataset:
@@ -208,7 +208,7 @@ def test_checkpoint_with_explicit_spec_and_no_metadata(tmp_path):
     save_checkpoint(tmp_path / "plain.pt", net)
     with pytest.raises(CheckpointError, match="built outside robustest.*--model pkg.module:factory"):
         load_checkpoint(tmp_path / "plain.pt")
-    from robustest.train.checkpoints import restore_weights
+    from robustest.models.checkpoints import restore_weights
 
     other = models.lenet1()
     assert same_weights(restore_weights(other, tmp_path / "plain.pt"), net)

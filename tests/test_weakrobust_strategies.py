@@ -162,7 +162,7 @@ def test_validate_weights_weak_set_and_keyword():
 # ------------------------------------------------------------------------------------------------- CLI
 @pytest.fixture
 def checkpoint(tmp_path, trained_digits_model):
-    from robustest.train.checkpoints import save_checkpoint
+    from robustest.models.checkpoints import save_checkpoint
 
     path = tmp_path / "model.pt"
     save_checkpoint(path, trained_digits_model)

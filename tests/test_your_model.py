@@ -12,7 +12,8 @@ import torch
 from robustest import data
 from robustest.cli import main
 from robustest.core.errors import CheckpointError, ConfigError
-from robustest.train import checkpoints, fit
+from robustest.models import checkpoints
+from robustest.train import fit
 
 NETS = textwrap.dedent('''
     import torch

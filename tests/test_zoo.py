@@ -20,8 +20,8 @@ from torch import nn
 from cli_runner import run_cli
 from robustest import models
 from robustest.core.errors import ConfigError
+from robustest.models.checkpoints import load_checkpoint, save_checkpoint
 from robustest.train import fit
-from robustest.train.checkpoints import load_checkpoint, save_checkpoint
 
 NEW = ("wrn", "preact_resnet18", "densenet_bc", "resnet18", "resnet50", "vit_tiny")
 

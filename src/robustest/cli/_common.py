@@ -264,7 +264,7 @@ def load_data(args: argparse.Namespace, split: str | None = None) -> Dataset:
 
 
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The model options as keyword arguments of :func:`robustest.train.checkpoints.load_model`."""
+    """The model options as keyword arguments of :func:`robustest.models.checkpoints.load_model`."""
     return {"source": getattr(args, "checkpoint", None), "factory": getattr(args, "model_factory", None),
             "factory_args": getattr(args, "model_args", None), "weights": getattr(args, "weights", None),
             "torchscript": bool(getattr(args, "torchscript", False))}
@@ -272,7 +272,7 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_model(args: argparse.Namespace) -> nn.Module:
     """The model named by the model options (refusing unsafe files), on --device."""
-    from robustest.train.checkpoints import load_model as load
+    from robustest.models.checkpoints import load_model as load
 
     opts = model_options(args)
     if opts["factory_args"] is not None and opts["factory"] is None:

@@ -95,8 +95,8 @@ def _check_args(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from robustest.core.devices import model_device
     from robustest.evaluate.certification import run_certify
+    from robustest.models.checkpoints import source_of
     from robustest.results import write_results
-    from robustest.train.checkpoints import source_of
 
     t0 = time.perf_counter()
     _check_args(args)

@@ -156,8 +156,8 @@ def run(args: argparse.Namespace) -> int:
     from robustest.core.atomic import atomic_save
     from robustest.core.devices import model_device
     from robustest.evaluate import evaluate
+    from robustest.models.checkpoints import source_of
     from robustest.results import write_results
-    from robustest.train.checkpoints import source_of
 
     t0 = time.perf_counter()
     attacks, severities = _check_args(args)
@@ -166,12 +166,12 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     baseline = None
     if args.baseline is not None:
-        from robustest.train.checkpoints import load_model as load_file
+        from robustest.models.checkpoints import load_model as load_file
 
         baseline = load_file(args.baseline, torchscript=args.torchscript, map_location=model_device(model))
     surrogate = None
     if args.surrogate is not None:
-        from robustest.train.checkpoints import load_model as load_file
+        from robustest.models.checkpoints import load_model as load_file
 
         surrogate = load_file(args.surrogate, torchscript=args.torchscript, map_location=model_device(model))
     ds = load_data(args)

@@ -292,10 +292,10 @@ def _split(train: Any, args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from robustest.models.checkpoints import save_checkpoint, source_of
     from robustest.report import format_value
     from robustest.results import write_results
     from robustest.train import hardening
-    from robustest.train.checkpoints import save_checkpoint, source_of
 
     t0 = time.perf_counter()
     method_kw, common = _method_kwargs(args)
@@ -337,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
     last = None
     final_epoch = len(res.epochs)
     if res.last_weights is not None:
-        from robustest.train.checkpoints import clone_model
+        from robustest.models.checkpoints import clone_model
 
         last_model = clone_model(model)
         last_model.load_state_dict(res.last_weights)

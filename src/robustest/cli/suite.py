@@ -261,9 +261,9 @@ def _sample_grid(suite: Any, idx: torch.Tensor, marks: list[str]) -> bytes:
 def run_check(args: argparse.Namespace) -> int:
     from robustest.cli import EXIT_GATE
     from robustest.core.devices import model_device
+    from robustest.models.checkpoints import load_model as load_file
     from robustest.results import write_results
     from robustest.suite import Suite, check_suite
-    from robustest.train.checkpoints import load_model as load_file
 
     t0 = time.perf_counter()
     if args.no_baseline and args.baseline is not None:

@@ -48,9 +48,9 @@ from robustest.cli._common import (
 from robustest.core.batching import image_shape, labels_of, take
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
+from robustest.models.checkpoints import source_of
 from robustest.results import write_results
 from robustest.train import channel_stats
-from robustest.train.checkpoints import source_of
 from robustest.train.recipes import RECIPES, TrainOptions, check_device, check_options, recipe
 
 ORDER = 10
@@ -205,9 +205,9 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from robustest.evaluate import loss_and_accuracy
+    from robustest.models.checkpoints import save_checkpoint
     from robustest.report import plural
     from robustest.train import fit
-    from robustest.train.checkpoints import save_checkpoint
 
     if Path(args.out).exists():
         out_dir(args)  # a file in the way is a one-line error before any work; the folder is made after checks
@@ -225,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
     t_data = time.perf_counter() - t0
     torch.manual_seed(args.seed)
     if ":" in args.model:
-        from robustest.train.checkpoints import load_model
+        from robustest.models.checkpoints import load_model
 
         model = load_model(factory=args.model, factory_args=args.model_args, map_location=device)
     else:

@@ -229,7 +229,7 @@ def _analysis_from_args(args: argparse.Namespace, model, ds, out: Path):
     between two saves (one gather, one atomic write) as a single process does; the scores do not depend on
     the step size (neighbour noise is seeded per block of samples), only the resume points do."""
     from robustest import weakrobust as wr
-    from robustest.train.checkpoints import state_fingerprint
+    from robustest.models.checkpoints import state_fingerprint
 
     if args.batch_size == "auto":
         resolve_batch_size(args, model, ds, default=wr.default_batch_size(ds), grad=False, amp=args.amp)
@@ -526,7 +526,7 @@ def _read_weaknesses(items: list[str]) -> list[str]:
 def _enhance_state(args: argparse.Namespace, out: Path, model, train, weaknesses: list[str]) -> Path:
     """Where enhance saves its state after every epoch: a file named by the run's fingerprint (settings,
     starting model, data), so rerunning the same command continues and a changed one starts afresh."""
-    from robustest.train.checkpoints import state_fingerprint
+    from robustest.models.checkpoints import state_fingerprint
 
     keys = ("epochs", "no_augmix", "no_adversarial", "jsd_weight", "adv_weight", "adv_eps", "adv_steps",
             "adv_source", "lr", "batch_size", "seed")
@@ -548,8 +548,8 @@ def run_enhance(args: argparse.Namespace) -> int:
     from robustest import corruptions as corr
     from robustest import weakrobust as wr
     from robustest.evaluate import accuracy
+    from robustest.models.checkpoints import save_checkpoint
     from robustest.report import HtmlReport, plural, save_hbars
-    from robustest.train.checkpoints import save_checkpoint
 
     out = out_dir(args)
     t0 = time.perf_counter()

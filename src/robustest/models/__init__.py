@@ -22,6 +22,10 @@ from the name and the keyword options must agree.
 
 Adding a model is adding one function decorated with :func:`register`; its keyword parameters beyond
 ``num_classes``, ``in_channels`` and ``input_size`` are its options.
+
+:mod:`robustest.models.checkpoints` reads and writes models as files (safe checkpoints, TorchScript,
+``torch.export`` programs, a user's ``pkg.module:factory``), so evaluating, gating or testing a model never
+imports the training package.
 """
 
 from __future__ import annotations

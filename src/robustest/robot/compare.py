@@ -18,6 +18,7 @@ from robustest.core.errors import ConfigError, DataError
 from robustest.core.progress import progress as progress_bar
 from robustest.core.seeding import derive_seed
 from robustest.evaluate import RobustnessReport
+from robustest.models.checkpoints import clone_model, save_weights
 from robustest.robot.compute import PassCounter, cell_compute
 from robustest.robot.config import (
     BUDGET_FREE,
@@ -41,7 +42,6 @@ from robustest.robot.setup import (
     _Setup,
     _setup,
 )
-from robustest.train.checkpoints import clone_model, save_weights
 
 #: the figures paired_vs_random compares (autoattack_accuracy only where it was measured: config ``autoattack``)
 PAIRED_METRICS = ("fixed_set_accuracy", "whitebox_accuracy", "clean_accuracy", "autoattack_accuracy")

@@ -115,7 +115,7 @@ def run(config: RobotConfig | dict[str, Any], model: nn.Module | None = None) ->
         rdir = state / f"round{r:03d}"
         rec_path = rdir / "round.json"
         if rec_path.is_file():  # finished earlier: load, do not redo
-            from robustest.train.checkpoints import clone_model, restore_weights
+            from robustest.models.checkpoints import clone_model, restore_weights
 
             rec = json.loads(rec_path.read_text())
             model_cur = restore_weights(clone_model(setup.model0), rdir / "model.pt")
@@ -165,7 +165,7 @@ def run(config: RobotConfig | dict[str, Any], model: nn.Module | None = None) ->
 
 def _one_round(r: int, model_cur: nn.Module, setup: _Setup, tests: Pool, cfg: RobotConfig, stats: list[float],
                rdir: Path) -> tuple[dict[str, Any], nn.Module, Pool, torch.Tensor, dict[str, float]]:
-    from robustest.train.checkpoints import save_weights
+    from robustest.models.checkpoints import save_weights
 
     t0 = time.perf_counter()
     seed_r = derive_seed(cfg.seed, "round", r)

@@ -22,9 +22,9 @@ from robustest.core.modelcall import set_mode
 from robustest.core.modelchecks import check_model_fits
 from robustest.core.seeding import derive_seed
 from robustest.evaluate import FixedAdversarialSet, RobustnessReport, adversarial_examples, build_fixed_set, measure
+from robustest.models.checkpoints import clone_model, source_of
 from robustest.robot.config import _EXTENDABLE_KEYS, _PATH_KEYS, RobotConfig
 from robustest.robot.pool import Pool
-from robustest.train.checkpoints import clone_model, source_of
 
 
 def _quantiles(t: torch.Tensor) -> dict[str, float | None]:
@@ -142,7 +142,7 @@ def _rob(rep: RobustnessReport) -> dict[str, Any]:
 def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None, kind: str) -> _Setup:
     """Load data and model, carve the validation split, build (or load) the fixed adversarial set and the
     baseline measurement; everything cached under OUT/state so a resumed run reuses it."""
-    from robustest.train.checkpoints import load_model, save_weights, state_fingerprint
+    from robustest.models.checkpoints import load_model, save_weights, state_fingerprint
 
     t0 = time.perf_counter()
     device = resolve_device(model, cfg.device) if (cfg.device or model is not None) else torch.device("cpu")

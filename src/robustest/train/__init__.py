@@ -12,7 +12,6 @@
   (:class:`ComputeCount`), with robust early stopping and the catastrophic-overfitting guard
   (:mod:`.early_stopping`) and a resumable state.
 * :mod:`.schedules`: the per-batch learning-rate schedule, the eps warm-up, dynamic AT's FOSC criterion.
-* :mod:`.checkpoints`: models from files and back (safe checkpoints, TorchScript, torch.export, factories).
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ from robustest.core.errors import ConfigError
 from robustest.core.modelcall import set_mode
 from robustest.core.seeding import seed_everything
 from robustest.core.validation import check_eps
+from robustest.models.checkpoints import clone_model, state_fingerprint
 from robustest.train import TrainData, objectives
-from robustest.train.checkpoints import clone_model, state_fingerprint
 from robustest.train.engine import Batch, EpochLoop, run_epochs
 from robustest.train.objectives import Objective, StepContext, StepOutput
 from robustest.train.state import StateFile, restore_rng, rng_state

@@ -33,12 +33,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest import models as zoo
 from robustest.core.atomic import atomic_save, atomic_write_bytes
 from robustest.core.devices import resolve_device
 from robustest.core.errors import CheckpointError, ConfigError, user_error
 from robustest.core.modelcall import set_mode
 from robustest.core.reading import check_torch_file
+from robustest.models.registry import from_spec
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -372,7 +372,7 @@ def _rebuild(path: Path, spec: dict[str, Any], map_location: Any) -> nn.Module:
     kind = spec.get("kind", "zoo")
     if kind == "zoo":
         try:
-            model = zoo.from_spec({k: v for k, v in spec.items() if k != "kind"})
+            model = from_spec({k: v for k, v in spec.items() if k != "kind"})
         except (ConfigError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{path}: cannot rebuild model: {exc}") from exc
         return model
