@@ -126,3 +126,17 @@ def test_a_config_that_is_not_a_mapping_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.strip() == (f"robustest run: error: config file {cfg} holds a list, not a mapping of "
                                          "keys: write one key: value per line")
+
+
+def test_one_size_check_at_the_bound_with_its_source_and_error_class():
+    from robustest.core.errors import ConfigError
+    from robustest.core.inputs import check_image_size
+
+    check_image_size((3, 1024, 1024))  # exactly the limit
+    with pytest.raises(ConfigError, match=r"^the images are 1x3145729x1 \(3,145,729 values each\), more than the "
+                                          r"3,145,728 \(3 x 1024 x 1024\) a model is run on: resize them \(image "
+                                          r"folders: --resize H W\) to the size the model was built for$"):
+        check_image_size((1, 3 * 1024 * 1024 + 1, 1))
+    with pytest.raises(DataError, match=r"^f\.pt: the suite's images are 2x2048x1024 \(4,194,304 values each\), "
+                                        r"more than the 3,145,728 \(3 x 1024 x 1024\) a model is run on: smaller$"):
+        check_image_size((2, 2048, 1024), source="f.pt", what="the suite's images", fix="smaller", error=DataError)

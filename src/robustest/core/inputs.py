@@ -12,14 +12,17 @@ from robustest.core.errors import ConfigError, DataError
 MAX_IMAGE_VALUES = 3 * 1024 * 1024
 
 
-def check_image_size(shape: tuple[int, ...]) -> None:
-    """Refuse images larger than :data:`MAX_IMAGE_VALUES` (one line naming the shape), before any model sees
-    one."""
+def check_image_size(shape: tuple[int, ...], *, source: str | None = None, what: str = "the images",
+                     fix: str = "resize them (image folders: --resize H W) to the size the model was built for",
+                     error: type[Exception] = ConfigError) -> None:
+    """Refuse images of shape C x H x W larger than :data:`MAX_IMAGE_VALUES`: one line naming the shape, the
+    limit and ``fix``, raised as ``error`` (prefixed ``source: `` when given). The one size check: before any
+    model sees an image, and from a file's header (npy, npz, IDX, a suite) before the array is read."""
     values = math.prod(int(d) for d in shape)
     if values > MAX_IMAGE_VALUES:
-        raise ConfigError(f"the images are {'x'.join(map(str, shape))} ({values:,} values each), more than the "
-                          f"{MAX_IMAGE_VALUES:,} (3 x 1024 x 1024) a model is run on: resize them (image folders: "
-                          "--resize H W) to the size the model was built for")
+        where = f"{source}: " if source else ""
+        raise error(f"{where}{what} are {'x'.join(str(int(d)) for d in shape)} ({values:,} values each), more "
+                    f"than the {MAX_IMAGE_VALUES:,} (3 x 1024 x 1024) a model is run on: {fix}")
 
 
 def check_logits(logits: torch.Tensor) -> torch.Tensor:

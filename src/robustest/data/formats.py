@@ -23,7 +23,7 @@ from typing import IO, Any
 import numpy as np
 
 from robustest.core.errors import DataError
-from robustest.core.inputs import MAX_IMAGE_VALUES
+from robustest.core.inputs import check_image_size
 from robustest.core.reading import max_array_bytes
 
 __all__ = ["npz_headers", "open_npy", "read_idx", "read_npz", "read_npz_images", "restricted_unpickle"]
@@ -32,18 +32,14 @@ _NPY_MAGIC = b"\x93NUMPY"
 
 
 def _check_image_shape(shape: tuple[int, ...], source: str) -> None:
-    """Images (N x ... of 3 or 4 dimensions) of more than :data:`robustest.core.inputs.MAX_IMAGE_VALUES` values
-    each are refused from the header, before the array is read."""
+    """Images (N x ... of 3 or 4 dimensions) too large for any model are refused from the header, before the array
+    is read (:func:`robustest.core.inputs.check_image_size`)."""
     if len(shape) < 3:
         return
-    values = int(np.prod(shape[1:], dtype=np.int64))
-    if values > MAX_IMAGE_VALUES:
-        image = (1, *shape[1:]) if len(shape) == 3 else shape[1:]
-        if len(shape) == 4 and shape[3] in (1, 3, 4) and shape[1] not in (1, 3, 4):  # channels last
-            image = (shape[3], shape[1], shape[2])
-        raise DataError(f"{source}: the images are {'x'.join(map(str, image))} ({values:,} values each), more "
-                        f"than the {MAX_IMAGE_VALUES:,} (3 x 1024 x 1024) a model is run on: resize them to the size "
-                        "the model was built for")
+    image = (1, *shape[1:]) if len(shape) == 3 else tuple(shape[1:])
+    if len(shape) == 4 and shape[3] in (1, 3, 4) and shape[1] not in (1, 3, 4):  # channels last
+        image = (shape[3], shape[1], shape[2])
+    check_image_size(image, source=source, fix="resize them to the size the model was built for", error=DataError)
 
 
 def _check_size(nbytes: int, source: str, what: str = "array") -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,7 @@ from torch import nn
 
 from robustest.core.atomic import atomic_save
 from robustest.core.errors import DataError
-from robustest.core.inputs import MAX_IMAGE_VALUES
+from robustest.core.inputs import check_image_size
 from robustest.core.reading import check_torch_file
 from robustest.suite.meta import check_meta
 
@@ -170,10 +169,9 @@ class Suite:
                 any(not isinstance(tensors.get(k), torch.Tensor) for k in TENSORS):
             raise DataError(f"{path}: damaged suite (fields missing): {fix}")
         x = tensors["x"]
-        if x.dim() == 4 and math.prod(x.shape[1:]) > MAX_IMAGE_VALUES:  # refused before a byte of them is read
-            raise DataError(f"{path}: the suite's images are {'x'.join(str(int(d)) for d in x.shape[1:])} "
-                            f"({math.prod(x.shape[1:]):,} values each), more than the {MAX_IMAGE_VALUES:,} "
-                            "(3 x 1024 x 1024) a model is run on: build the suite from images of that size at most")
+        if x.dim() == 4:  # refused before a byte of them is read
+            check_image_size(tuple(x.shape[1:]), source=str(path), what="the suite's images", error=DataError,
+                             fix="build the suite from images of that size at most")
         held = [k for k in OPTIONAL_TENSORS if k in tensors]
         if any(not isinstance(tensors[k], torch.Tensor) or OPTIONAL_TENSORS[k] > version for k in held):
             raise DataError(f"{path}: damaged suite (a field its version {version} does not have): {fix}")
