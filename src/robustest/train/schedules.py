@@ -6,21 +6,29 @@ warm-up, the radius of the bounds and the weights of the loss terms move linearl
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from robustest.train.recipes import TrainOptions
-
-__all__ = ["CYCLIC_PEAK", "SCHEDULES", "eps_schedule", "fosc_schedule", "make_schedule", "ramp_schedule"]
+__all__ = ["CYCLIC_PEAK", "SCHEDULES", "ScheduleOptions", "eps_schedule", "fosc_schedule", "make_schedule",
+           "ramp_schedule"]
 
 SCHEDULES = ("cosine", "step", "cyclic")
 #: where the cyclic schedule peaks, as a fraction of training (Wong et al. 2020: 2/5 of the epochs)
 CYCLIC_PEAK = 0.4
 
 
-def make_schedule(opt: torch.optim.Optimizer, opts: TrainOptions, epochs: int, steps_per_epoch: int
+class ScheduleOptions(Protocol):
+    """What :func:`make_schedule` reads of a recipe (:class:`robustest.train.recipes.TrainOptions` has them):
+    the schedule's name (one of :data:`SCHEDULES`, or None), the warm-up in epochs, the step schedule's epochs."""
+
+    schedule: str | None
+    warmup_epochs: float
+    milestones: Sequence[float] | None
+
+
+def make_schedule(opt: torch.optim.Optimizer, opts: ScheduleOptions, epochs: int, steps_per_epoch: int
                   ) -> torch.optim.lr_scheduler.LambdaLR | None:
     """A per-batch LR schedule: ``warmup_epochs`` of linear warm-up ((s + 1) / warm-up steps), then constant,
     cosine (from the end of warm-up to 0 at the last step) or step (x0.1 at each milestone epoch; by default
