@@ -18,11 +18,11 @@ import torch
 
 from robustest.cli import main
 from robustest.core.errors import ConfigError, DataError
+from robustest.selection.strata import allocate
 from robustest.suite import Suite, build_suite, check_suite, model_fingerprint
 from robustest.suite.build import MIN_PER_STRATUM, make_strata
 from robustest.suite.format import SUITE_VERSION, content_sha256
 from robustest.suite.stats import mcnemar_exact, paired_difference, stratified_estimate
-from robustest.weakrobust.selection import allocate
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -171,11 +171,12 @@ def checkpoint(tmp_path, trained_digits_model):
 
 def test_cli_constants_agree_with_the_library():
     from robustest.cli import weakrobust as cli_wr
-    from robustest.weakrobust import selection
+    from robustest.selection import strata
+    from robustest.weakrobust import weakset
 
-    assert cli_wr.STRATEGIES == selection.STRATEGIES and cli_wr.ALLOCATIONS == selection.ALLOCATIONS
-    assert cli_wr.DEFAULT_SUBSET_SIZE == selection.DEFAULT_SUBSET_SIZE
-    assert cli_wr.DEFAULT_STRATEGY in selection.STRATEGIES
+    assert cli_wr.STRATEGIES == weakset.STRATEGIES and cli_wr.ALLOCATIONS == strata.ALLOCATIONS
+    assert cli_wr.DEFAULT_SUBSET_SIZE == weakset.DEFAULT_SUBSET_SIZE
+    assert cli_wr.DEFAULT_STRATEGY in weakset.STRATEGIES
 
 
 def test_validate_strategies_from_the_cli(tmp_path, checkpoint, capsys, results_contract):

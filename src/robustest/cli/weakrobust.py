@@ -50,7 +50,7 @@ from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.steps import Steps, data_fingerprint, fingerprint
 from robustest.results import write_results
-from robustest.weakrobust.selection import ALLOCATIONS
+from robustest.selection.strata import ALLOCATIONS
 
 ORDER = 60
 
@@ -64,7 +64,7 @@ weaker). Writes to --out:
   report.html   score histograms, the weakest samples as images, settings and timings
 """
 
-# robustest.weakrobust.selection's names, repeated so that the CLI does not import the package to build its
+# robustest.weakrobust.weakset's names, repeated so that the CLI does not import the package to build its
 # parser (tests/test_cli_weakrobust.py checks that they agree)
 STRATEGIES = ("weak", "weak-correct", "stratified", "random")
 DEFAULT_SUBSET_SIZE = 1000

@@ -62,7 +62,7 @@ from robustest.selection.registry import (
     registered,
     unregister,
 )
-from robustest.selection.stratified import quantile_bins
+from robustest.selection.strata import quantile_bins
 
 __all__ = ["Request", "Strategy", "describe", "get", "names", "quantile_bins", "register", "registered",
            "sections", "select", "unregister"]

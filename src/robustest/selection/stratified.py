@@ -10,25 +10,12 @@ score range and the classes taken out. Order: stratum by stratum, random within.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from robustest.selection.checks import check_k, check_scores
 from robustest.selection.registry import Request, Strategy
+from robustest.selection.strata import quantile_bins, random_remainders
 
-__all__ = ["STRATEGY", "quantile_bins", "stratified"]
-
-
-def quantile_bins(scores: Any, k: int) -> torch.Tensor:
-    """Equal-frequency bin of each score ``[N]`` -> int64 ``[N]`` in ``[0, min(k, N))``: the scores in rank order
-    (ties: lower index first) are cut into ``k`` runs of (nearly) equal length, bin 0 the lowest."""
-    s = check_scores(scores)
-    check_k(k)
-    num = s.shape[0]
-    out = torch.empty(num, dtype=torch.int64)
-    out[torch.sort(s, stable=True).indices] = torch.arange(num) * int(k) // max(num, 1)
-    return out
+__all__ = ["STRATEGY", "stratified"]
 
 
 def stratified(req: Request) -> torch.Tensor:
@@ -42,14 +29,7 @@ def stratified(req: Request) -> torch.Tensor:
         strata = cls * int(k) + strata
     strata = torch.unique(strata, return_inverse=True)[1]  # dense ids 0..S-1
     counts = torch.bincount(strata)
-    quota = counts.to(torch.float64) * n / num
-    alloc = torch.floor(quota).to(torch.int64)
-    rest = n - int(alloc.sum())
-    if rest > 0:  # largest remainders, ties at random: sort by (fraction desc, random key)
-        frac = quota - alloc
-        shuffled = torch.randperm(len(counts), generator=gen)
-        order = shuffled[torch.sort(frac[shuffled], descending=True, stable=True).indices]
-        alloc[order[:rest]] += 1
+    alloc = random_remainders(counts, n, gen)
     perm = torch.randperm(num, generator=gen)
     order = perm[torch.sort(strata[perm], stable=True).indices]
     starts = torch.cumsum(counts, 0) - counts

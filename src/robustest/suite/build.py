@@ -22,10 +22,10 @@ from torch import nn
 
 from robustest.core.batching import DataLike, iter_batches, num_samples, take
 from robustest.core.errors import ConfigError, DataError
+from robustest.selection.strata import ALLOCATIONS, allocate, draw_in_strata, equal_bins, neyman_target
 from robustest.suite.format import SUITE_VERSION, Suite, model_fingerprint
-from robustest.weakrobust.selection import ALLOCATIONS, allocate
 
-__all__ = ["allocate", "build_suite", "data_sha256", "evaluate_outcomes", "make_strata",
+__all__ = ["build_suite", "data_sha256", "evaluate_outcomes", "make_strata",
            "stratified_draw"]
 
 BY_CLASS = ("auto", "yes", "no")
@@ -56,9 +56,8 @@ def make_strata(order: torch.Tensor, labels: torch.Tensor, k: int, strata: int =
         raise ConfigError(f"by_class must be one of {', '.join(BY_CLASS)}, got {by_class!r}")
     n = int(order.numel())
     h = max(1, min(int(strata), k // MIN_PER_STRATUM, n))
-    rank = torch.empty(n, dtype=torch.long)
-    rank[order] = torch.arange(n)
-    bins = torch.div(rank * h, n, rounding_mode="floor")
+    bins = torch.empty(n, dtype=torch.long)
+    bins[order] = equal_bins(n, h)  # rank-quantile bins: the weakest n / h samples in bin 0
     crossed = False
     if by_class != "no":
         classes = torch.unique(labels)
@@ -97,18 +96,13 @@ def stratified_draw(analysis: Any, k: int, strata: int = 4, by_class: str = "aut
     h = len(desc)
     sizes = torch.bincount(stratum_all, minlength=h)
     if allocation == "neyman":
-        r = torch.where(analysis.clean_correct, analysis.frac_misclassified.double(),
-                        torch.ones(n, dtype=torch.float64))
-        p = torch.zeros(h, dtype=torch.float64).index_add_(0, stratum_all, r) / sizes.double()
-        target = sizes.double() * (p * (1 - p)).sqrt()
+        pilot = torch.where(analysis.clean_correct, analysis.frac_misclassified.double(),
+                            torch.ones(n, dtype=torch.float64))
+        target = neyman_target(stratum_all, pilot, h)
     else:
         target = sizes.double()
     alloc = allocate(target, k, sizes, MIN_PER_STRATUM)
-    gen = torch.Generator().manual_seed(int(seed))
-    picked = []
-    for j in range(h):  # a loop over the strata, not the samples
-        members = torch.nonzero(stratum_all == j).flatten()
-        picked.append(members[torch.randperm(len(members), generator=gen)[: int(alloc[j])]])
+    picked = draw_in_strata(stratum_all, alloc, torch.Generator().manual_seed(int(seed)))
     return torch.sort(torch.cat(picked)).values, stratum_all, alloc, desc, crossed
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from robustest.attacks import NORMS
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.validation import check_bool, check_choice, check_eps, check_float, check_int, check_seed
-from robustest.weakrobust.selection import ALLOCATIONS
+from robustest.selection.strata import ALLOCATIONS
 
 __all__ = ["MAX_BATCH_SIZE", "check_meta"]
 

@@ -21,7 +21,7 @@ samples; block ``b`` draws its noise from a generator seeded with ``SeedSequence
 therefore depend on ``seed`` and the sample's position only, never on ``batch_size`` (up to floating-point
 differences of the forward pass itself). CPU and CUDA generators differ, so the noise differs by device.
 
-Package layout: ``analysis`` (Analysis, analyze, adversarial_radius), ``selection`` (WeakSet, select_weak),
+Package layout: ``analysis`` (Analysis, analyze, adversarial_radius), ``weakset`` (WeakSet, select_weak),
 ``validation`` (ValidationResult, validate), ``augment`` (the AugMix operations and pool, the mixing, the
 JSD loss), ``enhance_objective`` (enhance's training objective), ``enhance`` (EnhanceResult, enhance).
 """
@@ -33,17 +33,15 @@ from robustest.weakrobust import enhance_objective as _enhance_objective
 from robustest.weakrobust.analysis import NOISE_BLOCK, Analysis, adversarial_radius, analyze, default_batch_size
 from robustest.weakrobust.augment import AUGMIX_OPS, augmentation_pool
 from robustest.weakrobust.enhance import EnhanceResult, enhance
-from robustest.weakrobust.selection import (
-    ALLOCATIONS,
+from robustest.weakrobust.validation import ATTACKS, ValidationResult, default_eps_grid, validate
+from robustest.weakrobust.weakset import (
     DEFAULT_SUBSET_SIZE,
     STRATEGIES,
     WeakSet,
     select_weak,
 )
-from robustest.weakrobust.validation import ATTACKS, ValidationResult, default_eps_grid, validate
 
 __all__ = [
-    "ALLOCATIONS",
     "ATTACKS",
     "AUGMIX_OPS",
     "DEFAULT_SUBSET_SIZE",

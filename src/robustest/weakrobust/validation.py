@@ -23,7 +23,7 @@ from robustest.core.inputs import check_images, check_labels
 from robustest.core.modelcall import eval_mode, forward
 from robustest.core.progress import progress as progress_bar
 from robustest.core.reading import load_plain
-from robustest.weakrobust.selection import WeakSet
+from robustest.weakrobust.weakset import WeakSet
 
 ATTACKS = ("fgsm", "pgd", "bim", "rfgsm", "mifgsm")
 """The gradient attacks :func:`validate` runs by default."""

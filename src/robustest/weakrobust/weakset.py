@@ -21,6 +21,7 @@ from robustest.core import reprs
 from robustest.core.atomic import atomic_save, atomic_write_json
 from robustest.core.batching import DataLike, num_samples, take
 from robustest.core.errors import ConfigError, DataError
+from robustest.selection.strata import ALLOCATIONS, allocate, draw_in_strata, equal_bins, neyman_target
 from robustest.weakrobust.analysis import Analysis
 
 
@@ -120,38 +121,9 @@ def _balanced_take(order: torch.Tensor, labels: torch.Tensor, k: int) -> torch.T
 STRATEGIES = ("weak", "weak-correct", "stratified", "random")
 """Selection strategies of :func:`select_weak`."""
 
-ALLOCATIONS = ("proportional", "neyman")
-"""How a ``stratified`` set shares its K samples among the strata."""
-
 DEFAULT_SUBSET_SIZE = 1000
 """K of a ``stratified`` or ``random`` set when no size is given (all samples when fewer): the standard error
 of an error rate measured on 1000 samples is at most 1.6 points."""
-
-
-def allocate(target: torch.Tensor, k: int, caps: torch.Tensor, floor: int) -> torch.Tensor:
-    """Integers n_h (int64 [H]) summing to ``k`` with ``min(floor, cap_h) <= n_h <= cap_h``, as close to
-    ``k * target_h / sum(target)`` as the largest-remainder rule gets (``target`` float [H] >= 0; all zero: shares
-    by stratum size; ``caps`` the stratum sizes N_h, ``k <= sum(caps)``). The one allocation of the stratified
-    validation sets and the regression suites. :class:`ConfigError` when ``k`` exceeds the samples or cannot give
-    every stratum its floor."""
-    caps = caps.long()
-    if k > int(caps.sum()):
-        raise ConfigError(f"cannot draw {k} samples from {int(caps.sum())}")
-    t = target.double().clamp(min=0)
-    share = t / t.sum() if float(t.sum()) > 0 else caps.double() / caps.sum()
-    lo = torch.clamp(torch.full_like(caps, floor), max=caps)
-    if int(lo.sum()) > k:
-        raise ConfigError(f"K = {k} is too small for {len(caps)} strata of at least {floor} samples")
-    ideal = k * share
-    n = torch.minimum(torch.maximum(ideal.floor().long(), lo), caps)
-    while int(n.sum()) != k:  # at most H rounds: each moves one sample to/from the stratum furthest from its ideal
-        if int(n.sum()) < k:
-            gap = torch.where(n < caps, ideal - n, torch.tensor(-math.inf, dtype=torch.float64))
-            n[int(torch.argmax(gap))] += 1
-        else:
-            gap = torch.where(n > lo, n - ideal, torch.tensor(-math.inf, dtype=torch.float64))
-            n[int(torch.argmax(gap))] -= 1
-    return n
 
 
 def _stratified(analysis: Analysis, order: torch.Tensor, k: int, strata: int, allocation: str,
@@ -159,25 +131,19 @@ def _stratified(analysis: Analysis, order: torch.Tensor, k: int, strata: int, al
     """Positions (weakest first) and weights of a stratified sample of ``k`` from ``order``."""
     n = len(order)
     h = max(1, min(strata, k, n))
-    stratum = torch.div(torch.arange(n) * h, n, rounding_mode="floor")  # rank-quantile strata, equal sizes +-1
+    stratum = equal_bins(n, h)  # rank-quantile strata of the positions in ``order``, equal sizes +-1
     sizes = torch.bincount(stratum, minlength=h)
     if allocation == "neyman":
         # pilot per-sample error probability: 1 if misclassified clean, else the share of wrong neighbours
-        r = torch.where(analysis.clean_correct[order], analysis.frac_misclassified[order].double(),
-                        torch.ones(n, dtype=torch.float64))
-        p = torch.zeros(h, dtype=torch.float64).index_add_(0, stratum, r) / sizes.double()
-        sd = (p * (1 - p)).sqrt()
-        target = sizes.double() * sd if float(sd.sum()) > 0 else sizes.double()
-        floor = 2 if k >= 2 * h else 1
+        pilot = torch.where(analysis.clean_correct[order], analysis.frac_misclassified[order].double(),
+                            torch.ones(n, dtype=torch.float64))
+        target, floor = neyman_target(stratum, pilot, h), (2 if k >= 2 * h else 1)
     else:
         target, floor = sizes.double(), 1
     alloc = allocate(target, k, sizes, floor)
-    picked, weights = [], []
-    for j in range(h):  # H strata (10 by default): a loop over strata, not samples
-        members = torch.nonzero(stratum == j).flatten()
-        take_ = members[torch.randperm(len(members), generator=gen)[: int(alloc[j])]]
-        picked.append(take_)
-        weights.append(torch.full((len(take_),), float(sizes[j]) / n / max(1, int(alloc[j])), dtype=torch.float64))
+    picked = draw_in_strata(stratum, alloc, gen)
+    weights = [torch.full((len(p),), float(sizes[j]) / n / max(1, int(alloc[j])), dtype=torch.float64)
+               for j, p in enumerate(picked)]
     pos, w = torch.cat(picked), torch.cat(weights)
     keep = torch.argsort(pos)  # back into weakness order
     lo_score = [float(analysis.score[order[int(torch.nonzero(stratum == j)[-1])]]) for j in range(h)]
