@@ -327,3 +327,33 @@ def test_check_finite_under_ddp_stops_every_rank_together(monkeypatch, loss, oth
     assert summed == []  # one process: no collective
     with pytest.raises(TrainingDiverged, match="^local$"):
         check_finite(torch.tensor(float("nan"), requires_grad=True) * 1, lambda: "local")
+
+
+def test_bad_images_are_named_training_images_on_every_path():
+    import numpy as np
+
+    from robustest.core.errors import DataError
+    from robustest.data.dataset import ImageDataset
+
+    x = np.zeros((3, 1, 4, 4), np.float32)
+    x[1] = np.nan
+    stored = TrainData(ImageDataset(x, np.array([0, 1, 0])), 2, seed=0)
+    assert stored.gather(torch.tensor([0, 2]))[0].shape == (2, 1, 4, 4)
+    with pytest.raises(DataError, match="^training images contains NaN or infinite values"):
+        stored.gather(torch.tensor([0, 1]))
+    pixels = torch.utils.data.TensorDataset(torch.full((3, 1, 4, 4), 255.0), torch.tensor([0, 1, 0]))
+    loader = TrainData(torch.utils.data.DataLoader(pixels, batch_size=2), 2, seed=0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 2))
+    with pytest.raises(DataError, match=r"^training images values lie in \[255, 255\] but must lie in \[0, 1\]"):
+        loader.check(model, torch.device("cpu"))
+    with pytest.raises(DataError, match=r"^training images values lie in \[255, 255\]"):
+        list(loader.indexed_epoch(1, 2))
+
+
+def test_epoch_passes_its_number_to_the_sampler():
+    parts = TrainData(Plain(12), 4, seed=0, shard=Shard(0, 2))
+    for e in (1, 2):
+        plain = [x for x, _ in parts.epoch(e, 3)]
+        indexed = [b[1] for b in parts.indexed_epoch(e, 3)]
+        assert all(torch.equal(a, b) for a, b in zip(plain, indexed)) and len(plain) == len(indexed) == 3
+    assert parts.loader.sampler.epoch == 2

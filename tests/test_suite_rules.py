@@ -308,3 +308,24 @@ def test_an_evaluated_baseline_adds_its_flags_and_its_time(monkeypatch):
     own = check_mod.check_suite(candidate, make_suite(k=k), False)
     assert len(calls) == 1 and own.baseline_source is None and own.comparison is None and own.regression is None
     assert own.flags == [{"name": "randomised", "severity": "warning"}] and "baseline_s" not in own.timings
+
+
+def test_the_library_defaults_are_the_documented_ones():
+    """docs/SUITE.md: K 100, 20 neighbours of uniform noise 0.5, 4 strata, proportional allocation, the standard
+    ensemble, alpha 0.05 and max_drop 0.02; the CLI's flags say the same (tests/test_suite.py)."""
+    import inspect
+
+    from robustest.suite import build_suite, check_suite
+    from robustest.suite.check import DEFAULT_ALPHA, DEFAULT_MAX_DROP
+
+    def defaults(fn):
+        return {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
+
+    assert defaults(build_suite) == {
+        "k": 100, "norm": "linf", "version": "standard", "n_targets": None, "corruptions": None,
+        "severities": (1, 2, 3, 4, 5), "strata": 4, "by_class": "auto", "allocation": "proportional",
+        "n_neighbors": 20, "noise_eps": 0.5, "seed": 0, "batch_size": 256, "dataset": None, "split": None,
+        "certify": None, "progress": False}
+    assert defaults(check_suite) == {"baseline": None, "alpha": 0.05, "max_drop": 0.02, "version": None,
+                                     "level": 0.95, "progress": False, "accept_flags": ()}
+    assert (DEFAULT_ALPHA, DEFAULT_MAX_DROP) == (0.05, 0.02)
