@@ -130,7 +130,7 @@ def paired(test: list[dict[str, Any]], ref: list[dict[str, Any]]) -> dict[str, d
     return {r["metric"]: r for r in paired_vs_random(cells)}
 
 
-def _pm(cells: list[dict[str, Any]], m: str) -> str:
+def plus_minus(cells: list[dict[str, Any]], m: str) -> str:
     v = [100 * c["robustness"][m] for c in cells]
     return f"{np.mean(v):.2f} ± {np.std(v, ddof=1) if len(v) > 1 else 0.0:.2f}"
 
@@ -200,9 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     for (arm, s), cs in groups.items():
         passes = [c["compute"] for c in cs]
         ptxt = "-" if None in passes else f"{np.mean(passes):,.0f}"
-        print(f"| {arm} | {s} | {cs[0]['n']} | {cs[0]['epochs']} | {_pm(cs, 'fixed_set_accuracy')} | "
-              f"{_pm(cs, 'whitebox_accuracy')} | " + (f"{_pm(cs, 'autoattack_accuracy')} | " if aa else "") +
-              f"{_pm(cs, 'clean_accuracy')} | {ptxt} |")
+        print(f"| {arm} | {s} | {cs[0]['n']} | {cs[0]['epochs']} | {plus_minus(cs, 'fixed_set_accuracy')} | "
+              f"{plus_minus(cs, 'whitebox_accuracy')} | "
+              + (f"{plus_minus(cs, 'autoattack_accuracy')} | " if aa else "") +
+              f"{plus_minus(cs, 'clean_accuracy')} | {ptxt} |")
     comparisons = []
     for s in strategies:
         comparisons.append((f"loop {s} - one-shot {s}", groups[("loop", s)], groups[("oneshot", s)]))

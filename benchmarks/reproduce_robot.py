@@ -242,7 +242,7 @@ def _budget(text: str) -> int | str:
     return int(text) if text.isdigit() else text
 
 
-def _pm(row: dict, m: str) -> str:
+def plus_minus(row: dict, m: str) -> str:
     """Mean ± standard deviation over the seeds in %; one seed has no spread: ``mean (n = 1)``."""
     mean, std = row.get(f"{m}_mean"), row.get(f"{m}_std")
     if mean is None:
@@ -312,9 +312,10 @@ def print_tables(res: dict, args: argparse.Namespace, s: dict[str, Any], elapsed
     for row in res["table"]:
         last = row.get("last_epoch_fixed_set_accuracy_mean")
         passes = row.get("compute_passes_mean")
-        print(f"| {row['budget']} | {row['strategy']} | {row['n']} | {_pm(row, 'fixed_set_accuracy')} | "
-              f"{_pm(row, 'whitebox_accuracy')} | " + (f"{_pm(row, 'autoattack_accuracy')} | " if aa else "")
-              + f"{_pm(row, 'clean_accuracy')} | "
+        print(f"| {row['budget']} | {row['strategy']} | {row['n']} | {plus_minus(row, 'fixed_set_accuracy')} | "
+              f"{plus_minus(row, 'whitebox_accuracy')} | "
+              + (f"{plus_minus(row, 'autoattack_accuracy')} | " if aa else "")
+              + f"{plus_minus(row, 'clean_accuracy')} | "
               f"{'-' if last is None else f'{100 * last:.2f}'} | {'-' if passes is None else f'{passes / 1e3:.1f}'} |")
     print_compute(res)
     print_paired(res)

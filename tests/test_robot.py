@@ -289,7 +289,7 @@ def test_compare_table_says_n_for_one_seed():
     import io
 
     from robustest.cli.run import print_compare_table
-    from robustest.robot.report import _pm
+    from robustest.robot.report import plus_minus
 
     row = {"strategy": "best", "budget": "10%", "n": 5, "seeds": 1, "before_fixed_set_accuracy": 0.0,
            "before_whitebox_accuracy": 0.2, "before_clean_accuracy": 0.9}
@@ -298,8 +298,8 @@ def test_compare_table_says_n_for_one_seed():
     buf = io.StringIO()
     print_compare_table({"table": [row]}, file=buf)
     assert "1.000 (n = 1)" in buf.getvalue() and "±" not in buf.getvalue()
-    assert _pm(row, "clean_accuracy") == "1.000 (n = 1)"
-    assert _pm({**row, "seeds": 3, "clean_accuracy_std": 0.01}, "clean_accuracy") == "1.000 ± 0.010"
+    assert plus_minus(row, "clean_accuracy") == "1.000 (n = 1)"
+    assert plus_minus({**row, "seeds": 3, "clean_accuracy_std": 0.01}, "clean_accuracy") == "1.000 ± 0.010"
 
 
 def test_train_and_test_limits_of_a_folder_take_every_class(tmp_path):
@@ -308,7 +308,7 @@ def test_train_and_test_limits_of_a_folder_take_every_class(tmp_path):
     from PIL import Image
 
     from robustest import models
-    from robustest.robot.setup import _prepare_out, _setup
+    from robustest.robot.setup import prepare_out, prepare_setup
 
     rng = np.random.default_rng(0)
     for split in ("train", "test"):
@@ -321,7 +321,7 @@ def test_train_and_test_limits_of_a_folder_take_every_class(tmp_path):
                             whitebox=False, eps=0.1, verbose=False, out=str(tmp_path / "o"))
     torch.manual_seed(0)
     model = models.create("mlp", num_classes=3, in_channels=1, input_size=8)
-    s = _setup(cfg, _prepare_out(cfg, "loop"), model, "loop")
+    s = prepare_setup(cfg, prepare_out(cfg, "loop"), model, "loop")
     assert torch.bincount(s.test[1]).tolist() == [4, 4, 4]
     assert len(s.y_fit) + s.info["num_val_clean"] == 30
     assert torch.bincount(s.y_fit, minlength=3).min() >= 7  # 10 per class before the validation split

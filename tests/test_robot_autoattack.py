@@ -51,17 +51,17 @@ def test_config_refuses_bad_autoattack_settings_in_one_line(bad, pattern):
 
 
 def test_fingerprint_holds_autoattack_only_when_set():
-    from robustest.robot.setup import _fingerprint
+    from robustest.robot.setup import config_fingerprint
 
     cfg = robot.RobotConfig.from_dict({})
     # the fingerprints as computed before the key existed (the loop's with its strategy of then, best): runs
     # started then still resume
-    assert _fingerprint(cfg, "compare") == "6d3a74903bf0d919931f1cfd591070f6019a4e7600166a6f63d5a0cd7ffbeba7"
-    assert _fingerprint(robot.RobotConfig.from_dict({"strategy": "best"}), "loop") == \
+    assert config_fingerprint(cfg, "compare") == "6d3a74903bf0d919931f1cfd591070f6019a4e7600166a6f63d5a0cd7ffbeba7"
+    assert config_fingerprint(robot.RobotConfig.from_dict({"strategy": "best"}), "loop") == \
         "83ecdce8d676183f7d5a3775d26dbbd154086f5b8b59b119a61685575b59047b"
     fast = robot.RobotConfig.from_dict({"autoattack": "fast"})
     std = robot.RobotConfig.from_dict({"autoattack": "standard"})
-    assert len({_fingerprint(cfg, "compare"), _fingerprint(fast, "compare"), _fingerprint(std, "compare")}) == 3
+    assert len({config_fingerprint(c, "compare") for c in (cfg, fast, std)}) == 3
 
 
 def test_comparison_table_has_no_autoattack_columns_when_not_measured():

@@ -27,20 +27,20 @@ from robustest.robot.config import (
     RobotConfig,
     parse_budget,
 )
-from robustest.robot.pool import Pool, _coverage_profile, generate_pool, select_tests
-from robustest.robot.report import RESULTS_FORMAT, RESULTS_VERSION, _write_outputs
+from robustest.robot.pool import Pool, coverage_profile_of, generate_pool, select_tests
+from robustest.robot.report import RESULTS_FORMAT, RESULTS_VERSION, write_outputs
 from robustest.robot.setup import (
-    _adv_finetune,
-    _f,
-    _finetune,
-    _last_figures,
-    _log,
-    _measure,
-    _prepare_out,
-    _quantiles,
-    _rob,
-    _Setup,
-    _setup,
+    RunSetup,
+    adversarial_finetune,
+    finetune_on_tests,
+    fmt_acc,
+    last_figures,
+    log_progress,
+    measure_model,
+    prepare_out,
+    prepare_setup,
+    quantiles,
+    robustness_figures,
 )
 
 #: the figures paired_vs_random compares (autoattack_accuracy only where it was measured: config ``autoattack``)
@@ -64,9 +64,9 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
     if cfg.strategies is None:
         cfg.strategies = list(DEFAULT_STRATEGIES)
     cfg.validate()
-    out = _prepare_out(cfg, "compare")
+    out = prepare_out(cfg, "compare")
     t_start = time.perf_counter()
-    setup = _setup(cfg, out, model, "compare")
+    setup = prepare_setup(cfg, out, model, "compare")
     state = out / "state"
     timings: dict[str, Any] = {"setup": setup.timings, "cells": []}
     budgets = cfg.budgets if cfg.budgets is not None else [cfg.budget]
@@ -76,7 +76,7 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
     timings["pool_s"] = time.perf_counter() - t0
     if len(pool) == 0:
         raise DataError("the test pool is empty (no successful attacks): raise eps or use another pool generator")
-    _log(cfg, f"pool: {len(pool)} tests {pool.counts()}")
+    log_progress(cfg, f"pool: {len(pool)} tests {pool.counts()}")
     cache: dict[str, Any] = {}
     generation = _pool_passes(cfg, pool_cost, profile, cache)
     plan = [(b, s, sd) for b in budgets for s in strategies if s not in BUDGET_FREE for sd in cfg.seeds]
@@ -89,20 +89,20 @@ def compare(config: RobotConfig | dict[str, Any], model: nn.Module | None = None
     table = comparison_table(cells, setup.baseline)
     results = {
         "format": RESULTS_FORMAT, "version": RESULTS_VERSION, "kind": "compare",
-        "config": cfg.result_dict(), "data": setup.info, "baseline": _rob(setup.baseline),
-        "pool": {"size": len(pool), "by_method": pool.counts(), "fol": _quantiles(pool.fol),
+        "config": cfg.result_dict(), "data": setup.info, "baseline": robustness_figures(setup.baseline),
+        "pool": {"size": len(pool), "by_method": pool.counts(), "fol": quantiles(pool.fol),
                  "compute": {"generation": generation, "fol_scoring": pool_cost.get("fol_scoring"),
                              "coverage_profile": pool_cost.get("profile") if cfg.pool != "cov-fuzz" else None}},
         "cells": cells, "table": table, "paired_vs_random": paired_vs_random(cells),
     }
     timings["elapsed_s"] = time.perf_counter() - t_start
     examples = {s: pool.subset(i[: cfg.examples]) for s, i in selected_by_strategy.items()}
-    _write_outputs(out, results, timings, setup, cfg, fol_by_round=None, examples=None,
+    write_outputs(out, results, timings, setup, cfg, fol_by_round=None, examples=None,
                    compare_data={"pool": pool, "examples": examples, "selected": selected_by_strategy})
     return results
 
 
-def _load_or_generate_pool(cfg: RobotConfig, setup: _Setup, strategies: list[str], state: Path
+def _load_or_generate_pool(cfg: RobotConfig, setup: RunSetup, strategies: list[str], state: Path
                            ) -> tuple[Pool, dict[str, Any], Any]:
     """The comparison's one pool -> (pool, its compute in passes, the coverage profile or None): read from
     ``state`` when an earlier run saved it, else generated against the original model (with the coverage profile
@@ -115,11 +115,11 @@ def _load_or_generate_pool(cfg: RobotConfig, setup: _Setup, strategies: list[str
         pool_cost = json.loads(cost_path.read_text()) if cost_path.is_file() else \
             {"generation": None, "fol_scoring": None, "profile": None}
         return pool, pool_cost, profile
-    _log(cfg, f"generating the {cfg.pool} pool from {len(setup.x_fit)} training images")
+    log_progress(cfg, f"generating the {cfg.pool} pool from {len(setup.x_fit)} training images")
     pool_cost = {"profile": None}
     if "coverage" in strategies or cfg.pool == "cov-fuzz":
         with PassCounter(setup.model0) as pc:
-            profile = _coverage_profile(setup.model0, setup.x_fit, cfg)
+            profile = coverage_profile_of(setup.model0, setup.x_fit, cfg)
         pool_cost["profile"] = pc.passes
     pool = generate_pool(setup.model0, setup.x_fit, setup.y_fit, cfg, derive_seed(cfg.seed, "pool"),
                          profile=profile, compute=pool_cost)
@@ -199,9 +199,10 @@ def _gather_cells(cfg: RobotConfig, plan: list[tuple[Any, str, int]], keys: list
             selected_by_strategy[s] = idx
         cells.append(rec)
         rb = rec["robustness"]
-        aa = f", AutoAttack {_f(rb['autoattack_accuracy'])}" if rb.get("autoattack_accuracy") is not None else ""
-        _log(cfg, f"{s:>8} budget {b} ({rec['n']}) seed {sd}: clean {_f(rb['clean_accuracy'])}, "
-                  f"fixed-set {_f(rb['fixed_set_accuracy'])}, white-box {_f(rb['whitebox_accuracy'])}{aa}")
+        aa = f", AutoAttack {fmt_acc(rb['autoattack_accuracy'])}" if rb.get("autoattack_accuracy") is not None else ""
+        log_progress(cfg, f"{s:>8} budget {b} ({rec['n']}) seed {sd}: clean {fmt_acc(rb['clean_accuracy'])}, "
+                          f"fixed-set {fmt_acc(rb['fixed_set_accuracy'])}, "
+                          f"white-box {fmt_acc(rb['whitebox_accuracy'])}{aa}")
     return cells, selected_by_strategy
 
 
@@ -216,28 +217,28 @@ def _run_cell(ctx: dict[str, Any], b: Any, s: str, sd: int) -> dict[str, Any]:
     n = 0 if s in HARDEN_STRATEGIES else parse_budget(b, len(pool))
     if ctx["profile"] is None and s == "coverage" and "bits" not in cache:
         with PassCounter(setup.model0) as pc:
-            ctx["profile"] = _coverage_profile(setup.model0, setup.x_fit, cfg)
+            ctx["profile"] = coverage_profile_of(setup.model0, setup.x_fit, cfg)
         cache["profile_passes"] = pc.passes
     tc = time.perf_counter()
     cseed = derive_seed(cfg.seed, "cell", s, str(b), sd)
     sel_cost: dict[str, Any] = {"selection_scoring": 0.0}
     if s in HARDEN_STRATEGIES:
         idx = torch.zeros(0, dtype=torch.long)
-        new_model, last_model, tr = _adv_finetune(setup.model0, setup, cfg, derive_seed(cseed, "finetune"),
+        new_model, last_model, tr = adversarial_finetune(setup.model0, setup, cfg, derive_seed(cseed, "finetune"),
                                                   method=HARDEN_STRATEGIES[s])
     else:
         idx = select_tests(s, setup.model0, pool, n, cfg, derive_seed(cseed, "select"), profile=ctx["profile"],
                            cache=cache, compute=sel_cost)
-        new_model, last_model, tr = _finetune(setup.model0, setup, pool.subset(idx), cfg,
+        new_model, last_model, tr = finetune_on_tests(setup.model0, setup, pool.subset(idx), cfg,
                                               derive_seed(cseed, "finetune"))
     sel = pool.subset(idx)
-    rob = _measure(new_model, setup.test, setup.fixed, cfg, derive_seed(cfg.seed, "measure-cell", sd))
-    last = _last_figures(rob, last_model, setup, cfg, derive_seed(cfg.seed, "measure-cell", sd))
+    rob = measure_model(new_model, setup.test, setup.fixed, cfg, derive_seed(cfg.seed, "measure-cell", sd))
+    last = last_figures(rob, last_model, setup, cfg, derive_seed(cfg.seed, "measure-cell", sd))
     compute = cell_compute(pool_generation=0.0 if s in HARDEN_STRATEGIES else ctx["generation"],
                            selection_scoring=sel_cost["selection_scoring"], finetune=tr["passes"],
                            adversarial=tr["adversarial_passes"])
     rec = {"strategy": s, "budget": b, "seed": sd, "n": len(sel), "by_method": sel.counts(),
-           "fol": _quantiles(sel.fol), "train": tr["history"], "robustness": _rob(rob),
+           "fol": quantiles(sel.fol), "train": tr["history"], "robustness": robustness_figures(rob),
            "robustness_last_epoch": last, "compute": compute}
     return {"rec": rec, "idx": idx, "state": {k: v.detach().cpu() for k, v in new_model.state_dict().items()},
             "seconds": time.perf_counter() - tc}

@@ -54,11 +54,11 @@ AUTOATTACK_VERSIONS = ("fast", "standard")
 _RUNTIME_KEYS = ("out", "resume", "progress", "verbose", "device", "workers")
 # keys a resumed run may change: they decide how many rounds/cells run, not what a finished one contains
 # paths whose CONTENT a resumed run checks (model weights and data are fingerprinted), so a moved file is fine
-_PATH_KEYS = ("model", "weights", "data_dir")
+PATH_KEYS = ("model", "weights", "data_dir")
 # recipe options of robustest.train.fit a config may give for training the original model / fine-tuning
 FIT_OPTION_KEYS = ("optimizer", "momentum", "nesterov", "weight_decay", "decay_norm_bias", "schedule", "milestones",
                    "warmup_epochs", "label_smoothing", "amp", "compile", "augment")
-_EXTENDABLE_KEYS = ("rounds", "time_budget", "target", "target_metric", "strategies", "budgets", "seeds", "examples")
+EXTENDABLE_KEYS = ("rounds", "time_budget", "target", "target_metric", "strategies", "budgets", "seeds", "examples")
 
 
 # ---------------------------------------------------------------------------------------------- config

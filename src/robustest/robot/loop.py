@@ -18,20 +18,20 @@ from robustest.core.seeding import derive_seed
 from robustest.robot.compare import compare
 from robustest.robot.compute import PassCounter, cell_compute
 from robustest.robot.config import HARDEN_STRATEGIES, RobotConfig, parse_budget
-from robustest.robot.pool import Pool, _coverage_profile, _fol, generate_pool, select_tests
-from robustest.robot.report import RESULTS_FORMAT, RESULTS_VERSION, _write_outputs
+from robustest.robot.pool import Pool, coverage_profile_of, fol_of, generate_pool, select_tests
+from robustest.robot.report import RESULTS_FORMAT, RESULTS_VERSION, write_outputs
 from robustest.robot.setup import (
-    _adv_finetune,
-    _f,
-    _finetune,
-    _last_figures,
-    _log,
-    _measure,
-    _prepare_out,
-    _quantiles,
-    _rob,
-    _Setup,
-    _setup,
+    RunSetup,
+    adversarial_finetune,
+    finetune_on_tests,
+    fmt_acc,
+    last_figures,
+    log_progress,
+    measure_model,
+    prepare_out,
+    prepare_setup,
+    quantiles,
+    robustness_figures,
 )
 
 
@@ -52,7 +52,7 @@ def convergence_update(history: list[float], tol: float, patience: int) -> dict[
 
 
 
-def _convergence_stat(model: nn.Module, setup: _Setup, cfg: RobotConfig, seed: int) -> tuple[torch.Tensor, dict]:
+def _convergence_stat(model: nn.Module, setup: RunSetup, cfg: RobotConfig, seed: int) -> tuple[torch.Tensor, dict]:
     """FOL values of fresh PGD tests against ``model`` from the fixed probe subset of the training data."""
     from robustest import attacks
 
@@ -62,8 +62,8 @@ def _convergence_stat(model: nn.Module, setup: _Setup, cfg: RobotConfig, seed: i
     x0, y0 = setup.x_fit[idx], setup.y_fit[idx]
     res = attacks.attack("pgd", model, (x0, y0), eps=cfg.eps, alpha=cfg.eps / 6, steps=cfg.pool_pgd_steps,
                          random_start=True, seed=seed)
-    fol = _fol(model, res.adv.detach().cpu(), y0, x0, cfg.eps)
-    return fol, {"fol": _quantiles(fol), "attack_success_rate": float(res.success.float().mean())}
+    fol = fol_of(model, res.adv.detach().cpu(), y0, x0, cfg.eps)
+    return fol, {"fol": quantiles(fol), "attack_success_rate": float(res.success.float().mean())}
 
 
 # ----------------------------------------------------------------------------------------------- run()
@@ -86,9 +86,9 @@ def run(config: RobotConfig | dict[str, Any], model: nn.Module | None = None) ->
         raise ConfigError(f"pool {cfg.pool!r} feeds the selection strategies, but strategy {cfg.strategy!r} (the "
                           "default) trains on examples it generates against the current model and uses no pool: set "
                           "strategy to a selection strategy (e.g. random) or drop the pool settings")
-    out = _prepare_out(cfg, "loop")
+    out = prepare_out(cfg, "loop")
     t_start = time.perf_counter()
-    setup = _setup(cfg, out, model, "loop")
+    setup = prepare_setup(cfg, out, model, "loop")
     timings: dict[str, Any] = {"setup": setup.timings, "rounds": []}
     state = out / "state"
     model_cur = setup.model0
@@ -124,7 +124,7 @@ def run(config: RobotConfig | dict[str, Any], model: nn.Module | None = None) ->
             fol_by_round[r] = torch.load(rdir / "fol.pt", map_location="cpu", weights_only=True)
             rounds.append(rec)
             stats.append(rec["convergence"]["statistic"])
-            _log(cfg, f"round {r}: loaded (finished earlier)")
+            log_progress(cfg, f"round {r}: loaded (finished earlier)")
         else:
             if cfg.time_budget is not None and elapsed_prev + time.perf_counter() - t_start >= cfg.time_budget:
                 stop_reason = "time"
@@ -136,11 +136,12 @@ def run(config: RobotConfig | dict[str, Any], model: nn.Module | None = None) ->
             stats.append(rec["convergence"]["statistic"])
             timings["rounds"].append(tr)
         rob = rec["robustness"]
-        aa = f"AutoAttack {_f(rob['autoattack_accuracy'])}, " if rob.get("autoattack_accuracy") is not None else ""
-        _log(cfg, f"round {r}: pool {rec['pool']['size']}, selected {rec['selected']['n']}, "
-                  f"clean {_f(rob['clean_accuracy'])}, "
-                  f"fixed-set {_f(rob['fixed_set_accuracy'])}, white-box {_f(rob['whitebox_accuracy'])}, {aa}"
-                  f"median FOL {rec['convergence']['statistic']:.4g}")
+        aa = f"AutoAttack {fmt_acc(rob['autoattack_accuracy'])}, " if rob.get("autoattack_accuracy") is not None else ""
+        log_progress(cfg, f"round {r}: pool {rec['pool']['size']}, selected {rec['selected']['n']}, "
+                          f"clean {fmt_acc(rob['clean_accuracy'])}, "
+                          f"fixed-set {fmt_acc(rob['fixed_set_accuracy'])}, "
+                          f"white-box {fmt_acc(rob['whitebox_accuracy'])}, {aa}"
+                          f"median FOL {rec['convergence']['statistic']:.4g}")
         if cfg.target is not None and rob.get(cfg.target_metric) is not None and rob[cfg.target_metric] >= cfg.target:
             stop_reason = "requirement"
             break
@@ -149,7 +150,7 @@ def run(config: RobotConfig | dict[str, Any], model: nn.Module | None = None) ->
             break
     results = {
         "format": RESULTS_FORMAT, "version": RESULTS_VERSION, "kind": "loop",
-        "config": cfg.result_dict(), "data": setup.info, "baseline": _rob(setup.baseline),
+        "config": cfg.result_dict(), "data": setup.info, "baseline": robustness_figures(setup.baseline),
         "convergence_rule": {"statistic": "median FOL of fresh PGD tests on the probe set",
                              "tol": cfg.convergence_tol, "patience": cfg.convergence_patience,
                              "probe": min(cfg.convergence_probe, len(setup.x_fit)), "round0": conv0},
@@ -158,12 +159,12 @@ def run(config: RobotConfig | dict[str, Any], model: nn.Module | None = None) ->
     }
     elapsed = elapsed_prev + time.perf_counter() - t_start
     timings["elapsed_s"] = elapsed
-    _write_outputs(out, results, timings, setup, cfg, fol_by_round=fol_by_round, examples=tests, compare_data=None)
+    write_outputs(out, results, timings, setup, cfg, fol_by_round=fol_by_round, examples=tests, compare_data=None)
     return results
 
 
 
-def _one_round(r: int, model_cur: nn.Module, setup: _Setup, tests: Pool, cfg: RobotConfig, stats: list[float],
+def _one_round(r: int, model_cur: nn.Module, setup: RunSetup, tests: Pool, cfg: RobotConfig, stats: list[float],
                rdir: Path) -> tuple[dict[str, Any], nn.Module, Pool, torch.Tensor, dict[str, float]]:
     from robustest.models.checkpoints import save_weights
 
@@ -175,7 +176,7 @@ def _one_round(r: int, model_cur: nn.Module, setup: _Setup, tests: Pool, cfg: Ro
     sel_cost: dict[str, Any] = {"selection_scoring": 0.0}
     if cfg.strategy == "coverage" or cfg.pool == "cov-fuzz":
         with PassCounter(model_cur) as pc:
-            profile = _coverage_profile(model_cur, setup.x_fit, cfg)
+            profile = coverage_profile_of(model_cur, setup.x_fit, cfg)
         cost["profile"] = pc.passes
     if adv:  # adversarial training generates its own examples every batch: no pool, no selection
         pool = Pool.empty_like(setup.x_fit)
@@ -193,14 +194,14 @@ def _one_round(r: int, model_cur: nn.Module, setup: _Setup, tests: Pool, cfg: Ro
     sel = pool.subset(idx)
     t2 = time.perf_counter()
     if adv:
-        new_model, last_model, tr = _adv_finetune(model_cur, setup, cfg, derive_seed(seed_r, "finetune"),
+        new_model, last_model, tr = adversarial_finetune(model_cur, setup, cfg, derive_seed(seed_r, "finetune"),
                                                   method=HARDEN_STRATEGIES[cfg.strategy])
     else:
-        new_model, last_model, tr = _finetune(model_cur, setup, tests.concat(sel), cfg,
+        new_model, last_model, tr = finetune_on_tests(model_cur, setup, tests.concat(sel), cfg,
                                               derive_seed(seed_r, "finetune"))
     t3 = time.perf_counter()
-    rob = _measure(new_model, setup.test, setup.fixed, cfg, derive_seed(seed_r, "measure"))
-    last = _last_figures(rob, last_model, setup, cfg, derive_seed(seed_r, "measure"))
+    rob = measure_model(new_model, setup.test, setup.fixed, cfg, derive_seed(seed_r, "measure"))
+    last = last_figures(rob, last_model, setup, cfg, derive_seed(seed_r, "measure"))
     fol_r, conv = _convergence_stat(new_model, setup, cfg, derive_seed(cfg.seed, "probe-attack", r))
     rule = convergence_update(stats + [conv["fol"]["median"]], cfg.convergence_tol, cfg.convergence_patience)
     t4 = time.perf_counter()
@@ -209,12 +210,12 @@ def _one_round(r: int, model_cur: nn.Module, setup: _Setup, tests: Pool, cfg: Ro
         gen_cost = None if cost.get("profile") is None else gen_cost + cost["profile"]
     rec = {
         "round": r,
-        "pool": {"size": len(pool), "by_method": pool.counts(), "fol": _quantiles(pool.fol)},
+        "pool": {"size": len(pool), "by_method": pool.counts(), "fol": quantiles(pool.fol)},
         "selected": {"n": len(sel), "budget": cfg.budget, "strategy": cfg.strategy, "by_method": sel.counts(),
-                     "fol": _quantiles(sel.fol), "pool_index_sha256": hashlib.sha256(
+                     "fol": quantiles(sel.fol), "pool_index_sha256": hashlib.sha256(
                          idx.numpy().tobytes()).hexdigest()[:16]},
         "train": tr["history"],
-        "robustness": _rob(rob),
+        "robustness": robustness_figures(rob),
         "robustness_last_epoch": last,
         "convergence": {**rule, **conv},
         "compute": cell_compute(pool_generation=gen_cost, selection_scoring=sel_cost["selection_scoring"],

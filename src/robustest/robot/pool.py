@@ -67,7 +67,7 @@ class Pool:
                     torch.cat([self.fol, other.fol]))
 
 
-def _fol(model: nn.Module, x: torch.Tensor, y: torch.Tensor, x0: torch.Tensor, eps: float) -> torch.Tensor:
+def fol_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor, x0: torch.Tensor, eps: float) -> torch.Tensor:
     from robustest import metrics
 
     if x.shape[0] == 0:
@@ -87,7 +87,7 @@ def generate_pool(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: Robot
     with PassCounter(model) as gen_count:
         xa, ya, x0i, meth = _generate(model, x, y, cfg, seed, profile)
     with PassCounter(model) as fol_count:
-        fol = _fol(model, xa, ya, x[x0i], cfg.eps)
+        fol = fol_of(model, xa, ya, x[x0i], cfg.eps)
     if compute is not None:
         compute["generation"] = gen_count.passes
         compute["fol_scoring"] = fol_count.passes
@@ -116,7 +116,7 @@ def _generate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: RobotConf
         from robustest import fuzzing
 
         if profile is None:
-            profile = _coverage_profile(model, x, cfg)
+            profile = coverage_profile_of(model, x, cfg)
         opts = {"metric": cfg.coverage_metric, **cfg.fuzz_options}
         res = fuzzing.coverage_fuzz(model, xs, ys, profile, seed=derive_seed(seed, "cov-fuzz"), **opts)
         x0i = keep[res.seed_index.long().cpu()]
@@ -124,7 +124,7 @@ def _generate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: RobotConf
     return xa.clamp(0, 1), ya, x0i, list(meth)
 
 
-def _coverage_profile(model: nn.Module, x: torch.Tensor, cfg: RobotConfig) -> Any:
+def coverage_profile_of(model: nn.Module, x: torch.Tensor, cfg: RobotConfig) -> Any:
     from robustest.metrics.coverage import CoverageProfile
 
     return CoverageProfile.build(model, x[:cfg.coverage_profile_limit])
@@ -229,7 +229,7 @@ def _select_by_coverage(strategy: str, model: nn.Module, pool: Pool, n: int, cfg
 
     if "bits" not in cache:
         with PassCounter(model) as pc:
-            prof = profile if profile is not None else _coverage_profile(model, pool.x, cfg)
+            prof = profile if profile is not None else coverage_profile_of(model, pool.x, cfg)
             cache["bits"] = prof.bits(pool.x, cfg.coverage_metric, **cfg.coverage_options).cpu()
         cache["bits_passes"] = pc.passes
     if compute is not None:

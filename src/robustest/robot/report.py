@@ -23,7 +23,7 @@ from robustest.report import (
 from robustest.results import RESULTS_VERSION, document, results_format
 from robustest.robot.config import DEFAULT_STRATEGIES, HARDEN_STRATEGIES, RobotConfig
 from robustest.robot.pool import Pool
-from robustest.robot.setup import _log, _Setup
+from robustest.robot.setup import RunSetup, log_progress
 
 RESULTS_FORMATS = {"loop": results_format("run"), "compare": results_format("compare")}
 RESULTS_FORMAT = RESULTS_FORMATS["loop"]  # the loop's; a comparison writes RESULTS_FORMATS["compare"]
@@ -110,7 +110,7 @@ def _flat_timings(timings: dict[str, Any]) -> dict[str, float]:
     return flat
 
 
-def _write_outputs(out: Path, results: dict[str, Any], timings: dict[str, Any], setup: _Setup, cfg: RobotConfig,
+def write_outputs(out: Path, results: dict[str, Any], timings: dict[str, Any], setup: RunSetup, cfg: RobotConfig,
                    *, fol_by_round: dict[int, torch.Tensor] | None, examples: Pool | None,
                    compare_data: dict[str, Any] | None) -> None:
     """Write results.json (``results`` is turned into the contract's document IN PLACE, so the caller returns
@@ -133,7 +133,7 @@ def _write_outputs(out: Path, results: dict[str, Any], timings: dict[str, Any], 
     try:
         _write_report(out, results, setup, cfg, fol_by_round, examples, compare_data)
     except ImportError as exc:  # matplotlib missing: results stay valid
-        _log(cfg, f"report.html skipped: {exc}")
+        log_progress(cfg, f"report.html skipped: {exc}")
 
 
 def _summary_row(r: int, rob: dict[str, Any], rec: dict[str, Any] | None, last: dict[str, Any] | None
@@ -193,7 +193,7 @@ def compare_verdict(results: dict[str, Any]) -> str:
     several = len({str(r["budget"]) for r in table if r["budget"] != "online"}) > 1  # online: no pool, no budget
     names = _names([f"{r['strategy']} ({r['budget']})" if several else r["strategy"] for r in tops])
     text = (f"Verdict: {names} {'ends' if len(tops) == 1 else 'end'} with the highest {_METRIC_WORDS[metric]} "
-            f"accuracy, {_pm(tops[0], metric)} over {plural(tops[0]['seeds'], 'seed')}, from "
+            f"accuracy, {plus_minus(tops[0], metric)} over {plural(tops[0]['seeds'], 'seed')}, from "
             f"{_acc(tops[0].get(f'before_{metric}'))} for the original model")
     groups: dict[str, list[str]] = {}
     by_cell: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -228,7 +228,7 @@ def loop_verdict(results: dict[str, Any]) -> str:
             f"{_STOPPED.get(results['stop_reason'], results['stop_reason'])}.")
 
 
-def _pm(row: dict[str, Any], metric: str) -> str:
+def plus_minus(row: dict[str, Any], metric: str) -> str:
     """``mean ± std`` of a comparison row's metric over its seeds, 3 decimals (``mean (n = 1)`` for one seed)."""
     return mean_std(row.get(f"{metric}_mean"), row.get(f"{metric}_std"), row.get("seeds"))
 
@@ -237,7 +237,7 @@ def _acc(v: Any) -> str:
     return format_value(v, "accuracy")
 
 
-def _write_report(out: Path, results: dict[str, Any], setup: _Setup, cfg: RobotConfig,
+def _write_report(out: Path, results: dict[str, Any], setup: RunSetup, cfg: RobotConfig,
                   fol_by_round: dict[int, torch.Tensor] | None, examples: Pool | None,
                   compare_data: dict[str, Any] | None) -> None:
     rep = HtmlReport.from_results(results, report_title(results))
@@ -326,12 +326,12 @@ def _compare_sections(rep: HtmlReport, results: dict[str, Any], cfg: RobotConfig
     rep.heading("Robustness per strategy and budget")
     rows = [{"strategy": r["strategy"], "budget": f"{r['budget']} ({r['n']})", "seeds": r["seeds"],
              "fixed set before": _acc(r["before_fixed_set_accuracy"]),
-             "fixed set after": _pm(r, "fixed_set_accuracy"),
+             "fixed set after": plus_minus(r, "fixed_set_accuracy"),
              "white-box before": _acc(r["before_whitebox_accuracy"]),
-             "white-box after": _pm(r, "whitebox_accuracy"),
+             "white-box after": plus_minus(r, "whitebox_accuracy"),
              **({"AutoAttack before": _acc(r["before_autoattack_accuracy"]),
-                 "AutoAttack after": _pm(r, "autoattack_accuracy")} if "autoattack_accuracy_mean" in r else {}),
-             "clean after": _pm(r, "clean_accuracy"),
+                 "AutoAttack after": plus_minus(r, "autoattack_accuracy")} if "autoattack_accuracy_mean" in r else {}),
+             "clean after": plus_minus(r, "clean_accuracy"),
              "fixed set, last epoch": _acc(r.get("last_epoch_fixed_set_accuracy_mean")),
              "compute (passes)": "-" if r.get("compute_passes_mean") is None
              else f"{r['compute_passes_mean']:,.0f}"} for r in table]

@@ -23,11 +23,11 @@ from robustest.core.modelchecks import check_model_fits
 from robustest.core.seeding import derive_seed
 from robustest.evaluate import FixedAdversarialSet, RobustnessReport, adversarial_examples, build_fixed_set, measure
 from robustest.models.checkpoints import clone_model, source_of
-from robustest.robot.config import _EXTENDABLE_KEYS, _PATH_KEYS, RobotConfig
+from robustest.robot.config import EXTENDABLE_KEYS, PATH_KEYS, RobotConfig
 from robustest.robot.pool import Pool
 
 
-def _quantiles(t: torch.Tensor) -> dict[str, float | None]:
+def quantiles(t: torch.Tensor) -> dict[str, float | None]:
     if t.numel() == 0:
         return {"n": 0, "mean": None, "std": None, "min": None, "q25": None, "median": None, "q75": None, "max": None}
     t = t.double()
@@ -39,7 +39,7 @@ def _quantiles(t: torch.Tensor) -> dict[str, float | None]:
 
 # ------------------------------------------------------------------------------------------- the setup
 @dataclass
-class _Setup:
+class RunSetup:
     model0: nn.Module
     x_fit: torch.Tensor
     y_fit: torch.Tensor
@@ -52,7 +52,7 @@ class _Setup:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def _log(cfg: RobotConfig, msg: str) -> None:
+def log_progress(cfg: RobotConfig, msg: str) -> None:
     """A progress message (round or cell finished) to the ``robustest.robot`` logger when ``cfg.verbose``: the
     command prints it on stderr; from Python, ``logging.basicConfig(level=logging.INFO)`` shows it."""
     if cfg.verbose:
@@ -68,8 +68,8 @@ def _limit(ds: Any, n: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     return x.contiguous(), y.contiguous()
 
 
-def _fingerprint(cfg: RobotConfig, kind: str) -> str:
-    d = {k: v for k, v in cfg.result_dict().items() if k not in _EXTENDABLE_KEYS and k not in _PATH_KEYS
+def config_fingerprint(cfg: RobotConfig, kind: str) -> str:
+    d = {k: v for k, v in cfg.result_dict().items() if k not in EXTENDABLE_KEYS and k not in PATH_KEYS
          and not (k in ("train_options", "finetune_options") and not v)  # runs from before these keys resume
          and not (k == "stratified_bins" and v == 4)
          and not (k == "autoattack" and v is None)}  # runs from before the key resume
@@ -78,12 +78,12 @@ def _fingerprint(cfg: RobotConfig, kind: str) -> str:
     return hashlib.sha256(json.dumps([kind, d], sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _prepare_out(cfg: RobotConfig, kind: str) -> Path:
+def prepare_out(cfg: RobotConfig, kind: str) -> Path:
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out {str(out)!r} exists and is not a folder: choose another path")
     marker = out / "state" / "run.json"
-    fp = _fingerprint(cfg, kind)
+    fp = config_fingerprint(cfg, kind)
     if marker.is_file():
         try:
             prev = json.loads(marker.read_text())
@@ -104,7 +104,7 @@ def _mark_run(cfg: RobotConfig, out: Path, kind: str) -> None:
     """Write the resume marker: only once the model and the data have loaded, so a run refused for bad input
     leaves nothing behind."""
     atomic_write_json(out / "state" / "run.json",
-                      {"kind": kind, "fingerprint": _fingerprint(cfg, kind), "config": cfg.result_dict()})
+                      {"kind": kind, "fingerprint": config_fingerprint(cfg, kind), "config": cfg.result_dict()})
 
 
 def _train_original(cfg: RobotConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
@@ -124,7 +124,7 @@ def _train_original(cfg: RobotConfig, x: torch.Tensor, y: torch.Tensor, num_clas
     return model
 
 
-def _measure(model: nn.Module, setup_test: tuple[torch.Tensor, torch.Tensor], fixed: FixedAdversarialSet,
+def measure_model(model: nn.Module, setup_test: tuple[torch.Tensor, torch.Tensor], fixed: FixedAdversarialSet,
              cfg: RobotConfig, seed: int, whitebox: bool | None = None) -> RobustnessReport:
     return measure(model, setup_test, eps=cfg.eps, fixed=fixed,
                    whitebox=cfg.whitebox if whitebox is None else whitebox, whitebox_limit=cfg.whitebox_limit,
@@ -133,13 +133,13 @@ def _measure(model: nn.Module, setup_test: tuple[torch.Tensor, torch.Tensor], fi
                    autoattack_version=cfg.autoattack or "standard")
 
 
-def _rob(rep: RobustnessReport) -> dict[str, Any]:
+def robustness_figures(rep: RobustnessReport) -> dict[str, Any]:
     d = rep.to_dict()
     d.pop("seconds", None)
     return d
 
 
-def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None, kind: str) -> _Setup:
+def prepare_setup(cfg: RobotConfig, out: Path, model: nn.Module | None, kind: str) -> RunSetup:
     """Load data and model, carve the validation split, build (or load) the fixed adversarial set and the
     baseline measurement; everything cached under OUT/state so a resumed run reuses it."""
     from robustest.models.checkpoints import load_model, save_weights, state_fingerprint
@@ -173,7 +173,7 @@ def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None, kind: str) -> _
             model = load_model(orig_path, map_location=device)
         else:
             epochs = f"{cfg.train_epochs} epoch{'s' if cfg.train_epochs != 1 else ''}"
-            _log(cfg, f"training {cfg.train_model} on {cfg.dataset} ({len(x_tr)} images, {epochs})")
+            log_progress(cfg, f"training {cfg.train_model} on {cfg.dataset} ({len(x_tr)} images, {epochs})")
             model = _train_original(cfg, x_tr, y_tr, int(max(y_tr.max(), y_te.max())) + 1, device)
             save_weights(orig_path, model, metadata={"dataset": cfg.dataset, "epochs": cfg.train_epochs})
     set_mode(model.to(device), False)
@@ -193,14 +193,14 @@ def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None, kind: str) -> _
         base_json = json.loads((state / "baseline.json").read_text())
         baseline = RobustnessReport(**base_json)
     else:
-        _log(cfg, f"building the fixed adversarial set from {len(x_te)} test images (eps {cfg.eps})")
+        log_progress(cfg, f"building the fixed adversarial set from {len(x_te)} test images (eps {cfg.eps})")
         fixed = build_fixed_set(model, (x_te, y_te), cfg.eps, seed=derive_seed(cfg.seed, "fixed-set"))
         val_x, val_y = x_val, y_val
         if cfg.val_adversarial:
             xa, ya, _, _ = adversarial_examples(model, (x_val, y_val), cfg.eps, pgd_steps=cfg.pool_pgd_steps,
                                                 seed=derive_seed(cfg.seed, "val-adv"))
             val_x, val_y = torch.cat([x_val, xa]), torch.cat([y_val, ya])
-        baseline = _measure(model, (x_te, y_te), fixed, cfg, derive_seed(cfg.seed, "measure", "baseline"))
+        baseline = measure_model(model, (x_te, y_te), fixed, cfg, derive_seed(cfg.seed, "measure", "baseline"))
         atomic_write_json(state / "baseline.json", baseline.to_dict())
         atomic_save({"fixed_x": fixed.x, "fixed_y": fixed.y, "fixed_index": fixed.source_index,
                      "fixed_method": fixed.method, "eps": fixed.eps, "fixed_num_source": fixed.num_source,
@@ -213,7 +213,7 @@ def _setup(cfg: RobotConfig, out: Path, model: nn.Module | None, kind: str) -> _
         "fixed_set": {"size": len(fixed), "num_source": fixed.num_source, "by_attack": fixed.counts(),
                       "eps": fixed.eps, **fixed.settings},
     }
-    return _Setup(model0=model, x_fit=x_fit, y_fit=y_fit, val=(val_x, val_y), test=(x_te, y_te), fixed=fixed,
+    return RunSetup(model0=model, x_fit=x_fit, y_fit=y_fit, val=(val_x, val_y), test=(x_te, y_te), fixed=fixed,
                   baseline=baseline, info=info, device=device, timings=timings)
 
 
@@ -245,7 +245,7 @@ def _check_same_inputs(state: Path, model_sha: str, data_sha: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------- fine-tuning
-def _finetune(model0: nn.Module, setup: _Setup, tests: Pool, cfg: RobotConfig, seed: int
+def finetune_on_tests(model0: nn.Module, setup: RunSetup, tests: Pool, cfg: RobotConfig, seed: int
               ) -> tuple[nn.Module, nn.Module | None, dict[str, Any]]:
     """Fine-tune a copy of ``model0`` on the training data + ``tests``; pick the checkpoint on the validation
     split. Returns (selected model, last-epoch model or None when it is the selected one, history dict)."""
@@ -283,15 +283,15 @@ def _finetune(model0: nn.Module, setup: _Setup, tests: Pool, cfg: RobotConfig, s
     return model, last_model, {"history": h, "seconds": secs, "passes": pc.passes, "adversarial_passes": 0.0}
 
 
-def _adv_finetune(model0: nn.Module, setup: _Setup, cfg: RobotConfig, seed: int, method: str = "pgd-at"
+def adversarial_finetune(model0: nn.Module, setup: RunSetup, cfg: RobotConfig, seed: int, method: str = "pgd-at"
                   ) -> tuple[nn.Module, nn.Module | None, dict[str, Any]]:
     """The ``adv-train`` baseline and the other hardening strategies (``method``: pgd-at for adv-train, or
     trades, fosc, fol-budget, fast-at): fine-tune a copy of ``model0`` on the training images with
     adversarial training (Madry et al.; :func:`robustest.train.harden`, e.g. pgd-at: ``cfg.pool_pgd_steps`` steps of
     2.5 eps / steps from a random start, generated against the model as it learns, every batch), with the
     epochs, batch size, learning rate and optimiser of the other cells; the checkpoint is picked on the same
-    validation split by accuracy, as :func:`_finetune` does. Returns what :func:`_finetune` returns; the history
-    dict's ``passes`` are the update steps and validation, ``adversarial_passes`` the attacks."""
+    validation split by accuracy, as :func:`finetune_on_tests` does. Returns what :func:`finetune_on_tests`
+    returns; the history dict's ``passes`` are the update steps and validation, ``adversarial_passes`` the attacks."""
     from robustest.evaluate import loss_and_accuracy
     from robustest.robot.compute import PassCounter
     from robustest.train import objectives
@@ -338,15 +338,15 @@ def _adv_finetune(model0: nn.Module, setup: _Setup, cfg: RobotConfig, seed: int,
     return model, last_model, {"history": h, "seconds": res.seconds, "passes": passes, "adversarial_passes": attack}
 
 
-def _last_figures(best: RobustnessReport, last_model: nn.Module | None, setup: _Setup, cfg: RobotConfig,
+def last_figures(best: RobustnessReport, last_model: nn.Module | None, setup: RunSetup, cfg: RobotConfig,
                   seed: int) -> dict[str, Any]:
     if last_model is None:
-        return {**_rob(best), "same_as_selected": True}
-    rep = _measure(last_model, setup.test, setup.fixed, cfg, seed, whitebox=cfg.whitebox and cfg.whitebox_last)
-    return {**_rob(rep), "same_as_selected": False}
+        return {**robustness_figures(best), "same_as_selected": True}
+    rep = measure_model(last_model, setup.test, setup.fixed, cfg, seed, whitebox=cfg.whitebox and cfg.whitebox_last)
+    return {**robustness_figures(rep), "same_as_selected": False}
 
 
-def _f(v: Any) -> str:
+def fmt_acc(v: Any) -> str:
     """An accuracy for a progress message: 3 decimals, as in the tables."""
     return "-" if v is None else f"{v:.3f}"
 
