@@ -162,6 +162,9 @@ def test_a_loader_without_length_counts_its_steps_from_its_data_sets_size():
 
 def test_a_dataset_passes_its_num_workers_to_the_loader():
     ds = Plain(6)
+    assert TrainData(ds, 4, seed=0).loader.num_workers == 0  # no attribute: no workers
+    ds.num_workers = 2
+    assert TrainData(ds, 4, seed=0).loader.num_workers == 2  # the data set's own choice (not iterated here)
     ds.num_workers = 0
     assert TrainData(ds, 4, seed=0).loader.num_workers == 0
     ds.num_workers = None  # no attribute value: no workers

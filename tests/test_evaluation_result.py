@@ -142,3 +142,23 @@ def test_flags_of_a_subset_name_the_whole_sets_samples_and_the_radius():
     f = Flag("zero-gradient", "unreliable", "zero gradient", "fix", (0, 2))
     (g,) = _remapped([f], torch.tensor([5, 7, 9]), 0.25)
     assert g == Flag("zero-gradient", "unreliable", "eps 0.25: zero gradient", "fix", (5, 9))
+
+
+@pytest.mark.parametrize("radii", [[0.1], [0.1, 0.2]])
+def test_a_curve_prefixes_its_flags_with_the_radius_only_when_there_are_several(monkeypatch, radii):
+    from robustest.evaluate import ensemble
+
+    def fake(model, data, eps, **kw):
+        x, _ = data
+        r = result(n=len(x), robust=(True,) * len(x), flags=(Flag("randomised", "warning", "m", "r", (0,)),))
+        r.eps = eps
+        return r
+
+    monkeypatch.setattr(ensemble, "evaluate", fake)
+    x, y = torch.zeros(4, 1, 2, 2), torch.arange(4)
+    res = ensemble._evaluate_curve(torch.nn.Identity(), (x, y), radii, {"norm": "linf"}, {})
+    if len(radii) == 1:
+        assert [f.message for f in res.flags] == ["m"]
+    else:
+        assert [f.message for f in res.flags] == ["eps 0.1: m", "eps 0.2: m"]
+    assert [p["eps"] for p in res.curve] == radii and res.settings["eps"] == radii
