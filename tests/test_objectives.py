@@ -87,7 +87,7 @@ def test_register_and_unregister_by_hand():
     assert "plain-copy" not in objectives.names()
     with pytest.raises(ConfigError, match="unknown harden method"):
         objectives.unregister("plain-copy")
-    with pytest.raises(ConfigError, match="lower case"):
+    with pytest.raises(ConfigError, match="^training objective names are spelled 'plain-copy', got 'Plain_Copy'$"):
         objectives.register(Objective(name="Plain_Copy", step=objectives.get("pgd-at").step))
 
 

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 import torch
 
 from robustest.core.errors import ConfigError
+from robustest.core.registry import Registry
 
-__all__ = ["INPUTS", "OPTIONS", "Request", "Strategy", "describe", "get", "names", "register", "registered",
-           "unregister"]
+__all__ = ["INPUTS", "OPTIONS", "STRATEGIES", "Request", "Strategy", "describe", "get", "names", "register",
+           "registered", "unregister"]
 
 #: what a strategy's ``scores`` argument holds: ``scores`` real ``[N]``, ``bits`` a BoolTensor ``[N, F]`` of
 #: covered coverage cells, ``features`` a float ``[N, D]`` (e.g. penultimate-layer activations)
@@ -76,7 +77,8 @@ class Strategy:
                               f"{', '.join(OPTIONS)}")
 
 
-_REGISTRY: dict[str, Strategy] = {}
+#: the registered strategies (the one registry shape of :class:`robustest.core.registry.Registry`)
+STRATEGIES: Registry[Strategy] = Registry("selection strategy", canonical=str, entry_type=Strategy)
 
 
 def register(strategy: Strategy, *, replace: bool = False) -> Strategy:
@@ -84,40 +86,29 @@ def register(strategy: Strategy, *, replace: bool = False) -> Strategy:
     ``replace``. Returns the strategy."""
     if not isinstance(strategy, Strategy):
         raise ConfigError(f"register takes a robustest.selection.Strategy, got {type(strategy).__name__}")
-    if strategy.name in _REGISTRY and not replace:
-        raise ConfigError(f"selection strategy {strategy.name!r} is already registered: pick another name or "
-                          "pass replace=True")
-    _REGISTRY[strategy.name] = strategy
-    return strategy
+    return STRATEGIES.register(strategy.name, strategy, replace=replace)
 
 
 def unregister(name: str) -> Strategy:
     """Remove strategy ``name`` from the registry and return it."""
-    get(name)
-    return _REGISTRY.pop(name)
+    return STRATEGIES.unregister(name)
 
 
 @contextmanager
 def registered(strategy: Strategy) -> Iterator[Strategy]:
     """``with registered(Strategy(...)):`` the strategy is selectable inside the block only."""
-    register(strategy)
-    try:
+    with STRATEGIES.registered(strategy.name, strategy):
         yield strategy
-    finally:
-        if _REGISTRY.get(strategy.name) is strategy:
-            del _REGISTRY[strategy.name]
 
 
 def get(name: str) -> Strategy:
     """The :class:`Strategy` registered as ``name``."""
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown selection strategy {name!r}: choose one of {', '.join(_REGISTRY)}")
-    return _REGISTRY[name]
+    return STRATEGIES.get(name)
 
 
 def names() -> list[str]:
     """Names of the selection strategies."""
-    return list(_REGISTRY)
+    return STRATEGIES.names()
 
 
 def describe(name: str) -> str:

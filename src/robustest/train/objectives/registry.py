@@ -9,9 +9,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from robustest.core.errors import ConfigError
+from robustest.core.registry import Registry
 from robustest.train.objectives.base import Objective, Option
 
-__all__ = ["canonical", "get", "names", "option_owners", "register", "registered", "unregister"]
+__all__ = ["OBJECTIVES", "canonical", "get", "names", "option_owners", "register", "registered", "unregister"]
 
 _REGISTRY: dict[str, Objective] = {}
 
@@ -21,23 +22,22 @@ def canonical(name: str) -> str:
     return str(name).lower().replace("_", "-")
 
 
+#: the registered objectives (the one registry shape of :class:`robustest.core.registry.Registry`)
+OBJECTIVES: Registry[Objective] = Registry("training objective", canonical=canonical, entry_type=Objective)
+
+
 def register(objective: Objective, *, replace: bool = False) -> Objective:
     """Add ``objective`` under ``objective.name`` (after the objectives already registered); a second one of the
     same name needs ``replace=True``. Returns ``objective``."""
     if not isinstance(objective, Objective):
         raise ConfigError(f"register takes an Objective, got {type(objective).__name__}")
-    name = canonical(objective.name)
-    if name != objective.name or not name:
-        raise ConfigError(f"objective names are lower case with '-', got {objective.name!r}")
-    if name in _REGISTRY and not replace:
-        raise ConfigError(f"an objective named {name!r} is already registered: unregister it or pass replace=True")
-    _REGISTRY[name] = objective
-    return objective
+    return OBJECTIVES.register(objective.name, objective, replace=replace)
 
 
 def unregister(name: str) -> Objective:
     """Remove and return the objective ``name`` (ConfigError when there is none)."""
-    return _REGISTRY.pop(get(name).name)
+    get(name)
+    return OBJECTIVES.unregister(name)
 
 
 @contextmanager
@@ -45,21 +45,14 @@ def registered(objective: Objective, *, replace: bool = False) -> Iterator[Objec
     """``with registered(obj):`` the objective is registered inside the block and removed after it; with
     ``replace=True`` it stands in for the objective of the same name inside the block (e.g. a replacement of
     ``cross-entropy`` that fit then uses), which is back after it."""
-    previous = _REGISTRY.get(objective.name) if replace else None
-    register(objective, replace=replace)
-    try:
+    with OBJECTIVES.registered(objective.name, objective, replace=replace):
         yield objective
-    finally:
-        if previous is not None:
-            _REGISTRY[objective.name] = previous
-        else:
-            _REGISTRY.pop(objective.name, None)
 
 
 def get(name: str, *, harden_method: bool = False) -> Objective:
     """The objective registered as ``name`` (any case, ``_`` or ``-``); with ``harden_method``, only one offered
     as a harden method. A one-line ConfigError naming the harden methods otherwise."""
-    obj = _REGISTRY.get(canonical(name))
+    obj = OBJECTIVES.get(name) if name in OBJECTIVES else None
     if obj is None or (harden_method and not obj.harden_method):
         other = "" if obj is None else f" ({obj.name} is the training objective of another loop)"
         raise ConfigError(f"unknown harden method {name!r}{other}: choose one of {', '.join(names())}")
@@ -69,14 +62,14 @@ def get(name: str, *, harden_method: bool = False) -> Objective:
 def names(*, harden_only: bool = True) -> tuple[str, ...]:
     """The registered harden methods' names (every objective's with ``harden_only=False``), in registration
     order."""
-    return tuple(name for name, obj in _REGISTRY.items() if obj.harden_method or not harden_only)
+    return tuple(name for name, obj in OBJECTIVES.items() if obj.harden_method or not harden_only)
 
 
 def option_owners() -> dict[str, tuple[tuple[str, ...], Option]]:
     """Every method-specific option name of the harden methods -> (the methods that take it, the first one's
     :class:`Option`), in registration order."""
     owners: dict[str, tuple[tuple[str, ...], Option]] = {}
-    for obj in _REGISTRY.values():
+    for _, obj in OBJECTIVES.items():
         if not obj.harden_method:
             continue
         for opt in obj.options:
