@@ -3,7 +3,9 @@ of robustest.evaluate.measure."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import functools
 import json
 
@@ -64,28 +66,29 @@ def test_plan_bad_input(kw, match):
                                  num_classes=10, **kw)
 
 
-def test_bad_input_found_before_any_work(trained_digits_model, xy, monkeypatch):
+def test_bad_input_found_before_any_work(trained_digits_model, xy):
     calls = []
-    monkeypatch.setitem(attacks._REGISTRY, "apgd", attacks._Entry(lambda *a, **k: calls.append(1), "spy"))
+    spy = dataclasses.replace(attacks.get("apgd"), fn=lambda *a, **k: calls.append(1))
     m = trained_digits_model
-    for eps in (0, -0.1, 1.5, float("nan"), "x"):
-        with pytest.raises(ConfigError, match="eps"):
-            ev.evaluate(m, xy, eps)
-    with pytest.raises(ConfigError, match="norm"):
-        ev.evaluate(m, xy, 0.1, norm="l7")
-    with pytest.raises(ConfigError, match="version"):
-        ev.evaluate(m, xy, 0.1, version="plus")
-    with pytest.raises(ConfigError, match="n_targets"):
-        ev.evaluate(m, xy, 0.1, n_targets=10)
-    with pytest.raises(DataError, match="labels"):
-        ev.evaluate(m, xy[0], 0.1)
-    with pytest.raises(ConfigError, match="baseline"):
-        ev.evaluate(m, xy, 0.1, baseline=m)
-    with pytest.raises(ConfigError, match="severities"):
-        ev.evaluate(m, xy, 0.1, corruptions="fog", severities=(0,))
-    single = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 1))
-    with pytest.raises(ConfigError, match="at least 2 classes"):
-        ev.evaluate(single, (xy[0], torch.zeros(60, dtype=torch.long)), 0.1)
+    with attacks.registered(spy, replace=True):
+        for eps in (0, -0.1, 1.5, float("nan"), "x"):
+            with pytest.raises(ConfigError, match="eps"):
+                ev.evaluate(m, xy, eps)
+        with pytest.raises(ConfigError, match="norm"):
+            ev.evaluate(m, xy, 0.1, norm="l7")
+        with pytest.raises(ConfigError, match="version"):
+            ev.evaluate(m, xy, 0.1, version="plus")
+        with pytest.raises(ConfigError, match="n_targets"):
+            ev.evaluate(m, xy, 0.1, n_targets=10)
+        with pytest.raises(DataError, match="labels"):
+            ev.evaluate(m, xy[0], 0.1)
+        with pytest.raises(ConfigError, match="baseline"):
+            ev.evaluate(m, xy, 0.1, baseline=m)
+        with pytest.raises(ConfigError, match="severities"):
+            ev.evaluate(m, xy, 0.1, corruptions="fog", severities=(0,))
+        single = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 1))
+        with pytest.raises(ConfigError, match="at least 2 classes"):
+            ev.evaluate(single, (xy[0], torch.zeros(60, dtype=torch.long)), 0.1)
     assert calls == []
 
 
@@ -124,20 +127,21 @@ def test_ensemble_bookkeeping(trained_digits_model, xy):
     assert len(rows) == n and rows[3]["broken_by"] == r.broken_by[3] and rows[3]["index"] == 3
 
 
-def test_only_robust_points_are_attacked(trained_digits_model, xy, monkeypatch):
+def test_only_robust_points_are_attacked(trained_digits_model, xy):
     seen = {}
-    for reg in ("apgd", "square"):
-        orig = attacks._REGISTRY[reg].fn
+    with contextlib.ExitStack() as stack:
+        for reg in ("apgd", "square"):
+            orig = attacks.get(reg).fn
 
-        @functools.wraps(orig)  # keeps the signature evaluate checks parameters against
-        def spy(model, x, y, *a, _orig=orig, _reg=reg, **k):
-            seen[_reg] = (x.clone(), y.clone())
-            return _orig(model, x, y, *a, **k)
+            @functools.wraps(orig)  # keeps the signature evaluate checks parameters against
+            def spy(model, x, y, *a, _orig=orig, _reg=reg, **k):
+                seen[_reg] = (x.clone(), y.clone())
+                return _orig(model, x, y, *a, **k)
 
-        monkeypatch.setitem(attacks._REGISTRY, reg, attacks._Entry(spy, "spy"))
-    x, y = xy
-    r = ev.evaluate(trained_digits_model, (x, y), 0.1, version="custom",
-                            attacks=[("apgd-ce", {"steps": 5}), ("square", {"queries": 20})], seed=1)
+            stack.enter_context(attacks.registered(dataclasses.replace(attacks.get(reg), fn=spy), replace=True))
+        x, y = xy
+        r = ev.evaluate(trained_digits_model, (x, y), 0.1, version="custom",
+                        attacks=[("apgd-ce", {"steps": 5}), ("square", {"queries": 20})], seed=1)
     xa, _ = seen["apgd"]
     xs, ys = seen["square"]
     assert xa.shape[0] == int(r.clean_correct.sum())

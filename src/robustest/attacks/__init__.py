@@ -40,20 +40,26 @@ Float note: L-inf projections clamp to ``[max(x - eps, 0), min(x + eps, 1)]``, s
 ``eps`` by one float rounding (about 6e-8 for values in [0, 1]).
 
 Layout: ``_core`` (validation, losses, projections, chunked runner), ``gradient`` (FGSM, PGD, BIM, R+FGSM,
-MI-FGSM), ``apgd`` (APGD-CE, APGD-DLR, APGD-T), ``fab``, ``square``, ``cw``; this module holds the registry,
-:func:`attack` and :class:`AttackResult`.
+MI-FGSM), ``apgd`` (APGD-CE, APGD-DLR, APGD-T), ``fab`` (FAB, FAB-T), ``square``, ``cw``, each with the
+:class:`Attack` records of its attacks (``RECORDS``: threat models, eps-ball or not, fewest classes, default
+steps, scale-free loss); ``registry`` (the :class:`Attack` record, :func:`register` / :func:`unregister` /
+:func:`registered` to add one from outside, :func:`get`, :func:`names`); this module registers the built-ins and
+holds :func:`attack` and :class:`AttackResult`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from robustest.attacks import apgd as apgd_module
+from robustest.attacks import cw, gradient
+from robustest.attacks import fab as fab_module
+from robustest.attacks import square as square_module
 from robustest.attacks._core import (  # noqa: F401 - re-exported for callers and tests
     _DEFAULT_CHUNK,
     BATCH_SEED_STRIDE,
@@ -75,8 +81,20 @@ from robustest.attacks._core import (  # noqa: F401 - re-exported for callers an
 from robustest.attacks.apgd import apgd, apgd_dlr, apgd_t
 from robustest.attacks.bpda import BPDA, straight_through, with_bpda
 from robustest.attacks.cw import cw_l2
-from robustest.attacks.fab import fab
+from robustest.attacks.fab import fab, fab_t
 from robustest.attacks.gradient import PGDDetails, StopRule, bim, fgsm, mifgsm, pgd, rfgsm
+from robustest.attacks.registry import (
+    ATTACKS,
+    Attack,
+    attack_function,
+    canonical_name,
+    describe,
+    get,
+    names,
+    register,
+    registered,
+    unregister,
+)
 from robustest.attacks.square import square
 from robustest.core.batching import DataLike
 from robustest.core.devices import resolve_device
@@ -86,6 +104,8 @@ from robustest.core.modelcall import eval_mode, forward
 from robustest.core.seeding import make_generator
 
 __all__ = [
+    "ATTACKS",
+    "Attack",
     "AttackResult",
     "BPDA",
     "PGDDetails",
@@ -103,6 +123,7 @@ __all__ = [
     "fab",
     "fab_t",
     "fgsm",
+    "get",
     "input_gradient",
     "lp_norm",
     "margin",
@@ -111,81 +132,20 @@ __all__ = [
     "pgd",
     "project",
     "random_point",
+    "register",
+    "registered",
     "rfgsm",
     "square",
     "straight_through",
+    "unregister",
     "with_bpda",
 ]
 
 
-def fab_t(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100, norm: str = "linf",
-          n_targets: int = 9, restarts: int = 1, alpha_max: float = 0.1, eta: float = 1.05, beta: float = 0.9,
-          seed: int | None = None, *, target: Any = None, stop_on_success: bool = False,
-          batch_size: int | None = _DEFAULT_CHUNK, generator: torch.Generator | None = None) -> torch.Tensor:
-    """FAB-T, AutoAttack's targeted FAB: :func:`fab` with ``targeted=True`` (see there).
-    x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W on x's device."""
-    return fab(model, x, y, eps, steps=steps, norm=norm, targeted=True, n_targets=n_targets, restarts=restarts,
-               alpha_max=alpha_max, eta=eta, beta=beta, seed=seed, target=target, stop_on_success=stop_on_success,
-               batch_size=batch_size, generator=generator)
-
-
-def _fab_untargeted(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100,
-                    norm: str = "linf", restarts: int = 1, alpha_max: float = 0.1, eta: float = 1.05,
-                    beta: float = 0.9, seed: int | None = None, *, stop_on_success: bool = False,
-                    batch_size: int | None = _DEFAULT_CHUNK, generator: torch.Generator | None = None) -> torch.Tensor:
-    return fab(model, x, y, eps, steps=steps, norm=norm, targeted=False, restarts=restarts, alpha_max=alpha_max,
-               eta=eta, beta=beta, seed=seed, stop_on_success=stop_on_success, batch_size=batch_size,
-               generator=generator)
-
-
 # ------------------------------------------------------------------------------------------------- registry
-@dataclass(frozen=True)
-class _Entry:
-    fn: Callable[..., torch.Tensor]
-    description: str
-    norm_bounded: bool = True
-
-
-_REGISTRY: dict[str, _Entry] = {
-    "fgsm": _Entry(fgsm, "Fast Gradient Sign Method (L-inf, one step; optional random start; target=)"),
-    "pgd": _Entry(pgd, "Projected Gradient Descent (L-inf or L2; random start; restarts keep the strongest; target=)"),
-    "bim": _Entry(bim, "Basic Iterative Method (L-inf PGD from the clean input; target=)"),
-    "rfgsm": _Entry(rfgsm, "R+FGSM: random sign step then gradient sign steps (L-inf; target=)"),
-    "mifgsm": _Entry(mifgsm, "Momentum Iterative FGSM (L-inf; target=)"),
-    "cw_l2": _Entry(cw_l2, "Carlini & Wagner L2 with a binary search over c (minimal-norm; no eps-ball)", False),
-    "apgd": _Entry(apgd, "APGD-CE: parameter-free step size schedule (L-inf or L2; restarts)"),
-    "apgd_dlr": _Entry(apgd_dlr, "APGD-DLR: APGD on the Difference of Logits Ratio loss (L-inf or L2)"),
-    "apgd_t": _Entry(apgd_t, "APGD-T: APGD on the targeted DLR loss over the top-9 other classes (L-inf or L2)"),
-    "fab_t": _Entry(fab_t, "FAB-T: targeted minimum-norm boundary attack over the top-9 other classes (L-inf, L2)"),
-    "fab": _Entry(_fab_untargeted, "FAB: untargeted minimum-norm boundary attack (L-inf or L2)"),
-    "square": _Entry(square, "Square Attack: score-based black-box random search (L-inf or L2; no gradients)"),
-}
-
-_ALIASES = {"cw": "cw_l2", "apgd_ce": "apgd", "mi_fgsm": "mifgsm", "r_fgsm": "rfgsm", "apgdt": "apgd_t",
-            "apgd_targeted": "apgd_t", "fabt": "fab_t", "fab_targeted": "fab_t"}
-
-
-def names() -> list[str]:
-    """Names of the registered attacks."""
-    return sorted(_REGISTRY)
-
-
-def describe(name: str) -> str:
-    """One-line description of attack ``name``."""
-    return _entry(name).description
-
-
-def attack_function(name: str) -> Callable[..., torch.Tensor]:
-    """The function of attack ``name`` (``fn(model, x, y, eps, ...)`` -> N x C x H x W adversarial images)."""
-    return _entry(name).fn
-
-
-def _entry(name: str) -> _Entry:
-    key = str(name).lower().replace("-", "_")
-    key = _ALIASES.get(key, key)
-    if key not in _REGISTRY:
-        raise ConfigError(f"unknown attack {name!r}: choose one of {', '.join(names())}")
-    return _REGISTRY[key]
+for _module in (gradient, cw, apgd_module, fab_module, square_module):
+    for _record in _module.RECORDS:
+        register(_record)
 
 
 # --------------------------------------------------------------------------------------------- attack()
@@ -294,7 +254,7 @@ def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | N
     from robustest.core.batching import batch_origin, iter_batches, num_samples
     from robustest.core.progress import progress as _progress
 
-    entry = _entry(name)
+    entry = get(name)
     if "generator" in kw or "batch_size" in kw:
         raise ConfigError("attack() takes seed and batch_size itself; do not pass generator")
     if any(k in kw for k in ("stop", "return_details", "track_success")) or any(
@@ -370,9 +330,3 @@ def attack(name: str, model: nn.Module, x_or_data: DataLike, y: torch.Tensor | N
         params=params, seconds=time.perf_counter() - t0, target=None if target is None else target.cpu(),
         index=parts["index"].long(),
     )
-
-
-def canonical_name(name: str) -> str:
-    """The registry name of attack ``name`` (aliases and ``-``/``_`` spellings resolved; unknown: ConfigError)."""
-    entry = _entry(name)
-    return next(k for k, v in _REGISTRY.items() if v is entry)

@@ -42,6 +42,7 @@ from robustest.attacks._core import (
     input_gradient,
     project,
 )
+from robustest.attacks.registry import Attack
 from robustest.core.modelcall import forward
 from robustest.core.validation import check_eps
 
@@ -330,3 +331,14 @@ def apgd_t(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps
     return _run(_apgd_t_core, model, x, y, seed, batch_size, generator, per_sample={"target": target}, eps=eps,
                 steps=steps, norm=norm, restarts=restarts, rho=rho, n_targets=n_targets,
                 stop_on_success=bool(stop_on_success))
+
+
+#: the attacks of this module, registered by :mod:`robustest.attacks`
+RECORDS = (
+    Attack("apgd", apgd, "APGD-CE: parameter-free step size schedule (L-inf or L2; restarts)", default_steps=100,
+           aliases=("apgd_ce",)),
+    Attack("apgd_dlr", apgd_dlr, "APGD-DLR: APGD on the Difference of Logits Ratio loss (L-inf or L2)",
+           min_classes=3, default_steps=100, scale_free=True),
+    Attack("apgd_t", apgd_t, "APGD-T: APGD on the targeted DLR loss over the top-9 other classes (L-inf or L2)",
+           min_classes=4, default_steps=100, scale_free=True, aliases=("apgdt", "apgd_targeted")),
+)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from robustest.attacks._core import _DEFAULT_CHUNK, _check_non_negative, _check_steps, _prepare, _run
+from robustest.attacks.registry import Attack
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import forward
 from robustest.core.validation import check_eps
@@ -90,3 +91,10 @@ def cw_l2(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float | None 
     lr = _check_non_negative(lr, "lr")
     return _run(_cw_core, model, x, y, seed, batch_size, generator, eps=eps, c=c, kappa=kappa, steps=steps, lr=lr,
                 binary_steps=binary_steps, abort_early=bool(abort_early))
+
+
+#: the attack of this module, registered by :mod:`robustest.attacks`
+RECORDS = (
+    Attack("cw_l2", cw_l2, "Carlini & Wagner L2 with a binary search over c (minimal-norm; no eps-ball)",
+           norms=("l2",), norm_bounded=False, default_steps=100, aliases=("cw",)),
+)

@@ -38,10 +38,11 @@ from robustest.attacks._core import (
     check_norm,
     lp_norm,
 )
+from robustest.attacks.registry import Attack
 from robustest.core.modelcall import forward
 from robustest.core.validation import check_eps
 
-__all__ = ["fab"]
+__all__ = ["fab", "fab_t"]
 
 
 def _project_hyperplane_box(t: torch.Tensor, w: torch.Tensor, c: torch.Tensor, norm: str) -> torch.Tensor:
@@ -238,3 +239,32 @@ def fab(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: i
     return _run(_fab_core, model, x, y, seed, batch_size, generator, per_sample={"target": target}, eps=eps,
                 steps=steps, norm=norm, targeted=bool(targeted), n_targets=n_targets, restarts=restarts,
                 alpha_max=alpha_max, eta=eta, beta=beta, stop_on_success=bool(stop_on_success))
+
+
+def fab_t(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100, norm: str = "linf",
+          n_targets: int = 9, restarts: int = 1, alpha_max: float = 0.1, eta: float = 1.05, beta: float = 0.9,
+          seed: int | None = None, *, target: Any = None, stop_on_success: bool = False,
+          batch_size: int | None = _DEFAULT_CHUNK, generator: torch.Generator | None = None) -> torch.Tensor:
+    """FAB-T, AutoAttack's targeted FAB: :func:`fab` with ``targeted=True`` (see there).
+    x: N x C x H x W in [0, 1]; y: int64 [N]; returns N x C x H x W on x's device."""
+    return fab(model, x, y, eps, steps=steps, norm=norm, targeted=True, n_targets=n_targets, restarts=restarts,
+               alpha_max=alpha_max, eta=eta, beta=beta, seed=seed, target=target, stop_on_success=stop_on_success,
+               batch_size=batch_size, generator=generator)
+
+
+def _fab_untargeted(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 100,
+                    norm: str = "linf", restarts: int = 1, alpha_max: float = 0.1, eta: float = 1.05,
+                    beta: float = 0.9, seed: int | None = None, *, stop_on_success: bool = False,
+                    batch_size: int | None = _DEFAULT_CHUNK, generator: torch.Generator | None = None) -> torch.Tensor:
+    return fab(model, x, y, eps, steps=steps, norm=norm, targeted=False, restarts=restarts, alpha_max=alpha_max,
+               eta=eta, beta=beta, seed=seed, stop_on_success=stop_on_success, batch_size=batch_size,
+               generator=generator)
+
+
+#: the attacks of this module, registered by :mod:`robustest.attacks`
+RECORDS = (
+    Attack("fab_t", fab_t, "FAB-T: targeted minimum-norm boundary attack over the top-9 other classes (L-inf, L2)",
+           default_steps=100, scale_free=True, aliases=("fabt", "fab_targeted")),
+    Attack("fab", _fab_untargeted, "FAB: untargeted minimum-norm boundary attack (L-inf or L2)", default_steps=100,
+           scale_free=True),
+)

@@ -30,6 +30,7 @@ from robustest.attacks._core import (
     project,
     random_point,
 )
+from robustest.attacks.registry import Attack
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import forward
 from robustest.core.validation import MAX_L2_RADIUS, check_eps
@@ -368,3 +369,18 @@ def mifgsm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha
     target = _check_target(model, target, y)
     return _run(_mifgsm_core, model, x, y, seed, batch_size, generator, per_sample={"target": target}, eps=eps,
                 alpha=alpha, steps=steps, decay=decay)
+
+
+#: the attacks of this module, registered by :mod:`robustest.attacks`
+RECORDS = (
+    Attack("fgsm", fgsm, "Fast Gradient Sign Method (L-inf, one step; optional random start; target=)",
+           norms=("linf",)),
+    Attack("pgd", pgd, "Projected Gradient Descent (L-inf or L2; random start; restarts keep the strongest; target=)",
+           default_steps=10),
+    Attack("bim", bim, "Basic Iterative Method (L-inf PGD from the clean input; target=)", norms=("linf",),
+           default_steps=10),
+    Attack("rfgsm", rfgsm, "R+FGSM: random sign step then gradient sign steps (L-inf; target=)", norms=("linf",),
+           default_steps=1, aliases=("r_fgsm",)),
+    Attack("mifgsm", mifgsm, "Momentum Iterative FGSM (L-inf; target=)", norms=("linf",), default_steps=10,
+           aliases=("mi_fgsm",)),
+)

@@ -37,6 +37,7 @@ from robustest.attacks._core import (
     check_norm,
 )
 from robustest.attacks._core import margin as margin_of
+from robustest.attacks.registry import Attack
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import forward
 from robustest.core.validation import check_eps
@@ -209,3 +210,10 @@ def square(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, norm:
         raise ConfigError(f"p_init must lie in (0, 1], got {p_init}")
     return _run(_square_core, model, x, y, seed, batch_size, generator, eps=eps, norm=norm, queries=queries,
                 p_init=p_init, restarts=restarts, rescale=bool(rescale_schedule))
+
+
+#: the attack of this module, registered by :mod:`robustest.attacks`
+RECORDS = (
+    Attack("square", square, "Square Attack: score-based black-box random search (L-inf or L2; no gradients)",
+           scale_free=True),
+)

@@ -21,6 +21,7 @@ FOL is measured with --fol-norm/--fol-eps (default: --norm and --eps; for cw the
 from __future__ import annotations
 
 import argparse
+import inspect
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,9 +67,10 @@ from robustest.results import write_results
 
 ORDER = 30
 
-ATTACKS = ("fgsm", "pgd", "bim", "rfgsm", "mifgsm", "cw", "apgd")
 FUZZERS = ("fol-fuzz", "cov-fuzz")
-DEFAULT_STEPS = {"pgd": 10, "bim": 10, "rfgsm": 1, "mifgsm": 10, "cw": 100, "apgd": 100, "fol-fuzz": 40}
+FUZZ_STEPS = 40  # fol-fuzz's default steps; an attack's come from its registry record
+#: the attack options this verb has flags for, passed to an attack whose function takes them
+ATTACK_OPTIONS = ("alpha", "random_start", "steps", "norm", "restarts", "decay", "c", "kappa", "binary_steps", "lr")
 QUANTILES = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
 
 
@@ -77,15 +79,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint_arg(p)
     add_data_args(p, split="train")
-    p.add_argument("--method", required=True, choices=ATTACKS + FUZZERS, help="generation method")
+    p.add_argument("--method", required=True, type=_method, metavar="METHOD",
+                   help=f"an attack ({', '.join(attacks.names())}, or one registered with robustest.attacks."
+                        f"register) or a fuzzer ({', '.join(FUZZERS)})")
     g = p.add_argument_group("attack options")
     g.add_argument("--eps", type=radius, default=None,
                    help="perturbation budget in pixel scale, a number or a fraction like 8/255 (L-inf: in (0, 1]; "
                         "default: 0.3 for 1-channel data, 8/255 for colour; cw: optional L2 bound)")
-    g.add_argument("--norm", choices=("linf", "l2"), default="linf", help="threat model of pgd/apgd (default: linf)")
+    g.add_argument("--norm", choices=("linf", "l2"), default=None,
+                   help="threat model, for an attack that runs in several (default: the attack's first: linf; cw l2)")
     g.add_argument("--steps", type=positive_int, default=None,
-                   help="iterations (default: pgd/bim/mifgsm 10, rfgsm 1, cw 100 per search step, apgd 100, "
-                        "fol-fuzz 40)")
+                   help="iterations (default: the attack's own: pgd/bim/mifgsm 10, rfgsm 1, cw 100 per search "
+                        "step, apgd 100; fol-fuzz 40)")
     g.add_argument("--alpha", type=positive_float, default=None,
                    help="step size of pgd/bim/rfgsm/mifgsm (default: the attack's own rule)")
     g.add_argument("--restarts", type=positive_int, default=1, help="restarts of pgd/apgd (default: 1)")
@@ -126,43 +131,63 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+def _method(text: str) -> str:
+    """--method: a fuzzer or an attack of the registry (any spelling it knows), as written."""
+    if text in FUZZERS:
+        return text
+    try:
+        attacks.get(text)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"unknown method {text!r}: choose an attack ({', '.join(attacks.names())})"
+                                         f" or a fuzzer ({', '.join(FUZZERS)})") from None
+    return text
+
+
+def _norm(args: argparse.Namespace) -> str:
+    """The threat model: --norm, else the attack's first (its record's), else L-inf (the fuzzers)."""
+    if args.norm is not None:
+        return str(args.norm)
+    return "linf" if args.method in FUZZERS else attacks.get(args.method).norms[0]
+
+
 def _default_eps(channels: int) -> float:
     return 0.3 if channels == 1 else 8 / 255
 
 
 def _check_radii(args: argparse.Namespace) -> None:
     """--eps and --fol-eps against the norm they are measured in (L-inf radii in (0, 1]), before any work."""
-    check_eps("eps", args.eps, "l2" if args.method == "cw" else args.norm, allow_none=True)
-    fol_norm = args.fol_norm or ("l2" if args.method == "cw" else args.norm)
+    check_eps("eps", args.eps, _norm(args), allow_none=True)
+    fol_norm = args.fol_norm or _norm(args)
     if fol_norm != "gradnorm":
         check_eps("fol_eps", args.fol_eps, fol_norm, allow_none=True)
 
 
 def _attack_kwargs(args: argparse.Namespace, eps: float) -> dict[str, Any]:
+    """The keyword arguments of the attack ``--method``: ``eps`` (the flag's radius for an attack inside an
+    eps-ball, else --eps as given: C&W's optional bound) and each of :data:`ATTACK_OPTIONS` its function takes
+    (a flag not given: the attack's default; steps: its record's). A flag given to an attack that does not take
+    it, or a --norm it does not run in, is a ConfigError."""
     m = args.method
-    steps = args.steps or DEFAULT_STEPS.get(m)
-    if args.norm == "l2" and m not in ("pgd", "apgd"):
-        raise ConfigError(f"--norm l2 is supported by pgd and apgd, not {m}: drop --norm or pick another method")
-    if args.restarts > 1 and m not in ("pgd", "apgd"):
-        raise ConfigError(f"--restarts applies to pgd and apgd, not {m}")
-    if args.random_start is not None and m not in ("fgsm", "pgd"):
-        raise ConfigError(f"--random-start/--no-random-start apply to fgsm and pgd, not {m}")
-    if args.alpha is not None and m in ("fgsm", "cw", "apgd"):
-        raise ConfigError(f"--alpha does not apply to {m}")
-    if m == "fgsm":
-        return {"eps": eps, "random_start": bool(args.random_start)}
-    if m == "pgd":
-        rs = True if args.random_start is None else args.random_start
-        return {"eps": eps, "alpha": args.alpha, "steps": steps, "norm": args.norm, "random_start": rs,
-                "restarts": args.restarts}
-    if m in ("bim", "rfgsm"):
-        return {"eps": eps, "alpha": args.alpha, "steps": steps}
-    if m == "mifgsm":
-        return {"eps": eps, "alpha": args.alpha, "steps": steps, "decay": args.decay}
-    if m == "cw":
-        return {"eps": args.eps, "c": args.c, "kappa": args.kappa, "steps": steps,
-                "lr": args.lr if args.lr is not None else 0.1, "binary_steps": args.binary_steps}
-    return {"eps": eps, "steps": steps, "norm": args.norm, "restarts": args.restarts}
+    record = attacks.get(m)
+    sig = inspect.signature(record.fn).parameters
+    norm = _norm(args)
+    if norm not in record.norms:
+        raise ConfigError(f"--norm {norm} is not a threat model of {m} (it runs in {', '.join(record.norms)}): "
+                          "drop --norm or pick another method")
+    given = {"alpha": args.alpha, "random_start": args.random_start, "steps": args.steps,
+             "restarts": args.restarts if args.restarts > 1 else None}
+    for param, value in given.items():
+        if value is not None and param not in sig:
+            flag = "--random-start/--no-random-start" if param == "random_start" else f"--{param}"
+            raise ConfigError(f"{flag} does not apply to {m}")
+    values = {"alpha": args.alpha, "random_start": args.random_start, "steps": args.steps or record.default_steps,
+              "norm": norm, "restarts": args.restarts, "decay": args.decay, "c": args.c, "kappa": args.kappa,
+              "binary_steps": args.binary_steps, "lr": args.lr}
+    kw: dict[str, Any] = {"eps": eps if record.norm_bounded else args.eps}
+    for name in ATTACK_OPTIONS:
+        if name in sig:
+            kw[name] = values[name] if values[name] is not None else sig[name].default
+    return kw
 
 
 def _quantiles(v: torch.Tensor) -> dict[str, float] | None:
@@ -236,7 +261,7 @@ def _fol_fuzz_tests(args: argparse.Namespace, model, x: torch.Tensor, y: torch.T
     from robustest import fuzzing  # late: it loads kornia, and every verb's module is imported at start-up
 
     fuzz_fol = fol_norm if fol_norm in fuzzing.FOL_VARIANTS else "gradnorm"
-    fr = fuzzing.fol_fuzz(model, x, y, steps=args.steps or DEFAULT_STEPS["fol-fuzz"],
+    fr = fuzzing.fol_fuzz(model, x, y, steps=args.steps or FUZZ_STEPS,
                           lr=args.lr if args.lr is not None else 0.1, max_rel_l2=args.max_rel_l2,
                           eps=args.fuzz_eps, max_tests_per_seed=args.max_tests_per_seed,
                           time_budget=args.time_budget, seed=args.seed, batch_size=args.batch_size,
@@ -245,7 +270,7 @@ def _fol_fuzz_tests(args: argparse.Namespace, model, x: torch.Tensor, y: torch.T
     tx, ty = fr.x.cpu(), fr.y.cpu().long()
     tpred = fr.pred.cpu() if fr.pred is not None else _predict(model, tx, args.batch_size)
     per_seed = fr.tests_per_seed(n_seeds)
-    summary = {"params": {"steps": args.steps or DEFAULT_STEPS["fol-fuzz"], "lr": args.lr or 0.1,
+    summary = {"params": {"steps": args.steps or FUZZ_STEPS, "lr": args.lr or 0.1,
                           "max_rel_l2": args.max_rel_l2, "eps": args.fuzz_eps,
                           "max_tests_per_seed": args.max_tests_per_seed, "time_budget": args.time_budget},
                "fuzz_stats": fr.stats,
@@ -279,7 +304,7 @@ def _cov_fuzz_tests(args: argparse.Namespace, model, x: torch.Tensor, y: torch.T
 def _generate(args: argparse.Namespace, model, ds, n_seeds: int, eps: float, fol_norm: str, progress: bool
               ) -> _Tests:
     """The tests of ``args.method``."""
-    if args.method in ATTACKS:
+    if args.method not in FUZZERS:
         return _attack_tests(args, model, ds, n_seeds, eps, progress)
     # the fuzzers work on the whole seed set at once (their randomness is per run, not per sample)
     x, y = take(ds, torch.arange(n_seeds))
@@ -294,7 +319,7 @@ def _measure_fol(args: argparse.Namespace, model, t: _Tests, eps: float, fol_nor
     """(eps of the FOL, FOL [T] of every test measured against its seed): cw without --fol-eps measures
     within its largest L2 perturbation; fol-fuzz's own FOL is kept when it is the one asked for."""
     fol_eps = args.fol_eps or eps
-    if args.method == "cw" and args.fol_eps is None:
+    if args.method not in FUZZERS and not attacks.get(args.method).norm_bounded and args.fol_eps is None:
         fol_eps = float((t.x - t.x0).flatten(1).norm(dim=1).max()) if t.x.shape[0] else eps
         fol_eps = max(fol_eps, 1e-6)
     if t.fol is not None:
@@ -345,7 +370,7 @@ def run(args: argparse.Namespace) -> int:
     if args.keep_all and args.method in FUZZERS:
         raise ConfigError(f"--keep-all applies to attacks; {args.method} only returns failing tests")
     eps = args.eps if args.eps is not None else _default_eps(image_shape(ds)[0])
-    fol_norm = args.fol_norm or ("l2" if args.method == "cw" else args.norm)
+    fol_norm = args.fol_norm or _norm(args)
     method = args.method
     summary: dict[str, Any] = {"method": method, "dataset": args.dataset, "split": args.split,
                                "checkpoint": str(args.checkpoint or args.model_factory or args.weights),
@@ -398,7 +423,7 @@ def _settings(args: argparse.Namespace, method: str, params: dict[str, Any], fol
             d["profile_limit"] = args.profile_limit
     if method == "fol-fuzz" and args.fuzz_eps is not None:
         d["fuzz_eps"] = d.pop("eps", args.fuzz_eps)
-    if method in ATTACKS:
+    if method not in FUZZERS:
         d["keep_all"] = bool(args.keep_all)
     d.update(fol_norm=fol_norm, fol_eps=fol_eps, batch_size=args.batch_size, grid=args.grid, seed=args.seed,
              device=str(model_device(model)))

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from robustest.attacks import get as get_attack
 from robustest.evaluate.checks import GRAD_NONFINITE, GRAD_ZERO, SATURATED_MARGIN, ModelProbe
 from robustest.evaluate.flags import Flag
 from robustest.evaluate.plans import PlanStep
@@ -17,8 +18,6 @@ __all__ = ["GRADIENT_FREE_SHARE", "collect_flags"]
 #: a gradient-free attack (or a transfer) breaking at least this share of the samples it attacked (and 2 or more)
 #: after the gradient attacks makes the evaluation unreliable
 GRADIENT_FREE_SHARE = 0.01
-#: attacks whose loss does not depend on the scale of the logits (they see through saturated cross-entropy)
-_SCALE_FREE = ("apgd_t", "apgd_dlr", "square", "fab", "fab_t")
 
 
 def _indices(index: torch.Tensor, mask: torch.Tensor) -> tuple[int, ...]:
@@ -74,7 +73,8 @@ def _gradient_flags(parts: dict[str, Any], plan: list[PlanStep]) -> list[Flag]:
             flags.append(Flag(name, "info", f"the input gradient is {what} for {n_bad} samples, all broken",
                               "none needed", _indices(index, bad)))
     sat = (parts["margin"] > SATURATED_MARGIN) & robust
-    scale_free = any(s.attack in _SCALE_FREE and s.only == "all" for s in plan)  # not a probe of a few
+    # an attack whose loss ignores the scale of the logits (its record says) sees through saturated cross-entropy
+    scale_free = any(get_attack(s.attack).scale_free and s.only == "all" for s in plan)  # not a probe of a few
     if bool(sat.any()) and not scale_free:  # with a scale-invariant attack on every survivor it does not matter
         flags.append(Flag("saturated-logits", "unreliable",
                           f"{int(sat.sum())} robust samples have logit margins above {SATURATED_MARGIN:g}, where "

@@ -28,7 +28,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from robustest.attacks import attack_function, canonical_name
+from robustest.attacks import canonical_name
+from robustest.attacks import get as get_attack
 from robustest.core.errors import ConfigError
 
 __all__ = ["AUTOATTACK_NAMES", "EVAL_VERSIONS", "PROBE_SIZE", "PlanStep", "ensemble_plan", "ensemble_steps",
@@ -142,7 +143,8 @@ def ensemble_steps(version: str = "auto", norm: str = "linf", attacks: Any = Non
         key = raw.lower().replace("_", "-")
         reg = AUTOATTACK_NAMES.get(key) or (_EXTRA_NAMES.get(key) if not given else None) or canonical_name(raw)
         display = key if key in AUTOATTACK_NAMES or (key in _EXTRA_NAMES and not given) else reg
-        fn = attack_function(reg)
+        record = get_attack(reg)
+        fn = record.fn
         sig = inspect.signature(fn).parameters
         bad = [p for p in params if p not in sig or p in ("model", "x", "y", "eps", "norm", "seed", "generator",
                                                             "batch_size", "target")]
@@ -150,29 +152,25 @@ def ensemble_steps(version: str = "auto", norm: str = "linf", attacks: Any = Non
             raise ConfigError(f"attack {display!r} does not take parameter(s) {', '.join(bad)}")
         if "stop_on_success" in sig:
             params.setdefault("stop_on_success", True)  # a broken sample needs no more steps
+        if norm not in record.norms:
+            what = "L-inf only" if record.norms == ("linf",) else "an L2 attack"
+            raise ConfigError(f"attack {display!r} is {what}: use it with norm={record.norms[0]!r}")
         if "norm" in sig:
             params["norm"] = norm
-        elif norm != "linf" and reg != "cw_l2":
-            raise ConfigError(f"attack {display!r} is L-inf only: use it with norm='linf'")
-        elif reg == "cw_l2" and norm != "l2":
-            raise ConfigError("attack 'cw_l2' is an L2 attack: use it with norm='l2'")
+        if num_classes is not None and num_classes < record.min_classes:
+            if custom:
+                raise ConfigError(f"{display} needs a model with at least {record.min_classes} classes, this one "
+                                  f"has {num_classes}")
+            continue  # a step the model cannot take (APGD-T on 3 classes) leaves the default plan
         if "n_targets" in sig:
             k = n_targets if n_targets is not None else params.get("n_targets", 9)
             if num_classes is not None:
-                if reg == "apgd_t" and num_classes < 4:
-                    if custom:
-                        raise ConfigError(f"apgd-t needs a model with at least 4 classes, this one has {num_classes}")
-                    continue
                 if n_targets is None and (not custom or "n_targets" not in params or not given):
                     k = min(k, num_classes - 1)  # the default (9) adapts to the model
                 if k > num_classes - 1:
                     raise ConfigError(f"{display}: n_targets={k} but the model has {num_classes} classes: use at "
                                       f"most {num_classes - 1}")
             params["n_targets"] = k
-        if reg == "apgd_dlr" and num_classes is not None and num_classes < 3:
-            if custom:
-                raise ConfigError(f"apgd-dlr needs a model with at least 3 classes, this one has {num_classes}")
-            continue
         plan.append(PlanStep(display, reg, fn, params, only))
     names_seen = [p.name for p in plan]
     if len(set(names_seen)) != len(names_seen):
@@ -195,7 +193,7 @@ def skipped_attacks(version: str, plan: list[PlanStep], num_classes: int) -> dic
 def transfer_step(norm: str) -> PlanStep:
     """The transfer attack from a surrogate model: APGD-CE (100 steps, every step run: a high-loss point of the
     surrogate transfers better than its first success), its points judged on the real model."""
-    return PlanStep("transfer", "apgd", attack_function("apgd"), {**_APGD, "norm": norm, "stop_on_success": False},
+    return PlanStep("transfer", "apgd", get_attack("apgd").fn, {**_APGD, "norm": norm, "stop_on_success": False},
                     "all", on_surrogate=True)
 
 
@@ -204,4 +202,4 @@ def probe_step(norm: str) -> PlanStep:
     check every plan without a gradient-free attack gets, since a model can mask its gradients without zeroing
     them (a decoy backward pass); its breaks count, and raise ``gradient-free-breaks``."""
     name, params, only = _PROBE
-    return PlanStep(name, "square", attack_function("square"), {**params, "norm": norm}, only)
+    return PlanStep(name, "square", get_attack("square").fn, {**params, "norm": norm}, only)
