@@ -133,3 +133,38 @@ def test_suite_check_with_a_baseline_for_other_images_is_bad_input(tmp_path, cap
     assert err.startswith("robustest suite: error: the baseline model's input shape does not match the suite's "
                           "1x8x8 images ("), err
     assert err.rstrip().endswith("give a baseline model for 1x8x8 images, such as the one the suite was built with")
+
+
+def test_each_unreadable_suite_says_how_to_get_a_good_one(tmp_path):
+    fix = "build one with 'robustest suite build'"
+    with pytest.raises(DataError) as exc:
+        Suite.load(tmp_path / "missing.pt")
+    assert str(exc.value) == f"suite file {str(tmp_path / 'missing.pt')!r} does not exist: {fix}"
+    torch.save({"format": "other"}, tmp_path / "other.pt")
+    with pytest.raises(DataError) as exc:
+        Suite.load(tmp_path / "other.pt")
+    assert str(exc.value) == f"{tmp_path / 'other.pt'} is not a robustest suite: {fix}"
+
+
+def test_a_certified_suite_checks_the_candidates_certificates_at_the_given_level(tmp_path, monkeypatch):
+    from robustest.suite import check as check_mod
+
+    s = make_suite()
+    s.certified = torch.tensor([True, True, False, True])
+    s.meta = {**s.meta, "certify": {"method": "ibp"}}
+    s.save(tmp_path / "c.pt")
+
+    def fake(model, x, y, attack, corruption, progress=False, certify=None):
+        assert certify == {"method": "ibp"}
+        k = len(y)
+        return {"clean": torch.ones(k, dtype=torch.bool), "robust": torch.ones(k, dtype=torch.bool),
+                "corruption": torch.zeros(k, 0, dtype=torch.bool),
+                "certified": torch.tensor([True, False, False, True]), "seconds": {}, "flags": []}
+
+    monkeypatch.setattr(check_mod, "evaluate_outcomes", fake)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    r = check_mod.check_suite(model, tmp_path / "c.pt", level=0.9)
+    assert r.certified.value == pytest.approx(0.5) and r.certified.level == 0.9
+    assert r.baseline["certified_accuracy"].value == pytest.approx(0.75)
+    assert (r.certified_comparison.b, r.certified_comparison.c) == (1, 0)
+    assert torch.equal(r.outcomes["certified"], torch.tensor([True, False, False, True]))
