@@ -57,8 +57,10 @@ Interoperability
     pipelines and DataLoader transforms.
 
 Package layout
-    ``registry`` the registry (names, groups, parameters) and :func:`corrupt`; ``tables`` the names,
-    descriptions and the two parameter tables; ``filters`` the linear filtering engine (padding, 2-D and
+    ``spec`` the record of a corruption (:class:`CorruptionSpec`: function, description, the two parameter
+    tables, family, benchmark number) and the registry with :func:`register` / :func:`unregister` /
+    :func:`registered` to add one from outside; ``registry`` the names, groups, parameters and
+    :func:`corrupt`; ``filters`` the linear filtering engine (padding, 2-D and
     separable correlation, banded and dense operators, Gaussian, motion-blur and zoom kernels);
     ``sampling`` the seeded, chunked random draws; one module per family: ``noise``, ``blur``, ``weather``,
     ``digital``, ``jpeg``, ``spatter``; ``interop`` (corrupt_image) and ``modules`` (the nn.Module forms).
@@ -76,18 +78,32 @@ from robustest.corruptions.registry import (
     describe,
     names,
     parameters,
+    published,
     resolve_names,
+    spec_of,
 )
 from robustest.corruptions.sampling import DRAW_CHUNK
-from robustest.corruptions.tables import SMALL_IMAGE_MAX, TABLES
+from robustest.corruptions.spec import (
+    CORRUPTIONS,
+    FAMILIES,
+    SMALL_IMAGE_MAX,
+    TABLES,
+    CorruptionSpec,
+    register,
+    registered,
+    unregister,
+)
 
 __all__ = [
+    "CORRUPTIONS",
     "CPU_CHUNK_VALUES",
     "DENSE_MAX_PIXELS",
     "DRAW_CHUNK",
     "SMALL_IMAGE_MAX",
     "TABLES",
     "Corruption",
+    "CorruptionSpec",
+    "FAMILIES",
     "RandomCorruption",
     "corrupt",
     "corrupt_image",
@@ -96,5 +112,10 @@ __all__ = [
     "get_corruption_names",
     "names",
     "parameters",
+    "published",
+    "register",
+    "registered",
     "resolve_names",
+    "spec_of",
+    "unregister",
 ]

@@ -18,6 +18,7 @@ from robustest.corruptions.filters import (
     _zoom_matrix,
 )
 from robustest.corruptions.sampling import _uniform
+from robustest.corruptions.spec import CorruptionSpec
 
 
 def _gaussian_blur(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> torch.Tensor:
@@ -120,3 +121,37 @@ def _zoom_blur(x: torch.Tensor, c: tuple, gen: torch.Generator, table: str) -> t
         out += _clipped_zoom(x, float(z))
     return out / (len(zooms) + 1)
 
+
+#: the corruptions of this module with their published parameters, registered by robustest.corruptions
+RECORDS = (
+    CorruptionSpec(
+        "defocus_blur", _defocus_blur,
+        "convolution with an anti-aliased disk of radius c",
+        {"cifar": [(0.3, 0.4), (0.4, 0.5), (0.5, 0.6), (1, 0.2), (1.5, 0.1)],
+         "imagenet": [(3, 0.1), (4, 0.5), (6, 0.5), (8, 0.5), (10, 0.5)]},
+        family="blur", number=3),
+    CorruptionSpec(
+        "glass_blur", _glass_blur,
+        "Gaussian blur, local pixel shuffling, Gaussian blur (frosted glass)",
+        {"cifar": [(0.05, 1, 1), (0.25, 1, 1), (0.4, 1, 1), (0.25, 1, 2), (0.4, 1, 2)],
+         "imagenet": [(0.7, 1, 2), (0.9, 2, 1), (1, 2, 3), (1.1, 3, 2), (1.5, 4, 2)]},
+        family="blur", number=4, chunked=True),
+    CorruptionSpec(
+        "motion_blur", _motion_blur,
+        "line blur of ImageMagick's motion-blur kernel at a random angle in [-45, 45] degrees",
+        {"cifar": [(6, 1), (6, 1.5), (6, 2), (8, 2), (9, 2.5)],
+         "imagenet": [(10, 3), (15, 5), (15, 8), (15, 12), (20, 15)]},
+        family="blur", number=5, chunked=True),
+    CorruptionSpec(
+        "zoom_blur", _zoom_blur,
+        "mean of the image and centre zooms of it by the factors 1 ... z",
+        {"cifar": [(1, 1.06, 0.01), (1, 1.11, 0.01), (1, 1.16, 0.01), (1, 1.21, 0.01), (1, 1.26, 0.01)],
+         "imagenet": [(1, 1.11, 0.01), (1, 1.16, 0.01), (1, 1.21, 0.02), (1, 1.26, 0.02), (1, 1.31, 0.03)]},
+        family="blur", number=6),
+    CorruptionSpec(
+        "gaussian_blur", _gaussian_blur,
+        "Gaussian blur with standard deviation c",
+        {"cifar": [0.4, 0.6, 0.7, 0.8, 1.0],
+         "imagenet": [1, 2, 3, 4, 6]},
+        held_out=True, number=16),
+)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from robustest.corruptions.filters import _apply_rows_cols, _gaussian, _luma
 from robustest.corruptions.sampling import _uniform
+from robustest.corruptions.spec import CorruptionSpec
 
 
 def _contrast(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> torch.Tensor:
@@ -140,3 +141,33 @@ def _elastic_transform(x: torch.Tensor, c: tuple, gen: torch.Generator, table: s
     return F.grid_sample(y, torch.stack([gx, gy], -1), mode="bilinear", padding_mode="reflection",
                          align_corners=False)
 
+
+#: the corruptions of this module with their published parameters, registered by robustest.corruptions
+RECORDS = (
+    CorruptionSpec(
+        "contrast", _contrast,
+        "(x - mean) * c + mean per image and channel",
+        {"cifar": [0.75, 0.5, 0.4, 0.3, 0.15],
+         "imagenet": [0.4, 0.3, 0.2, 0.1, 0.05]},
+        family="digital", number=11),
+    CorruptionSpec(
+        "elastic_transform", _elastic_transform,
+        "random affine warp followed by a smoothed random displacement field",
+        # (alpha, sigma, affine) as fractions of the reference size: 32 (make_cifar_c.py's IMSIZE), 244 for
+        # a 224-px image (make_imagenet_c.py)
+        {"cifar": [(0, 0, 0.08), (0.05, 0.2, 0.07), (0.08, 0.06, 0.06), (0.1, 0.04, 0.05), (0.1, 0.03, 0.03)],
+         "imagenet": [(2, 0.7, 0.1), (2, 0.08, 0.2), (0.05, 0.01, 0.02), (0.07, 0.01, 0.02), (0.12, 0.01, 0.02)]},
+        family="digital", number=12, chunked=True, aliases=("elastic",)),
+    CorruptionSpec(
+        "pixelate", _pixelate,
+        "box downsampling by a factor c and box upsampling back (Pillow BOX filter)",
+        {"cifar": [0.95, 0.9, 0.85, 0.75, 0.65],
+         "imagenet": [0.6, 0.5, 0.4, 0.3, 0.25]},
+        family="digital", number=13),
+    CorruptionSpec(
+        "saturate", _saturate,
+        "S channel of HSV scaled by c0 and shifted by c1",
+        {"cifar": [(0.3, 0), (0.1, 0), (1.5, 0), (2, 0.1), (2.5, 0.2)],
+         "imagenet": [(0.3, 0), (0.1, 0), (2, 0), (5, 0.1), (20, 0.2)]},
+        held_out=True, number=18),
+)

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from robustest.core.errors import ConfigError, DataError
-from robustest.corruptions.registry import _check_name, _check_severity, corrupt
-from robustest.corruptions.tables import _GROUPS, _ORDER, TABLES
+from robustest.corruptions.registry import _check_name, _check_severity, corrupt, published
+from robustest.corruptions.spec import TABLES, group
 
 _SUBSETS = {"common": "common", "validation": "validation", "all": None, "noise": "noise", "blur": "blur",
             "weather": "weather", "digital": "digital"}
@@ -22,8 +22,10 @@ def get_corruption_names(subset: str = "common") -> list[str]:
     ``"blur"``, ``"weather"``, ``"digital"``."""
     if subset not in _SUBSETS:
         raise ConfigError(f"unknown subset {subset!r}: use one of {', '.join(_SUBSETS)}")
-    group = _SUBSETS[subset]
-    return list(_ORDER) if group is None else list(_GROUPS[group])
+    members = published()
+    if _SUBSETS[subset] is None:
+        return members
+    return [n for n in group(_SUBSETS[subset]) or [] if n in members]
 
 
 def corrupt_image(image: np.ndarray, severity: int = 1, corruption_name: str | None = None,
@@ -62,10 +64,10 @@ def corrupt_image(image: np.ndarray, severity: int = 1, corruption_name: str | N
         name = _check_name(corruption_name)
     elif corruption_number != -1:
         if isinstance(corruption_number, bool) or not isinstance(corruption_number, (int, np.integer)) \
-                or not 0 <= int(corruption_number) < len(_ORDER):
-            raise ConfigError(f"corruption_number must be an integer in 0-{len(_ORDER) - 1}, "
+                or not 0 <= int(corruption_number) < len(published()):
+            raise ConfigError(f"corruption_number must be an integer in 0-{len(published()) - 1}, "
                               f"got {corruption_number!r}")
-        name = _ORDER[int(corruption_number)]
+        name = published()[int(corruption_number)]
     else:
         raise ConfigError("give corruption_name or corruption_number: names from get_corruption_names('all')")
     if table is not None and table not in TABLES:

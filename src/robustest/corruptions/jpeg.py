@@ -10,6 +10,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from robustest.corruptions.spec import CorruptionSpec
+
 # Baseline JPEG as libjpeg (the codec behind Pillow) runs it with its default settings, on whole batches and
 # in libjpeg's own integer arithmetic: JFIF colour conversion and 2 x 2 chroma downsampling in 16.16 fixed
 # point, the integer ("islow") 8 x 8 DCT, the Annex K tables scaled by quality, rounding quantisation, the
@@ -222,3 +224,13 @@ def _jpeg_compression(x: torch.Tensor, c: int, gen: torch.Generator, table: str)
     ], 1).clamp_(0, 255)
     return rgb[:, :, :h, :w].to(x.dtype) / 255
 
+
+#: the corruptions of this module with their published parameters, registered by robustest.corruptions
+RECORDS = (
+    CorruptionSpec(
+        "jpeg_compression", _jpeg_compression,
+        "JPEG encode/decode at quality c (baseline libjpeg with its defaults, batched)",
+        {"cifar": [80, 65, 58, 50, 40],
+         "imagenet": [25, 18, 15, 10, 7]},
+        family="digital", number=14, aliases=("jpeg",)),
+)

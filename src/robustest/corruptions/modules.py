@@ -12,7 +12,7 @@ from torch import nn
 
 from robustest.core.errors import ConfigError, DataError
 from robustest.corruptions.registry import _check_name, _check_severity, corrupt, resolve_names
-from robustest.corruptions.tables import TABLES
+from robustest.corruptions.spec import TABLES
 
 
 def _draw_seed(generator: torch.Generator | None) -> int:

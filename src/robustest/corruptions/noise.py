@@ -10,6 +10,7 @@ import torch
 
 from robustest.core.tasks import run_tasks
 from robustest.corruptions.sampling import SERIAL_CHUNK, _chunk_generators, _poisson, _randn, _uniform
+from robustest.corruptions.spec import CorruptionSpec
 
 
 def _gaussian_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> torch.Tensor:
@@ -115,3 +116,31 @@ def _impulse_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str) 
 def _speckle_noise(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> torch.Tensor:
     return x + x * _randn(x.shape, gen, x) * c
 
+
+#: the corruptions of this module with their published parameters, registered by robustest.corruptions
+RECORDS = (
+    CorruptionSpec(
+        "gaussian_noise", _gaussian_noise,
+        "additive Gaussian noise, x + N(0, c^2) per pixel and channel",
+        {"cifar": [0.04, 0.06, 0.08, 0.09, 0.1],
+         "imagenet": [0.08, 0.12, 0.18, 0.26, 0.38]},
+        family="noise", number=0),
+    CorruptionSpec(
+        "shot_noise", _shot_noise,
+        "Poisson (photon) noise, Poisson(x * c) / c",
+        {"cifar": [500, 250, 100, 75, 50],
+         "imagenet": [60, 25, 12, 5, 3]},
+        family="noise", number=1),
+    CorruptionSpec(
+        "impulse_noise", _impulse_noise,
+        "salt-and-pepper noise: a fraction c of pixel values set to 0 or 1",
+        {"cifar": [0.01, 0.02, 0.03, 0.05, 0.07],
+         "imagenet": [0.03, 0.06, 0.09, 0.17, 0.27]},
+        family="noise", number=2),
+    CorruptionSpec(
+        "speckle_noise", _speckle_noise,
+        "multiplicative Gaussian noise, x + x * N(0, c^2)",
+        {"cifar": [0.06, 0.1, 0.12, 0.16, 0.2],
+         "imagenet": [0.15, 0.2, 0.35, 0.45, 0.6]},
+        held_out=True, number=15),
+)

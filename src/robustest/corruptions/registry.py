@@ -1,39 +1,51 @@
-"""The corruption registry: names, groups and parameters of the 19 corruptions, and :func:`corrupt`, which
-validates the input, seeds the generator and runs a corruption (on the CPU in cache-sized chunks)."""
+"""The corruptions by name: the 19 built-in ones registered in the benchmarks' order (their records, parameter
+tables included, live beside their functions in the family modules; the record and the registry in
+:mod:`robustest.corruptions.spec`), their names, groups and parameters, and :func:`corrupt`, which validates the
+input, seeds the generator and runs a corruption (on the CPU in cache-sized chunks)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.inputs import check_images
-from robustest.corruptions.blur import _defocus_blur, _gaussian_blur, _glass_blur, _motion_blur, _zoom_blur
-from robustest.corruptions.digital import _contrast, _elastic_transform, _pixelate, _saturate
+from robustest.corruptions import blur, digital, jpeg, noise, spatter, weather
 from robustest.corruptions.filters import DENSE_MAX_PIXELS
-from robustest.corruptions.jpeg import _jpeg_compression
-from robustest.corruptions.noise import _gaussian_noise, _impulse_noise, _shot_noise, _speckle_noise
-from robustest.corruptions.spatter import _spatter
-from robustest.corruptions.tables import _DESCRIPTIONS, _GROUPS, _ORDER, _TABLE_DATA, SMALL_IMAGE_MAX, TABLES
-from robustest.corruptions.weather import _brightness, _fog, _frost, _snow
+from robustest.corruptions.spec import CORRUPTIONS, SMALL_IMAGE_MAX, TABLES, CorruptionSpec, group, register
 
 # On the CPU, multi-pass corruptions (and all corruptions of images larger than 32 x 32 x 3) run on chunks of
 # about this many values: large temporaries cost page faults and cache misses on every pass.
 CPU_CHUNK_VALUES = 3 * 32 * 32 * 256
-_CHUNKED = frozenset({"motion_blur", "spatter", "glass_blur", "elastic_transform", "snow", "frost", "fog"})
+
+for _spec in sorted((r for m in (noise, blur, weather, digital, jpeg, spatter) for r in m.RECORDS),
+                    key=lambda r: r.number):
+    register(_spec)
 
 
 # ------------------------------------------------------------------------------------------------ public
 def names() -> list[str]:
-    """The 19 corruption names, in the benchmark's order (the 15 common ones, then the 4 held-out ones)."""
-    return list(_ORDER)
+    """The corruption names: the 19 built-in ones in the benchmarks' order (the 15 common ones, then the 4
+    held-out ones), then any registered from outside."""
+    return CORRUPTIONS.names()
 
 
 def describe(name: str) -> str:
     """One-line description of corruption ``name``."""
-    return _DESCRIPTIONS[_check_name(name)]
+    return spec_of(name).description
+
+
+def spec_of(name: str) -> CorruptionSpec:
+    """The :class:`CorruptionSpec` record of corruption ``name`` (any spelling or alias)."""
+    return CORRUPTIONS.get(_check_name(name))
+
+
+def published() -> list[str]:
+    """The 19 corruptions of the -C benchmarks in their published order (imagecorruptions' list)."""
+    return [n for n, s in sorted(((n, s) for n, s in CORRUPTIONS.items() if s.number is not None),
+                                 key=lambda p: p[1].number)]
 
 
 def resolve_names(spec: str | Sequence[str]) -> list[str]:
@@ -49,13 +61,10 @@ def resolve_names(spec: str | Sequence[str]) -> list[str]:
     out: list[str] = []
     for item in items:
         key = item.lower().replace("-", "_")
-        if key == "all":
-            group: Sequence[str] = _ORDER
-        elif key.replace("_", "-") in _GROUPS:
-            group = _GROUPS[key.replace("_", "-")]
-        else:
-            group = (_check_name(item),)
-        for g in group:
+        members: Sequence[str] | None = names() if key == "all" else group(key)
+        if members is None:
+            members = (_check_name(item),)
+        for g in members:
             if g not in out:
                 out.append(g)
     return out
@@ -72,7 +81,7 @@ def parameters(name: str, severity: int, table: str = "cifar") -> object:
     severity = _check_severity(severity)
     if table not in TABLES:
         raise ConfigError(f"unknown parameter table {table!r}: use one of {', '.join(TABLES)}")
-    return _TABLE_DATA[table][name][severity - 1]
+    return CORRUPTIONS.get(name).params[table][severity - 1]
 
 
 def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0, *, table: str | None = None) -> torch.Tensor:
@@ -98,18 +107,19 @@ def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0, *, table: 
         raise ConfigError(f"unknown parameter table {table!r}: use one of {', '.join(TABLES)}")
     if x.shape[0] == 0:
         return x.clone()
-    param = _TABLE_DATA[table][name][severity - 1]
+    spec = CORRUPTIONS.get(name)
+    param = spec.params[table][severity - 1]
     if as_u8:  # one pass to contiguous float32 (e.g. from a channels-last view), scaled in place
         xw = x.to(torch.float32, memory_format=torch.contiguous_format).div_(255)
     else:
         work_dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
         xw = x.to(work_dtype).contiguous()  # e.g. channels-last input (a permuted H x W x C array): one copy
-    gen = _generator(seed, name, x.device)
-    fn = _FUNCS[name]
+    gen = _generator(seed, spec, x.device)
+    fn = spec.fn
     per_image = x.shape[1] * x.shape[2] * x.shape[3]
     chunk = max(1, CPU_CHUNK_VALUES // per_image)
     big = per_image > DENSE_MAX_PIXELS * 3 and name != "jpeg_compression"
-    if x.device.type == "cpu" and x.shape[0] > chunk and (name in _CHUNKED or big):
+    if x.device.type == "cpu" and x.shape[0] > chunk and (spec.chunked or big):
         # many passes over the data: work through cache-sized chunks, drawing from the same generator in order
         out = torch.cat([fn(xw[s:s + chunk], param, gen, table) for s in range(0, x.shape[0], chunk)])
     else:
@@ -122,12 +132,10 @@ def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0, *, table: 
 
 # ------------------------------------------------------------------------------------------------ checks
 def _check_name(name: str) -> str:
-    key = str(name).strip().lower().replace("-", "_")
-    aliases = {"jpeg": "jpeg_compression", "elastic": "elastic_transform"}
-    key = aliases.get(key, key)
-    if key not in _DESCRIPTIONS:
-        raise ConfigError(f"unknown corruption {name!r}: choose from {', '.join(_ORDER)} (or 'all')")
-    return key
+    """The registered name ``name`` stands for (aliases resolved); a one-line ConfigError otherwise."""
+    if name not in CORRUPTIONS:
+        raise ConfigError(f"unknown corruption {name!r}: choose from {', '.join(names())} (or 'all')")
+    return CORRUPTIONS.key(name)
 
 
 def _check_severity(severity: int) -> int:
@@ -136,31 +144,11 @@ def _check_severity(severity: int) -> int:
     return int(severity)
 
 
-def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:
-    state = np.random.SeedSequence([int(seed) % 2**64, _ORDER.index(name)]).generate_state(1, np.uint64)[0]
+def _generator(seed: int, spec: CorruptionSpec, device: torch.device) -> torch.Generator:
+    """The generator of one call: seeded from (seed, the corruption's benchmark number, or its place in the
+    registry for one registered from outside)."""
+    number = spec.number if spec.number is not None else CORRUPTIONS.names().index(spec.name)
+    state = np.random.SeedSequence([int(seed) % 2**64, number]).generate_state(1, np.uint64)[0]
     gen = torch.Generator(device=device)
     gen.manual_seed(int(state) & (2**63 - 1))
     return gen
-
-
-_FUNCS: dict[str, Callable[[torch.Tensor, object, torch.Generator, str], torch.Tensor]] = {
-    "gaussian_noise": _gaussian_noise,
-    "shot_noise": _shot_noise,
-    "impulse_noise": _impulse_noise,
-    "defocus_blur": _defocus_blur,
-    "glass_blur": _glass_blur,
-    "motion_blur": _motion_blur,
-    "zoom_blur": _zoom_blur,
-    "snow": _snow,
-    "frost": _frost,
-    "fog": _fog,
-    "brightness": _brightness,
-    "contrast": _contrast,
-    "elastic_transform": _elastic_transform,
-    "pixelate": _pixelate,
-    "jpeg_compression": _jpeg_compression,
-    "speckle_noise": _speckle_noise,
-    "gaussian_blur": _gaussian_blur,
-    "spatter": _spatter,
-    "saturate": _saturate,
-}

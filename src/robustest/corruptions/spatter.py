@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from robustest.corruptions.filters import _filter2d, _gaussian, _luma
 from robustest.corruptions.sampling import _randn
+from robustest.corruptions.spec import CorruptionSpec
 
 
 def _dilate3(mask: torch.Tensor) -> torch.Tensor:
@@ -130,3 +131,15 @@ def _spatter(x: torch.Tensor, c: tuple, gen: torch.Generator, table: str) -> tor
         color = _luma(color)
     return x * (1 - m) + color
 
+
+#: the corruptions of this module with their published parameters, registered by robustest.corruptions
+RECORDS = (
+    CorruptionSpec(
+        "spatter", _spatter,
+        "water drops (severities 1-3 CIFAR / 1-3 ImageNet) or mud splashes (4-5)",
+        {"cifar": [(0.62, 0.1, 0.7, 0.7, 0.5, 0), (0.65, 0.1, 0.8, 0.7, 0.5, 0), (0.65, 0.3, 1, 0.69, 0.5, 0),
+                   (0.65, 0.1, 0.7, 0.69, 0.6, 1), (0.65, 0.1, 0.5, 0.68, 0.6, 1)],
+         "imagenet": [(0.65, 0.3, 4, 0.69, 0.6, 0), (0.65, 0.3, 3, 0.68, 0.6, 0), (0.65, 0.3, 2, 0.68, 0.5, 0),
+                      (0.65, 0.3, 1, 0.65, 1.5, 1), (0.67, 0.4, 1, 0.65, 1.5, 1)]},
+        held_out=True, number=17, chunked=True),
+)

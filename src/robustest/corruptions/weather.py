@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from robustest.corruptions.filters import _clipped_zoom, _gaussian, _luma, _motion_blur_batch
 from robustest.corruptions.sampling import _randn, _uniform
+from robustest.corruptions.spec import CorruptionSpec
 
 _CV_GRAY = (0.299, 0.587, 0.114)  # OpenCV's COLOR_RGB2GRAY, used by snow on colour images
 
@@ -144,3 +145,35 @@ def _brightness(x: torch.Tensor, c: float, gen: torch.Generator, table: str) -> 
     v2 = (v + c).clamp(0, 1)
     return torch.where(v > 0, x * (v2 / torch.where(v > 0, v, torch.ones_like(v))), v2.expand_as(x))
 
+
+#: the corruptions of this module with their published parameters, registered by robustest.corruptions
+RECORDS = (
+    CorruptionSpec(
+        "snow", _snow,
+        "motion-blurred snow flakes plus a whitened (grey-brightened) image",
+        {"cifar": [(0.1, 0.2, 1, 0.6, 8, 3, 0.95), (0.1, 0.2, 1, 0.5, 10, 4, 0.9),
+                   (0.15, 0.3, 1.75, 0.55, 10, 4, 0.9), (0.25, 0.3, 2.25, 0.6, 12, 6, 0.85),
+                   (0.3, 0.3, 1.25, 0.65, 14, 12, 0.8)],
+         "imagenet": [(0.1, 0.3, 3, 0.5, 10, 4, 0.8), (0.2, 0.3, 2, 0.5, 12, 4, 0.7),
+                      (0.55, 0.3, 4, 0.9, 12, 8, 0.7), (0.55, 0.3, 4.5, 0.85, 12, 8, 0.65),
+                      (0.55, 0.3, 2.5, 0.85, 12, 12, 0.55)]},
+        family="weather", number=7, chunked=True),
+    CorruptionSpec(
+        "frost", _frost,
+        "blend with a frost texture (procedural substitute for the original photographs)",
+        {"cifar": [(1, 0.2), (1, 0.3), (0.9, 0.4), (0.85, 0.4), (0.75, 0.45)],
+         "imagenet": [(1, 0.4), (0.8, 0.6), (0.7, 0.7), (0.65, 0.7), (0.6, 0.75)]},
+        family="weather", number=8, chunked=True),
+    CorruptionSpec(
+        "fog", _fog,
+        "additive plasma-fractal (diamond-square) haze",
+        {"cifar": [(0.2, 3), (0.5, 3), (0.75, 2.5), (1, 2), (1.5, 1.75)],
+         "imagenet": [(1.5, 2), (2.0, 2), (2.5, 1.7), (2.5, 1.5), (3.0, 1.4)]},
+        family="weather", number=9, chunked=True),
+    CorruptionSpec(
+        "brightness", _brightness,
+        "V channel of HSV increased by c",
+        {"cifar": [0.05, 0.1, 0.15, 0.2, 0.3],
+         "imagenet": [0.1, 0.2, 0.3, 0.4, 0.5]},
+        family="weather", number=10),
+)
