@@ -4,6 +4,8 @@ Neyman allocation of the suite's samples."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -329,3 +331,13 @@ def test_the_library_defaults_are_the_documented_ones():
     assert defaults(check_suite) == {"baseline": None, "alpha": 0.05, "max_drop": 0.02, "version": None,
                                      "level": 0.95, "progress": False, "accept_flags": ()}
     assert (DEFAULT_ALPHA, DEFAULT_MAX_DROP) == (0.05, 0.02)
+
+
+def test_a_population_taken_whole_is_an_exact_estimate_at_the_asked_level():
+    from robustest.suite.stats import stratified_estimate
+
+    # two strata of 2 samples, each taken whole (n_h = N_h): no sampling variance
+    e = stratified_estimate(torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]), torch.tensor([2, 2]),
+                            level=0.9)
+    assert (e.value, e.ci_low, e.ci_high, e.std_error, e.n_eff, e.df, e.level) == (0.75, 0.75, 0.75, 0.0, math.inf,
+                                                                                     2, 0.9)
