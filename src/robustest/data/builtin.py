@@ -114,7 +114,7 @@ def _load_mnist(root: Path | None, split: str, opts: LoadOptions) -> ImageDatase
 
 
 @register(DatasetInfo("fashion-mnist", "Fashion-MNIST from IDX files (plain/.gz) or a Keras-style npz", True, 10,
-                      (1, 28, 28), _IDX_LAYOUT.format(npz="fashion-mnist.npz")))
+                      (1, 28, 28), _IDX_LAYOUT.format(npz="fashion-mnist.npz"), aliases=("fashion", "fmnist")))
 def _load_fashion(root: Path | None, split: str, opts: LoadOptions) -> ImageDataset:
     assert root is not None
     return _mnist_like(root, split, opts, ("fashion-mnist.npz", "fashion_mnist.npz", "fashion.npz"),
@@ -166,7 +166,8 @@ def _cifar(root: Path, split: str, opts: LoadOptions, name: str, folder: str, fi
 
 
 @register(DatasetInfo("cifar10", "CIFAR-10 python batches folder or Keras-style npz (32x32x3)", True, 10, (3, 32, 32),
-                      "a folder with cifar-10-batches-py/data_batch_1..5 and test_batch, or a Keras-style cifar10.npz"))
+                      "a folder with cifar-10-batches-py/data_batch_1..5 and test_batch, or a Keras-style cifar10.npz",
+                      aliases=("cifar", "cifar-10")))
 def _load_cifar10(root: Path | None, split: str, opts: LoadOptions) -> ImageDataset:
     assert root is not None
     files = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
@@ -174,7 +175,8 @@ def _load_cifar10(root: Path | None, split: str, opts: LoadOptions) -> ImageData
 
 
 @register(DatasetInfo("cifar100", "CIFAR-100 python folder (fine labels) or Keras-style npz (32x32x3)", True, 100,
-                      (3, 32, 32), "a folder with cifar-100-python/train and test, or a Keras-style cifar100.npz"))
+                      (3, 32, 32), "a folder with cifar-100-python/train and test, or a Keras-style cifar100.npz",
+                      aliases=("cifar-100",)))
 def _load_cifar100(root: Path | None, split: str, opts: LoadOptions) -> ImageDataset:
     assert root is not None
     return _cifar(root, split, opts, "cifar100", "cifar-100-python", [split], ("fine_labels",), 100)
@@ -280,7 +282,8 @@ def image_folder(base: Path, opts: LoadOptions, source: str) -> FolderDataset:
 
 
 @register(DatasetInfo("folder", "class-per-subfolder PNG/JPEG images (root[/<split>]/<class>/*.png), decoded lazily",
-                      True, None, None, "a folder with one subfolder of PNG/JPEG images per class"))
+                      True, None, None, "a folder with one subfolder of PNG/JPEG images per class",
+                      aliases=("images", "imagefolder")))
 def _load_folder(root: Path | None, split: str, opts: LoadOptions) -> FolderDataset:
     assert root is not None
     if not root.is_dir():

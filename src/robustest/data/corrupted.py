@@ -90,7 +90,7 @@ def _tree(root: Path, opts: LoadOptions, key: str) -> FolderDataset:
 
 @register(DatasetInfo("cifar10-c", "CIFAR-10-C: <corruption>.npy (5 severities stacked) + labels.npy", True, 10,
                       (3, 32, 32), "a folder with <corruption>.npy files and labels.npy (the CIFAR-10-C layout)",
-                      corrupted=True))
+                      corrupted=True, aliases=("cifar-10-c",)))
 def _load_cifar10c(root: Path | None, split: str, opts: LoadOptions) -> ImageDataset:
     assert root is not None
     return _stacked_npy(root, opts, "cifar10-c", 10)
@@ -98,7 +98,7 @@ def _load_cifar10c(root: Path | None, split: str, opts: LoadOptions) -> ImageDat
 
 @register(DatasetInfo("cifar100-c", "CIFAR-100-C: <corruption>.npy (5 severities stacked) + labels.npy", True, 100,
                       (3, 32, 32), "a folder with <corruption>.npy files and labels.npy (the CIFAR-100-C layout)",
-                      corrupted=True))
+                      corrupted=True, aliases=("cifar-100-c",)))
 def _load_cifar100c(root: Path | None, split: str, opts: LoadOptions) -> ImageDataset:
     assert root is not None
     return _stacked_npy(root, opts, "cifar100-c", 100)
@@ -106,7 +106,7 @@ def _load_cifar100c(root: Path | None, split: str, opts: LoadOptions) -> ImageDa
 
 @register(DatasetInfo("tinyimagenet-c", "Tiny-ImageNet-C: <corruption>/<severity>/<class>/*.JPEG or the .npy layout",
                       True, 200, None, "a folder <corruption>/<severity>/<class>/*.JPEG (or <corruption>.npy + "
-                      "labels.npy)", corrupted=True))
+                      "labels.npy)", corrupted=True, aliases=("tiny-imagenet-c",)))
 def _load_tinyc(root: Path | None, split: str, opts: LoadOptions) -> ImageDataset | FolderDataset:
     assert root is not None
     if root.is_dir() and (root / "labels.npy").is_file():

@@ -14,6 +14,7 @@ from torch.utils.data import Dataset
 
 from robustest.core.batching import labels_of
 from robustest.core.errors import DataError
+from robustest.core.registry import Registry
 
 SPLITS = ("train", "test")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
@@ -30,6 +31,7 @@ class DatasetInfo:
     shape: tuple[int, int, int] | None  # C, H, W when fixed
     layout: str = ""  # what a missing path should have held, named in the error message
     corrupted: bool = False  # takes corruption= / severity=
+    aliases: tuple[str, ...] = ()  # other names it answers to
 
 
 @dataclass(frozen=True)
@@ -48,41 +50,57 @@ class LoadOptions:
 
 
 Loader = Callable[[Path | None, str, LoadOptions], Dataset]
-_REGISTRY: dict[str, tuple[DatasetInfo, Loader]] = {}
-_ALIASES = {"fashion": "fashion-mnist", "fmnist": "fashion-mnist", "cifar": "cifar10", "cifar-10": "cifar10",
-            "cifar-100": "cifar100", "images": "folder", "imagefolder": "folder", "cifar-10-c": "cifar10-c",
-            "cifar-100-c": "cifar100-c", "tiny-imagenet-c": "tinyimagenet-c"}
 
 
-def register(info_: DatasetInfo) -> Callable[[Loader], Loader]:
-    """Decorator adding a loader ``fn(root, split, options) -> Dataset`` under ``info_.name``."""
+@dataclass(frozen=True)
+class DatasetEntry:
+    """A registered data set: what it is (:class:`DatasetInfo`) and its loader ``fn(root, split, options)``."""
+
+    info: DatasetInfo
+    loader: Loader
+
+
+def _spelling(name: str) -> str:
+    return str(name).lower().replace("_", "-")
+
+
+#: every registered data set (the one registry shape of :class:`robustest.core.registry.Registry`)
+DATASETS: Registry[DatasetEntry] = Registry("data set", canonical=_spelling, entry_type=DatasetEntry)
+
+
+def register(info_: DatasetInfo, *, replace: bool = True) -> Callable[[Loader], Loader]:
+    """Decorator adding a loader ``fn(root, split, options) -> Dataset`` under ``info_.name`` and its aliases
+    (a second registration of a name replaces the first unless ``replace=False``)."""
 
     def deco(fn: Loader) -> Loader:
-        _REGISTRY[info_.name] = (info_, fn)
+        DATASETS.register(info_.name, DatasetEntry(info_, fn), aliases=info_.aliases, replace=replace)
         return fn
 
     return deco
 
 
+def unregister(name: str) -> DatasetEntry:
+    """Remove data set ``name`` (and its aliases) and return its entry."""
+    return DATASETS.unregister(canonical(name))
+
+
 def names() -> list[str]:
     """Names accepted by :func:`load`."""
-    return sorted(_REGISTRY)
+    return sorted(DATASETS.names())
 
 
 def canonical(name: str) -> str:
     """The registry name for ``name`` (aliases resolved); :class:`DataError` for an unknown name."""
     if not isinstance(name, str):
         raise DataError(f"a data set name must be a string, got {type(name).__name__}")
-    key = name.lower().replace("_", "-")
-    key = _ALIASES.get(key, key)
-    if key not in _REGISTRY:
+    if name not in DATASETS:
         raise DataError(f"unknown data set {name!r}: choose one of {', '.join(names())}")
-    return key
+    return DATASETS.key(name)
 
 
 def info(name: str) -> DatasetInfo:
     """Registry entry of ``name`` (raises :class:`DataError` for an unknown name)."""
-    return _REGISTRY[canonical(name)][0]
+    return DATASETS.get(canonical(name)).info
 
 
 def num_classes_of(dataset: Any) -> int:
@@ -126,10 +144,11 @@ def load(name: str, root: str | os.PathLike[str] | None = None, split: str = "tr
     opts = LoadOptions(limit=_positive(limit, "limit"), seed=seed, num_classes=_positive(num_classes, "num_classes"),
                        corruption=corruption, severity=severity, resize=_pair(resize, "resize"),
                        center_crop=_pair(center_crop, "center crop"), workers=workers)
-    info_, fn = _REGISTRY[key]
+    entry = DATASETS.get(key)
+    info_, fn = entry.info, entry.loader
     if not info_.corrupted and (corruption is not None or severity is not None):
         raise DataError(f"data set {key!r} has no corruptions: corruption/severity apply to "
-                        f"{', '.join(n for n in names() if _REGISTRY[n][0].corrupted)}")
+                        f"{', '.join(n for n in names() if DATASETS.get(n).info.corrupted)}")
     if opts.num_classes is not None and opts.num_classes < 2:
         raise DataError(f"num_classes must be >= 2, got {opts.num_classes}")
     if root is not None and not info_.needs_root:
