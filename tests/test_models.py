@@ -150,7 +150,8 @@ def test_register_adds_a_model():
         assert "_test_tiny" in models.names() and models.describe("_test_tiny") == "tiny test model"
         assert models.create("_test_tiny", num_classes=4, input_size=5)(torch.rand(2, 1, 5, 5)).shape == (2, 4)
     finally:
-        models.registry._REGISTRY.pop("_test_tiny")
+        assert models.unregister("_test_tiny").description == "tiny test model"
+    assert "_test_tiny" not in models.names()
 
 
 def test_describe_unknown_is_config_error():

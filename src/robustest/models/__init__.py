@@ -51,6 +51,7 @@ from robustest.models.registry import (
     resolve_name,
     spec_of,
     suggest,
+    unregister,
     unwrap,
     variants,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "resolve_name",
     "spec_of",
     "suggest",
+    "unregister",
     "unwrap",
     "variants",
     "vit_tiny",

@@ -21,6 +21,7 @@ from torch import nn
 from robustest.core.errors import ConfigError
 from robustest.core.inputs import check_image_size
 from robustest.core.modelcall import logits_of
+from robustest.core.registry import Registry
 
 #: ImageNet channel statistics (torchvision's pretrained weights expect them): ``create(..., mean=, std=)``.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -31,7 +32,10 @@ _RESERVED = {*_SIZE_ARGS, "name", "mean", "std", "options"}
 
 
 @dataclass(frozen=True)
-class _Entry:
+class ModelEntry:
+    """A registered model: its builder ``build(num_classes, in_channels, input_size, **options)`` and what
+    :func:`register` records about it (see there)."""
+
     build: Callable[..., nn.Module]
     description: str
     native: tuple[int, int, int]  # in_channels, input_size, num_classes
@@ -44,7 +48,8 @@ class _Entry:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-_REGISTRY: dict[str, _Entry] = {}
+#: every registered model (the one registry shape of :class:`robustest.core.registry.Registry`)
+MODELS: Registry[ModelEntry] = Registry("model", canonical=str, entry_type=ModelEntry)
 
 
 def register(name: str, description: str, *, native: tuple[int, int, int] = (1, 28, 10), min_size: int = 4,
@@ -71,25 +76,31 @@ def register(name: str, description: str, *, native: tuple[int, int, int] = (1, 
             if pname in _RESERVED or par.default is inspect.Parameter.empty:
                 raise TypeError(f"model option {pname!r} of {name!r} needs a default and another name")
             opts[pname] = par.default
-        _REGISTRY[name] = _Entry(fn, description, tuple(native), int(min_size), bool(any_size),  # type: ignore[arg-type]
-                                 re.compile(pattern) if pattern else None, form, tuple(variants), resolve, opts)
+        MODELS.register(name, ModelEntry(fn, description, tuple(native), int(min_size),  # type: ignore[arg-type]
+                                         bool(any_size), re.compile(pattern) if pattern else None, form,
+                                         tuple(variants), resolve, opts), replace=True)
         return fn
 
     return deco
 
 
+def unregister(name: str) -> ModelEntry:
+    """Remove model ``name`` from the zoo and return its entry."""
+    return MODELS.unregister(resolve_name(name)[0])
+
+
 def names() -> list[str]:
     """Registered model names (a parameterised family once, e.g. ``wrn``; see :func:`variants`)."""
-    return sorted(_REGISTRY)
+    return sorted(MODELS.names())
 
 
 def variants() -> list[str]:
     """Named variants of the parameterised families (``wrn-16-4``, ``wrn-28-10``, ...)."""
-    return [v for n in names() for v in _REGISTRY[n].variants]
+    return [v for n in names() for v in MODELS.get(n).variants]
 
 
 def _choices() -> str:
-    return ", ".join(f"{n} ({_REGISTRY[n].form})" if _REGISTRY[n].form else n for n in names())
+    return ", ".join(f"{n} ({MODELS.get(n).form})" if MODELS.get(n).form else n for n in names())
 
 
 def resolve_name(name: str) -> tuple[str, dict[str, Any]]:
@@ -98,9 +109,9 @@ def resolve_name(name: str) -> tuple[str, dict[str, Any]]:
     choices."""
     if not isinstance(name, str):
         raise ConfigError(f"a model name is a string, got {type(name).__name__}")
-    if name in _REGISTRY:
+    if name in MODELS:
         return name, {}
-    for key, entry in _REGISTRY.items():
+    for key, entry in MODELS.items():
         m = entry.pattern.fullmatch(name) if entry.pattern else None
         if m:
             return key, {k: int(v) for k, v in m.groupdict().items()}
@@ -109,19 +120,19 @@ def resolve_name(name: str) -> tuple[str, dict[str, Any]]:
 
 def describe(name: str) -> str:
     """One-line description of a registered model (a parameterised name describes its family)."""
-    return _REGISTRY[resolve_name(name)[0]].description
+    return MODELS.get(resolve_name(name)[0]).description
 
 
 def native(name: str) -> tuple[int, int, int]:
     """(in_channels, input_size, num_classes) model ``name`` is made for."""
-    return _REGISTRY[resolve_name(name)[0]].native
+    return MODELS.get(resolve_name(name)[0]).native
 
 
 def options(name: str) -> dict[str, Any]:
     """The architecture options of model ``name`` with their defaults (those carried by a parameterised name,
     e.g. ``wrn-40-2``, filled in): the keywords :func:`create` accepts beyond the sizes."""
     key, from_name = resolve_name(name)
-    return {**_REGISTRY[key].options, **from_name}
+    return {**MODELS.get(key).options, **from_name}
 
 
 def check_input(name: str, in_channels: int, input_size: int, num_classes: int | None = None,
@@ -151,7 +162,7 @@ def suggest(input_size: int) -> list[str]:
                     key, _ = resolve_name(c)
                 except ConfigError:
                     continue
-                if _REGISTRY[key].min_size <= input_size:
+                if MODELS.get(key).min_size <= input_size:
                     out.append(c)
             return out
     return []  # pragma: no cover - the last limit is infinite
@@ -252,7 +263,7 @@ def create(name: str, num_classes: int | None = None, in_channels: int | None = 
     its spec in ``model.robustest_spec``.
     """
     key, from_name = resolve_name(name)
-    entry = _REGISTRY[key]
+    entry = MODELS.get(key)
     c0, s0, k0 = entry.native
     num_classes = k0 if num_classes is None else num_classes
     in_channels = c0 if in_channels is None else in_channels
@@ -342,7 +353,7 @@ def accepts_size(spec: dict[str, Any], height: int, width: int) -> bool:
     (the residual networks) take any size from their minimum; the others only the size they were built for."""
     size = spec.get("input_size")
     try:
-        entry = _REGISTRY[resolve_name(spec.get("name", ""))[0]]
+        entry = MODELS.get(resolve_name(spec.get("name", ""))[0])
     except ConfigError:
         entry = None
     if entry is not None and entry.any_size:
