@@ -270,3 +270,25 @@ def test_workers_reach_the_data_loader_and_stay_out_of_the_results(checkpoint, t
     assert "workers" not in res["config"]  # how the data is decoded does not change the results
     with pytest.raises(ConfigError, match="workers"):
         robot.RobotConfig.from_dict({"workers": -1})
+
+
+def test_run_offers_every_registered_strategy_and_objective():
+    """--strategy's choices are read from the registries when the parser is built: a selection strategy or a
+    training objective registered from outside is a run strategy, the built-in harden methods too."""
+    import torch
+
+    from robustest import cli, selection
+    from robustest.robot.config import BUDGET_FREE, HARDEN_STRATEGIES
+    from robustest.train import objectives
+
+    def choices() -> list[str]:
+        run = cli.build_parser()._subparsers._group_actions[0].choices["run"]
+        return next(a.choices for a in run._actions if a.dest == "strategy")
+
+    assert {"adv-train", "trades", "gaussian-noise", "ibp", "crown-ibp", "best", "all"} <= set(choices())
+    mine = selection.Strategy("lowest-first", "the lowest scores", lambda req: torch.argsort(req.inputs)[:req.n])
+    plain = objectives.Objective(name="plain-at", step=objectives.get("pgd-at").step)
+    with selection.registered(mine), objectives.registered(plain):
+        assert {"lowest-first", "plain-at"} <= set(choices())
+        assert HARDEN_STRATEGIES["plain-at"] == "plain-at" and BUDGET_FREE["plain-at"] == "online"
+    assert "lowest-first" not in choices() and "plain-at" not in HARDEN_STRATEGIES

@@ -112,8 +112,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="the RobOT loop: test, select by FOL, retrain, measure, until converged",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
-    p.add_argument("--strategy", choices=("best", "kmst", "gini", "random", "coverage", "stratified", "fol-prop",
-                                          "kcenter", "all", "adv-train", "trades", "fosc", "fol-budget", "fast-at"),
+    from robustest.robot.config import strategies
+
+    p.add_argument("--strategy", choices=strategies(),
                    help="strategy (default: adv-train: PGD adversarial training against the current model, no "
                         "pool); a selection strategy (random, best, ...) selects --budget tests from a fresh pool "
                         "every round; all: the whole pool every round; trades, fosc, fol-budget, fast-at: the other "

@@ -4,6 +4,7 @@ seeds every unit of work derives from."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,44 @@ MAX_CONFIG_BYTES = 2**20
 POOLS = ("attack", "fol-fuzz", "cov-fuzz")
 #: robot's name of a hardening objective where it differs from the objective's (adv-train is Madry's PGD-AT)
 _STRATEGY_NAMES = {"pgd-at": "adv-train"}
+
+
+class _HardenStrategies(Mapping[str, str]):
+    """Strategy name -> the harden method it runs, read from the objectives' registry at every use (so an
+    objective registered after robustest.robot was imported is a strategy too)."""
+
+    def _now(self) -> dict[str, str]:
+        return {_STRATEGY_NAMES.get(m, m): m for m in objectives.names()}
+
+    def __getitem__(self, key: str) -> str:
+        return self._now()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._now())
+
+    def __len__(self) -> int:
+        return len(self._now())
+
+
+class _BudgetFree(Mapping[str, str]):
+    """Strategy -> the budget label of the strategies that select nothing from a budget (live, as above)."""
+
+    def _now(self) -> dict[str, str]:
+        return {"all": "100%", **{s: "online" for s in HARDEN_STRATEGIES}}
+
+    def __getitem__(self, key: str) -> str:
+        return self._now()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._now())
+
+    def __len__(self) -> int:
+        return len(self._now())
+
+
 #: retraining by adversarial training against the current model (robustest.train.harden), as strategies: one per
-#: objective registered when robot is imported (robustest.train.objectives), mapped to the objective it runs
-HARDEN_STRATEGIES = {_STRATEGY_NAMES.get(m, m): m for m in objectives.names()}
+#: registered harden method (robustest.train.objectives), mapped to the objective it runs
+HARDEN_STRATEGIES: Mapping[str, str] = _HardenStrategies()
 #: scores of the model under test that a run ranks with one of the selection registry's plain rankings (gini:
 #: the highest DeepGini scores first, robustest.selection's ``top``)
 RANKED_SCORES = {"gini": "top"}
@@ -41,7 +77,7 @@ DEFAULT_STRATEGIES = ("best", "kmst", "gini", "random", "coverage")
 #: strategies that select nothing from a budget: ``all`` takes the whole pool, ``adv-train`` fine-tunes on PGD
 #: examples generated against the current model every batch (Madry et al.) and uses no pool; a comparison runs
 #: them once per seed, under the budget label of BUDGET_FREE
-BUDGET_FREE = {"all": "100%", **{s: "online" for s in HARDEN_STRATEGIES}}
+BUDGET_FREE: Mapping[str, str] = _BudgetFree()
 #: finetune_options adv-train and the other hardening strategies honour (robustest.train.harden's recipe); left
 #: unset, the schedule is constant and eps is not warmed up (the cells' settings since the first release)
 ADV_TRAIN_OPTIONS = ("optimizer", "weight_decay", "momentum", "nesterov", "schedule", "warmup_epochs", "milestones",
