@@ -170,7 +170,7 @@ def checkpoint(tmp_path, trained_digits_model):
 
 
 def test_cli_constants_agree_with_the_library():
-    from robustest.cli import weakrobust as cli_wr
+    from robustest.cli import validate as cli_wr
     from robustest.selection import strata
     from robustest.weakrobust import weakset
 
@@ -212,7 +212,7 @@ def test_validate_strategies_from_the_cli(tmp_path, checkpoint, capsys, results_
     assert results_contract(out, "validate")["settings"]["strategy"] == "weak"
     out = tmp_path / "default"
     assert main([*base, "--out", str(out)]) == 0
-    from robustest.cli.weakrobust import DEFAULT_STRATEGY
+    from robustest.cli.validate import DEFAULT_STRATEGY
 
     res = results_contract(out, "validate")
     assert res["settings"]["strategy"] == DEFAULT_STRATEGY
@@ -232,7 +232,7 @@ def test_validate_strategies_from_the_cli(tmp_path, checkpoint, capsys, results_
 
 
 def test_validate_help_names_the_default_strategy(capsys):
-    from robustest.cli.weakrobust import DEFAULT_STRATEGY
+    from robustest.cli.validate import DEFAULT_STRATEGY
 
     with pytest.raises(SystemExit):
         main(["validate", "--help"])

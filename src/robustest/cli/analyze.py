@@ -1,0 +1,232 @@
+"""``robustest analyze``: local robustness of every sample of a split (the first step of weak-robust validation).
+
+It writes results.json (the results contract; schema docs/schemas/analyze.schema.json) and report.html to --out;
+the description below is what ``--help`` shows. ``robustest validate`` shares its analysis options and helpers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from robustest.cli._common import (
+    add_checkpoint_arg,
+    add_data_args,
+    add_run_args,
+    batch_size_arg,
+    check_fits,
+    data_settings,
+    fmt,
+    linf_eps,
+    load_data,
+    load_model,
+    log,
+    model_settings,
+    noise_width,
+    out_dir,
+    peak_rss_mib,
+    positive_int,
+    resolve_batch_size,
+)
+from robustest.core import distributed
+from robustest.core.atomic import atomic_save
+from robustest.core.batching import take
+from robustest.core.devices import model_device
+from robustest.core.steps import Steps, data_fingerprint, fingerprint
+from robustest.results import write_results
+
+ORDER = 60
+
+ANALYZE_DESCRIPTION = """robustest analyze: local robustness of every sample of a split.
+
+Each sample gets Q noisy neighbours (--neighbors, uniform or Gaussian noise of width --eps, rounded to the 256
+uint8 levels); its score is the mean probability the model gives to wrong classes over the neighbours (higher =
+weaker). Writes to --out:
+  analysis.pt   per-sample score, fraction of neighbours misclassified, top wrong class, clean correctness
+  results.json  settings in effect, summary, the 20 weakest samples, timings
+  report.html   score histograms, the weakest samples as images, settings and timings
+"""
+
+ANALYSIS_STEP = 16384  # samples per saved step of an analysis (a multiple of the noise block)
+
+
+def unit_fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {v}")
+    return v
+
+
+def add_analysis_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("local robustness analysis")
+    g.add_argument("--neighbors", type=positive_int, default=50, help="noisy neighbours per sample (default: 50)")
+    g.add_argument("--noise-width", "--eps", dest="eps", type=noise_width, default=0.22, metavar="W",
+                   help="width of the neighbours' noise, not an attack radius: delta ~ U[-W/2, W/2] per pixel "
+                        "(default: 0.22; --eps is the same option, the name of the reference code)")
+    g.add_argument("--noise", choices=("uniform", "gaussian"), default="uniform", help="noise law (default: uniform)")
+    g.add_argument("--no-quantize", action="store_true", help="do not round neighbours to the 256 uint8 levels")
+    g.add_argument("--batch-size", type=batch_size_arg, default=None, metavar="B",
+                   help="images per forward pass, or 'auto': the largest that fits the GPU (on the CPU the "
+                        "default: about 4 million pixel values' worth: 5349 images of 28x28, 341 of 3x64x64)")
+    g.add_argument("--amp", choices=("bf16", "fp16"), default=None,
+                   help="run the analysis's forward passes in bf16 (CPU or CUDA) or fp16 (CUDA) autocast: faster on "
+                        "GPUs, scores rounded accordingly (default: float32)")
+    g.add_argument("--save-every", type=positive_int, default=ANALYSIS_STEP, metavar="N",
+                   help=f"save the analysis every N samples per process (under torchrun a step covers N x "
+                        f"ranks samples); rerunning the same command after a kill continues from there "
+                        f"(default: {ANALYSIS_STEP})")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("analyze", help="local robustness analysis of every sample (weak-robust scores)",
+                       description=ANALYZE_DESCRIPTION, formatter_class=raw)
+    add_checkpoint_arg(p)
+    add_data_args(p, split="train")
+    add_analysis_args(p)
+    p.add_argument("--top", type=positive_int, default=32, help="weakest samples shown in the report (default: 32)")
+    p.add_argument("--radius-eps-max", type=linf_eps, default=None, metavar="EPS",
+                   help="also compute the smallest PGD L-inf budget that flips each sample (bisection up to EPS) "
+                        "and its rank correlation with the score (costly: about 9 x 11 gradient passes)")
+    add_run_args(p)
+    p.set_defaults(func=run_analyze)
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def analysis_from_args(args: argparse.Namespace, model, ds, out: Path):
+    """The local robustness analysis of ``ds``, in saved steps of ``--save-every`` samples per process:
+    rerunning the same command after a kill continues from the last finished step.
+
+    Under torchrun a step covers ``save_every x world_size`` samples, so each rank does as much work
+    between two saves (one gather, one atomic write) as a single process does; the scores do not depend on
+    the step size (neighbour noise is seeded per block of samples), only the resume points do."""
+    from robustest import weakrobust as wr
+    from robustest.models.checkpoints import state_fingerprint
+
+    if args.batch_size == "auto":
+        resolve_batch_size(args, model, ds, default=wr.default_batch_size(ds), grad=False, amp=args.amp)
+    every = args.save_every * distributed.world_size()
+    settings = {k: getattr(args, k) for k in ("neighbors", "eps", "noise", "no_quantize", "seed", "amp")}
+    settings["step"] = every
+    steps = Steps(out, fingerprint("analyze", settings, state_fingerprint(model), data_fingerprint(ds)),
+                  log=lambda msg: print(f"note: {msg}", file=sys.stderr))
+    n, parts = len(ds), []
+    for k, lo in enumerate(range(0, n, every)):
+        span = (lo, min(lo + every, n))
+        d = steps.run(f"analysis_{k:05d}", lambda span=span: wr.analyze(
+            model, ds, n_neighbors=args.neighbors, eps=args.eps, noise=args.noise, quantize=not args.no_quantize,
+            batch_size=args.batch_size, seed=args.seed, progress=not args.no_progress, span=span,
+            amp=args.amp).to_dict())
+        parts.append(wr.Analysis.from_dict(d, f"{out}/state/steps/analysis_{k:05d}.pt"))
+    if steps.resumed:
+        print(f"note: {steps.resumed} finished step(s) of an interrupted run reused", file=sys.stderr)
+    return wr.Analysis.concat(parts)
+
+
+def weakest_grid(ds, analysis, positions: torch.Tensor, title: str) -> bytes:
+    from robustest.report import save_image_grid
+
+    x = take(ds, analysis.index[positions])[0]
+    caps = [f"y={int(analysis.label[p])} w={int(analysis.top_wrong[p])} s={float(analysis.score[p]):.2f}"
+            for p in positions.tolist()]
+    return save_image_grid(x, None, captions=caps, title=title)
+
+
+def analysis_report(rep, ds, analysis, top: int) -> None:
+
+    rep.heading("Local robustness")
+    rep.key_values({k: v for k, v in analysis.summary().items() if k != "seconds"})
+    rep.histogram({"mean misprediction score": analysis.score},
+                  "distribution of the per-sample mean misprediction score over the neighbours", title="sample scores",
+                  xlabel="mean misprediction score (higher = weaker)", log=True)
+    rep.histogram({"fraction of neighbours misclassified": analysis.frac_misclassified},
+                  "fraction of neighbours misclassified", title="fraction misclassified", xlabel="fraction", log=True)
+    order = analysis.order()[:top]
+    if len(order):
+        rep.image(weakest_grid(ds, analysis, order, f"{len(order)} weakest samples"),
+                  "Weakest samples: y = label, w = top wrong class (largest mean neighbour probability), s = score.")
+
+
+def weakest_rows(analysis, n: int = 20) -> list[dict]:
+    order = analysis.order()[:n]
+    return [{"index": int(analysis.index[p]), "label": int(analysis.label[p]), "score": float(analysis.score[p]),
+             "frac_misclassified": float(analysis.frac_misclassified[p]),
+             "clean_correct": bool(analysis.clean_correct[p]), "top_wrong": int(analysis.top_wrong[p])}
+            for p in order.tolist()]
+
+
+# --------------------------------------------------------------------------------------------- verbs
+def analysis_settings(args: argparse.Namespace) -> dict[str, Any]:
+    d = {"neighbors": args.neighbors, "eps": args.eps, "noise": args.noise, "quantize": not args.no_quantize}
+    if args.batch_size is not None:
+        d["batch_size"] = args.batch_size
+    if getattr(args, "batch_size_auto", False):
+        d["batch_size_auto"] = True
+    if args.amp is not None:
+        d["amp"] = args.amp
+    return d
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    from robustest.report import HtmlReport
+
+    out = out_dir(args)
+    t0 = time.perf_counter()
+    model = load_model(args)
+    ds = load_data(args)
+    check_fits(model, ds)
+    analysis = analysis_from_args(args, model, ds, out)
+    analysis.save(out / "analysis.pt")
+    results: dict[str, Any] = {"n": len(analysis), "summary": analysis.summary(), "weakest": weakest_rows(analysis),
+                               "files": {"analysis": "analysis.pt", "report": "report.html"}}
+    timings = {"analyze_s": analysis.params["seconds"]}
+    radius = None
+    if args.radius_eps_max:
+        from scipy.stats import spearmanr
+
+        from robustest import weakrobust as wr
+
+        tr = time.perf_counter()
+        radius = wr.adversarial_radius(model, ds, eps_max=args.radius_eps_max, seed=args.seed)
+        timings["radius_s"] = time.perf_counter() - tr
+        atomic_save(radius, out / "radius.pt")
+        fin = radius[torch.isfinite(radius)]
+        rho = spearmanr(analysis.score.numpy(), (-radius.clamp(max=2 * args.radius_eps_max)).numpy()).statistic
+        results["radius"] = {"eps_max": args.radius_eps_max, "median": float(fin.median()) if fin.numel() else None,
+                             "frac_not_flipped": float((~torch.isfinite(radius)).float().mean()),
+                             "spearman_score_vs_minus_radius": None if rho != rho else float(rho)}
+        results["files"]["radius"] = "radius.pt"
+    timings["total_s"] = time.perf_counter() - t0
+    results["peak_rss_mib"] = peak_rss_mib()
+    settings = {**model_settings(args), **data_settings(args), **analysis_settings(args), "top": args.top,
+                **({"radius_eps_max": args.radius_eps_max} if args.radius_eps_max else {}), "seed": args.seed,
+                "device": str(model_device(model))}
+    doc = write_results(out, "analyze", settings, results, timings)
+    rep = HtmlReport.from_results(doc, f"robustest analyze: {args.dataset} {args.split}")
+    rep.paragraph(f"{len(analysis)} samples, {args.neighbors} neighbours each, eps {fmt(args.eps)} ({args.noise} "
+                  f"noise{'' if args.no_quantize else ', quantised'}).")
+    analysis_report(rep, ds, analysis, args.top)
+    if radius is not None:
+        rep.heading("Adversarial radius")
+        rep.key_values(results["radius"])
+        rep.histogram({"PGD radius": radius[torch.isfinite(radius)]}, "PGD radius", title="adversarial radius",
+                      xlabel="smallest L-inf budget that flips the sample")
+    rep.heading("Weakest samples")
+    rep.table(results["weakest"])
+    rep.write(out / "report.html")
+    s = analysis.summary()
+    log.info(f"analysed {len(analysis)} samples in {fmt(analysis.params['seconds'], 'analyze_s')} s: clean accuracy "
+             f"{fmt(s['clean_accuracy'], 'accuracy')}, mean score {fmt(s['mean_score'])}, "
+             f"{fmt(100 * s['frac_most_neighbours_wrong'])} % with most neighbours misclassified")
+    log.info(f"wrote {out / 'analysis.pt'}, results.json and report.html")
+    return 0

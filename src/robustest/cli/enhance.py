@@ -1,0 +1,203 @@
+"""``robustest enhance``: targeted enhancement of a checkpoint (AugMix + JSD, an adversarial copy, the weaknesses
+a validation found).
+
+It writes results.json (the results contract; schema docs/schemas/enhance.schema.json) and report.html to --out;
+the description below is what ``--help`` shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from robustest.cli._common import (
+    add_checkpoint_arg,
+    add_data_args,
+    add_run_args,
+    check_fits,
+    data_settings,
+    fmt,
+    learning_rate,
+    linf_eps,
+    list_arg,
+    load_data,
+    load_model,
+    log,
+    model_settings,
+    non_negative_float,
+    non_negative_int,
+    out_dir,
+    peak_rss_mib,
+    positive_int,
+)
+from robustest.core import distributed
+from robustest.core.batching import take
+from robustest.core.devices import model_device
+from robustest.core.errors import ConfigError, DataError
+from robustest.core.steps import data_fingerprint, fingerprint
+from robustest.results import write_results
+
+ORDER = 62
+
+ENHANCE_DESCRIPTION = """robustest enhance: targeted enhancement of a checkpoint.
+
+Fine-tunes with AugMix + Jensen-Shannon consistency and an adversarial copy of each batch, the AugMix pool
+extended by the weaknesses found by 'robustest validate' (--weaknesses: names, or its results.json). Writes
+to --out:
+  model.pt      the enhanced checkpoint
+  results.json  settings in effect, per-epoch losses, before/after test figures (held-out corruptions,
+                white-box attacks), timings
+  report.html   the epochs, before/after table and per-perturbation errors, settings and timings
+"""
+
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("enhance", help="targeted enhancement: AugMix + JSD + adversarial copy + weaknesses",
+                       description=ENHANCE_DESCRIPTION, formatter_class=raw)
+    add_checkpoint_arg(p)
+    add_data_args(p, split=None)
+    p.add_argument("--weaknesses", type=list_arg(str, what="weakness"), default=[], metavar="LIST",
+                   help="corruption/attack names, or the results.json of 'robustest validate' (its weaknesses), "
+                        "comma-separated")
+    p.add_argument("--epochs", type=positive_int, required=True, help="training epochs")
+    p.add_argument("--no-augmix", action="store_true", help="drop the AugMix + JSD term")
+    p.add_argument("--no-adversarial", action="store_true", help="drop the adversarial copy")
+    p.add_argument("--jsd-weight", type=non_negative_float, default=6.0, help="weight of the JSD term (default: 6)")
+    p.add_argument("--adv-weight", type=non_negative_float, default=0.5, help="weight of CE(x_adv) (default: 0.5)")
+    p.add_argument("--adv-eps", type=linf_eps, default=None, help="PGD budget (default: 0.1 grey, 4/255 colour)")
+    p.add_argument("--adv-steps", type=positive_int, default=10, help="PGD steps (default: 10)")
+    p.add_argument("--adv-source", choices=("offline", "online"), default="offline",
+                   help="PGD against the starting model once (offline) or the current model per batch")
+    p.add_argument("--lr", type=learning_rate, default=5e-4, help="learning rate (default: 5e-4)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="batch size (default: 64)")
+    p.add_argument("--eval-limit", type=non_negative_int, default=1000, metavar="N",
+                   help="test samples for the before/after comparison (0: none; default: 1000)")
+    add_run_args(p)
+    p.set_defaults(func=run_enhance)
+
+
+
+def _read_weaknesses(items: list[str]) -> list[str]:
+    names: list[str] = []
+    for it in items:
+        p = Path(it)
+        if it.endswith(".json") or p.is_file():
+            if not p.is_file():
+                raise DataError(f"weaknesses file {it!r} does not exist: pass the results.json of 'robustest validate'")
+            try:
+                d = json.loads(p.read_text())
+            except (OSError, ValueError) as exc:
+                raise DataError(f"{it} is not a JSON file: pass the results.json of 'robustest validate'") from exc
+            if not isinstance(d, dict) or not isinstance(d.get("weaknesses"), list):
+                raise DataError(f"{it} has no 'weaknesses' list: pass the results.json of 'robustest validate'")
+            names += [str(w) for w in d["weaknesses"]]
+        else:
+            names += [w for w in it.split(",") if w]
+    return list(dict.fromkeys(names))
+
+
+def _enhance_state(args: argparse.Namespace, out: Path, model, train, weaknesses: list[str]) -> Path:
+    """Where enhance saves its state after every epoch: a file named by the run's fingerprint (settings,
+    starting model, data), so rerunning the same command continues and a changed one starts afresh."""
+    from robustest.models.checkpoints import state_fingerprint
+
+    keys = ("epochs", "no_augmix", "no_adversarial", "jsd_weight", "adv_weight", "adv_eps", "adv_steps",
+            "adv_source", "lr", "batch_size", "seed")
+    fp = fingerprint("enhance", {k: getattr(args, k) for k in keys}, sorted(weaknesses), state_fingerprint(model),
+                     data_fingerprint(train))[:16]
+    path = out / "state" / f"enhance_{fp}.pt"
+    stale = [f for f in (out / "state").glob("enhance_*.pt") if f != path] if (out / "state").is_dir() else []
+    if stale and distributed.is_main():
+        for f in stale:
+            f.unlink(missing_ok=True)
+        print("note: the enhancement state of an earlier run with other settings was removed: starting afresh",
+              file=sys.stderr)
+    if path.is_file() and distributed.is_main():
+        print(f"note: continuing the interrupted enhancement saved in {path}", file=sys.stderr)
+    return path
+
+
+def run_enhance(args: argparse.Namespace) -> int:
+    from robustest import corruptions as corr
+    from robustest import weakrobust as wr
+    from robustest.evaluate import accuracy
+    from robustest.models.checkpoints import save_checkpoint
+    from robustest.report import HtmlReport, plural, save_hbars
+
+    out = out_dir(args)
+    t0 = time.perf_counter()
+    weaknesses = _read_weaknesses(args.weaknesses)
+    wr.augmentation_pool(weaknesses)  # unknown names fail before any work
+    model = load_model(args)
+    train = load_data(args, "train")
+    check_fits(model, train)
+    test = load_data(args, "test") if args.eval_limit > 0 else None
+    if args.no_augmix and args.no_adversarial and weaknesses:
+        raise ConfigError("--weaknesses extend the AugMix pool: drop --no-augmix")
+
+    def measure(m, held_out: list[str]) -> dict:
+        if test is None:
+            return {}
+        x, y = take(test, torch.arange(min(args.eval_limit, len(test))))
+        r = wr.validate(m, (x, y), None, perturbations=["fgsm", "pgd"] + held_out, severities=(1, 3, 5),
+                        seed=args.seed)
+        return {"clean_accuracy": accuracy(m, (x, y)), "mean_adv_error": r.mean_adv_error, "mce_held_out": r.mce,
+                "per_type": {t: e for t, (_f, e) in r.per_type().items()}}
+
+    # corruptions held out from training (not in the pool) for the before/after comparison
+    held_out = [c for c in corr.names() if c not in weaknesses][:6] if test is not None else []
+    before = measure(model, held_out)
+    res = wr.enhance(model, train, weaknesses, epochs=args.epochs, augmix=not args.no_augmix,
+                     adversarial=not args.no_adversarial, jsd_weight=args.jsd_weight, adv_weight=args.adv_weight,
+                     adv_eps=args.adv_eps, adv_steps=args.adv_steps, adv_source=args.adv_source, lr=args.lr,
+                     batch_size=args.batch_size, seed=args.seed, progress=not args.no_progress,
+                     resume_file=_enhance_state(args, out, model, train, weaknesses))
+    after = measure(model, held_out)
+    meta = dict(getattr(model, "robustest_metadata", {}) or {})
+    meta.update({"enhanced": res.config, "weaknesses": weaknesses})
+    save_checkpoint(out / "model.pt", model, metadata=meta)
+    enh = res.to_dict()
+    t_train = float(enh.pop("seconds", 0.0) or 0.0)
+    results = {"enhance": enh, "held_out_corruptions": held_out, "before": before, "after": after,
+               "peak_rss_mib": peak_rss_mib(), "files": {"model": "model.pt", "report": "report.html"}}
+    settings = {**model_settings(args), **data_settings(args), "weaknesses": weaknesses, "epochs": args.epochs,
+                "augmix": not args.no_augmix, "adversarial": not args.no_adversarial}
+    if not args.no_augmix:
+        settings["jsd_weight"] = args.jsd_weight
+    if not args.no_adversarial:
+        settings.update(adv_weight=args.adv_weight, adv_eps=res.config.get("adv_eps", args.adv_eps),
+                        adv_steps=args.adv_steps, adv_source=args.adv_source)
+    settings.update(lr=args.lr, batch_size=args.batch_size, eval_limit=args.eval_limit, seed=args.seed,
+                    device=str(model_device(model)))
+    settings = {k: v for k, v in settings.items() if v is not None}
+    timings = {"train_s": t_train, "total_s": time.perf_counter() - t0}
+    doc = write_results(out, "enhance", settings, results, timings)
+    rep = HtmlReport.from_results(doc, "robustest enhance")
+    rep.paragraph(f"{plural(args.epochs, 'epoch')}; pool: {', '.join(res.pool)}; "
+                  f"weaknesses: {', '.join(weaknesses) or 'none'}.")
+    rep.heading("Epochs")
+    rep.table(res.epochs)
+    if before and after:
+        rep.heading("Before and after, on the test split")
+        rep.table([{"model": "before", **{k: v for k, v in before.items() if k != "per_type"}},
+                   {"model": "after", **{k: v for k, v in after.items() if k != "per_type"}}])
+        rep.image(save_hbars({"before": before["per_type"], "after": after["per_type"]}, None,
+                             title="test error per perturbation", xlabel="top-1 error"),
+                  "Test error per perturbation type: held-out corruptions (not in the training pool) and white-box "
+                  "attacks, before and after enhancement.")
+    rep.write(out / "report.html")
+    if before and after:
+        log.info(f"test accuracy {fmt(before['clean_accuracy'], 'accuracy')} -> "
+                 f"{fmt(after['clean_accuracy'], 'accuracy')}; mean adversarial error "
+                 f"{fmt(before['mean_adv_error'], 'error')} -> "
+                 f"{fmt(after['mean_adv_error'], 'error')}; held-out mCE {fmt(before['mce_held_out'], 'mce')} -> "
+                 f"{fmt(after['mce_held_out'], 'mce')}")
+    log.info(f"wrote {out / 'model.pt'}, results.json and report.html")
+    return 0

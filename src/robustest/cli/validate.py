@@ -1,0 +1,278 @@
+"""``robustest validate``: a weak-robust validation set and the model's errors on it under attacks and corruptions.
+
+It writes results.json (the results contract; schema docs/schemas/validate.schema.json) and report.html to --out;
+the description below is what ``--help`` shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from robustest.cli._common import (
+    add_checkpoint_arg,
+    add_data_args,
+    add_run_args,
+    check_fits,
+    data_settings,
+    fmt,
+    fraction,
+    int_list,
+    linf_eps_list,
+    load_data,
+    load_model,
+    log,
+    model_settings,
+    name_list,
+    non_negative_int,
+    out_dir,
+    peak_rss_mib,
+    positive_int,
+    print_table,
+)
+from robustest.cli.analyze import (
+    add_analysis_args,
+    analysis_from_args,
+    analysis_report,
+    analysis_settings,
+    unit_fraction,
+)
+from robustest.core.batching import labels_of, take
+from robustest.core.devices import model_device
+from robustest.core.errors import ConfigError, DataError
+from robustest.results import write_results
+from robustest.selection.strata import ALLOCATIONS
+
+ORDER = 61
+
+# robustest.weakrobust.weakset's names, repeated so that the CLI does not import the package to build its
+# parser (tests/test_weakrobust_strategies.py checks that they agree)
+STRATEGIES = ("weak", "weak-correct", "stratified", "random")
+DEFAULT_SUBSET_SIZE = 1000
+DEFAULT_STRATEGY = "stratified"
+"""validate's default --strategy: the one that predicted test robustness best in docs/WEAKROBUST.md."""
+
+VALIDATE_DESCRIPTION = f"""robustest validate: a validation set chosen by local robustness and the model's errors on it.
+
+Chooses training samples from an analysis (--analysis FILE from 'robustest analyze', or analysed inline) by
+--strategy: 'weak' (the paper's rule: the weakest samples by --k, --fraction or --threshold, default
+--threshold 0.5), 'weak-correct' (the same among correctly classified samples), 'stratified' (K samples drawn
+across --strata quantile strata of the robustness score, errors weighted by stratum share: unbiased for the
+training distribution) or 'random' (K at random); stratified and random take K from --k, --fraction or
+--threshold, default {DEFAULT_SUBSET_SIZE}. Default: {DEFAULT_STRATEGY}: in the evidence experiment (docs/WEAKROBUST.md)
+it was unbiased with the smallest estimation error and ranked models by test robustness as well as any training
+subset, while the paper's weak set did clearly worse. Then measures the model's error on the set
+under gradient attacks and common corruptions, next to the same errors on the test split; every perturbation
+type is labelled a strength or a weakness (its error on the set above the mean of its family). Writes to --out:
+  weakset.pt, weakset.json   the set (indices, labels, scores, rule; weights of a stratified set)
+  validation.pt              per-sample outcomes under every perturbation and level
+  results.json               settings in effect, errors per type, strengths and weaknesses, timings
+  report.html                errors per perturbation type (weak set vs test split), the analysis, settings
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("validate", help="weak-robust validation set and the model's errors under perturbations",
+                       description=VALIDATE_DESCRIPTION, formatter_class=raw)
+    add_checkpoint_arg(p)
+    add_data_args(p, split="train")
+    p.add_argument("--analysis", metavar="FILE", default=None,
+                   help="analysis.pt from 'robustest analyze' (default: analyse inline)")
+    add_analysis_args(p)
+    g = p.add_argument_group("validation-set selection")
+    g.add_argument("--strategy", choices=STRATEGIES, default=None,
+                   help=f"weak: the paper's weakest samples; weak-correct: the weakest correctly classified ones; "
+                        f"stratified: K drawn across robustness-score strata, errors weighted by stratum share; "
+                        f"random: K at random (default: {DEFAULT_STRATEGY}, unbiased with the smallest estimation "
+                        f"error in docs/WEAKROBUST.md; weak-correct with --correct-only, weak with --per-class)")
+    g.add_argument("--strata", type=positive_int, default=10,
+                   help="stratified: quantile strata of the robustness score (default: 10)")
+    g.add_argument("--allocation", choices=ALLOCATIONS, default="proportional",
+                   help="stratified: samples per stratum proportional to its size, or Neyman (size x pilot "
+                        "standard deviation) (default: proportional)")
+    sel = g.add_mutually_exclusive_group()
+    sel.add_argument("--k", type=positive_int, default=None,
+                     help=f"the K weakest samples (weak), or K samples (stratified, random; default: "
+                          f"{DEFAULT_SUBSET_SIZE})")
+    sel.add_argument("--fraction", type=fraction, default=None,
+                     help="the weakest fraction of the samples (weak), or as many samples (stratified, random)")
+    sel.add_argument("--threshold", type=unit_fraction, default=None,
+                     help="samples with more than this share of neighbours misclassified (weak; paper and default "
+                          "there: 0.5), or as many samples (stratified, random)")
+    g.add_argument("--per-class", action="store_true", help="weak strategies: balance the set over the classes")
+    g.add_argument("--correct-only", action="store_true",
+                   help="rank only samples classified correctly (= --strategy weak-correct)")
+    g = p.add_argument_group("perturbations")
+    g.add_argument("--perturbations", type=name_list("perturbation"), default=["all"], metavar="LIST",
+                   help="'all', 'attacks', 'corruptions' or names of attacks/corruptions, comma-separated "
+                        "(default: all)")
+    g.add_argument("--attack-eps", type=linf_eps_list("attack eps"), default=None, metavar="LIST",
+                   help="L-inf budgets of the attacks, comma-separated (default: 0.05,0.1,0.2 for grey, "
+                        "2/255,4/255,8/255 for colour)")
+    g.add_argument("--severities", type=int_list(what="severity", lo=1, hi=5, sort=True), default=[1, 2, 3, 4, 5],
+                   metavar="LIST", help="corruption severities: 1-5, 1,3,5 or 1-2,5 (default: 1-5)")
+    g.add_argument("--attack-steps", type=positive_int, default=None,
+                   help="steps of the iterative attacks (default: each attack's own)")
+    g.add_argument("--test-limit", type=non_negative_int, default=1000, metavar="N",
+                   help="test-split samples evaluated for comparison (0: none; default: 1000)")
+    add_run_args(p)
+    p.set_defaults(func=run_validate)
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from robustest import weakrobust as wr
+
+    _resolve_strategy(args)
+    out = out_dir(args)
+    t0 = time.perf_counter()
+    model = load_model(args)
+    ds = load_data(args)
+    check_fits(model, ds)
+    analysis = _validation_analysis(args, model, ds, out)
+    t_analysis = time.perf_counter() - t0
+    weak = wr.select_weak(analysis, k=args.k, fraction=args.fraction, threshold=args.threshold,
+                          per_class=args.per_class, strategy=args.strategy, strata=args.strata,
+                          allocation=args.allocation, seed=args.seed)
+    if len(weak) == 0:
+        raise DataError("the weak set is empty (no sample has that many neighbours misclassified): "
+                        "use --k, --fraction or a lower --threshold")
+    weak.save(out / "weakset.pt")
+    weak.save(out / "weakset.json")
+    kw = {}
+    if args.attack_steps:
+        kw = {a: {"steps": args.attack_steps} for a in ("pgd", "bim", "mifgsm", "rfgsm")}
+    common = dict(perturbations=args.perturbations, eps=args.attack_eps, severities=tuple(args.severities),
+                  attack_kwargs=kw, seed=args.seed, progress=not args.no_progress)
+    t1 = time.perf_counter()
+    res = wr.validate(model, ds, weak, **common)
+    res.save(out / "validation.pt")
+    t_weak = time.perf_counter() - t1
+    test_res = None
+    t2 = time.perf_counter()
+    if args.test_limit and args.test_limit > 0:
+        test = load_data(args, "test")
+        test_res = wr.validate(model, take(test, torch.arange(min(args.test_limit, len(test)))), None, **common)
+    t_test = time.perf_counter() - t2
+    rows = _validation_rows(res, test_res)
+    results = _validation_results(args, analysis, weak, res, test_res, rows)
+    settings = _validation_settings(args, model, weak, res)
+    timings = {"analysis_s": t_analysis, "validate_weak_s": t_weak, "validate_test_s": t_test,
+               "total_s": time.perf_counter() - t0}
+    doc = write_results(out, "validate", settings, results, timings)
+    _validation_report(doc, args, ds, analysis, weak, res, test_res, rows).write(out / "report.html")
+    print_table(rows, ["type", "family", "weak_error", "test_error", "label"])
+    log.info(f"{weak.rule['strategy']} set: {len(weak)} samples; mean adversarial error "
+             f"{fmt(res.mean_adv_error, 'error')}, mCE {fmt(res.mce, 'mce')}; "
+             f"weaknesses: {', '.join(res.weaknesses()) or 'none'}")
+    log.info(f"wrote {out / 'results.json'} and {out / 'report.html'}")
+    return 0
+
+
+def _resolve_strategy(args: argparse.Namespace) -> None:
+    """Set ``args.strategy`` from --strategy and the older flags (--correct-only, --per-class), which keep their
+    meaning; a one-line ConfigError when a flag does not apply to the strategy."""
+    if args.strategy is None:  # the old flags keep their meaning
+        args.strategy = "weak-correct" if args.correct_only else "weak" if args.per_class else DEFAULT_STRATEGY
+    if args.strategy in ("stratified", "random") and (args.correct_only or args.per_class):
+        flag = "--correct-only" if args.correct_only else "--per-class"
+        raise ConfigError(f"{flag} applies to --strategy weak or weak-correct, not {args.strategy}")
+    if args.strategy == "weak" and args.correct_only:
+        args.strategy = "weak-correct"
+
+
+def _validation_analysis(args: argparse.Namespace, model, ds, out: Path):
+    """validate's analysis: read from --analysis (refused when it analyses other samples than ``ds``), or
+    computed in saved steps and written to ``out/analysis.pt``."""
+    from robustest import weakrobust as wr
+
+    if not args.analysis:
+        analysis = analysis_from_args(args, model, ds, out)
+        analysis.save(out / "analysis.pt")
+        return analysis
+    analysis = wr.Analysis.load(args.analysis)
+    labels = labels_of(ds)
+    if len(analysis) != len(ds) or (labels is not None and not torch.equal(analysis.label, labels.long())):
+        raise DataError(f"{args.analysis} analyses {len(analysis)} samples but --dataset {args.dataset} "
+                        f"--split {args.split} has {len(ds)} (or other labels): use the same data set, split "
+                        "and --limit as 'robustest analyze'")
+    return analysis
+
+
+def _validation_rows(res, test_res) -> list[dict[str, Any]]:
+    """One row per perturbation type: its family, its error on the set and on the test split, its label."""
+    summary = res.summary()
+    rows = []
+    test_pt = test_res.per_type() if test_res else {}
+    for t, d in summary["per_type"].items():
+        rows.append({"type": t, "family": d["family"], "weak_error": d["error"],
+                     "test_error": test_pt[t][1] if t in test_pt else None, "label": d["label"] or "-"})
+    return rows
+
+
+def _validation_results(args: argparse.Namespace, analysis, weak, res, test_res, rows: list[dict[str, Any]]
+                        ) -> dict[str, Any]:
+    """validate's results: the set, the validation on it and on the test split, weaknesses and strengths, the
+    table, the files written."""
+    return {"n_analysed": len(analysis), "weak_set": {"n": len(weak), "strategy": weak.rule["strategy"],
+                                                      "rule": weak.rule, "indices": weak.indices.tolist(),
+                                                      "weights": None if weak.weights is None
+                                                      else weak.weights.tolist()},
+            "validation": res.to_dict(), "test": test_res.to_dict() if test_res else None,
+            "weaknesses": res.weaknesses(), "strengths": [t for t, v in res.labels().items() if v == "strength"],
+            "table": rows, "peak_rss_mib": peak_rss_mib(),
+            "files": {"weak_set": "weakset.pt", "weak_set_json": "weakset.json", "validation": "validation.pt",
+                      "report": "report.html", **({} if args.analysis else {"analysis": "analysis.pt"})}}
+
+
+def _validation_settings(args: argparse.Namespace, model, weak, res) -> dict[str, Any]:
+    """The settings validate ran with: those of the analysis (or its file), the set's rule, the perturbations
+    measured."""
+    settings = {**model_settings(args), **data_settings(args)}
+    settings.update({"analysis": str(args.analysis)} if args.analysis else analysis_settings(args))
+    settings["strategy"] = weak.rule["strategy"]
+    if args.strategy == "stratified":
+        settings.update(strata=args.strata, allocation=args.allocation)
+    settings.update({key: weak.rule[key] for key in ("k", "fraction", "threshold") if key in weak.rule})
+    settings.update(per_class=args.per_class, correct_only=weak.rule["strategy"] == "weak-correct",
+                    perturbations=list(res.meta.get("attacks", [])) + list(res.meta.get("corruptions", [])))
+    if res.meta.get("attacks"):
+        settings["attack_eps"] = list(res.meta.get("eps", []))
+        if args.attack_steps:
+            settings["attack_steps"] = args.attack_steps
+    if res.meta.get("corruptions"):
+        settings["severities"] = list(res.meta.get("severities", args.severities))
+    settings.update(test_limit=args.test_limit, seed=args.seed, device=str(model_device(model)))
+    return settings
+
+
+def _validation_report(doc: dict[str, Any], args: argparse.Namespace, ds, analysis, weak, res, test_res,
+                       rows: list[dict[str, Any]]):
+    """validate's HtmlReport (to be written): the set, the errors on it and on the test split per perturbation
+    type, strengths and weaknesses, the analysis."""
+    from robustest.report import HtmlReport, save_hbars
+
+    rep = HtmlReport.from_results(doc, f"robustest validate: {args.dataset}")
+    how = {"weak": "the weakest", "weak-correct": "the weakest correctly classified",
+           "stratified": f"stratified over {weak.rule.get('strata')} score strata, errors weighted by stratum share",
+           "random": "uniformly at random"}[weak.rule["strategy"]]
+    rep.paragraph(f"Validation set ({weak.rule['strategy']}): {len(weak)} of {len(analysis)} {args.split} samples, "
+                  f"{how}. A perturbation type is a weakness when its error on the set exceeds the mean error of "
+                  "its family (attacks vs attacks, corruptions vs corruptions), else a strength.")
+    rep.table([{"set": "weak", "n": len(weak), "clean_error": res.clean_error, "mean_adv_error": res.mean_adv_error,
+                "mce": res.mce}] + ([{"set": "test", "n": len(test_res), "clean_error": test_res.clean_error,
+                                      "mean_adv_error": test_res.mean_adv_error, "mce": test_res.mce}]
+                                    if test_res else []))
+    bars = {"weak set": {r["type"]: r["weak_error"] for r in rows}}
+    if test_res:
+        bars["test split"] = {r["type"]: r["test_error"] for r in rows}
+    rep.image(save_hbars(bars, None, title="error per perturbation type", xlabel="top-1 error"),
+              "Error per perturbation type (mean over budgets / severities): weak set vs test split.")
+    rep.heading("Strengths and weaknesses")
+    rep.table(rows, ["type", "family", "weak_error", "test_error", "label"])
+    analysis_report(rep, ds, analysis, 32)
+    return rep
