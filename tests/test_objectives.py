@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import eval_mode, forward, frozen_params
+from robustest.core.validation import check_float
 from robustest.train import harden, harden_settings, objectives
-from robustest.train.checks import check_number
 from robustest.train.compute import ComputeCount
 from robustest.train.objectives import Objective, Option, StepContext, StepOutput
 
@@ -34,7 +34,7 @@ def _noise_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, gen: t
 
 NOISE = Objective(
     name="noise-at", step=_noise_step, summary="training on uniform noise in the ball (a test objective)",
-    options=(Option("noise_scale", 1.0, lambda v, n: check_number(v, n, lo=0.0, hi=1.0, lo_open=True),
+    options=(Option("noise_scale", 1.0, lambda v, n: check_float(n, v, lo=0.0, hi=1.0, lo_open=True),
                     "width of the noise as a fraction of eps"),),
     alpha=lambda eps, steps: eps, alpha_doc="eps",
 )
@@ -65,7 +65,7 @@ def test_a_new_objective_registered_from_outside_runs_through_harden(digits_mode
         assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
         # its option is checked and owned like a built-in's
         assert harden_settings("noise-at", eps=0.1)["noise_scale"] == 1.0
-        with pytest.raises(ConfigError, match="noise_scale must lie in"):
+        with pytest.raises(ConfigError, match=r"^noise_scale must be a number in \(0, 1\], got 2.0$"):
             harden_settings("noise-at", eps=0.1, noise_scale=2.0)
         with pytest.raises(ConfigError, match="noise_scale applies to method noise-at only, not 'pgd-at'"):
             harden_settings("pgd-at", eps=0.1, noise_scale=0.5)

@@ -15,7 +15,7 @@ from torch import nn
 
 from robustest.core.errors import ConfigError
 from robustest.core.seeding import derive_seed, make_generator
-from robustest.train.checks import check_count
+from robustest.core.validation import check_int
 
 __all__ = ["CO_MIN_DROP", "CO_RATIO", "KEEP", "collapsed", "holdout_split", "validate"]
 
@@ -51,7 +51,7 @@ def holdout_split(labels: torch.Tensor, k: int, seed: int = 0) -> tuple[torch.Te
     """
     labels = torch.as_tensor(labels).reshape(-1).long()
     n = int(labels.numel())
-    k = check_count(k, "k", 0)
+    k = check_int("k", k, lo=0)
     if k > n:
         raise ConfigError(f"cannot hold out {k} of {n} samples")
     classes, counts = torch.unique(labels, return_counts=True)

@@ -48,9 +48,8 @@ from robustest.core.inputs import check_images, check_labels
 from robustest.core.modelcall import eval_mode, forward
 from robustest.core.progress import progress as progress_bar
 from robustest.core.seeding import derive_seed, make_generator, seed_everything
-from robustest.core.validation import check_eps, check_float
+from robustest.core.validation import check_eps, check_float, check_int
 from robustest.train import early_stopping, objectives
-from robustest.train.checks import check_count, check_number
 from robustest.train.compute import ComputeCount
 from robustest.train.early_stopping import KEEP
 from robustest.train.engine import Batch, EpochLoop, run_epochs
@@ -138,9 +137,9 @@ def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *
     objective = objectives.get(method, harden_method=True)
     m = objective.name
     eps_f = float(check_eps("eps", eps))  # the project's one radius check (same message in every verb)
-    n_epochs = check_count(epochs, "epochs")
+    n_epochs = check_int("epochs", epochs, lo=1)
     s: dict[str, Any] = {"method": m, "eps": eps_f, "norm": "linf", "epochs": n_epochs,
-                         "batch_size": check_count(batch_size, "batch_size")}
+                         "batch_size": check_int("batch_size", batch_size, lo=1)}
     s.update(_recipe_settings(n_epochs, optimizer=optimizer, lr=lr, weight_decay=weight_decay, momentum=momentum,
                               nesterov=nesterov, schedule=schedule, warmup_epochs=warmup_epochs,
                               milestones=milestones))
@@ -153,8 +152,8 @@ def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *
     if objective.co_guard is not None:
         s["co_guard"] = objective.co_guard if co_guard is None else bool(co_guard)
     s["steps"] = _attack_steps(objective, steps)
-    s["alpha"] = objective.alpha(eps_f, s["steps"]) if alpha is None else check_number(
-        alpha, "alpha", lo=0.0, hi=1.0, lo_open=True)
+    s["alpha"] = objective.alpha(eps_f, s["steps"]) if alpha is None else check_float(
+        "alpha", alpha, lo=0.0, hi=1.0, lo_open=True)
     for opt in objective.options:
         s[opt.name] = opt.resolve(options.get(opt.name))
     if objective.check is not None:
@@ -193,7 +192,7 @@ def _attack_steps(objective: Objective, steps: int | None) -> int:
     :data:`DEFAULT_STEPS`)."""
     fixed = objective.fixed_steps
     if fixed is None:
-        return check_count(DEFAULT_STEPS if steps is None else steps, "steps")
+        return check_int("steps", DEFAULT_STEPS if steps is None else steps, lo=1)
     if steps is not None and steps != fixed:
         what = "one step" if fixed == 1 else f"{fixed} steps"
         raise ConfigError(f"{objective.name} takes exactly {what}, got steps={steps!r}: use pgd-at for more")
@@ -431,7 +430,7 @@ def _prepare(model: nn.Module, data: DataLike, s: dict[str, Any], *, device: tor
     """Check every argument of a harden call against the model and the data (before any work); the model moves to
     its device. Returns the run with its data, device and state file (and the state's fingerprint)."""
     check_trainable(model)
-    val_steps = check_count(val_steps, "val_steps")
+    val_steps = check_int("val_steps", val_steps, lo=1)
     if on_epoch_end is not None and not callable(on_epoch_end):
         raise ConfigError("on_epoch_end must be callable (epoch, model, record) or None")
     if resume and state_dir is None:

@@ -11,7 +11,7 @@ from torch import nn
 
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import eval_mode, frozen_params
-from robustest.train.checks import check_count, check_number
+from robustest.core.validation import check_float, check_int
 from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
 from robustest.train.objectives.inner import attack_count, cross_entropy_update, pgd
 
@@ -42,11 +42,11 @@ def check(s: dict[str, Any]) -> None:
 
 OBJECTIVE = Objective(
     name="fol-budget", step=step, summary="PGD-AT whose samples stop at FOL <= fol_threshold or misclassification",
-    options=(Option("fol_threshold", 0.1, lambda v, n: check_number(v, n, lo=0.0),
+    options=(Option("fol_threshold", 0.1, lambda v, n: check_float(n, v, lo=0.0),
                     "stop a sample's attack once its FOL is at most this"),
              Option("stop_misclassified", True, lambda v, n: bool(v),
                     "do not stop a sample's attack when it is misclassified", "switch"),
-             Option("fol_min_steps", 2, lambda v, n: check_count(v, n, 0),
+             Option("fol_min_steps", 2, lambda v, n: check_int(n, v, lo=0),
                     "steps every sample takes before the rule applies", "count")),
     check=check,
 )

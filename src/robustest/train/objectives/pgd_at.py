@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from robustest.core.modelcall import eval_mode, frozen_params
-from robustest.train.checks import check_number
+from robustest.core.validation import check_float
 from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
 from robustest.train.objectives.inner import attack_count, cross_entropy_update, pgd
 
@@ -34,6 +34,6 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
 
 OBJECTIVE = Objective(
     name="pgd-at", step=step, summary="Madry et al.: PGD adversarial training",
-    options=(Option("mix", 0.0, lambda v, n: check_number(v, n, lo=0.0, hi=1.0),
+    options=(Option("mix", 0.0, lambda v, n: check_float(n, v, lo=0.0, hi=1.0),
                     "fraction of the loss on clean images, in [0, 1]"),),
 )

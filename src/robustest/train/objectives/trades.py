@@ -10,7 +10,7 @@ from torch import nn
 
 from robustest.attacks import project
 from robustest.core.modelcall import eval_mode, forward, frozen_params
-from robustest.train.checks import check_number
+from robustest.core.validation import check_float
 from robustest.train.compute import ComputeCount
 from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
 
@@ -53,6 +53,6 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
 
 OBJECTIVE = Objective(
     name="trades", step=step, summary="Zhang et al.: TRADES (CE + beta * KL to the adversarial point)",
-    options=(Option("beta", 6.0, lambda v, n: check_number(v, n, lo=0.0), "weight of the KL term"),),
+    options=(Option("beta", 6.0, lambda v, n: check_float(n, v, lo=0.0), "weight of the KL term"),),
     diverged_hint=" or beta",
 )
