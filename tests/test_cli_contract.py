@@ -16,7 +16,8 @@ import torch
 
 from cli_runner import run_cli
 from robustest import cli, results
-from robustest.cli import _common
+from robustest.cli import args as cli_args
+from robustest.cli import output as cli_output
 from robustest.core.errors import ConfigError, DataError
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "docs" / "schemas"
@@ -48,15 +49,15 @@ def one_line_error(code: int, err: str, verb: str) -> str:
     ("0-0", [0]),
 ])
 def test_parse_list_integers_with_ranges(text, expected):
-    assert _common.parse_list(text, int, ranges=True) == expected
+    assert cli_args.parse_list(text, int, ranges=True) == expected
 
 
 def test_parse_list_names_floats_sorting_and_bounds():
-    assert _common.parse_list("fgsm, pgd,fog") == ["fgsm", "pgd", "fog"]
-    assert _common.parse_list("held-out,fol-fuzz") == ["held-out", "fol-fuzz"]  # names keep their dashes
-    assert _common.parse_list("0.05,0.1", float) == [0.05, 0.1]
-    assert _common.parse_list("5,1-2", int, ranges=True, sort=True) == [1, 2, 5]
-    assert _common.parse_list("1-5", int, ranges=True, lo=1, hi=5) == [1, 2, 3, 4, 5]
+    assert cli_args.parse_list("fgsm, pgd,fog") == ["fgsm", "pgd", "fog"]
+    assert cli_args.parse_list("held-out,fol-fuzz") == ["held-out", "fol-fuzz"]  # names keep their dashes
+    assert cli_args.parse_list("0.05,0.1", float) == [0.05, 0.1]
+    assert cli_args.parse_list("5,1-2", int, ranges=True, sort=True) == [1, 2, 5]
+    assert cli_args.parse_list("1-5", int, ranges=True, lo=1, hi=5) == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("text, kwargs, message", [
@@ -71,9 +72,9 @@ def test_parse_list_names_floats_sorting_and_bounds():
 ])
 def test_parse_list_refuses_bad_input(text, kwargs, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        _common.parse_list(text, int, **kwargs)
+        cli_args.parse_list(text, int, **kwargs)
     with pytest.raises(argparse.ArgumentTypeError, match="empty|not a|outside"):
-        _common.list_arg(int, **kwargs)(text)
+        cli_args.list_arg(int, **kwargs)(text)
 
 
 BASE = {"score": ["--checkpoint", "m.pt", "--dataset", "digits", "--metric", "kmnc", "--out", "o"],
@@ -142,9 +143,9 @@ def test_every_verb_has_quiet_no_progress_and_its_own_plain_help():
 
 
 def test_plain_strips_restructured_text():
-    assert _common.plain("``robustest run`` calls :func:`robustest.robot.run` on `x`") == \
+    assert cli_output.plain("``robustest run`` calls :func:`robustest.robot.run` on `x`") == \
         "robustest run calls robustest.robot.run on x"
-    assert _common.plain(None) is None
+    assert cli_output.plain(None) is None
 
 
 def test_select_has_no_progress_and_quiet(tmp_path):
@@ -244,11 +245,11 @@ def test_progress_is_off_for_no_progress_quiet_and_non_terminals(monkeypatch):
             return True
 
     monkeypatch.setattr(sys, "stderr", Tty())
-    assert _common.progress_enabled(argparse.Namespace(no_progress=False, quiet=False))
-    assert not _common.progress_enabled(argparse.Namespace(no_progress=True, quiet=False))
-    assert not _common.progress_enabled(argparse.Namespace(no_progress=False, quiet=True))
+    assert cli_output.progress_enabled(argparse.Namespace(no_progress=False, quiet=False))
+    assert not cli_output.progress_enabled(argparse.Namespace(no_progress=True, quiet=False))
+    assert not cli_output.progress_enabled(argparse.Namespace(no_progress=False, quiet=True))
     monkeypatch.setattr(sys, "stderr", object())  # no isatty at all
-    assert not _common.progress_enabled(argparse.Namespace(no_progress=False, quiet=False))
+    assert not cli_output.progress_enabled(argparse.Namespace(no_progress=False, quiet=False))
 
 
 # ------------------------------------------------------------------------------------ results contract

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from robustest.cli import main
-from robustest.cli._common import radius
+from robustest.cli.args import radius
 from robustest.cli.eval import parse_accuracy
 
 FAST = ["--version", "custom", "--attacks", "fgsm,bim", "--limit", "40", "--no-progress"]

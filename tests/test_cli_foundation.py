@@ -227,7 +227,7 @@ def whole_model_file(tmp_path) -> Path:
 def test_load_model_refuses_whole_pickled_model(whole_model_file, capsys):
     import argparse
 
-    from robustest.cli._common import load_model
+    from robustest.cli.loading import load_model
     from robustest.core.errors import CheckpointError
 
     args = argparse.Namespace(checkpoint=str(whole_model_file), device=None, torchscript=False)
@@ -244,38 +244,40 @@ def test_verb_with_checkpoint_refuses_whole_pickled_model(whole_model_file, tmp_
     assert "pickled Python objects" in assert_one_line_error(code, err)
 
 
-# ---------------------------------------------------------------------------------------- _common helpers
+# ---------------------------------------------------------------------------- the CLI's shared helpers
 def test_common_helpers(tmp_path, capsys):
     import argparse
 
-    from robustest.cli import _common
+    from robustest.cli import args as cli_args
+    from robustest.cli import loading as cli_loading
+    from robustest.cli import output as cli_output
     from robustest.core.errors import ConfigError
 
-    assert _common.positive_int("3") == 3 and _common.positive_float("0.5") == 0.5
-    for fn, bad in ((_common.positive_int, "0"), (_common.positive_int, "1.5"), (_common.positive_float, "-2"),
-                    (_common.positive_float, "nan"), (_common.positive_float, "x")):
+    assert cli_args.positive_int("3") == 3 and cli_args.positive_float("0.5") == 0.5
+    for fn, bad in ((cli_args.positive_int, "0"), (cli_args.positive_int, "1.5"), (cli_args.positive_float, "-2"),
+                    (cli_args.positive_float, "nan"), (cli_args.positive_float, "x")):
         with pytest.raises(argparse.ArgumentTypeError):
             fn(bad)
     args = argparse.Namespace(dataset="digits", data_dir=None, split="test", limit=50)
-    ds = _common.load_data(args)
-    assert len(ds) == 50 and len(_common.load_data(args, "train")) == 50
+    ds = cli_loading.load_data(args)
+    assert len(ds) == 50 and len(cli_loading.load_data(args, "train")) == 50
     model = models.create("digits_cnn", num_classes=10, in_channels=1, input_size=8)
-    _common.check_fits(model, ds)
+    cli_loading.check_fits(model, ds)
     with pytest.raises(ConfigError, match="8x8"):
-        _common.check_fits(models.create("lenet5"), ds)
+        cli_loading.check_fits(models.create("lenet5"), ds)
     with pytest.raises(ConfigError, match="3-channel"):
-        _common.check_fits(models.create("resnet20", in_channels=3, input_size=32), ds)
+        cli_loading.check_fits(models.create("resnet20", in_channels=3, input_size=32), ds)
     with pytest.raises(ConfigError, match="5 classes"):
-        _common.check_fits(models.create("digits_cnn", num_classes=5, input_size=8), ds)
+        cli_loading.check_fits(models.create("digits_cnn", num_classes=5, input_size=8), ds)
     with pytest.raises(ConfigError, match="cannot take the data's 1x8x8 images"):  # no spec: probed
-        _common.check_fits(torch.nn.Linear(2, 2), ds)
-    assert _common.check_fits(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10)), ds) == 10
-    out = _common.out_dir(argparse.Namespace(out=str(tmp_path / "a" / "b")))
+        cli_loading.check_fits(torch.nn.Linear(2, 2), ds)
+    assert cli_loading.check_fits(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10)), ds) == 10
+    out = cli_output.out_dir(argparse.Namespace(out=str(tmp_path / "a" / "b")))
     assert out.is_dir()
-    assert _common.peak_rss_mib() > 10
-    restore = _common.configure_logging("test")  # what the command does: report lines go to stdout
+    assert cli_output.peak_rss_mib() > 10
+    restore = cli_output.configure_logging("test")  # what the command does: report lines go to stdout
     try:
-        _common.print_table([{"name": "x", "acc": 0.5}, {"name": "long-name", "acc": None}], ["name", "acc"])
+        cli_output.print_table([{"name": "x", "acc": 0.5}, {"name": "long-name", "acc": None}], ["name", "acc"])
     finally:
         restore()
     lines = capsys.readouterr().out.splitlines()

@@ -430,11 +430,11 @@ def test_a_data_path_that_is_no_file_or_folder_is_refused(ds, mlp_digits_checkpo
 
 
 def test_threads_are_bounded_by_the_cores(tmp_path, capsys, monkeypatch) -> None:
-    from robustest.cli import _common
+    from robustest.cli import args as cli_args
 
-    cores = _common.available_cores()
+    cores = cli_args.available_cores()
     assert 1 <= cores <= (os.cpu_count() or cores)
-    assert _common.thread_count(str(cores)) == cores
+    assert cli_args.thread_count(str(cores)) == cores
     for verb in ("corrupt", "run", "demo"):
         code, err = _run(capsys, verb, "--threads", str(cores + 1), "--out", tmp_path / "o")
         _one_line(code, err, f"at most {cores} threads")

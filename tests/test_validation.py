@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from robustest.cli import _common
+from robustest.cli import args as cli_args
 from robustest.core.errors import ConfigError
 from robustest.core.validation import MAX_MAGNITUDE, arg, check_eps, check_float, check_int, check_seed
 
@@ -42,11 +42,11 @@ def test_arg_errors_name_what_is_allowed_and_the_text_given() -> None:
 def test_cli_number_types_accept_what_the_keyword_checks_accept() -> None:
     """Each CLI type and its check agree on a grid of values (both accept or both refuse)."""
     cases = [
-        (_common.positive_int, lambda v: check_int("v", v, lo=1), [0, 1, 5, -2]),
-        (_common.fraction, lambda v: check_float("v", v, lo=0, hi=1, lo_open=True), [0.0, 0.5, 1.0, 1.5]),
-        (_common.below_one, lambda v: check_float("v", v, lo=0, hi=1, hi_open=True), [0.0, 0.9, 1.0]),
-        (_common.seed_int, lambda v: check_seed("v", v), [0, 2**63 - 1, 2**63, -1]),
-        (_common.significance, lambda v: check_float("v", v, lo=0, hi=1, lo_open=True, hi_open=True),
+        (cli_args.positive_int, lambda v: check_int("v", v, lo=1), [0, 1, 5, -2]),
+        (cli_args.fraction, lambda v: check_float("v", v, lo=0, hi=1, lo_open=True), [0.0, 0.5, 1.0, 1.5]),
+        (cli_args.below_one, lambda v: check_float("v", v, lo=0, hi=1, hi_open=True), [0.0, 0.9, 1.0]),
+        (cli_args.seed_int, lambda v: check_seed("v", v), [0, 2**63 - 1, 2**63, -1]),
+        (cli_args.significance, lambda v: check_float("v", v, lo=0, hi=1, lo_open=True, hi_open=True),
          [0.0, 0.05, 1.0]),
     ]
     for parse, check, values in cases:

@@ -491,9 +491,9 @@ def test_train_verb_takes_a_parameterised_model_and_the_checkpoint_rebuilds_it(t
     assert model.net.fc.in_features == 64 and model.net.conv1.in_channels == 3
     from torch.utils.data import TensorDataset
 
-    from robustest.cli import _common
+    from robustest.cli import loading as cli_loading
 
-    _common.check_fits(model, TensorDataset(torch.rand(2, 3, 24, 24), torch.tensor([0, 1])))  # pools globally
+    cli_loading.check_fits(model, TensorDataset(torch.rand(2, 3, 24, 24), torch.tensor([0, 1])))  # pools globally
     code, _, err = run_cli(capsys, "train", "--dataset", "npz", "--data-dir", tmp_path / "tiny.npz", "--model",
                            "resnet50", "--epochs", "1", "--out", tmp_path / "r", "--no-progress")
     assert code == 2 and "resnet50" in err and "3x16x16" in err and "digits_cnn" in err

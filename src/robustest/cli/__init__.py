@@ -10,7 +10,7 @@ Exit status: 0 done, 1 a gate failed (``eval --fail-under``), 2 bad input, 3 an 
 line that says to rerun with ``--debug``), 130 interrupted.
 
 Every verb gets ``--quiet`` and ``--no-progress`` here, plain-text help (reStructuredText markup stripped),
-and one logging set-up per command (:func:`robustest.cli._common.configure_logging`): the verb's report lines
+and one logging set-up per command (:func:`robustest.cli.output.configure_logging`): the verb's report lines
 on stdout, messages and warnings on stderr, nothing but errors with ``--quiet``. Progress bars are drawn only
 when stderr is a terminal.
 """
@@ -28,14 +28,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from robustest import __version__
-from robustest.cli._common import (
-    add_output_flags,
-    available_cores,
-    configure_logging,
-    plain,
-    progress_enabled,
-    thread_count,
-)
+from robustest.cli.args import add_output_flags, available_cores, thread_count
+from robustest.cli.output import configure_logging, plain, progress_enabled
 from robustest.core.errors import ConfigError, RobustestError
 
 EXIT_OK = 0

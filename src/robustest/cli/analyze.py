@@ -14,25 +14,18 @@ from typing import Any
 
 import torch
 
-from robustest.cli._common import (
+from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
     add_run_args,
     batch_size_arg,
-    check_fits,
-    data_settings,
-    fmt,
     linf_eps,
-    load_data,
-    load_model,
-    log,
-    model_settings,
     noise_width,
-    out_dir,
-    peak_rss_mib,
     positive_int,
-    resolve_batch_size,
 )
+from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
+from robustest.cli.output import fmt, log, out_dir, peak_rss_mib
+from robustest.cli.settings import data_settings, model_settings
 from robustest.core import distributed
 from robustest.core.atomic import atomic_save
 from robustest.core.batching import take

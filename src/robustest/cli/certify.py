@@ -22,23 +22,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from robustest.cli._common import (
+from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
     add_run_args,
-    check_fits,
-    data_settings,
-    load_data,
-    load_model,
-    log,
-    model_settings,
-    out_dir,
-    peak_rss_mib,
     positive_float,
     positive_int,
     radius,
     significance,
 )
+from robustest.cli.loading import check_fits, load_data, load_model
+from robustest.cli.output import log, out_dir, peak_rss_mib
+from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import ConfigError
 
 ORDER = 37

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from robustest.cli._common import list_arg, seed_int
+from robustest.cli.args import list_arg, seed_int
 from robustest.cli.run import add_common_args, budget_arg, build_config, print_results
 
 ORDER = 41

@@ -22,20 +22,10 @@ from typing import Any
 
 import torch
 
-from robustest.cli._common import (
-    add_data_args,
-    add_run_args,
-    data_settings,
-    fmt,
-    int_list,
-    load_data,
-    log,
-    name_list,
-    out_dir,
-    parse_list,
-    peak_rss_mib,
-    positive_int,
-)
+from robustest.cli.args import add_data_args, add_run_args, int_list, name_list, parse_list, positive_int
+from robustest.cli.loading import load_data
+from robustest.cli.output import fmt, log, out_dir, peak_rss_mib
+from robustest.cli.settings import data_settings
 from robustest.core.batching import image_shape, take
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError

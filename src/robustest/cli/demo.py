@@ -21,7 +21,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from robustest.cli._common import fmt, log, seed_int, thread_count
+from robustest.cli.args import seed_int, thread_count
+from robustest.cli.output import fmt, log
 
 ORDER = 5
 

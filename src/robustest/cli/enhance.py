@@ -15,26 +15,20 @@ from pathlib import Path
 
 import torch
 
-from robustest.cli._common import (
+from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
     add_run_args,
-    check_fits,
-    data_settings,
-    fmt,
     learning_rate,
     linf_eps,
     list_arg,
-    load_data,
-    load_model,
-    log,
-    model_settings,
     non_negative_float,
     non_negative_int,
-    out_dir,
-    peak_rss_mib,
     positive_int,
 )
+from robustest.cli.loading import check_fits, load_data, load_model
+from robustest.cli.output import fmt, log, out_dir, peak_rss_mib
+from robustest.cli.settings import data_settings, model_settings
 from robustest.core import distributed
 from robustest.core.batching import take
 from robustest.core.devices import model_device

@@ -35,27 +35,21 @@ import sys
 import time
 
 from robustest.cli import EXIT_GATE
-from robustest.cli._common import (
+from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
     add_run_args,
     batch_size_arg,
-    check_fits,
-    data_settings,
     int_list,
     list_arg,
-    load_data,
-    load_model,
-    log,
-    model_settings,
     name_list,
-    out_dir,
-    peak_rss_mib,
     positive_int,
     radius,
-    resolve_batch_size,
     share_arg,
 )
+from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
+from robustest.cli.output import log, out_dir, peak_rss_mib
+from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import ConfigError
 from robustest.core.validation import check_eps
 

@@ -35,29 +35,22 @@ from typing import Any
 
 import torch
 
-from robustest.cli._common import (
+from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
     add_run_args,
     below_one,
-    build_zoo_model,
-    check_fits,
-    data_settings,
     finite_float,
     learning_rate,
     list_arg,
-    load_data,
-    load_model,
-    log,
-    model_settings,
     non_negative_float,
     non_negative_int,
-    out_dir,
-    peak_rss_mib,
     positive_float_list,
     positive_int,
-    print_table,
 )
+from robustest.cli.loading import build_zoo_model, check_fits, load_data, load_model
+from robustest.cli.output import log, out_dir, peak_rss_mib, print_table
+from robustest.cli.settings import data_settings, model_settings
 from robustest.core.atomic import atomic_write_json
 from robustest.core.errors import ConfigError
 

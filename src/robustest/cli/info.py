@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from robustest.cli._common import log
+from robustest.cli.output import log
 
 ORDER = 0
 

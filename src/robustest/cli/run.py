@@ -23,21 +23,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from robustest.cli._common import (
-    fmt,
+from robustest.cli.args import (
     json_object,
     learning_rate,
     linf_eps,
-    log,
     non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
-    print_table,
     seed_int,
     thread_count,
     unit_float,
 )
+from robustest.cli.output import fmt, log, print_table
 
 ORDER = 40
 

@@ -33,27 +33,20 @@ import torch
 
 from robustest import data as datasets
 from robustest import metrics
-from robustest.cli._common import (
+from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
     add_run_args,
     batch_size_arg,
-    check_fits,
-    data_settings,
     finite_float,
-    fmt,
-    load_data,
-    load_model,
-    log,
-    model_settings,
     name_list,
     non_negative_float,
-    out_dir,
-    peak_rss_mib,
     positive_int,
     radius,
-    resolve_batch_size,
 )
+from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
+from robustest.cli.output import fmt, log, out_dir, peak_rss_mib
+from robustest.cli.settings import data_settings, model_settings
 from robustest.core.atomic import atomic_save, atomic_write_json
 from robustest.core.batching import image_shape, take
 from robustest.core.devices import model_device

@@ -32,16 +32,8 @@ from typing import Any
 import torch
 
 from robustest import selection
-from robustest.cli._common import (
-    add_model_args,
-    add_output_flags,
-    fmt,
-    fraction,
-    log,
-    out_dir,
-    positive_int,
-    seed_int,
-)
+from robustest.cli.args import add_model_args, add_output_flags, fraction, positive_int, seed_int
+from robustest.cli.output import fmt, log, out_dir
 from robustest.core.atomic import atomic_save, atomic_write_text
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.reading import check_torch_file
@@ -261,7 +253,7 @@ def _stats(s: torch.Tensor) -> dict[str, Any]:
 
 def _features(args: argparse.Namespace, tests: dict[str, Any]) -> torch.Tensor:
     """Penultimate-layer features [N, D] of the scored tests (in the scores' order), on the model's device."""
-    from robustest.cli._common import check_fits, load_model
+    from robustest.cli.loading import check_fits, load_model
     from robustest.metrics.activations import penultimate_features
 
     model = load_model(args)

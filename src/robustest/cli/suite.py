@@ -25,27 +25,22 @@ from typing import Any
 
 import torch
 
-from robustest.cli._common import (
+from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
     add_output_flags,
     add_run_args,
-    check_fits,
-    data_settings,
     int_list,
-    load_data,
-    load_model,
-    log,
-    model_settings,
     name_list,
     noise_width,
-    out_dir,
-    plain,
     positive_int,
     radius,
     share_arg,
     significance,
 )
+from robustest.cli.loading import check_fits, load_data, load_model
+from robustest.cli.output import log, out_dir, plain
+from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import ConfigError
 
 ORDER = 36

@@ -25,26 +25,22 @@ from typing import Any
 import torch
 
 from robustest import models as zoo
-from robustest.cli._common import (
+from robustest.cli.args import (
     add_data_args,
     add_run_args,
     below_one,
-    check_fits,
-    data_settings,
-    fmt,
     json_object,
     key_value,
     learning_rate,
     list_arg,
-    load_data,
-    log,
     model_options_object,
     non_negative_float,
-    out_dir,
-    peak_rss_mib,
     positive_float,
     positive_int,
 )
+from robustest.cli.loading import check_fits, load_data
+from robustest.cli.output import fmt, log, out_dir, peak_rss_mib
+from robustest.cli.settings import data_settings
 from robustest.core.batching import image_shape, labels_of, take
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError

@@ -13,27 +13,6 @@ from typing import Any
 
 import torch
 
-from robustest.cli._common import (
-    add_checkpoint_arg,
-    add_data_args,
-    add_run_args,
-    check_fits,
-    data_settings,
-    fmt,
-    fraction,
-    int_list,
-    linf_eps_list,
-    load_data,
-    load_model,
-    log,
-    model_settings,
-    name_list,
-    non_negative_int,
-    out_dir,
-    peak_rss_mib,
-    positive_int,
-    print_table,
-)
 from robustest.cli.analyze import (
     add_analysis_args,
     analysis_from_args,
@@ -41,6 +20,20 @@ from robustest.cli.analyze import (
     analysis_settings,
     unit_fraction,
 )
+from robustest.cli.args import (
+    add_checkpoint_arg,
+    add_data_args,
+    add_run_args,
+    fraction,
+    int_list,
+    linf_eps_list,
+    name_list,
+    non_negative_int,
+    positive_int,
+)
+from robustest.cli.loading import check_fits, load_data, load_model
+from robustest.cli.output import fmt, log, out_dir, peak_rss_mib, print_table
+from robustest.cli.settings import data_settings, model_settings
 from robustest.core.batching import labels_of, take
 from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError, DataError

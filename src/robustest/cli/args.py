@@ -1,27 +1,25 @@
-"""Arguments and helpers shared by the CLI verbs: data and model options, number and list types, logging and
-progress switches, printed tables, and the settings a verb records in its results.json."""
+"""Argument types and adders of the CLI: the data, model and run options every verb shares, the number, radius
+and share types (one check each, from robustest.core.validation), and the one list syntax (``1-5``, ``a,b``)."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import os
 import re
-import resource
-import sys
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import torch
-from torch import nn
-from torch.utils.data import Dataset
-
 from robustest import data as datasets
-from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
 from robustest.core.validation import arg, check_eps, check_float, check_int, check_seed, parse_number
+
+__all__ = ["LIST_SYNTAX", "MAX_RANGE_ITEMS", "add_checkpoint_arg", "add_data_args", "add_model_args",
+           "add_output_flags", "add_run_args", "available_cores", "batch_size_arg", "below_one",
+           "finite_float", "fraction", "int_list", "json_object", "key_value", "learning_rate", "linf_eps",
+           "linf_eps_list", "list_arg", "model_options_object", "name_list", "noise_width",
+           "non_negative_float", "non_negative_int", "parse_list", "positive_float", "positive_float_list",
+           "positive_int", "radius", "seed_int", "share_arg", "significance", "thread_count", "unit_float"]
 
 
 def add_data_args(p: argparse.ArgumentParser, split: str | None = "test", required: bool = True) -> None:
@@ -122,6 +120,8 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
 # so a flag accepts what the YAML key and the keyword argument accept; every float flag takes a fraction as
 # well: --eps 8/255, --alpha 2/255
 positive_int = arg(check_int, "a positive integer", lo=1)
+
+
 positive_float = arg(check_float, "a positive number", lo=0, lo_open=True)
 non_negative_int = arg(check_int, "a non-negative integer", lo=0)
 non_negative_float = arg(check_float, "a non-negative number", lo=0)
@@ -132,6 +132,8 @@ noise_width = arg(check_float, "a noise width in (0, 2] (pixel scale)", lo=0, hi
 seed_int = arg(check_seed, "a seed: an integer in [0, 2^63)")
 learning_rate = arg(check_float, "a learning rate in (0, 10]", lo=0, hi=10, lo_open=True)
 below_one = arg(check_float, "a number in [0, 1)", lo=0, hi=1, hi_open=True)  # momentum, smoothing
+
+
 significance = arg(check_float, "a significance level in (0, 1), e.g. 0.05", lo=0, hi=1, lo_open=True,
                    hi_open=True)
 
@@ -208,19 +210,6 @@ def batch_size_arg(text: str) -> int | str:
     return "auto" if str(text).strip().lower() == "auto" else positive_int(text)
 
 
-def resolve_batch_size(args: argparse.Namespace, model: nn.Module, data: Any, *, default: int, grad: bool,
-                       amp: str | None = None) -> int:
-    """Replace ``args.batch_size`` ``auto`` by the size :func:`robustest.core.batchsize.auto_batch_size` picks for
-    ``model`` and ``data`` (``args.batch_size_auto`` then True: the settings record both); returns it."""
-    from robustest.core.batchsize import AUTO, auto_batch_size
-
-    args.batch_size_auto = args.batch_size == AUTO
-    args.batch_size = auto_batch_size(args.batch_size, model, data, default=default, grad=grad, amp=amp)
-    if args.batch_size_auto:
-        log.info(f"--batch-size auto: {args.batch_size}")
-    return int(args.batch_size)
-
-
 def key_value(text: str) -> tuple[str, Any]:
     """An argparse ``type=``: ``KEY=VALUE`` with VALUE read as JSON when it parses (numbers, true/false, null)
     and as a string otherwise; non-finite numbers are refused."""
@@ -253,112 +242,6 @@ def model_options_object(text: str) -> dict[str, Any]:
     return d
 
 
-def load_data(args: argparse.Namespace, split: str | None = None) -> Dataset:
-    """Load the data set named by --dataset/--data-dir for ``split`` (default --split) with the loader options
-    (--limit applied before decoding); images stay compact and are streamed per batch."""
-    return datasets.load(args.dataset, root=args.data_dir, split=split or args.split,
-                         limit=getattr(args, "limit", None), num_classes=getattr(args, "num_classes", None),
-                         corruption=getattr(args, "corruption", None), severity=getattr(args, "severity", None),
-                         resize=getattr(args, "resize", None), center_crop=getattr(args, "center_crop", None),
-                         workers=getattr(args, "workers", 0) or 0)
-
-
-def model_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The model options as keyword arguments of :func:`robustest.models.checkpoints.load_model`."""
-    return {"source": getattr(args, "checkpoint", None), "factory": getattr(args, "model_factory", None),
-            "factory_args": getattr(args, "model_args", None), "weights": getattr(args, "weights", None),
-            "torchscript": bool(getattr(args, "torchscript", False))}
-
-
-def load_model(args: argparse.Namespace) -> nn.Module:
-    """The model named by the model options (refusing unsafe files), on --device."""
-    from robustest.models.checkpoints import load_model as load
-
-    opts = model_options(args)
-    if opts["factory_args"] is not None and opts["factory"] is None:
-        raise ConfigError("--model-args applies to --model pkg.module:factory")
-    if opts["source"] is None and opts["factory"] is None and opts["weights"] is None:
-        raise ConfigError("no model given: pass --checkpoint FILE, or --model pkg.module:factory --weights FILE for "
-                          "your own model")
-    random_init = bool(getattr(args, "random_init", False))
-    if random_init and (opts["source"] is not None or opts["weights"] is not None):
-        raise ConfigError("--random-init/--from-scratch starts from random weights: drop --checkpoint/--weights, or "
-                          "drop --random-init to use them")
-    if random_init and opts["factory"] is None:
-        raise ConfigError("--random-init/--from-scratch needs --model NAME (or pkg.module:factory) to build")
-    if random_init:
-        torch.manual_seed(getattr(args, "seed", 0) or 0)  # the initial weights come from --seed
-    device = resolve_device(None, args.device) if getattr(args, "device", None) else torch.device("cpu")
-    model = load(**opts, map_location=device)  # a bad factory or its arguments: refused here first
-    if opts["factory"] is not None and opts["source"] is None and opts["weights"] is None and not random_init:
-        raise ConfigError(f"--model {opts['factory']} without --weights or --checkpoint would run random weights: "
-                          "give --weights FILE, or --random-init if that is what you want")
-    return model
-
-
-def build_zoo_model(args: argparse.Namespace, data: Any) -> nn.Module:
-    """The zoo model --model NAME with random weights (seeded by --seed), sized from ``data``: its channels,
-    square side and number of classes (--num-classes, or the largest label + 1). Needs --from-scratch; no
-    normalisation layer (inputs in [0, 1] as they are), on --device."""
-    from robustest import models as zoo
-    from robustest.core.batching import image_shape, labels_of, num_samples, take
-
-    name = args.model_factory
-    if not getattr(args, "random_init", False):
-        raise ConfigError(f"--model {name} is a zoo architecture with random weights: add --from-scratch to train "
-                          "it from scratch, or fine-tune a trained model with --checkpoint FILE")
-    if args.checkpoint is not None or args.weights is not None:
-        raise ConfigError("--from-scratch starts from random weights: drop --checkpoint/--weights")
-    if args.model_args is not None:
-        raise ConfigError("--model-args applies to --model pkg.module:factory, not to zoo models")
-    c, h, w = image_shape(data)
-    if h != w:
-        raise ConfigError(f"images must be square for the zoo models, got {h}x{w}: pass --resize H W")
-    y = labels_of(data)
-    if y is None:
-        y = take(data, torch.arange(num_samples(data)))[1]
-    k = max(getattr(args, "num_classes", None) or int(y.max()) + 1, 2)
-    zoo.check_input(name, c, h, k)
-    device = resolve_device(None, args.device) if getattr(args, "device", None) else torch.device("cpu")
-    torch.manual_seed(getattr(args, "seed", 0) or 0)
-    return zoo.create(name, num_classes=k, in_channels=c, input_size=h).to(device).eval()
-
-
-def check_fits(model: nn.Module, ds: Any) -> int:
-    """Fail with one line when the data does not fit the model's input or label space, or when the model's
-    logits on the first batch are NaN or infinite; returns K."""
-    from robustest import models as zoo
-    from robustest.core.batching import image_shape
-    from robustest.core.modelchecks import check_finite_logits, check_model_fits
-
-    spec = getattr(model, "robustest_spec", None)
-    if spec:
-        c, h, w = image_shape(ds)
-        if spec.get("in_channels") not in (None, c):
-            raise ConfigError(f"the model takes {spec['in_channels']}-channel images but the data has {c} channels")
-        size = spec.get("input_size")
-        if size is not None and not zoo.accepts_size(spec, h, w):
-            raise ConfigError(f"the model takes {size}x{size} images but the data is {h}x{w}: models for "
-                              f"{h}x{w} images: {', '.join(zoo.suggest(h)) or 'none in the zoo'}")
-    k = check_model_fits(model, ds)
-    check_finite_logits(model, ds)
-    return k
-
-
-def out_dir(args: argparse.Namespace) -> Path:
-    """The --out folder, created and proved writable (stale temporary files of a killed run removed)."""
-    from robustest.core.atomic import check_writable
-
-    return check_writable(args.out)
-
-
-def peak_rss_mib() -> float:
-    """Peak resident memory of this process in MiB."""
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb / 1024.0 if sys.platform != "darwin" else kb / 2**20
-
-
-# ------------------------------------------------------------------------------------------------ lists
 _RANGE = re.compile(r"^(\d+)\s*-\s*(\d+)$")
 MAX_RANGE_ITEMS = 100_000  # a range a-b expands to a list: bounded before it is built
 LIST_SYNTAX = "a comma-separated list; integers also as ranges: 1-5, 1,3,5 or 1-3,5"
@@ -439,180 +322,3 @@ def positive_float_list(what: str = "value") -> Callable[[str], list[float]]:
 def linf_eps_list(what: str = "eps") -> Callable[[str], list[float]]:
     """L-inf radii in (0, 1]: ``0.05,0.1,0.2``."""
     return list_arg(linf_eps, what=what)
-
-
-# ---------------------------------------------------------------------------- messages and progress bars
-LOGGER = "robustest"
-log = logging.getLogger("robustest.cli")  # what a verb reports: stdout; other robustest loggers: stderr
-
-
-class _LiveStream(logging.StreamHandler):
-    """A handler writing to sys.stdout or sys.stderr as they are when a record is emitted (so redirections made
-    after the command started, such as pytest's capture, are honoured)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(getattr(sys, name))
-        self._name = name
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.stream = getattr(sys, self._name)
-        super().emit(record)
-
-    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
-        """A reader that went away (``robustest info | head``): the rest of the output goes to /dev/null,
-        quietly, instead of one traceback per message."""
-        if isinstance(sys.exc_info()[1], BrokenPipeError):
-            import os
-
-            try:
-                os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
-            except (OSError, ValueError, AttributeError):
-                setattr(sys, self._name, open(os.devnull, "w"))  # noqa: SIM115 - for the rest of the process
-            return
-        super().handleError(record)
-
-
-class _Formatter(logging.Formatter):
-    def __init__(self, verb: str) -> None:
-        super().__init__("%(message)s")
-        self.prefix = f"robustest {verb}" if verb else "robustest"
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        if record.levelno >= logging.WARNING:
-            return f"{self.prefix}: {record.levelname.lower()}: {text}"
-        return text
-
-
-def _to_stdout(record: logging.LogRecord) -> bool:
-    return record.name.startswith("robustest.cli") and record.levelno < logging.WARNING
-
-
-def configure_logging(verb: str = "", quiet: bool = False) -> Callable[[], None]:
-    """Route the ``robustest`` loggers for one command: the verb's report lines (logger ``robustest.cli``, INFO)
-    to stdout; library messages, warnings and errors to stderr, warnings and errors prefixed with
-    ``robustest VERB:``. Python warnings become one-line warnings of the ``robustest.warnings`` logger
-    (deprecation warnings of libraries stay hidden, as Python hides them by default). ``quiet`` raises the
-    level to ERROR. Returns a function that undoes all of it."""
-    import warnings
-
-    level = logging.ERROR if quiet else logging.INFO
-    root = logging.getLogger(LOGGER)
-    out, err = _LiveStream("stdout"), _LiveStream("stderr")
-    out.addFilter(_to_stdout)
-    err.addFilter(lambda r: not _to_stdout(r))
-    for h in (out, err):
-        h.setFormatter(_Formatter(verb))
-    saved = (root.level, root.propagate)
-    root.setLevel(level)
-    root.propagate = False
-    root.addHandler(out)
-    root.addHandler(err)
-    caught = warnings.catch_warnings()
-    caught.__enter__()
-    warnings.simplefilter("ignore", DeprecationWarning)
-    warnings.simplefilter("ignore", PendingDeprecationWarning)
-    show_default = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - warnings' signature
-        if file is not None:
-            return show_default(message, category, filename, lineno, file, line)
-        logging.getLogger("robustest.warnings").warning(" ".join(f"{message} ({category.__name__})".split()))
-        return None
-
-    warnings.showwarning = show
-
-    def restore() -> None:
-        caught.__exit__(None, None, None)
-        root.removeHandler(out)
-        root.removeHandler(err)
-        root.setLevel(saved[0])
-        root.propagate = saved[1]
-
-    return restore
-
-
-def _isatty(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):
-        return False
-
-
-def progress_enabled(args: argparse.Namespace) -> bool:
-    """Progress bars are drawn only when asked for (no --no-progress, no --quiet) AND stderr is a terminal: a
-    captured log never fills with carriage-return frames."""
-    return not getattr(args, "no_progress", False) and not getattr(args, "quiet", False) and _isatty(sys.stderr)
-
-
-# -------------------------------------------------------------------------------------------- help texts
-_RST = [(re.compile(r"``([^`]+)``"), r"\1"), (re.compile(r":(?:func|class|meth|mod|data|attr):`~?([^`]+)`"), r"\1"),
-        (re.compile(r"`([^`]+)`"), r"\1")]
-
-
-def plain(text: str | None) -> str | None:
-    """Help text without reStructuredText markup (````code````, ``:func:`x```): plain text for --help."""
-    if text is None:
-        return None
-    for pattern, repl in _RST:
-        text = pattern.sub(repl, text)
-    return text
-
-
-# ------------------------------------------------------------------------------------------------- settings
-DATA_KEYS = ("dataset", "data_dir", "split", "limit", "num_classes", "corruption", "severity", "resize",
-             "center_crop", "workers")
-
-
-def pick(args: argparse.Namespace, keys: Iterable[str]) -> dict[str, Any]:
-    """The options ``keys`` of ``args`` that hold a value (None = not given and no default: not in effect)."""
-    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
-
-
-def data_settings(args: argparse.Namespace, split: str | None = None) -> dict[str, Any]:
-    """The data options in effect (``split`` overrides --split for verbs that read a fixed split)."""
-    d = pick(args, DATA_KEYS)
-    if split is not None:
-        d["split"] = split
-    if not d.get("workers"):
-        d.pop("workers", None)  # 0: decoded in the main process, nothing to record
-    return d
-
-
-def model_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The model options in effect: checkpoint, model (pkg.module:factory), model_args, weights, torchscript."""
-    d: dict[str, Any] = {}
-    for key, name in (("checkpoint", "checkpoint"), ("model_factory", "model"), ("model_args", "model_args"),
-                      ("weights", "weights")):
-        if getattr(args, key, None) is not None:
-            d[name] = getattr(args, key)
-    if getattr(args, "torchscript", False):
-        d["torchscript"] = True
-    return d
-
-
-# ---------------------------------------------------------------------------------------------- printing
-def print_table(rows: list[dict], columns: list[str], file=None) -> None:
-    """Print rows as a plain aligned table: headers as words, figures rounded by column (as in report.html).
-    Goes to ``file`` when given, else through the ``robustest.cli`` logger (stdout; silent with --quiet)."""
-    from robustest.report import format_value, header_label
-
-    cells = [[header_label(c) for c in columns]] + [[format_value(r.get(c), c) for c in columns] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    lines = []
-    for j, row in enumerate(cells):
-        lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
-        if j == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    for line in lines:
-        if file is not None:
-            print(line, file=file)
-        else:
-            log.info(line)
-
-
-def fmt(value: Any, key: str = "") -> str:
-    """A figure for a printed line, rounded like the report (:func:`robustest.report.format_value`)."""
-    from robustest.report import format_value
-
-    return format_value(value, key)

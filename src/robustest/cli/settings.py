@@ -1,0 +1,40 @@
+"""The settings a verb records in results.json: the data and model options in effect."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["DATA_KEYS", "data_settings", "model_settings", "pick"]
+
+
+DATA_KEYS = ("dataset", "data_dir", "split", "limit", "num_classes", "corruption", "severity", "resize",
+             "center_crop", "workers")
+
+
+def pick(args: argparse.Namespace, keys: Iterable[str]) -> dict[str, Any]:
+    """The options ``keys`` of ``args`` that hold a value (None = not given and no default: not in effect)."""
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
+def data_settings(args: argparse.Namespace, split: str | None = None) -> dict[str, Any]:
+    """The data options in effect (``split`` overrides --split for verbs that read a fixed split)."""
+    d = pick(args, DATA_KEYS)
+    if split is not None:
+        d["split"] = split
+    if not d.get("workers"):
+        d.pop("workers", None)  # 0: decoded in the main process, nothing to record
+    return d
+
+
+def model_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The model options in effect: checkpoint, model (pkg.module:factory), model_args, weights, torchscript."""
+    d: dict[str, Any] = {}
+    for key, name in (("checkpoint", "checkpoint"), ("model_factory", "model"), ("model_args", "model_args"),
+                      ("weights", "weights")):
+        if getattr(args, key, None) is not None:
+            d[name] = getattr(args, key)
+    if getattr(args, "torchscript", False):
+        d["torchscript"] = True
+    return d
