@@ -102,9 +102,9 @@ def test_enhance_aggregates_seeds_with_paired_intervals_to_the_plain_fine_tune()
 def test_robot_table_says_n_for_one_seed():
     rr = script("reproduce_robot")
     row = {"seeds": 1, "clean_accuracy_mean": 1.0, "clean_accuracy_std": 0.0}
-    assert rr._pm(row, "clean_accuracy") == "100.00 (n = 1)"
-    assert rr._pm({**row, "seeds": 3, "clean_accuracy_std": 0.01}, "clean_accuracy") == "100.00 ± 1.00"
-    assert rr._pm({"seeds": 3}, "clean_accuracy") == "-"
+    assert rr.plus_minus(row, "clean_accuracy") == "100.00 (n = 1)"
+    assert rr.plus_minus({**row, "seeds": 3, "clean_accuracy_std": 0.01}, "clean_accuracy") == "100.00 ± 1.00"
+    assert rr.plus_minus({"seeds": 3}, "clean_accuracy") == "-"
 
 
 def test_enhance_seeds_argument():
