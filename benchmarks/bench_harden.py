@@ -10,11 +10,12 @@ same attack seeds for every model: common random numbers) and the clean accuracy
 ``--autoattack fast|standard``, the final model of every run (and the pretrained one) is also evaluated with
 robustest's AutoAttack-style ensemble (``robustest.evaluate.evaluate``) on the same test subset.
 
-Methods: pgd-at, trades, fosc, fol-budget, fast-at (robustest.train.hardening) and ``reference``: an independent
-plain-PyTorch PGD-AT of the same recipe written below (no robustest code in its training loop: own shuffling,
-random start, PGD loop, eps ramp, cosine rate, eval mode for the attack and train mode for the update, Adam), to
-check that our pgd-at lands where a textbook implementation does. Training time is recorded as wall seconds and
-as the process's CPU seconds (``train CPU-min``: the figure the targets are stated in, robust to a shared machine).
+Methods: pgd-at, trades, fosc, fol-budget, fast-at, n-fgsm, grad-align (robustest.train.hardening) and
+``reference``: an independent plain-PyTorch PGD-AT of the same recipe written below (no robustest code in its
+training loop: own shuffling, random start, PGD loop, eps ramp, cosine rate, eval mode for the attack and train mode
+for the update, Adam), to check that our pgd-at lands where a textbook implementation does. Training time is
+recorded as wall seconds and as the process's CPU seconds (``train CPU-min``: the figure the targets are stated in,
+robust to a shared machine).
 
 Outputs (resumable: every finished run is OUT/runs/<method>_s<seed>.json and is skipped when rerun):
 OUT/results.json (settings, per-run curves, summary), OUT/summary.md (the tables), OUT/curves.png (white-box and
@@ -47,7 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-ALL = ("pgd-at", "reference", "trades", "fosc", "fol-budget", "fast-at")
+ALL = ("pgd-at", "reference", "trades", "fosc", "fol-budget", "fast-at", "n-fgsm", "grad-align")
 
 
 # ------------------------------------------------------------------------ the independent reference recipe
@@ -150,6 +151,7 @@ def base_model(base, seed: int, args):
 
 
 def one_run(name: str, seed: int, base, train, test, wb, aa, args) -> dict[str, Any]:
+    from robustest.train import objectives
     from robustest.train.hardening import harden
 
     model = base_model(base, seed, args)
@@ -186,8 +188,9 @@ def one_run(name: str, seed: int, base, train, test, wb, aa, args) -> dict[str, 
     else:
         kw = dict(args.method_kw.get(name, {}))
         kw = {**recipe_kw(args), **kw}
-        res = harden(model, train, name, eps=args.eps, epochs=epochs, steps=None if name == "fast-at" else args.steps,
-                     batch_size=args.batch_size, lr=args.lr, seed=seed, on_epoch_end=on_epoch_end, keep="last", **kw)
+        steps = None if objectives.get(name).fixed_steps else args.steps  # single-step methods take no steps
+        res = harden(model, train, name, eps=args.eps, epochs=epochs, steps=steps, batch_size=args.batch_size,
+                     lr=args.lr, seed=seed, on_epoch_end=on_epoch_end, keep="last", **kw)
         settings = res.settings
     return {"method": name, "seed": seed, "settings": settings, "curve": curve}
 

@@ -154,7 +154,7 @@ def test_from_scratch_trains_a_zoo_model_and_measures_autoattack(tmp_path, capsy
     (["--eps-warmup", "1"], "eps_warmup"),
     (["--schedule", "cyclic", "--warmup-epochs", "1"], "cyclic schedule has its own warm_up"),
     (["--co-guard"], "unrecognized"),
-    (["--no-co-guard"], "co_guard applies to method fast_at only"),
+    (["--no-co-guard"], "co_guard applies to method fast_at / n_fgsm / grad_align only"),
     (["--eps", "1.5"], "eps"),
     (["--eps", "nan"], "eps"),
     (["--method", "fol-budget", "--fol-threshold", "inf"], "fol_threshold"),
@@ -233,3 +233,44 @@ def test_default_validation_split_fits_small_data(checkpoint, tmp_path, capsys):
     rc = main(["harden", "--checkpoint", checkpoint, *tiny, "--limit", "9", "--out", str(tmp_path / "few")])
     err = capsys.readouterr().err
     assert rc == 2 and "too few to hold out a validation split" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("method, flags, key, value", [
+    ("n-fgsm", ["--noise", "1.5"], "noise", 1.5),
+    ("grad-align", ["--grad-align-lambda", "0.5"], "grad_align_lambda", 0.5),
+])
+def test_single_step_remedies_run_from_the_cli(method, flags, key, value, checkpoint, tmp_path, capsys,
+                                               results_contract):
+    i = TINY.index("--steps")
+    tiny = TINY[:i] + TINY[i + 2:]
+    out = tmp_path / method
+    assert main(["harden", "--checkpoint", checkpoint, *tiny, "--method", method, *flags, "--out", str(out)]) == 0
+    res = results_contract(out, "harden")  # the schema knows the method and its options
+    s = res["settings"]
+    assert (s["method"], s["steps"], s["alpha"], s[key], s["co_guard"]) == (method, 1, 0.2, value, True)
+    if method == "n-fgsm":
+        assert s.get("clip") is None  # not clamped (None settings are left out)
+    # N images per epoch: n-fgsm 2 N passes as fast-at; grad-align (N + 2 N forwards + 2 (N + 4 N) backwards) / 3
+    n = res["data"]["num_fit"]
+    per = {"n-fgsm": 2.0, "grad-align": (1 + 2 + 2 * (1 + 4)) / 3}[method]
+    assert res["epochs"][0]["compute"]["passes"] == pytest.approx(per * n)
+
+
+def test_the_report_names_the_guard_rule_that_fired(checkpoint, tmp_path, capsys, monkeypatch):
+    """A validation PGD accuracy of 0 under a training-attack accuracy of 0.5 or more: the 'masked' rule."""
+    from robustest.train import early_stopping
+
+    monkeypatch.setattr(early_stopping, "validate", lambda *a, **k: {"val_clean_accuracy": 0.9,
+                                                                      "val_pgd_accuracy": 0.0})
+    monkeypatch.setattr(early_stopping, "masked", lambda adv, pgd: True)
+    i = TINY.index("--steps")
+    tiny = TINY[:i] + TINY[i + 2:]
+    out = tmp_path / "g"
+    assert main(["harden", "--checkpoint", checkpoint, *tiny, "--method", "n-fgsm", "--eps-warmup", "0",
+                 "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["guard_epoch"] == 1 and res["epochs"][0]["guard"] == "masked" and len(res["epochs"]) == 1
+    cap = capsys.readouterr()
+    assert "guard at epoch 1 (the training attack's accuracy at least 0.5 above the validation PGD accuracy)" \
+        in cap.out + cap.err
+    assert "the model resists only its own single-step attack" in (out / "report.html").read_text()

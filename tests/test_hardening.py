@@ -60,8 +60,8 @@ def test_every_method_raises_whitebox_accuracy(method, base_model, digits_split)
     before = _whitebox(base_model, test)
     model = copy.deepcopy(base_model)
     # 3 epochs on 400 images lift every method by 0.2-0.43 (seeds 0 and 1; TRADES gains least)
-    res = harden(model, (x[:400], y[:400]), method, eps=EPS, epochs=3, steps=None if method == "fast-at" else 5,
-                 batch_size=32, lr=2e-3, seed=0)
+    steps = None if objectives.get(method).fixed_steps else 5  # the single-step methods take no steps
+    res = harden(model, (x[:400], y[:400]), method, eps=EPS, epochs=3, steps=steps, batch_size=32, lr=2e-3, seed=0)
     after = _whitebox(model, test)
     assert before < 0.2
     assert after >= before + 0.15, (method, before, after)
@@ -323,8 +323,50 @@ def test_fast_at_guard_stops_at_the_collapse_and_restores_the_best(base_model, d
     off = harden(copy.deepcopy(base_model), (x, y), "fast-at", eps=EPS, epochs=5, val=test, keep="last",
                  co_guard=False)
     assert off.guard_epoch is None and len(off.epochs) == 5 and off.kept_epoch == 5
-    with pytest.raises(ConfigError, match="co_guard applies to method fast-at only"):
+    with pytest.raises(ConfigError, match="co_guard applies to method fast-at / n-fgsm / grad-align only"):
         harden(copy.deepcopy(base_model), (x, y), "pgd-at", eps=EPS, epochs=1, co_guard=True)
+
+
+def _perfect_fast_at():
+    """fast-at under another name whose training logits are always right: training adversarial accuracy 1.0."""
+    import dataclasses
+
+    fast = objectives.get("fast-at")
+
+    def step(model, x, y, gen, ctx):
+        out = fast.step(model, x, y, gen, ctx)
+        return dataclasses.replace(out, logits=torch.nn.functional.one_hot(y, 10).float())
+
+    return dataclasses.replace(fast, name="perfect-fast-at", step=step)
+
+
+@pytest.mark.parametrize("scores, warmup, guard_epoch", [
+    ([0.3, 0.9, 0.9], 0.0, 1),    # 1.0 - 0.3 >= 0.5 in the first epoch: a collapse that never rose
+    ([0.5, 0.9, 0.9], 0.0, 1),    # exactly CO_GAP apart counts
+    ([0.51, 0.51, 0.51], 0.0, None),
+    ([0.3, 0.3, 0.9], 0.3, 2),    # epoch 1 trains inside the eps warm-up: its adversarial accuracy is not comparable
+])
+def test_guard_stops_a_collapse_that_never_rose(scores, warmup, guard_epoch, base_model, digits_split, monkeypatch):
+    (x, y), test = digits_split
+    _scripted_validation(monkeypatch, list(scores))
+    with objectives.registered(_perfect_fast_at()):
+        res = harden(copy.deepcopy(base_model), (x[:128], y[:128]), "perfect-fast-at", eps=EPS, epochs=3, val=test,
+                     eps_warmup=warmup, batch_size=32)
+    assert [r["adv_accuracy"] for r in res.epochs] == [1.0] * len(res.epochs)
+    assert res.guard_epoch == guard_epoch
+    if guard_epoch is None:
+        assert len(res.epochs) == 3 and all("guard" not in r for r in res.epochs)
+    else:
+        assert len(res.epochs) == guard_epoch and res.epochs[-1]["guard"] == "masked"
+        assert res.best_epoch == (None if guard_epoch == 1 else 1)
+        assert res.kept_epoch == (1 if guard_epoch == 1 else res.best_epoch)
+
+
+@pytest.mark.parametrize("adv, pgd, masked", [(0.9, 0.4, True), (0.9, 0.41, False), (0.95, 0.05, True),
+                                              (0.5, 0.0, True), (0.49, 0.0, False), (0.2, 0.8, False)])
+def test_masked_rule(adv, pgd, masked):
+    assert early_stopping.CO_GAP == 0.5
+    assert early_stopping.masked(adv, pgd) is masked
 
 
 @pytest.mark.parametrize("score, best, collapsed", [(0.2, 0.45, True), (0.3, 0.45, False), (0.04, 0.1, False),

@@ -121,12 +121,13 @@ def test_the_registry_holds_fit_and_enhance_objectives_but_harden_offers_neither
 
     every = objectives.names(harden_only=False)
     assert {"cross-entropy", "augmix-jsd-adv"} <= set(every)
-    assert objectives.names() == ("pgd-at", "trades", "fosc", "fol-budget", "fast-at", "gaussian-noise", "ibp",
-                                  "crown-ibp")
+    assert objectives.names() == ("pgd-at", "trades", "fosc", "fol-budget", "fast-at", "n-fgsm", "grad-align",
+                                  "gaussian-noise", "ibp", "crown-ibp")
     assert all(not objectives.get(n).harden_method for n in ("cross-entropy", "augmix-jsd-adv"))
     assert set(objectives.option_owners()) == {o.name for n in objectives.names() for o in objectives.get(n).options}
     with pytest.raises(ConfigError, match="unknown harden method 'cross-entropy' .*another loop.*: choose one of "
-                                          "pgd-at, trades, fosc, fol-budget, fast-at, gaussian-noise, ibp, "
+                                          "pgd-at, trades, fosc, fol-budget, fast-at, n-fgsm, grad-align, "
+                                          "gaussian-noise, ibp, "
                                           "crown-ibp$"):
         harden_settings("cross-entropy", eps=0.1)
     with pytest.raises(ConfigError, match=r"unknown harden method 'augmix_jsd_adv' \(augmix-jsd-adv is"):

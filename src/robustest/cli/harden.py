@@ -284,6 +284,23 @@ def _split(train: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     return take(train, tr), take(train, va)
 
 
+#: what each rule of the catastrophic-overfitting guard saw (robustest.train.early_stopping: collapsed, masked)
+_GUARD_REASONS = {
+    "collapsed": "the validation PGD accuracy collapse",
+    "masked": "the training attack's accuracy at least 0.5 above the validation PGD accuracy (the model resists only "
+              "its own single-step attack: a collapse that robustness never rose before)",
+}
+
+
+def _guard_of(epochs: list[dict[str, Any]], epoch: int) -> str:
+    """The guard rule that fired at ``epoch`` (1-based) of the per-epoch records."""
+    return str(epochs[epoch - 1].get("guard", "collapsed")) if 0 < epoch <= len(epochs) else "collapsed"
+
+
+def _guard_reason(res: Any) -> str:
+    return _GUARD_REASONS[_guard_of(res.epochs, res.guard_epoch)].split(" (")[0]
+
+
 def run(args: argparse.Namespace) -> int:
     from robustest.models.checkpoints import save_checkpoint, source_of
     from robustest.report import format_value
@@ -377,7 +394,7 @@ def run(args: argparse.Namespace) -> int:
     log.info(f"{res.method}: {final_epoch} epoch{'s' if final_epoch != 1 else ''} on {res.num_samples} images, "
              f"{c['passes']:.4g} forward+backward passes ({c['passes'] / res.num_samples:.2f} per image), "
              f"{format_value(cpu_harden, 'cpu_s')} CPU-seconds of training"
-             + (f"; stopped by the catastrophic-overfitting guard at epoch {res.guard_epoch}"
+             + (f"; stopped by the catastrophic-overfitting guard at epoch {res.guard_epoch} ({_guard_reason(res)})"
                 if res.guard_epoch is not None else ""))
     log.info(f"wrote {out / 'model.pt'}, {out / 'results.json'} and {out / 'report.html'}")
     return 0
@@ -417,8 +434,8 @@ def _report(results: dict[str, Any], path: Path) -> None:
         rep.paragraph(f"Validation: {results['data']['num_val']} held-out training images, PGD-{s['val_steps']} after "
                       f"every epoch. The model written (model.pt) is epoch {kept}'s ({s['keep']} "
                       f"{'validation PGD accuracy' if s['keep'] == 'best' else 'epoch'})."
-                      + (f" Training stopped at epoch {guard}: the catastrophic-overfitting guard saw the validation "
-                         "PGD accuracy collapse." if guard is not None else ""))
+                      + (f" Training stopped at epoch {guard}: the catastrophic-overfitting guard saw "
+                         f"{_GUARD_REASONS[_guard_of(results['epochs'], guard)]}." if guard is not None else ""))
     rep.heading("Robustness before and after")
     models = (("before", results["before"]), (f"after (epoch {kept}, model.pt)", results["after"]),
               ("last epoch (last.pt)", results.get("last")))

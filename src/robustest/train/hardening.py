@@ -498,11 +498,25 @@ def _validate(run: _Run, epoch: int, record: dict[str, Any]) -> None:
         record.update(early_stopping.validate(model, run.xv, run.yv, s["eps"], run.val_steps,
                                               derive_seed(s["seed"], "val")))
         score = record["val_pgd_accuracy"]
-        if s.get("co_guard") and run.best["epoch"] is not None and early_stopping.collapsed(score, run.best["score"]):
+        guard = None
+        if s.get("co_guard"):
+            if run.best["epoch"] is not None and early_stopping.collapsed(score, run.best["score"]):
+                guard = "collapsed"
+            elif _full_radius_epoch(run, epoch) and early_stopping.masked(record["adv_accuracy"], score):
+                guard = "masked"
+        if guard is not None:
             result.guard_epoch = epoch
-            record["guard"] = "collapsed"
+            record["guard"] = guard
         elif score >= run.best["score"]:
             run.best = {"epoch": epoch, "score": score, "model": _cpu_state(model)}
+
+
+def _full_radius_epoch(run: _Run, epoch: int) -> bool:
+    """Every batch of ``epoch`` trained at the full radius (the eps warm-up was over when it began): only then is its
+    training adversarial accuracy comparable with the validation PGD accuracy at eps."""
+    s = run.s
+    first = (epoch - 1) * run.steps_per_epoch
+    return eps_schedule(first, s["epochs"] * run.steps_per_epoch, 1.0, s["eps_warmup"]) >= 1.0
 
 
 def _save_state(run: _Run, epoch: int) -> None:

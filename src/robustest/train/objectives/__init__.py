@@ -11,6 +11,10 @@ settings, the ``harden`` verb and RobOT's hardening strategies; :func:`robustest
 ``fosc``            Wang et al. (2019), dynamic AT: PGD stops per sample at FOSC <= c_t (:mod:`.fosc`).
 ``fol-budget``      PGD stops per sample at FOL <= ``fol_threshold`` or misclassification (:mod:`.fol_budget`).
 ``fast-at``         Wong et al. (2020): one FGSM step of 1.25 eps from a random start (:mod:`.fast_at`).
+``n-fgsm``          de Jorge et al. (2022): one FGSM step of eps from a U(-2 eps, 2 eps) start, not clipped to the
+                    ball (:mod:`.n_fgsm`).
+``grad-align``      Andriushchenko & Flammarion (2020): FGSM + ``lambda * (1 - cos(grad_x, grad_{x+eta}))``
+                    (:mod:`.grad_align`).
 ``gaussian-noise``  Cohen et al. (2019): ``CE(x + sigma * e)``, e ~ N(0, I), not clipped (``sigma``, default
                     0.25): a base model for randomised smoothing (:mod:`robustest.certify.smoothing`); no attack
                     (:mod:`.gaussian_noise`).
@@ -41,7 +45,9 @@ from robustest.train.objectives import (
     fol_budget,
     fosc,
     gaussian_noise,
+    grad_align,
     ibp,
+    n_fgsm,
     pgd_at,
     trades,
 )
@@ -59,5 +65,6 @@ from robustest.train.objectives.registry import (
 __all__ = ["Objective", "Option", "StepContext", "StepOutput", "canonical", "get", "names", "option_owners",
            "register", "registered", "unregister"]
 
-for _module in (pgd_at, trades, fosc, fol_budget, fast_at, gaussian_noise, ibp, crown_ibp, cross_entropy):
+for _module in (pgd_at, trades, fosc, fol_budget, fast_at, n_fgsm, grad_align, gaussian_noise, ibp, crown_ibp,
+                cross_entropy):
     register(_module.OBJECTIVE)

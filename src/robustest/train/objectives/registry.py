@@ -14,8 +14,6 @@ from robustest.train.objectives.base import Objective, Option
 
 __all__ = ["OBJECTIVES", "canonical", "get", "names", "option_owners", "register", "registered", "unregister"]
 
-_REGISTRY: dict[str, Objective] = {}
-
 
 def canonical(name: str) -> str:
     """The registry spelling of ``name``: lower case, ``_`` read as ``-``."""

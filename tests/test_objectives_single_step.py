@@ -1,0 +1,113 @@
+"""The single-step objectives that resist catastrophic overfitting, checked by hand: N-FGSM (de Jorge et al. 2022:
+a 2 eps noise start, one step of eps, no clipping) and GradAlign (Andriushchenko & Flammarion 2020: FGSM plus
+lambda (1 - cos) of the input gradients at x and at a random point of its ball), and the guard's rule for a collapse
+that never rose."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from robustest.train import early_stopping, harden_settings, objectives
+from robustest.train.objectives import StepContext, grad_align, n_fgsm
+
+
+def linear(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(8, 3))
+
+
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.rand(6, 2, 2, 2, generator=g), torch.tensor([0, 1, 2, 0, 1, 2])
+
+
+def test_n_fgsm_is_one_unclipped_step_of_alpha_from_a_noise_start():
+    model, (x, y), eps = linear().eval(), batch(), 0.1
+    adv = n_fgsm.perturb(model, x, y, torch.Generator().manual_seed(5), eps=eps, alpha=eps, noise=2.0)
+    eta = torch.rand(x.shape, generator=torch.Generator().manual_seed(5)).mul_(4 * eps).sub_(2 * eps)
+    start = (x + eta).clamp(0, 1).requires_grad_(True)
+    (g,) = torch.autograd.grad(F.cross_entropy(model(start), y, reduction="sum"), start)
+    assert torch.allclose(adv, (start.detach() + eps * g.sign()).clamp(0, 1))
+    inner = (x > 0.35) & (x < 0.65)  # far from [0, 1]'s ends: nothing clamps the perturbation there
+    assert float((adv - x).abs()[inner].max()) > eps  # not projected back into the ball: up to 3 eps
+    assert float((adv - x).abs().max()) <= 3 * eps + 1e-6
+    clipped = n_fgsm.perturb(model, x, y, torch.Generator().manual_seed(5), eps=eps, alpha=eps, noise=2.0, clip=1.0)
+    assert float((clipped - x).abs().max()) <= eps + 1e-6
+    still = n_fgsm.perturb(model, x, y, torch.Generator().manual_seed(5), eps=eps, alpha=0.0, noise=0.0)
+    assert torch.equal(still, x)  # no noise, no step: the clean images
+
+
+def test_n_fgsm_step_trains_on_the_perturbed_batch_at_two_passes_per_image():
+    model, (x, y) = linear(), batch()
+    s = harden_settings("n-fgsm", eps=0.1)
+    assert (s["alpha"], s["noise"], s["clip"], s["steps"], s["co_guard"]) == (0.1, 2.0, None, 1, True)
+    out = n_fgsm.step(model, x, y, torch.Generator().manual_seed(5), StepContext(settings=s, eps=0.1, alpha=0.1))
+    model.eval()
+    adv = n_fgsm.perturb(model, x, y, torch.Generator().manual_seed(5), eps=0.1, alpha=0.1, noise=2.0)
+    assert torch.allclose(out.loss, F.cross_entropy(model(adv), y)) and model.training is False
+    assert out.evals.tolist() == [1] * 6 and out.compute.passes == 6 + 6  # (6 + 2*6) / 3 attack + the same update
+    assert (out.compute.attack_forward, out.compute.attack_backward, out.compute.train_forward,
+            out.compute.train_backward) == (6, 6, 6, 6)
+
+
+def test_alignment_is_the_mean_cosine_over_samples_with_both_gradients():
+    g1 = torch.tensor([[1.0, 0.0], [0.0, 0.0], [2.0, 2.0]])
+    g2 = torch.tensor([[1.0, 1.0], [3.0, 1.0], [-1.0, -1.0]])
+    assert grad_align.alignment(g1, g2).item() == pytest.approx((1 / math.sqrt(2) - 1) / 2)  # sample 1 left out
+    assert grad_align.alignment(torch.zeros(2, 3), torch.ones(2, 3)).item() == 1.0
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.2, 2.0])
+def test_grad_align_loss_is_ce_of_fgsm_plus_lambda_one_minus_cosine(lam):
+    model, (x, y), eps = linear(), batch(), 0.1
+    s = {**harden_settings("grad-align", eps=eps), "grad_align_lambda": lam}
+    out = grad_align.step(model, x, y, torch.Generator().manual_seed(9), StepContext(settings=s, eps=eps, alpha=eps))
+    xr = x.clone().requires_grad_(True)
+    (g1,) = torch.autograd.grad(F.cross_entropy(model(xr), y, reduction="sum"), xr)
+    adv = torch.minimum(torch.maximum(x + eps * g1.sign(), x - eps), x + eps).clamp(0, 1)
+    eta = torch.rand(x.shape, generator=torch.Generator().manual_seed(9)).mul_(2 * eps).sub_(eps)
+    xe = (x + eta).clamp(0, 1).requires_grad_(True)
+    (g2,) = torch.autograd.grad(F.cross_entropy(model(xe), y, reduction="sum"), xe)
+    cos = F.cosine_similarity(g1.flatten(1), g2.flatten(1), dim=1).mean()
+    expected = F.cross_entropy(model(adv), y) + lam * (1 - cos)
+    assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert out.terms["grad_align"].item() == pytest.approx(lam * (1 - cos.item()), abs=1e-6)
+    assert (out.compute.attack_forward, out.compute.attack_backward, out.compute.train_forward,
+            out.compute.train_backward) == (6, 6, 12, 24)
+
+
+def test_the_regulariser_trains_the_weights():
+    model, (x, y) = linear(), batch()
+    grads = []
+    for lam in (0.0, 5.0):
+        model.zero_grad()
+        s = {**harden_settings("grad-align", eps=0.1), "grad_align_lambda": lam}
+        grad_align.step(model, x, y, torch.Generator().manual_seed(9),
+                        StepContext(settings=s, eps=0.1, alpha=0.1)).loss.backward()
+        grads.append(model[1].weight.grad.clone())
+    assert not torch.allclose(grads[0], grads[1])  # double backpropagation: the cosine reaches the weights
+
+
+def test_both_are_harden_methods_with_checked_options():
+    from robustest.core.errors import ConfigError
+
+    assert {"n-fgsm", "grad-align"} <= set(objectives.names())
+    with pytest.raises(ConfigError, match=r"^noise must be a number in \[0, 10\], got -1$"):
+        harden_settings("n-fgsm", eps=0.1, noise=-1)
+    with pytest.raises(ConfigError, match=r"^clip must be a number > 0, got 0$"):
+        harden_settings("n-fgsm", eps=0.1, clip=0)
+    with pytest.raises(ConfigError, match=r"^grad_align_lambda must be a number in \[0, 1000\], got -0.5$"):
+        harden_settings("grad-align", eps=0.1, grad_align_lambda=-0.5)
+    assert harden_settings("grad-align", eps=0.3)["grad_align_lambda"] == 0.2
+
+
+@pytest.mark.parametrize("train_adv, val_pgd, fires", [(0.9, 0.05, True), (0.9, 0.4, True), (0.9, 0.41, False),
+                                                       (0.6, 0.55, False), (0.2, 0.9, False)])
+def test_a_collapse_that_never_rose_is_a_training_accuracy_far_above_validation(train_adv, val_pgd, fires):
+    assert early_stopping.CO_GAP == 0.5
+    assert early_stopping.masked(train_adv, val_pgd) is fires
