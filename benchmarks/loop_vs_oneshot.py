@@ -15,7 +15,7 @@ seed 0) and the seed's own validation split, fixed adversarial set and white-box
 * ``adv-train-oneshot``: the same, with the epochs whose passes come closest to a one-shot cell's (random,
   first seed): adversarial training at the one-shot selection's compute.
 
-Compute is counted by :class:`robustest.robot.PassCounter` per cell (pool generation, selection scoring,
+Compute is counted by :class:`robustest.core.compute.PassCounter` per cell (pool generation, selection scoring,
 fine-tuning, adversarial generation; the loop summed over its rounds; measuring robustness and the loop's
 convergence probe are not counted). The paired differences (same seed) and their 95 % t-intervals come from
 :func:`robustest.robot.paired_vs_random`, with the reference arm in random's place.

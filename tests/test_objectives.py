@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from robustest.core.compute import ComputeCount
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import eval_mode, forward, frozen_params
 from robustest.core.validation import check_float
 from robustest.train import harden, harden_settings, objectives
-from robustest.train.compute import ComputeCount
 from robustest.train.objectives import Objective, Option, StepContext, StepOutput
 
 

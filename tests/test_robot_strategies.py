@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from scipy import stats
 
 from robustest import robot
+from robustest.core.compute import PassCounter
 from robustest.core.errors import ConfigError
-from robustest.robot import PassCounter, paired_vs_random
+from robustest.robot import paired_vs_random
 
 TINY = {
     "dataset": "digits", "train_limit": 300, "test_limit": 60, "eps": 0.15, "epochs": 1, "batch_size": 64,

@@ -33,14 +33,14 @@ wall-clock timings live in ``timings.json``.
 Package layout: ``config`` (RobotConfig, parse_budget), ``pool`` (Pool, generate_pool,
 select_tests), ``setup`` (what run and compare share: output folder and resume marker, data, original model,
 fixed set and baseline, fine-tuning, measurement), ``loop`` (run, the rounds, the convergence rule),
-``compare`` (compare, comparison_table, paired_vs_random), ``compute`` (PassCounter: compute in
-forward+backward passes), ``report`` (results.json, timings.json, summary.csv, report.html).
+``compare`` (compare, comparison_table, paired_vs_random), ``compute`` (cell_compute: a cell's compute record,
+in the passes :class:`robustest.core.compute.PassCounter` measures), ``report`` (results.json, timings.json,
+summary.csv, report.html).
 """
 
 from __future__ import annotations
 
 from robustest.robot.compare import compare, comparison_table, paired_vs_random
-from robustest.robot.compute import PassCounter
 from robustest.robot.config import (
     BUDGET_FREE,
     DEFAULT_STRATEGIES,
@@ -60,7 +60,6 @@ __all__ = [
     "DEFAULT_STRATEGIES",
     "METRICS",
     "POOLS",
-    "PassCounter",
     "RESULTS_FORMAT",
     "RESULTS_VERSION",
     "Pool",

@@ -14,12 +14,13 @@ from torch import nn
 
 from robustest.core import distributed
 from robustest.core.atomic import atomic_save, atomic_write_json
+from robustest.core.compute import PassCounter
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.progress import progress as progress_bar
 from robustest.core.seeding import derive_seed
 from robustest.evaluate import RobustnessReport
 from robustest.models.checkpoints import clone_model, save_weights
-from robustest.robot.compute import PassCounter, cell_compute
+from robustest.robot.compute import cell_compute
 from robustest.robot.config import (
     BUDGET_FREE,
     DEFAULT_STRATEGIES,

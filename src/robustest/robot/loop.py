@@ -13,10 +13,11 @@ import torch
 from torch import nn
 
 from robustest.core.atomic import atomic_save, atomic_write_json
+from robustest.core.compute import PassCounter
 from robustest.core.errors import ConfigError
 from robustest.core.seeding import derive_seed
 from robustest.robot.compare import compare
-from robustest.robot.compute import PassCounter, cell_compute
+from robustest.robot.compute import cell_compute
 from robustest.robot.config import HARDEN_STRATEGIES, RobotConfig, parse_budget
 from robustest.robot.pool import Pool, coverage_profile_of, fol_of, generate_pool, select_tests
 from robustest.robot.report import RESULTS_FORMAT, RESULTS_VERSION, write_outputs

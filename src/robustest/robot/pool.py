@@ -82,7 +82,7 @@ def generate_pool(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: Robot
 
     ``compute``: a dict that receives the passes spent (:class:`~robustest.robot.compute.PassCounter`):
     ``generation`` (the attacks or the fuzzer, with a coverage profile it builds) and ``fol_scoring``."""
-    from robustest.robot.compute import PassCounter
+    from robustest.core.compute import PassCounter
 
     with PassCounter(model) as gen_count:
         xa, ya, x0i, meth = _generate(model, x, y, cfg, seed, profile)
@@ -193,7 +193,7 @@ def select_tests(strategy: str, model: nn.Module, pool: Pool, n: int, cfg: Robot
 def _select_by_gini(strategy: str, model: nn.Module, pool: Pool, n: int, seed: int, cache: dict[str, Any],
                     compute: dict[str, Any] | None) -> torch.Tensor:
     """The pool's DeepGini scores under ``model`` (cached), ranked by the registry's ``RANKED_SCORES`` entry."""
-    from robustest.robot.compute import PassCounter
+    from robustest.core.compute import PassCounter
 
     if "gini" not in cache:
         from robustest import metrics
@@ -209,8 +209,8 @@ def _select_by_gini(strategy: str, model: nn.Module, pool: Pool, n: int, seed: i
 def _select_by_features(strategy: str, model: nn.Module, pool: Pool, n: int, seed: int, cache: dict[str, Any],
                         compute: dict[str, Any] | None) -> torch.Tensor:
     """A strategy that needs features, on the pool's penultimate-layer features under ``model`` (cached)."""
+    from robustest.core.compute import PassCounter
     from robustest.metrics.activations import penultimate_features
-    from robustest.robot.compute import PassCounter
 
     if "features" not in cache:
         with PassCounter(model) as pc:
@@ -225,7 +225,7 @@ def _select_by_coverage(strategy: str, model: nn.Module, pool: Pool, n: int, cfg
                         profile: Any, cache: dict[str, Any], compute: dict[str, Any] | None) -> torch.Tensor:
     """A strategy that needs coverage bits, on the ``coverage_metric`` cells each pool test covers (cached;
     ``profile`` of ``model``, built from the pool when None)."""
-    from robustest.robot.compute import PassCounter
+    from robustest.core.compute import PassCounter
 
     if "bits" not in cache:
         with PassCounter(model) as pc:

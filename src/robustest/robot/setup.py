@@ -258,7 +258,7 @@ def finetune_on_tests(model0: nn.Module, setup: RunSetup, tests: Pool, cfg: Robo
         if epoch == cfg.epochs:
             last["state"] = {k: v.detach().clone() for k, v in m.state_dict().items()}
 
-    from robustest.robot.compute import PassCounter
+    from robustest.core.compute import PassCounter
 
     x = torch.cat([setup.x_fit, tests.x]) if len(tests) else setup.x_fit
     y = torch.cat([setup.y_fit, tests.y]) if len(tests) else setup.y_fit
@@ -292,8 +292,8 @@ def adversarial_finetune(model0: nn.Module, setup: RunSetup, cfg: RobotConfig, s
     epochs, batch size, learning rate and optimiser of the other cells; the checkpoint is picked on the same
     validation split by accuracy, as :func:`finetune_on_tests` does. Returns what :func:`finetune_on_tests`
     returns; the history dict's ``passes`` are the update steps and validation, ``adversarial_passes`` the attacks."""
+    from robustest.core.compute import PassCounter
     from robustest.evaluate import loss_and_accuracy
-    from robustest.robot.compute import PassCounter
     from robustest.train import objectives
     from robustest.train.hardening import harden
 

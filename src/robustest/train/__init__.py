@@ -8,8 +8,8 @@
   :class:`TrainData` batches any data source.
 * :mod:`.state`: the one resume format fit, harden and enhance write after every epoch and continue from.
 * :func:`harden` (:mod:`.hardening`): adversarial training with any objective of :mod:`.objectives` (pgd-at,
-  trades, fosc, fol-budget, fast-at, or one registered from outside), counting its compute
-  (:class:`ComputeCount`), with robust early stopping and the catastrophic-overfitting guard
+  trades, fosc, fol-budget, fast-at, n-fgsm, grad-align, or one registered from outside), counting its compute
+  (:class:`robustest.core.compute.ComputeCount`), with robust early stopping and the catastrophic-overfitting guard
   (:mod:`.early_stopping`) and a resumable state.
 * :mod:`.schedules`: the per-batch learning-rate schedule, the eps warm-up, dynamic AT's FOSC criterion.
 """
@@ -17,12 +17,11 @@
 from __future__ import annotations
 
 from robustest.train import objectives
-from robustest.train.compute import ComputeCount
 from robustest.train.early_stopping import holdout_split
 from robustest.train.engine import TrainData
 from robustest.train.fitting import EpochStats, History, channel_stats, fit
 from robustest.train.hardening import HardenResult, check_trainable, harden, harden_settings
 from robustest.train.schedules import eps_schedule, fosc_schedule
 
-__all__ = ["ComputeCount", "EpochStats", "HardenResult", "History", "TrainData", "channel_stats", "check_trainable",
+__all__ = ["EpochStats", "HardenResult", "History", "TrainData", "channel_stats", "check_trainable",
            "eps_schedule", "fit", "fosc_schedule", "harden", "harden_settings", "holdout_split", "objectives"]

@@ -7,7 +7,7 @@ statistics, no dropout, no update of BatchNorm statistics, gradients w.r.t. the 
 runs in train mode, as common PyTorch adversarial-training code does (TRADES' reference code, Rice et al. 2020).
 Per-sample stopping therefore does not depend on which other samples are still active.
 
-Compute accounting (:class:`robustest.train.compute.ComputeCount`): sample-forwards and sample-backwards of the
+Compute accounting (:class:`robustest.core.compute.ComputeCount`): sample-forwards and sample-backwards of the
 attack and the update step, per epoch and in total; ``passes = (forward + 2 * backward) / 3``. A PGD-AT epoch
 with k steps over N samples costs exactly ``N * (k + 1)`` passes; TRADES ``N * (k + 2 + 1/3)``; Fast-AT ``2 N``.
 Validation (``val=``) is reported apart and not counted as training compute.
@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from robustest.core.batching import DataLike, as_tensors
+from robustest.core.compute import ComputeCount
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.inputs import check_images, check_labels
@@ -50,7 +51,6 @@ from robustest.core.progress import progress as progress_bar
 from robustest.core.seeding import derive_seed, make_generator, seed_everything
 from robustest.core.validation import check_eps, check_float, check_int
 from robustest.train import early_stopping, objectives
-from robustest.train.compute import ComputeCount
 from robustest.train.early_stopping import KEEP
 from robustest.train.engine import Batch, EpochLoop, run_epochs
 from robustest.train.objectives.base import Objective, StepContext, StepOutput

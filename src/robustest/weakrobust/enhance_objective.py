@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest import attacks
+from robustest.core.compute import ComputeCount
 from robustest.core.modelcall import forward, set_mode
-from robustest.train.compute import ComputeCount
 from robustest.train.objectives import Objective, StepContext, StepOutput
 from robustest.weakrobust.augment import _augmix, _jsd
 

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from robustest.train.compute import ComputeCount
+from robustest.core.compute import ComputeCount
 
 __all__ = ["OPTION_KINDS", "Objective", "Option", "StepContext", "StepFn", "StepOutput", "default_alpha"]
 

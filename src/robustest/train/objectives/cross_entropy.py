@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest.core.amp import autocast
+from robustest.core.compute import ComputeCount
 from robustest.core.modelcall import forward
-from robustest.train.compute import ComputeCount
 from robustest.train.objectives.base import Objective, StepContext, StepOutput
 
 __all__ = ["OBJECTIVE", "step"]

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest.core.amp import autocast
+from robustest.core.compute import ComputeCount
 from robustest.core.modelcall import forward
 from robustest.core.validation import check_float
-from robustest.train.compute import ComputeCount
 from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
 
 __all__ = ["OBJECTIVE", "step"]

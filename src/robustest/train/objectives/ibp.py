@@ -35,10 +35,10 @@ from torch import nn
 
 from robustest.certify import check_certifiable, margin_bounds
 from robustest.certify.graph import Graph
+from robustest.core.compute import ComputeCount
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import eval_mode, forward
 from robustest.core.validation import check_float
-from robustest.train.compute import ComputeCount
 from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
 from robustest.train.schedules import ramp_schedule
 

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest import attacks
+from robustest.core.compute import ComputeCount
 from robustest.core.modelcall import forward
-from robustest.train.compute import ComputeCount
 
 __all__ = ["attack_count", "cross_entropy_update", "fol", "pgd"]
 

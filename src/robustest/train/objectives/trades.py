@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest.attacks import project
+from robustest.core.compute import ComputeCount
 from robustest.core.modelcall import eval_mode, forward, frozen_params
 from robustest.core.validation import check_float
-from robustest.train.compute import ComputeCount
 from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
 
 __all__ = ["OBJECTIVE", "adversary", "step"]
