@@ -9,7 +9,7 @@ from torch import nn
 
 from robustest.core.modelcall import eval_mode, frozen_params
 from robustest.train.objectives.base import Objective, StepContext, StepOutput
-from robustest.train.objectives.inner import attack_count, cross_entropy_update, pgd
+from robustest.train.objectives.inner import adversarial_update, pgd
 
 __all__ = ["OBJECTIVE", "step"]
 
@@ -19,11 +19,7 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
     with eval_mode(model), frozen_params(model):
         adv, evals = pgd(model, x, y, gen, eps=ctx.eps, alpha=ctx.alpha, steps=ctx.settings["steps"])
         adv = adv.detach()
-    count = attack_count(evals)
-    model.train()
-    loss, logits, used = cross_entropy_update(model, x, y, adv)
-    count.train_forward = count.train_backward = used
-    return StepOutput(loss, logits, evals, count)
+    return adversarial_update(model, x, y, adv, evals)
 
 
 OBJECTIVE = Objective(

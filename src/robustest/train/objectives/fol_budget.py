@@ -13,7 +13,7 @@ from robustest.core.errors import ConfigError
 from robustest.core.modelcall import eval_mode, frozen_params
 from robustest.core.validation import check_float, check_int
 from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
-from robustest.train.objectives.inner import attack_count, cross_entropy_update, pgd
+from robustest.train.objectives.inner import adversarial_update, pgd
 
 __all__ = ["OBJECTIVE", "check", "step"]
 
@@ -26,11 +26,7 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
                          threshold=s["fol_threshold"], first_check=s["fol_min_steps"],
                          stop_misclassified=s["stop_misclassified"])
         adv = adv.detach()
-    count = attack_count(evals)
-    model.train()
-    loss, logits, used = cross_entropy_update(model, x, y, adv)
-    count.train_forward = count.train_backward = used
-    return StepOutput(loss, logits, evals, count, stopped=int((evals < s["steps"]).sum()))
+    return adversarial_update(model, x, y, adv, evals, stopped=int((evals < s["steps"]).sum()))
 
 
 def check(s: dict[str, Any]) -> None:

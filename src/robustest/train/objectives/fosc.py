@@ -14,7 +14,7 @@ from torch import nn
 from robustest.core.modelcall import eval_mode, frozen_params
 from robustest.core.validation import check_float
 from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
-from robustest.train.objectives.inner import attack_count, cross_entropy_update, pgd
+from robustest.train.objectives.inner import adversarial_update, pgd
 from robustest.train.schedules import fosc_schedule
 
 __all__ = ["OBJECTIVE", "epoch_values", "step"]
@@ -32,11 +32,7 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
         adv, evals = pgd(model, x, y, gen, eps=ctx.eps, alpha=ctx.alpha, steps=steps,
                          threshold=ctx.epoch["fosc_c"], first_check=1, stop_misclassified=False)
         adv = adv.detach()
-    count = attack_count(evals)
-    model.train()
-    loss, logits, used = cross_entropy_update(model, x, y, adv)
-    count.train_forward = count.train_backward = used
-    return StepOutput(loss, logits, evals, count, stopped=int((evals < steps).sum()))
+    return adversarial_update(model, x, y, adv, evals, stopped=int((evals < steps).sum()))
 
 
 OBJECTIVE = Objective(

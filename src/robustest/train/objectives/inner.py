@@ -18,8 +18,9 @@ from torch import nn
 from robustest import attacks
 from robustest.core.compute import ComputeCount
 from robustest.core.modelcall import forward
+from robustest.train.objectives.base import StepOutput
 
-__all__ = ["attack_count", "cross_entropy_update", "fol", "pgd"]
+__all__ = ["adversarial_update", "attack_count", "cross_entropy_update", "fol", "pgd"]
 
 
 def fol(g: torch.Tensor, delta: torch.Tensor, eps: float) -> torch.Tensor:
@@ -80,3 +81,17 @@ def cross_entropy_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, adv
         return loss, logits_adv, 2 * b
     logits_adv = forward(model, adv)
     return F.cross_entropy(logits_adv, y), logits_adv, b
+
+
+def adversarial_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, adv: torch.Tensor | None,
+                       evals: torch.Tensor, mix: float = 0.0, stopped: int = 0) -> StepOutput:
+    """The update of the objectives that train on an attack's points: the model to train mode, the loss of
+    :func:`cross_entropy_update` on x (B x C x H x W), y (int64 [B]) and ``adv`` (None: clean training), with the
+    compute of the attack (``evals``, int64 [B]: gradient evaluations per sample, :func:`attack_count`) and of the
+    update (one sample-forward and one sample-backward per image it used). ``stopped``: the samples whose attack
+    stopped before its budget."""
+    count = attack_count(evals)
+    model.train()
+    loss, logits, used = cross_entropy_update(model, x, y, adv, mix)
+    count.train_forward = count.train_backward = used
+    return StepOutput(loss, logits, evals, count, stopped=stopped)

@@ -18,7 +18,7 @@ from torch import nn
 from robustest.core.modelcall import eval_mode, forward, frozen_params
 from robustest.core.validation import check_float
 from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
-from robustest.train.objectives.inner import attack_count, cross_entropy_update
+from robustest.train.objectives.inner import adversarial_update
 
 __all__ = ["OBJECTIVE", "perturb", "step"]
 
@@ -47,11 +47,7 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
     with eval_mode(model), frozen_params(model):
         adv = perturb(model, x, y, gen, eps=ctx.eps, alpha=ctx.alpha, noise=s["noise"], clip=s["clip"]).detach()
     evals = torch.ones(x.shape[0], dtype=torch.long, device=x.device)
-    count = attack_count(evals)
-    model.train()
-    loss, logits, used = cross_entropy_update(model, x, y, adv)
-    count.train_forward = count.train_backward = used
-    return StepOutput(loss, logits, evals, count)
+    return adversarial_update(model, x, y, adv, evals)
 
 
 OBJECTIVE = Objective(

@@ -11,7 +11,7 @@ from torch import nn
 from robustest.core.modelcall import eval_mode, frozen_params
 from robustest.core.validation import check_float
 from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
-from robustest.train.objectives.inner import attack_count, cross_entropy_update, pgd
+from robustest.train.objectives.inner import adversarial_update, pgd
 
 __all__ = ["OBJECTIVE", "step"]
 
@@ -25,11 +25,7 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
         if s["mix"] < 1.0:
             adv, evals = pgd(model, x, y, gen, eps=ctx.eps, alpha=ctx.alpha, steps=s["steps"])
             adv = adv.detach()
-    count = attack_count(evals)
-    model.train()
-    loss, logits, used = cross_entropy_update(model, x, y, adv, s["mix"])
-    count.train_forward = count.train_backward = used
-    return StepOutput(loss, logits, evals, count)
+    return adversarial_update(model, x, y, adv, evals, s["mix"])
 
 
 OBJECTIVE = Objective(
