@@ -437,3 +437,32 @@ def test_apgd_dlr_needs_three_classes_and_apgd_t_four():
         attacks.apgd_t(three, x, torch.tensor([0, 1]), 0.1, steps=1, n_targets=1)
     four = nn.Sequential(nn.Flatten(), nn.Linear(4, 4)).eval()
     attacks.apgd_t(four, x, torch.tensor([0, 1]), 0.1, steps=1, n_targets=1)
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("apgd", {"steps": 100, "norm": "linf", "restarts": 1, "rho": 0.75, "stop_on_success": False, "eot_iter": 1,
+              "return_trace": False}),
+    ("apgd_dlr", {"steps": 100, "norm": "linf", "restarts": 1, "rho": 0.75, "stop_on_success": False,
+                  "eot_iter": 1}),
+    ("apgd_t", {"steps": 100, "norm": "linf", "restarts": 1, "rho": 0.75, "n_targets": 9, "stop_on_success": False}),
+])
+def test_apgd_defaults_are_what_the_attack_runs_with(name, expected, monkeypatch):
+    """The defaults as the attack receives them (a signature can show one value while the body uses another)."""
+    import importlib
+
+    from robustest.attacks._core import _DEFAULT_CHUNK
+
+    apgd_mod = importlib.import_module("robustest.attacks.apgd")  # the module (the package's name is the function)
+    seen = {}
+
+    def record(core, model, x, y, seed, batch_size, generator, **kw):
+        seen.update(kw, seed=seed, batch_size=batch_size, generator=generator)
+        return x
+
+    monkeypatch.setattr(apgd_mod, "_run", record)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 10)).eval()
+    getattr(apgd_mod, name)(model, torch.rand(2, 1, 2, 2), torch.tensor([0, 1]), 0.1)
+    assert {k: seen[k] for k in expected} == expected
+    assert (seen["seed"], seen["batch_size"], seen["generator"]) == (None, _DEFAULT_CHUNK, None)
+    if name == "apgd_t":
+        assert seen["per_sample"] == {"target": None}

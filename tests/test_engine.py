@@ -126,6 +126,11 @@ def test_a_dataloader_under_two_ranks_is_reread_through_a_distributed_sampler(sh
     assert isinstance(td.loader.sampler, DistributedSampler) and td.loader.sampler.rank == 1
     assert td.n == 10 and td.steps_per_epoch == 1
     assert TrainData(loader, 4, seed=7).loader is loader  # one process: the loader as it is
+    workers = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2, pin_memory=True, persistent_workers=True,
+                                          prefetch_factor=3, timeout=5.0)
+    out = _distributed_loader(workers, Shard(0, 2), seed=7)  # the worker settings travel too (not iterated here)
+    assert (out.num_workers, out.pin_memory, out.persistent_workers, out.prefetch_factor, out.timeout) == \
+        (2, True, True, 3, 5.0)
 
 
 def test_a_dataloader_that_cannot_be_split_across_ranks_is_refused():

@@ -112,3 +112,25 @@ def test_fol_budget_needs_fol_min_steps_below_steps():
     fol_budget.check({"steps": 5, "fol_min_steps": 4})
     with pytest.raises(ConfigError, match=r"fol_min_steps \(5\) must be below steps \(5\)"):
         fol_budget.check({"steps": 5, "fol_min_steps": 5})
+
+
+def test_the_trades_adversary_starts_at_x_plus_a_thousandth_of_gaussian_noise():
+    """With no step, the start itself: x + 0.001 * N(0, I) from the generator, kept in the ball and [0, 1]."""
+    model, (x, _) = linear_model(), batch()
+    start = trades.adversary(model, x, gen(), eps=EPS, alpha=ALPHA, steps=0)
+    noise = torch.randn(x.shape, generator=gen())
+    assert torch.equal(start, (x + 0.001 * noise).clamp((x - EPS).clamp(min=0), (x + EPS).clamp(max=1)))
+    assert not torch.equal(start, (x - 0.001 * noise).clamp(0, 1))
+
+
+def test_an_update_without_attack_counts_no_attack_evaluations_as_integers():
+    """pgd-at with mix 1 trains on clean images only: zero gradient evaluations (int64, as every objective's)."""
+    from robustest.train import harden_settings
+    from robustest.train.objectives import pgd_at
+
+    model, (x, y) = linear_model(), batch()
+    s = {**harden_settings("pgd-at", eps=EPS), "mix": 1.0}
+    out = pgd_at.step(model, x, y, gen(), StepContext(settings=s, eps=EPS, alpha=ALPHA))
+    assert out.evals.dtype == torch.int64 and out.evals.tolist() == [0] * len(y)
+    assert (out.compute.attack_forward, out.compute.train_forward, out.compute.train_backward) == (0, len(y), len(y))
+    assert torch.allclose(out.loss, F.cross_entropy(model(x), y))

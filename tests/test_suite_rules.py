@@ -341,3 +341,64 @@ def test_a_population_taken_whole_is_an_exact_estimate_at_the_asked_level():
                             level=0.9)
     assert (e.value, e.ci_low, e.ci_high, e.std_error, e.n_eff, e.df, e.level) == (0.75, 0.75, 0.75, 0.0, math.inf,
                                                                                      2, 0.9)
+
+
+def test_build_runs_with_the_documented_defaults(monkeypatch):
+    """The defaults as the build uses them: K 100 drawn in 4 strata (auto by class, proportional, seed 0) from an
+    analysis of 20 neighbours at noise 0.5, attacked with the standard ensemble in batches of 256, every severity
+    of a corruption asked for."""
+    import robustest.weakrobust as weakrobust
+    from robustest.suite import build as build_mod
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def analyze(model, data, **kw):
+        seen["analyze"] = kw
+        return type("An", (), {"index": torch.arange(200)})()
+
+    def draw(analysis, k, strata, by_class, allocation, seed):
+        seen["draw"] = (k, strata, by_class, allocation, seed)
+        return torch.arange(4), torch.zeros(200, dtype=torch.long), torch.tensor([4]), [{"n": 200}], False
+
+    def outcomes(model, x, y, attack, corruption, progress=False, certify=None):
+        seen["attack"], seen["corruption"], seen["certify"] = attack, corruption, certify
+        raise Stop
+
+    monkeypatch.setattr(weakrobust, "analyze", analyze)
+    monkeypatch.setattr(build_mod, "stratified_draw", draw)
+    monkeypatch.setattr(build_mod, "evaluate_outcomes", outcomes)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    data = (torch.rand(200, 1, 2, 2), torch.arange(200) % 3)
+    with pytest.raises(Stop):
+        build_mod.build_suite(model, data, 0.1, corruptions=["gaussian_noise"])
+    assert seen["draw"] == (100, 4, "auto", "proportional", 0)
+    assert seen["analyze"] == {"n_neighbors": 20, "eps": 0.5, "seed": 0, "progress": False}
+    assert seen["attack"] == {"eps": 0.1, "norm": "linf", "version": "standard", "n_targets": None, "seed": 0,
+                              "batch_size": 256}
+    assert seen["corruption"] == {"settings": [["gaussian_noise", s] for s in (1, 2, 3, 4, 5)], "seed": 0}
+    assert seen["certify"] is None
+
+
+def test_a_certified_build_stores_the_certificates_and_their_estimate(monkeypatch):
+    from robustest.suite import build as build_mod
+    from robustest.suite.stats import stratified_estimate
+
+    def outcomes(model, x, y, attack, corruption, progress=False, certify=None):
+        assert certify == {"method": "ibp"}
+        k = len(y)
+        return {"clean": torch.ones(k, dtype=torch.bool), "robust": torch.ones(k, dtype=torch.bool),
+                "corruption": torch.zeros(k, 0, dtype=torch.bool), "certified": torch.arange(k) % 4 == 0,
+                "seconds": {}, "flags": []}
+
+    monkeypatch.setattr(build_mod, "evaluate_outcomes", outcomes)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    data = (torch.rand(40, 1, 2, 2), torch.arange(40) % 3)
+    suite = build_mod.build_suite(model, data, 0.1, k=8, strata=2, certify="ibp")
+    assert torch.equal(suite.certified, torch.arange(8) % 4 == 0) and suite.meta["certify"] == {"method": "ibp"}
+    expected = stratified_estimate((torch.arange(8) % 4 == 0).float(), suite.stratum, suite.sizes).to_dict()
+    assert suite.meta["baseline"]["certified_accuracy"] == expected
+    assert expected["value"] != suite.meta["baseline"]["robust_accuracy"]["value"]  # not the robust figure

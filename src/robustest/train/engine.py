@@ -267,4 +267,6 @@ def _distributed_loader(loader: DataLoader, shard: Shard, seed: int) -> DataLoad
     return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler,
                       num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
                       drop_last=loader.drop_last, worker_init_fn=loader.worker_init_fn,
-                      persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False)
+                      persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False,
+                      prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
+                      timeout=loader.timeout)
