@@ -50,7 +50,8 @@ def test_n_fgsm_step_trains_on_the_perturbed_batch_at_two_passes_per_image():
     model.eval()
     adv = n_fgsm.perturb(model, x, y, torch.Generator().manual_seed(5), eps=0.1, alpha=0.1, noise=2.0)
     assert torch.allclose(out.loss, F.cross_entropy(model(adv), y)) and model.training is False
-    assert out.evals.dtype == torch.int64 and out.evals.tolist() == [1] * 6 and out.compute.passes == 6 + 6  # (6 + 2*6) / 3 attack + the same update
+    assert out.evals.dtype == torch.int64 and out.evals.tolist() == [1] * 6
+    assert out.compute.passes == 6 + 6  # (6 + 2*6) / 3 attack + the same update
     assert (out.compute.attack_forward, out.compute.attack_backward, out.compute.train_forward,
             out.compute.train_backward) == (6, 6, 6, 6)
 
