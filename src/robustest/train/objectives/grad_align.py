@@ -7,7 +7,8 @@ when single-step training collapses (catastrophic overfitting). The cosine is ta
 whose two gradients are both non-zero, and both gradients keep their graphs (double backpropagation), so the
 regulariser trains the weights. ``lambda`` defaults to 0.2, the reference value at eps 8/255 on CIFAR-10
 (tml-epfl/understanding-fast-adv-training: ``--attack fgsm --attack_init zero --grad_align_cos_lambda 0.2``; the
-authors scale it log-linearly with eps and give no MNIST value): larger radii may need a larger one.
+authors scale it log-linearly with eps and give no MNIST value): larger radii need a larger one (at MNIST eps 0.3
+from scratch, 0.2 gives 14 % AutoAttack and 2 gives 54 %: docs/RESULTS.md).
 
 Compute per batch of B: the FGSM gradient at x (counted as the attack: B forwards, B backwards, its graph kept);
 the update: the gradient at the random point (B forwards, B backwards), the forward at x_adv (B) and one backward
@@ -72,5 +73,5 @@ OBJECTIVE = Objective(
     name="grad-align", step=step, summary="Andriushchenko & Flammarion: FGSM + the GradAlign regulariser",
     fixed_steps=1, alpha=lambda eps, steps: eps, alpha_doc="eps", co_guard=True,
     options=(Option("grad_align_lambda", 0.2, lambda v, n: check_float(n, v, lo=0.0, hi=1000.0),
-                    "weight of the gradient-alignment term (the reference's 0.2 at eps 8/255)"),),
+                    "weight of the gradient-alignment term (the reference's 0.2 at eps 8/255; MNIST eps 0.3: 2)"),),
 )
