@@ -73,7 +73,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from robustest.train.recipes import OPTIMIZERS
     from robustest.train.schedules import SCHEDULES
 
-    p = sub.add_parser("harden", help="adversarial fine-tuning (PGD-AT, TRADES, FOSC, FOL budget, Fast-AT)",
+    p = sub.add_parser("harden", help="adversarial or certified training, fine-tuning or from scratch (PGD-AT, "
+                                      "TRADES, N-FGSM, IBP, ...)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint_arg(p, zoo=True)
     add_data_args(p, split="train")
