@@ -306,6 +306,8 @@ class _Run(EpochLoop):
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
+        if aux.restore is not None:
+            aux.restore()
         t, yb = self.tally, batch[2]
         correct = int((aux.logits.detach().argmax(1) == yb).sum())
         if self.sched is not None:

@@ -84,7 +84,8 @@ class StepOutput:
     ``stopped``: samples whose attack stopped before the step budget; ``terms``: named scalar parts of the loss
     that a loop records (enhance: ``ce``, ``jsd``, ``adv``); ``values``: the step's schedule values that harden's
     epoch record keeps, the epoch's last batch's (ibp: ``eps``, in place of the eps warm-up's radius, and
-    ``kappa``)."""
+    ``kappa``); ``restore``: what the loop calls right after the optimiser's step (AWP takes its weight perturbation
+    back), or None."""
 
     loss: torch.Tensor
     logits: torch.Tensor
@@ -93,6 +94,7 @@ class StepOutput:
     stopped: int = 0
     terms: dict[str, torch.Tensor] = field(default_factory=dict)
     values: dict[str, float] = field(default_factory=dict)
+    restore: Callable[[], None] | None = None
 
 
 class StepFn(Protocol):

@@ -1,6 +1,7 @@
 """``trades``: Zhang et al. (2019). The loss is ``CE(f(x), y) + beta * KL(p(x) || p(x_adv))``, the inner
 maximisation of the KL by k sign-gradient steps from ``x + 0.001 * N(0, I)`` (their PGD-KL); ``N * (k + 2 + 1/3)``
-passes per epoch over N samples."""
+passes per epoch over N samples. With ``awp_gamma`` > 0 the update is taken at adversarially perturbed weights
+(:mod:`.awp`: the gradient of the same loss; two more forwards and backwards per image)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from robustest.attacks import project
 from robustest.core.compute import ComputeCount
 from robustest.core.modelcall import eval_mode, forward, frozen_params
 from robustest.core.validation import check_float
+from robustest.train.objectives import awp
 from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
 
-__all__ = ["OBJECTIVE", "adversary", "step"]
+__all__ = ["OBJECTIVE", "adversary", "loss", "step"]
 
 
 def adversary(model: nn.Module, x: torch.Tensor, gen: torch.Generator, *, eps: float, alpha: float,
@@ -34,6 +36,16 @@ def adversary(model: nn.Module, x: torch.Tensor, gen: torch.Generator, *, eps: f
     return adv.detach()
 
 
+def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, adv: torch.Tensor, beta: float
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRADES' loss ``CE(f(x), y) + beta * KL(p(x) || p(x_adv))`` (the KL summed over the batch and divided by B)
+    in the model's current mode, and the logits at ``adv`` (B x K)."""
+    logits_nat = forward(model, x)
+    logits_adv = forward(model, adv)
+    kl = F.kl_div(F.log_softmax(logits_adv, dim=1), F.softmax(logits_nat, dim=1), reduction="sum") / x.shape[0]
+    return F.cross_entropy(logits_nat, y) + beta * kl, logits_adv
+
+
 def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator, ctx: StepContext) -> StepOutput:
     """One TRADES step on the batch x (B x C x H x W), y (int64 [B])."""
     s, b = ctx.settings, x.shape[0]
@@ -42,17 +54,15 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
     evals = torch.full((b,), s["steps"], dtype=torch.long, device=x.device)
     n_evals = b * s["steps"]
     count = ComputeCount(attack_forward=b + n_evals, attack_backward=n_evals)  # + the forward of p(x)
+    v = awp.perturb(model, lambda: loss(model, x, y, adv, s["beta"])[0], ctx)
     model.train()
-    logits_nat = forward(model, x)
-    logits_adv = forward(model, adv)
-    kl = F.kl_div(F.log_softmax(logits_adv, dim=1), F.softmax(logits_nat, dim=1), reduction="sum") / b
-    loss = F.cross_entropy(logits_nat, y) + s["beta"] * kl
+    value, logits_adv = loss(model, x, y, adv, s["beta"])
     count.train_forward = count.train_backward = 2 * b
-    return StepOutput(loss, logits_adv, evals, count)
+    return awp.attach(StepOutput(value, logits_adv, evals, count), model, v, 2 * b)
 
 
 OBJECTIVE = Objective(
     name="trades", step=step, summary="Zhang et al.: TRADES (CE + beta * KL to the adversarial point)",
-    options=(Option("beta", 6.0, lambda v, n: check_float(n, v, lo=0.0), "weight of the KL term"),),
+    options=(Option("beta", 6.0, lambda v, n: check_float(n, v, lo=0.0), "weight of the KL term"), *awp.OPTIONS),
     diverged_hint=" or beta",
 )
