@@ -466,3 +466,104 @@ def test_apgd_defaults_are_what_the_attack_runs_with(name, expected, monkeypatch
     assert (seen["seed"], seen["batch_size"], seen["generator"]) == (None, _DEFAULT_CHUNK, None)
     if name == "apgd_t":
         assert seen["per_sample"] == {"target": None}
+
+
+# ------------------------------------------------------------------------------- APGD: its start and its trace
+def _still(monkeypatch, logits_row=(1.0, 0.0, 0.0)):
+    """_loss_grad with a zero gradient and fixed logits (class 0 on top): APGD never moves off its start."""
+    def still(model, x, y, loss, target, hit_target):
+        row = torch.tensor(logits_row, dtype=x.dtype)
+        return torch.zeros_like(x), row.expand(x.shape[0], 3).clone(), torch.zeros(x.shape[0], dtype=x.dtype)
+
+    monkeypatch.setattr(apgd_mod, "_loss_grad", still)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_apgd_linf_start_is_a_uniform_draw_scaled_to_the_ball_surface(dtype, monkeypatch):
+    """The reference's start: x + eps * t / max|t| with t uniform in [-1, 1], clamped to [0, 1]."""
+    _still(monkeypatch)
+    x = torch.full((2, 1, 3, 3), 0.5, dtype=dtype)
+    out, _, _ = apgd_mod._apgd_run(nn.Identity(), x, torch.zeros(2, dtype=torch.long),
+                                   torch.Generator().manual_seed(4), eps=0.1, steps=3, norm="linf", rho=RHO)
+    t = torch.rand(x.shape, generator=torch.Generator().manual_seed(4), dtype=dtype) * 2 - 1
+    want = x + 0.1 * t / t.abs().amax(dim=(1, 2, 3), keepdim=True)
+    assert out.dtype == dtype
+    assert torch.allclose(out, want, atol=1e-6 if dtype == torch.float32 else 1e-12)
+    assert (out - x).abs().amax(dim=(1, 2, 3)).tolist() == pytest.approx([0.1, 0.1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_apgd_l2_start_is_a_gaussian_draw_of_the_input_dtype_scaled_to_the_sphere(dtype, monkeypatch):
+    _still(monkeypatch)
+    x = torch.full((2, 1, 3, 3), 0.5, dtype=dtype)
+    out, _, _ = apgd_mod._apgd_run(nn.Identity(), x, torch.zeros(2, dtype=torch.long),
+                                   torch.Generator().manual_seed(4), eps=0.3, steps=3, norm="l2", rho=RHO)
+    t = torch.randn(x.shape, generator=torch.Generator().manual_seed(4), dtype=dtype)
+    want = x + 0.3 * t / t.flatten(1).norm(dim=1).view(2, 1, 1, 1)
+    assert out.dtype == dtype
+    assert torch.allclose(out, want, atol=1e-6 if dtype == torch.float32 else 1e-12)
+
+
+def test_apgd_stop_on_success_leaves_the_last_unbroken_sample_its_whole_run():
+    """With stop_on_success, sample 0 is misclassified from the start and leaves at once; sample 1 (never broken)
+    is then the only one left and must still take every step: its point is the one of the run without
+    stop_on_success (the runs are per sample), not its start."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+    with torch.no_grad():
+        model[1].weight.copy_(torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.5, -0.5, 0.2, 0.0], [0.0, 0.3, -0.2, 0.4]]))
+        model[1].bias.copy_(torch.tensor([3.0, 0.0, 0.0]))
+    model.eval()
+    x = torch.tensor([[0.2, 0.4, 0.6, 0.8], [0.5, 0.5, 0.5, 0.5]]).reshape(2, 1, 2, 2)
+    y = torch.tensor([1, 0])  # sample 0 is predicted 0 (wrong from the start); sample 1 keeps class 0 by a wide margin
+    runs = {}
+    for stop in (False, True):
+        runs[stop] = apgd_mod._apgd_run(model, x, y, torch.Generator().manual_seed(0), eps=0.05, steps=10,
+                                        norm="linf", rho=RHO, stop_on_success=stop)
+    out_free, loss_free, succ_free = runs[False]
+    out_stop, loss_stop, succ_stop = runs[True]
+    assert succ_free.tolist() == succ_stop.tolist() == [True, False]
+    assert torch.equal(out_stop[1], out_free[1])
+    assert float(loss_stop[1]) == pytest.approx(float(loss_free[1]))
+    start = torch.rand(x.shape, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    start = x + 0.05 * start / start.abs().amax(dim=(1, 2, 3), keepdim=True)
+    assert not torch.allclose(out_stop[1], start[1])  # the run moved it
+
+
+def test_apgd_trace_measures_the_tail_gain_against_the_rise_from_the_start(monkeypatch):
+    """``improving``: the best loss rose in the last tenth by more than 1e-3 of its rise since the START (loss
+    0 -> 100 at the first step, then flat, then +0.05 at the last step: 0.05 < 1e-3 * 100.05, not improving;
+    measured from the first step instead, it would be)."""
+    script = [0.0, 100.0] + [100.0] * 8 + [100.05]  # 10 steps: the tail is the last step
+
+    def scripted(model, x, y, loss, target, hit_target):
+        k = len(calls)
+        calls.append(k)
+        return torch.ones_like(x), F.one_hot(y, 3).float(), torch.full((x.shape[0],), script[k])
+
+    calls: list[int] = []
+    monkeypatch.setattr(apgd_mod, "_loss_grad", scripted)
+    trace: dict = {}
+    apgd_mod._apgd_run(nn.Identity(), torch.full((1, 1, 2, 2), 0.5), torch.zeros(1, dtype=torch.long),
+                       torch.Generator().manual_seed(0), eps=0.1, steps=10, norm="linf", rho=RHO, trace=trace)
+    assert len(calls) == 11
+    assert trace["improving"].tolist() == [False]
+    script[-1] = 100.2  # 0.2 > 0.10005: improving
+    calls.clear()
+    apgd_mod._apgd_run(nn.Identity(), torch.full((1, 1, 2, 2), 0.5), torch.zeros(1, dtype=torch.long),
+                       torch.Generator().manual_seed(0), eps=0.1, steps=10, norm="linf", rho=RHO, trace=trace)
+    assert trace["improving"].tolist() == [True]
+
+
+def test_apgd_improving_is_any_restart_still_improving(monkeypatch):
+    """Over restarts a sample is reported improving when any restart was (and no restart broke it)."""
+    flags = iter([[True, False, True], [False, True, False]])
+
+    def run(model, x, y, gen, *, trace, **kw):
+        trace["improving"] = torch.tensor(next(flags))
+        return x.clone(), torch.zeros(3), torch.tensor([False, False, True])
+
+    monkeypatch.setattr(apgd_mod, "_apgd_run", run)
+    _, improving = apgd_mod._apgd_core(nn.Identity(), torch.zeros(3, 1, 2, 2), torch.zeros(3, dtype=torch.long),
+                                       torch.Generator(), eps=0.1, steps=5, norm="linf", restarts=2, rho=RHO,
+                                       eot_iter=1, return_trace=True)
+    assert improving.tolist() == [True, True, False]  # sample 2 was broken: not "improving"

@@ -223,6 +223,7 @@ def test_shattered_gradients_are_flagged_and_auto_breaks_them(trained_digits_mod
     assert auto.robust_accuracy <= 0.1  # Square broke what the zero gradients hid
     assert sum(v for k, v in auto.breaks.items() if k.startswith("square")) > 0
     assert auto.settings["escalated_blocks"] == 1  # the probe broke a sample: the standard rest was due
+    assert auto.settings["blocks"] == 1  # 48 images, one block of the default size
     assert _names(auto)["gradient-free-breaks"] == "unreliable"
     assert all(g == "zero" for g, c in zip(auto.gradient, auto.clean_correct.tolist()) if c)
     rows = auto.rows()
@@ -249,8 +250,9 @@ def test_randomised_model_gets_rand_and_majority(trained_digits_model, sample):
     assert auto.settings["attacks"][0]["params"]["eot_iter"] == 20
     one = evaluate(model, sample, EPS, version="fast", forwards=1)
     assert one.forwards == 1
-    with pytest.raises(ConfigError, match="forwards must be a positive integer"):
-        evaluate(model, sample, EPS, forwards=0)
+    for bad in (0, True, 2.0):  # a bool is no count, nor is a float
+        with pytest.raises(ConfigError, match="forwards must be a positive integer"):
+            evaluate(model, sample, EPS, forwards=bad)
 
 
 def test_probability_outputs_are_attacked_as_log_probabilities(trained_digits_model, sample):
@@ -615,3 +617,34 @@ def test_flag_details_pinned(trained_digits_model, sample):
     bad = next(f for f in res.flags if f.name == "non-finite-gradient")
     assert "the input gradient is NaN or infinite for" in bad.message
     assert set(res.gradient) <= {"non-finite", ""}
+
+
+def test_a_two_class_model_is_evaluated():
+    """Two logits are the fewest evaluate takes (one logit is refused)."""
+    torch.manual_seed(0)
+    x = torch.rand(8, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 1] * 4)
+    res = evaluate(nn.Sequential(nn.Flatten(), nn.Linear(16, 2)).eval(), (x, y), 0.05, version="fast")
+    assert res.settings["num_classes"] == 2 and len(res.robust) == 8
+    with pytest.raises(ConfigError, match="at least 2 classes"):
+        evaluate(nn.Sequential(nn.Flatten(), nn.Linear(16, 1)).eval(), (x, y * 0), 0.05, version="fast")
+
+
+def test_a_list_of_radii_hands_every_argument_to_the_curve(monkeypatch):
+    import importlib
+
+    ens = importlib.import_module("robustest.evaluate.ensemble")
+    seen = {}
+
+    def curve(model, data, radii, kw, extra):
+        seen.update(kw, radii=radii, **extra)
+        return "curve"
+
+    monkeypatch.setattr(ens, "_evaluate_curve", curve)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3)).eval()
+    sentinel = object()
+    args = dict(norm="l2", version="standard", attacks=["apgd-ce"], n_targets=2, seed=5, batch_size=7, block_size=9,
+                keep_adv=True, progress=True, amp="bf16", bpda={"0": "identity"}, surrogate=sentinel, forwards=3,
+                corruptions=["fog"], severities=[2], baseline=sentinel)
+    assert evaluate(model, (torch.zeros(2, 1, 2, 2), torch.tensor([0, 1])), [0.1, 0.2], **args) == "curve"
+    assert seen == {**args, "radii": [0.1, 0.2]}

@@ -402,3 +402,15 @@ def test_a_certified_build_stores_the_certificates_and_their_estimate(monkeypatc
     expected = stratified_estimate((torch.arange(8) % 4 == 0).float(), suite.stratum, suite.sizes).to_dict()
     assert suite.meta["baseline"]["certified_accuracy"] == expected
     assert expected["value"] != suite.meta["baseline"]["robust_accuracy"]["value"]  # not the robust figure
+
+
+def test_a_perfect_anticorrelation_is_exactly_minus_one_despite_rounding():
+    """The weighted phi coefficient of y = 1 - x rounds to -1.0000000000000002 with these weights; it is clamped to
+    [-1, 1] (a correlation never lies outside it)."""
+    from robustest.suite import stats
+
+    x = torch.tensor([0.0, 1.0, 1.0], dtype=torch.float64)
+    w = torch.tensor([0.2829006982750252, 0.49976685767296025, 0.6176780266613774], dtype=torch.float64)
+    assert stats._weighted_correlation(x, 1 - x, w) == -1.0
+    assert stats._weighted_correlation(x, x, w) == 1.0
+    assert stats._weighted_correlation(x, torch.ones(3, dtype=torch.float64), w) == 0.0  # constant: 0

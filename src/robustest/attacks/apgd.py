@@ -193,8 +193,8 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None
     return out, loss_best, success
 
 
-def _apgd_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, loss="ce", stop_on_success=False,
-               eot_iter=1, return_trace=False):
+def _apgd_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, eot_iter, loss="ce", stop_on_success=False,
+               return_trace=False):
     best = best_loss = best_succ = None
     improving = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
     for _ in range(restarts):
