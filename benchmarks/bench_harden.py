@@ -13,9 +13,10 @@ robustest's AutoAttack-style ensemble (``robustest.evaluate.evaluate``) on the s
 Methods: pgd-at, trades, fosc, fol-budget, fast-at, n-fgsm, grad-align (robustest.train.hardening) and
 ``reference``: an independent plain-PyTorch PGD-AT of the same recipe written below (no robustest code in its
 training loop: own shuffling, random start, PGD loop, eps ramp, cosine rate, eval mode for the attack and train mode
-for the update, Adam), to check that our pgd-at lands where a textbook implementation does. Training time is
-recorded as wall seconds and as the process's CPU seconds (``train CPU-min``: the figure the targets are stated in,
-robust to a shared machine).
+for the update, Adam), to check that our pgd-at lands where a textbook implementation does; ``reference-trades``:
+the same loop with TRADES' inner maximisation and loss (beta: the trades runs' ``--method-kw``, default 6).
+Training time is recorded as wall seconds and as the process's CPU seconds (``train CPU-min``: the figure the
+targets are stated in, robust to a shared machine).
 
 Outputs (resumable: every finished run is OUT/runs/<method>_s<seed>.json and is skipped when rerun):
 OUT/results.json (settings, per-run curves, summary), OUT/summary.md (the tables), OUT/curves.png (white-box and
@@ -48,13 +49,37 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-ALL = ("pgd-at", "reference", "trades", "fosc", "fol-budget", "fast-at", "n-fgsm", "grad-align")
+ALL = ("pgd-at", "reference", "trades", "reference-trades", "fosc", "fol-budget", "fast-at", "n-fgsm",
+       "grad-align")
 
 
 # ------------------------------------------------------------------------ the independent reference recipe
+def reference_trades_batch(model: torch.nn.Module, xb: torch.Tensor, yb: torch.Tensor, gen: torch.Generator, *,
+                           e: float, a: float, steps: int, beta: float) -> torch.Tensor:
+    """Plain TRADES (Zhang et al. 2019, their reference code's PGD-KL and loss) for one batch: ``steps`` signed
+    steps of ``a`` on KL(p(x) || p(x')) from x + 0.001 N(0, I) (eval mode), projected to the ball and [0, 1], then
+    the loss CE(f(x), y) + beta * KL(p(x) || p(x_adv)) / B in train mode (returned, graph attached)."""
+    model.eval()
+    with torch.no_grad():
+        p_nat = F.softmax(model(xb), dim=1)
+    x_adv = (xb + 0.001 * torch.randn(xb.shape, generator=gen)).clamp(0, 1)
+    x_adv = torch.min(torch.max(x_adv, xb - e), xb + e)
+    for _ in range(steps):
+        x_adv.requires_grad_(True)
+        kl = F.kl_div(F.log_softmax(model(x_adv), dim=1), p_nat, reduction="sum")
+        (grad,) = torch.autograd.grad(kl, x_adv)
+        x_adv = x_adv.detach() + a * grad.sign()
+        x_adv = torch.min(torch.max(x_adv, xb - e), xb + e).clamp(0, 1)
+    model.train()
+    logits_nat, logits_adv = model(xb), model(x_adv)
+    kl = F.kl_div(F.log_softmax(logits_adv, dim=1), F.softmax(logits_nat, dim=1), reduction="sum") / xb.shape[0]
+    return F.cross_entropy(logits_nat, yb) + beta * kl
+
+
 def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: float, steps: int,
                      alpha: float, epochs: int, batch_size: int, lr: float, seed: int, on_epoch_end,
-                     eps_warmup: float = 0.0, cosine: bool = False, twin: bool = False) -> None:
+                     eps_warmup: float = 0.0, cosine: bool = False, twin: bool = False,
+                     trades_beta: float | None = None) -> None:
     """Madry et al. PGD adversarial training in plain PyTorch: per batch, ``steps`` signed-gradient steps of
     ``alpha`` from a uniform random start in the L-inf ball (model in eval mode), projected to the ball and to
     [0, 1]; then one Adam step on the cross-entropy of the adversarial batch (model in train mode). The textbook
@@ -64,7 +89,8 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
 
     Its random numbers are its own (one generator for shuffling and starts). ``twin=True`` draws instead the
     numbers robustest's pgd-at draws (per-epoch generators seeded from (seed, epoch)), for the check that the
-    two recipes then give the same weights."""
+    two recipes then give the same weights. With ``trades_beta`` the batch's inner maximisation and loss are
+    TRADES' (:func:`reference_trades_batch`) in the same recipe."""
     gen = torch.Generator().manual_seed(10_000 + seed)
     torch.manual_seed(20_000 + seed)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
@@ -86,6 +112,16 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
             ramp = eps_warmup * total
             e = eps * min(1.0, (t + 1) / ramp) if ramp > 1 else eps
             a = alpha * e / eps
+            if trades_beta is not None:
+                loss = reference_trades_batch(model, xb, yb, gen, e=e, a=a, steps=steps, beta=trades_beta)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                t += 1
+                if cosine:
+                    for group in opt.param_groups:
+                        group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * t / total))
+                continue
             model.eval()
             noise = torch.rand(xb.shape, generator=gen)
             noise = noise.mul_(2 * e).sub_(e) if twin else (noise * 2 - 1) * e
@@ -106,7 +142,8 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
                 for group in opt.param_groups:
                     group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * t / total))
         model.eval()
-        on_epoch_end(epoch, model, {"compute": {"passes": float(n * (steps + 1))}})
+        per_image = steps + 1 if trades_beta is None else steps + 2 + 1 / 3  # harden's accounting of each
+        on_epoch_end(epoch, model, {"compute": {"passes": float(n * per_image)}})
 
 
 # ------------------------------------------------------------------------------------------------- runs
@@ -185,6 +222,14 @@ def one_run(name: str, seed: int, base, train, test, wb, aa, args) -> dict[str, 
         settings = {"method": "reference PGD-AT (plain PyTorch)", "eps": args.eps, "steps": args.steps,
                     "alpha": 2.5 * args.eps / args.steps, "epochs": epochs, "batch_size": args.batch_size,
                     "lr": args.lr, "seed": seed, **reference_kw(args)}
+    elif name == "reference-trades":
+        beta = float(args.method_kw.get("trades", {}).get("beta", 6.0))  # the beta of the trades runs
+        reference_pgd_at(model, *train, eps=args.eps, steps=args.steps, alpha=2.5 * args.eps / args.steps,
+                         epochs=epochs, batch_size=args.batch_size, lr=args.lr, seed=seed, on_epoch_end=on_epoch_end,
+                         trades_beta=beta, **reference_kw(args))
+        settings = {"method": "reference TRADES (plain PyTorch)", "eps": args.eps, "steps": args.steps,
+                    "alpha": 2.5 * args.eps / args.steps, "beta": beta, "epochs": epochs,
+                    "batch_size": args.batch_size, "lr": args.lr, "seed": seed, **reference_kw(args)}
     else:
         kw = dict(args.method_kw.get(name, {}))
         kw = {**recipe_kw(args), **kw}

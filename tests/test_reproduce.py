@@ -368,3 +368,22 @@ def test_harden_benchmark_pairs_methods_with_pgd_at_by_seed_and_at_matched_compu
     text = bench.write_summary({"before": {"whitebox": 0.0, "clean": 0.1}, "table": [], "curves": {}, "paired": [row]},
                                tmp_path, args)
     assert "| fol-budget | 3 | 0.50 | -1.00 [-3.48, +1.48] | +6.00 [" in text
+
+
+def test_the_plain_trades_reference_computes_the_loss_robustest_trades_computes():
+    """bench_harden's reference-trades (plain PyTorch) and robustest's trades objective, fed the same draws, give
+    the same adversarial points and the same loss: the benchmark's pairing compares one recipe, two codes."""
+    import torch
+
+    from robustest.train.objectives import StepContext, trades
+
+    bench = script("bench_harden")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 4))
+    x = torch.rand(6, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    y = torch.tensor([0, 1, 2, 3, 0, 1])
+    ref = bench.reference_trades_batch(model, x, y, torch.Generator().manual_seed(5), e=0.1, a=0.03, steps=3,
+                                       beta=2.0)
+    ours = trades.step(model, x, y, torch.Generator().manual_seed(5),
+                       StepContext(settings={"steps": 3, "beta": 2.0}, eps=0.1, alpha=0.03))
+    assert float(ref) == pytest.approx(float(ours.loss), rel=1e-6)
