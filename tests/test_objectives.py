@@ -103,15 +103,16 @@ def test_the_harden_verb_offers_the_registry(capsys):
 
 
 # ------------------------------------------------------------------------------- the other loops' objectives
-def _calls_and_zero_loss(name: str, calls: list[StepContext]) -> Objective:
+def _calls_and_zero_loss(name: str, calls: list[StepContext], restores: list[int] | None = None) -> Objective:
     """A stand-in for the registry's ``name``: the original step, its loss times 0 (no update: Adam's step on a
-    zero gradient is 0), every call's context recorded."""
+    zero gradient is 0), every call's context recorded (and, with ``restores``, every call of its ``restore``)."""
     original = objectives.get(name)
 
     def step(model, x, y, gen, ctx):
         calls.append(ctx)
         out = original.step(model, x, y, gen, ctx)
-        return StepOutput(out.loss * 0.0, out.logits, out.evals, out.compute)
+        restore = None if restores is None else (lambda: restores.append(len(calls)))
+        return StepOutput(out.loss * 0.0, out.logits, out.evals, out.compute, restore=restore)
 
     return Objective(name=name, step=step, harden_method=False)
 
@@ -150,10 +151,12 @@ def test_fit_computes_its_loss_with_the_registry_s_cross_entropy(digits_model, f
     original = objectives.get("cross-entropy")
     start = copy.deepcopy(digits_model).state_dict()
     calls: list[StepContext] = []
-    with objectives.registered(_calls_and_zero_loss("cross-entropy", calls), replace=True):
+    restores: list[int] = []
+    with objectives.registered(_calls_and_zero_loss("cross-entropy", calls, restores), replace=True):
         model = copy.deepcopy(digits_model)
         hist = fit(model, few_digits, epochs=2, batch_size=32, label_smoothing=0.1, progress=False)
     assert len(calls) == 6 and calls[0].settings["label_smoothing"] == 0.1
+    assert restores == [1, 2, 3, 4, 5, 6]  # each step's restore, after its update
     assert all(torch.equal(start[k], v) for k, v in model.state_dict().items())  # the stand-in's zero loss
     assert [e.loss for e in hist.epochs] == [0.0, 0.0]
     assert objectives.get("cross-entropy") is original  # back after the block
@@ -168,9 +171,11 @@ def test_enhance_computes_its_loss_with_the_registry_s_objective(digits_model, f
     original = objectives.get("augmix-jsd-adv")
     start = copy.deepcopy(digits_model).state_dict()
     calls: list[StepContext] = []
-    with objectives.registered(_calls_and_zero_loss("augmix-jsd-adv", calls), replace=True):
+    restores: list[int] = []
+    with objectives.registered(_calls_and_zero_loss("augmix-jsd-adv", calls, restores), replace=True):
         model = copy.deepcopy(digits_model)
         res = wr.enhance(model, few_digits, ["fog"], epochs=1, adv_steps=2, batch_size=32, adv_source="online")
+    assert restores == [1, 2, 3]
     assert len(calls) == 3 and calls[0].settings["jsd_weight"] == 6.0 and calls[0].eps == res.config["adv_eps"]
     assert {"rng", "ops", "adv", "attack_model", "attack_seed"} <= set(calls[0].extra)
     assert all(torch.equal(start[k], v) for k, v in model.state_dict().items())

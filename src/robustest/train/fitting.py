@@ -179,6 +179,8 @@ class _Fit(EpochLoop):
             else:
                 step_loss.backward()
                 self.opt.step()
+        if out.restore is not None:  # what the objective asked to undo after the step (AWP's weight perturbation)
+            out.restore()
         self.first_step = False
         if self.sched is not None:
             self.sched.step()

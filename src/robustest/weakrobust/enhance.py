@@ -131,6 +131,8 @@ class _Run(EpochLoop):
         self.opt.zero_grad(set_to_none=True)
         (loss * self.source.batch_weight if self.use_ddp else loss).backward()
         self.opt.step()
+        if aux.restore is not None:  # what the objective asked to undo after the step (AWP's weight perturbation)
+            aux.restore()
         m = len(batch[2])
         self.seen += m
         self.tot["loss"] += float(loss.detach()) * m
