@@ -239,9 +239,9 @@ def run_full(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         torch.manual_seed(args.seed)
         model = zoo.create(s["model"], num_classes=max(classes, 2), in_channels=c, input_size=h, mean=mean,
                            std=std).to(dev)
-        state = out / "state" / ("standard_fit.pt" if rank() == 0 else f"standard_fit.rank{rank()}.pt")
+        state = out / "state" / ("standard_fit" if rank() == 0 else f"standard_fit.rank{rank()}")
         hist = fit(model, train, epochs=s["epochs"], batch_size=batch_size, seed=args.seed, device=dev,
-                            progress=False, resume_file=state, **kw)
+                   progress=False, state_dir=state, resume=True, **kw)
         log(f"standard model: {s['epochs']} epochs in {hist.seconds:.0f} s, last train acc {hist.last.accuracy:.4f}")
         return model
 

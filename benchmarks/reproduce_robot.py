@@ -33,7 +33,7 @@ data set of the setting's shape (1x28x28 or 3x32x32, 10 classes, 96 training / 4
 handful of steps, to show the whole pipeline works before anyone spends GPU hours.
 
 Resumable: rerun the same command after an interruption. The original model's training keeps a
-per-epoch state (OUT/original_state.pt) and ``robot.compare`` keeps every finished cell (OUT/compare).
+per-epoch state (OUT/original_state/train_state.pt) and ``robot.compare`` keeps every finished cell (OUT/compare).
 Under torchrun only rank 0 writes this script's files.
 
     python benchmarks/reproduce_robot.py --data-dir ../shared/data --out /tmp/robot-mnist
@@ -148,7 +148,7 @@ def load_split(args: argparse.Namespace, split: str):
 
 def train_original(args: argparse.Namespace, s: dict[str, Any], out: Path, ckpt: Path) -> None:
     """Train the setting's model on the whole training split (the setting's recipe), checked against the data
-    before any work; per-epoch resume state in OUT/original_state.pt."""
+    before any work; per-epoch resume state in OUT/original_state/train_state.pt."""
     from robustest import models as zoo
     from robustest.core.batching import image_shape, labels_of
     from robustest.evaluate import accuracy
@@ -170,10 +170,10 @@ def train_original(args: argparse.Namespace, s: dict[str, Any], out: Path, ckpt:
     torch.manual_seed(0)
     model = zoo.create(args.model, num_classes=max(classes, 2), in_channels=c, input_size=h,
                        mean=x.mean(dim=(0, 2, 3)).tolist(), std=x.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist())
-    state = out / ("original_state.pt" if rank() == 0 else f"original_state.rank{rank()}.pt")
+    state = out / ("original_state" if rank() == 0 else f"original_state.rank{rank()}")
     dev = torch.device(args.device) if args.device else None
     hist = fit(model, (x, y), epochs=args.train_epochs, seed=0, progress=False, device=dev,
-                        resume_file=state, **kw)
+               state_dir=state, resume=True, **kw)
     acc = accuracy(model, test)
     if is_rank0():
         save_checkpoint(ckpt, model, metadata={"dataset": args.dataset, "epochs": args.train_epochs,

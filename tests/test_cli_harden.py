@@ -15,6 +15,7 @@ import torch
 from robustest.cli import main
 from robustest.models.checkpoints import load_checkpoint
 from robustest.train import hardening
+from robustest.train.state import STATE_FILES
 
 TINY = ["--dataset", "digits", "--limit", "200", "--eps", "0.2", "--epochs", "2", "--steps", "3",
         "--batch-size", "64", "--test-limit", "60", "--whitebox-limit", "30", "--whitebox-pgd-steps", "3",
@@ -202,7 +203,7 @@ def test_killed_process_resumes_to_the_same_model(checkpoint, tmp_path):
     killed = tmp_path / "killed"
     proc = subprocess.Popen([*cmd, "--out", str(killed)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    state = killed / "state" / hardening.STATE_FILE
+    state = killed / "state" / STATE_FILES["harden"]
     deadline = time.time() + 300
     while not state.is_file() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)

@@ -352,10 +352,10 @@ class Killed(Exception):
     pass
 
 
-def test_resume_file_continues_exactly_after_a_kill(digits_train, tmp_path):
+def test_state_dir_continues_exactly_after_a_kill(digits_train, tmp_path):
     x, y = small(digits_train, 128)
     kw = {"epochs": 4, "batch_size": 32, "lr": 0.05, "optimizer": "sgd", "schedule": "cosine",
-          "warmup_epochs": 1, "augment": "crop-flip", "val": (x[:32], y[:32]), "restore_best": True,
+          "warmup_epochs": 1, "augment": "crop-flip", "val": (x[:32], y[:32]), "keep": "best",
           "progress": False}
     ref = fresh()
     h_ref = fit(ref, (x, y), **kw)
@@ -364,30 +364,32 @@ def test_resume_file_continues_exactly_after_a_kill(digits_train, tmp_path):
         if epoch == 2:
             raise Killed
 
-    state = tmp_path / "fit_state.pt"
+    state = tmp_path / "train_state.pt"
     model = fresh()
     with pytest.raises(Killed):
-        fit(model, (x, y), resume_file=state, on_epoch_end=kill, **kw)
+        fit(model, (x, y), state_dir=tmp_path, on_epoch_end=kill, **kw)
     assert state.is_file()
+    with pytest.raises(ConfigError, match="already holds the state of an interrupted fit run: resume it"):
+        fit(fresh(), (x, y), state_dir=tmp_path, **kw)
     torch.manual_seed(123)  # the global RNG state is restored from the file
     again = fresh(seed=9)  # weights come from the file too
-    h = fit(again, (x, y), resume_file=state, **kw)
+    h = fit(again, (x, y), state_dir=tmp_path, resume=True, **kw)
     assert [e.epoch for e in h.epochs] == [1, 2, 3, 4]
     assert [e.loss for e in h.epochs] == [e.loss for e in h_ref.epochs]
     assert [e.lr for e in h.epochs] == [e.lr for e in h_ref.epochs]
     assert h.best_epoch == h_ref.best_epoch and same(weights(again), weights(ref))
     done = fresh(seed=5)  # a finished state: nothing left to train, the final weights come back
-    h2 = fit(done, (x, y), resume_file=state, **kw)
+    h2 = fit(done, (x, y), state_dir=tmp_path, resume=True, **kw)
     assert [e.loss for e in h2.epochs] == [e.loss for e in h_ref.epochs]
     with pytest.raises(ConfigError, match="other settings") as exc:
-        fit(fresh(), (x, y), resume_file=state, **{**kw, "lr": 0.01})
+        fit(fresh(), (x, y), state_dir=tmp_path, resume=True, **{**kw, "lr": 0.01})
     assert "\n" not in str(exc.value)
-    bad = tmp_path / "junk.pt"
-    bad.write_bytes(b"not a state")
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "train_state.pt").write_bytes(b"not a state")
     with pytest.raises(ConfigError, match="not a training state"):
-        fit(fresh(), (x, y), resume_file=bad, **kw)
-    with pytest.raises(ConfigError, match="not a file"):
-        fit(fresh(), (x, y), resume_file=tmp_path, **kw)
+        fit(fresh(), (x, y), state_dir=tmp_path / "junk", resume=True, **kw)
+    with pytest.raises(ConfigError, match="exists and is not a folder"):
+        fit(fresh(), (x, y), state_dir=state, resume=True, **kw)
 
 
 # ------------------------------------------------------------------------------------------- recipes

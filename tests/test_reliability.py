@@ -70,7 +70,7 @@ def test_enhance_killed_and_rerun_equals_an_uninterrupted_run(tmp_path, mlp_digi
             "--epochs", "6", "--adv-steps", "3", "--eval-limit", "0", "--no-progress"]
     out = tmp_path / "killed"
     proc = _cli(*args, "--out", str(out))
-    _kill_when(proc, lambda: bool(list((out / "state").glob("enhance_*.pt"))))  # after the first epoch
+    _kill_when(proc, lambda: bool(list((out / "state").glob("enhance_*/enhance_state.pt"))))  # after the first epoch
     done = _cli(*args, "--out", str(out))
     assert done.wait() == 0, done.stderr.read()
     assert "continuing the interrupted enhancement" in done.stderr.read()

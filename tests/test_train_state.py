@@ -22,19 +22,19 @@ def _data() -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_fit_and_harden_write_the_one_format(tmp_path) -> None:
     x, y = _data()
-    fit(_net(), (x, y), epochs=1, batch_size=8, progress=False, resume_file=tmp_path / "fit.pt")
+    fit(_net(), (x, y), epochs=1, batch_size=8, progress=False, state_dir=tmp_path / "f")
     harden(_net(), (x, y), "pgd-at", eps=0.1, epochs=1, steps=1, batch_size=16, state_dir=tmp_path / "h")
-    for path, kind in ((tmp_path / "fit.pt", "fit"), (tmp_path / "h" / "harden_state.pt", "harden")):
+    for path, kind in ((tmp_path / "f" / "train_state.pt", "fit"), (tmp_path / "h" / "harden_state.pt", "harden")):
         st = torch.load(path, weights_only=True)
         assert (st["format"], st["version"], st["kind"], st["epoch"]) == (FORMAT, VERSION, kind, 1)
         assert {"settings", "fingerprint", "model", "optimizer", "schedule", "scaler", "rng", "history", "best",
                 "seconds", "extra"} <= set(st)
         assert len(st["fingerprint"]) == 64 and len(st["history"]) == 1
-    assert set(torch.load(tmp_path / "fit.pt", weights_only=True)["rng"]["generators"]) == {"data"}
+    assert set(torch.load(tmp_path / "f" / "train_state.pt", weights_only=True)["rng"]["generators"]) == {"data"}
 
 
 def _saved(tmp_path, **change) -> StateFile:
-    sf = StateFile.of(tmp_path / "s.pt", "fit", {"epochs": 2}, label="resume_file 's.pt'")
+    sf = StateFile.of(tmp_path / "s.pt", "fit", {"epochs": 2}, label="state 's.pt'")
     net = _net()
     sf.save(1, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), history=[])
     st = torch.load(sf.path, weights_only=True)
@@ -54,7 +54,7 @@ def test_a_state_this_run_cannot_continue_is_refused_in_one_line(tmp_path, chang
     sf = _saved(tmp_path, **change)
     with pytest.raises(error, match=words) as exc:
         sf.load()
-    assert "\n" not in str(exc.value) and str(exc.value).startswith("resume_file 's.pt'")
+    assert "\n" not in str(exc.value) and str(exc.value).startswith("state 's.pt'")
 
 
 def test_the_state_round_trips(tmp_path) -> None:

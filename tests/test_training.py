@@ -85,13 +85,13 @@ def test_fit_optimizers_and_schedules(digits_train, optimizer, schedule):
         assert hist.last.lr == pytest.approx(0.01)
 
 
-def test_fit_with_validation_and_restore_best(digits_train):
+def test_fit_with_validation_and_keep_best(digits_train):
     x, y = digits_train.tensors[0][:300], digits_train.tensors[1][:300]
     # validation labels shifted by one: the better the model learns, the worse it does here, so the best
     # validation epoch is an early one and restoring it must change the weights back
     val = (x[:150], (y[:150] + 1) % 10)
     model = fresh_model()
-    hist = fit(model, (x, y), epochs=4, lr=3e-3, val=val, restore_best=True, progress=False)
+    hist = fit(model, (x, y), epochs=4, lr=3e-3, val=val, keep="best", progress=False)
     vals = [e.val_accuracy for e in hist.epochs]
     assert all(v is not None and 0 <= v <= 1 for v in vals)
     assert all(e.val_loss is not None and e.val_loss > 0 for e in hist.epochs)
@@ -108,7 +108,9 @@ def test_fit_with_validation_and_restore_best(digits_train):
     ({"epochs": 1, "lr": 0.0}, "lr"),
     ({"epochs": 1, "optimizer": "rmsprop"}, "optimizer"),
     ({"epochs": 1, "schedule": "linear"}, "schedule"),
-    ({"epochs": 1, "restore_best": True}, "val"),
+    ({"epochs": 1, "keep": "best"}, "val"),
+    ({"epochs": 1, "keep": "first"}, "keep must be 'best'"),
+    ({"epochs": 1, "resume": True}, "resume=True needs the state_dir"),
     ({"epochs": 1, "device": "nonsense"}, "device"),
 ])
 def test_fit_bad_arguments(digits_train, kwargs, pattern):
@@ -371,16 +373,16 @@ def test_train_data_splits_each_global_batch_between_ranks() -> None:
 
 def test_resume_with_another_number_of_ranks_is_one_line(tmp_path) -> None:
     x, y = torch.rand(32, 1, 4, 4), torch.arange(32) % 3
-    state = tmp_path / "fit_state.pt"
+    state = tmp_path / "train_state.pt"
 
     def net() -> nn.Module:
         torch.manual_seed(0)
         return nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
 
-    fit(net(), (x, y), epochs=2, batch_size=8, progress=False, resume_file=state)
+    fit(net(), (x, y), epochs=2, batch_size=8, progress=False, state_dir=tmp_path)
     st = torch.load(state, weights_only=True)
     settings = json.loads(st["settings"])
     st["settings"] = json.dumps({**settings, "world_size": 2}, sort_keys=True)  # as a 2-rank DDP run writes it
     torch.save(st, state)
     with pytest.raises(ConfigError, match=r"training by 2 process\(es\) and this run has 1: .*--nproc-per-node 2"):
-        fit(net(), (x, y), epochs=2, batch_size=8, progress=False, resume_file=state)
+        fit(net(), (x, y), epochs=2, batch_size=8, progress=False, state_dir=tmp_path, resume=True)

@@ -520,15 +520,16 @@ def test_enhance_resumes_after_an_interruption_bit_exact(tmp_path, monkeypatch) 
         if len(calls) == 1:
             raise KeyboardInterrupt  # killed right after epoch 1 was saved
 
-    state = tmp_path / "state.pt"
     monkeypatch.setattr(state_mod, "atomic_save", save_then_stop)
     with pytest.raises(KeyboardInterrupt):
-        wr.enhance(net(), (x, y), ["fog"], resume_file=state, **kw)
+        wr.enhance(net(), (x, y), ["fog"], state_dir=tmp_path, **kw)
+    with pytest.raises(ConfigError, match="already holds the state of an interrupted enhance run"):
+        wr.enhance(net(), (x, y), ["fog"], state_dir=tmp_path, **kw)
     monkeypatch.setattr(state_mod, "atomic_save", real)
     resumed = net()
-    res = wr.enhance(resumed, (x, y), ["fog"], resume_file=state, **kw)
+    res = wr.enhance(resumed, (x, y), ["fog"], state_dir=tmp_path, resume=True, **kw)
     assert [e["epoch"] for e in res.epochs] == [1, 2, 3]
     assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()))
     assert [e["loss"] for e in res.epochs] == [e["loss"] for e in full.epochs]
     with pytest.raises(ConfigError, match="other settings, another starting model or other data"):
-        wr.enhance(net(), (x, y), ["fog"], resume_file=state, **{**kw, "seed": 6})
+        wr.enhance(net(), (x, y), ["fog"], state_dir=tmp_path, resume=True, **{**kw, "seed": 6})

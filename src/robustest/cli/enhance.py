@@ -98,24 +98,27 @@ def _read_weaknesses(items: list[str]) -> list[str]:
 
 
 def _enhance_state(args: argparse.Namespace, out: Path, model, train, weaknesses: list[str]) -> Path:
-    """Where enhance saves its state after every epoch: a file named by the run's fingerprint (settings,
-    starting model, data), so rerunning the same command continues and a changed one starts afresh."""
+    """The state folder of this enhancement: named by the run's fingerprint (settings, starting model, data), so
+    rerunning the same command continues and a changed one starts afresh (an earlier run's state is removed)."""
+    import shutil
+
     from robustest.models.checkpoints import state_fingerprint
+    from robustest.train.state import STATE_FILES
 
     keys = ("epochs", "no_augmix", "no_adversarial", "jsd_weight", "adv_weight", "adv_eps", "adv_steps",
             "adv_source", "lr", "batch_size", "seed")
     fp = fingerprint("enhance", {k: getattr(args, k) for k in keys}, sorted(weaknesses), state_fingerprint(model),
                      data_fingerprint(train))[:16]
-    path = out / "state" / f"enhance_{fp}.pt"
-    stale = [f for f in (out / "state").glob("enhance_*.pt") if f != path] if (out / "state").is_dir() else []
+    folder = out / "state" / f"enhance_{fp}"
+    stale = [f for f in (out / "state").glob("enhance_*") if f != folder] if (out / "state").is_dir() else []
     if stale and distributed.is_main():
         for f in stale:
-            f.unlink(missing_ok=True)
+            shutil.rmtree(f) if f.is_dir() else f.unlink(missing_ok=True)
         print("note: the enhancement state of an earlier run with other settings was removed: starting afresh",
               file=sys.stderr)
-    if path.is_file() and distributed.is_main():
-        print(f"note: continuing the interrupted enhancement saved in {path}", file=sys.stderr)
-    return path
+    if (folder / STATE_FILES["enhance"]).is_file() and distributed.is_main():
+        print(f"note: continuing the interrupted enhancement saved in {folder}", file=sys.stderr)
+    return folder
 
 
 def run_enhance(args: argparse.Namespace) -> int:
@@ -152,7 +155,7 @@ def run_enhance(args: argparse.Namespace) -> int:
                      adversarial=not args.no_adversarial, jsd_weight=args.jsd_weight, adv_weight=args.adv_weight,
                      adv_eps=args.adv_eps, adv_steps=args.adv_steps, adv_source=args.adv_source, lr=args.lr,
                      batch_size=args.batch_size, seed=args.seed, progress=not args.no_progress,
-                     resume_file=_enhance_state(args, out, model, train, weaknesses))
+                     state_dir=_enhance_state(args, out, model, train, weaknesses), resume=True)
     after = measure(model, held_out)
     meta = dict(getattr(model, "robustest_metadata", {}) or {})
     meta.update({"enhanced": res.config, "weaknesses": weaknesses})

@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     check_fits(model, train)
     out = out_dir(args)
     history = fit(model, train, epochs=epochs, batch_size=batch_size, seed=args.seed, device=device,
-                  progress=not args.no_progress, resume_file=out / "train_state.pt" if args.resume else None,
+                  progress=not args.no_progress, state_dir=out if args.resume else None, resume=bool(args.resume),
                   **fit_kw)
     t1 = time.perf_counter()
     test_loss, test_acc = loss_and_accuracy(model, test)

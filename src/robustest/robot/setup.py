@@ -268,7 +268,7 @@ def finetune_on_tests(model0: nn.Module, setup: RunSetup, tests: Pool, cfg: Robo
     # the ranks share out
     with PassCounter(model) as pc:
         hist = fit(model, (x, y), epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, val=setup.val, seed=seed,
-                   device=setup.device, progress=cfg.progress, restore_best=True, on_epoch_end=keep_last, ddp=False,
+                   device=setup.device, progress=cfg.progress, keep="best", on_epoch_end=keep_last, ddp=False,
                    **opts)
     last_model = None
     if hist.best_epoch != cfg.epochs and "state" in last:

@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +32,7 @@ from robustest.core.modelcall import set_mode
 from robustest.core.seeding import make_generator, seed_everything
 from robustest.evaluate import loss_and_accuracy
 from robustest.train import objectives
+from robustest.train.early_stopping import KEEP
 from robustest.train.engine import Batch, EpochLoop, TrainData, run_epochs
 from robustest.train.objectives.base import Objective, StepContext, StepOutput
 from robustest.train.recipes import (
@@ -46,7 +46,7 @@ from robustest.train.recipes import (
     make_optimizer,
 )
 from robustest.train.schedules import make_schedule
-from robustest.train.state import StateFile, restore_rng, rng_state
+from robustest.train.state import StateFile, check_state_dir, in_state_dir, restore_rng, rng_state
 
 __all__ = ["EpochStats", "History", "channel_stats", "fit"]
 
@@ -132,7 +132,7 @@ class _Fit(EpochLoop):
     seconds_before: float = 0.0
     val: DataLike | None = None
     val_batch: int = 256
-    restore_best: bool = False
+    keep: str = "last"
     state: StateFile | None = None
     on_epoch_end: Any = None
     t_start: float = 0.0
@@ -211,7 +211,7 @@ class _Fit(EpochLoop):
 
     def validate(self, epoch: int, record: EpochStats) -> None:
         if self.val is not None:
-            _validate(self, record, self.val, self.val_batch, self.restore_best)
+            _validate(self, record, self.val, self.val_batch, self.keep == "best")
 
     def record(self, epoch: int, record: EpochStats, seconds: float) -> None:
         record.seconds = seconds
@@ -222,7 +222,7 @@ class _Fit(EpochLoop):
             _save_fit_state(self, epoch, self.seconds_before + time.perf_counter() - self.t_start, self.state)
 
     def after_epoch(self, epoch: int, record: EpochStats) -> None:
-        if self.on_epoch_end is not None:  # e.g. keep the last epoch's weights when restore_best is used
+        if self.on_epoch_end is not None:  # e.g. keep the last epoch's weights when keep="best"
             self.on_epoch_end(epoch, self.model, record)
 
 
@@ -239,7 +239,7 @@ def fit(
     seed: int = 0,
     device: torch.device | str | None = None,
     progress: bool = True,
-    restore_best: bool = False,
+    keep: str = "last",
     on_epoch_end: Any = None,
     *,
     momentum: float | None = None,
@@ -251,16 +251,17 @@ def fit(
     amp: str | None = None,
     compile: bool = False,
     augment: str | None = None,
-    resume_file: str | os.PathLike[str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    resume: bool = False,
     ddp: bool | None = None,
 ) -> History:
     """Train ``model`` in place on ``train`` ((x, y) pair, Dataset or DataLoader) for ``epochs`` epochs.
 
     A DataLoader is iterated anew every epoch (its augmentations and sampler apply); in-memory data is
     shuffled by a seeded permutation (:class:`TrainData`). Shuffling, dropout and initial randomness come
-    from ``seed``. With ``val`` given, each epoch records
-    validation loss/accuracy, and ``restore_best=True`` restores the weights of the epoch with the best
-    validation accuracy (the last epoch's figures stay in the history). The model ends in eval mode.
+    from ``seed``. With ``val`` given, each epoch records validation loss/accuracy, and ``keep="best"``
+    restores the weights of the epoch with the best validation accuracy (the last epoch's figures stay in the
+    history; ``keep="last"``, the default, keeps the last epoch's). The model ends in eval mode.
     ``on_epoch_end(epoch, model, stats)``, when given, is called after every epoch (model in train mode).
 
     Recipe options (keyword only; their defaults leave training as it always was, see
@@ -271,15 +272,17 @@ def fit(
     CPU autocast) or "fp16" (CUDA autocast + GradScaler); ``compile=True`` trains through ``torch.compile``;
     ``augment="crop-flip"`` pads each training image by 4, crops it back at a random offset and flips it half
     the time (batched, seeded by ``seed``; refused for a DataLoader, whose own transforms apply).
-    ``resume_file``: after every epoch the model, optimiser, schedule and random states are saved there
-    atomically; a later call with the same settings continues after the last saved epoch (bit-exact on the
-    in-memory path). ``ddp``: under torchrun with several ranks (None, the default, or True) the model trains
-    with DistributedDataParallel, each rank on its part of every global batch (see :class:`TrainData`);
+    ``state_dir``: after every epoch the model, optimiser, schedule and random states are saved atomically to
+    ``state_dir/train_state.pt``; a later call with the same settings and ``resume=True`` continues after the
+    last saved epoch (bit-exact on the in-memory path; a state there is never overwritten without ``resume``).
+    ``ddp``: under torchrun with several ranks (None, the default, or True) the model trains with
+    DistributedDataParallel, each rank on its part of every global batch (see :class:`TrainData`);
     ``ddp=False`` lets every rank train on all the data by itself, identically (for small fine-tuning sets
     whose results must equal one process's). Every option is checked before any work. Returns the
     :class:`History`.
     """
-    _check_fit_args(epochs, batch_size, lr, weight_decay, restore_best, val)
+    keep = _check_fit_args(epochs, batch_size, lr, weight_decay, keep, val)
+    check_state_dir("fit", state_dir, resume)
     opts = check_options(epochs, optimizer=optimizer, lr=lr, weight_decay=weight_decay, momentum=momentum,
                          nesterov=nesterov, schedule=schedule, warmup_epochs=warmup_epochs, milestones=milestones,
                          label_smoothing=label_smoothing, decay_norm_bias=decay_norm_bias, amp=amp,
@@ -289,45 +292,47 @@ def fit(
                           "transforms apply: add the augmentation to its dataset's transform instead")
     dev = resolve_device(model, device)
     check_device(opts, dev)
-    state_path = Path(resume_file) if resume_file is not None else None
-    if state_path is not None and state_path.exists() and not state_path.is_file():
-        raise ConfigError(f"resume_file {str(state_path)!r} exists and is not a file: choose another path")
-    run = _setup(model, train, opts, dev, epochs=epochs, batch_size=batch_size, seed=seed, ddp=ddp,
-                 restore_best=restore_best, val=val)
+    run = _setup(model, train, opts, dev, epochs=epochs, batch_size=batch_size, seed=seed, ddp=ddp, keep=keep,
+                 val=val)
     start = 1
-    if state_path is not None:
-        run.state = StateFile.of(state_path, "fit", run.settings, label=f"resume_file {str(state_path)!r}")
-        if state_path.is_file():
+    run.state = in_state_dir("fit", state_dir, resume, run.settings, fix="delete it to start again")
+    if run.state is not None:
+        if run.state.path.is_file():
             start = _resume(run, run.state.load())
         distributed.barrier()  # every rank has read the state before rank 0 writes the next one
     run.on_epoch_end = on_epoch_end
     run.t_start = time.perf_counter()
     run_epochs(run, range(start, epochs + 1), ddp=run.ddp, progress=progress, desc="train")
-    if restore_best and run.best_state is not None:
+    if keep == "best" and run.best_state is not None:
         model.load_state_dict(run.best_state)
     set_mode(model, False)
     run.history.seconds = run.seconds_before + time.perf_counter() - run.t_start
     return run.history
 
 
-def _check_fit_args(epochs: Any, batch_size: int, lr: float, weight_decay: float, restore_best: bool,
-                    val: DataLike | None) -> None:
-    """The checks of fit's own arguments (the recipe options are :func:`check_options`')."""
+def _check_fit_args(epochs: Any, batch_size: int, lr: float, weight_decay: float, keep: Any,
+                    val: DataLike | None) -> str:
+    """The checks of fit's own arguments (the recipe options are :func:`check_options`'); returns ``keep``."""
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ConfigError(f"epochs must be >= 0, got {epochs}")
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     if not lr > 0:
         raise ConfigError(f"lr must be positive, got {lr}")
-    if restore_best and val is None:
-        raise ConfigError("restore_best needs validation data (val=...)")
+    k = str(keep).lower()
+    if k not in KEEP:
+        raise ConfigError(f"keep must be 'best' (the epoch of the best validation accuracy) or 'last', got {keep!r}")
+    if k == "best" and val is None:
+        raise ConfigError("keep='best' picks the epoch by validation accuracy: pass val= (held-out labelled data) "
+                          "or keep='last'")
     for name, v in (("lr", lr), ("weight_decay", weight_decay)):
         if not math.isfinite(float(v)) or v < 0:
             raise ConfigError(f"{name} must be a finite non-negative number, got {v}")
+    return k
 
 
 def _setup(model: nn.Module, train: DataLike, opts: TrainOptions, dev: torch.device, *, epochs: int,
-           batch_size: int, seed: int, ddp: bool | None, restore_best: bool, val: DataLike | None) -> _Fit:
+           batch_size: int, seed: int, ddp: bool | None, keep: str, val: DataLike | None) -> _Fit:
     """Move the model to ``dev``, seed, and build the batches, optimiser, schedule, scaler, augmentation
     generator and the module the steps run through (compiled, DDP-wrapped under torchrun); the objective is the
     registry's ``cross-entropy``."""
@@ -348,18 +353,18 @@ def _setup(model: nn.Module, train: DataLike, opts: TrainOptions, dev: torch.dev
 
         step_model = DistributedDataParallel(step_model, device_ids=[dev.index] if dev.type == "cuda" else None)
     settings = {"epochs": epochs, "batch_size": batch_size, "seed": seed, "n": source.n,
-                "restore_best": restore_best, "val": val is not None, **opts.to_dict(),
+                "keep": keep, "val": val is not None, **opts.to_dict(),
                 # DDP training depends on the number of ranks (each rank's share of a batch)
                 **({"world_size": shard.world_size} if use_ddp else {})}
     return _Fit(model, step_model, source, opts, dev, use_ddp, num_classes, opt, sched, scaler, aug_gen, settings,
-                objectives.get("cross-entropy"), val=val, val_batch=max(256, batch_size), restore_best=restore_best)
+                objectives.get("cross-entropy"), val=val, val_batch=max(256, batch_size), keep=keep)
 
 
-def _validate(run: _Fit, stats: EpochStats, val: DataLike, batch_size: int, restore_best: bool) -> None:
-    """The epoch's validation loss and accuracy into ``stats``; with ``restore_best``, a copy of the weights of
+def _validate(run: _Fit, stats: EpochStats, val: DataLike, batch_size: int, keep_best: bool) -> None:
+    """The epoch's validation loss and accuracy into ``stats``; with ``keep_best``, a copy of the weights of
     the best epoch so far."""
     stats.val_loss, stats.val_accuracy = loss_and_accuracy(run.model, val, batch_size=batch_size)
-    if restore_best and stats.val_accuracy > run.best_acc:
+    if keep_best and stats.val_accuracy > run.best_acc:
         run.best_acc = stats.val_accuracy
         run.best_state = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
         run.history.best_epoch = stats.epoch

@@ -56,12 +56,11 @@ from robustest.train.engine import Batch, EpochLoop, run_epochs
 from robustest.train.objectives.base import Objective, StepContext, StepOutput
 from robustest.train.recipes import check_options, make_optimizer
 from robustest.train.schedules import eps_schedule, make_schedule
-from robustest.train.state import StateFile, data_digest
+from robustest.train.state import StateFile, data_digest, in_state_dir
 
-__all__ = ["DEFAULT_STEPS", "RECIPE_DEFAULTS", "STATE_FILE", "HardenResult", "check_trainable", "harden",
+__all__ = ["DEFAULT_STEPS", "RECIPE_DEFAULTS", "HardenResult", "check_trainable", "harden",
            "harden_settings"]
 
-STATE_FILE = "harden_state.pt"
 #: attack steps of the inner maximisation when ``steps`` is None (methods with ``fixed_steps`` take theirs)
 DEFAULT_STEPS = 10
 #: Recipe defaults of :func:`harden` (``robustest harden`` uses the same; docs/HARDEN.md gives the sweeps).
@@ -416,7 +415,7 @@ def harden(
                         alpha=alpha, co_guard=co_guard, keep=keep, seed=seed, **options)
     run = _prepare(model, data, s, device=device, val=val, val_steps=val_steps, on_epoch_end=on_epoch_end,
                    state_dir=state_dir, resume=resume)
-    _start(run, resume)
+    _start(run)
     result = run.result
     assert result is not None
     run.progress, run.on_epoch_end = progress, on_epoch_end
@@ -435,8 +434,6 @@ def _prepare(model: nn.Module, data: DataLike, s: dict[str, Any], *, device: tor
     val_steps = check_int("val_steps", val_steps, lo=1)
     if on_epoch_end is not None and not callable(on_epoch_end):
         raise ConfigError("on_epoch_end must be callable (epoch, model, record) or None")
-    if resume and state_dir is None:
-        raise ConfigError("resume=True needs the state_dir of the interrupted run")
     if s["keep"] == "best" and val is None:
         raise ConfigError("keep='best' picks the epoch by validation PGD accuracy: pass val= (held-out labelled "
                           "data) or keep='last'")
@@ -450,18 +447,14 @@ def _prepare(model: nn.Module, data: DataLike, s: dict[str, Any], *, device: tor
     if yv is not None:
         check_labels(yv, yv.shape[0], num_classes, name="validation labels")
     run = _Run(model, s, x, y, xv, yv, dev, val_steps)
-    if state_dir is not None:
-        path = Path(state_dir) / STATE_FILE
-        if path.parent.exists() and not path.parent.is_dir():
-            raise ConfigError(f"state_dir {str(path.parent)!r} exists and is not a folder")
-        digest = data_digest(x, y, *((xv, yv) if xv is not None and yv is not None else ()))
-        run.state = StateFile.of(path, "harden", s, digest, fix="delete the state folder to start afresh")
+    digest = data_digest(x, y, *((xv, yv) if xv is not None and yv is not None else ())) if state_dir else ""
+    run.state = in_state_dir("harden", state_dir, resume, s, digest)
     return run
 
 
-def _start(run: _Run, resume: bool) -> None:
+def _start(run: _Run) -> None:
     """Build the optimiser and per-batch learning-rate schedule (robustest.train.recipes / schedules) and the empty
-    result; with a state file, continue from it (``resume`` required)."""
+    result; with a state file, continue from it."""
     s, model = run.s, run.model
     n = int(run.x.shape[0])
     run.steps_per_epoch = -(-n // s["batch_size"])
@@ -472,10 +465,7 @@ def _start(run: _Run, resume: bool) -> None:
     run.sched = make_schedule(run.opt, opts, s["epochs"], run.steps_per_epoch)
     run.result = result = HardenResult(method=s["method"], settings=dict(s), num_samples=n)
     state = run.state
-    if state is not None and state.path.is_file():
-        if not resume:
-            raise ConfigError(f"{state.path.parent} already holds a harden run: resume it (--resume) or choose "
-                              "another output folder")
+    if state is not None and state.path.is_file():  # resume=True: in_state_dir refuses it otherwise
         st = state.load()
         model.load_state_dict(st["model"])
         run.opt.load_state_dict(st["optimizer"])

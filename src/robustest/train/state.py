@@ -1,7 +1,7 @@
-"""The one resume format of training: :func:`robustest.train.fit` (``resume_file=``),
-:func:`robustest.train.harden` (``state_dir=``, its ``harden_state.pt``) and
-:func:`robustest.weakrobust.enhance` (``resume_file=``) write their state after every epoch through a
-:class:`StateFile` and continue from it.
+"""The one resume format of training: :func:`robustest.train.fit`, :func:`robustest.train.harden` and
+:func:`robustest.weakrobust.enhance` take the same two arguments, ``state_dir`` (write the state there after every
+epoch, as :data:`STATE_FILES` names it) and ``resume`` (continue from it), and keep their state through a
+:class:`StateFile` (:func:`in_state_dir` applies the rules every loop shares).
 
 A state file is a ``torch.save`` of plain data (tensors, numbers, strings, lists, dicts), written atomically by rank
 0 (:func:`robustest.core.atomic.atomic_save`) and read with ``torch.load(weights_only=True)`` after
@@ -38,11 +38,14 @@ from robustest.core.atomic import atomic_save
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.reading import check_torch_file
 
-__all__ = ["FORMAT", "KINDS", "VERSION", "StateFile", "data_digest", "restore_rng", "rng_state"]
+__all__ = ["FORMAT", "KINDS", "STATE_FILES", "VERSION", "StateFile", "check_state_dir", "data_digest", "in_state_dir",
+           "restore_rng", "rng_state"]
 
 FORMAT = "robustest-train-state"
 VERSION = 1
 KINDS = ("fit", "harden", "enhance")
+#: the file each kind of run keeps in its ``state_dir``
+STATE_FILES = {"fit": "train_state.pt", "harden": "harden_state.pt", "enhance": "enhance_state.pt"}
 #: the tags of the per-verb state files of earlier releases (refused: they cannot be continued)
 OLD_FORMATS = ("robustest-fit-state-1", "robustest-harden-state", "robustest-enhance-state-1")
 #: what a state written with other settings holds, per kind (the refusal's words)
@@ -99,7 +102,7 @@ class StateFile:
 
     ``kind``: "fit", "harden" or "enhance". ``settings``: the run's settings as canonical JSON (:func:`canonical`);
     ``fingerprint``: sha256 of it and the data digest. ``label``: how messages name the file (e.g.
-    ``resume_file '/x/state.pt'``); ``fix``: what the user does about a file this run cannot continue."""
+    ``state '/x/state.pt'``); ``fix``: what the user does about a file this run cannot continue."""
 
     path: Path
     kind: str
@@ -175,3 +178,30 @@ class StateFile:
                 return (f"{self.label} holds training by {w_old} process(es) and this run has {w_new}: resume "
                         f"with the same number (torchrun --nproc-per-node {w_old}), or {self.fix}")
         return f"{self.label} holds {_OTHER[self.kind]}: resume with the same ones, or {self.fix}"
+
+
+def check_state_dir(kind: str, state_dir: str | os.PathLike[str] | None, resume: bool) -> Path | None:
+    """The state file path of a ``kind`` run in ``state_dir`` (None without one), by the rules every loop shares,
+    checked before any work: ``resume=True`` needs a ``state_dir``; a ``state_dir`` that exists must be a folder; a
+    state already there is continued only with ``resume=True`` (never overwritten by a fresh run). ``resume=True``
+    where there is no state yet starts afresh. One-line ConfigErrors."""
+    if resume and state_dir is None:
+        raise ConfigError("resume=True needs the state_dir of the interrupted run")
+    if state_dir is None:
+        return None
+    folder = Path(state_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"state_dir {str(folder)!r} exists and is not a folder")
+    path = folder / STATE_FILES[kind]
+    if path.is_file() and not resume:
+        raise ConfigError(f"{folder} already holds the state of an interrupted {kind} run: resume it (resume=True; "
+                          "the CLI's --resume) or choose another folder")
+    return path
+
+
+def in_state_dir(kind: str, state_dir: str | os.PathLike[str] | None, resume: bool, settings: dict[str, Any],
+                 digest: str = "", *, fix: str = "delete the state folder to start afresh") -> StateFile | None:
+    """The :class:`StateFile` of a ``kind`` run with ``settings`` over data of ``digest`` in ``state_dir`` (None
+    without one), after :func:`check_state_dir`'s checks."""
+    path = check_state_dir(kind, state_dir, resume)
+    return None if path is None else StateFile.of(path, kind, settings, digest, fix=fix)

@@ -32,7 +32,7 @@ from robustest.models.checkpoints import clone_model, state_fingerprint
 from robustest.train import TrainData, objectives
 from robustest.train.engine import Batch, EpochLoop, run_epochs
 from robustest.train.objectives import Objective, StepContext, StepOutput
-from robustest.train.state import StateFile, restore_rng, rng_state
+from robustest.train.state import StateFile, check_state_dir, in_state_dir, restore_rng, rng_state
 from robustest.weakrobust.augment import augmentation_pool
 from robustest.weakrobust.validation import ValidationResult, default_eps_grid
 
@@ -179,7 +179,8 @@ def enhance(
     seed: int = 0,
     device: torch.device | str | None = None,
     progress: bool = False,
-    resume_file: str | os.PathLike[str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    resume: bool = False,
     ddp: bool | None = None,
 ) -> EnhanceResult:
     """Targeted enhancement (METHODS B3): train ``model`` in place on labelled ``train`` with
@@ -194,10 +195,10 @@ def enhance(
     (adversarial fine-tuning only); ``adversarial=False`` drops ``x_adv`` (AugMix only); both False is
     plain training with the same budget. The model ends in eval mode.
 
-    ``resume_file``: after every epoch the model, optimiser and random states are saved there atomically; a
-    later call with the same settings, starting model and data size continues after the last saved epoch
-    (bit-exact on the in-memory path; a DataLoader's own shuffling restarts), another one is refused with one
-    line.
+    ``state_dir``: after every epoch the model, optimiser and random states are saved atomically to
+    ``state_dir/enhance_state.pt``; a later call with the same settings, starting model and data size and
+    ``resume=True`` continues after the last saved epoch (bit-exact on the in-memory path; a DataLoader's own
+    shuffling restarts), another one is refused with one line (as a state there without ``resume``).
 
     Under torchrun with several ranks (``ddp=None``, the default, or True) the model trains with
     DistributedDataParallel as :func:`robustest.train.fit` does: each rank takes its part of every global
@@ -207,6 +208,7 @@ def enhance(
     """
     _check_settings(epochs, adv_source, jsd_weight, adv_weight, lr, adv_eps, adv_alpha, adv_steps, width,
                     batch_size, severity)
+    check_state_dir("enhance", state_dir, resume)
     weak = [str(w) for w in ((weaknesses.weaknesses() if isinstance(weaknesses, ValidationResult) else weaknesses)
                              or [])]
     pool_names, ops = augmentation_pool(weak)
@@ -228,8 +230,8 @@ def enhance(
               "seed": seed}
     run = _Run(model, step_model, opt, source, rng, ops, dev, shard, num_classes, x_adv_all, frozen,
                objectives.get("augmix-jsd-adv"), config)
-    run.state = (StateFile.of(resume_file, "enhance", _resume_settings(run, config, pool_names),
-                              label=f"resume_file {str(resume_file)!r}") if resume_file is not None else None)
+    run.state = in_state_dir("enhance", state_dir, resume, _resume_settings(run, config, pool_names),
+                             fix="delete it to start again")
     run.history, start, run.seconds_before = _resume(run)
     run.t0 = t0
     run_epochs(run, range(start, epochs + 1), ddp=run.use_ddp, progress=progress, desc="enhance")
