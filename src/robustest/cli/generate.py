@@ -106,7 +106,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--max-tests-per-seed", type=positive_int, default=None, help="fol-fuzz: tests per seed cap")
     f.add_argument("--time-budget", type=positive_float, default=None, metavar="S", help="fuzzers: budget in seconds")
     f.add_argument("--iterations", type=positive_int, default=100, help="cov-fuzz: iterations (default: 100)")
-    f.add_argument("--coverage", choices=("kmnc", "nc", "nbc", "snac", "tknc"), default="kmnc",
+    f.add_argument("--coverage", choices=metrics.names("coverage"), default="kmnc",
                    help="cov-fuzz: coverage metric of the feedback (default: kmnc)")
     f.add_argument("--k", type=positive_int, default=None, help="cov-fuzz: KMNC sections (metric default if unset)")
     f.add_argument("--profile-limit", type=positive_int, default=None, metavar="N",
