@@ -43,7 +43,7 @@ from robustest.selection.strata import ALLOCATIONS
 ORDER = 61
 
 # robustest.weakrobust.weakset's names, repeated so that the CLI does not import the package to build its
-# parser (tests/test_weakrobust_strategies.py checks that they agree)
+# parser (tests/weakrobust/test_strategies.py checks that they agree)
 STRATEGIES = ("weak", "weak-correct", "stratified", "random")
 DEFAULT_SUBSET_SIZE = 1000
 DEFAULT_STRATEGY = "stratified"

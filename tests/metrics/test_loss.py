@@ -14,7 +14,7 @@ from torch import nn
 from robustest import metrics
 from robustest.core.errors import ConfigError, DataError
 
-SHARED_DATA = Path(os.environ.get("ROBUSTEST_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+SHARED_DATA = Path(os.environ.get("ROBUSTEST_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 MNIST = SHARED_DATA / "mnist.npz"
 DUAL = {"linf": 1.0, "l2": 2.0, "l1": float("inf")}
 

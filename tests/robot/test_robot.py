@@ -250,7 +250,7 @@ def test_run_config_json_schema_is_current_and_matches_the_defaults() -> None:
     from pathlib import Path
 
     schema = robot.RobotConfig.json_schema()
-    on_disk = json.loads((Path(__file__).resolve().parents[1] / "docs/schemas/config/run.schema.json").read_text())
+    on_disk = json.loads((Path(__file__).resolve().parents[2] / "docs/schemas/config/run.schema.json").read_text())
     assert on_disk == json.loads(json.dumps(schema)), "regenerate docs/schemas/config/run.schema.json"
     assert set(schema["properties"]) == set(robot.RobotConfig().to_dict())
     try:

@@ -1,5 +1,5 @@
 """``suite.meta.check_meta`` field by field: each stored value's exact message when it is out of range, and the
-values at each bound, which must pass. ``tests/test_suite_reading.py`` covers the file path and the CLI line."""
+values at each bound, which must pass. ``tests/suite/test_reading.py`` covers the file path and the CLI line."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from robustest.core.errors import DataError
 from robustest.suite.meta import MAX_BATCH_SIZE, MAX_COUNT, check_meta
-from test_suite_reading import make_suite
+from suite.test_reading import make_suite
 
 DELETE = object()
 

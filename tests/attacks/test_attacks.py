@@ -15,7 +15,7 @@ from robustest.core.errors import ConfigError, DataError
 
 EPS = {"linf": 0.1, "l2": 0.5}
 TOL = 1e-5
-SHARED = Path(os.environ.get("ROBUSTEST_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+SHARED = Path(os.environ.get("ROBUSTEST_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 MNIST_NPZ = SHARED / "mnist.npz"
 
 

@@ -277,7 +277,7 @@ def test_an_evaluated_baseline_adds_its_flags_and_its_time(monkeypatch):
     """check_suite with a baseline model the suite did not store: both evaluations' flags (the baseline's marked),
     the outcomes compared pairwise, the baseline's own timing; an unaccepted unreliable flag of the baseline fails."""
     from robustest.suite import check as check_mod
-    from test_suite_reading import make_suite
+    from suite.test_reading import make_suite
 
     k = 4
     calls = []
@@ -314,7 +314,7 @@ def test_an_evaluated_baseline_adds_its_flags_and_its_time(monkeypatch):
 
 def test_the_library_defaults_are_the_documented_ones():
     """docs/SUITE.md: K 100, 20 neighbours of uniform noise 0.5, 4 strata, proportional allocation, the standard
-    ensemble, alpha 0.05 and max_drop 0.02; the CLI's flags say the same (tests/test_suite.py)."""
+    ensemble, alpha 0.05 and max_drop 0.02; the CLI's flags say the same (tests/suite/test_suite.py)."""
     import inspect
 
     from robustest.suite import build_suite, check_suite

@@ -13,7 +13,7 @@ import torch
 
 from robustest.cli import main
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "YOUR_MODEL.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "YOUR_MODEL.md"
 
 
 def test_every_block_of_your_model_md_runs(tmp_path, monkeypatch, capsys) -> None:

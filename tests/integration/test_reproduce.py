@@ -17,7 +17,7 @@ import pytest
 
 from robustest.core.errors import ConfigError, DataError
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def script(name: str):

@@ -14,7 +14,7 @@ from robustest.cli import main
 from robustest.data.registry import unregister as unregister_data
 from robustest.train import objectives
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "EXTENDING.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "EXTENDING.md"
 
 
 @pytest.fixture

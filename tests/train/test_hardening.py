@@ -53,7 +53,7 @@ def _states_equal(a: nn.Module, b: nn.Module) -> bool:
 # gaussian-noise trains for randomised smoothing (L2 certificates of the smoothed classifier), not against L-inf
 # attacks on the base model: it lifts white-box accuracy here by about 0.13 only. ibp and crown-ibp train the
 # bounds of certified training, which take longer than 3 epochs to tighten on digits_cnn (white-box accuracy falls
-# during their ramp): tests/test_objectives_certified.py measures them by certified accuracy
+# during their ramp): tests/train/test_objectives_certified.py measures them by certified accuracy
 @pytest.mark.parametrize("method", [m for m in objectives.names() if m not in ("gaussian-noise", "ibp", "crown-ibp")])
 def test_every_method_raises_whitebox_accuracy(method, base_model, digits_split):
     (x, y), test = digits_split

@@ -18,7 +18,7 @@ import torch
 from conftest import SHARED_DATA
 from robustest.cli import main
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 MNIST = SHARED_DATA / "mnist.npz"
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread"),

@@ -13,7 +13,7 @@ import torch
 from robustest import evaluate as ev
 
 N = 40
-SHARED = Path(os.environ.get("ROBUSTEST_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+SHARED = Path(os.environ.get("ROBUSTEST_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 SETTINGS = [("linf", 0.1), ("linf", 0.3), ("l2", 2.0)]
 
 

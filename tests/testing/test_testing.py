@@ -13,7 +13,7 @@ import pytest
 from robustest.core.errors import ConfigError
 from robustest.testing import assert_robust, robust_accuracy
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 pytest_plugins = ["pytester"]
 
 

@@ -15,7 +15,7 @@ from scipy.stats import spearmanr
 
 from robustest.core.errors import ConfigError
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def script(name: str):

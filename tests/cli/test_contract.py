@@ -20,7 +20,7 @@ from robustest.cli import args as cli_args
 from robustest.cli import output as cli_output
 from robustest.core.errors import ConfigError, DataError
 
-SCHEMAS = Path(__file__).resolve().parents[1] / "docs" / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 NO_RESULTS = {"info", "demo"}  # info writes nothing; demo writes compare's results (compare.schema.json)
 
 
@@ -196,7 +196,7 @@ def test_quiet_silences_python_warnings_too(tmp_path, capsys, monkeypatch, score
 
 def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).resolve().parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+        [str(Path(__file__).resolve().parents[2] / "src"), os.environ.get("PYTHONPATH", "")])}
 
 
 def _corrupt_cmd(out: Path) -> list[str]:

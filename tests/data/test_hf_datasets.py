@@ -186,7 +186,7 @@ def test_fit_and_harden_take_it_with_the_tensors_training(xy):
 
 
 def test_the_hugging_face_block_of_your_model_md_runs(tmp_path, monkeypatch, capsys):
-    doc = Path(__file__).resolve().parents[1] / "docs" / "YOUR_MODEL.md"
+    doc = Path(__file__).resolve().parents[2] / "docs" / "YOUR_MODEL.md"
     (code,) = re.findall(r"```py\n(.*?)```", doc.read_text(), flags=re.S)
     monkeypatch.chdir(tmp_path)
     exec(compile(code, str(doc), "exec"), {"__name__": "your_model_hf"})

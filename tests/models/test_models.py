@@ -52,7 +52,7 @@ def test_every_model_builds_and_returns_logits(name):
 
 def test_every_registered_model_is_covered():
     full_scale = {"wrn", "preact_resnet18", "densenet_bc", "resnet18", "resnet50", "vit_tiny"}  # test_zoo.py
-    assert set(models.names()) <= set(TYPICAL) | full_scale, "add new models to TYPICAL or test_zoo.py"
+    assert set(models.names()) <= set(TYPICAL) | full_scale, "add new models to TYPICAL or tests/models/test_zoo.py"
 
 
 @pytest.mark.parametrize("name, c, s", [("lenet5", 3, 32), ("convnet", 3, 32), ("digits_cnn", 1, 28),
