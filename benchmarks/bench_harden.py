@@ -14,7 +14,7 @@ Methods: pgd-at, trades, fosc, fol-budget, fast-at, n-fgsm, grad-align (robustes
 ``reference``: an independent plain-PyTorch PGD-AT of the same recipe written below (no robustest code in its
 training loop: own shuffling, random start, PGD loop, eps ramp, cosine rate, eval mode for the attack and train mode
 for the update, Adam), to check that our pgd-at lands where a textbook implementation does; ``reference-trades``:
-the same loop with TRADES' inner maximisation and loss (beta: the trades runs' ``--method-kw``, default 6).
+the same loop with TRADES' inner maximisation and loss (beta: the trades runs' ``--method-kw``, else trades' default).
 Training time is recorded as wall seconds and as the process's CPU seconds (``train CPU-min``: the figure the
 targets are stated in, robust to a shared machine).
 
@@ -223,7 +223,8 @@ def one_run(name: str, seed: int, base, train, test, wb, aa, args) -> dict[str, 
                     "alpha": 2.5 * args.eps / args.steps, "epochs": epochs, "batch_size": args.batch_size,
                     "lr": args.lr, "seed": seed, **reference_kw(args)}
     elif name == "reference-trades":
-        beta = float(args.method_kw.get("trades", {}).get("beta", 6.0))  # the beta of the trades runs
+        default = next(o.default for o in objectives.get("trades").options if o.name == "beta")
+        beta = float(args.method_kw.get("trades", {}).get("beta", default))  # the beta of the trades runs
         reference_pgd_at(model, *train, eps=args.eps, steps=args.steps, alpha=2.5 * args.eps / args.steps,
                          epochs=epochs, batch_size=args.batch_size, lr=args.lr, seed=seed, on_epoch_end=on_epoch_end,
                          trades_beta=beta, **reference_kw(args))
