@@ -54,6 +54,25 @@ ALL = ("pgd-at", "reference", "trades", "reference-trades", "fosc", "fol-budget"
 
 
 # ------------------------------------------------------------------------ the independent reference recipe
+def reference_pgd_batch(model: torch.nn.Module, xb: torch.Tensor, yb: torch.Tensor, gen: torch.Generator, *,
+                        e: float, a: float, steps: int, twin: bool = False) -> torch.Tensor:
+    """Plain PGD-AT for one batch: ``steps`` signed-gradient steps of ``a`` from a uniform random start in the
+    L-inf ball of radius ``e`` (eval mode), projected to the ball and [0, 1]; then the cross-entropy of the
+    adversarial batch in train mode (returned, graph attached). ``twin``: robustest's order of drawing the start."""
+    model.eval()
+    noise = torch.rand(xb.shape, generator=gen)
+    noise = noise.mul_(2 * e).sub_(e) if twin else (noise * 2 - 1) * e
+    x_adv = (xb + noise).clamp(0, 1)
+    for _ in range(steps):
+        x_adv.requires_grad_(True)
+        loss = F.cross_entropy(model(x_adv), yb)
+        (grad,) = torch.autograd.grad(loss, x_adv)
+        x_adv = x_adv.detach() + a * grad.sign()
+        x_adv = torch.min(torch.max(x_adv, xb - e), xb + e).clamp(0, 1)
+    model.train()
+    return F.cross_entropy(model(x_adv), yb)
+
+
 def reference_trades_batch(model: torch.nn.Module, xb: torch.Tensor, yb: torch.Tensor, gen: torch.Generator, *,
                            e: float, a: float, steps: int, beta: float) -> torch.Tensor:
     """Plain TRADES (Zhang et al. 2019, their reference code's PGD-KL and loss) for one batch: ``steps`` signed
@@ -114,26 +133,8 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
             a = alpha * e / eps
             if trades_beta is not None:
                 loss = reference_trades_batch(model, xb, yb, gen, e=e, a=a, steps=steps, beta=trades_beta)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                t += 1
-                if cosine:
-                    for group in opt.param_groups:
-                        group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * t / total))
-                continue
-            model.eval()
-            noise = torch.rand(xb.shape, generator=gen)
-            noise = noise.mul_(2 * e).sub_(e) if twin else (noise * 2 - 1) * e
-            x_adv = (xb + noise).clamp(0, 1)
-            for _ in range(steps):
-                x_adv.requires_grad_(True)
-                loss = F.cross_entropy(model(x_adv), yb)
-                (grad,) = torch.autograd.grad(loss, x_adv)
-                x_adv = x_adv.detach() + a * grad.sign()
-                x_adv = torch.min(torch.max(x_adv, xb - e), xb + e).clamp(0, 1)
-            model.train()
-            loss = F.cross_entropy(model(x_adv), yb)
+            else:
+                loss = reference_pgd_batch(model, xb, yb, gen, e=e, a=a, steps=steps, twin=twin)
             opt.zero_grad()
             loss.backward()
             opt.step()
