@@ -36,7 +36,7 @@ def test_sigma_zero_is_exactly_the_cross_entropy(digits_model, few_digits):
     logits = forward(digits_model, x)
     assert torch.equal(out.logits, logits) and torch.equal(out.loss, F.cross_entropy(logits, y))
     assert out.compute.train_forward == out.compute.train_backward == 64 and out.compute.attack_forward == 0
-    assert torch.equal(out.evals, torch.zeros(64, dtype=torch.long))
+    assert out.evals.dtype == torch.int64 and torch.equal(out.evals, torch.zeros(64, dtype=torch.long))
 
 
 def test_the_noise_comes_from_the_step_s_generator(digits_model, few_digits):
