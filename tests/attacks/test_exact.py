@@ -565,5 +565,5 @@ def test_apgd_improving_is_any_restart_still_improving(monkeypatch):
     monkeypatch.setattr(apgd_mod, "_apgd_run", run)
     _, improving = apgd_mod._apgd_core(nn.Identity(), torch.zeros(3, 1, 2, 2), torch.zeros(3, dtype=torch.long),
                                        torch.Generator(), eps=0.1, steps=5, norm="linf", restarts=2, rho=RHO,
-                                       eot_iter=1, return_trace=True)
+                                       eot_iter=1, stop_on_success=False, return_trace=True)
     assert improving.tolist() == [True, True, False]  # sample 2 was broken: not "improving"

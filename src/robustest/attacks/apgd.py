@@ -193,7 +193,7 @@ def _apgd_run(model, x, y, gen, *, eps, steps, norm, rho, loss="ce", target=None
     return out, loss_best, success
 
 
-def _apgd_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, eot_iter, loss="ce", stop_on_success=False,
+def _apgd_core(model, x, y, gen, *, eps, steps, norm, restarts, rho, eot_iter, stop_on_success, loss="ce",
                return_trace=False):
     best = best_loss = best_succ = None
     improving = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
