@@ -567,3 +567,24 @@ def test_apgd_improving_is_any_restart_still_improving(monkeypatch):
                                        torch.Generator(), eps=0.1, steps=5, norm="linf", restarts=2, rho=RHO,
                                        eot_iter=1, stop_on_success=False, return_trace=True)
     assert improving.tolist() == [True, True, False]  # sample 2 was broken: not "improving"
+
+
+def test_apgd_second_step_mixes_in_a_quarter_of_the_momentum(monkeypatch):
+    """x_2 = P(x_1 + 0.75 (z_2 - x_1) + 0.25 (x_1 - x_0)) (Croce & Hein's alpha = 0.75): with the gradient's sign +
+    then -, from the start x_0 = x + d_0, the first step lands on x + eps and the second on x - eps/4 - d_0/4."""
+    signs, losses = [1.0, -1.0, 1.0], [0.0, 1.0, 2.0]  # rising losses: the last point is the best, and returned
+
+    def scripted(model, x, y, loss, target, hit_target):
+        k = len(calls)
+        calls.append(k)
+        return torch.full_like(x, signs[k]), F.one_hot(y, 3).float(), torch.full((x.shape[0],), losses[k])
+
+    calls: list[int] = []
+    monkeypatch.setattr(apgd_mod, "_loss_grad", scripted)
+    x, eps = torch.full((1, 1, 2, 2), 0.5), 0.1
+    out, _, _ = apgd_mod._apgd_run(nn.Identity(), x, torch.zeros(1, dtype=torch.long),
+                                   torch.Generator().manual_seed(2), eps=eps, steps=2, norm="linf", rho=RHO)
+    t = torch.rand(x.shape, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    d0 = eps * t / t.abs().amax()
+    assert len(calls) == 3
+    assert torch.allclose(out, x - eps / 4 - d0 / 4, atol=1e-6)
