@@ -14,7 +14,7 @@ import torch
 
 from robustest.cli import main
 from robustest.models.checkpoints import load_checkpoint
-from robustest.train import hardening
+from robustest.train import harden_pipeline, hardening
 from robustest.train.state import STATE_FILES
 
 TINY = ["--dataset", "digits", "--limit", "200", "--eps", "0.2", "--epochs", "2", "--steps", "3",
@@ -109,9 +109,9 @@ def test_interrupted_run_resumes_to_the_same_model(checkpoint, tmp_path, monkeyp
 
         return real(*a, **kw, on_epoch_end=stop)
 
-    monkeypatch.setattr(hardening, "harden", interrupted)
+    monkeypatch.setattr(harden_pipeline, "harden", interrupted)  # the pipeline's own reference
     assert main([*args, "--out", str(part)]) == 130
-    monkeypatch.setattr(hardening, "harden", real)
+    monkeypatch.setattr(harden_pipeline, "harden", real)
     capsys.readouterr()
     assert main([*args, "--beta", "3", "--out", str(part), "--resume"]) == 2  # other settings: refused
     assert "other settings" in capsys.readouterr().err

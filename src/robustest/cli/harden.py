@@ -190,22 +190,6 @@ def _prepare_out(args: argparse.Namespace) -> Path:
     return out
 
 
-def _measure(model, test, args) -> dict[str, Any]:
-    from robustest.evaluate import measure
-
-    rep = measure(model, test, eps=args.eps, whitebox=args.whitebox_limit > 0,
-                  whitebox_limit=args.whitebox_limit or None, pgd_steps=args.whitebox_pgd_steps,
-                  pgd_restarts=args.whitebox_restarts, apgd_steps=args.apgd_steps, seed=args.seed,
-                  autoattack=args.autoattack is not None and args.whitebox_limit > 0,
-                  autoattack_version=args.autoattack or "standard")
-    d = rep.to_dict()
-    for key in ("fixed_set_accuracy", "fixed_set_size", "seconds"):  # seconds go to timings: results stay reproducible
-        d.pop(key, None)
-    if args.certify:
-        d.update(_certified(model, test, args))
-    return d
-
-
 def _certificate(text: str) -> str:
     name = str(text).strip().lower()
     if name not in ("ibp", "crown", "none"):
@@ -230,23 +214,6 @@ def _certificates(args: argparse.Namespace, model: Any, test: Any) -> list[str] 
         with eval_mode(model):  # tracing runs one forward: BatchNorm's running statistics stay as they are
             check_certifiable(model, image_shape(test))
     return names or None
-
-
-def _certified(model: Any, test: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """Certified accuracy at --eps on the test images: per certificate of --certify (``certified_ibp_accuracy``,
-    ``certified_crown_accuracy``) and ``certified_accuracy``, the share certified by any of them."""
-    from robustest import certify
-    from robustest.evaluate.clean import labelled_tensors
-
-    x, y = labelled_tensors(test, "test data")
-    out: dict[str, Any] = {}
-    proved = torch.zeros(x.shape[0], dtype=torch.bool)
-    for name in args.certify:
-        cert = getattr(certify, name)(model, x, y, args.eps)
-        out[f"certified_{name}_accuracy"] = cert.certified_accuracy
-        proved |= cert.certified.cpu()
-    out["certified_accuracy"] = int(proved.sum()) / x.shape[0] if x.shape[0] else 0.0
-    return out
 
 
 def _method_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -285,28 +252,12 @@ def _split(train: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     return take(train, tr), take(train, va)
 
 
-#: what each rule of the catastrophic-overfitting guard saw (robustest.train.early_stopping: collapsed, masked)
-_GUARD_REASONS = {
-    "collapsed": "the validation PGD accuracy collapse",
-    "masked": "the training attack's accuracy at least 0.5 above the validation PGD accuracy (the model resists only "
-              "its own single-step attack: a collapse that robustness never rose before)",
-}
-
-
-def _guard_of(epochs: list[dict[str, Any]], epoch: int) -> str:
-    """The guard rule that fired at ``epoch`` (1-based) of the per-epoch records."""
-    return str(epochs[epoch - 1].get("guard", "collapsed")) if 0 < epoch <= len(epochs) else "collapsed"
-
-
-def _guard_reason(res: Any) -> str:
-    return _GUARD_REASONS[_guard_of(res.epochs, res.guard_epoch)].split(" (")[0]
-
-
 def run(args: argparse.Namespace) -> int:
-    from robustest.models.checkpoints import save_checkpoint, source_of
     from robustest.report import format_value
     from robustest.results import write_results
     from robustest.train import hardening
+    from robustest.train.harden_pipeline import Measurement, harden_pipeline
+    from robustest.train.harden_report import guard_reason, summary_figures, write_harden_report
 
     t0 = time.perf_counter()
     method_kw, common = _method_kwargs(args)
@@ -319,7 +270,6 @@ def run(args: argparse.Namespace) -> int:
     train = load_data(args)
     model = build_zoo_model(args, train) if args.model_factory and ":" not in args.model_factory else load_model(args)
     hardening.check_trainable(model)
-    spec = source_of(model)
     check_fits(model, train)
     test = load_data(argparse.Namespace(**{**vars(args), "limit": args.test_limit}), args.test_split)
     check_fits(model, test)
@@ -328,158 +278,36 @@ def run(args: argparse.Namespace) -> int:
     out = _prepare_out(args)
     t_load = time.perf_counter() - t0
 
-    t1 = time.perf_counter()
-    before_path = out / "state" / "before.json"
-    if args.resume and before_path.is_file():
-        before = json.loads(before_path.read_text())
-    else:
-        before = _measure(model, test, args)
-        atomic_write_json(before_path, before)
-    t_before = time.perf_counter() - t1
-
-    t2, cpu2 = time.perf_counter(), time.process_time()
-    res = hardening.harden(model, fit_data, args.method, **common, **method_kw, device=args.device,
-                           progress=not args.no_progress, val=val, val_steps=args.val_steps, state_dir=out / "state",
-                           resume=args.resume)
-    t_harden, cpu_harden = time.perf_counter() - t2, time.process_time() - cpu2
-
-    t3 = time.perf_counter()
-    after = _measure(model, test, args)
-    last = None
-    final_epoch = len(res.epochs)
-    if res.last_weights is not None:
-        from robustest.models.checkpoints import clone_model
-
-        last_model = clone_model(model)
-        last_model.load_state_dict(res.last_weights)
-        last_model.eval()
-        last = _measure(last_model, test, args)
-    t_after = time.perf_counter() - t3
-    meta = dict(getattr(model, "robustest_metadata", {}) or {})
-    meta["hardened"] = {"settings": res.settings, "compute": res.compute, "kept_epoch": res.kept_epoch,
-                        "source": str(args.checkpoint or args.model_factory or args.weights), "dataset": args.dataset,
-                        "from_scratch": bool(args.random_init)}
-    save_checkpoint(out / "model.pt", model, metadata=meta)
-    files = {"model": "model.pt", "report": "report.html", "state": "state/"}
-    if last is not None:
-        save_checkpoint(out / "last.pt", last_model, metadata={**meta, "hardened": {**meta["hardened"],
-                                                                                  "kept_epoch": final_epoch}})
-        files["last_model"] = "last.pt"
+    measurement = Measurement(eps=args.eps, whitebox_limit=args.whitebox_limit, pgd_steps=args.whitebox_pgd_steps,
+                              pgd_restarts=args.whitebox_restarts, apgd_steps=args.apgd_steps, seed=args.seed,
+                              autoattack=args.autoattack, certify=tuple(args.certify) if args.certify else None)
+    hrun = harden_pipeline(model, fit_data, test, args.method, out=out, measurement=measurement,
+                           recipe={**common, **method_kw}, val=val, val_steps=args.val_steps, resume=args.resume,
+                           device=args.device, progress=not args.no_progress,
+                           metadata={"source": str(args.checkpoint or args.model_factory or args.weights),
+                                     "dataset": args.dataset, "from_scratch": bool(args.random_init)})
+    res = hrun.result
     cli_settings = {**model_settings(args), **data_settings(args), **settings, "from_scratch": bool(args.random_init),
                     "val_size": args.val_size, "val_steps": args.val_steps, "test_split": args.test_split,
                     "test_limit": args.test_limit, "whitebox_limit": args.whitebox_limit,
                     "whitebox_pgd_steps": args.whitebox_pgd_steps, "whitebox_restarts": args.whitebox_restarts,
                     "apgd_steps": args.apgd_steps, "autoattack": args.autoattack, "certify": args.certify,
                     "device": str(next(iter(model.parameters())).device)}
-    results = {
-        "data": {"num_train": len(train), "num_fit": res.num_samples, "num_val": 0 if val is None else len(val[1]),
-                 "num_test": len(test), "model": spec},
-        "before": before, "after": after, "last": last,
-        "kept_epoch": res.kept_epoch, "best_epoch": res.best_epoch, "guard_epoch": res.guard_epoch,
-        "autoattack_accuracy": after.get("autoattack_accuracy"),
-        "autoattack_flags": after.get("autoattack_flags"), "certified_accuracy": after.get("certified_accuracy"),
-        "epochs": res.epochs, "compute": res.compute, "resumed_epochs": res.resumed_epochs,
-        "training_cpu_s": cpu_harden, "peak_rss_mib": peak_rss_mib(), "files": files,
-    }
-    timings = {"load_s": t_load, "before_s": t_before, "harden_s": t_harden, "after_s": t_after,
-               "total_s": time.perf_counter() - t0}
+    results = {**hrun.to_results(), "peak_rss_mib": peak_rss_mib(), "files": hrun.files}
+    timings = {"load_s": t_load, **hrun.timings, "total_s": time.perf_counter() - t0}
     doc = write_results(out, "harden", {k: v for k, v in cli_settings.items() if v is not None}, results, timings)
-    _report(doc, out / "report.html")
-    rows = [{"model": name, **_summary_figures(r)} for name, r in (("before", before), (f"after (epoch "
-            f"{res.kept_epoch})", after), (f"last (epoch {final_epoch})", last)) if r is not None]
+    write_harden_report(doc, out / "report.html")
+    rows = [{"model": name, **summary_figures(r)} for name, r in (("before", hrun.before), (f"after (epoch "
+            f"{res.kept_epoch})", hrun.after), (f"last (epoch {hrun.final_epoch})", hrun.last)) if r is not None]
     print_table(rows, [c for c in rows[0] if c == "model" or rows[0][c] is not None])
-    for f in after.get("autoattack_flags") or []:
+    for f in hrun.after.get("autoattack_flags") or []:
         print(f"robustest harden: flag {f['severity']} {f['name']}: {f['message']} (remedy: {f['remedy']})",
               file=sys.stderr)
-    c = res.compute
-    log.info(f"{res.method}: {final_epoch} epoch{'s' if final_epoch != 1 else ''} on {res.num_samples} images, "
+    c, n = res.compute, hrun.final_epoch
+    log.info(f"{res.method}: {n} epoch{'s' if n != 1 else ''} on {res.num_samples} images, "
              f"{c['passes']:.4g} forward+backward passes ({c['passes'] / res.num_samples:.2f} per image), "
-             f"{format_value(cpu_harden, 'cpu_s')} CPU-seconds of training"
-             + (f"; stopped by the catastrophic-overfitting guard at epoch {res.guard_epoch} ({_guard_reason(res)})"
+             f"{format_value(hrun.training_cpu_s, 'cpu_s')} CPU-seconds of training"
+             + (f"; stopped by the catastrophic-overfitting guard at epoch {res.guard_epoch} ({guard_reason(res)})"
                 if res.guard_epoch is not None else ""))
     log.info(f"wrote {out / 'model.pt'}, {out / 'results.json'} and {out / 'report.html'}")
     return 0
-
-
-def _summary_figures(r: dict[str, Any]) -> dict[str, Any]:
-    """One model's figures of the before/after table, each column naming the number of test images it was measured
-    on (clean accuracy and certificates: the first --test-limit images; the attacks: the first --whitebox-limit);
-    a figure not measured is None."""
-    n, wb = r["num_eval"], r["num_whitebox"]
-    return {f"clean accuracy ({n} images)": r["clean_accuracy"],
-            f"white-box accuracy ({wb} images)": r["whitebox_accuracy"],
-            f"PGD accuracy ({wb} images)": r["whitebox_pgd_accuracy"],
-            f"APGD-CE accuracy ({wb} images)": r["whitebox_apgd_accuracy"],
-            f"AutoAttack accuracy ({wb} images)": r.get("autoattack_accuracy"),
-            f"certified accuracy ({n} images)": r.get("certified_accuracy")}
-
-
-def _report(results: dict[str, Any], path: Path) -> None:
-    from robustest.report import HtmlReport, format_value
-
-    s = results["settings"]
-    n_ep = len(results["epochs"])
-    how = "from random weights" if s.get("from_scratch") else "fine-tuning"
-    rep = HtmlReport.from_results(results, f"robustest harden: {s['method']} on {s['dataset']}")
-    warm = f", eps warm-up over {s['eps_warmup']:.0%} of the steps" if s.get("eps_warmup") else ""
-    cpu = results.get("training_cpu_s")
-    rep.paragraph(f"{s['method']} at eps {s['eps']:g} (L-inf){warm}, {how}, {n_ep} epoch{'s' if n_ep != 1 else ''} "
-                  f"of {s['epochs']}, {s['steps']} attack step(s) of {s['alpha']:.4g}, {s['optimizer']} "
-                  f"{s['lr']:g} ({s.get('schedule') or 'constant'} schedule), on {results['data']['num_fit']} images "
-                  f"of {s['dataset']}; {results['compute']['passes']:.4g} forward+backward passes in all"
-                  + ("." if cpu is None else
-                     f", {format_value(cpu, 'cpu_s')} CPU-seconds of training "
-                     f"({format_value(results['timings']['harden_s'], 'harden_s')} s wall-clock)."))
-    kept, guard = results.get("kept_epoch"), results.get("guard_epoch")
-    if results["data"].get("num_val"):
-        rep.paragraph(f"Validation: {results['data']['num_val']} held-out training images, PGD-{s['val_steps']} after "
-                      f"every epoch. The model written (model.pt) is epoch {kept}'s ({s['keep']} "
-                      f"{'validation PGD accuracy' if s['keep'] == 'best' else 'epoch'})."
-                      + (f" Training stopped at epoch {guard}: the catastrophic-overfitting guard saw "
-                         f"{_GUARD_REASONS[_guard_of(results['epochs'], guard)]}." if guard is not None else ""))
-    rep.heading("Robustness before and after")
-    models = (("before", results["before"]), (f"after (epoch {kept}, model.pt)", results["after"]),
-              ("last epoch (last.pt)", results.get("last")))
-    rows = [{"model": name, **_summary_figures(r)} for name, r in models if r is not None]
-    rep.table(rows, [c for c in rows[0] if c == "model" or any(r[c] is not None for r in rows)],
-              caption="Each column names the number of test images its figure was measured on.")
-    rep.heading("Epochs")
-    cum = 0.0
-    erows = []
-    for e in results["epochs"]:
-        cum += e["compute"]["passes"]
-        erows.append({"epoch": e["epoch"], "loss": e["loss"], "adv. accuracy (train)": e["adv_accuracy"],
-                      "eps": e.get("eps"), "lr": e.get("lr"),
-                      "attack evals / image": e["attack_evals_mean"], "stopped early": e["stopped_early"],
-                      "passes": e["compute"]["passes"], "cumulative passes": cum,
-                      "fosc c_t": e.get("fosc_c"), "validation clean": e.get("val_clean_accuracy"),
-                      "validation PGD": e.get("val_pgd_accuracy"), "seconds": e["seconds"]})
-    rep.table(erows, kinds={"adv. accuracy (train)": "fraction", "validation clean": "fraction",
-                            "validation PGD": "fraction"})
-    if erows:
-        _epoch_chart(rep, erows, kept)
-    rep.write(path)
-
-
-def _epoch_chart(rep: Any, erows: list[dict[str, Any]], kept: int | None) -> None:
-    """Accuracy after every epoch against cumulative compute, the kept epoch (model.pt) ringed and labelled, also
-    after one epoch: the held-out validation images' PGD and clean accuracy, or, without validation, the training
-    batches' adversarial accuracy."""
-    from robustest.report import save_lines
-
-    val = erows[0]["validation PGD"] is not None
-    xs = [r["cumulative passes"] for r in erows]
-    if val:
-        series = {"validation PGD accuracy": (xs, [r["validation PGD"] for r in erows]),
-                  "validation clean accuracy": (xs, [r["validation clean"] for r in erows])}
-    else:
-        series = {"adversarial accuracy (training batches)": (xs, [r["adv. accuracy (train)"] for r in erows])}
-    k = next((r for r in erows if r["epoch"] == kept), None)
-    marks = {} if k is None else {
-        f"kept: epoch {kept}": (k["cumulative passes"], k["validation PGD" if val else "adv. accuracy (train)"])}
-    title = "held-out validation images" if val else "training batches (no validation split)"
-    what = "validation robustness and clean accuracy" if val else "adversarial accuracy of the training batches"
-    rep.image(save_lines(series, None, title=f"{title} after every epoch", xlabel="cumulative forward+backward passes",
-                         ylabel="accuracy", marks=marks),
-              f"{what} against training compute, the kept epoch marked"
-              + (f" (ringed: epoch {kept}, model.pt)" if kept is not None else ""))

@@ -1,0 +1,178 @@
+"""The harden pipeline: measure a model, harden it, measure it again, save it (what ``robustest harden`` runs).
+
+:func:`harden_pipeline` takes a loaded model and loaded data; it measures the model's robustness on the test images
+(:class:`Measurement`: clean accuracy, the per-sample worst case of PGD and APGD-CE, optionally the AutoAttack-style
+ensemble and certified accuracy by bound propagation), hardens it with :func:`robustest.train.harden`, measures the
+kept model and, when another epoch was kept, the last epoch's, and writes ``OUT/model.pt`` (and ``OUT/last.pt``).
+The measurement before training is saved in ``OUT/state/before.json``, so a resumed run does not repeat it.
+
+Example::
+
+    run = harden_pipeline(model, train, test, "pgd-at", out="hard", measurement=Measurement(eps=0.3),
+                          recipe={"eps": 0.3, "epochs": 5}, val=val)
+    doc = write_results("hard", "harden", settings, run.to_results(), run.timings)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from robustest.core.atomic import atomic_write_json
+from robustest.train.hardening import HardenResult, harden
+
+__all__ = ["HardenRun", "Measurement", "harden_pipeline", "measure_model"]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """How a model is measured before and after hardening, on the test images.
+
+    ``whitebox_limit``: PGD (``pgd_steps`` of eps/4 from a random start, best of ``pgd_restarts``) and APGD-CE
+    (``apgd_steps``; 0 skips it) on the first ``whitebox_limit`` images (0: no attacks); ``autoattack``: also the
+    ensemble of :func:`robustest.evaluate.evaluate` ("fast" or "standard") on those images; ``certify``: the
+    certificates whose certified accuracy at ``eps`` is measured on all test images ("ibp", "crown"), or None."""
+
+    eps: float
+    whitebox_limit: int = 500
+    pgd_steps: int = 20
+    pgd_restarts: int = 2
+    apgd_steps: int = 50
+    seed: int = 0
+    autoattack: str | None = None
+    certify: tuple[str, ...] | None = None
+
+
+def measure_model(model: nn.Module, test: Any, m: Measurement) -> dict[str, Any]:
+    """The figures of ``model`` on the labelled ``test`` data (images N x C x H x W in [0, 1]) under ``m``: the keys of
+    :meth:`robustest.evaluate.RobustnessReport.to_dict` without its timing and fixed-set keys, and with
+    ``certify``, ``certified_<name>_accuracy`` per certificate and ``certified_accuracy`` (certified by any)."""
+    from robustest.evaluate import measure
+
+    rep = measure(model, test, eps=m.eps, whitebox=m.whitebox_limit > 0, whitebox_limit=m.whitebox_limit or None,
+                  pgd_steps=m.pgd_steps, pgd_restarts=m.pgd_restarts, apgd_steps=m.apgd_steps, seed=m.seed,
+                  autoattack=m.autoattack is not None and m.whitebox_limit > 0,
+                  autoattack_version=m.autoattack or "standard")
+    d = rep.to_dict()
+    for key in ("fixed_set_accuracy", "fixed_set_size", "seconds"):  # seconds go to timings: results stay reproducible
+        d.pop(key, None)
+    if m.certify:
+        d.update(_certified(model, test, m))
+    return d
+
+
+def _certified(model: nn.Module, test: Any, m: Measurement) -> dict[str, Any]:
+    from robustest import certify
+    from robustest.evaluate.clean import labelled_tensors
+
+    x, y = labelled_tensors(test, "test data")
+    out: dict[str, Any] = {}
+    proved = torch.zeros(x.shape[0], dtype=torch.bool)
+    for name in m.certify or ():
+        cert = getattr(certify, name)(model, x, y, m.eps)
+        out[f"certified_{name}_accuracy"] = cert.certified_accuracy
+        proved |= cert.certified.cpu()
+    out["certified_accuracy"] = int(proved.sum()) / x.shape[0] if x.shape[0] else 0.0
+    return out
+
+
+@dataclass
+class HardenRun:
+    """What :func:`harden_pipeline` measured and wrote: the figures before, after (the kept epoch's model) and of
+    the last epoch's model (None when it is the kept one), the training run itself, its CPU seconds, the data sizes
+    and the files written (relative to the output folder). :meth:`to_results` is the verb's part of results.json."""
+
+    before: dict[str, Any]
+    after: dict[str, Any]
+    last: dict[str, Any] | None
+    result: HardenResult
+    training_cpu_s: float
+    data: dict[str, Any]
+    files: dict[str, str]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def final_epoch(self) -> int:
+        """The number of epochs trained (the last epoch)."""
+        return len(self.result.epochs)
+
+    def to_results(self) -> dict[str, Any]:
+        """The results of a harden run (docs/RESULTS_SCHEMA.md, harden), without the contract's header."""
+        res = self.result
+        return {"data": self.data, "before": self.before, "after": self.after, "last": self.last,
+                "kept_epoch": res.kept_epoch, "best_epoch": res.best_epoch, "guard_epoch": res.guard_epoch,
+                "autoattack_accuracy": self.after.get("autoattack_accuracy"),
+                "autoattack_flags": self.after.get("autoattack_flags"),
+                "certified_accuracy": self.after.get("certified_accuracy"),
+                "epochs": res.epochs, "compute": res.compute, "resumed_epochs": res.resumed_epochs,
+                "training_cpu_s": self.training_cpu_s}
+
+
+def harden_pipeline(model: nn.Module, train: Any, test: Any, method: str, *, out: str | Path,
+                    measurement: Measurement, recipe: dict[str, Any], val: Any = None, val_steps: int = 10,
+                    resume: bool = False, device: str | None = None, progress: bool = False,
+                    metadata: dict[str, Any] | None = None) -> HardenRun:
+    """Measure ``model`` on ``test``, harden it in place on ``train`` (robust early stopping on ``val``, None: none),
+    measure it again, and write ``out/model.pt`` (the kept epoch's model) and ``out/last.pt`` (the last epoch's,
+    when another was kept); the resumable state goes to ``out/state/``.
+
+    ``recipe``: the keyword arguments of :func:`robustest.train.harden` (eps, epochs, the optimiser and schedule, the
+    method's options); ``metadata``: stored in the checkpoints under ``"hardened"`` beside the settings, compute and
+    kept epoch. ``resume``: continue the interrupted run in ``out`` (the measurement before is read back).
+    Raises what :func:`robustest.train.harden` raises."""
+    from robustest.core.batching import num_samples
+    from robustest.models.checkpoints import source_of
+
+    out = Path(out)
+    spec = source_of(model)
+    t1 = time.perf_counter()
+    before_path = out / "state" / "before.json"
+    if resume and before_path.is_file():
+        before = json.loads(before_path.read_text())
+    else:
+        before = measure_model(model, test, measurement)
+        atomic_write_json(before_path, before)
+    t_before = time.perf_counter() - t1
+
+    t2, cpu2 = time.perf_counter(), time.process_time()
+    res = harden(model, train, method, **recipe, device=device, progress=progress, val=val, val_steps=val_steps,
+                 state_dir=out / "state", resume=resume)
+    t_harden, cpu_harden = time.perf_counter() - t2, time.process_time() - cpu2
+
+    t3 = time.perf_counter()
+    after = measure_model(model, test, measurement)
+    last = last_model = None
+    if res.last_weights is not None:
+        from robustest.models.checkpoints import clone_model
+
+        last_model = clone_model(model)
+        last_model.load_state_dict(res.last_weights)
+        last_model.eval()
+        last = measure_model(last_model, test, measurement)
+    t_after = time.perf_counter() - t3
+    files = _save(out, model, last_model, res, metadata or {})
+    data = {"num_train": num_samples(train) + (0 if val is None else num_samples(val)), "num_fit": res.num_samples,
+            "num_val": 0 if val is None else num_samples(val), "num_test": num_samples(test), "model": spec}
+    return HardenRun(before, after, last, res, cpu_harden, data, files,
+                     {"before_s": t_before, "harden_s": t_harden, "after_s": t_after})
+
+
+def _save(out: Path, model: nn.Module, last_model: nn.Module | None, res: HardenResult,
+          metadata: dict[str, Any]) -> dict[str, str]:
+    from robustest.models.checkpoints import save_checkpoint
+
+    meta = dict(getattr(model, "robustest_metadata", {}) or {})
+    meta["hardened"] = {"settings": res.settings, "compute": res.compute, "kept_epoch": res.kept_epoch, **metadata}
+    save_checkpoint(out / "model.pt", model, metadata=meta)
+    files = {"model": "model.pt", "report": "report.html", "state": "state/"}
+    if last_model is not None:
+        save_checkpoint(out / "last.pt", last_model,
+                        metadata={**meta, "hardened": {**meta["hardened"], "kept_epoch": len(res.epochs)}})
+        files["last_model"] = "last.pt"
+    return files

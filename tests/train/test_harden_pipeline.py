@@ -1,0 +1,87 @@
+"""The harden pipeline from Python (robustest.train.harden_pipeline): what `robustest harden` runs, no CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from robustest import data, models
+from robustest.models.checkpoints import load_checkpoint
+from robustest.train import harden_pipeline as hp
+from robustest.train.harden_report import write_harden_report
+
+
+@pytest.fixture(scope="module")
+def digits():
+    x, y = data.load("digits", split="train").tensors
+    xt, yt = data.load("digits", split="test").tensors
+    return (x[:120], y[:120]), (x[120:140], y[120:140]), (xt[:40], yt[:40])
+
+
+def _model():
+    torch.manual_seed(0)
+    return models.create("digits_cnn", input_size=8)
+
+
+RECIPE = {"eps": 0.1, "epochs": 2, "steps": 2, "batch_size": 64, "seed": 0, "keep": "last"}
+
+
+def test_measure_model_reports_the_figures_and_the_certificates_by_any(digits):
+    _, _, test = digits
+    m = hp.Measurement(eps=0.1, whitebox_limit=10, pgd_steps=2, pgd_restarts=1, apgd_steps=0, certify=("ibp",))
+    d = hp.measure_model(_model(), test, m)
+    assert d["num_eval"] == 40 and d["num_whitebox"] == 10
+    assert "seconds" not in d and "fixed_set_accuracy" not in d
+    assert d["certified_accuracy"] == d["certified_ibp_accuracy"]  # one certificate: "any" is that one
+    assert d["whitebox_apgd_accuracy"] is None  # apgd_steps 0 skips APGD-CE
+    assert "certified_accuracy" not in hp.measure_model(_model(), test, hp.Measurement(eps=0.1, whitebox_limit=0))
+
+
+def test_the_pipeline_measures_hardens_and_writes_the_checkpoints(digits, tmp_path):
+    train, val, test = digits
+    m = hp.Measurement(eps=0.1, whitebox_limit=8, pgd_steps=2, pgd_restarts=1, apgd_steps=2)
+    run = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path, measurement=m,
+                             recipe={**RECIPE, "keep": "best"}, val=val, val_steps=2, metadata={"dataset": "digits"})
+    res = run.to_results()
+    assert res["data"] == {"num_train": 140, "num_fit": 120, "num_val": 20, "num_test": 40,
+                           "model": res["data"]["model"]}
+    assert res["before"]["num_eval"] == 40 and res["after"]["num_whitebox"] == 8
+    assert len(res["epochs"]) == run.final_epoch == 2
+    assert res["kept_epoch"] == run.result.kept_epoch and res["training_cpu_s"] > 0
+    assert set(run.timings) == {"before_s", "harden_s", "after_s"}
+    assert json.loads((tmp_path / "state" / "before.json").read_text()) == res["before"]
+    meta = load_checkpoint(tmp_path / "model.pt").robustest_metadata["hardened"]
+    assert meta["dataset"] == "digits" and meta["kept_epoch"] == res["kept_epoch"]
+    if run.last is None:  # the last epoch was the best: one model, one file
+        assert "last_model" not in run.files and not (tmp_path / "last.pt").exists()
+    else:
+        assert run.files["last_model"] == "last.pt"
+        assert load_checkpoint(tmp_path / "last.pt").robustest_metadata["hardened"]["kept_epoch"] == 2
+
+
+def test_a_resumed_pipeline_reads_the_measurement_before_back(digits, tmp_path):
+    train, _, test = digits
+    m = hp.Measurement(eps=0.1, whitebox_limit=0)
+    (tmp_path / "state").mkdir()
+    stored = {"clean_accuracy": 0.125, "num_eval": 40}
+    (tmp_path / "state" / "before.json").write_text(json.dumps(stored))
+    run = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path, measurement=m, recipe=RECIPE, resume=True)
+    assert run.before == stored  # not measured again
+    fresh = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path / "b", measurement=m, recipe=RECIPE)
+    assert fresh.before["clean_accuracy"] != 0.125 and fresh.last is None  # keep last: model.pt is the last epoch
+
+
+def test_the_report_of_a_pipeline_run_marks_the_kept_epoch(digits, tmp_path):
+    from robustest.results import document
+
+    train, val, test = digits
+    m = hp.Measurement(eps=0.1, whitebox_limit=0)
+    run = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path, measurement=m, recipe=RECIPE, val=val,
+                             val_steps=2)
+    settings = {**run.result.settings, "dataset": "digits", "val_steps": 2}
+    doc = document("harden", settings, run.to_results(), {**run.timings, "total_s": 1.0}, world_size=1)
+    write_harden_report(doc, tmp_path / "report.html")
+    html = (tmp_path / "report.html").read_text()
+    assert "robustest harden: pgd-at on digits" in html and "The model written (model.pt) is epoch 2" in html
