@@ -230,8 +230,8 @@ def test_check_logits_is_the_one_check_of_model_outputs() -> None:
 
 
 def test_internal_errors_have_their_own_exit_status(tmp_path, capsys, monkeypatch, mlp_digits_checkpoint) -> None:
-    from robustest import cli
     from robustest.cli import score as score_verb
+    from robustest.core import errors
 
     def boom(*a, **k):
         raise RuntimeError("a bug")
@@ -239,7 +239,7 @@ def test_internal_errors_have_their_own_exit_status(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(score_verb, "load_data", boom)
     code, err = _run(capsys, "score", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--metric",
                      "gini", "--out", tmp_path / "o")
-    assert code == cli.EXIT_INTERNAL == 3 and code not in (cli.EXIT_GATE, cli.EXIT_USAGE), err
+    assert code == errors.EXIT_INTERNAL == 3 and code not in (errors.EXIT_GATE, errors.EXIT_USAGE), err
     assert "internal error" in err and err.count("\n") == 1
 
 

@@ -30,13 +30,15 @@ from typing import Any
 from robustest import __version__
 from robustest.cli.args import add_output_flags, available_cores, thread_count
 from robustest.cli.output import configure_logging, plain, progress_enabled
-from robustest.core.errors import ConfigError, RobustestError
+from robustest.core.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    ConfigError,
+    RobustestError,
+)
 
-EXIT_OK = 0
-EXIT_GATE = 1  # a gate failed: eval --fail-under
-EXIT_USAGE = 2  # bad input, or an output that cannot be written
-EXIT_INTERNAL = 3  # a bug: never the status of a result
-EXIT_INTERRUPTED = 130
+__all__ = ["build_parser", "main"]
 # OSError numbers that mean the path the user gave is unusable (besides the exceptions caught by type): the fix
 _BAD_PATHS = {errno.ENAMETOOLONG: "the file system refuses a name this long: shorten it",
               errno.ELOOP: "the path runs through a loop of symbolic links"}

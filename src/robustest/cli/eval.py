@@ -34,7 +34,6 @@ import argparse
 import sys
 import time
 
-from robustest.cli import EXIT_GATE
 from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
@@ -50,7 +49,7 @@ from robustest.cli.args import (
 from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
 from robustest.cli.output import log, out_dir, peak_rss_mib
 from robustest.cli.settings import data_settings, model_settings
-from robustest.core.errors import ConfigError
+from robustest.core.errors import EXIT_GATE, ConfigError
 from robustest.core.validation import check_eps
 
 ORDER = 35
@@ -147,9 +146,10 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str] | None, list[int] |
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from robustest.core.atomic import atomic_save
     from robustest.core.devices import model_device
-    from robustest.evaluate import evaluate
+    from robustest.evaluate.eval_pipeline import eval_pipeline
+    from robustest.evaluate.eval_report import eval_report
+    from robustest.evaluate.flags import flag_lines
     from robustest.models.checkpoints import source_of
     from robustest.results import write_results
 
@@ -158,16 +158,13 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.out).exists():
         out_dir(args)
     model = load_model(args)
-    baseline = None
-    if args.baseline is not None:
+    baseline = surrogate = None
+    if args.baseline is not None or args.surrogate is not None:
         from robustest.models.checkpoints import load_model as load_file
 
-        baseline = load_file(args.baseline, torchscript=args.torchscript, map_location=model_device(model))
-    surrogate = None
-    if args.surrogate is not None:
-        from robustest.models.checkpoints import load_model as load_file
-
-        surrogate = load_file(args.surrogate, torchscript=args.torchscript, map_location=model_device(model))
+        baseline, surrogate = (None if f is None else load_file(f, torchscript=args.torchscript,
+                                                                map_location=model_device(model))
+                               for f in (args.baseline, args.surrogate))
     ds = load_data(args)
     check_fits(model, ds)
     if args.certify is not None:
@@ -180,54 +177,51 @@ def run(args: argparse.Namespace) -> int:
     check_amp(args.amp, model_device(model))
     resolve_batch_size(args, model, ds, default=256, grad=True)
     t_load = time.perf_counter() - t0
-    result = evaluate(model, ds, args.eps, norm=args.norm, version=args.version, attacks=attacks,
-                      n_targets=args.n_targets, seed=args.seed, batch_size=args.batch_size,
-                      block_size=args.block_size,
-                      corruptions=args.corruptions, severities=severities or (1, 2, 3, 4, 5), baseline=baseline,
-                      keep_adv=True, progress=not args.no_progress or args.progress_lines, amp=args.amp, bpda=args.bpda,
-                      surrogate=surrogate, forwards=args.forwards)
-    brk = None
-    if args.certify is not None:
-        from robustest.evaluate.certification import bracket_eval
-
-        brk = bracket_eval(model, ds, result, args.certify)  # a soundness error joins result.flags
-    out = out_dir(args)
     spec = getattr(model, "robustest_spec", None)
-    doc = result.to_dict()
-    for key in ("format", "version", "world_size"):
-        doc.pop(key, None)
-    timings = {**doc.pop("timings", {}), "load_s": t_load, **(brk.timings if brk is not None else {})}
-    if brk is not None:
-        doc["bracket"] = brk.to_dict()
-    doc["attack_settings"] = doc.pop("settings", {})  # the ensemble's own parameters, attack by attack
-    name = Path(args.checkpoint).stem if args.checkpoint else str(args.model_factory)
-    doc["robustbench"] = result.robustbench(dataset=args.dataset, name=name,
-                                            architecture=spec.get("name") if isinstance(spec, dict) else None)
-    doc["model"] = {**model_settings(args), "spec": source_of(model)}
-    doc["data"] = {**data_settings(args), "num_samples": result.num_samples}
-    if args.baseline is not None:
-        doc["attack_settings"].setdefault("corruptions", {})["baseline_checkpoint"] = str(args.baseline)
-    passed = None
-    stopping = result.blocking(args.accept_flag)
-    if args.fail_under is not None:
-        passed = result.robust_accuracy >= args.fail_under and not stopping
-        doc["gate"] = {"fail_under": args.fail_under, "passed": passed,
-                       "accuracy_passed": result.robust_accuracy >= args.fail_under,
-                       "accepted_flags": list(args.accept_flag), "blocking_flags": [f.name for f in stopping]}
-    doc["peak_rss_mib"] = peak_rss_mib()
-    files = ["results.json", "samples.csv", "report.html"]
-    if args.save_adv:
-        atomic_save({"format": "robustest-eval-adversarials", "version": 1, "x": result.adv, "y": result.y,
-                     "index": result.index, "robust": result.robust}, out / "adv.pt")
-        files.append("adv.pt")
-    from robustest import report
-
-    report.write_csv(out / "samples.csv", _rows(result, brk))
+    describe = {"dataset": args.dataset, "name": Path(args.checkpoint).stem if args.checkpoint else
+                str(args.model_factory), "architecture": spec.get("name") if isinstance(spec, dict) else None,
+                "model": {**model_settings(args), "spec": source_of(model)}, "data": data_settings(args),
+                "baseline_source": args.baseline}
+    ev = eval_pipeline(model, ds, args.eps, out=args.out, norm=args.norm, version=args.version,
+                       certify=args.certify, fail_under=args.fail_under, accept_flag=args.accept_flag,
+                       save_adv=args.save_adv, describe=describe, attacks=attacks, n_targets=args.n_targets,
+                       seed=args.seed, batch_size=args.batch_size, block_size=args.block_size,
+                       corruptions=args.corruptions, severities=severities or (1, 2, 3, 4, 5), baseline=baseline,
+                       progress=not args.no_progress or args.progress_lines, amp=args.amp, bpda=args.bpda,
+                       surrogate=surrogate, forwards=args.forwards)
+    result, brk, out = ev.result, ev.bracket, out_dir(args)
+    timings = {**result.timings, "load_s": t_load, **ev.timings}  # the order of the report's timings table
     timings["total_s"] = time.perf_counter() - t0
+    doc = write_results(out, "eval", _settings(args, attacks, severities, model_device(model)),
+                        {**ev.to_results(), "peak_rss_mib": peak_rss_mib(), "files": ev.files}, timings)
+    eval_report(result, doc, brk, ds).write(out / "report.html")
+    per = ", ".join(f"{k} {100 * v:.2f}%" for k, v in result.attacks.items())
+    plan = args.version if result.plan == args.version else f"{args.version} -> {result.plan}"
+    for c in result.curve or []:
+        log.info(f"eps={c['eps']:g}: robust {100 * c['robust_accuracy']:.2f}% ({c['broke']} of {c['attacked']} "
+                 f"broken at this radius)")
+    log.info(f"{args.dataset} ({result.num_samples} images), {args.norm} eps={result.eps:g}, {plan}: clean "
+             f"{100 * result.clean_accuracy:.2f}%, robust {100 * result.robust_accuracy:.2f}% ({per})")
+    for line in flag_lines(result.flags, "robustest eval"):
+        print(line, file=sys.stderr)
+    if result.corruption is not None:
+        c = result.corruption
+        mce = "" if c["mce"] is None else f", mCE {100 * c['mce']:.2f}% of the baseline's"
+        log.info(f"corruptions: mean accuracy {100 * c['mean_corruption_accuracy']:.2f}%{mce}")
+    if brk is not None:
+        log.info(f"bracket ({args.certify}): certified {100 * brk.certified_accuracy:.2f}% <= robust "
+                 f"{100 * brk.robust_accuracy:.2f}% <= clean {100 * brk.clean_accuracy:.2f}% "
+                 f"({brk.counts()['undecided']} undecided)")
+    log.info(f"wrote {', '.join(ev.files)} to {out} in {time.perf_counter() - t0:.1f}s")
+    return _exit_status(ev, args)
+
+
+def _settings(args: argparse.Namespace, attacks: list[str] | None, severities: list[int] | None,
+              device: object) -> dict[str, object]:
+    """The settings in effect, as results.json records them."""
     settings = {**model_settings(args), **data_settings(args), "eps": args.eps, "norm": args.norm,
                 "version": args.version, "batch_size": args.batch_size, "block_size": args.block_size,
-                "seed": args.seed,
-                "device": str(model_device(model))}
+                "seed": args.seed, "device": str(device)}
     if args.batch_size_auto:
         settings["batch_size_auto"] = True
     for key in ("attacks", "n_targets", "fail_under", "baseline", "amp", "bpda", "surrogate", "forwards",
@@ -240,187 +234,24 @@ def run(args: argparse.Namespace) -> int:
         settings["save_adv"] = True
     if args.accept_flag:
         settings["accept_flag"] = list(args.accept_flag)
-    doc = write_results(out, "eval", settings, {**doc, "files": files}, timings)
-    _html(result, doc, brk, ds).write(out / "report.html")
-    per = ", ".join(f"{k} {100 * v:.2f}%" for k, v in result.attacks.items())
-    plan = args.version if result.plan == args.version else f"{args.version} -> {result.plan}"
-    if result.curve:
-        for c in result.curve:
-            log.info(f"eps={c['eps']:g}: robust {100 * c['robust_accuracy']:.2f}% ({c['broke']} of {c['attacked']} "
-                     f"broken at this radius)")
-    log.info(f"{args.dataset} ({result.num_samples} images), {args.norm} eps={result.eps:g}, {plan}: clean "
-             f"{100 * result.clean_accuracy:.2f}%, robust {100 * result.robust_accuracy:.2f}% ({per})")
-    from robustest.evaluate.flags import flag_lines
+    return settings
 
-    for line in flag_lines(result.flags, "robustest eval"):
-        print(line, file=sys.stderr)
-    if result.corruption is not None:
-        c = result.corruption
-        mce = "" if c["mce"] is None else f", mCE {100 * c['mce']:.2f}% of the baseline's"
-        log.info(f"corruptions: mean accuracy {100 * c['mean_corruption_accuracy']:.2f}%{mce}")
-    if brk is not None:
-        log.info(f"bracket ({args.certify}): certified {100 * brk.certified_accuracy:.2f}% <= robust "
-                 f"{100 * brk.robust_accuracy:.2f}% <= clean {100 * brk.clean_accuracy:.2f}% "
-                 f"({brk.counts()['undecided']} undecided)")
-    log.info(f"wrote {', '.join(files)} to {out} in {time.perf_counter() - t0:.1f}s")
+
+def _exit_status(ev: object, args: argparse.Namespace) -> int:
+    """0, or EXIT_GATE (with its line on stderr) when the gate failed or the bracket is unsound."""
+    brk, result = ev.bracket, ev.result
     if brk is not None and not brk.sound:
         print(f"robustest eval: SOUNDNESS ERROR: {brk.counts()['unsound']} samples are both certified and broken "
               "(samples.csv: bracket = unsound); the figures cannot be trusted", file=sys.stderr)
-        if passed is None:
+        if ev.passed is None:
             return EXIT_GATE
-    if passed is False:
+    if ev.passed is False:
         if result.robust_accuracy < args.fail_under:
             print(f"robustest eval: robust accuracy {result.robust_accuracy:.4f} is below --fail-under "
                   f"{args.fail_under:.4f}", file=sys.stderr)
-        if stopping:
+        if ev.blocking:
             print(f"robustest eval: gate failed: the evaluation is flagged unreliable "
-                  f"({', '.join(f.name for f in stopping)}); fix the cause, or accept with --accept-flag NAME",
+                  f"({', '.join(f.name for f in ev.blocking)}); fix the cause, or accept with --accept-flag NAME",
                   file=sys.stderr)
         return EXIT_GATE
     return 0
-
-
-def _rows(result, brk):
-    """samples.csv's rows: the evaluation's, with --certify the bracket label and the certificate's lower margin."""
-    rows = result.rows()
-    if brk is not None:
-        margins = brk.lower_margin.tolist() if brk.lower_margin is not None else [None] * len(rows)
-        for row, label, m in zip(rows, brk.labels, margins):
-            row.update(bracket=label, lower_margin=m)
-    return rows
-
-
-def _html(result, doc, brk=None, data=None):
-    from robustest import report
-
-    radii = f"eps={result.eps:g}" if not result.curve else "eps=" + ",".join(f"{c['eps']:g}" for c in result.curve)
-    rep = report.HtmlReport.from_results(doc, f"robustest eval: {doc['data']['dataset']}, {result.norm} {radii}")
-    rep.paragraph(f"{result.num_samples} images, version {result.version}: clean accuracy "
-                  f"{100 * result.clean_accuracy:.2f}%, robust accuracy {100 * result.robust_accuracy:.2f}%. Each "
-                  "attack runs only on the images every earlier attack left correctly classified; the accuracy "
-                  "after an attack is cumulative.")
-    rep.heading("Verdict")
-    gate = doc.get("gate")
-    if gate is None and brk is not None and not brk.sound:
-        rep.verdict("fail", f"No --fail-under gate, but the exit status is {EXIT_GATE}: a sample both certified and "
-                            "broken is a soundness error (see below).")
-    elif gate is None:
-        rep.verdict("not-gated", "No gate: --fail-under was not given, so the exit status is 0 whatever the robust "
-                                 "accuracy.")
-    else:
-        verb = "passed" if gate["passed"] else "FAILED"
-        rel = "at least" if gate["accuracy_passed"] else "below"
-        why = ""
-        if gate["blocking_flags"]:
-            why = f"; the evaluation is flagged unreliable ({', '.join(gate['blocking_flags'])})"
-        rep.verdict("pass" if gate["passed"] else "fail",
-                    f"The gate {verb}: robust accuracy {result.robust_accuracy:.4f} is {rel} --fail-under "
-                    f"{gate['fail_under']:.4f}{why} (exit status {0 if gate['passed'] else EXIT_GATE}).")
-    rep.heading("Checks")
-    if not result.flags:
-        rep.paragraph("No flag: the model is deterministic, returns logits, has usable input gradients, and no "
-                      "gradient-free attack broke what the gradient attacks left robust.")
-    else:
-        rep.paragraph("What the checks found (an unreliable flag means the robust accuracy may be far too high; "
-                      "docs/EVAL.md explains each flag):")
-        rep.table([{"flag": f.name, "severity": f.severity, "samples": len(f.samples)} for f in result.flags])
-        for f in result.flags:
-            rep.paragraph(f"{f.severity.upper()} {f.name}: {f.message}. Remedy: {f.remedy}.")
-    if brk is not None:
-        _bracket_section(rep, result, brk, data)
-    if result.curve:
-        rep.heading("Robustness curve")
-        rep.paragraph("Each radius was attacked only on the images that survived the smaller one; the tables below "
-                      f"are those of the largest radius, eps={result.eps:g}.")
-        xs = [c["eps"] for c in result.curve]
-        rep.image(report.save_lines({"robust accuracy": (xs, [c["robust_accuracy"] for c in result.curve])}, None,
-                                    title="robust accuracy against the radius", xlabel=f"{result.norm} eps",
-                                    ylabel="robust accuracy"), "robust accuracy against eps")
-        rep.table([{"eps": c["eps"], "robust accuracy": c["robust_accuracy"], "attacked": c["attacked"],
-                    "broke": c["broke"], "plan": c["plan"], "reliable": c["reliable"],
-                    "flags": ", ".join(f"{f['name']} ({f['severity']})" for f in c["flags"]) or "-"}
-                   for c in result.curve])
-    rows = [{"attack": "clean", "accuracy": result.clean_accuracy, "broke": None, "attacked": None, "seconds":
-             result.timings.get("clean_s")}]
-    rows += [{"attack": k, "accuracy": v, "broke": result.breaks[k], "attacked": result.attacked[k],
-              "share of breaks": doc["share_of_breaks"][k], "seconds": result.timings.get(f"{k}_s")}
-             for k, v in result.attacks.items()]
-    rep.heading("Accuracy after each attack").table(rows)
-    rep.image(report.save_bars({"accuracy": {r["attack"]: r["accuracy"] for r in rows}}, None,
-                               title="cumulative accuracy", ylabel="accuracy"), "accuracy after each attack")
-    broken = (~result.robust & result.clean_correct).nonzero().flatten()
-    if broken.numel() and result.adv is not None:
-        norms = (result.linf if result.norm == "linf" else result.l2)[broken]
-        rep.heading("Adversarial examples")
-        name = {"linf": "L-inf", "l2": "L2"}.get(result.norm, result.norm)
-        rep.histogram(norms, f"{name} norms of the perturbations of the {broken.numel()} broken images",
-                      title=f"{result.norm} norm of the perturbations", xlabel=result.norm)
-        import torch
-
-        pick = broken[:16].tolist()  # result tensors are in data order, aligned with adv
-        caps = [f"{int(result.y[i])}->{int(result.adv_pred[i])} ({result.broken_by[i]})" for i in pick]
-        grid = torch.stack([result.adv[i] for i in pick])
-        rep.image(report.save_image_grid(grid, None, captions=caps, ncols=8),
-                  "adversarial images: label->prediction (attack)")
-    if result.corruption is not None:
-        c = result.corruption
-        rep.heading("Common corruptions")
-        rep.paragraph(f"mean corruption accuracy {100 * c['mean_corruption_accuracy']:.2f}%, mean corruption error "
-                      f"{100 * c['mean_corruption_error']:.2f}%"
-                      + ("" if c["mce"] is None else f", mCE {100 * c['mce']:.2f}% and relative mCE "
-                         f"{100 * c['relative_mce']:.2f}% of the baseline's"))
-        rep.table([{"corruption": name, **per} for name, per in c["accuracy"].items()])
-    return rep  # the settings and timings tables follow (HtmlReport.from_results)
-
-
-#: the bracket's bar: label -> (share key, colour)
-_BAR = {"certified": ("certified", "#2da44e"), "undecided": ("undecided", "#bf8700"),
-        "broken by an attack": ("broken_by_attack", "#cf222e"), "misclassified clean": ("misclassified", "#6e7781"),
-        "UNSOUND (certified and broken)": ("unsound", "#8250df")}
-
-
-def _bracket_section(rep, result, brk, data) -> None:
-    """Certified, robust and clean accuracy as one stacked bar, the counts, and the undecided samples."""
-    import torch
-
-    from robustest import report
-    from robustest.core.batching import take
-
-    shares, counts = brk.shares(), brk.counts()
-    rep.heading("Certified, robust and clean accuracy")
-    rep.paragraph(f"{brk.method.upper()} certificate on the same {brk.num_samples} images: certified "
-                  f"{brk.certified_accuracy:.3f} <= robust {brk.robust_accuracy:.3f} <= clean "
-                  f"{brk.clean_accuracy:.3f}. "
-                  "Certified: no point of the ball changes the prediction (proved). Broken: misclassified clean, or "
-                  "an attack's point inside the ball and [0, 1] that the model misclassifies (checked again here). "
-                  "Undecided: neither; the true robust accuracy lies between the certified share and the robust "
-                  "accuracy.")
-    if not brk.sound:
-        rep.paragraph(f"SOUNDNESS ERROR: {counts['unsound']} samples are both certified and broken "
-                      f"({', '.join(str(i) for i in _unsound_indices(brk))}): the certificate or the evaluation is "
-                      "wrong, and neither figure can be trusted.")
-    if brk.unverified:
-        rep.note(f"{brk.unverified} samples the attacks broke did not pass the check (the point left the ball or "
-                 "[0, 1], or the model judged it differently again): they count as undecided here.")
-    parts = {label: shares[key] for label, (key, _) in _BAR.items() if key != "unsound" or counts["unsound"]}
-    colours = [c for label, (_, c) in _BAR.items() if label in parts]
-    rep.image(report.save_stacked_bar(parts, None, title="certified | undecided | broken | misclassified",
-                                      xlabel="share of the samples", colors=colours),
-              "certified accuracy = the green part; robust accuracy = green + amber; clean accuracy = everything but "
-              "the grey part")
-    rep.table([counts])
-    undecided = torch.tensor([lab == "undecided" for lab in brk.labels], dtype=torch.bool)
-    pick = torch.nonzero(undecided).flatten()[:16]
-    if pick.numel() and data is not None:
-        x, _ = take(data, brk.index[pick])
-        margins = brk.lower_margin[pick].tolist() if brk.lower_margin is not None else [None] * len(pick)
-        caps = [f"{int(result.y[i])} m={m:.2g}" if m is not None else f"{int(result.y[i])}"
-                for i, m in zip(pick.tolist(), margins)]
-        rep.heading("Undecided samples", level=3)
-        rep.image(report.save_image_grid(x, None, captions=caps, ncols=8),
-                  "neither certified nor broken: label and the certificate's lower margin bound (m)")
-
-
-def _unsound_indices(brk, limit: int = 10) -> list[int]:
-    """The first ``limit`` data indices of the unsound samples."""
-    return [int(i) for i in brk.index[brk.unsound][:limit].tolist()]

@@ -254,8 +254,8 @@ def _sample_grid(suite: Any, idx: torch.Tensor, marks: list[str]) -> bytes:
 
 # ------------------------------------------------------------------------------------------------- check
 def run_check(args: argparse.Namespace) -> int:
-    from robustest.cli import EXIT_GATE
     from robustest.core.devices import model_device
+    from robustest.core.errors import EXIT_GATE
     from robustest.models.checkpoints import load_model as load_file
     from robustest.results import write_results
     from robustest.suite import Suite, check_suite

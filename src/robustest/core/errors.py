@@ -6,6 +6,14 @@ prints its message as one line and exits with status 2.
 
 from __future__ import annotations
 
+#: the exit statuses of the ``robustest`` command: 0 done, 1 a gate failed (eval --fail-under, suite check), 2 bad
+#: input (a RobustestError), 3 an internal error (a bug), 130 interrupted
+EXIT_OK = 0
+EXIT_GATE = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+EXIT_INTERRUPTED = 130
+
 
 class RobustestError(Exception):
     """Base class of all user-facing robustest errors (message is one line, names problem and fix)."""

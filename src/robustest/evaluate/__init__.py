@@ -13,6 +13,9 @@
   :func:`probe_model`) and the flags they raise (:mod:`~robustest.evaluate.flags`, :class:`Flag`,
   :mod:`~robustest.evaluate.findings`);
 * :mod:`~robustest.evaluate.report`: :func:`measure`, all of them for one model in a :class:`RobustnessReport`.
+* :mod:`~robustest.evaluate.eval_pipeline`: what ``robustest eval`` runs (the ensemble, the bracket, the gate and
+  the files of one evaluation, :class:`~robustest.evaluate.eval_pipeline.EvalRun`), and its report
+  (:mod:`~robustest.evaluate.eval_report`).
 
 Every function takes a model and data in the robustest contract (images N x C x H x W in [0, 1], int64 labels
 [N]), runs batched on the model's device, restores the model's mode and returns plain numbers or dataclasses that

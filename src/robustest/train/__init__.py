@@ -11,6 +11,8 @@
   trades, fosc, fol-budget, fast-at, n-fgsm, grad-align, or one registered from outside), counting its compute
   (:class:`robustest.core.compute.ComputeCount`), with robust early stopping and the catastrophic-overfitting guard
   (:mod:`.early_stopping`) and a resumable state.
+* :mod:`.harden_pipeline`: what ``robustest harden`` runs (measure, harden, measure, save:
+  :class:`~.harden_pipeline.HardenRun`), and its report (:mod:`.harden_report`).
 * :mod:`.schedules`: the per-batch learning-rate schedule, the eps warm-up, dynamic AT's FOSC criterion.
 """
 

@@ -1,0 +1,115 @@
+"""The eval pipeline: the ensemble, the bracket, the gate and the files of one evaluation (what ``robustest eval``
+runs).
+
+:func:`eval_pipeline` takes a loaded model and data, runs :func:`robustest.evaluate.evaluate` (attacks, checks,
+flags, optionally corruptions), with ``certify`` the certified lower bound on the same samples
+(:func:`robustest.evaluate.certification.bracket_eval`), decides the gate (``fail_under``: robust accuracy at least
+that and no unaccepted unreliable flag) and writes ``OUT/samples.csv`` (and ``OUT/adv.pt`` with ``save_adv``).
+:meth:`EvalRun.to_results` is the verb's part of results.json; :func:`robustest.evaluate.eval_report.eval_report`
+its report.
+
+Example::
+
+    run = eval_pipeline(model, (x, y), 8 / 255, out="ev", fail_under=0.4)
+    write_results("ev", "eval", settings, run.to_results(), run.timings)
+    exit_status = 0 if run.passed is not False else 1
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from robustest.evaluate.certification import Bracket
+from robustest.evaluate.ensemble import EvalResult, evaluate
+from robustest.evaluate.eval_report import sample_rows
+from robustest.evaluate.flags import Flag
+
+__all__ = ["EvalRun", "eval_pipeline"]
+
+
+@dataclass
+class EvalRun:
+    """One evaluation: the ensemble's result, the bracket (None without ``certify``), the gate (None without
+    ``fail_under``; else its threshold, verdict and flags), the files written (names in the output folder) and the
+    wall-clock seconds of each part; ``describe``: what :meth:`to_results` records about the model and the data."""
+
+    result: EvalResult
+    bracket: Bracket | None
+    gate: dict[str, Any] | None
+    files: list[str]
+    timings: dict[str, float]
+    describe: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool | None:
+        """The gate's verdict: True passed, False failed, None no gate."""
+        return None if self.gate is None else bool(self.gate["passed"])
+
+    @property
+    def blocking(self) -> list[Flag]:
+        """The unreliable flags not accepted: each fails the gate."""
+        return self.result.blocking(self.describe.get("accept_flag", ()))
+
+    def to_results(self) -> dict[str, Any]:
+        """The results of an eval run (docs/RESULTS_SCHEMA.md, eval), without the contract's header and files."""
+        d = self.describe
+        doc = self.result.to_dict()
+        for key in ("format", "version", "world_size", "timings"):
+            doc.pop(key, None)
+        if self.bracket is not None:
+            doc["bracket"] = self.bracket.to_dict()
+        doc["attack_settings"] = doc.pop("settings", {})  # the ensemble's own parameters, attack by attack
+        doc["robustbench"] = self.result.robustbench(dataset=d.get("dataset", "custom"), name=d.get("name", "model"),
+                                                     architecture=d.get("architecture"))
+        doc["model"] = dict(d.get("model", {}))
+        doc["data"] = {"dataset": d.get("dataset", "custom"), **d.get("data", {}),
+                       "num_samples": self.result.num_samples}
+        if d.get("baseline_source") is not None:
+            doc["attack_settings"].setdefault("corruptions", {})["baseline_checkpoint"] = str(d["baseline_source"])
+        if self.gate is not None:
+            doc["gate"] = dict(self.gate)
+        return doc
+
+
+def eval_pipeline(model: nn.Module, data: Any, eps: float | list[float], *, out: str | Path, norm: str = "linf",
+                  version: str = "auto", certify: str | None = None, fail_under: float | None = None,
+                  accept_flag: tuple[str, ...] | list[str] = (), save_adv: bool = False,
+                  describe: dict[str, Any] | None = None, **options: Any) -> EvalRun:
+    """Evaluate ``model`` on the labelled ``data`` (images N x C x H x W in [0, 1], int64 labels [N]) at ``eps`` (a
+    list: the robustness curve), bracket it with the certificate ``certify`` ("ibp" or "crown"; a soundness error
+    joins the flags), decide the gate at ``fail_under`` and write ``out/samples.csv`` (and ``out/adv.pt``); ``out`` is
+    created after the evaluation, so an argument it refuses leaves nothing behind.
+
+    ``options``: the other keyword arguments of :func:`robustest.evaluate.evaluate` (attacks, n_targets, seed,
+    batch_size, block_size, corruptions, severities, baseline, progress, amp, bpda, surrogate, forwards).
+    ``describe``: dataset, name and architecture (the RobustBench entry), model and data (recorded as they are),
+    baseline_source (the baseline's file), accept_flag. Raises what :func:`robustest.evaluate.evaluate` raises."""
+    from robustest import report
+    from robustest.core.atomic import atomic_save, check_writable
+
+    describe = {**(describe or {}), "accept_flag": list(accept_flag)}
+    result = evaluate(model, data, eps, norm=norm, version=version, keep_adv=True, **options)
+    brk = None
+    if certify is not None:
+        from robustest.evaluate.certification import bracket_eval
+
+        brk = bracket_eval(model, data, result, certify)  # a soundness error joins result.flags
+    gate = None
+    if fail_under is not None:
+        stopping = result.blocking(list(accept_flag))
+        gate = {"fail_under": fail_under, "passed": result.robust_accuracy >= fail_under and not stopping,
+                "accuracy_passed": result.robust_accuracy >= fail_under, "accepted_flags": list(accept_flag),
+                "blocking_flags": [f.name for f in stopping]}
+    out = check_writable(out)  # created once the evaluation has run: a refused argument writes nothing
+    files = ["results.json", "samples.csv", "report.html"]
+    if save_adv:
+        atomic_save({"format": "robustest-eval-adversarials", "version": 1, "x": result.adv, "y": result.y,
+                     "index": result.index, "robust": result.robust}, out / "adv.pt")
+        files.append("adv.pt")
+    report.write_csv(out / "samples.csv", sample_rows(result, brk))
+    timings = {**result.timings, **(brk.timings if brk is not None else {})}
+    return EvalRun(result, brk, gate, files, timings, describe)

@@ -1,0 +1,80 @@
+"""The eval pipeline from Python (robustest.evaluate.eval_pipeline, eval_report): what ``robustest eval`` runs."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+from torch import nn
+
+from robustest import data
+from robustest.core.errors import ConfigError
+from robustest.evaluate.eval_pipeline import eval_pipeline
+from robustest.evaluate.eval_report import eval_report, sample_rows
+from robustest.results import document
+
+
+def Fixed() -> nn.Module:  # noqa: N802 - reads as the model's name
+    """Logits 10 * (m, 1 - m) of the image's mean m, as a linear layer IBP can bound: with labels from the same rule
+    it is right on every image not at m = 0.5."""
+    lin = nn.Linear(64, 2)
+    with torch.no_grad():
+        lin.weight.copy_(torch.stack([torch.full((64,), 10 / 64), torch.full((64,), -10 / 64)]))
+        lin.bias.copy_(torch.tensor([0.0, 10.0]))
+    return nn.Sequential(nn.Flatten(), lin)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    x, _ = data.load("digits", split="test", limit=24).tensors
+    y = (x.flatten(1).mean(1) < 0.5).long()
+    return x, y
+
+
+OPTS = {"version": "fast", "n_targets": 1, "seed": 0, "progress": False}
+
+
+def test_the_gate_passes_at_the_robust_accuracy_and_fails_above_it(digits, tmp_path):
+    run = eval_pipeline(Fixed(), digits, 0.05, out=tmp_path / "a", fail_under=0.0, **OPTS)
+    acc = run.result.robust_accuracy
+    assert run.passed is True and run.gate == {"fail_under": 0.0, "passed": True, "accuracy_passed": True,
+                                               "accepted_flags": [], "blocking_flags": []}
+    at = eval_pipeline(Fixed(), digits, 0.05, out=tmp_path / "b", fail_under=acc, **OPTS)
+    assert at.passed is (not at.blocking)  # robust accuracy >= fail_under: passes unless a flag blocks it
+    above = eval_pipeline(Fixed(), digits, 0.05, out=tmp_path / "c", fail_under=min(acc + 0.01, 1.0), **OPTS)
+    if acc < 1.0:
+        assert above.passed is False and above.gate["accuracy_passed"] is False
+    assert eval_pipeline(Fixed(), digits, 0.05, out=tmp_path / "d", **OPTS).passed is None  # no gate
+
+
+def test_the_pipeline_writes_samples_and_adversarials_and_records_the_description(digits, tmp_path):
+    run = eval_pipeline(Fixed(), digits, 0.05, out=tmp_path, save_adv=True, certify="ibp",
+                        describe={"dataset": "digits", "name": "fixed", "model": {"model": "m:f"},
+                                  "data": {"dataset": "digits"}}, **OPTS)
+    assert run.files == ["results.json", "samples.csv", "report.html", "adv.pt"]
+    rows = list(csv.DictReader((tmp_path / "samples.csv").open()))
+    assert len(rows) == 24 and {r["bracket"] for r in rows} <= {"certified", "undecided", "broken_by_attack",
+                                                                 "misclassified", "unsound"}
+    res = run.to_results()
+    assert res["data"] == {"dataset": "digits", "num_samples": 24} and res["model"] == {"model": "m:f"}
+    assert res["robustbench"]["name"] == "fixed" and "bracket" in res and "gate" not in res
+    assert "timings" not in res and "settings" not in res and "attack_settings" in res
+    assert torch.load(tmp_path / "adv.pt", weights_only=True)["x"].shape == digits[0].shape
+
+
+def test_a_refused_argument_writes_nothing(digits, tmp_path):
+    with pytest.raises(ConfigError):
+        eval_pipeline(Fixed(), digits, 0.05, out=tmp_path / "never", version="fast", n_targets=5)
+    assert not (tmp_path / "never").exists()
+
+
+def test_sample_rows_carry_the_bracket_and_the_report_states_the_verdict(digits, tmp_path):
+    run = eval_pipeline(Fixed(), digits, 0.05, out=tmp_path, certify="ibp", fail_under=1.0, **OPTS)
+    rows = sample_rows(run.result, run.bracket)
+    assert [r["bracket"] for r in rows] == run.bracket.labels
+    assert sample_rows(run.result, None) == run.result.rows()
+    doc = document("eval", {"dataset": "digits"}, run.to_results(), {"total_s": 1.0}, world_size=1)
+    text = eval_report(run.result, doc, run.bracket, digits).render()
+    verdict = "The gate passed" if run.passed else "The gate FAILED"
+    assert verdict in text and "Certified, robust and clean accuracy" in text
