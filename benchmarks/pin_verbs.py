@@ -84,6 +84,10 @@ def main(out: str) -> None:
     _run(o, "eval-gate", ["eval", "--checkpoint", ckpt, *DIGITS, "--eps", "0.1", "--limit", "60", "--version", "fast",
                           "--certify", "ibp", "--fail-under", "0.99", "--out", str(o / "eval-gate")])
     _run(o, "eval-bad", ["eval", "--checkpoint", ckpt, *DIGITS, "--eps", "2", "--out", str(o / "eval-bad")])
+    _run(o, "suite-build", ["suite", "build", "--checkpoint", ckpt, *DIGITS, "--eps", "0.1", "--limit", "200", "--k",
+                            "40", "--version", "fast", "--out", str(o / "suite-build")])
+    _run(o, "suite-check", ["suite", "check", "--suite", str(o / "suite-build"), "--checkpoint", str(o / "harden" / "model.pt"),
+                            "--out", str(o / "suite-check")])
     _run(o, "harden-bad", ["harden", "--checkpoint", ckpt, *DIGITS, "--eps", "0.1", "--val-size", "5000",
                            "--out", str(o / "harden-bad")])
 
