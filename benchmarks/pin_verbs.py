@@ -23,6 +23,8 @@ DIGITS = ["--dataset", "digits"]
 
 
 def _scrub(obj):
+    if isinstance(obj, dict) and "coverage_history" in obj:  # (iteration, seconds, coverage): the seconds vary
+        obj = {**obj, "coverage_history": [[h[0], h[2]] for h in obj["coverage_history"]]}
     if isinstance(obj, dict):
         return {k: _scrub(v) for k, v in obj.items() if k not in VOLATILE and not k.endswith("_s")}
     if isinstance(obj, list):
@@ -88,6 +90,14 @@ def main(out: str) -> None:
                             "40", "--version", "fast", "--out", str(o / "suite-build")])
     _run(o, "suite-check", ["suite", "check", "--suite", str(o / "suite-build"), "--checkpoint", str(o / "harden" / "model.pt"),
                             "--out", str(o / "suite-check")])
+    _run(o, "generate-pgd", ["generate", "--checkpoint", ckpt, *DIGITS, "--limit", "60", "--method", "pgd", "--eps",
+                             "0.1", "--out", str(o / "generate-pgd")])
+    _run(o, "generate-fol", ["generate", "--checkpoint", ckpt, *DIGITS, "--limit", "20", "--method", "fol-fuzz",
+                             "--steps", "5", "--out", str(o / "generate-fol")])
+    _run(o, "generate-cov", ["generate", "--checkpoint", ckpt, *DIGITS, "--limit", "20", "--method", "cov-fuzz",
+                             "--iterations", "5", "--profile-limit", "100", "--out", str(o / "generate-cov")])
+    _run(o, "generate-bad", ["generate", "--checkpoint", ckpt, *DIGITS, "--method", "fol-fuzz", "--keep-all",
+                             "--out", str(o / "generate-bad")])
     _run(o, "harden-bad", ["harden", "--checkpoint", ckpt, *DIGITS, "--eps", "0.1", "--val-size", "5000",
                            "--out", str(o / "harden-bad")])
 

@@ -21,13 +21,10 @@ FOL is measured with --fol-norm/--fol-eps (default: --norm and --eps; for cw the
 from __future__ import annotations
 
 import argparse
-import inspect
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import fields
 from typing import Any
 
-import torch
 from torch.utils.data import TensorDataset
 
 from robustest import attacks, metrics
@@ -48,23 +45,24 @@ from robustest.cli.loading import check_fits, load_data, load_model, resolve_bat
 from robustest.cli.output import fmt, log, out_dir, peak_rss_mib
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.atomic import atomic_write_json
-from robustest.core.batching import image_shape, take
-from robustest.core.devices import model_device, resolve_device
+from robustest.core.batching import image_shape
+from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError
-from robustest.core.modelcall import eval_mode, forward
 from robustest.core.validation import check_eps
 from robustest.data import save_tests
-from robustest.metrics.coverage import CoverageProfile
-from robustest.report import HtmlReport, save_histogram, save_image_grid
+from robustest.fuzzing.generate import (
+    FUZZERS,
+    GenerateOptions,
+    figures_of,
+    generate_report,
+    generate_tests,
+    measure_fol,
+    save_examples,
+)
 from robustest.results import write_results
 
 ORDER = 30
 
-FUZZERS = ("fol-fuzz", "cov-fuzz")
-FUZZ_STEPS = 40  # fol-fuzz's default steps; an attack's come from its registry record
-#: the attack options this verb has flags for, passed to an attack whose function takes them
-ATTACK_OPTIONS = ("alpha", "random_start", "steps", "norm", "restarts", "decay", "c", "kappa", "binary_steps", "lr")
-QUANTILES = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -155,198 +153,6 @@ def _check_radii(args: argparse.Namespace) -> None:
         check_eps("fol_eps", args.fol_eps, fol_norm, allow_none=True)
 
 
-def _attack_kwargs(args: argparse.Namespace, eps: float) -> dict[str, Any]:
-    """The keyword arguments of the attack ``--method``: ``eps`` (the flag's radius for an attack inside an
-    eps-ball, else --eps as given: C&W's optional bound) and each of :data:`ATTACK_OPTIONS` its function takes
-    (a flag not given: the attack's default; steps: its record's). A flag given to an attack that does not take
-    it, or a --norm it does not run in, is a ConfigError."""
-    m = args.method
-    record = attacks.get(m)
-    sig = inspect.signature(record.fn).parameters
-    norm = _norm(args)
-    if norm not in record.norms:
-        raise ConfigError(f"--norm {norm} is not a threat model of {m} (it runs in {', '.join(record.norms)}): "
-                          "drop --norm or pick another method")
-    given = {"alpha": args.alpha, "random_start": args.random_start, "steps": args.steps,
-             "restarts": args.restarts if args.restarts > 1 else None}
-    for param, value in given.items():
-        if value is not None and param not in sig:
-            flag = "--random-start/--no-random-start" if param == "random_start" else f"--{param}"
-            raise ConfigError(f"{flag} does not apply to {m}")
-    values = {"alpha": args.alpha, "random_start": args.random_start, "steps": args.steps or record.default_steps,
-              "norm": norm, "restarts": args.restarts, "decay": args.decay, "c": args.c, "kappa": args.kappa,
-              "binary_steps": args.binary_steps, "lr": args.lr}
-    kw: dict[str, Any] = {"eps": eps if record.norm_bounded else args.eps}
-    for name in ATTACK_OPTIONS:
-        if name in sig:
-            kw[name] = values[name] if values[name] is not None else sig[name].default
-    return kw
-
-
-def _quantiles(v: torch.Tensor) -> dict[str, float] | None:
-    v = v.detach().double().cpu()
-    v = v[torch.isfinite(v)]
-    if v.numel() == 0:
-        return None
-    q = torch.quantile(v, torch.tensor(QUANTILES, dtype=torch.float64))
-    out = {("min" if p == 0 else "max" if p == 1 else f"q{int(round(p * 100)):02d}"): float(t)
-           for p, t in zip(QUANTILES, q)}
-    out["mean"] = float(v.mean())
-    return out
-
-
-def _fol(model, x, y, x0, eps: float, norm: str, batch_size: int) -> torch.Tensor:
-    if x.shape[0] == 0:
-        return torch.empty(0)
-    if norm == "gradnorm":
-        return metrics.fol_gradnorm(model, x, y, batch_size=batch_size)
-    return metrics.fol(model, x, y, x0=x0, eps=eps, norm=norm, batch_size=batch_size)
-
-
-def _predict(model, x: torch.Tensor, batch_size: int) -> torch.Tensor:
-    dev = resolve_device(model)
-    out = []
-    with eval_mode(model), torch.no_grad():
-        for s in range(0, x.shape[0], batch_size):
-            out.append(forward(model, x[s:s + batch_size].to(dev)).argmax(1).cpu())
-    return torch.cat(out) if out else torch.empty(0, dtype=torch.long)
-
-
-@dataclass
-class _Tests:
-    """The tests one method produced, on the CPU: x T x C x H x W, y and pred int64 [T], index int64 [T] (the
-    seed's position in the split), x0 T x C x H x W (each test's seed); summary: the method's figures for
-    summary.json; extra: what tests.pt stores besides; fol: [T] the fuzzer's own FOL when it is the one asked
-    for (else None: measured afterwards)."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    pred: torch.Tensor
-    index: torch.Tensor
-    x0: torch.Tensor
-    summary: dict[str, Any]
-    extra: dict[str, Any]
-    fol: torch.Tensor | None = None
-
-
-def _attack_tests(args: argparse.Namespace, model, ds, n_seeds: int, eps: float, progress: bool) -> _Tests:
-    """Attack every seed (streamed batch by batch, and shared out over torchrun's ranks); keep the successful
-    adversarial examples (all of them with --keep-all), their seeds read back from the data set."""
-    method = args.method
-    kw = _attack_kwargs(args, eps)
-    res = attacks.attack(method, model, ds, batch_size=args.batch_size, seed=args.seed, progress=progress, **kw)
-    keep = torch.ones(n_seeds, dtype=torch.bool) if args.keep_all else res.success
-    idx = torch.nonzero(keep).flatten()
-    tx, ty, tpred = res.adv[idx], res.y[idx], res.adv_pred[idx]
-    x0 = take(ds, res.index[idx])[0] if len(idx) else tx.clone()
-    summary = {
-        "params": {k: v for k, v in kw.items()}, "clean_accuracy": res.clean_accuracy,
-        "robust_accuracy": res.robust_accuracy, "success_rate": res.success_rate,
-        "success_rate_on_correct": res.to_dict()["success_rate_on_correct"],
-        "kept": "all" if args.keep_all else "successful",
-    }
-    return _Tests(tx, ty, tpred, idx, x0, summary, {"pred": tpred, "success": res.success[idx]})
-
-
-def _fol_fuzz_tests(args: argparse.Namespace, model, x: torch.Tensor, y: torch.Tensor, n_seeds: int, eps: float,
-                    fol_norm: str, progress: bool) -> _Tests:
-    """FOL-guided fuzzing of the seeds ``x`` (N x C x H x W, labels ``y``)."""
-    from robustest import fuzzing  # late: it loads kornia, and every verb's module is imported at start-up
-
-    fuzz_fol = fol_norm if fol_norm in fuzzing.FOL_VARIANTS else "gradnorm"
-    fr = fuzzing.fol_fuzz(model, x, y, steps=args.steps or FUZZ_STEPS,
-                          lr=args.lr if args.lr is not None else 0.1, max_rel_l2=args.max_rel_l2,
-                          eps=args.fuzz_eps, max_tests_per_seed=args.max_tests_per_seed,
-                          time_budget=args.time_budget, seed=args.seed, batch_size=args.batch_size,
-                          fol_variant=fuzz_fol, fol_eps=args.fol_eps or eps, show_progress=progress)
-    idx = fr.seed_index.cpu().long()
-    tx, ty = fr.x.cpu(), fr.y.cpu().long()
-    tpred = fr.pred.cpu() if fr.pred is not None else _predict(model, tx, args.batch_size)
-    per_seed = fr.tests_per_seed(n_seeds)
-    summary = {"params": {"steps": args.steps or FUZZ_STEPS, "lr": args.lr or 0.1,
-                          "max_rel_l2": args.max_rel_l2, "eps": args.fuzz_eps,
-                          "max_tests_per_seed": args.max_tests_per_seed, "time_budget": args.time_budget},
-               "fuzz_stats": fr.stats,
-               "seeds_with_tests": int((per_seed > 0).sum()),
-               "tests_per_seed": _quantiles(per_seed.float())}
-    return _Tests(tx, ty, tpred, idx, x[idx], summary, {"pred": tpred, "step": fr.step.cpu()},
-                  fol=fr.fol.cpu() if fuzz_fol == fol_norm else None)
-
-
-def _cov_fuzz_tests(args: argparse.Namespace, model, x: torch.Tensor, y: torch.Tensor, progress: bool) -> _Tests:
-    """Coverage-guided fuzzing of the seeds ``x`` (N x C x H x W, labels ``y``), with a coverage profile
-    built on the train split."""
-    from robustest import fuzzing  # late: it loads kornia, and every verb's module is imported at start-up
-
-    train = _train_for_profile(args)
-    profile = CoverageProfile.build(model, train, batch_size=args.batch_size)
-    opts = {"k": args.k} if (args.k is not None and args.coverage == "kmnc") else {}
-    cr = fuzzing.coverage_fuzz(model, x, y, profile, metric=args.coverage, iterations=args.iterations,
-                               time_budget=args.time_budget, seed=args.seed, metric_opts=opts,
-                               show_progress=progress)
-    idx = cr.seed_index.cpu().long()
-    tx, ty = cr.x.cpu(), cr.y.cpu().long()
-    tpred = cr.pred.cpu() if cr.pred is not None else _predict(model, tx, args.batch_size)
-    summary = {"params": {"coverage": args.coverage, "metric_opts": opts, "iterations": args.iterations,
-                          "time_budget": args.time_budget, "profile_images": len(train)},
-               "fuzz_stats": cr.stats,
-               "coverage_history": [list(h) for h in cr.coverage_history]}
-    return _Tests(tx, ty, tpred, idx, x[idx], summary, {"pred": tpred})
-
-
-def _generate(args: argparse.Namespace, model, ds, n_seeds: int, eps: float, fol_norm: str, progress: bool
-              ) -> _Tests:
-    """The tests of ``args.method``."""
-    if args.method not in FUZZERS:
-        return _attack_tests(args, model, ds, n_seeds, eps, progress)
-    # the fuzzers work on the whole seed set at once (their randomness is per run, not per sample)
-    x, y = take(ds, torch.arange(n_seeds))
-    y = y.long()
-    if args.method == "fol-fuzz":
-        return _fol_fuzz_tests(args, model, x, y, n_seeds, eps, fol_norm, progress)
-    return _cov_fuzz_tests(args, model, x, y, progress)
-
-
-def _measure_fol(args: argparse.Namespace, model, t: _Tests, eps: float, fol_norm: str
-                 ) -> tuple[float, torch.Tensor]:
-    """(eps of the FOL, FOL [T] of every test measured against its seed): cw without --fol-eps measures
-    within its largest L2 perturbation; fol-fuzz's own FOL is kept when it is the one asked for."""
-    fol_eps = args.fol_eps or eps
-    if args.method not in FUZZERS and not attacks.get(args.method).norm_bounded and args.fol_eps is None:
-        fol_eps = float((t.x - t.x0).flatten(1).norm(dim=1).max()) if t.x.shape[0] else eps
-        fol_eps = max(fol_eps, 1e-6)
-    if t.fol is not None:
-        return fol_eps, t.fol
-    return fol_eps, _fol(model, t.x, t.y, t.x0, fol_eps, fol_norm, args.batch_size).cpu()
-
-
-def _test_figures(t: _Tests, fol_values: torch.Tensor, fol_norm: str, fol_eps: float) -> dict[str, Any]:
-    """Counts, perturbation sizes and FOL quantiles of the tests, for summary.json."""
-    delta = (t.x - t.x0).flatten(1)
-    n_tests = int(t.x.shape[0])
-    return {
-        "tests": n_tests,
-        "tests_changed_prediction": int((t.pred != t.y).sum()) if n_tests else 0,
-        "perturbation": {"linf": _quantiles(delta.abs().amax(1)) if n_tests else None,
-                         "l2": _quantiles(delta.norm(dim=1)) if n_tests else None},
-        "fol": {"norm": fol_norm, "eps": fol_eps, "quantiles": _quantiles(fol_values) if n_tests else None},
-    }
-
-
-def _save_examples(out: Path, grid_size: int, method: str, t: _Tests, fol_values: torch.Tensor, fol_norm: str
-                   ) -> bytes:
-    """examples.png (seeds over tests, captioned label -> prediction) and fol_hist.png; returns the grid."""
-    n_tests = int(t.x.shape[0])
-    k = min(grid_size, n_tests)
-    pick = torch.linspace(0, n_tests - 1, k).round().long().unique()
-    caps = [f"seed #{int(t.index[i])}: {int(t.y[i])}" for i in pick] + \
-        [f"{int(t.y[i])} -> {int(t.pred[i])}" for i in pick]
-    grid = save_image_grid(torch.cat([t.x0[pick], t.x[pick]]), out / "examples.png", captions=caps,
-                           ncols=len(pick), title=f"{method}: seeds (top) and tests (bottom), label -> pred")
-    save_histogram(fol_values.numpy(), out / "fol_hist.png", title=f"FOL ({fol_norm}) of {method} tests")
-    return grid
-
-
 # ------------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
     """Generate the tests of ``args.method`` and write tests.pt, summary.json, results.json, report.html."""
@@ -365,26 +171,29 @@ def run(args: argparse.Namespace) -> int:
     eps = args.eps if args.eps is not None else _default_eps(image_shape(ds)[0])
     fol_norm = args.fol_norm or _norm(args)
     method = args.method
+    opts = GenerateOptions(**{f.name: getattr(args, f.name) for f in fields(GenerateOptions) if f.name != "norm"},
+                           norm=_norm(args))
     summary: dict[str, Any] = {"method": method, "dataset": args.dataset, "split": args.split,
                                "checkpoint": str(args.checkpoint or args.model_factory or args.weights),
                                "seeds": n_seeds}
     t_gen = time.perf_counter()
-    t = _generate(args, model, ds, n_seeds, eps, fol_norm, not args.no_progress)
+    profile = _train_for_profile(args) if method == "cov-fuzz" else None
+    t = generate_tests(opts, model, ds, n_seeds, eps, fol_norm, not args.no_progress, profile)
     summary.update(t.summary)
     t_gen = time.perf_counter() - t_gen
     t_fol = time.perf_counter()
-    fol_eps, fol_values = _measure_fol(args, model, t, eps, fol_norm)
+    fol_eps, fol_values = measure_fol(opts, model, t, eps, fol_norm)
     t_fol = time.perf_counter() - t_fol
 
     n_tests = int(t.x.shape[0])
     t.extra.update({"dataset": args.dataset, "split": args.split, "fol_norm": fol_norm, "fol_eps": fol_eps,
                     "eps": eps if method != "cw" else args.eps, "params": summary.get("params", {})})
     save_tests(out / "tests.pt", t.x, t.y, t.index, method, fol=fol_values, extra=t.extra)
-    summary.update({**_test_figures(t, fol_values, fol_norm, fol_eps), "peak_rss_mib": peak_rss_mib(),
+    summary.update({**figures_of(t, fol_values, fol_norm, fol_eps), "peak_rss_mib": peak_rss_mib(),
                     "seed": args.seed, "files": ["tests.pt", "summary.json", "results.json", "report.html"]})
     grid = None
     if n_tests:
-        grid = _save_examples(out, args.grid, method, t, fol_values, fol_norm)
+        grid = save_examples(out, args.grid, method, t, fol_values, fol_norm)
         summary["files"] += ["examples.png", "fol_hist.png"]
     timings = {"generate_s": t_gen, "fol_s": t_fol, "total_s": time.perf_counter() - t0}
     atomic_write_json(out / "summary.json", {**summary, "timings": timings})
@@ -395,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
                         **({"examples": "examples.png", "histogram": "fol_hist.png"} if n_tests else {})}
     doc = write_results(out, "generate", _settings(args, method, summary.get("params", {}), fol_norm, fol_eps, eps,
                                                    model), results, timings)
-    _report(doc, method, grid, fol_values).write(out / "report.html")
+    generate_report(doc, method, grid, fol_values).write(out / "report.html")
     rate = summary.get("success_rate")
     rate_txt = f", success rate {fmt(rate, 'success_rate')}" if rate is not None else ""
     log.info(f"{method} on {n_seeds} {args.dataset}/{args.split} seeds: {n_tests} tests{rate_txt} "
@@ -423,31 +232,6 @@ def _settings(args: argparse.Namespace, method: str, params: dict[str, Any], fol
     if getattr(args, "batch_size_auto", False):
         d["batch_size_auto"] = True
     return d
-
-
-def _report(doc: dict[str, Any], method: str, grid: bytes | None, fol_values: torch.Tensor):
-    """report.html of a generation run: summary, perturbation and FOL quantiles, examples, FOL histogram."""
-    s = doc["settings"]
-    rep = HtmlReport.from_results(doc, f"robustest generate: {method} on {s['dataset']} ({s['split']})")
-    keys = ("seeds", "tests", "tests_changed_prediction", "clean_accuracy", "robust_accuracy", "success_rate",
-            "success_rate_on_correct", "kept", "seeds_with_tests")
-    rep.key_values({k: doc[k] for k in keys if k in doc})
-    rows = [{"measure": f"perturbation {norm}", **(q or {})} for norm, q in doc["perturbation"].items()]
-    rows.append({"measure": f"FOL ({doc['fol']['norm']}, eps {fmt(doc['fol']['eps'])})",
-                 **(doc["fol"]["quantiles"] or {})})
-    rep.heading("Perturbation size and FOL of the tests")
-    rep.table(rows, ["measure", "min", "q05", "q25", "q50", "q75", "q95", "max", "mean"])
-    if grid is not None:
-        rep.heading("Examples")
-        rep.image(grid, "Seeds (top row) and the tests generated from them (bottom row), captioned label -> "
-                  "prediction.")
-    if len(fol_values):
-        rep.histogram(fol_values.numpy(), "distribution of the tests' FOL (measured against each test's seed)",
-                      title=f"FOL of the {method} tests", xlabel="FOL")
-    if doc.get("fuzz_stats"):
-        rep.heading("Fuzzer statistics")
-        rep.key_values(doc["fuzz_stats"])
-    return rep
 
 
 def _train_for_profile(args: argparse.Namespace):

@@ -4,6 +4,8 @@ image mutations.
 - :func:`fol_fuzz` -> :class:`FuzzResult`
 - :func:`coverage_fuzz` -> :class:`CoverageFuzzResult`
 - :mod:`robustest.fuzzing.mutations`: batched affine and pixel-value mutations with DeepHunter's validity rule
+- :mod:`robustest.fuzzing.generate`: what ``robustest generate`` runs: tests from an attack or a fuzzer, their FOL
+  against their seeds, figures, examples and report
 """
 
 from robustest.fuzzing import mutations
