@@ -32,7 +32,7 @@ def _scrub(obj):
     return obj
 
 
-_TIMED = re.compile(r"\(s\)|second|time")
+_TIMED = re.compile(r"\(m?s\)|second|time")
 
 
 def _scrub_table(m: re.Match) -> str:
@@ -98,6 +98,16 @@ def main(out: str) -> None:
                              "--iterations", "5", "--profile-limit", "100", "--out", str(o / "generate-cov")])
     _run(o, "generate-bad", ["generate", "--checkpoint", ckpt, *DIGITS, "--method", "fol-fuzz", "--keep-all",
                              "--out", str(o / "generate-bad")])
+    _run(o, "score-fol", ["score", "--checkpoint", ckpt, *DIGITS, "--limit", "60", "--metric", "fol", "--eps", "0.1",
+                          "--out", str(o / "score-fol")])
+    _run(o, "score-kmnc", ["score", "--checkpoint", ckpt, *DIGITS, "--limit", "40", "--metric", "kmnc",
+                           "--train-limit", "100", "--out", str(o / "score-kmnc")])
+    _run(o, "select-best", ["select", "--scores", str(o / "score-fol" / "scores.pt"), "--n", "10", "--strategy",
+                            "best", "--out", str(o / "select-best")])
+    _run(o, "select-cov", ["select", "--scores", str(o / "score-kmnc" / "scores.pt"), "--n", "5", "--strategy",
+                           "coverage", "--out", str(o / "select-cov")])
+    _run(o, "select-bad", ["select", "--scores", str(o / "missing.pt"), "--n", "5", "--strategy", "best",
+                           "--out", str(o / "select-bad")])
     _run(o, "harden-bad", ["harden", "--checkpoint", ckpt, *DIGITS, "--eps", "0.1", "--val-size", "5000",
                            "--out", str(o / "harden-bad")])
 

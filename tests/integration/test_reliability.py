@@ -387,8 +387,8 @@ def test_select_n_zero_and_an_empty_out_are_refused(tmp_path, capsys, mlp_digits
     ("index,score\n", "empty"),
 ])
 def test_the_csv_scores_get_the_checks_of_the_pt_scores(rows, match, tmp_path, capsys) -> None:
-    from robustest.cli.select import read_scores
     from robustest.core.errors import DataError
+    from robustest.selection.scores_file import read_scores
 
     path = tmp_path / "scores.csv"
     path.write_text(rows)

@@ -54,9 +54,10 @@ from robustest.core.errors import ConfigError, DataError
 from robustest.core.validation import check_eps
 from robustest.metrics.scoring import AMP_METRICS
 from robustest.results import write_results
+from robustest.selection.score_reports import score_report
+from robustest.selection.scores_file import summarize, write_scores_csv
 
 ORDER = 30
-QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -203,22 +204,6 @@ def _check_options(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- run
-def summarize(scores: torch.Tensor) -> dict[str, Any]:
-    """count, mean, std, min, max and quantiles of a 1-D score tensor (NaN-free)."""
-    s = scores.detach().double().cpu()
-    if s.numel() == 0:
-        return {"count": 0}
-    qs = torch.quantile(s, torch.tensor(QUANTILES, dtype=torch.float64)).tolist()
-    return {
-        "count": int(s.numel()),
-        "mean": float(s.mean()),
-        "std": float(s.std()) if s.numel() > 1 else 0.0,
-        "min": float(s.min()),
-        "max": float(s.max()),
-        "quantiles": {f"q{int(round(q * 100)):02d}": v for q, v in zip(QUANTILES, qs)},
-    }
-
-
 def run(args: argparse.Namespace) -> int:
     from robustest.metrics.scoring import score
 
@@ -258,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     if x0_index is not None:
         payload["x0_index"] = x0_index
     atomic_save(payload, out / "scores.pt")
-    _write_csv(out / "scores.csv", index, scores, y, x0_index)
+    write_scores_csv(out / "scores.csv", index, scores, y, x0_index)
     from robustest.report import save_histogram
 
     save_histogram(scores, out / "scores_hist.png", title=f"{args.metric} on {inputs['source']} (n={n})",
@@ -286,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
     files = {"scores": "scores.pt", "csv": "scores.csv", "histogram": "scores_hist.png", "summary": "summary.json",
              "report": "report.html"}
     doc = write_results(out, "score", _settings(args, device, opts), {**figures, "files": files}, timings)
-    _report(doc, scores).write(out / "report.html")
+    score_report(doc, scores).write(out / "report.html")
     s = figures
     log.info(f"{args.metric} on {n} inputs from {inputs['source']}: mean {fmt(s.get('mean'))}, "
              f"median {fmt(s.get('quantiles', {}).get('q50'))}, min {fmt(s.get('min'))}, max {fmt(s.get('max'))} "
@@ -325,39 +310,3 @@ def _settings(args: argparse.Namespace, device: Any, opts: dict[str, Any]) -> di
     return d
 
 
-def _report(doc: dict[str, Any], scores: torch.Tensor):
-    """report.html of a scoring run: summary, quantiles, histogram."""
-    from robustest.report import HtmlReport
-
-    rep = HtmlReport.from_results(doc, f"robustest score: {doc['metric']} on {doc['source']}")
-    rep.paragraph(doc["description"])
-    summary = {k: doc.get(k) for k in ("count", "mean", "std", "min", "max", "non_finite", "set_coverage",
-                                       "num_cells") if k in doc}
-    rep.key_values(summary)
-    if doc.get("quantiles"):
-        rep.heading("Quantiles")
-        rep.table([doc["quantiles"]])
-    finite = scores[torch.isfinite(scores)]
-    rep.histogram(finite, f"distribution of the {doc['metric']} scores", title=f"{doc['metric']} (n={len(finite)})",
-                  xlabel=doc["metric"])
-    if doc.get("options"):
-        rep.heading("Metric options")
-        rep.key_values(doc["options"])
-    return rep
-
-
-def _write_csv(path, index: torch.Tensor, scores: torch.Tensor, y: torch.Tensor | None,
-               x0_index: torch.Tensor | None) -> None:
-    """index,score[,label][,x0_index] as CSV, written atomically in one go."""
-    from robustest.core.atomic import atomic_write_text
-
-    cols = [index.tolist(), [repr(float(v)) for v in scores.tolist()]]
-    header = ["index", "score"]
-    if y is not None:
-        cols.append(y.tolist())
-        header.append("label")
-    if x0_index is not None:
-        cols.append(x0_index.tolist())
-        header.append("x0_index")
-    lines = [",".join(header)] + [",".join(str(c) for c in row) for row in zip(*cols)]
-    atomic_write_text(path, "\n".join(lines) + "\n")

@@ -22,7 +22,6 @@ Writes to --out:
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import time
 import warnings
@@ -36,8 +35,9 @@ from robustest.cli.args import add_model_args, add_output_flags, fraction, posit
 from robustest.cli.output import fmt, log, out_dir
 from robustest.core.atomic import atomic_save, atomic_write_text
 from robustest.core.errors import ConfigError, DataError
-from robustest.core.reading import check_torch_file
 from robustest.results import write_results
+from robustest.selection.score_reports import select_report
+from robustest.selection.scores_file import read_scores, score_stats
 
 ORDER = 31
 
@@ -66,69 +66,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_output_flags(p)
     p.set_defaults(func=run)
-
-
-def read_scores(path: str | Path) -> dict[str, Any]:
-    """Read a scores.pt (weights_only) or a scores.csv with an ``index,score`` header into a dict."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"scores file {str(path)!r} does not exist: write one with 'robustest score'")
-    if path.suffix.lower() == ".csv":
-        with path.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            rows = list(reader)
-            columns = reader.fieldnames or []
-        if "score" not in columns:
-            raise DataError(f"{path} has no 'score' column: pass a scores.csv written by 'robustest score'")
-        try:
-            scores = torch.tensor([float(r["score"]) for r in rows], dtype=torch.float64)
-            index = torch.tensor([int(r["index"]) for r in rows], dtype=torch.int64) if "index" in columns \
-                else torch.arange(len(rows))
-        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
-            raise DataError(f"{path}: unreadable score or index value ({' '.join(str(exc).split())[:80]})") from None
-        return check_scores_payload({"scores": scores, "index": index, "metric": None}, str(path))
-    check_torch_file(path, "scores file")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any failure means the file is refused
-        raise DataError(f"{path} is not a readable scores file ({type(exc).__name__}): "
-                        "pass the scores.pt written by 'robustest score'") from exc
-    if isinstance(payload, torch.Tensor):
-        payload = {"scores": payload}
-    if not isinstance(payload, dict) or not isinstance(payload.get("scores"), torch.Tensor):
-        raise DataError(f"{path} holds no 'scores' tensor: pass the scores.pt written by 'robustest score'")
-    s = payload["scores"]
-    if s.dim() != 1 or not (s.is_floating_point() or s.dtype in (torch.int32, torch.int64)):
-        raise DataError(f"{path}: scores must be a 1-D tensor of numbers, got {s.dtype} of shape {tuple(s.shape)}")
-    payload.setdefault("index", torch.arange(len(s)))
-    return check_scores_payload(payload, str(path))
-
-
-def check_scores_payload(payload: dict[str, Any], source: str) -> dict[str, Any]:
-    """The tensors of a scores file must agree with each other: one score, index, label, x0_index and row
-    of covered cells per input; indices are non-negative, distinct integers (never wrapped around)."""
-    s = payload["scores"]
-    n = len(s)
-    if n == 0:
-        raise DataError(f"{source}: the scores file is empty: score a non-empty data set")
-    for key in ("index", "labels", "x0_index"):
-        t = payload.get(key)
-        if t is None and key != "index":
-            continue
-        if not isinstance(t, torch.Tensor) or t.dim() != 1 or len(t) != n or t.is_floating_point() \
-                or t.dtype == torch.bool:
-            got = f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise DataError(f"{source}: {key!r} must be {n} integers (one per score), got {got}: the file is "
-                            "damaged; score again")
-        if int(t.min()) < 0:
-            raise DataError(f"{source}: negative {key} {int(t.min())}: the file is damaged; score again")
-    if len(torch.unique(payload["index"])) != n:
-        raise DataError(f"{source}: 'index' names an input twice: the file is damaged; score again")
-    bits = payload.get("bits")
-    if bits is not None and (not isinstance(bits, torch.Tensor) or bits.dim() != 2 or bits.shape[0] != n):
-        got = tuple(bits.shape) if isinstance(bits, torch.Tensor) else type(bits).__name__
-        raise DataError(f"{source}: 'bits' must hold one row of covered cells per score ({n} rows), got {got}")
-    return payload
 
 
 def run(args: argparse.Namespace) -> int:
@@ -161,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {
         "metric": data.get("metric"), "description": selection.describe(args.strategy),
         "requested": n, "selected": len(idx), "pool_size": pool, "warnings": notes,
-        "pool_scores": _stats(scores), "selected_scores": _stats(chosen),
+        "pool_scores": score_stats(scores), "selected_scores": score_stats(chosen),
     }
     if spec.needs == "bits":
         bits = data["bits"]
@@ -183,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tests is not None:
         settings["tests"] = str(args.tests)
     doc = write_results(out, "select", settings, results, {"total_s": time.perf_counter() - t0})
-    _report(doc, scores, chosen).write(out / "report.html")
+    select_report(doc, scores, chosen).write(out / "report.html")
     log.info(f"selected {len(idx)} of {pool} inputs with {args.strategy}: selected scores mean "
              f"{fmt(results['selected_scores'].get('mean'))} (pool {fmt(results['pool_scores'].get('mean'))})")
     log.info(f"wrote {out / 'selected.pt'}, selected.csv, results.json and report.html"
@@ -220,35 +157,6 @@ def _selection_input(args: argparse.Namespace, spec: selection.Strategy,
         bad = int((~torch.isfinite(scores)).sum())
         raise ConfigError(f"{bad} of {pool} scores are NaN or infinite: rescore or drop them before selecting")
     return scores, tests
-
-
-def _report(doc: dict[str, Any], scores: torch.Tensor, chosen: torch.Tensor):
-    """report.html of a selection: statistics of the pool and of the selection, and their score histograms."""
-    from robustest.report import HtmlReport
-
-    strategy = doc["settings"]["strategy"]
-    rep = HtmlReport.from_results(doc, f"robustest select: {strategy}, {doc['selected']} of {doc['pool_size']}")
-    rep.paragraph(doc["description"])
-    for w in doc["warnings"]:
-        rep.note(f"warning: {w}")
-    rows = [{"set": "pool", **doc["pool_scores"]}, {"set": "selected", **doc["selected_scores"]}]
-    rep.table(rows, ["set", "count", "mean", "median", "min", "max"], caption=f"scores ({doc['metric'] or 'score'})")
-    if "cells" in doc:
-        rep.key_values({k: doc[k] for k in ("cells", "cells_covered_by_pool", "cells_covered_by_selection")})
-    s = scores.double()
-    rep.histogram({"pool": s[torch.isfinite(s)], "selected": chosen},
-                  "where the selected inputs lie in the pool's score distribution", bins=40,
-                  title="scores of the pool and of the selection", xlabel=doc["metric"] or "score")
-    return rep
-
-
-def _stats(s: torch.Tensor) -> dict[str, Any]:
-    s = s.double()
-    s = s[torch.isfinite(s)]
-    if s.numel() == 0:
-        return {"count": 0}
-    return {"count": int(s.numel()), "mean": float(s.mean()), "min": float(s.min()), "max": float(s.max()),
-            "median": float(s.median())}
 
 
 def _features(args: argparse.Namespace, tests: dict[str, Any]) -> torch.Tensor:

@@ -39,6 +39,9 @@ for a ``with`` block only). The built-in strategies:
   radius the greedy rule finds (within twice the optimal radius). One ``[N, D]`` distance update per pick on
   the features' device; duplicates are picked only once every distinct point is taken. Order: pick order.
 
+The scores selection reads, and ``robustest score`` writes, are a scores file (:mod:`.scores_file`: scores.pt or
+scores.csv, :func:`~.scores_file.read_scores`); :mod:`.score_reports` draws the reports of both verbs.
+
 What a strategy declares it needs (:attr:`Strategy.needs`: ``scores``, ``bits`` or ``features``; whether it
 takes ``labels``) decides how :func:`select` checks its input (``checks.py``), and tells a pipeline such as
 :mod:`robustest.robot` what to compute for it.
