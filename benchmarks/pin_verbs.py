@@ -108,6 +108,11 @@ def main(out: str) -> None:
                            "coverage", "--out", str(o / "select-cov")])
     _run(o, "select-bad", ["select", "--scores", str(o / "missing.pt"), "--n", "5", "--strategy", "best",
                            "--out", str(o / "select-bad")])
+    _run(o, "certify-ibp", ["certify", "--checkpoint", ckpt, *DIGITS, "--limit", "40", "--eps", "0.005", "--method",
+                            "ibp", "--out", str(o / "certify-ibp")])
+    _run(o, "certify-smoothing", ["certify", "--checkpoint", ckpt, *DIGITS, "--limit", "10", "--eps", "0.1",
+                                  "--method", "smoothing", "--norm", "l2", "--sigma", "0.25", "--n-samples", "100",
+                                  "--out", str(o / "certify-smoothing")])
     _run(o, "harden-bad", ["harden", "--checkpoint", ckpt, *DIGITS, "--eps", "0.1", "--val-size", "5000",
                            "--out", str(o / "harden-bad")])
 

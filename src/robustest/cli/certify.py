@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
 
 from robustest.cli.args import (
     add_checkpoint_arg,
@@ -90,6 +89,7 @@ def _check_args(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from robustest.core.devices import model_device
     from robustest.evaluate.certification import run_certify
+    from robustest.evaluate.certify_report import certify_report
     from robustest.models.checkpoints import source_of
     from robustest.results import write_results
 
@@ -115,50 +115,9 @@ def run(args: argparse.Namespace) -> int:
     settings = {**model_settings(args), **data_settings(args), **result.settings, "device": str(model_device(model))}
     timings = {**result.timings, "load_s": t_load, "total_s": time.perf_counter() - t0}
     doc = write_results(out, "certify", settings, doc, timings)
-    _html(result, doc, ds).write(out / "report.html")
+    certify_report(result, doc, ds).write(out / "report.html")
     what = f"{args.method} (sigma={result.settings['sigma']:g})" if args.method == "smoothing" else args.method
     log.info(f"{args.dataset} ({result.num_samples} images), {args.norm} eps={result.eps:g}, {what}: certified "
              f"{100 * result.certified_accuracy:.2f}%, clean {100 * result.clean_accuracy:.2f}%")
     log.info(f"wrote {', '.join(files)} to {out} in {time.perf_counter() - t0:.1f}s")
     return 0
-
-
-def _html(result: Any, doc: dict[str, Any], data: Any) -> Any:
-    import torch
-
-    from robustest import report
-
-    rep = report.HtmlReport.from_results(doc, f"robustest certify: {doc['data']['dataset']}, {result.method}, "
-                                              f"{result.norm} eps={result.eps:g}")
-    n = result.num_samples
-    if result.method == "smoothing":
-        s = doc["smoothing"]
-        rep.paragraph(f"{n} images. Randomised smoothing certifies the smoothed classifier (the model's majority vote "
-                      f"under Gaussian noise of sigma {s['sigma']:g}), not the model itself: a sample is certified "
-                      f"when the smoothed classifier predicts its label with a certified L2 radius of at least "
-                      f"{result.eps:g} (probability at least {1 - s['alpha']:g}; {s['n']} noise samples).")
-    else:
-        rep.paragraph(f"{n} images. {result.method.upper()} proves, per sample, that no point of the {result.norm} "
-                      f"ball of radius {result.eps:g} changes the model's prediction away from the label: the "
-                      "certified accuracy is a lower bound of the robust accuracy any attack could measure.")
-    rows = [{"measure": "clean accuracy", "value": result.clean_accuracy},
-            {"measure": "certified accuracy", "value": result.certified_accuracy}]
-    if result.method == "smoothing":
-        rows.insert(1, {"measure": "smoothed accuracy", "value": doc["smoothing"]["smoothed_accuracy"]})
-    rep.heading("Certified accuracy").table(rows, columns=["measure", "value"])
-    rep.table([doc["counts"]])
-    if result.lower_margin is not None:
-        rep.histogram(result.lower_margin, "lower margin bounds", title="lower bound of the margin over the ball",
-                      xlabel="min_j z_y - z_j (> 0: certified)")
-    elif result.radius is not None:
-        rep.histogram(result.radius[result.prediction == result.y], "certified radii",
-                      title="certified L2 radius of the samples predicted correctly", xlabel="L2 radius")
-    missed = torch.nonzero(result.clean_correct & ~result.certified).flatten()[:16]
-    if missed.numel():
-        from robustest.core.batching import take
-
-        x, _ = take(data, result.index[missed])
-        caps = [f"{int(result.y[i])}" for i in missed.tolist()]
-        rep.heading("Not certified").image(report.save_image_grid(x, None, captions=caps, ncols=8),
-                                           "correctly classified images the certificate does not cover: label")
-    return rep

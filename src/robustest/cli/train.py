@@ -204,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
     from robustest.models.checkpoints import save_checkpoint
     from robustest.report import plural
     from robustest.train import fit
+    from robustest.train.fit_report import fit_report
 
     if Path(args.out).exists():
         out_dir(args)  # a file in the way is a one-line error before any work; the folder is made after checks
@@ -275,37 +276,10 @@ def run(args: argparse.Namespace) -> int:
     timings = {"load_data_s": t_data, "train_s": history.seconds, "eval_s": t_eval,
                "total_s": time.perf_counter() - t0}
     doc = write_results(out, "train", settings, results, timings)
-    _report(doc, args).write(out / "report.html")
+    fit_report(doc, args.model, args.dataset).write(out / "report.html")
     last = history.last
     log.info(f"trained {args.model} on {args.dataset}: {len(train)} images, {plural(epochs, 'epoch')}, "
              f"train loss {fmt(last.loss)}, train accuracy {fmt(last.accuracy, 'accuracy')}, "
              f"test accuracy {fmt(test_acc, 'accuracy')} ({fmt(history.seconds, 'train_s')} s)")
     log.info(f"wrote {out / 'model.pt'}, results.json and report.html")
     return 0
-
-
-def _report(doc: dict[str, Any], args: argparse.Namespace):
-    """report.html of a training run: summary, accuracy and loss per epoch, the epoch table."""
-    from robustest.report import HtmlReport, save_lines
-
-    rep = HtmlReport.from_results(doc, f"robustest train: {args.model} on {args.dataset}")
-    epochs = doc["history"]["epochs"]
-    rep.key_values({"model": doc["model"].get("name") or doc["model"].get("factory") or doc["model"].get("kind"),
-                    "num_train": doc["num_train"], "num_test": doc["num_test"], "epochs": len(epochs),
-                    "test_accuracy": doc["test_accuracy"], "test_loss": doc["test_loss"],
-                    "best_epoch": doc["history"].get("best_epoch")})
-    if doc["test_split_is_training_data"]:
-        rep.note("The data has no separate test split: the test figures are measured on the training data.")
-    if epochs:
-        xs = [e["epoch"] for e in epochs]
-        for key, label in (("accuracy", "accuracy"), ("loss", "loss")):
-            series = {f"train {label}": (xs, [e[key] for e in epochs])}
-            if all(e.get(f"val_{key}") is not None for e in epochs):
-                series[f"validation {label}"] = (xs, [e[f"val_{key}"] for e in epochs])
-            rep.image(save_lines(series, None, title=f"{label} per epoch", xlabel="epoch", ylabel=label),
-                      f"Training {label} per epoch.")
-        rep.heading("Epochs")
-        cols = [c for c in ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "lr", "seconds")
-                if any(e.get(c) is not None for e in epochs)]
-        rep.table(epochs, cols)
-    return rep
