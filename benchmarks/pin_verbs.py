@@ -113,6 +113,10 @@ def main(out: str) -> None:
     _run(o, "certify-smoothing", ["certify", "--checkpoint", ckpt, *DIGITS, "--limit", "10", "--eps", "0.1",
                                   "--method", "smoothing", "--norm", "l2", "--sigma", "0.25", "--n-samples", "100",
                                   "--out", str(o / "certify-smoothing")])
+    _run(o, "analyze", ["analyze", "--checkpoint", ckpt, *DIGITS, "--limit", "60", "--neighbors", "10",
+                        "--radius-eps-max", "0.2", "--out", str(o / "analyze")])
+    _run(o, "validate", ["validate", "--checkpoint", ckpt, *DIGITS, "--limit", "60", "--neighbors", "10", "--k", "10",
+                         "--perturbations", "fgsm,gaussian_noise", "--test-limit", "30", "--out", str(o / "validate")])
     _run(o, "harden-bad", ["harden", "--checkpoint", ckpt, *DIGITS, "--eps", "0.1", "--val-size", "5000",
                            "--out", str(o / "harden-bad")])
 

@@ -28,7 +28,6 @@ from robustest.cli.output import fmt, log, out_dir, peak_rss_mib
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core import distributed
 from robustest.core.atomic import atomic_save
-from robustest.core.batching import take
 from robustest.core.devices import model_device
 from robustest.core.steps import Steps, data_fingerprint, fingerprint
 from robustest.results import write_results
@@ -126,38 +125,6 @@ def analysis_from_args(args: argparse.Namespace, model, ds, out: Path):
     return wr.Analysis.concat(parts)
 
 
-def weakest_grid(ds, analysis, positions: torch.Tensor, title: str) -> bytes:
-    from robustest.report import save_image_grid
-
-    x = take(ds, analysis.index[positions])[0]
-    caps = [f"y={int(analysis.label[p])} w={int(analysis.top_wrong[p])} s={float(analysis.score[p]):.2f}"
-            for p in positions.tolist()]
-    return save_image_grid(x, None, captions=caps, title=title)
-
-
-def analysis_report(rep, ds, analysis, top: int) -> None:
-
-    rep.heading("Local robustness")
-    rep.key_values({k: v for k, v in analysis.summary().items() if k != "seconds"})
-    rep.histogram({"mean misprediction score": analysis.score},
-                  "distribution of the per-sample mean misprediction score over the neighbours", title="sample scores",
-                  xlabel="mean misprediction score (higher = weaker)", log=True)
-    rep.histogram({"fraction of neighbours misclassified": analysis.frac_misclassified},
-                  "fraction of neighbours misclassified", title="fraction misclassified", xlabel="fraction", log=True)
-    order = analysis.order()[:top]
-    if len(order):
-        rep.image(weakest_grid(ds, analysis, order, f"{len(order)} weakest samples"),
-                  "Weakest samples: y = label, w = top wrong class (largest mean neighbour probability), s = score.")
-
-
-def weakest_rows(analysis, n: int = 20) -> list[dict]:
-    order = analysis.order()[:n]
-    return [{"index": int(analysis.index[p]), "label": int(analysis.label[p]), "score": float(analysis.score[p]),
-             "frac_misclassified": float(analysis.frac_misclassified[p]),
-             "clean_correct": bool(analysis.clean_correct[p]), "top_wrong": int(analysis.top_wrong[p])}
-            for p in order.tolist()]
-
-
 # --------------------------------------------------------------------------------------------- verbs
 def analysis_settings(args: argparse.Namespace) -> dict[str, Any]:
     d = {"neighbors": args.neighbors, "eps": args.eps, "noise": args.noise, "quantize": not args.no_quantize}
@@ -171,7 +138,7 @@ def analysis_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_analyze(args: argparse.Namespace) -> int:
-    from robustest.report import HtmlReport
+    from robustest.weakrobust.reports import analyze_report, weakest_rows
 
     out = out_dir(args)
     t0 = time.perf_counter()
@@ -205,18 +172,7 @@ def run_analyze(args: argparse.Namespace) -> int:
                 **({"radius_eps_max": args.radius_eps_max} if args.radius_eps_max else {}), "seed": args.seed,
                 "device": str(model_device(model))}
     doc = write_results(out, "analyze", settings, results, timings)
-    rep = HtmlReport.from_results(doc, f"robustest analyze: {args.dataset} {args.split}")
-    rep.paragraph(f"{len(analysis)} samples, {args.neighbors} neighbours each, eps {fmt(args.eps)} ({args.noise} "
-                  f"noise{'' if args.no_quantize else ', quantised'}).")
-    analysis_report(rep, ds, analysis, args.top)
-    if radius is not None:
-        rep.heading("Adversarial radius")
-        rep.key_values(results["radius"])
-        rep.histogram({"PGD radius": radius[torch.isfinite(radius)]}, "PGD radius", title="adversarial radius",
-                      xlabel="smallest L-inf budget that flips the sample")
-    rep.heading("Weakest samples")
-    rep.table(results["weakest"])
-    rep.write(out / "report.html")
+    analyze_report(doc, ds, analysis, radius, args.top).write(out / "report.html")
     s = analysis.summary()
     log.info(f"analysed {len(analysis)} samples in {fmt(analysis.params['seconds'], 'analyze_s')} s: clean accuracy "
              f"{fmt(s['clean_accuracy'], 'accuracy')}, mean score {fmt(s['mean_score'])}, "

@@ -16,7 +16,6 @@ import torch
 from robustest.cli.analyze import (
     add_analysis_args,
     analysis_from_args,
-    analysis_report,
     analysis_settings,
     unit_fraction,
 )
@@ -119,6 +118,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_validate(args: argparse.Namespace) -> int:
     from robustest import weakrobust as wr
+    from robustest.weakrobust.reports import validation_report, validation_rows
 
     _resolve_strategy(args)
     out = out_dir(args)
@@ -151,13 +151,13 @@ def run_validate(args: argparse.Namespace) -> int:
         test = load_data(args, "test")
         test_res = wr.validate(model, take(test, torch.arange(min(args.test_limit, len(test)))), None, **common)
     t_test = time.perf_counter() - t2
-    rows = _validation_rows(res, test_res)
+    rows = validation_rows(res, test_res)
     results = _validation_results(args, analysis, weak, res, test_res, rows)
     settings = _validation_settings(args, model, weak, res)
     timings = {"analysis_s": t_analysis, "validate_weak_s": t_weak, "validate_test_s": t_test,
                "total_s": time.perf_counter() - t0}
     doc = write_results(out, "validate", settings, results, timings)
-    _validation_report(doc, args, ds, analysis, weak, res, test_res, rows).write(out / "report.html")
+    validation_report(doc, args.dataset, args.split, ds, analysis, weak, res, test_res, rows).write(out / "report.html")
     print_table(rows, ["type", "family", "weak_error", "test_error", "label"])
     log.info(f"{weak.rule['strategy']} set: {len(weak)} samples; mean adversarial error "
              f"{fmt(res.mean_adv_error, 'error')}, mCE {fmt(res.mce, 'mce')}; "
@@ -196,17 +196,6 @@ def _validation_analysis(args: argparse.Namespace, model, ds, out: Path):
     return analysis
 
 
-def _validation_rows(res, test_res) -> list[dict[str, Any]]:
-    """One row per perturbation type: its family, its error on the set and on the test split, its label."""
-    summary = res.summary()
-    rows = []
-    test_pt = test_res.per_type() if test_res else {}
-    for t, d in summary["per_type"].items():
-        rows.append({"type": t, "family": d["family"], "weak_error": d["error"],
-                     "test_error": test_pt[t][1] if t in test_pt else None, "label": d["label"] or "-"})
-    return rows
-
-
 def _validation_results(args: argparse.Namespace, analysis, weak, res, test_res, rows: list[dict[str, Any]]
                         ) -> dict[str, Any]:
     """validate's results: the set, the validation on it and on the test split, weaknesses and strengths, the
@@ -243,29 +232,3 @@ def _validation_settings(args: argparse.Namespace, model, weak, res) -> dict[str
     return settings
 
 
-def _validation_report(doc: dict[str, Any], args: argparse.Namespace, ds, analysis, weak, res, test_res,
-                       rows: list[dict[str, Any]]):
-    """validate's HtmlReport (to be written): the set, the errors on it and on the test split per perturbation
-    type, strengths and weaknesses, the analysis."""
-    from robustest.report import HtmlReport, save_hbars
-
-    rep = HtmlReport.from_results(doc, f"robustest validate: {args.dataset}")
-    how = {"weak": "the weakest", "weak-correct": "the weakest correctly classified",
-           "stratified": f"stratified over {weak.rule.get('strata')} score strata, errors weighted by stratum share",
-           "random": "uniformly at random"}[weak.rule["strategy"]]
-    rep.paragraph(f"Validation set ({weak.rule['strategy']}): {len(weak)} of {len(analysis)} {args.split} samples, "
-                  f"{how}. A perturbation type is a weakness when its error on the set exceeds the mean error of "
-                  "its family (attacks vs attacks, corruptions vs corruptions), else a strength.")
-    rep.table([{"set": "weak", "n": len(weak), "clean_error": res.clean_error, "mean_adv_error": res.mean_adv_error,
-                "mce": res.mce}] + ([{"set": "test", "n": len(test_res), "clean_error": test_res.clean_error,
-                                      "mean_adv_error": test_res.mean_adv_error, "mce": test_res.mce}]
-                                    if test_res else []))
-    bars = {"weak set": {r["type"]: r["weak_error"] for r in rows}}
-    if test_res:
-        bars["test split"] = {r["type"]: r["test_error"] for r in rows}
-    rep.image(save_hbars(bars, None, title="error per perturbation type", xlabel="top-1 error"),
-              "Error per perturbation type (mean over budgets / severities): weak set vs test split.")
-    rep.heading("Strengths and weaknesses")
-    rep.table(rows, ["type", "family", "weak_error", "test_error", "label"])
-    analysis_report(rep, ds, analysis, 32)
-    return rep
