@@ -117,6 +117,9 @@ def main(out: str) -> None:
                         "--radius-eps-max", "0.2", "--out", str(o / "analyze")])
     _run(o, "validate", ["validate", "--checkpoint", ckpt, *DIGITS, "--limit", "60", "--neighbors", "10", "--k", "10",
                          "--perturbations", "fgsm,gaussian_noise", "--test-limit", "30", "--out", str(o / "validate")])
+    _run(o, "enhance", ["enhance", "--checkpoint", ckpt, *DIGITS, "--limit", "150", "--weaknesses",
+                        str(o / "validate" / "results.json"), "--epochs", "1", "--adv-steps", "2", "--eval-limit", "30",
+                        "--out", str(o / "enhance")])
     _run(o, "harden-bad", ["harden", "--checkpoint", ckpt, *DIGITS, "--eps", "0.1", "--val-size", "5000",
                            "--out", str(o / "harden-bad")])
 

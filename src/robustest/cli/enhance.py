@@ -8,12 +8,9 @@ the description below is what ``--help`` shows.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
-
-import torch
 
 from robustest.cli.args import (
     add_checkpoint_arg,
@@ -30,9 +27,8 @@ from robustest.cli.loading import check_fits, load_data, load_model
 from robustest.cli.output import fmt, log, out_dir, peak_rss_mib
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core import distributed
-from robustest.core.batching import take
 from robustest.core.devices import model_device
-from robustest.core.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError
 from robustest.core.steps import data_fingerprint, fingerprint
 from robustest.results import write_results
 
@@ -78,25 +74,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 
-def _read_weaknesses(items: list[str]) -> list[str]:
-    names: list[str] = []
-    for it in items:
-        p = Path(it)
-        if it.endswith(".json") or p.is_file():
-            if not p.is_file():
-                raise DataError(f"weaknesses file {it!r} does not exist: pass the results.json of 'robustest validate'")
-            try:
-                d = json.loads(p.read_text())
-            except (OSError, ValueError) as exc:
-                raise DataError(f"{it} is not a JSON file: pass the results.json of 'robustest validate'") from exc
-            if not isinstance(d, dict) or not isinstance(d.get("weaknesses"), list):
-                raise DataError(f"{it} has no 'weaknesses' list: pass the results.json of 'robustest validate'")
-            names += [str(w) for w in d["weaknesses"]]
-        else:
-            names += [w for w in it.split(",") if w]
-    return list(dict.fromkeys(names))
-
-
 def _enhance_state(args: argparse.Namespace, out: Path, model, train, weaknesses: list[str]) -> Path:
     """The state folder of this enhancement: named by the run's fingerprint (settings, starting model, data), so
     rerunning the same command continues and a changed one starts afresh (an earlier run's state is removed)."""
@@ -122,15 +99,13 @@ def _enhance_state(args: argparse.Namespace, out: Path, model, train, weaknesses
 
 
 def run_enhance(args: argparse.Namespace) -> int:
-    from robustest import corruptions as corr
     from robustest import weakrobust as wr
-    from robustest.evaluate import accuracy
-    from robustest.models.checkpoints import save_checkpoint
-    from robustest.report import HtmlReport, plural, save_hbars
+    from robustest.weakrobust.enhance_pipeline import enhance_pipeline, read_weaknesses
+    from robustest.weakrobust.reports import enhance_report
 
     out = out_dir(args)
     t0 = time.perf_counter()
-    weaknesses = _read_weaknesses(args.weaknesses)
+    weaknesses = read_weaknesses(args.weaknesses)
     wr.augmentation_pool(weaknesses)  # unknown names fail before any work
     model = load_model(args)
     train = load_data(args, "train")
@@ -138,32 +113,14 @@ def run_enhance(args: argparse.Namespace) -> int:
     test = load_data(args, "test") if args.eval_limit > 0 else None
     if args.no_augmix and args.no_adversarial and weaknesses:
         raise ConfigError("--weaknesses extend the AugMix pool: drop --no-augmix")
-
-    def measure(m, held_out: list[str]) -> dict:
-        if test is None:
-            return {}
-        x, y = take(test, torch.arange(min(args.eval_limit, len(test))))
-        r = wr.validate(m, (x, y), None, perturbations=["fgsm", "pgd"] + held_out, severities=(1, 3, 5),
-                        seed=args.seed)
-        return {"clean_accuracy": accuracy(m, (x, y)), "mean_adv_error": r.mean_adv_error, "mce_held_out": r.mce,
-                "per_type": {t: e for t, (_f, e) in r.per_type().items()}}
-
-    # corruptions held out from training (not in the pool) for the before/after comparison
-    held_out = [c for c in corr.names() if c not in weaknesses][:6] if test is not None else []
-    before = measure(model, held_out)
-    res = wr.enhance(model, train, weaknesses, epochs=args.epochs, augmix=not args.no_augmix,
-                     adversarial=not args.no_adversarial, jsd_weight=args.jsd_weight, adv_weight=args.adv_weight,
-                     adv_eps=args.adv_eps, adv_steps=args.adv_steps, adv_source=args.adv_source, lr=args.lr,
-                     batch_size=args.batch_size, seed=args.seed, progress=not args.no_progress,
-                     state_dir=_enhance_state(args, out, model, train, weaknesses), resume=True)
-    after = measure(model, held_out)
-    meta = dict(getattr(model, "robustest_metadata", {}) or {})
-    meta.update({"enhanced": res.config, "weaknesses": weaknesses})
-    save_checkpoint(out / "model.pt", model, metadata=meta)
-    enh = res.to_dict()
-    t_train = float(enh.pop("seconds", 0.0) or 0.0)
-    results = {"enhance": enh, "held_out_corruptions": held_out, "before": before, "after": after,
-               "peak_rss_mib": peak_rss_mib(), "files": {"model": "model.pt", "report": "report.html"}}
+    run = enhance_pipeline(model, train, test, weaknesses, out=out, eval_limit=args.eval_limit, seed=args.seed,
+                           epochs=args.epochs, augmix=not args.no_augmix, adversarial=not args.no_adversarial,
+                           jsd_weight=args.jsd_weight, adv_weight=args.adv_weight, adv_eps=args.adv_eps,
+                           adv_steps=args.adv_steps, adv_source=args.adv_source, lr=args.lr,
+                           batch_size=args.batch_size, progress=not args.no_progress,
+                           state_dir=_enhance_state(args, out, model, train, weaknesses), resume=True)
+    before, after, res = run.before, run.after, run.result
+    results = {**run.to_results(), "peak_rss_mib": peak_rss_mib(), "files": run.files}
     settings = {**model_settings(args), **data_settings(args), "weaknesses": weaknesses, "epochs": args.epochs,
                 "augmix": not args.no_augmix, "adversarial": not args.no_adversarial}
     if not args.no_augmix:
@@ -174,22 +131,9 @@ def run_enhance(args: argparse.Namespace) -> int:
     settings.update(lr=args.lr, batch_size=args.batch_size, eval_limit=args.eval_limit, seed=args.seed,
                     device=str(model_device(model)))
     settings = {k: v for k, v in settings.items() if v is not None}
-    timings = {"train_s": t_train, "total_s": time.perf_counter() - t0}
+    timings = {"train_s": run.train_seconds, "total_s": time.perf_counter() - t0}
     doc = write_results(out, "enhance", settings, results, timings)
-    rep = HtmlReport.from_results(doc, "robustest enhance")
-    rep.paragraph(f"{plural(args.epochs, 'epoch')}; pool: {', '.join(res.pool)}; "
-                  f"weaknesses: {', '.join(weaknesses) or 'none'}.")
-    rep.heading("Epochs")
-    rep.table(res.epochs)
-    if before and after:
-        rep.heading("Before and after, on the test split")
-        rep.table([{"model": "before", **{k: v for k, v in before.items() if k != "per_type"}},
-                   {"model": "after", **{k: v for k, v in after.items() if k != "per_type"}}])
-        rep.image(save_hbars({"before": before["per_type"], "after": after["per_type"]}, None,
-                             title="test error per perturbation", xlabel="top-1 error"),
-                  "Test error per perturbation type: held-out corruptions (not in the training pool) and white-box "
-                  "attacks, before and after enhancement.")
-    rep.write(out / "report.html")
+    enhance_report(doc, run, args.epochs).write(out / "report.html")
     if before and after:
         log.info(f"test accuracy {fmt(before['clean_accuracy'], 'accuracy')} -> "
                  f"{fmt(after['clean_accuracy'], 'accuracy')}; mean adversarial error "

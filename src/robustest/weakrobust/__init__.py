@@ -23,7 +23,8 @@ differences of the forward pass itself). CPU and CUDA generators differ, so the 
 
 Package layout: ``analysis`` (Analysis, analyze, adversarial_radius), ``weakset`` (WeakSet, select_weak),
 ``validation`` (ValidationResult, validate), ``augment`` (the AugMix operations and pool, the mixing, the
-JSD loss), ``enhance_objective`` (enhance's training objective), ``enhance`` (EnhanceResult, enhance), ``reports``
+JSD loss), ``enhance_objective`` (enhance's training objective), ``enhance`` (EnhanceResult, enhance),
+``enhance_pipeline`` (what robustest enhance runs: measured before and after), ``reports``
 (the reports of analyze and validate).
 """
 

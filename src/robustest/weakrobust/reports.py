@@ -1,6 +1,6 @@
-"""The reports of ``robustest analyze`` and ``robustest validate``: the local robustness of the analysed samples
-(score histograms, the weakest samples), the adversarial radius, and the weak set's errors per perturbation type
-against the test split's, with strengths and weaknesses."""
+"""The reports of ``robustest analyze``, ``robustest validate`` and ``robustest enhance``: the local robustness of the
+analysed samples (score histograms, the weakest samples), the adversarial radius, the weak set's errors per
+perturbation type against the test split's, with strengths and weaknesses, and an enhancement before and after."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from typing import Any
 import torch
 
 from robustest.core.batching import take
-from robustest.report import HtmlReport, format_value, save_hbars, save_image_grid
+from robustest.report import HtmlReport, format_value, plural, save_hbars, save_image_grid
 from robustest.weakrobust.analysis import Analysis
+from robustest.weakrobust.enhance_pipeline import EnhanceRun
 from robustest.weakrobust.validation import ValidationResult
 from robustest.weakrobust.weakset import WeakSet
 
-__all__ = ["analysis_report", "analyze_report", "validation_report", "validation_rows", "weakest_grid",
-           "weakest_rows"]
+__all__ = ["analysis_report", "analyze_report", "enhance_report", "validation_report", "validation_rows",
+           "weakest_grid", "weakest_rows"]
 
 
 def weakest_grid(ds: Any, analysis: Analysis, positions: torch.Tensor, title: str) -> bytes:
@@ -105,4 +106,24 @@ def validation_report(doc: dict[str, Any], dataset: str, split: str, ds: Any, an
     rep.heading("Strengths and weaknesses")
     rep.table(rows, ["type", "family", "weak_error", "test_error", "label"])
     analysis_report(rep, ds, analysis, 32)
+    return rep
+
+
+def enhance_report(doc: dict[str, Any], run: EnhanceRun, epochs: int) -> HtmlReport:
+    """enhance's HtmlReport (to be written): the pool and weaknesses, the epochs, and the test figures before and
+    after with the error per perturbation type; ``doc`` is the results document written."""
+    before, after = run.before, run.after
+    rep = HtmlReport.from_results(doc, "robustest enhance")
+    rep.paragraph(f"{plural(epochs, 'epoch')}; pool: {', '.join(run.result.pool)}; "
+                  f"weaknesses: {', '.join(run.weaknesses) or 'none'}.")
+    rep.heading("Epochs")
+    rep.table(run.result.epochs)
+    if before and after:
+        rep.heading("Before and after, on the test split")
+        rep.table([{"model": "before", **{k: v for k, v in before.items() if k != "per_type"}},
+                   {"model": "after", **{k: v for k, v in after.items() if k != "per_type"}}])
+        rep.image(save_hbars({"before": before["per_type"], "after": after["per_type"]}, None,
+                             title="test error per perturbation", xlabel="top-1 error"),
+                  "Test error per perturbation type: held-out corruptions (not in the training pool) and white-box "
+                  "attacks, before and after enhancement.")
     return rep

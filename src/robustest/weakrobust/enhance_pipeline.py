@@ -1,0 +1,111 @@
+"""The enhance pipeline: targeted enhancement measured before and after (what ``robustest enhance`` runs).
+
+:func:`read_weaknesses` reads the weaknesses to target (names, or the results.json of ``robustest validate``);
+:func:`enhance_pipeline` measures the model on the test split (clean accuracy, FGSM and PGD error, the mCE of
+corruptions held out of the training pool), enhances it with :func:`robustest.weakrobust.enhance`, measures it again
+and writes ``OUT/model.pt``. :meth:`EnhanceRun.to_results` is the verb's part of results.json.
+
+Example::
+
+    run = enhance_pipeline(model, train, test, ["fog"], out="enh", eval_limit=200, epochs=1)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from robustest.core.batching import take
+from robustest.core.errors import DataError
+from robustest.weakrobust.enhance import EnhanceResult, enhance
+from robustest.weakrobust.validation import validate
+
+__all__ = ["EnhanceRun", "enhance_pipeline", "held_out_corruptions", "measure_enhancement", "read_weaknesses"]
+
+
+def read_weaknesses(items: list[str]) -> list[str]:
+    """The weakness names in ``items``, each a comma-separated list of names or a validate results.json (its
+    ``weaknesses`` list), without repeats in their first order. Raises DataError for a file that is not one."""
+    names: list[str] = []
+    for it in items:
+        p = Path(it)
+        if it.endswith(".json") or p.is_file():
+            if not p.is_file():
+                raise DataError(f"weaknesses file {it!r} does not exist: pass the results.json of 'robustest validate'")
+            try:
+                d = json.loads(p.read_text())
+            except (OSError, ValueError) as exc:
+                raise DataError(f"{it} is not a JSON file: pass the results.json of 'robustest validate'") from exc
+            if not isinstance(d, dict) or not isinstance(d.get("weaknesses"), list):
+                raise DataError(f"{it} has no 'weaknesses' list: pass the results.json of 'robustest validate'")
+            names += [str(w) for w in d["weaknesses"]]
+        else:
+            names += [w for w in it.split(",") if w]
+    return list(dict.fromkeys(names))
+
+
+def held_out_corruptions(weaknesses: list[str], count: int = 6) -> list[str]:
+    """The first ``count`` registered corruptions that are not among ``weaknesses`` (kept out of the training pool):
+    the before/after comparison measures generalisation on them."""
+    from robustest import corruptions
+
+    return [c for c in corruptions.names() if c not in weaknesses][:count]
+
+
+def measure_enhancement(model: nn.Module, test: Any, limit: int, held_out: list[str], seed: int) -> dict[str, Any]:
+    """Clean accuracy, mean FGSM/PGD error, the mCE of the ``held_out`` corruptions (severities 1, 3, 5) and the
+    error per perturbation type of ``model`` on the first ``limit`` images of ``test``; {} without test data."""
+    from robustest.evaluate import accuracy
+
+    if test is None:
+        return {}
+    x, y = take(test, torch.arange(min(limit, len(test))))
+    r = validate(model, (x, y), None, perturbations=["fgsm", "pgd"] + held_out, severities=(1, 3, 5), seed=seed)
+    return {"clean_accuracy": accuracy(model, (x, y)), "mean_adv_error": r.mean_adv_error, "mce_held_out": r.mce,
+            "per_type": {t: e for t, (_f, e) in r.per_type().items()}}
+
+
+@dataclass
+class EnhanceRun:
+    """One enhancement: the training's result, the weaknesses targeted, the corruptions held out, the figures
+    before and after ({} without test data) and the files written."""
+
+    result: EnhanceResult
+    weaknesses: list[str]
+    held_out: list[str]
+    before: dict[str, Any]
+    after: dict[str, Any]
+    files: dict[str, str]
+
+    @property
+    def train_seconds(self) -> float:
+        """Wall-clock seconds of the training."""
+        return float(self.result.to_dict().get("seconds", 0.0) or 0.0)
+
+    def to_results(self) -> dict[str, Any]:
+        """The results of an enhance run (docs/RESULTS_SCHEMA.md, enhance), without the contract's header."""
+        enh = self.result.to_dict()
+        enh.pop("seconds", None)
+        return {"enhance": enh, "held_out_corruptions": self.held_out, "before": self.before, "after": self.after}
+
+
+def enhance_pipeline(model: nn.Module, train: Any, test: Any, weaknesses: list[str], *, out: str | Path,
+                     eval_limit: int, seed: int = 0, **options: Any) -> EnhanceRun:
+    """Measure ``model`` on ``test`` (None: not measured), enhance it in place on ``train`` against ``weaknesses``
+    (``options``: the keyword arguments of :func:`robustest.weakrobust.enhance`, state_dir and resume among them),
+    measure it again and write ``out/model.pt`` (its metadata records the enhancement and the weaknesses)."""
+    from robustest.models.checkpoints import save_checkpoint
+
+    held_out = held_out_corruptions(weaknesses) if test is not None else []
+    before = measure_enhancement(model, test, eval_limit, held_out, seed)
+    res = enhance(model, train, weaknesses, seed=seed, **options)
+    after = measure_enhancement(model, test, eval_limit, held_out, seed)
+    meta = dict(getattr(model, "robustest_metadata", {}) or {})
+    meta.update({"enhanced": res.config, "weaknesses": weaknesses})
+    save_checkpoint(Path(out) / "model.pt", model, metadata=meta)
+    return EnhanceRun(res, weaknesses, held_out, before, after, {"model": "model.pt", "report": "report.html"})
