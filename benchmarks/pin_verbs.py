@@ -2,12 +2,12 @@
 
 Runs a few verbs on the built-in 8x8 digits (a small CNN trained first), then writes, per verb, a normalised copy of
 its results.json (timings, peak memory and CPU seconds removed: they change from run to run), the text of its
-report.html (numbers of those keys removed the same way) and its stdout/stderr lines, into OUT. Two runs of this
-script on two commits are compared with ``diff -r``:
+report.html (numbers of those keys removed the same way) and its stdout/stderr lines, into OUT/pins (the verbs'
+own folders: OUT/runs). Two runs of this script on two commits are compared with ``diff -r``:
 
     python benchmarks/pin_verbs.py /tmp/pin/before    # on the commit before the change
     python benchmarks/pin_verbs.py /tmp/pin/after     # after it
-    diff -r /tmp/pin/before /tmp/pin/after            # nothing: the verbs compute and print what they did
+    diff -r /tmp/pin/before/pins /tmp/pin/after/pins  # nothing: the verbs compute and print what they did
 """
 
 from __future__ import annotations
@@ -55,25 +55,28 @@ def _run(out: Path, name: str, argv: list[str]) -> None:
     p = subprocess.run([sys.executable, "-m", "robustest", *argv, "--no-progress"], capture_output=True, text=True)
     lines = [re.sub(r"\d+(\.\d+)? ?(CPU-)?s(econds)?\b", "T s", s) for s in (p.stdout + p.stderr).splitlines()]
     lines = [s.replace(str(out), "OUT") for s in lines if "peak" not in s]
-    (out / f"{name}.log").write_text(f"exit {p.returncode}\n" + "\n".join(lines) + "\n")
+    pins = out.parent / "pins"
+    pins.mkdir(exist_ok=True)
+    (pins / f"{name}.log").write_text(f"exit {p.returncode}\n" + "\n".join(lines) + "\n")
     run_dir = out / name
     res = run_dir / "results.json"
     if res.is_file():
         doc = _scrub(json.loads(res.read_text()))
-        (out / f"{name}.results.json").write_text(json.dumps(doc, indent=1, sort_keys=True).replace(str(out), "OUT"))
+        (pins / f"{name}.results.json").write_text(json.dumps(doc, indent=1, sort_keys=True).replace(str(out), "OUT"))
     rep = run_dir / "report.html"
     if rep.is_file():
         text = re.sub(r"<table.*?</table>", _scrub_table, re.sub(r"<img[^>]*>", "<img>", rep.read_text()), flags=re.S)
         text = re.sub(r"<[^>]+>", "\n", text)
         text = re.sub(r"\d+(\.\d+)? ?(CPU-)?s(econds)?\b", "T s", text)
         kept = [s.strip() for s in text.splitlines() if s.strip()]
-        (out / f"{name}.report.txt").write_text("\n".join(kept).replace(str(out), "OUT") + "\n")
+        (pins / f"{name}.report.txt").write_text("\n".join(kept).replace(str(out), "OUT") + "\n")
 
 
 def main(out: str) -> None:
-    o = Path(out)
+    o = Path(out) / "runs"  # the verbs' folders; the normalised copies go to OUT/pins
     o.mkdir(parents=True, exist_ok=True)
-    _run(o, "train", ["train", *DIGITS, "--model", "digits_cnn", "--epochs", "2", "--seed", "0", "--out", str(o / "train")])
+    _run(o, "train", ["train", *DIGITS, "--model", "digits_cnn", "--epochs", "2", "--seed", "0",
+                      "--out", str(o / "train")])
     ckpt = str(o / "train" / "model.pt")
     _run(o, "harden", ["harden", "--checkpoint", ckpt, *DIGITS, "--eps", "0.1", "--epochs", "2", "--val-size", "100",
                        "--test-limit", "200", "--whitebox-limit", "60", "--autoattack", "fast", "--certify", "ibp",
@@ -88,8 +91,8 @@ def main(out: str) -> None:
     _run(o, "eval-bad", ["eval", "--checkpoint", ckpt, *DIGITS, "--eps", "2", "--out", str(o / "eval-bad")])
     _run(o, "suite-build", ["suite", "build", "--checkpoint", ckpt, *DIGITS, "--eps", "0.1", "--limit", "200", "--k",
                             "40", "--version", "fast", "--out", str(o / "suite-build")])
-    _run(o, "suite-check", ["suite", "check", "--suite", str(o / "suite-build"), "--checkpoint", str(o / "harden" / "model.pt"),
-                            "--out", str(o / "suite-check")])
+    _run(o, "suite-check", ["suite", "check", "--suite", str(o / "suite-build"),
+                            "--checkpoint", str(o / "harden" / "model.pt"), "--out", str(o / "suite-check")])
     _run(o, "generate-pgd", ["generate", "--checkpoint", ckpt, *DIGITS, "--limit", "60", "--method", "pgd", "--eps",
                              "0.1", "--out", str(o / "generate-pgd")])
     _run(o, "generate-fol", ["generate", "--checkpoint", ckpt, *DIGITS, "--limit", "20", "--method", "fol-fuzz",
