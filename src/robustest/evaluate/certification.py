@@ -41,6 +41,7 @@ from robustest.core.inputs import check_images, check_labels
 from robustest.core.modelcall import eval_mode, forward
 from robustest.core.progress import progress as _progress
 from robustest.core.reprs import one_line
+from robustest.core.stats import describe
 from robustest.core.validation import check_choice, check_eps, check_float, check_int, check_seed
 from robustest.evaluate.flags import Flag
 from robustest.evaluate.runner import judge
@@ -187,10 +188,7 @@ class CertifyResult:
 
 
 def _quantiles(t: torch.Tensor) -> dict[str, float]:
-    v = t.double()
-    if v.numel() == 0:
-        return {}
-    return {"mean": float(v.mean()), "median": float(v.median()), "min": float(v.min()), "max": float(v.max())}
+    return describe(t, ("mean", "median", "min", "max")) if t.numel() else {}
 
 
 def run_certify(model: nn.Module, data: DataLike, eps: float, *, norm: str = "linf", method: str = "crown",

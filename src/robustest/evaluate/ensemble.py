@@ -29,6 +29,7 @@ from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.inputs import check_images, check_labels, check_logits
 from robustest.core.modelcall import eval_mode, forward, frozen_params
+from robustest.core.stats import describe
 from robustest.core.validation import check_eps
 from robustest.evaluate.checks import (
     GRAD_NONFINITE,
@@ -219,12 +220,8 @@ class EvalResult:
         return entry
 
 def _quantiles(t: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    v = t[mask].double()
-    if v.numel() == 0:
-        return {}
-    return {"mean": float(v.mean()), "median": float(v.median()), "max": float(v.max())}
-
-
+    v = t[mask]
+    return describe(v, ("mean", "median", "max")) if v.numel() else {}
 
 
 # ------------------------------------------------------------------------------------------------ evaluate

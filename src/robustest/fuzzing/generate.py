@@ -24,6 +24,7 @@ from robustest.core.batching import take
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import eval_mode, forward
+from robustest.core.stats import describe
 from robustest.metrics.coverage import CoverageProfile
 from robustest.report import HtmlReport, format_value, save_histogram, save_image_grid
 
@@ -34,7 +35,8 @@ FUZZERS = ("fol-fuzz", "cov-fuzz")
 FUZZ_STEPS = 40  # fol-fuzz's default steps; an attack's come from its registry record
 #: the attack options generation passes to an attack whose function takes them
 ATTACK_OPTIONS = ("alpha", "random_start", "steps", "norm", "restarts", "decay", "c", "kappa", "binary_steps", "lr")
-QUANTILES = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
+#: the statistics of a generated set's perturbation sizes and FOL (robustest.core.stats.describe)
+QUANTILES = ("min", "q05", "q25", "q50", "q75", "q95", "max", "mean")
 
 
 @dataclass(frozen=True)
@@ -101,15 +103,9 @@ def attack_kwargs(opts: GenerateOptions, eps: float) -> dict[str, Any]:
 
 
 def quantiles(v: torch.Tensor) -> dict[str, float] | None:
-    v = v.detach().double().cpu()
-    v = v[torch.isfinite(v)]
-    if v.numel() == 0:
-        return None
-    q = torch.quantile(v, torch.tensor(QUANTILES, dtype=torch.float64))
-    out = {("min" if p == 0 else "max" if p == 1 else f"q{int(round(p * 100)):02d}"): float(t)
-           for p, t in zip(QUANTILES, q)}
-    out["mean"] = float(v.mean())
-    return out
+    """min, the :data:`QUANTILES` and max, and the mean of the finite values of ``v`` [N]; None when none is."""
+    finite = v.detach()[torch.isfinite(v.detach())]
+    return describe(finite, QUANTILES) if finite.numel() else None
 
 
 def _fol(model, x, y, x0, eps: float, norm: str, batch_size: int) -> torch.Tensor:

@@ -21,6 +21,7 @@ from robustest.core.errors import ConfigError, DataError
 from robustest.core.modelcall import set_mode
 from robustest.core.modelchecks import check_model_fits
 from robustest.core.seeding import derive_seed
+from robustest.core.stats import describe
 from robustest.evaluate import FixedAdversarialSet, RobustnessReport, adversarial_examples, build_fixed_set, measure
 from robustest.models.checkpoints import clone_model, source_of
 from robustest.robot.config import EXTENDABLE_KEYS, PATH_KEYS, RobotConfig
@@ -30,11 +31,8 @@ from robustest.robot.pool import Pool
 def quantiles(t: torch.Tensor) -> dict[str, float | None]:
     if t.numel() == 0:
         return {"n": 0, "mean": None, "std": None, "min": None, "q25": None, "median": None, "q75": None, "max": None}
-    t = t.double()
-    q = torch.quantile(t, torch.tensor([0.25, 0.5, 0.75], dtype=torch.double)).tolist()
-    return {"n": int(t.numel()), "mean": float(t.mean()), "std": float(t.std()) if t.numel() > 1 else 0.0,
-            "min": float(t.min()), "q25": q[0], "median": q[1], "q75": q[2], "max": float(t.max())}
-
+    return describe(t, {"n": "count", "mean": "mean", "std": "std", "min": "min", "q25": "q25", "median": "q50",
+                        "q75": "q75", "max": "max"})
 
 
 # ------------------------------------------------------------------------------------------- the setup

@@ -12,11 +12,12 @@ import torch
 
 from robustest.core.errors import DataError
 from robustest.core.reading import check_torch_file
+from robustest.core.stats import describe
 
 __all__ = ["QUANTILES", "check_scores_payload", "read_scores", "score_stats", "summarize", "write_scores_csv"]
 
-#: the quantiles :func:`summarize` reports
-QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
+#: the quantiles :func:`summarize` reports (robustest.core.stats.describe)
+QUANTILES = ("q01", "q05", "q25", "q50", "q75", "q95", "q99")
 
 
 def read_scores(path: str | Path) -> dict[str, Any]:
@@ -84,28 +85,15 @@ def check_scores_payload(payload: dict[str, Any], source: str) -> dict[str, Any]
 
 def summarize(scores: torch.Tensor) -> dict[str, Any]:
     """count, mean, std, min, max and quantiles of a 1-D score tensor (NaN-free)."""
-    s = scores.detach().double().cpu()
-    if s.numel() == 0:
+    if scores.numel() == 0:
         return {"count": 0}
-    qs = torch.quantile(s, torch.tensor(QUANTILES, dtype=torch.float64)).tolist()
-    return {
-        "count": int(s.numel()),
-        "mean": float(s.mean()),
-        "std": float(s.std()) if s.numel() > 1 else 0.0,
-        "min": float(s.min()),
-        "max": float(s.max()),
-        "quantiles": {f"q{int(round(q * 100)):02d}": v for q, v in zip(QUANTILES, qs)},
-    }
+    return {**describe(scores, ("count", "mean", "std", "min", "max")), "quantiles": describe(scores, QUANTILES)}
 
 
 def score_stats(s: torch.Tensor) -> dict[str, Any]:
     """count, mean, min, max and median of the finite values of ``s`` [N] (``{"count": 0}`` when none is)."""
-    s = s.double()
-    s = s[torch.isfinite(s)]
-    if s.numel() == 0:
-        return {"count": 0}
-    return {"count": int(s.numel()), "mean": float(s.mean()), "min": float(s.min()), "max": float(s.max()),
-            "median": float(s.median())}
+    s = s.detach()[torch.isfinite(s.detach())]
+    return describe(s, ("count", "mean", "min", "max", "median")) if s.numel() else {"count": 0}
 
 
 def write_scores_csv(path: str | Path, index: torch.Tensor, scores: torch.Tensor, y: torch.Tensor | None,
