@@ -69,3 +69,42 @@ def test_a_csv_without_a_score_column_or_with_a_bad_value_is_refused(tmp_path):
         read_scores(tmp_path / "b.csv")
     with pytest.raises(DataError, match="does not exist"):
         read_scores(tmp_path / "none.pt")
+
+
+def test_csv_scores_are_float64_and_a_csv_without_an_index_counts_its_rows(tmp_path):
+    (tmp_path / "s.csv").write_text("score\n0.5\n0.25\n")
+    back = read_scores(tmp_path / "s.csv")
+    assert back["scores"].dtype == torch.float64 and back["index"].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize(("scores", "message"), [
+    (torch.ones(2, 3), r"scores must be a 1-D tensor of numbers, got torch.float32 of shape \(2, 3\)"),
+    (torch.ones(3, dtype=torch.bool), r"scores must be a 1-D tensor of numbers, got torch.bool of shape \(3,\)"),
+])
+def test_a_scores_pt_whose_scores_are_not_numbers_in_one_dimension_is_refused(tmp_path, scores, message):
+    torch.save({"scores": scores}, tmp_path / "s.pt")
+    with pytest.raises(DataError, match=message):
+        read_scores(tmp_path / "s.pt")
+    torch.save({"scores": torch.ones(2), "index": torch.tensor([0, 0])}, tmp_path / "dup.pt")
+    with pytest.raises(DataError, match=f"^{tmp_path / 'dup.pt'}: 'index' names an input twice"):
+        read_scores(tmp_path / "dup.pt")  # the message starts with the file
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"x0_index": torch.arange(3)}, r"'x0_index' must be 2 integers \(one per score\), got torch.int64 of shape"),
+    ({"index": None}, "'index' must be 2 integers"),  # the index is required, labels and x0_index are not
+    ({"index": [0, 1]}, "'index' must be 2 integers \\(one per score\\), got list"),
+    ({"index": torch.tensor([True, False])}, "'index' must be 2 integers"),
+    ({"bits": [[1, 0], [0, 1]]}, r"one row of covered cells per score \(2 rows\), got list"),
+    ({"bits": torch.ones(2)}, r"one row of covered cells per score \(2 rows\), got \(2,\)"),
+])
+def test_each_field_of_a_payload_is_checked_by_name(extra, message):
+    payload = {"scores": torch.ones(2), "index": torch.arange(2), **extra}
+    with pytest.raises(DataError, match=f"^s.pt: .*{message}"):
+        check_scores_payload(payload, "s.pt")
+
+
+def test_a_consistent_payload_with_every_field_passes_unchanged():
+    payload = {"scores": torch.ones(2), "index": torch.tensor([5, 3]), "labels": torch.tensor([0, 1]),
+               "x0_index": torch.tensor([7, 8]), "bits": torch.ones(2, 4, dtype=torch.bool)}
+    assert check_scores_payload(payload, "s.pt") is payload
