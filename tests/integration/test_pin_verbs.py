@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tests.integration.test_reproduce import script
+from integration.test_reproduce import script
 
 pin = script("pin_verbs")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.suite.test_reading import make_suite
 
 from robustest.results import document
 from robustest.suite.report import build_report, check_report, stratum_rows
+from suite.test_reading import make_suite
 
 
 def test_stratum_rows_are_the_shares_of_each_stratum_exactly():
