@@ -108,3 +108,35 @@ def test_a_consistent_payload_with_every_field_passes_unchanged():
     payload = {"scores": torch.ones(2), "index": torch.tensor([5, 3]), "labels": torch.tensor([0, 1]),
                "x0_index": torch.tensor([7, 8]), "bits": torch.ones(2, 4, dtype=torch.bool)}
     assert check_scores_payload(payload, "s.pt") is payload
+
+
+class NotAllowed:
+    """A class torch.load(weights_only=True) refuses to rebuild."""
+
+
+def test_a_scores_pt_is_never_unpickled_and_a_non_dict_payload_is_named(tmp_path):
+    torch.save({"scores": torch.ones(2), "extra": NotAllowed()}, tmp_path / "pickled.pt")
+    with pytest.raises(DataError, match="is not a readable scores file"):
+        read_scores(tmp_path / "pickled.pt")
+    torch.save([torch.ones(2)], tmp_path / "list.pt")
+    with pytest.raises(DataError, match="holds no 'scores' tensor"):
+        read_scores(tmp_path / "list.pt")
+
+
+def test_a_csv_names_itself_in_its_errors(tmp_path):
+    (tmp_path / "s.csv").write_text("index,score\n1,0.5\n1,0.25\n")
+    with pytest.raises(DataError, match=f"^{tmp_path / 's.csv'}: 'index' names an input twice"):
+        read_scores(tmp_path / "s.csv")
+
+
+def test_a_zip_member_larger_than_the_file_is_refused_as_a_damaged_scores_file(tmp_path):
+    import struct
+    import zipfile
+
+    path = tmp_path / "lying.pt"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
+        zf.writestr("archive/data.pkl", b"x" * 77777)
+    raw = path.read_bytes().replace(struct.pack("<I", 77777), struct.pack("<I", 10**9))
+    path.write_bytes(raw)
+    with pytest.raises(DataError, match="the scores file is damaged: member 'archive/data.pkl' declares"):
+        read_scores(path)
