@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from robustest.cli.args import (
     add_checkpoint_arg,
@@ -51,6 +52,9 @@ from robustest.cli.output import log, out_dir, peak_rss_mib
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import EXIT_GATE, ConfigError
 from robustest.core.validation import check_eps
+
+if TYPE_CHECKING:
+    from robustest.evaluate.eval_pipeline import EvalRun
 
 ORDER = 35
 
@@ -237,7 +241,7 @@ def _settings(args: argparse.Namespace, attacks: list[str] | None, severities: l
     return settings
 
 
-def _exit_status(ev: object, args: argparse.Namespace) -> int:
+def _exit_status(ev: EvalRun, args: argparse.Namespace) -> int:
     """0, or EXIT_GATE (with its line on stderr) when the gate failed or the bracket is unsound."""
     brk, result = ev.bracket, ev.result
     if brk is not None and not brk.sound:
