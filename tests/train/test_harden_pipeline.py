@@ -10,7 +10,7 @@ import torch
 from robustest import data, models
 from robustest.models.checkpoints import load_checkpoint
 from robustest.train import harden_pipeline as hp
-from robustest.train.harden_report import write_harden_report
+from robustest.train.harden_report import harden_report
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +82,6 @@ def test_the_report_of_a_pipeline_run_marks_the_kept_epoch(digits, tmp_path):
                              val_steps=2)
     settings = {**run.result.settings, "dataset": "digits", "val_steps": 2}
     doc = document("harden", settings, run.to_results(), {**run.timings, "total_s": 1.0}, world_size=1)
-    write_harden_report(doc, tmp_path / "report.html")
+    harden_report(doc).write(tmp_path / "report.html")
     html = (tmp_path / "report.html").read_text()
     assert "robustest harden: pgd-at on digits" in html and "The model written (model.pt) is epoch 2" in html

@@ -193,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
                        corruptions=args.corruptions, severities=severities or (1, 2, 3, 4, 5), baseline=baseline,
                        progress=not args.no_progress or args.progress_lines, amp=args.amp, bpda=args.bpda,
                        surrogate=surrogate, forwards=args.forwards)
-    result, brk, out = ev.result, ev.bracket, out_dir(args)
+    result, brk, out = ev.result, ev.bracket, Path(args.out)  # made and proved writable by the pipeline
     timings = {**result.timings, "load_s": t_load, **ev.timings}  # the order of the report's timings table
     timings["total_s"] = time.perf_counter() - t0
     doc = write_results(out, "eval", _settings(args, attacks, severities, model_device(model)),

@@ -257,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
     from robustest.results import write_results
     from robustest.train import hardening
     from robustest.train.harden_pipeline import Measurement, harden_pipeline
-    from robustest.train.harden_report import guard_reason, summary_figures, write_harden_report
+    from robustest.train.harden_report import guard_reason, harden_report, summary_figures
 
     t0 = time.perf_counter()
     method_kw, common = _method_kwargs(args)
@@ -296,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
     results = {**hrun.to_results(), "peak_rss_mib": peak_rss_mib(), "files": hrun.files}
     timings = {"load_s": t_load, **hrun.timings, "total_s": time.perf_counter() - t0}
     doc = write_results(out, "harden", {k: v for k, v in cli_settings.items() if v is not None}, results, timings)
-    write_harden_report(doc, out / "report.html")
+    harden_report(doc).write(out / "report.html")
     rows = [{"model": name, **summary_figures(r)} for name, r in (("before", hrun.before), (f"after (epoch "
             f"{res.kept_epoch})", hrun.after), (f"last (epoch {hrun.final_epoch})", hrun.last)) if r is not None]
     print_table(rows, [c for c in rows[0] if c == "model" or rows[0][c] is not None])

@@ -104,8 +104,7 @@ def attack_kwargs(opts: GenerateOptions, eps: float) -> dict[str, Any]:
 
 def quantiles(v: torch.Tensor) -> dict[str, float] | None:
     """min, the :data:`QUANTILES` and max, and the mean of the finite values of ``v`` [N]; None when none is."""
-    finite = v.detach()[torch.isfinite(v.detach())]
-    return describe(finite, QUANTILES) if finite.numel() else None
+    return describe(v, QUANTILES, finite=True) if bool(torch.isfinite(v).any()) else None
 
 
 def _fol(model, x, y, x0, eps: float, norm: str, batch_size: int) -> torch.Tensor:

@@ -92,8 +92,9 @@ def summarize(scores: torch.Tensor) -> dict[str, Any]:
 
 def score_stats(s: torch.Tensor) -> dict[str, Any]:
     """count, mean, min, max and median of the finite values of ``s`` [N] (``{"count": 0}`` when none is)."""
-    s = s.detach()[torch.isfinite(s.detach())]
-    return describe(s, ("count", "mean", "min", "max", "median")) if s.numel() else {"count": 0}
+    if not bool(torch.isfinite(s).any()):
+        return {"count": 0}
+    return describe(s, ("count", "mean", "min", "max", "median"), finite=True)
 
 
 def write_scores_csv(path: str | Path, index: torch.Tensor, scores: torch.Tensor, y: torch.Tensor | None,

@@ -4,10 +4,11 @@ training compute with the kept epoch marked."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-__all__ = ["GUARD_REASONS", "guard_reason", "summary_figures", "write_harden_report"]
+from robustest.report import HtmlReport
+
+__all__ = ["GUARD_REASONS", "guard_reason", "harden_report", "summary_figures"]
 
 
 #: what each rule of the catastrophic-overfitting guard saw (robustest.train.early_stopping: collapsed, masked)
@@ -41,9 +42,10 @@ def summary_figures(r: dict[str, Any]) -> dict[str, Any]:
             f"certified accuracy ({n} images)": r.get("certified_accuracy")}
 
 
-def write_harden_report(results: dict[str, Any], path: str | Path) -> None:
-    """Write the HTML report of the harden results document ``results`` (results.json's content) to ``path``."""
-    from robustest.report import HtmlReport, format_value
+def harden_report(results: dict[str, Any]) -> HtmlReport:
+    """The HTML report (written by the caller, as every verb's) of the harden results document ``results``
+    (results.json's content)."""
+    from robustest.report import format_value
 
     s = results["settings"]
     n_ep = len(results["epochs"])
@@ -86,7 +88,7 @@ def write_harden_report(results: dict[str, Any], path: str | Path) -> None:
                             "validation PGD": "fraction"})
     if erows:
         _epoch_chart(rep, erows, kept)
-    rep.write(path)
+    return rep
 
 
 def _epoch_chart(rep: Any, erows: list[dict[str, Any]], kept: int | None) -> None:
