@@ -41,12 +41,9 @@ from robustest.cli.args import (
 from robustest.cli.loading import check_fits, load_data
 from robustest.cli.output import fmt, log, out_dir, peak_rss_mib
 from robustest.cli.settings import data_settings
-from robustest.core.batching import image_shape, labels_of, take
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
-from robustest.models.checkpoints import source_of
 from robustest.results import write_results
-from robustest.train import channel_stats
 from robustest.train.recipes import RECIPES, TrainOptions, check_device, check_options, recipe
 
 ORDER = 10
@@ -102,17 +99,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _same_data(a, b) -> bool:
-    """Whether two splits hold the same data (same size, labels and first images): a folder without splits."""
-    if len(a) != len(b):
-        return False
-    la, lb = labels_of(a), labels_of(b)
-    if la is not None and lb is not None and not torch.equal(la, lb):
-        return False
-    k = torch.arange(min(len(a), 64))
-    return bool(torch.equal(take(a, k)[0], take(b, k)[0]))
-
-
 def _model_name(text: str) -> str:
     """A zoo model (parameterised ones included, e.g. wrn-28-10) or pkg.module:factory."""
     if ":" in text:
@@ -129,8 +115,8 @@ _RECIPE_FLAGS = ("batch_size", "lr", "optimizer", "momentum", "nesterov", "weigh
 _DEFAULTS: dict[str, Any] = {"batch_size": 64, "lr": 1e-3, "optimizer": "adam", "weight_decay": 0.0}
 
 
-def resolve_recipe(args: argparse.Namespace) -> tuple[int, int, TrainOptions, dict[str, Any]]:
-    """(epochs, batch size, validated options, fit keyword arguments) from --recipe and the flags given (which
+def resolve_recipe(args: argparse.Namespace) -> tuple[int, int, TrainOptions]:
+    """(epochs, batch size, validated options) from --recipe and the flags given (which
     override it); written back into ``args`` so results.json records what ran. One-line ConfigError otherwise."""
     base: dict[str, Any] = dict(_DEFAULTS)
     if args.recipe is not None:
@@ -154,16 +140,7 @@ def resolve_recipe(args: argparse.Namespace) -> tuple[int, int, TrainOptions, di
     opts = check_options(epochs, **kw)
     for k, v in {**opts.to_dict(), "batch_size": batch_size, "epochs": epochs}.items():
         setattr(args, k, v)
-    return epochs, batch_size, opts, kw
-
-
-def _in_effect(opts: TrainOptions) -> dict[str, Any]:
-    """The recipe options that shape this run: set ones only, SGD's momentum only with SGD."""
-    d = opts.to_dict()
-    if d.get("optimizer") != "sgd":
-        d.pop("momentum", None)
-        d.pop("nesterov", None)
-    return {k: v for k, v in d.items() if v is not None}
+    return epochs, batch_size, opts
 
 
 def _zoo_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -186,100 +163,56 @@ def _zoo_options(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
-def _model_name(text: str) -> str:
-    """A zoo model (parameterised ones included, e.g. wrn-28-10) or pkg.module:factory."""
-    if ":" in text:
-        return text
-    try:
-        zoo.resolve_name(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (or pkg.module:factory for your own code)") from None
-    return text
-
-
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from robustest.evaluate import loss_and_accuracy
-    from robustest.models.checkpoints import save_checkpoint
+    from robustest.models.checkpoints import load_model
     from robustest.report import plural
-    from robustest.train import fit
     from robustest.train.fit_report import fit_report
+    from robustest.train.train_pipeline import options_in_effect, same_data, sized_zoo_model, train_pipeline
 
     if Path(args.out).exists():
         out_dir(args)  # a file in the way is a one-line error before any work; the folder is made after checks
     device = resolve_device(None, args.device) if args.device else torch.device("cpu")
-    epochs, batch_size, opts, fit_kw = resolve_recipe(args)
+    epochs, batch_size, opts = resolve_recipe(args)
     check_device(opts, device)
     model_opts = _zoo_options(args)
     t0 = time.perf_counter()
     train = load_data(args, "train")
     test = load_data(args, "test")
-    same_split = _same_data(train, test)
-    if same_split:
+    if same_data(train, test):
         log.warning(f"{args.dataset} data at {args.data_dir} has no separate test split; the reported test "
                     "accuracy is measured on the training data")
     t_data = time.perf_counter() - t0
     torch.manual_seed(args.seed)
     if ":" in args.model:
-        from robustest.models.checkpoints import load_model
-
         model = load_model(factory=args.model, factory_args=args.model_args, map_location=device)
+    elif args.model_args is not None:
+        raise ConfigError("--model-args applies to a pkg.module:factory --model, not to zoo models: use "
+                          "--model-option KEY=VALUE")
     else:
-        if args.model_args is not None:
-            raise ConfigError("--model-args applies to a pkg.module:factory --model, not to zoo models: use "
-                              "--model-option KEY=VALUE")
-        c, h, w = image_shape(train)
-        if h != w:
-            raise ConfigError(f"images must be square for the zoo models, got {h}x{w}: pass --resize H W")
-        y_tr, y_te = labels_of(train), labels_of(test)
-        num_classes = max(args.num_classes or int(max(int(y_tr.max()), int(y_te.max())) + 1), 2)
-        zoo.check_input(args.model, c, h, num_classes, **model_opts)  # before the statistics pass over the data
-        mean = std = None
-        if not args.no_normalize:
-            mean, std = channel_stats(train)
-        torch.manual_seed(args.seed)
-        model = zoo.create(args.model, num_classes=num_classes, in_channels=c, input_size=h, mean=mean, std=std,
-                           **model_opts).to(device)
+        model = sized_zoo_model(args.model, train, test, num_classes=args.num_classes,
+                                normalize=not args.no_normalize, options=model_opts, seed=args.seed, device=device)
     check_fits(model, train)
     out = out_dir(args)
-    history = fit(model, train, epochs=epochs, batch_size=batch_size, seed=args.seed, device=device,
-                  progress=not args.no_progress, state_dir=out if args.resume else None, resume=bool(args.resume),
-                  **fit_kw)
-    t1 = time.perf_counter()
-    test_loss, test_acc = loss_and_accuracy(model, test)
-    t_eval = time.perf_counter() - t1
-    meta = {"dataset": args.dataset, "epochs": epochs, "test_accuracy": test_acc, "seed": args.seed}
-    save_checkpoint(out / "model.pt", model, metadata=meta)
+    trun = train_pipeline(model, train, test, out=out, epochs=epochs, batch_size=batch_size, options=opts,
+                          recipe_name=args.recipe, seed=args.seed, device=device, progress=not args.no_progress,
+                          resume=bool(args.resume), metadata={"dataset": args.dataset})
     settings = {**data_settings(args), "model": args.model, **({"model_args": args.model_args}
                                                                 if args.model_args is not None else {}),
                 **({"model_options": model_opts} if model_opts else {}),
                 **({"recipe": args.recipe} if args.recipe else {}),
-                "epochs": epochs, "batch_size": batch_size, **_in_effect(opts), "seed": args.seed,
-                "device": str(device)}
-    if args.resume:
-        settings["resume"] = True
-    if ":" not in args.model:
-        settings["normalize"] = not args.no_normalize
-    results = {
-        "model": source_of(model),
-        "recipe": {"name": args.recipe, "epochs": epochs, "batch_size": batch_size, **opts.to_dict()},
-        "num_train": len(train),
-        "num_test": len(test),
-        "history": history.to_dict(),
-        "test_loss": test_loss,
-        "test_accuracy": test_acc,
-        "test_split_is_training_data": same_split,
-        "peak_rss_mib": peak_rss_mib(),
-        "files": {"model": "model.pt", "report": "report.html"},
-    }
-    timings = {"load_data_s": t_data, "train_s": history.seconds, "eval_s": t_eval,
-               "total_s": time.perf_counter() - t0}
+                "epochs": epochs, "batch_size": batch_size, **options_in_effect(opts), "seed": args.seed,
+                "device": str(device), **({"resume": True} if args.resume else {}),
+                **({"normalize": not args.no_normalize} if ":" not in args.model else {})}
+    results = {**trun.to_results(), "peak_rss_mib": peak_rss_mib(),
+               "files": {"model": "model.pt", "report": "report.html"}}
+    timings = {"load_data_s": t_data, **trun.timings, "total_s": time.perf_counter() - t0}
     doc = write_results(out, "train", settings, results, timings)
     fit_report(doc, args.model, args.dataset).write(out / "report.html")
-    last = history.last
+    last = trun.history.last
     log.info(f"trained {args.model} on {args.dataset}: {len(train)} images, {plural(epochs, 'epoch')}, "
              f"train loss {fmt(last.loss)}, train accuracy {fmt(last.accuracy, 'accuracy')}, "
-             f"test accuracy {fmt(test_acc, 'accuracy')} ({fmt(history.seconds, 'train_s')} s)")
+             f"test accuracy {fmt(trun.test_accuracy, 'accuracy')} ({fmt(trun.history.seconds, 'train_s')} s)")
     log.info(f"wrote {out / 'model.pt'}, results.json and report.html")
     return 0

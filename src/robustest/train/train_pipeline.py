@@ -1,0 +1,126 @@
+"""The train pipeline: build a zoo model sized from the data, fit it, measure it on the test data, save it (what
+``robustest train`` runs).
+
+* :func:`sized_zoo_model`: a zoo architecture with random weights, sized from the data (channels, square side,
+  number of classes), with the training set's per-channel mean and std inside it.
+* :func:`train_pipeline`: :func:`robustest.train.fit` with validated :class:`TrainOptions`, test loss and accuracy,
+  ``OUT/model.pt``; returns a :class:`TrainRun` whose :meth:`TrainRun.to_results` is the ``results`` of the train
+  verb's results.json.
+
+Example::
+
+    model = sized_zoo_model("digits_cnn", train, test, seed=0)
+    run = train_pipeline(model, train, test, out="digits", epochs=3, batch_size=64, options=check_options(3))
+    write_results("digits", "train", settings, run.to_results(), run.timings)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from robustest.core.batching import image_shape, labels_of, take
+from robustest.core.errors import ConfigError
+from robustest.train.fitting import History, fit
+from robustest.train.recipes import TrainOptions
+
+__all__ = ["TrainRun", "options_in_effect", "same_data", "sized_zoo_model", "train_pipeline"]
+
+
+def same_data(a: Any, b: Any) -> bool:
+    """Whether two splits hold the same data (same size, same labels, same first 64 images): a folder without
+    separate splits gives both."""
+    if len(a) != len(b):
+        return False
+    la, lb = labels_of(a), labels_of(b)
+    if la is not None and lb is not None and not torch.equal(la, lb):
+        return False
+    k = torch.arange(min(len(a), 64))
+    return bool(torch.equal(take(a, k)[0], take(b, k)[0]))
+
+
+def options_in_effect(opts: TrainOptions) -> dict[str, Any]:
+    """The recipe options that shape a run: the set ones only, and SGD's momentum and Nesterov only with SGD."""
+    d = opts.to_dict()
+    if d.get("optimizer") != "sgd":
+        d.pop("momentum", None)
+        d.pop("nesterov", None)
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def sized_zoo_model(name: str, train: Any, test: Any, *, num_classes: int | None = None, normalize: bool = True,
+                    options: dict[str, Any] | None = None, seed: int = 0,
+                    device: torch.device | str = "cpu") -> nn.Module:
+    """The zoo model ``name`` with random weights drawn after ``torch.manual_seed(seed)``, for the images of ``train``
+    (N x C x H x W, H = W): C input channels, side H, ``num_classes`` classes (default: the largest label of
+    ``train`` and ``test`` + 1, at least 2), and with ``normalize`` the training set's per-channel mean and std as
+    its first layer. ``options``: the model's own options (robustest info --models). Raises ConfigError for
+    non-square images or data the architecture cannot take, before the statistics pass over the data."""
+    from robustest import models as zoo
+    from robustest.train import channel_stats
+
+    c, h, w = image_shape(train)
+    if h != w:
+        raise ConfigError(f"images must be square for the zoo models, got {h}x{w}: pass --resize H W")
+    y_tr, y_te = labels_of(train), labels_of(test)
+    k = max(num_classes or int(max(int(y_tr.max()), int(y_te.max())) + 1), 2)
+    zoo.check_input(name, c, h, k, **(options or {}))
+    mean = std = None
+    if normalize:
+        mean, std = channel_stats(train)
+    torch.manual_seed(seed)
+    return zoo.create(name, num_classes=k, in_channels=c, input_size=h, mean=mean, std=std,
+                      **(options or {})).to(device)
+
+
+@dataclass
+class TrainRun:
+    """What :func:`train_pipeline` did: the trained ``model``, its ``history``, test loss and accuracy, the
+    sizes of both splits, whether the test split is the training data, the ``recipe`` that ran and ``timings``."""
+
+    model: nn.Module
+    history: History
+    test_loss: float
+    test_accuracy: float
+    num_train: int
+    num_test: int
+    same_split: bool
+    recipe: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_results(self) -> dict[str, Any]:
+        """The ``results`` of the train verb's results.json (before its memory and file keys)."""
+        from robustest.models.checkpoints import source_of
+
+        return {"model": source_of(self.model), "recipe": self.recipe, "num_train": self.num_train,
+                "num_test": self.num_test, "history": self.history.to_dict(), "test_loss": self.test_loss,
+                "test_accuracy": self.test_accuracy, "test_split_is_training_data": self.same_split}
+
+
+def train_pipeline(model: nn.Module, train: Any, test: Any, *, out: str | Path, epochs: int, batch_size: int,
+                   options: TrainOptions, recipe_name: str | None = None, seed: int = 0,
+                   device: torch.device | str = "cpu", progress: bool = True, resume: bool = False,
+                   metadata: dict[str, Any] | None = None) -> TrainRun:
+    """Fit ``model`` on ``train`` for ``epochs`` epochs of ``batch_size`` with ``options`` (seeded by ``seed``;
+    with ``resume`` the state after every epoch is saved in ``out`` and a rerun continues from it), measure test
+    loss and accuracy on ``test`` and save ``out/model.pt`` (a safe checkpoint; ``metadata`` plus the epochs,
+    the test accuracy and the seed). ``out`` must exist and be writable."""
+    from robustest.evaluate import loss_and_accuracy
+    from robustest.models.checkpoints import save_checkpoint
+
+    out = Path(out)
+    history = fit(model, train, epochs=epochs, batch_size=batch_size, seed=seed, device=device, progress=progress,
+                  state_dir=out if resume else None, resume=resume, **options_in_effect(options))
+    t1 = time.perf_counter()
+    test_loss, test_acc = loss_and_accuracy(model, test)
+    t_eval = time.perf_counter() - t1
+    save_checkpoint(out / "model.pt", model, metadata={**(metadata or {}), "epochs": epochs,
+                                                        "test_accuracy": test_acc, "seed": seed})
+    recipe = {"name": recipe_name, "epochs": epochs, "batch_size": batch_size, **options.to_dict()}
+    return TrainRun(model, history, test_loss, test_acc, len(train), len(test), same_data(train, test), recipe,
+                    {"train_s": history.seconds, "eval_s": t_eval})

@@ -1,0 +1,71 @@
+"""The train pipeline (robustest.train.train_pipeline): a sized zoo model, fit, test figures, model.pt."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from robustest.core.errors import ConfigError
+from robustest.evaluate import loss_and_accuracy
+from robustest.models.checkpoints import load_model
+from robustest.train.recipes import check_options
+from robustest.train.train_pipeline import options_in_effect, same_data, sized_zoo_model, train_pipeline
+
+
+def _ds(n: int = 8, label: int = 0, value: float = 0.5) -> TensorDataset:
+    return TensorDataset(torch.full((n, 1, 4, 4), value), torch.full((n,), label))
+
+
+def test_same_data_compares_size_labels_and_images():
+    a = _ds()
+    assert same_data(a, _ds())
+    assert not same_data(a, _ds(n=7))  # another size
+    assert not same_data(a, _ds(label=1))  # the same images, other labels
+    assert not same_data(a, _ds(value=0.25))  # the same labels, other images
+
+
+def test_options_in_effect_keeps_set_options_and_sgd_momentum_only_with_sgd():
+    assert options_in_effect(check_options(2)) == {
+        "optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "warmup_epochs": 0.0, "label_smoothing": 0.0,
+        "decay_norm_bias": True, "compile": False}
+    sgd = options_in_effect(check_options(4, optimizer="sgd", lr=0.1, schedule="step", milestones=[2, 3]))
+    assert sgd["momentum"] == 0.9 and sgd["nesterov"] is True and sgd["milestones"] == [2.0, 3.0]
+    assert sgd["schedule"] == "step" and "amp" not in sgd and "augment" not in sgd
+
+
+def test_sized_zoo_model_takes_its_shape_classes_and_statistics_from_the_data(digits_train, digits_test):
+    model = sized_zoo_model("digits_cnn", digits_train, digits_test, seed=3)
+    spec = model.robustest_spec
+    assert (spec["in_channels"], spec["input_size"], spec["num_classes"]) == (1, 8, 10)
+    assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+    again = sized_zoo_model("digits_cnn", digits_train, digits_test, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    wide = sized_zoo_model("digits_cnn", digits_train, digits_test, num_classes=12, normalize=False)
+    assert wide.robustest_spec["num_classes"] == 12 and wide.robustest_spec.get("mean") is None
+    one_class = TensorDataset(torch.rand(4, 1, 8, 8), torch.zeros(4, dtype=torch.long))
+    assert sized_zoo_model("digits_cnn", one_class, one_class).robustest_spec["num_classes"] == 2  # at least 2
+
+
+def test_sized_zoo_model_refuses_non_square_images():
+    flat = TensorDataset(torch.rand(4, 1, 8, 6), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ConfigError, match="must be square.*8x6"):
+        sized_zoo_model("digits_cnn", flat, flat)
+
+
+def test_train_pipeline_fits_measures_and_saves(tmp_path, digits_train, digits_test):
+    train = TensorDataset(*digits_train[:200])
+    model = sized_zoo_model("digits_cnn", train, digits_test, seed=0)
+    run = train_pipeline(model, train, digits_test, out=tmp_path, epochs=2, batch_size=50, options=check_options(2),
+                         recipe_name=None, seed=1, progress=False, metadata={"dataset": "digits"})
+    assert len(run.history.epochs) == 2 and (run.num_train, run.num_test) == (200, len(digits_test))
+    assert (run.test_loss, run.test_accuracy) == pytest.approx(loss_and_accuracy(run.model, digits_test))
+    assert run.same_split is False and set(run.timings) == {"train_s", "eval_s"}
+    res = run.to_results()
+    assert list(res) == ["model", "recipe", "num_train", "num_test", "history", "test_loss", "test_accuracy",
+                         "test_split_is_training_data"]
+    assert res["recipe"] == {"name": None, "epochs": 2, "batch_size": 50, **check_options(2).to_dict()}
+    saved = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert saved["metadata"] == {"dataset": "digits", "epochs": 2, "test_accuracy": run.test_accuracy, "seed": 1}
+    reloaded = load_model(str(tmp_path / "model.pt"))
+    assert loss_and_accuracy(reloaded, digits_test)[1] == run.test_accuracy
