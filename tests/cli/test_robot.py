@@ -135,15 +135,6 @@ def test_run_defaults_to_adversarial_training_and_refuses_a_budget_without_a_sel
     assert "uses no pool" in err and err.count("\n") == 1 and not (tmp_path / "f").exists()
 
 
-def test_paired_cell_marks_intervals_that_exclude_zero():
-    from robustest.cli.run import paired_cell
-
-    assert paired_cell({"mean_diff": 0.031, "ci_low": 0.01, "ci_high": 0.052}) == "+0.031 [+0.010, +0.052] *"
-    assert paired_cell({"mean_diff": -0.02, "ci_low": -0.05, "ci_high": 0.01}) == "-0.020 [-0.050, +0.010]"
-    assert paired_cell({"mean_diff": -0.02, "ci_low": None, "ci_high": None}) == "-0.020"
-    assert paired_cell({"mean_diff": None, "ci_low": None, "ci_high": None}) == "-"
-
-
 def test_paired_verdict_says_how_a_strategy_compares_with_random():
     from robustest.robot.report import paired_verdict
 

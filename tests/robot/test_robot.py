@@ -285,23 +285,6 @@ def test_report_titles_name_the_verb_the_model_and_the_data():
     assert report_title({"kind": "loop", "data": fac}) == "robustest run: RobOT loop of pkg.mod:net on mnist"
 
 
-def test_compare_table_says_n_for_one_seed():
-    import io
-
-    from robustest.cli.run import print_compare_table
-    from robustest.robot.report import plus_minus
-
-    row = {"strategy": "best", "budget": "10%", "n": 5, "seeds": 1, "before_fixed_set_accuracy": 0.0,
-           "before_whitebox_accuracy": 0.2, "before_clean_accuracy": 0.9}
-    for m in ("fixed_set_accuracy", "whitebox_accuracy", "clean_accuracy"):
-        row[f"{m}_mean"], row[f"{m}_std"] = 1.0, 0.0
-    buf = io.StringIO()
-    print_compare_table({"table": [row]}, file=buf)
-    assert "1.000 (n = 1)" in buf.getvalue() and "±" not in buf.getvalue()
-    assert plus_minus(row, "clean_accuracy") == "1.000 (n = 1)"
-    assert plus_minus({**row, "seeds": 3, "clean_accuracy_std": 0.01}, "clean_accuracy") == "1.000 ± 0.010"
-
-
 def test_train_and_test_limits_of_a_folder_take_every_class(tmp_path):
     """train_limit/test_limit on a class-per-folder set keep a class-stratified subset, not the first class."""
     import numpy as np

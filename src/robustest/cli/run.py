@@ -35,7 +35,7 @@ from robustest.cli.args import (
     thread_count,
     unit_float,
 )
-from robustest.cli.output import fmt, log, print_table
+from robustest.cli.output import log, print_table
 
 ORDER = 40
 
@@ -170,88 +170,6 @@ def _yaml_keys(path: str) -> list[str]:
     return [str(k).replace("-", "_") for k in read_config(path)]
 
 
-def print_loop_table(results: dict[str, Any], file=None) -> None:
-    rows = [{"round": 0, "selected": 0, **_figs(results["baseline"]),
-             "median FOL": results["convergence_rule"]["round0"]["fol"]["median"]}]
-    for rec in results["rounds"]:
-        rows.append({"round": rec["round"], "selected": rec["selected"]["n"], **_figs(rec["robustness"]),
-                     "median FOL": rec["convergence"]["statistic"]})
-    cols = ["round", "selected", "clean accuracy", "fixed-set accuracy", "white-box accuracy"]
-    if results["baseline"].get("autoattack_accuracy") is not None:
-        cols.append("AutoAttack accuracy")
-    print_table(rows, [*cols, "median FOL"], file=file)
-
-
-def print_compare_table(results: dict[str, Any], file=None) -> None:
-    from robustest.report import mean_std
-
-    def pm(r: dict[str, Any], m: str) -> str:
-        return mean_std(r.get(f"{m}_mean"), r.get(f"{m}_std"), r.get("seeds"))
-
-    rows = []
-    for r in results["table"]:
-        rows.append({"strategy": r["strategy"], "budget": f"{r['budget']} ({r['n']})",
-                     "fixed-set before": fmt(r["before_fixed_set_accuracy"], "accuracy"),
-                     "fixed-set after": pm(r, "fixed_set_accuracy"),
-                     "white-box before": fmt(r["before_whitebox_accuracy"], "accuracy"),
-                     "white-box after": pm(r, "whitebox_accuracy"),
-                     "AutoAttack before": fmt(r.get("before_autoattack_accuracy"), "accuracy"),
-                     "AutoAttack after": pm(r, "autoattack_accuracy"),
-                     "clean before": fmt(r["before_clean_accuracy"], "accuracy"),
-                     "clean after": pm(r, "clean_accuracy")})
-    aa = any("autoattack_accuracy_mean" in r for r in results["table"])
-    cols = ["strategy", "budget", "fixed-set before", "fixed-set after", "white-box before", "white-box after",
-            *(["AutoAttack before", "AutoAttack after"] if aa else []), "clean before", "clean after"]
-    passes = [r.get("compute_passes_mean") for r in results["table"]]
-    if any(v is not None for v in passes):
-        for row, v in zip(rows, passes):
-            row["passes (k)"] = "-" if v is None else f"{v / 1e3:.1f}"
-        cols.append("passes (k)")
-    print_table(rows, cols, file=file)
-    print_paired_table(results.get("paired_vs_random") or [], file=file)
-
-
-def print_paired_table(paired: list[dict[str, Any]], file=None) -> None:
-    """The paired differences to random selection: one row per (strategy, budget), one column per metric with
-    ``mean [low, high]``, marked ``*`` where the interval excludes 0."""
-    from robustest.robot.report import paired_verdict
-
-    if not paired:
-        return
-    labels = {"fixed_set_accuracy": "fixed-set vs random", "whitebox_accuracy": "white-box vs random",
-              "autoattack_accuracy": "AutoAttack vs random", "clean_accuracy": "clean vs random"}
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
-    seeds = sorted({int(p["n_seeds"]) for p in paired})
-    by_row: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for p in paired:
-        row = rows.setdefault((p["strategy"], str(p["budget"])), {"strategy": p["strategy"], "budget": p["budget"]})
-        row[labels.get(p["metric"], p["metric"])] = paired_cell(p)
-        by_row.setdefault((p["strategy"], str(p["budget"])), []).append(p)
-    for key, row in rows.items():
-        row["verdict"] = paired_verdict(by_row[key])
-    cols = ["strategy", "budget"] + [v for v in labels.values() if any(v in r for r in rows.values())] + ["verdict"]
-    out = (lambda text: print(text, file=file)) if file is not None else log.info
-    out(f"\npaired by seed, strategy minus random: mean [95 % t-interval] over {', '.join(map(str, seeds))} "
-        "seed(s); * = the interval excludes 0")
-    print_table([{c: r.get(c, "-") for c in cols} for r in rows.values()], cols, file=file)
-
-
-def paired_cell(p: dict[str, Any]) -> str:
-    """``+0.031 [+0.010, +0.052] *``: a paired difference, its interval and the mark when it excludes 0."""
-    mean, lo, hi = p.get("mean_diff"), p.get("ci_low"), p.get("ci_high")
-    if mean is None:
-        return "-"
-    if lo is None or hi is None:
-        return f"{mean:+.3f}"
-    mark = " *" if lo > 0 or hi < 0 else ""
-    return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]{mark}"
-
-
-def _figs(rob: dict[str, Any]) -> dict[str, Any]:
-    return {"clean accuracy": rob.get("clean_accuracy"), "fixed-set accuracy": rob.get("fixed_set_accuracy"),
-            "white-box accuracy": rob.get("whitebox_accuracy"), "AutoAttack accuracy": rob.get("autoattack_accuracy")}
-
-
 def run(args: argparse.Namespace) -> int:
     from robustest import robot
 
@@ -278,9 +196,16 @@ def print_results(results: dict[str, Any], out: str, file=None) -> None:
         else:
             log.info(text)
 
+    from robustest.robot.tables import compare_table, loop_table, paired_table
+
     if results["kind"] == "loop":
-        print_loop_table(results, file=file)
+        print_table(*loop_table(results), file=file)
         say(f"stopped: {results['stop_reason']} after {results['rounds_completed']} round(s)")
     else:
-        print_compare_table(results, file=file)
+        print_table(*compare_table(results), file=file)
+        paired = paired_table(results.get("paired_vs_random") or [])
+        if paired is not None:
+            heading, rows, cols = paired
+            say(heading)
+            print_table(rows, cols, file=file)
     say(f"wrote {out}/results.json, summary.csv, report.html")
