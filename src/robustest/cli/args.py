@@ -7,7 +7,7 @@ import argparse
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from robustest import data as datasets
@@ -15,7 +15,7 @@ from robustest.core.errors import ConfigError
 from robustest.core.validation import arg, check_eps, check_float, check_int, check_seed, parse_number
 
 __all__ = ["LIST_SYNTAX", "MAX_RANGE_ITEMS", "add_checkpoint_arg", "add_data_args", "add_model_args",
-           "add_output_flags", "add_run_args", "available_cores", "batch_size_arg", "below_one",
+           "add_output_flags", "add_recipe_args", "add_run_args", "available_cores", "batch_size_arg", "below_one",
            "finite_float", "fraction", "int_list", "json_object", "key_value", "learning_rate", "linf_eps",
            "linf_eps_list", "list_arg", "model_options_object", "name_list", "noise_width",
            "non_negative_float", "non_negative_int", "parse_list", "positive_float", "positive_float_list",
@@ -322,3 +322,35 @@ def positive_float_list(what: str = "value") -> Callable[[str], list[float]]:
 def linf_eps_list(what: str = "eps") -> Callable[[str], list[float]]:
     """L-inf radii in (0, 1]: ``0.05,0.1,0.2``."""
     return list_arg(linf_eps, what=what)
+
+
+def add_recipe_args(g: argparse._ActionsContainer, names: Sequence[str] | None = None,
+                    defaults: Mapping[str, Any] | None = None) -> None:
+    """One flag per field of :class:`robustest.train.recipes.TrainOptions` (``names``: those the verb offers, default
+    all), read as the field's kind says, with its help; ``defaults``: the verb's argparse defaults (a field not in it
+    defaults to None, so the verb can tell a flag given from one left out); the help shows the verb's default, else
+    the field's."""
+    import dataclasses
+
+    from robustest.train.recipes import TrainOptions
+
+    types = {"rate": learning_rate, "below-one": below_one, "non-negative": non_negative_float,
+             "epochs": positive_float_list("milestone")}
+    defaults = defaults or {}
+    for f in dataclasses.fields(TrainOptions):
+        if names is not None and f.name not in names:
+            continue
+        kind, flag, default = f.metadata["kind"], "--" + f.name.replace("_", "-"), defaults.get(f.name)
+        shown = f.default if default is None else default
+        text = f.metadata["help"].replace("%", "%%")
+        if kind == "switch":
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                           help=f"{text} (default: {'on' if shown else 'off'})")
+        elif kind == "flag":
+            g.add_argument(flag, action="store_true", default=default, help=text)
+        elif kind == "choice":
+            g.add_argument(flag, choices=f.metadata["choices"], default=default,
+                           help=f"{text} (default: {shown or 'none'})")
+        else:
+            suffix = "" if shown is None else f" (default: {shown:g})"
+            g.add_argument(flag, type=types[kind], default=default, help=text + suffix, metavar=f.metadata["metavar"])

@@ -38,14 +38,12 @@ import torch
 from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
+    add_recipe_args,
     add_run_args,
     below_one,
     finite_float,
-    learning_rate,
     list_arg,
-    non_negative_float,
     non_negative_int,
-    positive_float_list,
     positive_int,
 )
 from robustest.cli.loading import build_zoo_model, check_fits, load_data, load_model
@@ -70,8 +68,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from robustest.train import objectives
     from robustest.train.early_stopping import KEEP
     from robustest.train.hardening import DEFAULT_STEPS, RECIPE_DEFAULTS
-    from robustest.train.recipes import OPTIMIZERS
-    from robustest.train.schedules import SCHEDULES
 
     p = sub.add_parser("harden", help="adversarial or certified training, fine-tuning or from scratch (PGD-AT, "
                                       "TRADES, N-FGSM, IBP, ...)",
@@ -100,21 +96,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t = p.add_argument_group("training")
     t.add_argument("--epochs", type=positive_int, default=5, help="training epochs (default: 5)")
     t.add_argument("--batch-size", type=positive_int, default=128, help="batch size (default: 128)")
-    t.add_argument("--lr", type=learning_rate, default=RECIPE_DEFAULTS["lr"],
-                   help=f"(peak) learning rate (default: {RECIPE_DEFAULTS['lr']:g})")
-    t.add_argument("--optimizer", choices=OPTIMIZERS, default=RECIPE_DEFAULTS["optimizer"],
-                   help=f"optimizer (default: {RECIPE_DEFAULTS['optimizer']})")
-    t.add_argument("--momentum", type=below_one, default=None, help="sgd: momentum (default: 0.9)")
-    t.add_argument("--nesterov", action="store_const", const=True, default=None, help="sgd: Nesterov momentum")
-    t.add_argument("--weight-decay", type=_float, default=0.0, help="weight decay (default: 0)")
-    t.add_argument("--schedule", choices=("none", *SCHEDULES), default=RECIPE_DEFAULTS["schedule"] or "none",
-                   help="learning-rate schedule, stepped per batch: cosine decay to 0, step (x0.1 at --milestones), "
-                        "cyclic (linear up to --lr at 40 %% of training, then down to 0), none "
-                        f"(default: {RECIPE_DEFAULTS['schedule'] or 'none'})")
-    t.add_argument("--warmup-epochs", type=non_negative_float, default=0.0,
-                   help="linear learning-rate warm-up before the schedule, in epochs (default: 0)")
-    t.add_argument("--milestones", type=positive_float_list("milestone"), default=None, metavar="E1,E2",
-                   help="--schedule step: epochs at which the rate falls x0.1 (default: 50 %% and 75 %% of training)")
+    add_recipe_args(t, ("optimizer", "lr", "weight_decay", "momentum", "nesterov", "schedule", "warmup_epochs",
+                        "milestones"), {**RECIPE_DEFAULTS, "schedule": RECIPE_DEFAULTS["schedule"] or "none",
+                                        "weight_decay": 0.0, "warmup_epochs": 0.0})
     v = p.add_argument_group("validation and robust early stopping")
     v.add_argument("--val-size", type=non_negative_int, default=None, metavar="N",
                    help="hold out N training images (class-stratified, drawn with --seed) on which clean and "

@@ -27,15 +27,11 @@ import torch
 from robustest import models as zoo
 from robustest.cli.args import (
     add_data_args,
+    add_recipe_args,
     add_run_args,
-    below_one,
     json_object,
     key_value,
-    learning_rate,
-    list_arg,
     model_options_object,
-    non_negative_float,
-    positive_float,
     positive_int,
 )
 from robustest.cli.loading import check_fits, load_data
@@ -73,26 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "0.1 Nesterov, cosine), imagenet-sgd (AugMix's ResNet-50: SGD 0.1, steps at 1/3, 2/3); "
                         "milestones scale with --epochs")
     g.add_argument("--batch-size", type=positive_int, default=None, help="batch size (default: 64)")
-    g.add_argument("--lr", type=learning_rate, default=None, help="learning rate (default: 1e-3)")
-    g.add_argument("--optimizer", choices=("adam", "sgd"), default=None, help="optimizer (default: adam)")
-    g.add_argument("--momentum", type=below_one, default=None, help="SGD momentum (default: 0.9)")
-    g.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None,
-                   help="Nesterov momentum for SGD (default: on)")
-    g.add_argument("--weight-decay", type=non_negative_float, default=None, help="weight decay (default: 0)")
-    g.add_argument("--decay-norm-bias", action=argparse.BooleanOptionalAction, default=None,
-                   help="apply weight decay to normalisation layers and biases too (default: yes; the recipes: no)")
-    g.add_argument("--schedule", choices=("none", "cosine", "step"), default=None, help="LR schedule (default: none)")
-    g.add_argument("--milestones", type=list_arg(positive_float, what="milestone"), default=None, metavar="LIST",
-                   help="epochs at which the step schedule multiplies the LR by 0.1, comma-separated "
-                        "(default: 50%% and 75%%)")
-    g.add_argument("--warmup-epochs", type=non_negative_float, default=None, metavar="E",
-                   help="linear LR warm-up over the first E epochs (default: 0)")
-    g.add_argument("--label-smoothing", type=below_one, default=None, help="label smoothing in [0, 1) (default: 0)")
-    g.add_argument("--augment", choices=("none", "crop-flip"), default=None,
-                   help="crop-flip: pad 4, random crop, horizontal flip, per batch (default: none)")
-    g.add_argument("--amp", choices=("bf16", "fp16"), default=None,
-                   help="mixed precision: bf16 autocast (CUDA or CPU) or fp16 autocast + GradScaler (CUDA)")
-    g.add_argument("--compile", action="store_true", default=None, help="train through torch.compile")
+    add_recipe_args(g)
     g.add_argument("--resume", action="store_true",
                    help="save OUT/train_state.pt after every epoch and continue from it if it is there")
     add_run_args(p)

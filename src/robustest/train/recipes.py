@@ -19,7 +19,7 @@ seeds' full-scale settings.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -44,23 +44,39 @@ _NORM_LAYERS: tuple[type, ...] = tuple(t for t in (
     getattr(nn, "RMSNorm", None)) if t is not None)
 
 
+def _option(default: Any, kind: str, help: str, choices: tuple[str, ...] | None = None, metavar: str | None = None
+            ) -> Any:
+    """A recipe field with what a command line needs to offer it: ``kind`` (how a flag reads it: "rate",
+    "below-one", "non-negative", "epochs", "choice", "switch", "flag"), ``help``, for a choice its ``choices``, and
+    the ``metavar`` its help names the value by."""
+    return field(default=default, metadata={"kind": kind, "help": help, "choices": choices, "metavar": metavar})
+
+
 @dataclass(frozen=True)
 class TrainOptions:
-    """The validated recipe options of one :func:`robustest.train.fit` call (see :func:`check_options`)."""
+    """The validated recipe options of one :func:`robustest.train.fit` call (see :func:`check_options`). Each field
+    carries its command-line kind and help, from which the verbs that train generate their flags."""
 
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    momentum: float = 0.9
-    nesterov: bool = True
-    schedule: str | None = None
-    warmup_epochs: float = 0.0
-    milestones: tuple[float, ...] | None = None
-    label_smoothing: float = 0.0
-    decay_norm_bias: bool = True
-    amp: str | None = None
-    compile: bool = False
-    augment: str | None = None
+    optimizer: str = _option("adam", "choice", "optimizer", OPTIMIZERS)
+    lr: float = _option(1e-3, "rate", "(peak) learning rate")
+    weight_decay: float = _option(0.0, "non-negative", "weight decay")
+    momentum: float = _option(0.9, "below-one", "SGD momentum")
+    nesterov: bool = _option(True, "switch", "Nesterov momentum for SGD")
+    schedule: str | None = _option(None, "choice", "learning-rate schedule, stepped per batch: cosine decay to 0, "
+                                   "step (x0.1 at --milestones), cyclic (linear up to the rate at 40 % of training, "
+                                   "then down to 0), none", ("none", *SCHEDULES))
+    warmup_epochs: float = _option(0.0, "non-negative", "linear learning-rate warm-up over the first E epochs, "
+                                   "before the schedule", metavar="E")
+    milestones: tuple[float, ...] | None = _option(None, "epochs", "--schedule step: epochs at which the rate falls "
+                                                   "x0.1 (default: 50 % and 75 % of training)", metavar="E1,E2")
+    label_smoothing: float = _option(0.0, "below-one", "label smoothing in [0, 1)")
+    decay_norm_bias: bool = _option(True, "switch", "apply weight decay to normalisation layers and biases too "
+                                    "(the named recipes: no)")
+    amp: str | None = _option(None, "choice", "mixed precision: bf16 autocast (CUDA or CPU) or fp16 autocast + "
+                              "GradScaler (CUDA)", AMP_MODES)
+    compile: bool = _option(False, "flag", "train through torch.compile")
+    augment: str | None = _option(None, "choice", "crop-flip: pad 4, random crop, horizontal flip, per batch",
+                                  ("none", *AUGMENTS))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
