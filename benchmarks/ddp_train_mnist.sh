@@ -1,6 +1,7 @@
 #!/bin/bash
 # DDP training against one process: LeNet-5 on all of MNIST, 2 epochs, seeds 0 and 1 (docs/BENCHMARKS.md,
-# "DDP training under torchrun"). DATA_DIR: the MNIST folder (default ../shared/data); OUT: where the runs go.
+# "Does DDP training under torchrun match one process?"). DATA_DIR: the MNIST folder (default ../shared/data);
+# OUT: where the runs go.
 set -e
 cd "$(dirname "$0")/.."
 data=${DATA_DIR:-../shared/data}

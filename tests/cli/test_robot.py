@@ -170,7 +170,8 @@ def test_bad_input_is_one_line(checkpoint, tmp_path, capsys):
 
 
 def test_demo_verb_wiring(tmp_path, capsys, monkeypatch, results_contract):
-    """The demo verb end to end with its settings shrunk (the full demo is timed in docs/RESULTS.md)."""
+    """The demo verb end to end with its settings shrunk (the full demo is timed in
+    benchmarks/results/2026-11-30-robot-demo.md)."""
     from robustest.cli import demo
 
     small = {**demo.DEMO_SETTINGS, "train_model": "mlp", "train_epochs": 3, "train_limit": 300, "test_limit": 60,

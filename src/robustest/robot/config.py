@@ -108,8 +108,8 @@ class RobotConfig:
     Tests: ``eps`` (L-inf radius, pixel scale); ``pool`` is ``attack`` (successful FGSM + PGD examples of the
     training set, the paper's pool), ``fol-fuzz`` or ``cov-fuzz``; ``pool_limit`` uses only N training
     images as seeds; ``fuzz_options`` are passed to the fuzzer.
-    Selection: ``strategy`` (loop; default adv-train, see docs/RESULTS.md "The loop against one-shot selection
-    and adversarial training") or ``strategies`` (comparison) from best, kmst, gini, random, coverage,
+    Selection: ``strategy`` (loop; default adv-train, see docs/RESULTS.md "Does regenerating the pool every
+    round pay") or ``strategies`` (comparison) from best, kmst, gini, random, coverage,
     stratified (``stratified_bins`` FOL-quantile bins x class), fol-prop (probability proportional to FOL),
     kcenter (k-center greedy on penultimate-layer features), and the baselines all (the whole pool) and
     adv-train (PGD adversarial training against the current model, no pool); ``budget`` (loop) or ``budgets``

@@ -1,7 +1,7 @@
 """``trades``: Zhang et al. (2019). The loss is ``CE(f(x), y) + beta * KL(p(x) || p(x_adv))``, the inner
 maximisation of the KL by k sign-gradient steps from ``x + 0.001 * N(0, I)`` (their PGD-KL); ``N * (k + 2 + 1/3)``
 passes per epoch over N samples. ``beta`` defaults to 3, not the paper's 6: on MNIST at eps 0.3 from scratch
-beta 6 ends below 95 % clean accuracy and beta 3 is as robust (docs/RESULTS.md, "TRADES' beta"). With
+beta 6 ends below 95 % clean accuracy and beta 3 is as robust (docs/RESULTS.md, "Which TRADES beta"). With
 ``awp_gamma`` > 0 the update is taken at adversarially perturbed weights (:mod:`.awp`: the gradient of the same
 loss; two more forwards and backwards per image)."""
 
