@@ -291,7 +291,7 @@ def run_full(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     def enhance(kind: str) -> torch.nn.Module:
         m = clone_model(models_["standard"]).to(dev)
         wr.enhance(m, train, weak_corr if kind == "reva" else (), epochs=s["enhance_epochs"], augmix=True,
-                   adversarial=kind == "reva", jsd_weight=s["jsd_weight"], adv_eps=s["adv_eps"],
+                   adversarial=kind == "reva", jsd_weight=s["jsd_weight"], eps=s["adv_eps"],
                    adv_steps=s["adv_steps"], adv_alpha=s["adv_alpha"], lr=s["enhance_lr"],
                    batch_size=s["enhance_batch"], seed=args.seed, device=dev)
         return m

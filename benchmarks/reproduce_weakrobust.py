@@ -173,7 +173,7 @@ def build_model(cfg: dict, x: torch.Tensor, y: torch.Tensor, mean: list[float], 
         xt, yt = torch.cat([x, xn]), torch.cat([y, y])
     fit(m, (xt, yt), epochs=cfg["epochs"], batch_size=64, lr=1e-3, seed=seed, progress=False)
     if cfg.get("adv_ft"):
-        wr.enhance(m, (x, y), (), epochs=cfg["adv_ft"], augmix=False, adversarial=True, adv_eps=0.15,
+        wr.enhance(m, (x, y), (), epochs=cfg["adv_ft"], augmix=False, adversarial=True, eps=0.15,
                    adv_steps=5, seed=seed)
     if cfg.get("augmix_ft"):
         wr.enhance(m, (x, y), (), epochs=cfg["augmix_ft"], augmix=True, adversarial=False, seed=seed)
@@ -427,7 +427,7 @@ def run_enhance_seed(args: argparse.Namespace, out: Path, seed: int, data: tuple
         m = copy.deepcopy(base)
         te = time.perf_counter()
         res = wr.enhance(m, (x, y), weak_corr if v["targeted"] else [], epochs=args.ft_epochs,
-                         augmix=v["augmix"], adversarial=v["adversarial"], adv_eps=args.adv_eps,
+                         augmix=v["augmix"], adversarial=v["adversarial"], eps=args.adv_eps,
                          adv_steps=args.attack_steps, jsd_weight=args.jsd_weight, lr=5e-4, seed=seed)
         t_ft = time.perf_counter() - te
         clean = accuracy(m, (xt, yt))

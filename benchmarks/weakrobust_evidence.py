@@ -140,7 +140,7 @@ def build_model(cfg: dict[str, Any], x: torch.Tensor, y: torch.Tensor, k: int, a
         xt, yt = torch.cat([x, xn]), torch.cat([y, y])
     fit(m, (xt, yt), epochs=cfg["epochs"], batch_size=64, lr=1e-3, seed=seed, progress=False)
     if cfg.get("adv_ft"):
-        wr.enhance(m, (x, y), (), epochs=cfg["adv_ft"], augmix=False, adversarial=True, adv_eps=adv_eps,
+        wr.enhance(m, (x, y), (), epochs=cfg["adv_ft"], augmix=False, adversarial=True, eps=adv_eps,
                    adv_steps=5, seed=seed)
     if cfg.get("augmix_ft"):
         wr.enhance(m, (x, y), (), epochs=cfg["augmix_ft"], augmix=True, adversarial=False, seed=seed)

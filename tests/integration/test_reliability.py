@@ -328,7 +328,7 @@ def test_an_linf_radius_above_one_is_refused_by_every_verb(argv, mlp_digits_chec
 @pytest.mark.parametrize("verb, argv", [
     ("run", ["--eps", "5"]),
     ("validate", ["--attack-eps", "0.1,5"]),
-    ("enhance", ["--adv-eps", "5"]),
+    ("enhance", ["--eps", "5"]),
     ("generate", ["--method", "fol-fuzz", "--fuzz-eps", "5"]),
 ])
 def test_an_linf_radius_flag_above_one_is_refused(verb, argv, tmp_path, capsys) -> None:
@@ -349,7 +349,7 @@ def test_fractions_are_radii_in_every_verb(mlp_digits_checkpoint, tmp_path, caps
                       (["run", "--eps", "8/255"], "eps"),
                       (["compare", "--eps", "8/255"], "eps"),
                       (["validate", "--attack-eps", "4/255,8/255"], "attack_eps"),
-                      (["enhance", "--adv-eps", "8/255", "--epochs", "1"], "adv_eps"),
+                      (["enhance", "--eps", "8/255", "--epochs", "1"], "eps"),
                       (["analyze", "--radius-eps-max", "8/255"], "radius_eps_max"),
                       (["harden", "--eps", "8/255"], "eps")):
         args = parser.parse_args([*argv, *ck])

@@ -176,7 +176,7 @@ def test_enhance_computes_its_loss_with_the_registry_s_objective(digits_model, f
         model = copy.deepcopy(digits_model)
         res = wr.enhance(model, few_digits, ["fog"], epochs=1, adv_steps=2, batch_size=32, adv_source="online")
     assert restores == [1, 2, 3]
-    assert len(calls) == 3 and calls[0].settings["jsd_weight"] == 6.0 and calls[0].eps == res.config["adv_eps"]
+    assert len(calls) == 3 and calls[0].settings["jsd_weight"] == 6.0 and calls[0].eps == res.config["eps"]
     assert {"rng", "ops", "adv", "attack_model", "attack_seed"} <= set(calls[0].extra)
     assert all(torch.equal(start[k], v) for k, v in model.state_dict().items())
     assert res.epochs[0]["loss"] == 0.0 and res.epochs[0]["ce"] == res.epochs[0]["jsd"] == 0.0  # no terms given

@@ -61,7 +61,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-adversarial", action="store_true", help="drop the adversarial copy")
     p.add_argument("--jsd-weight", type=non_negative_float, default=6.0, help="weight of the JSD term (default: 6)")
     p.add_argument("--adv-weight", type=non_negative_float, default=0.5, help="weight of CE(x_adv) (default: 0.5)")
-    p.add_argument("--adv-eps", type=linf_eps, default=None, help="PGD budget (default: 0.1 grey, 4/255 colour)")
+    p.add_argument("--eps", type=linf_eps, default=None,
+                   help="L-inf radius of the adversarial copy's PGD (default: 0.1 grey, 4/255 colour)")
     p.add_argument("--adv-steps", type=positive_int, default=10, help="PGD steps (default: 10)")
     p.add_argument("--adv-source", choices=("offline", "online"), default="offline",
                    help="PGD against the starting model once (offline) or the current model per batch")
@@ -82,7 +83,7 @@ def _enhance_state(args: argparse.Namespace, out: Path, model, train, weaknesses
     from robustest.models.checkpoints import state_fingerprint
     from robustest.train.state import STATE_FILES
 
-    keys = ("epochs", "no_augmix", "no_adversarial", "jsd_weight", "adv_weight", "adv_eps", "adv_steps",
+    keys = ("epochs", "no_augmix", "no_adversarial", "jsd_weight", "adv_weight", "eps", "adv_steps",
             "adv_source", "lr", "batch_size", "seed")
     fp = fingerprint("enhance", {k: getattr(args, k) for k in keys}, sorted(weaknesses), state_fingerprint(model),
                      data_fingerprint(train))[:16]
@@ -115,7 +116,7 @@ def run_enhance(args: argparse.Namespace) -> int:
         raise ConfigError("--weaknesses extend the AugMix pool: drop --no-augmix")
     run = enhance_pipeline(model, train, test, weaknesses, out=out, eval_limit=args.eval_limit, seed=args.seed,
                            epochs=args.epochs, augmix=not args.no_augmix, adversarial=not args.no_adversarial,
-                           jsd_weight=args.jsd_weight, adv_weight=args.adv_weight, adv_eps=args.adv_eps,
+                           jsd_weight=args.jsd_weight, adv_weight=args.adv_weight, eps=args.eps,
                            adv_steps=args.adv_steps, adv_source=args.adv_source, lr=args.lr,
                            batch_size=args.batch_size, progress=not args.no_progress,
                            state_dir=_enhance_state(args, out, model, train, weaknesses), resume=True)
@@ -126,7 +127,7 @@ def run_enhance(args: argparse.Namespace) -> int:
     if not args.no_augmix:
         settings["jsd_weight"] = args.jsd_weight
     if not args.no_adversarial:
-        settings.update(adv_weight=args.adv_weight, adv_eps=res.config.get("adv_eps", args.adv_eps),
+        settings.update(adv_weight=args.adv_weight, eps=res.config.get("eps", args.eps),
                         adv_steps=args.adv_steps, adv_source=args.adv_source)
     settings.update(lr=args.lr, batch_size=args.batch_size, eval_limit=args.eval_limit, seed=args.seed,
                     device=str(model_device(model)))

@@ -118,7 +118,7 @@ class _Run(EpochLoop):
                 extra["attack_model"] = self.frozen if self.frozen is not None else self.model
                 extra["attack_seed"] = (c["seed"] + ep * self.source.n + s * c["batch_size"]
                                         + self.shard.rank * 7_919)
-        return StepContext(c, eps=c["adv_eps"], alpha=c["adv_alpha"], extra=extra)
+        return StepContext(c, eps=c["eps"], alpha=c["adv_alpha"], extra=extra)
 
     def diverged(self, epoch: int, i: int, loss: torch.Tensor, aux: StepOutput) -> str:
         ce, jsd, adv = (_term(aux, k) for k in ("ce", "jsd", "adv"))
@@ -168,7 +168,7 @@ def enhance(
     adversarial: bool = True,
     jsd_weight: float = 6.0,
     adv_weight: float = 0.5,
-    adv_eps: float | None = None,
+    eps: float | None = None,
     adv_steps: int = 10,
     adv_alpha: float | None = None,
     adv_source: str = "offline",
@@ -189,8 +189,8 @@ def enhance(
     ``aug1``/``aug2`` are two independent AugMix mixtures over :data:`AUGMIX_OPS` extended by the corruption
     types in ``weaknesses`` (names from ``robustest.corruptions``; attack names are accepted and covered by
     the adversarial term; a :class:`ValidationResult` contributes its ``weaknesses()``). ``x_adv``: L-inf
-    PGD (``adv_eps``, default the middle of :func:`default_eps_grid`; ``adv_steps`` steps of ``adv_alpha``,
-    default ``adv_eps / 4``) against the model as it is at the start (``adv_source="offline"``, the reference
+    PGD (radius ``eps``, default the middle of :func:`default_eps_grid`; ``adv_steps`` steps of ``adv_alpha``,
+    default ``eps / 4``) against the model as it is at the start (``adv_source="offline"``, the reference
     recipe) or against the current model every batch (``"online"``). ``augmix=False`` drops the JSD term
     (adversarial fine-tuning only); ``adversarial=False`` drops ``x_adv`` (AugMix only); both False is
     plain training with the same budget. The model ends in eval mode.
@@ -206,7 +206,7 @@ def enhance(
     gradient is the global batch's, and every rank ends with the same weights, close to (not equal to) one
     process's. ``ddp=False``: every rank trains the whole model by itself (equal to one process).
     """
-    _check_settings(epochs, adv_source, jsd_weight, adv_weight, lr, adv_eps, adv_alpha, adv_steps, width,
+    _check_settings(epochs, adv_source, jsd_weight, adv_weight, lr, eps, adv_alpha, adv_steps, width,
                     batch_size, severity)
     check_state_dir("enhance", state_dir, resume)
     weak = [str(w) for w in ((weaknesses.weaknesses() if isinstance(weaknesses, ValidationResult) else weaknesses)
@@ -218,14 +218,14 @@ def enhance(
     shard = Shard.current() if ddp is not False else Shard()
     source = TrainData(train, batch_size, seed, shard=shard)
     num_classes = source.check(model, dev)
-    eps = float(adv_eps) if adv_eps is not None else default_eps_grid(image_shape(train)[0])[1]
-    alpha = float(adv_alpha) if adv_alpha is not None else eps / 4
+    radius = float(eps) if eps is not None else default_eps_grid(image_shape(train)[0])[1]
+    alpha = float(adv_alpha) if adv_alpha is not None else radius / 4
     t0 = time.perf_counter()
-    x_adv_all, frozen = (_offline_adversarial(model, source, dev, eps, alpha, adv_steps, seed)
+    x_adv_all, frozen = (_offline_adversarial(model, source, dev, radius, alpha, adv_steps, seed)
                          if adversarial and adv_source == "offline" else (None, None))
     opt, rng, step_model = _optimiser_and_streams(model, dev, shard, lr, seed)
     config = {"epochs": epochs, "augmix": augmix, "adversarial": adversarial, "jsd_weight": jsd_weight,
-              "adv_weight": adv_weight, "adv_eps": eps, "adv_steps": adv_steps, "adv_alpha": alpha,
+              "adv_weight": adv_weight, "eps": radius, "adv_steps": adv_steps, "adv_alpha": alpha,
               "adv_source": adv_source, "width": width, "severity": severity, "lr": lr, "batch_size": batch_size,
               "seed": seed}
     run = _Run(model, step_model, opt, source, rng, ops, dev, shard, num_classes, x_adv_all, frozen,
@@ -241,7 +241,7 @@ def enhance(
 
 
 def _check_settings(epochs: int, adv_source: str, jsd_weight: float, adv_weight: float, lr: float,
-                    adv_eps: float | None, adv_alpha: float | None, adv_steps: int, width: int, batch_size: int,
+                    eps: float | None, adv_alpha: float | None, adv_steps: int, width: int, batch_size: int,
                     severity: float) -> None:
     """A one-line ConfigError for the first of :func:`enhance`'s settings that is out of its range."""
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
@@ -253,7 +253,7 @@ def _check_settings(epochs: int, adv_source: str, jsd_weight: float, adv_weight:
             raise ConfigError(f"{name} must be a finite number >= 0, got {v!r}")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
         raise ConfigError(f"lr must be a finite positive number, got {lr!r}")
-    check_eps("adv_eps", adv_eps, allow_none=True)
+    check_eps("eps", eps, allow_none=True)
     if adv_alpha is not None and not (isinstance(adv_alpha, (int, float)) and 0 < adv_alpha <= 1):
         raise ConfigError(f"adv_alpha must be a step in (0, 1], got {adv_alpha!r}")
     for name, v, hi in (("adv_steps", adv_steps, 10_000), ("width", width, 100), ("batch_size", batch_size, 10**7)):
