@@ -24,11 +24,12 @@ from robustest.cli.args import (
     positive_int,
 )
 from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
-from robustest.cli.output import fmt, log, out_dir, peak_rss_mib
+from robustest.cli.output import fmt, log, out_dir
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core import distributed
 from robustest.core.atomic import atomic_save
 from robustest.core.devices import model_device
+from robustest.core.memory import peak_rss_mib
 from robustest.core.steps import Steps, data_fingerprint, fingerprint
 from robustest.results import write_results
 

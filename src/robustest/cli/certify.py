@@ -31,9 +31,10 @@ from robustest.cli.args import (
     significance,
 )
 from robustest.cli.loading import check_fits, load_data, load_model
-from robustest.cli.output import log, out_dir, peak_rss_mib
+from robustest.cli.output import log, out_dir
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import ConfigError
+from robustest.core.memory import peak_rss_mib
 
 ORDER = 37
 _SMOOTHING_FLAGS = (("sigma", "--sigma"), ("n0", "--n0"), ("n_samples", "--n-samples"), ("alpha", "--alpha"))

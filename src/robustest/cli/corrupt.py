@@ -24,11 +24,12 @@ import torch
 
 from robustest.cli.args import add_data_args, add_run_args, int_list, name_list, parse_list, positive_int
 from robustest.cli.loading import load_data
-from robustest.cli.output import fmt, log, out_dir, peak_rss_mib
+from robustest.cli.output import fmt, log, out_dir
 from robustest.cli.settings import data_settings
 from robustest.core.batching import image_shape, take
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
+from robustest.core.memory import peak_rss_mib
 from robustest.core.steps import Steps, data_fingerprint, fingerprint
 from robustest.corruptions.export import export
 from robustest.results import write_results

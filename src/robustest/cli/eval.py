@@ -48,9 +48,10 @@ from robustest.cli.args import (
     share_arg,
 )
 from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
-from robustest.cli.output import log, out_dir, peak_rss_mib
+from robustest.cli.output import log, out_dir
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import EXIT_GATE, ConfigError
+from robustest.core.memory import peak_rss_mib
 from robustest.core.validation import check_eps
 
 if TYPE_CHECKING:

@@ -42,12 +42,13 @@ from robustest.cli.args import (
     radius,
 )
 from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
-from robustest.cli.output import fmt, log, out_dir, peak_rss_mib
+from robustest.cli.output import fmt, log, out_dir
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.atomic import atomic_write_json
 from robustest.core.batching import image_shape
 from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError
+from robustest.core.memory import peak_rss_mib
 from robustest.core.validation import check_eps
 from robustest.data import save_tests
 from robustest.fuzzing.generate import (

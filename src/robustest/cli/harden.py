@@ -47,10 +47,11 @@ from robustest.cli.args import (
     positive_int,
 )
 from robustest.cli.loading import build_zoo_model, check_fits, load_data, load_model
-from robustest.cli.output import log, out_dir, peak_rss_mib, print_table
+from robustest.cli.output import log, out_dir, print_table
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.atomic import atomic_write_json
 from robustest.core.errors import ConfigError
+from robustest.core.memory import peak_rss_mib
 
 ORDER = 35
 DEFAULT_VAL_SIZE = 1000  # held-out training images of robust early stopping (Rice et al. hold out 1,000)

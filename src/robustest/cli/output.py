@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-import resource
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOGGER", "configure_logging", "fmt", "log", "out_dir", "peak_rss_mib", "plain", "print_table",
+__all__ = ["LOGGER", "configure_logging", "fmt", "log", "out_dir", "plain", "print_table",
            "progress_enabled"]
 
 
@@ -21,12 +20,6 @@ def out_dir(args: argparse.Namespace) -> Path:
     from robustest.core.atomic import check_writable
 
     return check_writable(args.out)
-
-
-def peak_rss_mib() -> float:
-    """Peak resident memory of this process in MiB."""
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb / 1024.0 if sys.platform != "darwin" else kb / 2**20
 
 
 LOGGER = "robustest"

@@ -29,8 +29,6 @@ import argparse
 import time
 from typing import Any
 
-import torch
-
 from robustest import data as datasets
 from robustest import metrics
 from robustest.cli.args import (
@@ -45,17 +43,15 @@ from robustest.cli.args import (
     radius,
 )
 from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
-from robustest.cli.output import fmt, log, out_dir, peak_rss_mib
+from robustest.cli.output import fmt, log, out_dir
 from robustest.cli.settings import data_settings, model_settings
-from robustest.core.atomic import atomic_save, atomic_write_json
-from robustest.core.batching import image_shape, take
 from robustest.core.devices import model_device
-from robustest.core.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError
 from robustest.core.validation import check_eps
 from robustest.metrics.scoring import AMP_METRICS
 from robustest.results import write_results
+from robustest.selection.score_pipeline import ScoreInputs, inputs_of_tests
 from robustest.selection.score_reports import score_report
-from robustest.selection.scores_file import summarize, write_scores_csv
 
 ORDER = 30
 
@@ -107,38 +103,14 @@ def _is_tests(name: str) -> bool:
     return name.strip().lower() == "tests"
 
 
-def _load_inputs(args: argparse.Namespace) -> dict[str, Any]:
-    """The data set to score (streamed), its x0 seeds (tests files) and x0_index."""
+def _load_inputs(args: argparse.Namespace) -> ScoreInputs:
+    """The data set to score (streamed), or the tests file with its seeds."""
     if not _is_tests(args.dataset):
-        ds = load_data(args)
-        return {"data": ds, "x0": None, "x0_index": None, "source": f"{args.dataset}:{args.split}"}
+        return ScoreInputs(load_data(args), f"{args.dataset}:{args.split}")
     if args.data_dir is None:
         raise ConfigError("--dataset tests needs --data-dir pointing to the tests.pt file")
-    t = datasets.load_tests(args.data_dir)
-    x, y, x0_index = t["x"].float(), t["y"].long(), t["x0_index"].long()
-    if args.limit is not None:
-        x, y, x0_index = x[: args.limit], y[: args.limit], x0_index[: args.limit]
-    x0 = None
-    if args.seeds_dataset is not None:
-        extra = t.get("extra") or {}
-        recorded = extra.get("dataset")
-        if isinstance(recorded, str) and recorded.strip().lower() != args.seeds_dataset.strip().lower():
-            raise ConfigError(f"the tests were generated from {recorded!r}, not {args.seeds_dataset!r}: "
-                              f"pass --seeds-dataset {recorded}")
-        split = args.seeds_split or extra.get("split")
-        if split not in datasets.SPLITS:
-            raise ConfigError("the tests file does not record its seeds' split: pass --seeds-split train|test")
-        seeds = datasets.load(args.seeds_dataset, root=args.seeds_data_dir, split=split)
-        if len(x0_index) and int(x0_index.max()) >= len(seeds):
-            raise DataError(f"x0_index of the tests reaches {int(x0_index.max())} but {args.seeds_dataset}:{split} "
-                            f"has {len(seeds)} images: pass the data set the tests were generated from")
-        if tuple(image_shape(seeds)) != tuple(x.shape[1:]):
-            raise DataError(f"seed images have shape {tuple(image_shape(seeds))} but the tests {tuple(x.shape[1:])}: "
-                            "pass the data set the tests were generated from")
-
-        def x0(idx: torch.Tensor) -> torch.Tensor:
-            return take(seeds, x0_index[idx.cpu()])[0]
-    return {"data": (x, y), "x0": x0, "x0_index": x0_index, "source": f"tests:{args.data_dir}"}
+    return inputs_of_tests(args.data_dir, limit=args.limit, seeds_dataset=args.seeds_dataset,
+                        seeds_root=args.seeds_data_dir, seeds_split=args.seeds_split)
 
 
 def _load_train(args: argparse.Namespace) -> Any:
@@ -205,80 +177,35 @@ def _check_options(args: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
-    from robustest.metrics.scoring import score
+    from robustest.core.amp import check_amp
+    from robustest.selection.score_pipeline import score_pipeline
 
     _check_options(args)
     out = out_dir(args)
     t0 = time.perf_counter()
     model = load_model(args)
     inputs = _load_inputs(args)
-    check_fits(model, inputs["data"])
-    info = metrics.info(args.metric)
-    opts = _metric_options(args)
-    layers = args.layers or None
-    train = _load_train(args) if info.needs_train else None
-    device = model_device(model)
-    from robustest.core.amp import check_amp
-
-    check_amp(args.amp, device)
+    check_fits(model, inputs.data)
+    train = _load_train(args) if metrics.info(args.metric).needs_train else None
+    check_amp(args.amp, model_device(model))
     # input gradients (fol, fol_gradnorm) and kept activations (coverage, surprise) hold about what a backward
     # pass holds: they are probed with one
-    resolve_batch_size(args, model, inputs["data"], default=256, amp=args.amp, grad=args.metric not in AMP_METRICS)
-    t_load = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    res = score(model, inputs["data"], args.metric, train=train, x0=inputs["x0"], layers=layers,
-                batch_size=args.batch_size, progress=not args.no_progress, amp=args.amp, **opts)
-    t_score = time.perf_counter() - t1
-    scores, index, y = res.scores, res.index, res.labels
-    opts = res.options
-    extra: dict[str, Any] = {}
-    if res.set_coverage is not None:
-        extra = {"set_coverage": res.set_coverage, "num_cells": res.num_cells, "layers": res.layers}
-    n = len(scores)
-    payload: dict[str, Any] = {"metric": args.metric, "scores": scores, "index": index, "labels": y,
-                               "options": dict(opts)}
-    if res.bits is not None:
-        payload["bits"] = res.bits
-    x0_index = inputs["x0_index"][index] if inputs["x0_index"] is not None else None
-    if x0_index is not None:
-        payload["x0_index"] = x0_index
-    atomic_save(payload, out / "scores.pt")
-    write_scores_csv(out / "scores.csv", index, scores, y, x0_index)
-    from robustest.report import save_histogram
-
-    save_histogram(scores, out / "scores_hist.png", title=f"{args.metric} on {inputs['source']} (n={n})",
-                   xlabel=args.metric)
-    nonfinite = int((~torch.isfinite(scores)).sum())
-    figures: dict[str, Any] = {
-        "metric": args.metric,
-        "description": metrics.describe(args.metric),
-        "source": inputs["source"],
-        "options": opts,
-        **({"fol_seed": "x0 = seeds at x0_index" if inputs["x0"] is not None else "x0 = x' (own seed)"}
-           if args.metric == "fol" else {}),
-        **summarize(scores[torch.isfinite(scores)]),
-        "non_finite": nonfinite,
-        **extra,
-        "peak_rss_mib": peak_rss_mib(),
-        "device": str(device),
-    }
-    timings = {"load_s": t_load, "score_s": t_score, "per_input_ms": 1000 * t_score / max(n, 1),
-               "total_s": time.perf_counter() - t0}
-    # summary.json: the pre-contract file, same figures (kept for scripts that read it)
-    source = str(args.checkpoint or args.model_factory or args.weights)
-    atomic_write_json(out / "summary.json", {**figures, "checkpoint": source,
-                                             "fol_seed": figures.get("fol_seed"), "timings": timings})
-    files = {"scores": "scores.pt", "csv": "scores.csv", "histogram": "scores_hist.png", "summary": "summary.json",
-             "report": "report.html"}
-    doc = write_results(out, "score", _settings(args, device, opts), {**figures, "files": files}, timings)
-    score_report(doc, scores).write(out / "report.html")
-    s = figures
-    log.info(f"{args.metric} on {n} inputs from {inputs['source']}: mean {fmt(s.get('mean'))}, "
+    resolve_batch_size(args, model, inputs.data, default=256, amp=args.amp, grad=args.metric not in AMP_METRICS)
+    srun = score_pipeline(model, inputs, args.metric, out=out, train=train, layers=args.layers or None,
+                          batch_size=args.batch_size, amp=args.amp, progress=not args.no_progress,
+                          options=_metric_options(args), model_source=str(args.checkpoint or args.model_factory
+                                                                          or args.weights),
+                          load_s=time.perf_counter() - t0)
+    s, n = srun.figures, len(srun.result.scores)
+    doc = write_results(out, "score", _settings(args, model_device(model), srun.result.options), srun.to_results(),
+                        srun.timings)
+    score_report(doc, srun.result.scores).write(out / "report.html")
+    log.info(f"{args.metric} on {n} inputs from {inputs.source}: mean {fmt(s.get('mean'))}, "
              f"median {fmt(s.get('quantiles', {}).get('q50'))}, min {fmt(s.get('min'))}, max {fmt(s.get('max'))} "
-             f"({fmt(t_score, 'score_s')} s)")
-    if "set_coverage" in extra:
-        log.info(f"set coverage: {fmt(extra['set_coverage'], 'coverage')} of {extra['num_cells']} cells")
-    if args.metric == "fol" and inputs["x0_index"] is not None and inputs["x0"] is None:
+             f"({fmt(srun.timings['score_s'], 'score_s')} s)")
+    if "set_coverage" in s:
+        log.info(f"set coverage: {fmt(s['set_coverage'], 'coverage')} of {s['num_cells']} cells")
+    if srun.own_seed:
         log.warning("each test was scored as its own seed (x0 = x'); pass --seeds-dataset to use the seeds")
     log.info(f"wrote {out / 'scores.pt'}, scores.csv, results.json, report.html, summary.json and scores_hist.png")
     return 0

@@ -35,10 +35,11 @@ from robustest.cli.args import (
     positive_int,
 )
 from robustest.cli.loading import check_fits, load_data
-from robustest.cli.output import fmt, log, out_dir, peak_rss_mib
+from robustest.cli.output import fmt, log, out_dir
 from robustest.cli.settings import data_settings
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
+from robustest.core.memory import peak_rss_mib
 from robustest.results import write_results
 from robustest.train.recipes import RECIPES, TrainOptions, check_device, check_options, recipe
 

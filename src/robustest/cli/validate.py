@@ -31,11 +31,12 @@ from robustest.cli.args import (
     positive_int,
 )
 from robustest.cli.loading import check_fits, load_data, load_model
-from robustest.cli.output import fmt, log, out_dir, peak_rss_mib, print_table
+from robustest.cli.output import fmt, log, out_dir, print_table
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.batching import labels_of, take
 from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError, DataError
+from robustest.core.memory import peak_rss_mib
 from robustest.results import write_results
 from robustest.selection.strata import ALLOCATIONS
 

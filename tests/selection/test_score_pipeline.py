@@ -1,0 +1,92 @@
+"""The score pipeline (robustest.selection.score_pipeline): tests files with their seeds, the scores file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from robustest import data as datasets
+from robustest.core.batching import take
+from robustest.core.errors import ConfigError, DataError
+from robustest.metrics.loss import fol
+from robustest.metrics.scoring import score
+from robustest.selection.score_pipeline import SCORE_FILES, ScoreInputs, score_pipeline, inputs_of_tests
+from robustest.selection.scores_file import read_scores
+
+
+@pytest.fixture
+def seeds():
+    return datasets.load("digits", split="test")
+
+
+def _tests(tmp_path, seeds, index=(3, 0, 7, 7), extra=None):
+    idx = torch.tensor(index)
+    x, y = take(seeds, idx % len(seeds))
+    path = tmp_path / "tests.pt"
+    datasets.save_tests(path, (x + 0.05).clamp(0, 1), y, idx, "pgd",
+                        extra={"dataset": "digits", "split": "test"} if extra is None else extra)
+    return str(path), x, y
+
+
+def test_inputs_of_tests_read_the_tests_and_their_seeds(tmp_path, seeds):
+    path, x_seed, _ = _tests(tmp_path, seeds)
+    own = inputs_of_tests(path, limit=3)
+    assert own.x0 is None and own.source == f"tests:{path}" and own.x0_index.tolist() == [3, 0, 7]
+    assert own.data[0].shape == (3, 1, 8, 8)
+    with_seeds = inputs_of_tests(path, seeds_dataset="digits")
+    assert torch.equal(with_seeds.x0(torch.tensor([1, 3])), x_seed[[1, 3]])  # SEEDS[x0_index[i]]
+    train_seeds = inputs_of_tests(path, seeds_dataset="digits", seeds_split="train")  # the recorded split: a default
+    assert torch.equal(train_seeds.x0(torch.tensor([0])), take(datasets.load("digits", split="train"), [3])[0])
+
+
+@pytest.mark.parametrize("extra, kwargs, error, match", [
+    ({"dataset": "mnist", "split": "test"}, {}, ConfigError, "generated from 'mnist', not 'digits'"),
+    ({"dataset": "digits"}, {}, ConfigError, "does not record its seeds' split"),
+    ({"dataset": "digits", "split": "test"}, {"seeds_split": "bogus"}, ConfigError, "seeds' split"),
+])
+def test_inputs_of_tests_refuse_seeds_that_are_not_the_tests_source(tmp_path, seeds, extra, kwargs, error, match):
+    path, _, _ = _tests(tmp_path, seeds, extra=extra)
+    with pytest.raises(error, match=match):
+        inputs_of_tests(path, seeds_dataset="digits", **kwargs)
+
+
+def test_inputs_of_tests_refuse_an_index_past_the_seeds(tmp_path, seeds):
+    path, _, _ = _tests(tmp_path, seeds, index=(0, len(seeds)))
+    with pytest.raises(DataError, match=f"reaches {len(seeds)} but digits:test has {len(seeds)} images"):
+        inputs_of_tests(path, seeds_dataset="digits")
+
+
+def test_score_pipeline_writes_the_scores_file_select_reads(tmp_path, trained_digits_model, seeds):
+    data = take(seeds, torch.arange(40))
+    run = score_pipeline(trained_digits_model, ScoreInputs(data, "digits:test"), "gini", out=tmp_path,
+                         batch_size=16, progress=False, model_source="m.pt", load_s=1.5)
+    expected = score(trained_digits_model, data, "gini").scores
+    assert torch.allclose(run.result.scores, expected)
+    payload = read_scores(tmp_path / "scores.pt")
+    assert payload["metric"] == "gini" and torch.equal(payload["index"], torch.arange(40))
+    assert torch.equal(payload["labels"], data[1]) and "x0_index" not in payload and "bits" not in payload
+    lines = (tmp_path / "scores.csv").read_text().splitlines()
+    assert lines[0] == "index,score,label" and len(lines) == 41
+    assert all((tmp_path / f).is_file() for f in ("scores.pt", "scores.csv", "scores_hist.png", "summary.json"))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["checkpoint"] == "m.pt" and summary["count"] == 40 and summary["fol_seed"] is None
+    assert list(run.timings) == ["load_s", "score_s", "per_input_ms", "total_s"] and run.timings["load_s"] == 1.5
+    assert run.timings["total_s"] >= 1.5 + run.timings["score_s"]
+    assert run.figures["mean"] == pytest.approx(float(expected.mean())) and run.figures["non_finite"] == 0
+    assert run.to_results()["files"] == SCORE_FILES and run.own_seed is False
+
+
+def test_fol_on_tests_measures_against_the_seeds_or_says_it_did_not(tmp_path, trained_digits_model, seeds):
+    path, x_seed, y = _tests(tmp_path, seeds)
+    x = datasets.load_tests(path)["x"]
+    with_seeds = score_pipeline(trained_digits_model, inputs_of_tests(path, seeds_dataset="digits"), "fol",
+                                out=tmp_path, options={"eps": 0.1}, progress=False)
+    assert with_seeds.figures["fol_seed"] == "x0 = seeds at x0_index" and with_seeds.own_seed is False
+    assert torch.allclose(with_seeds.result.scores, fol(trained_digits_model, x, y, x0=x_seed, eps=0.1), atol=1e-6)
+    assert read_scores(tmp_path / "scores.pt")["x0_index"].tolist() == [3, 0, 7, 7]
+    own = score_pipeline(trained_digits_model, inputs_of_tests(path), "fol", out=tmp_path, options={"eps": 0.1},
+                         progress=False)
+    assert own.figures["fol_seed"] == "x0 = x' (own seed)" and own.own_seed is True
+    assert torch.allclose(own.result.scores, fol(trained_digits_model, x, y, x0=x, eps=0.1), atol=1e-6)
