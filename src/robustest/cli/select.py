@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import math
 import time
-import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,11 +31,10 @@ import torch
 from robustest import selection
 from robustest.cli.args import add_model_args, add_output_flags, fraction, positive_int, seed_int
 from robustest.cli.output import fmt, log, out_dir
-from robustest.core.atomic import atomic_save, atomic_write_text
-from robustest.core.errors import ConfigError, DataError
+from robustest.core.errors import ConfigError
 from robustest.results import write_results
 from robustest.selection.score_reports import select_report
-from robustest.selection.scores_file import read_scores, score_stats
+from robustest.selection.scores_file import read_scores
 
 ORDER = 31
 
@@ -69,44 +66,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from robustest.selection.select_pipeline import read_scored_tests, select_pipeline, strategy_input
+
     t0 = time.perf_counter()
     data = read_scores(args.scores)
-    scores = data["scores"]
-    pool = len(scores)
+    pool = len(data["scores"])
     spec = selection.get(args.strategy)
-    source, tests = _selection_input(args, spec, data)
+    _check_model_flags(args, spec)
+    tests = read_scored_tests(args.tests, data["index"]) if args.tests is not None else None
+    source = strategy_input(data, args.strategy, _features(args, tests) if spec.needs == "features" and tests
+                            is not None else None)  # refused here, before any file is written
     n = args.n if args.n is not None else int(math.ceil(args.fraction * pool))
     out = out_dir(args)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        idx = selection.select(source, n, args.strategy, k=args.k, seed=args.seed, fill=args.fill)
-    notes = [str(w.message) for w in caught]
-    for note in notes:
+    srun = select_pipeline(data, args.strategy, n, out=out, source=source, k=args.k, seed=args.seed, fill=args.fill,
+                           tests=tests)
+    for note in srun.warnings:
         log.warning(note)
-    chosen = scores[idx].float()
-    pos = data["index"][idx].long()
-    payload: dict[str, Any] = {"indices": pos, "scores": chosen, "strategy": args.strategy,
-                               "metric": data.get("metric"), "pool_size": pool}
-    if isinstance(data.get("x0_index"), torch.Tensor):
-        payload["x0_index"] = data["x0_index"][idx]
-    atomic_save(payload, out / "selected.pt")
-    lines = ["rank,index,score"] + [f"{r},{i},{repr(float(v))}" for r, (i, v) in
-                                    enumerate(zip(pos.tolist(), chosen.tolist()))]
-    atomic_write_text(out / "selected.csv", "\n".join(lines) + "\n")
-    if tests is not None:
-        _write_tests(tests, pos, out / "selected_tests.pt", args.strategy)
-    results: dict[str, Any] = {
-        "metric": data.get("metric"), "description": selection.describe(args.strategy),
-        "requested": n, "selected": len(idx), "pool_size": pool, "warnings": notes,
-        "pool_scores": score_stats(scores), "selected_scores": score_stats(chosen),
-    }
-    if spec.needs == "bits":
-        bits = data["bits"]
-        results["cells"] = int(bits.shape[1])
-        results["cells_covered_by_pool"] = int(bits.any(0).sum())
-        results["cells_covered_by_selection"] = int(bits[idx].any(0).sum()) if len(idx) else 0
-    results["files"] = {"selected": "selected.pt", "csv": "selected.csv", "report": "report.html",
-                        **({"tests": "selected_tests.pt"} if args.tests else {})}
     settings: dict[str, Any] = {"scores": str(args.scores), "strategy": args.strategy}
     settings.update({"n": args.n} if args.n is not None else {"fraction": args.fraction})
     if "k" in spec.options:
@@ -119,44 +94,24 @@ def run(args: argparse.Namespace) -> int:
         settings["seed"] = args.seed
     if args.tests is not None:
         settings["tests"] = str(args.tests)
+    results = srun.to_results()
     doc = write_results(out, "select", settings, results, {"total_s": time.perf_counter() - t0})
-    select_report(doc, scores, chosen).write(out / "report.html")
-    log.info(f"selected {len(idx)} of {pool} inputs with {args.strategy}: selected scores mean "
+    select_report(doc, data["scores"], srun.chosen).write(out / "report.html")
+    log.info(f"selected {len(srun.idx)} of {pool} inputs with {args.strategy}: selected scores mean "
              f"{fmt(results['selected_scores'].get('mean'))} (pool {fmt(results['pool_scores'].get('mean'))})")
     log.info(f"wrote {out / 'selected.pt'}, selected.csv, results.json and report.html"
              + (" and selected_tests.pt" if args.tests else ""))
     return 0
 
 
-def _selection_input(args: argparse.Namespace, spec: selection.Strategy,
-                     data: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
-    """What the strategy needs, as it declares (:attr:`robustest.selection.Strategy.needs`): the scores [N], the
-    covered cells [N, F] of a coverage metric's scores.pt, or the model's features [N, D] of the scored tests;
-    and the tests file when --tests is given. Refuses model flags for a strategy that needs no features."""
-    scores = data["scores"]
-    pool = len(scores)
+def _check_model_flags(args: argparse.Namespace, spec: selection.Strategy) -> None:
+    """Refuse model flags for a strategy that needs no features (only kcenter's kind reads the model)."""
     given = [f for f, v in (("--checkpoint", args.checkpoint), ("--model", args.model_factory),
                             ("--weights", args.weights), ("--model-args", args.model_args),
                             ("--torchscript", args.torchscript or None), ("--device", args.device)) if v is not None]
     if given and spec.needs != "features":
         takers = " or ".join(s for s in selection.names() if selection.get(s).needs == "features")
         raise ConfigError(f"{given[0]} applies to --strategy {takers} only (the model's features): drop it")
-    if spec.needs == "features" and args.tests is None:
-        raise ConfigError(f"--strategy {args.strategy} selects by the model's features of the tests: pass --tests "
-                          "TESTS.pt (the file that was scored) and --checkpoint MODEL")
-    tests = _read_tests(args.tests, data["index"]) if args.tests is not None else None
-    if spec.needs == "bits":
-        bits = data.get("bits")
-        if not isinstance(bits, torch.Tensor):
-            raise ConfigError(f"--strategy {args.strategy} needs covered cells: score with --metric "
-                              "nc|kmnc|nbc|snac|tknc and pass that scores.pt")
-        return bits, tests
-    if spec.needs == "features":
-        return _features(args, tests), tests
-    if not bool(torch.isfinite(scores).all()):
-        bad = int((~torch.isfinite(scores)).sum())
-        raise ConfigError(f"{bad} of {pool} scores are NaN or infinite: rescore or drop them before selecting")
-    return scores, tests
 
 
 def _features(args: argparse.Namespace, tests: dict[str, Any]) -> torch.Tensor:
@@ -168,25 +123,3 @@ def _features(args: argparse.Namespace, tests: dict[str, Any]) -> torch.Tensor:
     x = tests["scored_x"]
     check_fits(model, (x, tests["scored_y"]))
     return penultimate_features(model, x)
-
-
-def _read_tests(path: str, index: torch.Tensor) -> dict[str, Any]:
-    """The tests file the scores index into, read and checked before anything is written."""
-    from robustest import data as datasets
-
-    t = datasets.load_tests(path)
-    if int(index.max()) >= t["x"].shape[0]:
-        raise DataError(f"the scores index test {int(index.max())} but {path} holds {t['x'].shape[0]} tests: pass the "
-                        "tests file that was scored")
-    t["scored_x"], t["scored_y"] = t["x"][index.long()], t["y"][index.long()]
-    return t
-
-
-def _write_tests(t: dict[str, Any], pos: torch.Tensor, dest: Path, strategy: str) -> None:
-    from robustest import data as datasets
-
-    fol = t.get("fol")
-    extra = dict(t.get("extra") or {})
-    extra["selected_by"] = strategy
-    datasets.save_tests(dest, t["x"][pos], t["y"][pos], t["x0_index"][pos], t["method"],
-                        fol=fol[pos] if isinstance(fol, torch.Tensor) else None, extra=extra)
