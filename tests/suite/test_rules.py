@@ -4,6 +4,7 @@ Neyman allocation of the suite's samples."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -141,6 +142,27 @@ def test_pass_no_baseline_and_unreliable_verdicts():
     assert "UNRELIABLE: the evaluation is flagged gradient_masking" in bad.message()
     fine = a_check(False, flags, accepted=("gradient_masking",))
     assert fine.blocking_flags == [] and fine.verdict == "pass" and fine.failed is False
+
+
+def test_gate_lines_say_each_flag_and_why_the_gate_failed():
+    assert a_check(False).gate_lines() == [] and a_check(None).gate_lines() == []
+    drop = a_check(True).gate_lines()
+    assert drop == ["robust accuracy dropped by 12.5 points (McNemar p = 0.0312 < 0.05, more than --max-drop 2.0 "
+                    "points): regression"]
+    flag = {"name": "gradient_masking", "severity": "unreliable", "message": "PGD beats APGD", "remedy": "look"}
+    bad = a_check(False, [flag, {**flag, "model": "baseline"}])
+    assert bad.gate_lines() == [
+        "flag unreliable gradient_masking: PGD beats APGD (remedy: look)",
+        "baseline flag unreliable gradient_masking: PGD beats APGD (remedy: look)",
+        "gate failed: the evaluation is flagged unreliable (gradient_masking); fix the cause, or accept with "
+        "--accept-flag NAME"]
+    assert a_check(False, [flag], accepted=("gradient_masking",)).gate_lines() == [bad.gate_lines()[0]]
+    both = a_check(True, [flag])  # a regression is the reason given, not the flag
+    assert both.gate_lines()[1:] == drop
+    cert = dataclasses.replace(a_check(False), certified_regression=True, certified_comparison=five_broken())
+    assert cert.gate_lines() == ["5 samples certified by the baseline lost their certificate; certified accuracy "
+                                 "dropped by 12.5 points (McNemar p = 0.0312 < 0.05, more than --max-drop 2.0 points): "
+                                 "regression"]
 
 
 def test_data_sha256_is_the_hash_of_the_images_labels_and_count_whatever_the_batching():

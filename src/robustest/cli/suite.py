@@ -40,9 +40,9 @@ from robustest.cli.loading import check_fits, load_data, load_model
 from robustest.cli.output import log, out_dir, plain
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import ConfigError
+from robustest.suite.documents import SUITE_FILE
 
 ORDER = 36
-SUITE_FILE = "suite.pt"
 
 
 parse_drop = share_arg("a drop", "0.02 or 2%")  # --max-drop: "0.02" or "2%"
@@ -141,6 +141,7 @@ def run_build(args: argparse.Namespace) -> int:
     from robustest.core.validation import check_eps
     from robustest.results import write_results
     from robustest.suite import build_suite
+    from robustest.suite.documents import build_results
     from robustest.suite.report import build_report
 
     t0 = time.perf_counter()
@@ -170,15 +171,7 @@ def run_build(args: argparse.Namespace) -> int:
         settings.update(corruptions=args.corruptions, severities=list(args.severities))
     if args.certify is not None:
         settings["certify"] = args.certify
-    doc = {"command": "build",
-           "suite": {"file": SUITE_FILE, "k": m["k"], "n_population": m["n_population"],
-                     "strata": len(m["stratum_sizes"]), "by_class": m["strata"]["by_class"],
-                     "stratum_sizes": m["stratum_sizes"], "stratum_samples": m["stratum_samples"],
-                     "stratum_weights": m["stratum_weights"], "data_sha256": m["data_sha256"],
-                     "baseline_sha256": m["baseline_sha256"], "attack": m["attack"],
-                     "corruption_settings": len(m["corruption"]["settings"]),
-                     **({"certify": m["certify"]["method"]} if "certify" in m else {})},
-           "baseline": m["baseline"], "files": [SUITE_FILE, "results.json", "report.html"]}
+    doc = build_results(suite)
     timings = {**suite.timings, "total_s": time.perf_counter() - t0}
     doc = write_results(out, "suite", settings, doc, timings)
     build_report(suite, doc).write(out / "report.html")
@@ -197,7 +190,8 @@ def run_check(args: argparse.Namespace) -> int:
     from robustest.models.checkpoints import load_model as load_file
     from robustest.results import write_results
     from robustest.suite import Suite, check_suite
-    from robustest.suite.report import check_report, stratum_rows
+    from robustest.suite.documents import check_results
+    from robustest.suite.report import check_report
 
     t0 = time.perf_counter()
     if args.no_baseline and args.baseline is not None:
@@ -225,14 +219,7 @@ def run_check(args: argparse.Namespace) -> int:
         settings["no_baseline"] = True
     if args.accept_flag:
         settings["accept_flag"] = list(res.accepted_flags)
-    m = suite.meta
-    doc = {"command": "check", **res.to_dict(), "message": res.message(),
-           "suite": {"k": m["k"], "n_population": m["n_population"], "strata": len(m["stratum_sizes"]),
-                     "dataset": m.get("dataset"), "split": m.get("split"), "data_sha256": m["data_sha256"],
-                     "baseline_sha256": m["baseline_sha256"], "attack": {**m["attack"], "version": res.version},
-                     **({"certify": m["certify"]["method"]} if "certify" in m else {})},
-           "strata": stratum_rows(suite, res.outcomes, res.baseline_outcomes),
-           "files": ["results.json", "report.html"]}
+    doc = check_results(res, suite)
     timings = {**res.timings, "total_s": time.perf_counter() - t0}
     doc = write_results(out, "suite", settings, doc, timings)
     check_report(res, doc, suite).write(out / "report.html")
@@ -240,30 +227,7 @@ def run_check(args: argparse.Namespace) -> int:
     log.info(f"wrote results.json, report.html to {out} in {time.perf_counter() - t0:.1f}s")
     from robustest.core.distributed import is_main
 
-    if is_main():
-        for f in res.flags:
-            who = "baseline " if f.get("model") == "baseline" else ""
-            print(f"robustest suite: {who}flag {f['severity']} {f['name']}: {f['message']} (remedy: {f['remedy']})",
-                  file=sys.stderr)
-    if res.blocking_flags and not (res.regression or res.certified_regression):
-        if is_main():
-            print(f"robustest suite: gate failed: the evaluation is flagged unreliable "
-                  f"({', '.join(res.blocking_flags)}); fix the cause, or accept with --accept-flag NAME",
-                  file=sys.stderr)
-        return EXIT_GATE
-    if res.regression:
-        c = res.comparison
-        if is_main():  # one line, not one per rank
-            print(f"robustest suite: robust accuracy dropped by {100 * c.drop:.1f} points (McNemar p = "
-                  f"{c.p_value:.3g} < {args.alpha:g}, more than --max-drop {100 * args.max_drop:.1f} points): "
-                  "regression",
-                  file=sys.stderr)
-    if res.certified_regression:
-        c = res.certified_comparison
-        if is_main():
-            print(f"robustest suite: {c.b} samples certified by the baseline lost their certificate; certified "
-                  f"accuracy dropped by {100 * c.drop:.1f} points (McNemar p = {c.p_value:.3g} < {args.alpha:g}, more "
-                  f"than --max-drop {100 * args.max_drop:.1f} points): regression", file=sys.stderr)
-    if res.regression or res.certified_regression:
-        return EXIT_GATE
-    return 0
+    if is_main():  # one line each, not one per rank
+        for line in res.gate_lines():
+            print(f"robustest suite: {line}", file=sys.stderr)
+    return EXIT_GATE if res.failed else 0

@@ -81,6 +81,25 @@ class SuiteCheck:
         unreliable."""
         return bool(self.regression) or bool(self.certified_regression) or bool(self.blocking_flags)
 
+    def gate_lines(self) -> list[str]:
+        """What the gate says beside its verdict, one line each: every flag (the baseline's marked), then, when the
+        gate fails, why: a blocking flag without a regression, or each significant drop beyond ``max_drop``."""
+        lines = [f"{'baseline ' if f.get('model') == 'baseline' else ''}flag {f['severity']} {f['name']}: "
+                 f"{f['message']} (remedy: {f['remedy']})" for f in self.flags]
+        if self.blocking_flags and not (self.regression or self.certified_regression):
+            lines.append(f"gate failed: the evaluation is flagged unreliable ({', '.join(self.blocking_flags)}); fix "
+                         "the cause, or accept with --accept-flag NAME")
+        if self.regression and self.comparison is not None:
+            c = self.comparison
+            lines.append(f"robust accuracy dropped by {100 * c.drop:.1f} points (McNemar p = {c.p_value:.3g} < "
+                         f"{self.alpha:g}, more than --max-drop {100 * self.max_drop:.1f} points): regression")
+        if self.certified_regression and self.certified_comparison is not None:
+            c = self.certified_comparison
+            lines.append(f"{c.b} samples certified by the baseline lost their certificate; certified accuracy dropped "
+                         f"by {100 * c.drop:.1f} points (McNemar p = {c.p_value:.3g} < {self.alpha:g}, more than "
+                         f"--max-drop {100 * self.max_drop:.1f} points): regression")
+        return lines
+
     def __repr__(self) -> str:
         r = self.robust
         text = (f"SuiteCheck(robust {100 * r.value:.1f}% [{100 * r.ci_low:.1f}, {100 * r.ci_high:.1f}], "
