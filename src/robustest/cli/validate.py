@@ -11,11 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from robustest.cli.analyze import (
     add_analysis_args,
-    analysis_from_args,
+    analysis_options,
     analysis_settings,
     unit_fraction,
 )
@@ -33,10 +31,8 @@ from robustest.cli.args import (
 from robustest.cli.loading import check_fits, load_data, load_model
 from robustest.cli.output import fmt, log, out_dir, print_table
 from robustest.cli.settings import data_settings, model_settings
-from robustest.core.batching import labels_of, take
 from robustest.core.devices import model_device
-from robustest.core.errors import ConfigError, DataError
-from robustest.core.memory import peak_rss_mib
+from robustest.core.errors import ConfigError
 from robustest.results import write_results
 from robustest.selection.strata import ALLOCATIONS
 
@@ -118,8 +114,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from robustest import weakrobust as wr
-    from robustest.weakrobust.reports import validation_report, validation_rows
+    from robustest.weakrobust.reports import validation_report
+    from robustest.weakrobust.validate_pipeline import validate_pipeline
 
     _resolve_strategy(args)
     out = out_dir(args)
@@ -129,37 +125,22 @@ def run_validate(args: argparse.Namespace) -> int:
     check_fits(model, ds)
     analysis = _validation_analysis(args, model, ds, out)
     t_analysis = time.perf_counter() - t0
-    weak = wr.select_weak(analysis, k=args.k, fraction=args.fraction, threshold=args.threshold,
-                          per_class=args.per_class, strategy=args.strategy, strata=args.strata,
-                          allocation=args.allocation, seed=args.seed)
-    if len(weak) == 0:
-        raise DataError("the weak set is empty (no sample has that many neighbours misclassified): "
-                        "use --k, --fraction or a lower --threshold")
-    weak.save(out / "weakset.pt")
-    weak.save(out / "weakset.json")
-    kw = {}
-    if args.attack_steps:
-        kw = {a: {"steps": args.attack_steps} for a in ("pgd", "bim", "mifgsm", "rfgsm")}
-    common = dict(perturbations=args.perturbations, eps=args.attack_eps, severities=tuple(args.severities),
-                  attack_kwargs=kw, seed=args.seed, progress=not args.no_progress)
-    t1 = time.perf_counter()
-    res = wr.validate(model, ds, weak, **common)
-    res.save(out / "validation.pt")
-    t_weak = time.perf_counter() - t1
-    test_res = None
-    t2 = time.perf_counter()
-    if args.test_limit and args.test_limit > 0:
-        test = load_data(args, "test")
-        test_res = wr.validate(model, take(test, torch.arange(min(args.test_limit, len(test)))), None, **common)
-    t_test = time.perf_counter() - t2
-    rows = validation_rows(res, test_res)
-    results = _validation_results(args, analysis, weak, res, test_res, rows)
-    settings = _validation_settings(args, model, weak, res)
-    timings = {"analysis_s": t_analysis, "validate_weak_s": t_weak, "validate_test_s": t_test,
-               "total_s": time.perf_counter() - t0}
-    doc = write_results(out, "validate", settings, results, timings)
-    validation_report(doc, args.dataset, args.split, ds, analysis, weak, res, test_res, rows).write(out / "report.html")
-    print_table(rows, ["type", "family", "weak_error", "test_error", "label"])
+    test = load_data(args, "test") if args.test_limit and args.test_limit > 0 else None
+    vrun = validate_pipeline(model, ds, analysis, out=out, test=test, test_limit=args.test_limit,
+                             select=dict(k=args.k, fraction=args.fraction, threshold=args.threshold,
+                                         per_class=args.per_class, strategy=args.strategy, strata=args.strata,
+                                         allocation=args.allocation),
+                             perturbations=args.perturbations, eps=args.attack_eps, severities=tuple(args.severities),
+                             attack_steps=args.attack_steps, seed=args.seed, progress=not args.no_progress,
+                             analysis_s=t_analysis)
+    if not args.analysis:
+        vrun.files["analysis"] = "analysis.pt"
+    weak, res = vrun.weak, vrun.result
+    doc = write_results(out, "validate", _validation_settings(args, model, weak, res), vrun.to_results(),
+                        {**vrun.timings, "total_s": time.perf_counter() - t0})
+    validation_report(doc, args.dataset, args.split, ds, analysis, weak, res, vrun.test_result, vrun.rows
+                      ).write(out / "report.html")
+    print_table(vrun.rows, ["type", "family", "weak_error", "test_error", "label"])
     log.info(f"{weak.rule['strategy']} set: {len(weak)} samples; mean adversarial error "
              f"{fmt(res.mean_adv_error, 'error')}, mCE {fmt(res.mce, 'mce')}; "
              f"weaknesses: {', '.join(res.weaknesses()) or 'none'}")
@@ -183,33 +164,15 @@ def _validation_analysis(args: argparse.Namespace, model, ds, out: Path):
     """validate's analysis: read from --analysis (refused when it analyses other samples than ``ds``), or
     computed in saved steps and written to ``out/analysis.pt``."""
     from robustest import weakrobust as wr
+    from robustest.weakrobust.analyze_pipeline import resumable_analysis
+    from robustest.weakrobust.validate_pipeline import check_analysis_of
 
     if not args.analysis:
-        analysis = analysis_from_args(args, model, ds, out)
+        analysis = resumable_analysis(model, ds, out, analysis_options(args, model, ds), progress=not args.no_progress)
         analysis.save(out / "analysis.pt")
         return analysis
-    analysis = wr.Analysis.load(args.analysis)
-    labels = labels_of(ds)
-    if len(analysis) != len(ds) or (labels is not None and not torch.equal(analysis.label, labels.long())):
-        raise DataError(f"{args.analysis} analyses {len(analysis)} samples but --dataset {args.dataset} "
-                        f"--split {args.split} has {len(ds)} (or other labels): use the same data set, split "
-                        "and --limit as 'robustest analyze'")
-    return analysis
-
-
-def _validation_results(args: argparse.Namespace, analysis, weak, res, test_res, rows: list[dict[str, Any]]
-                        ) -> dict[str, Any]:
-    """validate's results: the set, the validation on it and on the test split, weaknesses and strengths, the
-    table, the files written."""
-    return {"n_analysed": len(analysis), "weak_set": {"n": len(weak), "strategy": weak.rule["strategy"],
-                                                      "rule": weak.rule, "indices": weak.indices.tolist(),
-                                                      "weights": None if weak.weights is None
-                                                      else weak.weights.tolist()},
-            "validation": res.to_dict(), "test": test_res.to_dict() if test_res else None,
-            "weaknesses": res.weaknesses(), "strengths": [t for t, v in res.labels().items() if v == "strength"],
-            "table": rows, "peak_rss_mib": peak_rss_mib(),
-            "files": {"weak_set": "weakset.pt", "weak_set_json": "weakset.json", "validation": "validation.pt",
-                      "report": "report.html", **({} if args.analysis else {"analysis": "analysis.pt"})}}
+    return check_analysis_of(wr.Analysis.load(args.analysis), ds, args.analysis,
+                             f"--dataset {args.dataset} --split {args.split}")
 
 
 def _validation_settings(args: argparse.Namespace, model, weak, res) -> dict[str, Any]:

@@ -1,0 +1,62 @@
+"""The validate pipeline (robustest.weakrobust.validate_pipeline): the weak set, its validation and the files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from robustest import weakrobust as wr
+from robustest.core.batching import take
+from robustest.core.errors import DataError
+from robustest.weakrobust.validate_pipeline import ITERATIVE_ATTACKS, check_analysis_of, validate_pipeline
+
+
+@pytest.fixture
+def setup(trained_digits_model, digits_train):
+    data = take(digits_train, torch.arange(60))
+    analysis = wr.analyze(trained_digits_model, data, n_neighbors=8, eps=0.4, seed=0)
+    return trained_digits_model, data, analysis
+
+
+def test_check_analysis_of_refuses_an_analysis_of_other_samples(setup):
+    _, data, analysis = setup
+    assert check_analysis_of(analysis, data, "a.pt") is analysis
+    with pytest.raises(DataError, match="^a.pt analyses 60 samples but --dataset d has 59 "):
+        check_analysis_of(analysis, take(data, torch.arange(59)), "a.pt", "--dataset d")
+    other = (data[0], (data[1] + 1) % 10)
+    with pytest.raises(DataError, match="the data has 60 \\(or other labels\\)"):
+        check_analysis_of(analysis, other, "a.pt")
+
+
+def test_validate_pipeline_saves_the_set_and_measures_it_and_the_test_samples(tmp_path, setup, digits_test):
+    model, data, analysis = setup
+    run = validate_pipeline(model, data, analysis, out=tmp_path, test=digits_test, test_limit=20,
+                            select={"k": 10, "strategy": "weak"}, perturbations=["fgsm", "pgd", "gaussian_noise"],
+                            eps=[0.1], severities=(2,), attack_steps=3, seed=1, progress=False, analysis_s=2.0)
+    expected = wr.select_weak(analysis, k=10, strategy="weak", seed=1)
+    assert torch.equal(run.weak.indices, expected.indices) and len(run.weak) == 10
+    assert wr.WeakSet.load(tmp_path / "weakset.pt").indices.tolist() == expected.indices.tolist()
+    assert (tmp_path / "weakset.json").is_file() and (tmp_path / "validation.pt").is_file()
+    assert run.result.meta["attacks"] == ["fgsm", "pgd"] and run.result.meta["corruptions"] == ["gaussian_noise"]
+    assert run.test_result is not None and run.test_result.indices.tolist() == list(range(20))
+    assert [r["type"] for r in run.rows] == ["clean", "fgsm", "pgd", "gaussian_noise"]
+    assert run.timings["analysis_s"] == 2.0 and set(run.timings) == {"analysis_s", "validate_weak_s",
+                                                                     "validate_test_s"}
+    res = run.to_results()
+    assert res["n_analysed"] == 60 and res["weak_set"]["indices"] == expected.indices.tolist()
+    assert res["weaknesses"] == run.result.weaknesses() and res["table"] is run.rows
+    assert res["files"] == {"weak_set": "weakset.pt", "weak_set_json": "weakset.json", "validation": "validation.pt",
+                            "report": "report.html"}
+    again = validate_pipeline(model, data, analysis, out=tmp_path, select={"k": 10, "strategy": "weak"},
+                              perturbations=["pgd"], eps=[0.1], attack_steps=3, seed=1, progress=False)
+    assert again.test_result is None and again.to_results()["test"] is None  # no test data, no comparison
+    assert ITERATIVE_ATTACKS == ("pgd", "bim", "mifgsm", "rfgsm")
+
+
+def test_an_empty_weak_set_is_refused(tmp_path, setup):
+    model, data, _ = setup
+    calm = wr.analyze(model, data, n_neighbors=8, eps=0.01, seed=0)  # no correct sample has a neighbour wrong
+    with pytest.raises(DataError, match="the weak set is empty"):
+        validate_pipeline(model, data, calm, out=tmp_path, select={"threshold": 0.5, "strategy": "weak-correct"},
+                          progress=False)
+    assert not (tmp_path / "weakset.pt").exists()
