@@ -7,12 +7,8 @@ the description below is what ``--help`` shows. ``robustest validate`` shares it
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 from typing import Any
-
-import torch
 
 from robustest.cli.args import (
     add_checkpoint_arg,
@@ -26,12 +22,9 @@ from robustest.cli.args import (
 from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
 from robustest.cli.output import fmt, log, out_dir
 from robustest.cli.settings import data_settings, model_settings
-from robustest.core import distributed
-from robustest.core.atomic import atomic_save
 from robustest.core.devices import model_device
-from robustest.core.memory import peak_rss_mib
-from robustest.core.steps import Steps, data_fingerprint, fingerprint
 from robustest.results import write_results
+from robustest.weakrobust.analyze_pipeline import ANALYSIS_STEP, AnalysisOptions
 
 ORDER = 60
 
@@ -45,7 +38,6 @@ weaker). Writes to --out:
   report.html   score histograms, the weakest samples as images, settings and timings
 """
 
-ANALYSIS_STEP = 16384  # samples per saved step of an analysis (a multiple of the noise block)
 
 
 def unit_fraction(text: str) -> float:
@@ -96,34 +88,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 # ------------------------------------------------------------------------------------------- helpers
 
 
-def analysis_from_args(args: argparse.Namespace, model, ds, out: Path):
-    """The local robustness analysis of ``ds``, in saved steps of ``--save-every`` samples per process:
-    rerunning the same command after a kill continues from the last finished step.
-
-    Under torchrun a step covers ``save_every x world_size`` samples, so each rank does as much work
-    between two saves (one gather, one atomic write) as a single process does; the scores do not depend on
-    the step size (neighbour noise is seeded per block of samples), only the resume points do."""
+def analysis_options(args: argparse.Namespace, model, ds) -> AnalysisOptions:
+    """The analysis options of the flags, --batch-size auto resolved for ``model`` and ``ds``."""
     from robustest import weakrobust as wr
-    from robustest.models.checkpoints import state_fingerprint
 
     if args.batch_size == "auto":
         resolve_batch_size(args, model, ds, default=wr.default_batch_size(ds), grad=False, amp=args.amp)
-    every = args.save_every * distributed.world_size()
-    settings = {k: getattr(args, k) for k in ("neighbors", "eps", "noise", "no_quantize", "seed", "amp")}
-    settings["step"] = every
-    steps = Steps(out, fingerprint("analyze", settings, state_fingerprint(model), data_fingerprint(ds)),
-                  log=lambda msg: print(f"note: {msg}", file=sys.stderr))
-    n, parts = len(ds), []
-    for k, lo in enumerate(range(0, n, every)):
-        span = (lo, min(lo + every, n))
-        d = steps.run(f"analysis_{k:05d}", lambda span=span: wr.analyze(
-            model, ds, n_neighbors=args.neighbors, eps=args.eps, noise=args.noise, quantize=not args.no_quantize,
-            batch_size=args.batch_size, seed=args.seed, progress=not args.no_progress, span=span,
-            amp=args.amp).to_dict())
-        parts.append(wr.Analysis.from_dict(d, f"{out}/state/steps/analysis_{k:05d}.pt"))
-    if steps.resumed:
-        print(f"note: {steps.resumed} finished step(s) of an interrupted run reused", file=sys.stderr)
-    return wr.Analysis.concat(parts)
+    return AnalysisOptions(neighbors=args.neighbors, eps=args.eps, noise=args.noise, no_quantize=args.no_quantize,
+                           batch_size=args.batch_size, amp=args.amp, seed=args.seed, save_every=args.save_every)
 
 
 # --------------------------------------------------------------------------------------------- verbs
@@ -139,41 +111,23 @@ def analysis_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_analyze(args: argparse.Namespace) -> int:
-    from robustest.weakrobust.reports import analyze_report, weakest_rows
+    from robustest.weakrobust.analyze_pipeline import analyze_pipeline
+    from robustest.weakrobust.reports import analyze_report
 
     out = out_dir(args)
     t0 = time.perf_counter()
     model = load_model(args)
     ds = load_data(args)
     check_fits(model, ds)
-    analysis = analysis_from_args(args, model, ds, out)
-    analysis.save(out / "analysis.pt")
-    results: dict[str, Any] = {"n": len(analysis), "summary": analysis.summary(), "weakest": weakest_rows(analysis),
-                               "files": {"analysis": "analysis.pt", "report": "report.html"}}
-    timings = {"analyze_s": analysis.params["seconds"]}
-    radius = None
-    if args.radius_eps_max:
-        from scipy.stats import spearmanr
-
-        from robustest import weakrobust as wr
-
-        tr = time.perf_counter()
-        radius = wr.adversarial_radius(model, ds, eps_max=args.radius_eps_max, seed=args.seed)
-        timings["radius_s"] = time.perf_counter() - tr
-        atomic_save(radius, out / "radius.pt")
-        fin = radius[torch.isfinite(radius)]
-        rho = spearmanr(analysis.score.numpy(), (-radius.clamp(max=2 * args.radius_eps_max)).numpy()).statistic
-        results["radius"] = {"eps_max": args.radius_eps_max, "median": float(fin.median()) if fin.numel() else None,
-                             "frac_not_flipped": float((~torch.isfinite(radius)).float().mean()),
-                             "spearman_score_vs_minus_radius": None if rho != rho else float(rho)}
-        results["files"]["radius"] = "radius.pt"
-    timings["total_s"] = time.perf_counter() - t0
-    results["peak_rss_mib"] = peak_rss_mib()
+    arun = analyze_pipeline(model, ds, out=out, options=analysis_options(args, model, ds),
+                            radius_eps_max=args.radius_eps_max, progress=not args.no_progress)
+    analysis = arun.analysis
     settings = {**model_settings(args), **data_settings(args), **analysis_settings(args), "top": args.top,
                 **({"radius_eps_max": args.radius_eps_max} if args.radius_eps_max else {}), "seed": args.seed,
                 "device": str(model_device(model))}
-    doc = write_results(out, "analyze", settings, results, timings)
-    analyze_report(doc, ds, analysis, radius, args.top).write(out / "report.html")
+    doc = write_results(out, "analyze", settings, arun.to_results(),
+                        {**arun.timings, "total_s": time.perf_counter() - t0})
+    analyze_report(doc, ds, analysis, arun.radius, args.top).write(out / "report.html")
     s = analysis.summary()
     log.info(f"analysed {len(analysis)} samples in {fmt(analysis.params['seconds'], 'analyze_s')} s: clean accuracy "
              f"{fmt(s['clean_accuracy'], 'accuracy')}, mean score {fmt(s['mean_score'])}, "
