@@ -12,18 +12,21 @@ import torch
 from robustest import corruptions as C
 from robustest import data
 from robustest.cli import main
-from robustest.cli.corrupt import parse_severities
-from robustest.core.errors import ConfigError
 
 
-def test_parse_severities() -> None:
-    assert parse_severities("1-5") == [1, 2, 3, 4, 5]
-    assert parse_severities("3") == [3]
-    assert parse_severities("5,1,3") == [1, 3, 5]
-    assert parse_severities("1-2,4") == [1, 2, 4]
+def test_severities_flag_takes_ranges_and_lists_sorted(capsys) -> None:
+    from robustest.cli import build_parser
+
+    parser = build_parser()
+
+    def sev(text: str) -> list[int]:
+        return parser.parse_args(["corrupt", "--dataset", "digits", "--out", "o", "--severities", text]).severities
+
+    assert sev("1-5") == [1, 2, 3, 4, 5] and sev("3") == [3] and sev("5,1,3") == [1, 3, 5] and sev("1-2,4") == [1, 2, 4]
     for bad in ("0", "6", "5-1", "a", "1-6", ""):
-        with pytest.raises(ConfigError):
-            parse_severities(bad)
+        with pytest.raises(SystemExit):
+            sev(bad)
+        assert "--severities" in capsys.readouterr().err
 
 
 def test_corrupt_all_on_digits(tmp_path: Path, capsys: pytest.CaptureFixture[str], results_contract) -> None:

@@ -22,16 +22,11 @@ from typing import Any
 
 import torch
 
-from robustest.cli.args import add_data_args, add_run_args, int_list, name_list, parse_list, positive_int
+from robustest.cli.args import add_data_args, add_run_args, int_list, name_list, positive_int
 from robustest.cli.loading import load_data
 from robustest.cli.output import fmt, log, out_dir
 from robustest.cli.settings import data_settings
-from robustest.core.batching import image_shape, take
 from robustest.core.devices import resolve_device
-from robustest.core.errors import ConfigError
-from robustest.core.memory import peak_rss_mib
-from robustest.core.steps import Steps, data_fingerprint, fingerprint
-from robustest.corruptions.export import export
 from robustest.results import write_results
 
 ORDER = 40
@@ -57,64 +52,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def parse_severities(text: str) -> list[int]:
-    """'1-5' -> [1..5]; '3' -> [3]; '1,3,5' -> [1, 3, 5]; '1-2,4' -> [1, 2, 4] (sorted, unique; each in 1-5).
-    Raises ConfigError on anything else."""
-    return parse_list(text, int, ranges=True, what="severity", lo=1, hi=5, sort=True)
-
-
 def run(args: argparse.Namespace) -> int:
     from robustest import corruptions
+    from robustest.corruptions.corrupt_pipeline import check_corruptible, corrupt_pipeline
 
     t_start = time.perf_counter()
     names = corruptions.resolve_names(args.corruptions)
-    severities = args.severities
     device = resolve_device(None, args.device) if args.device else torch.device("cpu")
     ds = load_data(args)
-    c, h, w = image_shape(ds)
-    n = len(ds)
-    if c not in (1, 3):
-        raise ConfigError(f"the data has {c} channels; corruptions need 1 (grayscale) or 3 (RGB)")
-    if args.format == "npy" and list(severities) != [1, 2, 3, 4, 5]:
-        raise ConfigError("--format npy writes the CIFAR-10-C layout, which holds severities 1-5: pass "
-                          "--severities 1-5")
+    c, h, w = check_corruptible(ds, args.format, args.severities)
     table = corruptions.default_table(h, w) if args.table == "auto" else args.table
     out = out_dir(args)
     t_load = time.perf_counter() - t_start
-    timings: dict[str, float] = {"load_s": t_load}
-    run_settings = {"names": names, "severities": list(severities), "table": table, "seed": args.seed,
-                    "batch_size": args.batch_size, "format": args.format, "split": args.split}
-    steps = Steps(out, fingerprint("corrupt", run_settings, data_fingerprint(ds)), log=log.warning)
-    files = export(ds, out, names, severities, fmt=args.format, split=args.split, table=table,
-                   batch_size=args.batch_size, seed=args.seed, device=device, show_progress=not args.no_progress,
-                   run_step=steps.run)
-    for name, rec in files.items():
-        timings[f"{name}_s"] = rec.pop("seconds", 0.0)
-    clean = take(ds, torch.arange(1))[0]
-    # the first image under every corruption and severity, for the report (batch 0 of the files: seed + 0)
-    first = take(ds, torch.arange(min(n, args.batch_size)))[0].to(device)
-    samples = [torch.round(corruptions.corrupt(first, name, sev, seed=args.seed, table=table)[:1] * 255)
-               .to(torch.uint8).cpu() for name in names for sev in severities]
-    timings["total_s"] = time.perf_counter() - t_start
-    settings = {**data_settings(args), "corruptions": names, "severities": severities, "table": table,
+    crun = corrupt_pipeline(ds, out, names, args.severities, fmt=args.format, split=args.split, table=table,
+                            batch_size=args.batch_size, seed=args.seed, device=device, progress=not args.no_progress,
+                            note=log.warning)
+    timings = {"load_s": t_load, **crun.timings, "total_s": time.perf_counter() - t_start}
+    settings = {**data_settings(args), "corruptions": names, "severities": args.severities, "table": table,
                 "batch_size": args.batch_size, "seed": args.seed, "device": str(device), "format": args.format}
-    results = {
-        "num_images": n,
-        "image_shape": [c, h, w],
-        "arrays": {f"x_{args.split}": "uint8 rows = severities x images (severity-major), H x W[ x 3]",
-                   f"y_{args.split}": "labels per row", "severity": "severity per row",
-                   "index": "position of the row's image in the source split"} if args.format == "npz" else
-        {"<corruption>.npy": "uint8 5N x H x W x C, severity 1 first", "labels.npy": "5N labels"},
-        "load_with": (f"robustest.data.load('npz', '<file>', split='{args.split}')" if args.format == "npz" else
-                      "robustest.data.load('cifar10-c', OUT, corruption=NAME, severity=S)"),
-        "corruptions": files,
-        "peak_rss_mib": peak_rss_mib(),
-        "files": {"report": "report.html", **{k: v["file"] for k, v in files.items()}},
-    }
-    doc = write_results(out, "corrupt", settings, results, timings)
-    _report(doc, clean, samples).write(out / "report.html")
-    log.info(f"wrote {len(files)} corruption file(s) x {len(severities)} severities x {n} images "
-             f"({args.dataset} {args.split}, {c}x{h}x{w}, {table} table) to {out} "
+    doc = write_results(out, "corrupt", settings, crun.to_results(), timings)
+    _report(doc, crun.clean, crun.samples).write(out / "report.html")
+    log.info(f"wrote {len(crun.files)} corruption file(s) x {len(args.severities)} severities x {crun.num_images} "
+             f"images ({args.dataset} {args.split}, {c}x{h}x{w}, {table} table) to {out} "
              f"in {fmt(timings['total_s'], 'total_s')} s")
     return 0
 
