@@ -12,7 +12,7 @@ from robustest.core.batching import take
 from robustest.core.errors import ConfigError, DataError
 from robustest.metrics.loss import fol
 from robustest.metrics.scoring import score
-from robustest.selection.score_pipeline import SCORE_FILES, ScoreInputs, score_pipeline, inputs_of_tests
+from robustest.selection.score_pipeline import SCORE_FILES, ScoreInputs, inputs_of_tests, score_pipeline
 from robustest.selection.scores_file import read_scores
 
 
