@@ -85,3 +85,30 @@ def test_the_report_of_a_pipeline_run_marks_the_kept_epoch(digits, tmp_path):
     harden_report(doc).write(tmp_path / "report.html")
     html = (tmp_path / "report.html").read_text()
     assert "robustest harden: pgd-at on digits" in html and "The model written (model.pt) is epoch 2" in html
+
+
+def test_claim_run_dir_refuses_another_run_unless_resumed_with_the_same_settings(tmp_path):
+    from robustest.core.errors import ConfigError
+
+    assert hp.claim_run_dir(tmp_path, {"eps": 0.3}, resume=False) == tmp_path
+    assert json.loads((tmp_path / "state" / "run.json").read_text()) == {"args": {"eps": 0.3}}
+    with pytest.raises(ConfigError, match="already holds a harden run: pass --resume"):
+        hp.claim_run_dir(tmp_path, {"eps": 0.3}, resume=False)
+    with pytest.raises(ConfigError, match="holds a run with other settings"):
+        hp.claim_run_dir(tmp_path, {"eps": 0.2}, resume=True)
+    assert hp.claim_run_dir(tmp_path, {"eps": 0.3}, resume=True) == tmp_path
+    (tmp_path / "state" / "run.json").write_text("not json")  # a damaged marker is a run with other settings
+    with pytest.raises(ConfigError, match="other settings"):
+        hp.claim_run_dir(tmp_path, {"eps": 0.3}, resume=True)
+
+
+def test_certificates_for_takes_the_methods_own_unless_told(digits):
+    from robustest.core.errors import ConfigError
+
+    test = digits[2]
+    assert hp.certificates_for("pgd-at", None, _model(), test) is None
+    assert hp.certificates_for("pgd-at", ["ibp"], _model(), test) == ["ibp"]
+    assert hp.certificates_for("ibp", None, _model(), test) == ["ibp", "crown"]
+    assert hp.certificates_for("ibp", ["none"], _model(), test) is None
+    with pytest.raises(ConfigError, match="--certify none turns certification off"):
+        hp.certificates_for("pgd-at", ["none", "ibp"], _model(), test)

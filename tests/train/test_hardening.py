@@ -515,3 +515,20 @@ def test_holdout_split_bounds():
         early_stopping.holdout_split(labels, 5)
     with pytest.raises(ConfigError, match="k"):
         early_stopping.holdout_split(labels, -1)
+
+
+def test_validation_split_holds_out_a_stratified_tenth_at_most():
+    from robustest.train.early_stopping import DEFAULT_VAL_SIZE, holdout_split, validation_split
+
+    x, y = torch.arange(200.0).reshape(200, 1, 1, 1), torch.arange(200) % 4
+    fit_data, val, k = validation_split((x, y), None, seed=3)
+    assert k == 20 == min(DEFAULT_VAL_SIZE, 200 // 10) and val[1].bincount().tolist() == [5, 5, 5, 5]
+    tr, va = holdout_split(y, 20, 3)
+    assert torch.equal(val[0], x[va]) and torch.equal(fit_data[0], x[tr])
+    assert validation_split((x, y), 0, keep="last") == ((x, y), None, 0)
+    assert validation_split((x, y), 20)[2] == 20  # exactly a tenth
+    with pytest.raises(ConfigError, match="--val-size 21 is more than a tenth of the 200 training images"):
+        validation_split((x, y), 21)
+    with pytest.raises(ConfigError, match="9 training images are too few"):
+        validation_split((x[:9], y[:9]), None, keep="best")
+    assert validation_split((x[:9], y[:9]), None, keep="last")[1:] == (None, 0)

@@ -33,8 +33,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
@@ -49,12 +47,10 @@ from robustest.cli.args import (
 from robustest.cli.loading import build_zoo_model, check_fits, load_data, load_model
 from robustest.cli.output import log, out_dir, print_table
 from robustest.cli.settings import data_settings, model_settings
-from robustest.core.atomic import atomic_write_json
 from robustest.core.errors import ConfigError
 from robustest.core.memory import peak_rss_mib
 
 ORDER = 35
-DEFAULT_VAL_SIZE = 1000  # held-out training images of robust early stopping (Rice et al. hold out 1,000)
 # arguments that do not change what a run computes (left out of the resume check)
 _RUNTIME_ARGS = ("func", "resume", "no_progress", "device", "out", "debug", "verb")
 
@@ -153,52 +149,11 @@ def _fingerprint_args(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in sorted(vars(args).items()) if k not in _RUNTIME_ARGS}
 
 
-def _prepare_out(args: argparse.Namespace) -> Path:
-    """Create --out; refuse to overwrite a run without --resume, or to resume one with other settings."""
-    out = out_dir(args)
-    marker = out / "state" / "run.json"
-    settings = json.loads(json.dumps(_fingerprint_args(args), default=str))
-    if marker.is_file() or (out / "results.json").is_file():
-        if not args.resume:
-            raise ConfigError(f"{out} already holds a harden run: pass --resume to continue it or choose another --out")
-        try:
-            prev = json.loads(marker.read_text()).get("args")
-        except (OSError, ValueError, AttributeError):
-            prev = None
-        if prev != settings:
-            raise ConfigError(f"{out} holds a run with other settings: resume with the same options or choose "
-                              "another --out")
-    from robustest.core import distributed
-
-    distributed.barrier()  # every rank has looked at --out before rank 0 writes the marker
-    atomic_write_json(marker, {"args": settings})
-    return out
-
-
 def _certificate(text: str) -> str:
     name = str(text).strip().lower()
     if name not in ("ibp", "crown", "none"):
         raise argparse.ArgumentTypeError(f"unknown certificate {text!r}: choose ibp, crown or none")
     return name
-
-
-def _certificates(args: argparse.Namespace, model: Any, test: Any) -> list[str] | None:
-    """--certify in effect (unset: the method's certificates; none: None); a model bound propagation does not
-    cover is refused here, before any work, when certifying or training with the bounds (ibp, crown-ibp)."""
-    from robustest.train import objectives
-
-    given = args.certify if args.certify is not None else list(objectives.get(args.method).certificates)
-    if "none" in given and len(given) > 1:
-        raise ConfigError(f"--certify none turns certification off: give it alone, not with {given}")
-    names = [c for c in given if c != "none"]
-    if names or objectives.get(args.method).certificates:  # certified training needs the bounds too
-        from robustest.certify import check_certifiable
-        from robustest.core.batching import image_shape
-        from robustest.core.modelcall import eval_mode
-
-        with eval_mode(model):  # tracing runs one forward: BatchNorm's running statistics stay as they are
-            check_certifiable(model, image_shape(test))
-    return names or None
 
 
 def _method_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -215,33 +170,12 @@ def _method_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     return method_kw, common
 
 
-def _split(train: Any, args: argparse.Namespace) -> tuple[Any, Any]:
-    """(training data, validation data or None): --val-size images held out of ``train``, class-stratified."""
-    from robustest.core.batching import labels_of, num_samples, take
-    from robustest.train.early_stopping import holdout_split
-
-    n = num_samples(train)
-    if args.val_size is None:  # the default: 1000, at most a tenth of the data (resolved before the resume check)
-        args.val_size = min(DEFAULT_VAL_SIZE, n // 10)
-        if args.val_size == 0 and args.keep == "best":
-            raise ConfigError(f"{n} training images are too few to hold out a validation split: give --keep last")
-    if args.val_size == 0:
-        return train, None
-    if args.val_size > n // 10:
-        raise ConfigError(f"--val-size {args.val_size} is more than a tenth of the {n} training images: give at most "
-                          f"{n // 10}, or 0 for no validation (with --keep last)")
-    labels = labels_of(train)
-    if labels is None:
-        labels = take(train, torch.arange(n))[1]
-    tr, va = holdout_split(labels, args.val_size, args.seed)
-    return take(train, tr), take(train, va)
-
-
 def run(args: argparse.Namespace) -> int:
     from robustest.report import format_value
     from robustest.results import write_results
     from robustest.train import hardening
-    from robustest.train.harden_pipeline import Measurement, harden_pipeline
+    from robustest.train.early_stopping import validation_split
+    from robustest.train.harden_pipeline import Measurement, certificates_for, claim_run_dir, harden_pipeline
     from robustest.train.harden_report import guard_reason, harden_report, summary_figures
 
     t0 = time.perf_counter()
@@ -258,9 +192,9 @@ def run(args: argparse.Namespace) -> int:
     check_fits(model, train)
     test = load_data(argparse.Namespace(**{**vars(args), "limit": args.test_limit}), args.test_split)
     check_fits(model, test)
-    args.certify = _certificates(args, model, test)
-    fit_data, val = _split(train, args)
-    out = _prepare_out(args)
+    args.certify = certificates_for(args.method, args.certify, model, test)
+    fit_data, val, args.val_size = validation_split(train, args.val_size, args.keep, args.seed)
+    out = claim_run_dir(out_dir(args), json.loads(json.dumps(_fingerprint_args(args), default=str)), args.resume)
     t_load = time.perf_counter() - t0
 
     measurement = Measurement(eps=args.eps, whitebox_limit=args.whitebox_limit, pgd_steps=args.whitebox_pgd_steps,

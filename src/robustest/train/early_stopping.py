@@ -13,6 +13,8 @@ PGD accuracy by :data:`CO_GAP` or more (:func:`masked`); the best epoch, if ther
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -20,13 +22,16 @@ from robustest.core.errors import ConfigError
 from robustest.core.seeding import derive_seed, make_generator
 from robustest.core.validation import check_int
 
-__all__ = ["CO_GAP", "CO_MIN_DROP", "CO_RATIO", "KEEP", "collapsed", "holdout_split", "masked", "validate"]
+__all__ = ["CO_GAP", "CO_MIN_DROP", "CO_RATIO", "DEFAULT_VAL_SIZE", "KEEP", "collapsed", "holdout_split", "masked",
+           "validate", "validation_split"]
 
 KEEP = ("best", "last")
 #: the catastrophic-overfitting rule: validation PGD accuracy below this fraction of the best so far ...
 CO_RATIO = 0.5
 #: ... and at least this far (absolute) below it
 CO_MIN_DROP = 0.1
+#: held-out training images of robust early stopping by default (Rice et al. hold out 1,000), at most a tenth
+DEFAULT_VAL_SIZE = 1000
 #: the collapse that never rose: the training attack's accuracy at least this far (absolute) above validation PGD's
 CO_GAP = 0.5
 
@@ -85,3 +90,27 @@ def holdout_split(labels: torch.Tensor, k: int, seed: int = 0) -> tuple[torch.Te
     held = pos_in_class < share[cls_index]
     idx = torch.arange(n)
     return idx[~held], idx[held]
+
+
+def validation_split(train: Any, val_size: int | None, keep: str = "best", seed: int = 0) -> tuple[Any, Any, int]:
+    """(training data, validation data or None, the validation size): ``val_size`` images held out of ``train``
+    class-stratified (:func:`holdout_split`, seeded by ``seed``). ``val_size`` None: :data:`DEFAULT_VAL_SIZE`, at
+    most a tenth of the data; 0: none. One-line ConfigError when more than a tenth is asked for, or when ``keep``
+    is "best" and the data is too small to hold any out."""
+    from robustest.core.batching import labels_of, num_samples, take
+
+    n = num_samples(train)
+    if val_size is None:  # the default: 1000, at most a tenth of the data
+        val_size = min(DEFAULT_VAL_SIZE, n // 10)
+        if val_size == 0 and keep == "best":
+            raise ConfigError(f"{n} training images are too few to hold out a validation split: give --keep last")
+    if val_size == 0:
+        return train, None, 0
+    if val_size > n // 10:
+        raise ConfigError(f"--val-size {val_size} is more than a tenth of the {n} training images: give at most "
+                          f"{n // 10}, or 0 for no validation (with --keep last)")
+    labels = labels_of(train)
+    if labels is None:
+        labels = take(train, torch.arange(n))[1]
+    tr, va = holdout_split(labels, val_size, seed)
+    return take(train, tr), take(train, va), val_size

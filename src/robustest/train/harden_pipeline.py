@@ -25,9 +25,10 @@ import torch
 from torch import nn
 
 from robustest.core.atomic import atomic_write_json
+from robustest.core.errors import ConfigError
 from robustest.train.hardening import HardenResult, harden
 
-__all__ = ["HardenRun", "Measurement", "harden_pipeline", "measure_model"]
+__all__ = ["HardenRun", "Measurement", "certificates_for", "claim_run_dir", "harden_pipeline", "measure_model"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,48 @@ def _certified(model: nn.Module, test: Any, m: Measurement) -> dict[str, Any]:
         proved |= cert.certified.cpu()
     out["certified_accuracy"] = int(proved.sum()) / x.shape[0] if x.shape[0] else 0.0
     return out
+
+
+def claim_run_dir(out: str | Path, settings: dict[str, Any], resume: bool) -> Path:
+    """Mark the existing folder ``out`` as holding the harden run of ``settings`` (JSON-ready), after refusing to
+    overwrite another run without ``resume`` or to resume one with other settings (one-line ConfigError)."""
+    from robustest.core import distributed
+
+    out = Path(out)
+    marker = out / "state" / "run.json"
+    if marker.is_file() or (out / "results.json").is_file():
+        if not resume:
+            raise ConfigError(f"{out} already holds a harden run: pass --resume to continue it or choose another --out")
+        try:
+            prev = json.loads(marker.read_text()).get("args")
+        except (OSError, ValueError, AttributeError):
+            prev = None
+        if prev != settings:
+            raise ConfigError(f"{out} holds a run with other settings: resume with the same options or choose "
+                              "another --out")
+    distributed.barrier()  # every rank has looked at the folder before rank 0 writes the marker
+    atomic_write_json(marker, {"args": settings})
+    return out
+
+
+def certificates_for(method: str, given: list[str] | None, model: nn.Module, test: Any) -> list[str] | None:
+    """The certificates measured before and after hardening with ``method``: ``given`` (None: the method's own,
+    e.g. ibp and crown for certified training; ``["none"]``: none). A model bound propagation does not cover is
+    refused here, before any work, when certifying or training with the bounds (one-line ConfigError)."""
+    from robustest.train import objectives
+
+    chosen = given if given is not None else list(objectives.get(method).certificates)
+    if "none" in chosen and len(chosen) > 1:
+        raise ConfigError(f"--certify none turns certification off: give it alone, not with {chosen}")
+    names = [c for c in chosen if c != "none"]
+    if names or objectives.get(method).certificates:  # certified training needs the bounds too
+        from robustest.certify import check_certifiable
+        from robustest.core.batching import image_shape
+        from robustest.core.modelcall import eval_mode
+
+        with eval_mode(model):  # tracing runs one forward: BatchNorm's running statistics stay as they are
+            check_certifiable(model, image_shape(test))
+    return names or None
 
 
 @dataclass
