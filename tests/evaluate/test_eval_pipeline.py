@@ -78,3 +78,23 @@ def test_sample_rows_carry_the_bracket_and_the_report_states_the_verdict(digits,
     text = eval_report(run.result, doc, run.bracket, digits).render()
     verdict = "The gate passed" if run.passed else "The gate FAILED"
     assert verdict in text and "Certified, robust and clean accuracy" in text
+
+
+def test_gate_lines_and_failed_say_why_a_run_fails(digits, tmp_path):
+    import dataclasses
+
+    from robustest.evaluate.certification import Bracket
+
+    run = eval_pipeline(Fixed(), digits, 0.2, out=tmp_path, fail_under=0.0, **OPTS)
+    assert run.failed is False and run.gate_lines() == []
+    acc = run.result.robust_accuracy
+    assert 0 < acc < 1
+    low = dataclasses.replace(run, gate={**run.gate, "fail_under": 1.0, "passed": False})
+    assert low.failed is True
+    assert low.gate_lines() == [f"robust accuracy {acc:.4f} is below --fail-under 1.0000"]
+    unsound = Bracket.from_outcomes([True, True, False], [True, False, False], [True, True, True])
+    lines = dataclasses.replace(run, bracket=unsound, gate=None).gate_lines()
+    assert lines == ["SOUNDNESS ERROR: 1 samples are both certified and broken (samples.csv: bracket = unsound); "
+                     "the figures cannot be trusted"]
+    assert dataclasses.replace(run, bracket=unsound, gate=None).failed is True  # no gate: unsound fails
+    assert dataclasses.replace(run, bracket=unsound).failed is False  # a passed gate decides

@@ -55,7 +55,7 @@ from robustest.core.memory import peak_rss_mib
 from robustest.core.validation import check_eps
 
 if TYPE_CHECKING:
-    from robustest.evaluate.eval_pipeline import EvalRun
+    pass
 
 ORDER = 35
 
@@ -218,7 +218,9 @@ def run(args: argparse.Namespace) -> int:
                  f"{100 * brk.robust_accuracy:.2f}% <= clean {100 * brk.clean_accuracy:.2f}% "
                  f"({brk.counts()['undecided']} undecided)")
     log.info(f"wrote {', '.join(ev.files)} to {out} in {time.perf_counter() - t0:.1f}s")
-    return _exit_status(ev, args)
+    for line in ev.gate_lines():
+        print(f"robustest eval: {line}", file=sys.stderr)
+    return EXIT_GATE if ev.failed else 0
 
 
 def _settings(args: argparse.Namespace, attacks: list[str] | None, severities: list[int] | None,
@@ -240,23 +242,3 @@ def _settings(args: argparse.Namespace, attacks: list[str] | None, severities: l
     if args.accept_flag:
         settings["accept_flag"] = list(args.accept_flag)
     return settings
-
-
-def _exit_status(ev: EvalRun, args: argparse.Namespace) -> int:
-    """0, or EXIT_GATE (with its line on stderr) when the gate failed or the bracket is unsound."""
-    brk, result = ev.bracket, ev.result
-    if brk is not None and not brk.sound:
-        print(f"robustest eval: SOUNDNESS ERROR: {brk.counts()['unsound']} samples are both certified and broken "
-              "(samples.csv: bracket = unsound); the figures cannot be trusted", file=sys.stderr)
-        if ev.passed is None:
-            return EXIT_GATE
-    if ev.passed is False:
-        if result.robust_accuracy < args.fail_under:
-            print(f"robustest eval: robust accuracy {result.robust_accuracy:.4f} is below --fail-under "
-                  f"{args.fail_under:.4f}", file=sys.stderr)
-        if ev.blocking:
-            print(f"robustest eval: gate failed: the evaluation is flagged unreliable "
-                  f"({', '.join(f.name for f in ev.blocking)}); fix the cause, or accept with --accept-flag NAME",
-                  file=sys.stderr)
-        return EXIT_GATE
-    return 0

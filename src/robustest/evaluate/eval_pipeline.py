@@ -54,6 +54,29 @@ class EvalRun:
         """The unreliable flags not accepted: each fails the gate."""
         return self.result.blocking(self.describe.get("accept_flag", ()))
 
+    @property
+    def failed(self) -> bool:
+        """The run fails its check: the gate failed, or (without a gate) the bracket is unsound."""
+        unsound = self.bracket is not None and not self.bracket.sound
+        return self.passed is False or (unsound and self.passed is None)
+
+    def gate_lines(self) -> list[str]:
+        """What the run says beside its figures, one line each: an unsound bracket, and when the gate failed, why
+        (robust accuracy below ``fail_under``, or the unreliable flags not accepted)."""
+        lines = []
+        if self.bracket is not None and not self.bracket.sound:
+            lines.append(f"SOUNDNESS ERROR: {self.bracket.counts()['unsound']} samples are both certified and broken "
+                         "(samples.csv: bracket = unsound); the figures cannot be trusted")
+        if self.passed is False and self.gate is not None:
+            acc, under = self.result.robust_accuracy, self.gate["fail_under"]
+            if acc < under:
+                lines.append(f"robust accuracy {acc:.4f} is below --fail-under {under:.4f}")
+            if self.blocking:
+                lines.append(f"gate failed: the evaluation is flagged unreliable "
+                             f"({', '.join(f.name for f in self.blocking)}); fix the cause, or accept with "
+                             "--accept-flag NAME")
+        return lines
+
     def to_results(self) -> dict[str, Any]:
         """The results of an eval run (docs/RESULTS_SCHEMA.md, eval), without the contract's header and files."""
         d = self.describe
