@@ -44,21 +44,14 @@ from robustest.cli.args import (
 from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
 from robustest.cli.output import fmt, log, out_dir
 from robustest.cli.settings import data_settings, model_settings
-from robustest.core.atomic import atomic_write_json
 from robustest.core.batching import image_shape
 from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError
-from robustest.core.memory import peak_rss_mib
 from robustest.core.validation import check_eps
-from robustest.data import save_tests
 from robustest.fuzzing.generate import (
     FUZZERS,
     GenerateOptions,
-    figures_of,
     generate_report,
-    generate_tests,
-    measure_fol,
-    save_examples,
 )
 from robustest.results import write_results
 
@@ -157,6 +150,8 @@ def _check_radii(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
     """Generate the tests of ``args.method`` and write tests.pt, summary.json, results.json, report.html."""
+    from robustest.fuzzing.generate_pipeline import generate_pipeline
+
     t0 = time.perf_counter()
     _check_radii(args)
     out = out_dir(args)
@@ -164,52 +159,23 @@ def run(args: argparse.Namespace) -> int:
     ds = load_data(args)
     check_fits(model, ds)
     resolve_batch_size(args, model, ds, default=256, grad=True)
-    n_seeds = len(ds)
-    if n_seeds == 0:
-        raise ConfigError(f"the {args.split} split of {args.dataset} is empty: check --dataset/--split/--limit")
-    if args.keep_all and args.method in FUZZERS:
-        raise ConfigError(f"--keep-all applies to attacks; {args.method} only returns failing tests")
     eps = args.eps if args.eps is not None else _default_eps(image_shape(ds)[0])
-    fol_norm = args.fol_norm or _norm(args)
-    method = args.method
     opts = GenerateOptions(**{f.name: getattr(args, f.name) for f in fields(GenerateOptions) if f.name != "norm"},
                            norm=_norm(args))
-    summary: dict[str, Any] = {"method": method, "dataset": args.dataset, "split": args.split,
-                               "checkpoint": str(args.checkpoint or args.model_factory or args.weights),
-                               "seeds": n_seeds}
-    t_gen = time.perf_counter()
-    profile = _train_for_profile(args) if method == "cov-fuzz" else None
-    t = generate_tests(opts, model, ds, n_seeds, eps, fol_norm, not args.no_progress, profile)
-    summary.update(t.summary)
-    t_gen = time.perf_counter() - t_gen
-    t_fol = time.perf_counter()
-    fol_eps, fol_values = measure_fol(opts, model, t, eps, fol_norm)
-    t_fol = time.perf_counter() - t_fol
-
-    n_tests = int(t.x.shape[0])
-    t.extra.update({"dataset": args.dataset, "split": args.split, "fol_norm": fol_norm, "fol_eps": fol_eps,
-                    "eps": eps if method != "cw" else args.eps, "params": summary.get("params", {})})
-    save_tests(out / "tests.pt", t.x, t.y, t.index, method, fol=fol_values, extra=t.extra)
-    summary.update({**figures_of(t, fol_values, fol_norm, fol_eps), "peak_rss_mib": peak_rss_mib(),
-                    "seed": args.seed, "files": ["tests.pt", "summary.json", "results.json", "report.html"]})
-    grid = None
-    if n_tests:
-        grid = save_examples(out, args.grid, method, t, fol_values, fol_norm)
-        summary["files"] += ["examples.png", "fol_hist.png"]
-    timings = {"generate_s": t_gen, "fol_s": t_fol, "total_s": time.perf_counter() - t0}
-    atomic_write_json(out / "summary.json", {**summary, "timings": timings})
-    results = {k: v for k, v in summary.items()
-               if k not in ("seed", "method", "dataset", "split", "checkpoint", "params", "files")}
-    results["device"] = str(model_device(model))
-    results["files"] = {"tests": "tests.pt", "report": "report.html", "summary": "summary.json",
-                        **({"examples": "examples.png", "histogram": "fol_hist.png"} if n_tests else {})}
-    doc = write_results(out, "generate", _settings(args, method, summary.get("params", {}), fol_norm, fol_eps, eps,
-                                                   model), results, timings)
-    generate_report(doc, method, grid, fol_values).write(out / "report.html")
+    profile = _train_for_profile(args) if args.method == "cov-fuzz" and not args.keep_all and len(ds) else None
+    grun = generate_pipeline(opts, model, ds, out=out, eps=eps, fol_norm=args.fol_norm, profile=profile,
+                             grid=args.grid, seed=args.seed, progress=not args.no_progress,
+                             source={"dataset": args.dataset, "split": args.split,
+                                     "checkpoint": str(args.checkpoint or args.model_factory or args.weights)},
+                             load_s=time.perf_counter() - t0)
+    summary, timings = grun.summary, grun.timings
+    settings = _settings(args, args.method, summary.get("params", {}), grun.fol_norm, grun.fol_eps, eps, model)
+    doc = write_results(out, "generate", settings, grun.to_results(), timings)
+    generate_report(doc, args.method, grun.grid, grun.fol).write(out / "report.html")
     rate = summary.get("success_rate")
     rate_txt = f", success rate {fmt(rate, 'success_rate')}" if rate is not None else ""
-    log.info(f"{method} on {n_seeds} {args.dataset}/{args.split} seeds: {n_tests} tests{rate_txt} "
-             f"({fmt(timings['total_s'], 'total_s')} s)")
+    log.info(f"{args.method} on {summary['seeds']} {args.dataset}/{args.split} seeds: {grun.num_tests} tests"
+             f"{rate_txt} ({fmt(timings['total_s'], 'total_s')} s)")
     log.info(f"wrote {out / 'tests.pt'}, results.json, report.html and summary.json")
     return 0
 
