@@ -72,3 +72,24 @@ def test_the_pipeline_measures_enhances_and_saves(tmp_path):
                              batch_size=8)
     assert quiet.before == {} and quiet.held_out == []
     assert "Before and after" not in enhance_report(doc, quiet, 1).render()
+
+
+def test_state_folder_is_named_by_the_run_and_drops_other_runs_state(tmp_path):
+    from robustest.models import create
+    from robustest.train.state import STATE_FILES
+    from robustest.weakrobust.enhance_pipeline import state_folder
+
+    model, train = create("digits_cnn", input_size=8), (torch.rand(4, 1, 8, 8), torch.arange(4))
+    notes: list[str] = []
+    a = state_folder(tmp_path, {"epochs": 1}, ["fog"], model, train, note=notes.append)
+    assert a.parent == tmp_path / "state" and a.name.startswith("enhance_") and len(a.name) == len("enhance_") + 16
+    assert state_folder(tmp_path, {"epochs": 1}, ["fog"], model, train) == a  # the same run, the same folder
+    assert state_folder(tmp_path, {"epochs": 1}, ["snow", "fog"], model, train) == \
+        state_folder(tmp_path, {"epochs": 1}, ["fog", "snow"], model, train) != a  # the weaknesses as a set
+    a.mkdir(parents=True)
+    (a / STATE_FILES["enhance"]).write_bytes(b"x")
+    state_folder(tmp_path, {"epochs": 1}, ["fog"], model, train, note=notes.append)
+    assert notes == [f"continuing the interrupted enhancement saved in {a}"]
+    b = state_folder(tmp_path, {"epochs": 2}, ["fog"], model, train, note=notes.append)
+    assert b != a and not a.exists() and notes[-1] == ("the enhancement state of an earlier run with other settings "
+                                                       "was removed: starting afresh")

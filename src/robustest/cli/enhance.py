@@ -8,9 +8,7 @@ the description below is what ``--help`` shows.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 from robustest.cli.args import (
     add_checkpoint_arg,
@@ -26,14 +24,15 @@ from robustest.cli.args import (
 from robustest.cli.loading import check_fits, load_data, load_model
 from robustest.cli.output import fmt, log, out_dir
 from robustest.cli.settings import data_settings, model_settings
-from robustest.core import distributed
 from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError
 from robustest.core.memory import peak_rss_mib
-from robustest.core.steps import data_fingerprint, fingerprint
 from robustest.results import write_results
 
 ORDER = 62
+#: the flags that name an enhancement's state (a rerun with the same ones continues it)
+_STATE_KEYS = ("epochs", "no_augmix", "no_adversarial", "jsd_weight", "adv_weight", "eps", "adv_steps", "adv_source",
+               "lr", "batch_size", "seed")
 
 ENHANCE_DESCRIPTION = """robustest enhance: targeted enhancement of a checkpoint.
 
@@ -75,34 +74,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_enhance)
 
 
-
-def _enhance_state(args: argparse.Namespace, out: Path, model, train, weaknesses: list[str]) -> Path:
-    """The state folder of this enhancement: named by the run's fingerprint (settings, starting model, data), so
-    rerunning the same command continues and a changed one starts afresh (an earlier run's state is removed)."""
-    import shutil
-
-    from robustest.models.checkpoints import state_fingerprint
-    from robustest.train.state import STATE_FILES
-
-    keys = ("epochs", "no_augmix", "no_adversarial", "jsd_weight", "adv_weight", "eps", "adv_steps",
-            "adv_source", "lr", "batch_size", "seed")
-    fp = fingerprint("enhance", {k: getattr(args, k) for k in keys}, sorted(weaknesses), state_fingerprint(model),
-                     data_fingerprint(train))[:16]
-    folder = out / "state" / f"enhance_{fp}"
-    stale = [f for f in (out / "state").glob("enhance_*") if f != folder] if (out / "state").is_dir() else []
-    if stale and distributed.is_main():
-        for f in stale:
-            shutil.rmtree(f) if f.is_dir() else f.unlink(missing_ok=True)
-        print("note: the enhancement state of an earlier run with other settings was removed: starting afresh",
-              file=sys.stderr)
-    if (folder / STATE_FILES["enhance"]).is_file() and distributed.is_main():
-        print(f"note: continuing the interrupted enhancement saved in {folder}", file=sys.stderr)
-    return folder
-
-
 def run_enhance(args: argparse.Namespace) -> int:
     from robustest import weakrobust as wr
-    from robustest.weakrobust.enhance_pipeline import enhance_pipeline, read_weaknesses
+    from robustest.weakrobust.enhance_pipeline import enhance_pipeline, read_weaknesses, state_folder
     from robustest.weakrobust.reports import enhance_report
 
     out = out_dir(args)
@@ -120,7 +94,8 @@ def run_enhance(args: argparse.Namespace) -> int:
                            jsd_weight=args.jsd_weight, adv_weight=args.adv_weight, eps=args.eps,
                            adv_steps=args.adv_steps, adv_source=args.adv_source, lr=args.lr,
                            batch_size=args.batch_size, progress=not args.no_progress,
-                           state_dir=_enhance_state(args, out, model, train, weaknesses), resume=True)
+                           state_dir=state_folder(out, {k: getattr(args, k) for k in _STATE_KEYS}, weaknesses, model,
+                                                  train), resume=True)
     before, after, res = run.before, run.after, run.result
     results = {**run.to_results(), "peak_rss_mib": peak_rss_mib(), "files": run.files}
     settings = {**model_settings(args), **data_settings(args), "weaknesses": weaknesses, "epochs": args.epochs,

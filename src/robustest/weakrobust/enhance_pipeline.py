@@ -13,6 +13,8 @@ Example::
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,8 @@ from robustest.core.errors import DataError
 from robustest.weakrobust.enhance import EnhanceResult, enhance
 from robustest.weakrobust.validation import validate
 
-__all__ = ["EnhanceRun", "enhance_pipeline", "held_out_corruptions", "measure_enhancement", "read_weaknesses"]
+__all__ = ["EnhanceRun", "enhance_pipeline", "held_out_corruptions", "measure_enhancement", "read_weaknesses",
+           "state_folder"]
 
 
 def read_weaknesses(items: list[str]) -> list[str]:
@@ -109,3 +112,32 @@ def enhance_pipeline(model: nn.Module, train: Any, test: Any, weaknesses: list[s
     meta.update({"enhanced": res.config, "weaknesses": weaknesses})
     save_checkpoint(Path(out) / "model.pt", model, metadata=meta)
     return EnhanceRun(res, weaknesses, held_out, before, after, {"model": "model.pt", "report": "report.html"})
+
+
+def _note(msg: str) -> None:
+    print(f"note: {msg}", file=sys.stderr)
+
+
+def state_folder(out: str | Path, settings: dict[str, Any], weaknesses: list[str], model: nn.Module, train: Any,
+                 note: Callable[[str], None] = _note) -> Path:
+    """The state folder of an enhancement in ``out``: named by the run's fingerprint (``settings``, the weaknesses,
+    the starting model and the data), so rerunning the same command continues and a changed one starts afresh (the
+    state of an earlier run with other settings is removed; ``note`` says so, and when a run is continued)."""
+    import shutil
+
+    from robustest.core import distributed
+    from robustest.core.steps import data_fingerprint, fingerprint
+    from robustest.models.checkpoints import state_fingerprint
+    from robustest.train.state import STATE_FILES
+
+    state = Path(out) / "state"
+    fp = fingerprint("enhance", settings, sorted(weaknesses), state_fingerprint(model), data_fingerprint(train))[:16]
+    folder = state / f"enhance_{fp}"
+    stale = [f for f in state.glob("enhance_*") if f != folder] if state.is_dir() else []
+    if stale and distributed.is_main():
+        for f in stale:
+            shutil.rmtree(f) if f.is_dir() else f.unlink(missing_ok=True)
+        note("the enhancement state of an earlier run with other settings was removed: starting afresh")
+    if (folder / STATE_FILES["enhance"]).is_file() and distributed.is_main():
+        note(f"continuing the interrupted enhancement saved in {folder}")
+    return folder
