@@ -142,39 +142,22 @@ def build_config(args: argparse.Namespace, defaults: dict[str, Any] | None = Non
     """RobotConfig from --config (if any), then ``defaults`` for keys the file does not set, then flags."""
     from robustest.robot import RobotConfig
 
-    d: dict[str, Any] = {}
-    if args.config:
-        d = RobotConfig.from_yaml(args.config, validate=False).to_dict()  # validated once the flags are in
-        given = set(_yaml_keys(args.config))
-        for k, v in (defaults or {}).items():
-            if k not in given:
-                d[k] = v
-    else:
-        d = dict(defaults or {})
-    for k in _FLAG_KEYS:
-        v = getattr(args, k, None)
-        if v is not None:
-            d[k] = v
-    d["progress"] = not args.no_progress
-    d["verbose"] = not getattr(args, "quiet", False)  # per-round/cell lines on stderr
+    flags = {k: getattr(args, k, None) for k in _FLAG_KEYS}
+    flags.update(progress=not args.no_progress, verbose=not getattr(args, "quiet", False))  # per-round lines
     if getattr(args, "threads", None):
         import torch
 
         torch.set_num_threads(args.threads)
-    return RobotConfig.from_dict(d)
-
-
-def _yaml_keys(path: str) -> list[str]:
-    from robustest.robot.config import read_config
-
-    return [str(k).replace("-", "_") for k in read_config(path)]
+    return RobotConfig.layered(args.config, defaults, flags)
 
 
 def run(args: argparse.Namespace) -> int:
     from robustest import robot
 
     cfg = build_config(args)
-    budget_given = args.budget is not None or (args.config and "budget" in _yaml_keys(args.config))
+    from robustest.robot.config import read_config
+
+    budget_given = args.budget is not None or (args.config and "budget" in read_config(args.config))
     from robustest.robot.config import HARDEN_STRATEGIES
 
     if budget_given and cfg.strategies is None and cfg.strategy in HARDEN_STRATEGIES:

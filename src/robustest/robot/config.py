@@ -206,6 +206,19 @@ class RobotConfig:
         """Read a YAML (or JSON) config file; see :meth:`from_dict`."""
         return cls.from_dict(read_config(path), validate=validate)
 
+    @classmethod
+    def layered(cls, path: str | Path | None = None, defaults: dict[str, Any] | None = None,
+                overrides: dict[str, Any] | None = None) -> RobotConfig:
+        """A validated config from three layers: the file at ``path`` (YAML or JSON, if given), then ``defaults`` for
+        the keys the file does not set, then ``overrides`` (a command's flags: None values are not given)."""
+        d: dict[str, Any] = dict(defaults or {})
+        if path is not None:
+            given = {str(k).replace("-", "_") for k in read_config(path)}
+            d = {**cls.from_yaml(path, validate=False).to_dict(),  # validated once the overrides are in
+                 **{k: v for k, v in d.items() if k not in given}}
+        d.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls.from_dict(d)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
