@@ -46,7 +46,8 @@ def test_select_pipeline_writes_positions_scores_and_csv(tmp_path):
 
 def test_select_pipeline_counts_cells_for_coverage(tmp_path):
     bits = torch.tensor([[1, 0, 0], [0, 0, 0], [0, 1, 0], [1, 1, 0], [0, 0, 0]], dtype=torch.bool)
-    res = select_pipeline(_payload(bits=bits), "coverage", 1, out=tmp_path).to_results()
+    res = select_pipeline(_payload(bits=bits), "coverage", 1, out=tmp_path / "made").to_results()
+    assert (tmp_path / "made" / "selected.pt").is_file()
     assert (res["cells"], res["cells_covered_by_pool"], res["cells_covered_by_selection"]) == (3, 2, 2)
 
 

@@ -56,8 +56,9 @@ def test_sized_zoo_model_refuses_non_square_images():
 def test_train_pipeline_fits_measures_and_saves(tmp_path, digits_train, digits_test):
     train = TensorDataset(*digits_train[:200])
     model = sized_zoo_model("digits_cnn", train, digits_test, seed=0)
-    run = train_pipeline(model, train, digits_test, out=tmp_path, epochs=2, batch_size=50, options=check_options(2),
-                         recipe_name=None, seed=1, progress=False, metadata={"dataset": "digits"})
+    run = train_pipeline(model, train, digits_test, out=tmp_path / "new", epochs=2, batch_size=50,
+                         options=check_options(2), recipe_name=None, seed=1, progress=False,
+                         metadata={"dataset": "digits"})
     assert len(run.history.epochs) == 2 and (run.num_train, run.num_test) == (200, len(digits_test))
     assert (run.test_loss, run.test_accuracy) == pytest.approx(loss_and_accuracy(run.model, digits_test))
     assert run.same_split is False and set(run.timings) == {"train_s", "eval_s"}
@@ -65,7 +66,7 @@ def test_train_pipeline_fits_measures_and_saves(tmp_path, digits_train, digits_t
     assert list(res) == ["model", "recipe", "num_train", "num_test", "history", "test_loss", "test_accuracy",
                          "test_split_is_training_data"]
     assert res["recipe"] == {"name": None, "epochs": 2, "batch_size": 50, **check_options(2).to_dict()}
-    saved = torch.load(tmp_path / "model.pt", weights_only=True)
+    saved = torch.load(tmp_path / "new" / "model.pt", weights_only=True)  # the folder made
     assert saved["metadata"] == {"dataset": "digits", "epochs": 2, "test_accuracy": run.test_accuracy, "seed": 1}
-    reloaded = load_model(str(tmp_path / "model.pt"))
+    reloaded = load_model(str(tmp_path / "new" / "model.pt"))
     assert loss_and_accuracy(reloaded, digits_test)[1] == run.test_accuracy

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from robustest.core.atomic import check_writable
 from robustest.core.batching import image_shape, num_samples, take
 from robustest.core.errors import ConfigError
 from robustest.core.memory import peak_rss_mib
@@ -78,11 +79,12 @@ def corrupt_pipeline(data: Any, out: str | Path, names: Sequence[str], severitie
                      device: torch.device | str = "cpu", progress: bool = True,
                      note: Callable[[str], None] | None = None) -> CorruptRun:
     """Write the corruptions ``names`` of the labelled images ``data`` (N x C x H x W in [0, 1], C = 1 or 3) at
-    ``severities`` into the existing folder ``out`` (:func:`robustest.corruptions.export.export`; ``fmt="npy"`` needs
-    severities 1-5), each corruption a step a rerun of the same settings and data skips (``note`` says when saved
-    steps of other settings are dropped). Raises
+    ``severities`` into the folder ``out``, created if missing (:func:`robustest.corruptions.export.export`;
+    ``fmt="npy"`` needs severities 1-5), each corruption a step a rerun of the same settings and data skips
+    (``note`` says when saved steps of other settings are dropped). Raises
     ConfigError as :func:`check_corruptible` does."""
     c, h, w = check_corruptible(data, fmt, severities)
+    out = check_writable(out)
     run_settings = {"names": list(names), "severities": list(severities), "table": table, "seed": seed,
                     "batch_size": batch_size, "format": fmt, "split": split}
     steps = Steps(out, fingerprint("corrupt", run_settings, data_fingerprint(data)), log=note)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest.core.atomic import atomic_write_json
+from robustest.core.atomic import atomic_write_json, check_writable
 from robustest.core.batching import num_samples
 from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError
@@ -77,12 +77,13 @@ def generate_pipeline(opts: GenerateOptions, model: nn.Module, seeds: Any, *, ou
                       grid: int = 8, seed: int = 0, progress: bool = True, load_s: float = 0.0) -> GenerateRun:
     """Generate the tests of ``opts.method`` from every image of the labelled ``seeds`` at radius ``eps`` (cov-fuzz:
     its coverage profile from ``profile``), measure their FOL in ``fol_norm`` (default ``opts.norm``) and write the
-    tests file, ``grid`` examples and summary.json into the existing folder ``out``. ``source``: the dataset, split
-    and checkpoint names recorded with the tests; ``load_s``: seconds spent before, counted into the total. Raises
+    tests file, ``grid`` examples and summary.json into the folder ``out`` (created if missing). ``source``: the
+    dataset, split and checkpoint names recorded with the tests; ``load_s``: seconds spent before, counted into the
+    total. Raises
     ConfigError for no seeds, or ``keep_all`` with a fuzzer (which returns only failing tests)."""
     from robustest.data import save_tests
 
-    out, t0 = Path(out), time.perf_counter() - load_s
+    t0 = time.perf_counter() - load_s
     n_seeds = num_samples(seeds)
     src = dict(source or {})
     if n_seeds == 0:
@@ -90,7 +91,7 @@ def generate_pipeline(opts: GenerateOptions, model: nn.Module, seeds: Any, *, ou
                           "--dataset/--split/--limit")
     if opts.keep_all and opts.method in FUZZERS:
         raise ConfigError(f"--keep-all applies to attacks; {opts.method} only returns failing tests")
-    fol_norm = fol_norm or opts.norm
+    fol_norm, out = fol_norm or opts.norm, check_writable(out)
     summary: dict[str, Any] = {"method": opts.method, "dataset": src.get("dataset"), "split": src.get("split"),
                                "checkpoint": src.get("checkpoint"), "seeds": n_seeds}
     t_gen = time.perf_counter()

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from robustest.core.atomic import atomic_save, atomic_write_json
+from robustest.core.atomic import atomic_save, atomic_write_json, check_writable
 from robustest.core.batching import image_shape, take
 from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError, DataError
@@ -111,13 +111,13 @@ def score_pipeline(model: nn.Module, inputs: ScoreInputs, metric: str, *, out: s
                    load_s: float = 0.0) -> ScoreRun:
     """Score ``inputs`` with ``metric`` (``options`` go to it; ``train``: the reference of coverage and surprise
     metrics) and write the scores file, its CSV, histogram and ``summary.json`` (the figures with
-    ``checkpoint`` = ``model_source`` and the timings) into the existing folder ``out``. ``load_s``: the seconds
-    spent loading before, counted into the timings' total."""
+    ``checkpoint`` = ``model_source`` and the timings) into the folder ``out`` (created if missing). ``load_s``: the
+    seconds spent loading before, counted into the timings' total."""
     from robustest import metrics
     from robustest.metrics.scoring import score
     from robustest.report import save_histogram
 
-    out = Path(out)
+    out = check_writable(out)
     t1 = time.perf_counter()
     res = score(model, inputs.data, metric, train=train, x0=inputs.x0, layers=layers, batch_size=batch_size,
                 progress=progress, amp=amp, **(options or {}))

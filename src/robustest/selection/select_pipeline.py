@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from robustest.core.atomic import atomic_save, atomic_write_text
+from robustest.core.atomic import atomic_save, atomic_write_text, check_writable
 from robustest.core.errors import ConfigError, DataError
 from robustest.selection.dispatch import select
 from robustest.selection.registry import describe, get
@@ -90,9 +90,9 @@ def select_pipeline(payload: dict[str, Any], strategy: str, n: int, *, out: str 
                     tests: dict[str, Any] | None = None) -> SelectRun:
     """Select ``n`` of the inputs of the scores file ``payload`` with ``strategy`` (``source``: what it selects
     from, default :func:`strategy_input` of the payload; ``k``, ``seed``, ``fill``: its options) and write the
-    selection into the existing folder ``out`` (the selected tests too, given the scored ``tests`` of
+    selection into the folder ``out``, created if missing (the selected tests too, given the scored ``tests`` of
     :func:`read_scored_tests`)."""
-    out = Path(out)
+    out = check_writable(out)
     scores, pool, spec = payload["scores"], len(payload["scores"]), get(strategy)
     source = strategy_input(payload, strategy) if source is None else source
     with warnings.catch_warnings(record=True) as caught:

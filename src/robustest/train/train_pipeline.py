@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from robustest.core.atomic import check_writable
 from robustest.core.batching import image_shape, labels_of, take
 from robustest.core.errors import ConfigError
 from robustest.train.fitting import History, fit
@@ -109,11 +110,11 @@ def train_pipeline(model: nn.Module, train: Any, test: Any, *, out: str | Path, 
     """Fit ``model`` on ``train`` for ``epochs`` epochs of ``batch_size`` with ``options`` (seeded by ``seed``;
     with ``resume`` the state after every epoch is saved in ``out`` and a rerun continues from it), measure test
     loss and accuracy on ``test`` and save ``out/model.pt`` (a safe checkpoint; ``metadata`` plus the epochs,
-    the test accuracy and the seed). ``out`` must exist and be writable."""
+    the test accuracy and the seed) into the folder ``out`` (created if missing)."""
     from robustest.evaluate import loss_and_accuracy
     from robustest.models.checkpoints import save_checkpoint
 
-    out = Path(out)
+    out = check_writable(out)
     history = fit(model, train, epochs=epochs, batch_size=batch_size, seed=seed, device=device, progress=progress,
                   state_dir=out if resume else None, resume=resume, **options_in_effect(options))
     t1 = time.perf_counter()

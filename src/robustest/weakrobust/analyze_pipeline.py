@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from robustest.core import distributed
-from robustest.core.atomic import atomic_save
+from robustest.core.atomic import atomic_save, check_writable
 from robustest.core.batching import num_samples
 from robustest.core.memory import peak_rss_mib
 from robustest.core.steps import Steps, data_fingerprint, fingerprint
@@ -110,13 +110,14 @@ class AnalyzeRun:
 
 def analyze_pipeline(model: nn.Module, data: Any, *, out: str | Path, options: AnalysisOptions,
                      radius_eps_max: float | None = None, progress: bool = True) -> AnalyzeRun:
-    """Analyse ``data`` (:func:`resumable_analysis`) and save ``out/analysis.pt``; with ``radius_eps_max`` also
-    each sample's smallest flipping PGD L-inf radius up to it (``out/radius.pt``; inf: not flipped), its median
-    and the Spearman correlation of the score with minus the radius (capped at twice ``radius_eps_max``)."""
+    """Analyse ``data`` (:func:`resumable_analysis`) and save ``out/analysis.pt`` (the folder created if missing);
+    with ``radius_eps_max`` also each sample's smallest flipping PGD L-inf radius up to it (``out/radius.pt``; inf:
+    not flipped), its median and the Spearman correlation of the score with minus the radius (capped at twice
+    ``radius_eps_max``)."""
     from scipy.stats import spearmanr
 
 
-    out = Path(out)
+    out = check_writable(out)
     analysis = resumable_analysis(model, data, out, options, progress=progress)
     analysis.save(out / "analysis.pt")
     files = {"analysis": "analysis.pt", "report": "report.html"}

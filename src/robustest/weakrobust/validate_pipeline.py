@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from robustest.core.atomic import check_writable
 from robustest.core.batching import labels_of, num_samples, take
 from robustest.core.errors import DataError
 from robustest.core.memory import peak_rss_mib
@@ -80,15 +81,16 @@ def validate_pipeline(model: nn.Module, data: Any, analysis: Analysis, *, out: s
                       severities: tuple[int, ...] = (1, 2, 3, 4, 5), attack_steps: int | None = None, seed: int = 0,
                       progress: bool = True, analysis_s: float = 0.0) -> ValidateRun:
     """Select the weak set of ``data`` from its ``analysis`` (``select``: the options of
-    :func:`robustest.weakrobust.select_weak`), save it in ``out`` (``weakset.pt``, ``weakset.json``), validate the
-    model on it (``validation.pt``) and on the first ``test_limit`` samples of ``test`` under ``perturbations``
+    :func:`robustest.weakrobust.select_weak`), save it in ``out`` (created if missing: ``weakset.pt``,
+    ``weakset.json``), validate the model on it (``validation.pt``) and on the first ``test_limit`` samples of
+    ``test`` under ``perturbations``
     (attack radii ``eps``, corruption ``severities``, ``attack_steps`` steps of the iterative attacks). Raises
     DataError when the set is empty. ``analysis_s``: the seconds the analysis took, recorded in the timings."""
-    out = Path(out)
     weak = select_weak(analysis, seed=seed, **(select or {}))
     if len(weak) == 0:
         raise DataError("the weak set is empty (no sample has that many neighbours misclassified): "
                         "use --k, --fraction or a lower --threshold")
+    out = check_writable(out)
     weak.save(out / "weakset.pt")
     weak.save(out / "weakset.json")
     kw = {a: {"steps": attack_steps} for a in ITERATIVE_ATTACKS} if attack_steps else {}
