@@ -70,3 +70,17 @@ def test_train_pipeline_fits_measures_and_saves(tmp_path, digits_train, digits_t
     assert saved["metadata"] == {"dataset": "digits", "epochs": 2, "test_accuracy": run.test_accuracy, "seed": 1}
     reloaded = load_model(str(tmp_path / "new" / "model.pt"))
     assert loss_and_accuracy(reloaded, digits_test)[1] == run.test_accuracy
+
+
+def test_sized_zoo_model_reads_labels_through_the_batches_when_the_data_has_no_label_tensor():
+    from torch.utils.data import Dataset
+
+    class Pairs(Dataset):  # no label tensor to look at: labels come from the items
+        def __len__(self) -> int:
+            return 6
+
+        def __getitem__(self, i: int):
+            return torch.full((1, 8, 8), i / 6), i % 4
+
+    model = sized_zoo_model("digits_cnn", Pairs(), Pairs(), normalize=False)
+    assert model.robustest_spec["num_classes"] == 4

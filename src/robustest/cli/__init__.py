@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from robustest import __version__
-from robustest.cli.args import add_output_flags, available_cores, thread_count
+from robustest.cli.args import available_cores, finish_verb_parser
 from robustest.cli.output import configure_logging, plain, progress_enabled
 from robustest.core.errors import (
     EXIT_INTERNAL,
@@ -55,20 +55,6 @@ class OneLineParser(argparse.ArgumentParser):
         message = " ".join(message.split())
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         sys.exit(EXIT_USAGE)
-
-
-def _finish_verb_parser(p: argparse.ArgumentParser) -> None:
-    """What every verb shares: --quiet, --no-progress and --threads, and help texts in plain text."""
-    add_output_flags(p)
-    if "--threads" not in p._option_string_actions:
-        p.add_argument("--threads", type=thread_count, default=None, metavar="N",
-                       help="CPU threads for torch in this process (default: torch's choice; under torchrun give "
-                            "each rank its share of the cores)")
-    p.description = plain(p.description)
-    p.epilog = plain(p.epilog)
-    for action in p._actions:
-        if isinstance(action.help, str):
-            action.help = plain(action.help)
 
 
 #: how ``robustest --help`` groups the verbs, in this order (a verb in no group is listed under "other")
@@ -124,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     for _, _, module in sorted(verbs, key=lambda t: (t[0], t[1])):
         module.add_parser(sub)
     for p in sub.choices.values():
-        _finish_verb_parser(p)
+        finish_verb_parser(p)
     helps = {a.dest: plain(a.help) or "" for a in sub._choices_actions}
     sub._choices_actions = []  # listed by group instead, in the description
     sub.help = "the verb to run: one of those above ('robustest VERB --help' for its options)"

@@ -16,8 +16,8 @@ from robustest.core.validation import arg, check_eps, check_float, check_int, ch
 
 __all__ = ["LIST_SYNTAX", "MAX_RANGE_ITEMS", "add_checkpoint_arg", "add_data_args", "add_model_args",
            "add_output_flags", "add_recipe_args", "add_run_args", "available_cores", "batch_size_arg", "below_one",
-           "finite_float", "fraction", "int_list", "json_object", "key_value", "learning_rate", "linf_eps",
-           "linf_eps_list", "list_arg", "model_options_object", "name_list", "noise_width",
+           "finish_verb_parser", "finite_float", "fraction", "int_list", "json_object", "key_value", "learning_rate",
+           "linf_eps", "linf_eps_list", "list_arg", "model_options_object", "name_list", "noise_width",
            "non_negative_float", "non_negative_int", "parse_list", "positive_float", "positive_float_list",
            "positive_int", "radius", "seed_int", "share_arg", "significance", "thread_count", "unit_float"]
 
@@ -105,6 +105,23 @@ def add_run_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
     p.add_argument("--device", default=None, metavar="D",
                    help="cpu, cuda, cuda:N or auto (default: the model's device, i.e. cpu)")
     add_output_flags(p)
+
+
+def finish_verb_parser(p: argparse.ArgumentParser) -> None:
+    """What every verb's parser shares, added once: --quiet, --no-progress and --threads, and help texts in plain
+    text (reStructuredText markup stripped)."""
+    from robustest.cli.output import plain
+
+    add_output_flags(p)
+    if "--threads" not in p._option_string_actions:
+        p.add_argument("--threads", type=thread_count, default=None, metavar="N",
+                       help="CPU threads for torch in this process (default: torch's choice; under torchrun give "
+                            "each rank its share of the cores)")
+    p.description = plain(p.description)
+    p.epilog = plain(p.epilog)
+    for action in p._actions:
+        if isinstance(action.help, str):
+            action.help = plain(action.help)
 
 
 def add_output_flags(p: argparse.ArgumentParser) -> None:

@@ -78,9 +78,6 @@ def build_zoo_model(args: argparse.Namespace, data: Any) -> nn.Module:
     """The zoo model --model NAME with random weights (seeded by --seed), sized from ``data``: its channels,
     square side and number of classes (--num-classes, or the largest label + 1). Needs --from-scratch; no
     normalisation layer (inputs in [0, 1] as they are), on --device."""
-    from robustest import models as zoo
-    from robustest.core.batching import image_shape, labels_of, num_samples, take
-
     name = args.model_factory
     if not getattr(args, "random_init", False):
         raise ConfigError(f"--model {name} is a zoo architecture with random weights: add --from-scratch to train "
@@ -89,17 +86,11 @@ def build_zoo_model(args: argparse.Namespace, data: Any) -> nn.Module:
         raise ConfigError("--from-scratch starts from random weights: drop --checkpoint/--weights")
     if args.model_args is not None:
         raise ConfigError("--model-args applies to --model pkg.module:factory, not to zoo models")
-    c, h, w = image_shape(data)
-    if h != w:
-        raise ConfigError(f"images must be square for the zoo models, got {h}x{w}: pass --resize H W")
-    y = labels_of(data)
-    if y is None:
-        y = take(data, torch.arange(num_samples(data)))[1]
-    k = max(getattr(args, "num_classes", None) or int(y.max()) + 1, 2)
-    zoo.check_input(name, c, h, k)
+    from robustest.train.train_pipeline import sized_zoo_model
+
     device = resolve_device(None, args.device) if getattr(args, "device", None) else torch.device("cpu")
-    torch.manual_seed(getattr(args, "seed", 0) or 0)
-    return zoo.create(name, num_classes=k, in_channels=c, input_size=h).to(device).eval()
+    return sized_zoo_model(name, data, data, num_classes=getattr(args, "num_classes", None), normalize=False,
+                           seed=getattr(args, "seed", 0) or 0, device=device).eval()
 
 
 def check_fits(model: nn.Module, ds: Any) -> int:

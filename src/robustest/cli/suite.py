@@ -28,6 +28,7 @@ from robustest.cli.args import (
     add_data_args,
     add_output_flags,
     add_run_args,
+    finish_verb_parser,
     int_list,
     name_list,
     noise_width,
@@ -37,7 +38,7 @@ from robustest.cli.args import (
     significance,
 )
 from robustest.cli.loading import check_fits, load_data, load_model
-from robustest.cli.output import log, out_dir, plain
+from robustest.cli.output import log, out_dir
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import ConfigError
 from robustest.suite.documents import SUITE_FILE
@@ -49,7 +50,6 @@ parse_drop = share_arg("a drop", "0.02 or 2%")  # --max-drop: "0.02" or "2%"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from robustest.cli import thread_count
 
     p = sub.add_parser("suite", help="robustness regression gate: build a small stratified suite, check a candidate "
                                      "against its baseline", description=__doc__,
@@ -113,15 +113,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="cpu, cuda, cuda:N or auto (default: the model's device, i.e. cpu)")
     add_output_flags(c)
     c.set_defaults(func=run_check)
-    for q in (b, c):  # what the command gives every verb's own parser: plain-text help, --threads
-        q.description = plain(q.description)
-        for action in q._actions:
-            if isinstance(action.help, str):
-                action.help = plain(action.help)
-        if "--threads" not in q._option_string_actions:
-            q.add_argument("--threads", type=thread_count, default=None, metavar="N",
-                           help="CPU threads for torch in this process (default: torch's choice; the command sets "
-                                "them before the verb runs)")
+    for q in (b, c):  # what the command gives every verb's own parser
+        finish_verb_parser(q)
     p.set_defaults(func=_no_command)
 
 

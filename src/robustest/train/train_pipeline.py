@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from robustest.core.atomic import check_writable
-from robustest.core.batching import image_shape, labels_of, take
+from robustest.core.batching import image_shape, labels_of, num_samples, take
 from robustest.core.errors import ConfigError
 from robustest.train.fitting import History, fit
 from robustest.train.recipes import TrainOptions
@@ -43,6 +43,12 @@ def same_data(a: Any, b: Any) -> bool:
         return False
     k = torch.arange(min(len(a), 64))
     return bool(torch.equal(take(a, k)[0], take(b, k)[0]))
+
+
+def _labels(data: Any) -> torch.Tensor:
+    """The labels [N] of ``data``: its label tensor, else read through the batches."""
+    y = labels_of(data)
+    return y if y is not None else take(data, torch.arange(num_samples(data)))[1]
 
 
 def options_in_effect(opts: TrainOptions) -> dict[str, Any]:
@@ -68,8 +74,8 @@ def sized_zoo_model(name: str, train: Any, test: Any, *, num_classes: int | None
     c, h, w = image_shape(train)
     if h != w:
         raise ConfigError(f"images must be square for the zoo models, got {h}x{w}: pass --resize H W")
-    y_tr, y_te = labels_of(train), labels_of(test)
-    k = max(num_classes or int(max(int(y_tr.max()), int(y_te.max())) + 1), 2)
+    ys = [_labels(train)] + ([] if test is train else [_labels(test)])  # one pass when both are the same data
+    k = max(num_classes or max(int(y.max()) for y in ys) + 1, 2)
     zoo.check_input(name, c, h, k, **(options or {}))
     mean = std = None
     if normalize:
