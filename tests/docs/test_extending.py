@@ -21,7 +21,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "EXTENDING.md"
 def ran_recipes():
     namespace: dict = {"__name__": "extending_doc"}
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)
-    assert len(blocks) == 6, "one recipe per kind: attack, corruption, objective, strategy, model, data set"
+    assert len(blocks) == 7, "one recipe per kind: attack, corruption, objective, strategy, model, data set, verb"
     try:
         for code in blocks:
             exec(compile(code, str(DOC), "exec"), namespace)
@@ -53,3 +53,21 @@ def test_the_recipes_leave_nothing_behind():
     assert "sign_noise" not in attacks.names() and "darken" not in corruptions.names()
     assert "noise-at" not in objectives.names() and "middle" not in selection.names()
     assert "tiny_mlp" not in models.names() and "stripes" not in data.names()
+
+
+def test_the_verb_recipe_parses_loads_and_writes(ran_recipes, mlp_digits_checkpoint, tmp_path, capsys):
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser()
+    ran_recipes["add_parser"](parser.add_subparsers())
+    args = parser.parse_args(["clean", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--limit", "50",
+                              "--out", str(tmp_path / "clean")])
+    assert args.func(args) == 0
+    from robustest.evaluate import loss_and_accuracy
+    from robustest.models.checkpoints import load_model
+
+    written = json.loads((tmp_path / "clean" / "clean.json").read_text())
+    loss, acc = loss_and_accuracy(load_model(mlp_digits_checkpoint), data.load("digits", split="test", limit=50))
+    assert written["dataset"] == "digits" and written["limit"] == 50
+    assert (written["loss"], written["accuracy"]) == (pytest.approx(loss), acc)
