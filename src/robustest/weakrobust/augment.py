@@ -12,14 +12,11 @@ import torch.nn.functional as F
 from robustest.core.errors import ConfigError
 from robustest.weakrobust.validation import ATTACKS
 
-# The operations run through kornia where kornia's op computes the same thing as ours: posterize and solarize
-# (kornia.enhance; equal to the previous formulas bit for bit on every 8-bit level and random input at the
-# 3 and 4 bits / thresholds AugMix uses) and the geometric ops (kornia.geometry.transform: rotation about the
-# image centre, translation in pixels, shear about the centre through get_shear_matrix2d and warp_affine,
-# bilinear with zero padding, half-pixel convention). The geometric ops used to be written in normalised
-# [-1, 1] coordinates, which is the same pixel-space transform on square images (equal to float rounding,
-# tested) but stretched rotations and shears by H / W on non-square ones; kornia's are true rotations and
-# shears in pixels on any shape, as in AugMix's PIL reference. Equalize stays ours: see _op_equalize.
+# The operations run through kornia where kornia's op computes the same thing: posterize and solarize
+# (kornia.enhance) and the geometric ops (kornia.geometry.transform: rotation about the image centre,
+# translation in pixels, shear about the centre through get_shear_matrix2d and warp_affine, bilinear with zero
+# padding, half-pixel convention): true rotations and shears in pixels on any shape, as in AugMix's PIL
+# reference. Equalize is ours: see _op_equalize.
 
 
 def _lvl(rng: np.random.Generator, n: int, severity: float) -> np.ndarray:
