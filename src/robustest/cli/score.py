@@ -129,21 +129,8 @@ def _load_train(args: argparse.Namespace) -> Any:
 
 
 def _metric_options(args: argparse.Namespace) -> dict[str, Any]:
-    m = args.metric
-    if m == "fol":
-        return {"eps": args.eps, "norm": args.norm, "label": args.label}
-    if m == "fol_gradnorm":
-        return {"label": args.label}
-    opts: dict[str, Any] = {}
-    if m in ("kmnc",) and args.k is not None:
-        opts["k"] = args.k
-    if m == "nc" and args.threshold is not None:
-        opts["threshold"] = args.threshold
-    if m == "tknc" and args.top_k is not None:
-        opts["top_k"] = args.top_k
-    if m in ("nbc", "snac") and args.scale is not None:
-        opts["scale"] = args.scale
-    return opts
+    """The flags of the options the metric takes (its registry entry's), those given."""
+    return {o: getattr(args, o) for o in metrics.info(args.metric).options if getattr(args, o) is not None}
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -151,10 +138,8 @@ def _check_options(args: argparse.Namespace) -> None:
     m = args.metric
     kind = metrics.info(m).kind
     given = {
-        "--k": args.k is not None and m != "kmnc",
-        "--threshold": args.threshold is not None and m != "nc",
-        "--top-k": args.top_k is not None and m != "tknc",
-        "--scale": args.scale is not None and m not in ("nbc", "snac"),
+        **{f"--{o.replace('_', '-')}": getattr(args, o) is not None and o not in metrics.info(m).options
+           for o in ("k", "threshold", "top_k", "scale")},
         "--layers": args.layers is not None and kind not in ("coverage", "surprise"),
         "--train-dataset": args.train_dataset is not None and kind not in ("coverage", "surprise"),
     }

@@ -56,7 +56,8 @@ __all__ = [
 class MetricInfo:
     """Registry entry: ``kind`` (loss, uncertainty, coverage, surprise), whether the metric needs labels,
     whether it needs training data (a coverage profile / SA reference), ``higher`` (what a high value
-    means) and a one-line description."""
+    means), a one-line description and the ``options`` it takes (keyword arguments of :func:`compute` a command
+    line offers as flags)."""
 
     name: str
     kind: str
@@ -64,6 +65,7 @@ class MetricInfo:
     needs_train: bool
     higher: str
     description: str
+    options: tuple[str, ...] = ()
 
 
 _REGISTRY: dict[str, MetricInfo] = {
@@ -72,9 +74,10 @@ _REGISTRY: dict[str, MetricInfo] = {
         MetricInfo("zol", "loss", True, False, "higher loss",
                    "zero-order loss: cross-entropy J(f(x), y) per sample"),
         MetricInfo("fol", "loss", True, False, "further from a first-order stationary point",
-                   "first-order loss (RobOT FOSC): eps*||g||_q - <x - x0, g>, g = grad_x J, q dual to --norm"),
+                   "first-order loss (RobOT FOSC): eps*||g||_q - <x - x0, g>, g = grad_x J, q dual to --norm",
+                   ("eps", "norm", "label")),
         MetricInfo("fol_gradnorm", "loss", True, False, "larger loss gradient",
-                   "plain L2 norm of the input gradient of the loss (RobOT reference code's 'L2' FOL)"),
+                   "plain L2 norm of the input gradient of the loss (RobOT reference code's 'L2' FOL)", ("label",)),
         MetricInfo("gini", "uncertainty", False, False, "more uncertain",
                    "DeepGini impurity 1 - sum_i p_i^2 of the softmax probabilities"),
         MetricInfo("entropy", "uncertainty", False, False, "more uncertain",
@@ -84,15 +87,16 @@ _REGISTRY: dict[str, MetricInfo] = {
         MetricInfo("max_prob", "uncertainty", False, False, "more confident",
                    "largest softmax probability (low = uncertain)"),
         MetricInfo("nc", "coverage", False, True, "more neurons covered",
-                   "neuron coverage: neurons whose activation exceeds a threshold"),
+                   "neuron coverage: neurons whose activation exceeds a threshold", ("threshold",)),
         MetricInfo("kmnc", "coverage", False, True, "more sections covered",
-                   "k-multisection neuron coverage: sections of each neuron's training range [min, max] hit"),
+                   "k-multisection neuron coverage: sections of each neuron's training range [min, max] hit", ("k",)),
         MetricInfo("nbc", "coverage", False, True, "more boundaries covered",
-                   "neuron boundary coverage: activations below the training min or above the training max"),
+                   "neuron boundary coverage: activations below the training min or above the training max",
+                   ("scale",)),
         MetricInfo("snac", "coverage", False, True, "more corner cases covered",
-                   "strong neuron activation coverage: activations above the training max"),
+                   "strong neuron activation coverage: activations above the training max", ("scale",)),
         MetricInfo("tknc", "coverage", False, True, "more top neurons covered",
-                   "top-k neuron coverage: neurons among the k most active of their layer"),
+                   "top-k neuron coverage: neurons among the k most active of their layer", ("top_k",)),
         MetricInfo("lsa", "surprise", False, True, "more surprising",
                    "likelihood-based surprise adequacy: -log KDE density of the activation trace"),
         MetricInfo("dsa", "surprise", False, True, "more surprising",
