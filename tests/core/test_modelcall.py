@@ -94,3 +94,20 @@ def test_half_precision_model_in_attacks_metrics_and_analysis(trained_digits_mod
     # the half model agrees with the float one on most clean predictions
     ref = trained_digits_model.float()(x).argmax(1)
     assert float((modelcall.forward(half.to(dtype), x).argmax(1) == ref).float().mean()) >= 0.9
+
+
+def test_predict_gives_the_logits_in_batches_in_eval_mode_and_restores_the_mode() -> None:
+    from robustest.core.modelcall import predict
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.5), torch.nn.Linear(4, 3))
+    x = torch.rand(5, 1, 2, 2)
+    model.train()
+    got = predict(model, x, batch_size=2)  # three batches: 2, 2, 1
+    model.eval()
+    torch.testing.assert_close(got, model(x))  # dropout off: eval mode while predicting
+    assert got.shape == (5, 3) and not got.requires_grad
+    model.train()
+    predict(model, (x, torch.zeros(5, dtype=torch.long)))
+    assert model.training  # the mode is restored
+    assert predict(model, x[:0]).shape == (0,)

@@ -96,3 +96,20 @@ def frozen_params(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for p, flag in flags:
             p.requires_grad_(flag)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, data: Any, batch_size: int = 512, device: torch.device | str | None = None
+            ) -> torch.Tensor:
+    """Logits of ``model`` on ``data`` (images N x C x H x W, an (x, y) pair, a Dataset or a DataLoader), N x K float
+    on the CPU, computed in batches of ``batch_size`` in eval mode (the model's mode restored), on ``device``
+    (default: the model's)."""
+    from robustest.core.batching import iter_batches
+    from robustest.core.devices import resolve_device
+
+    dev = resolve_device(model, device)
+    outs = []
+    with eval_mode(model):
+        for xb, _ in iter_batches(data, batch_size, dev):
+            outs.append(forward(model, xb).float().cpu())
+    return torch.cat(outs) if outs else torch.empty(0)

@@ -25,6 +25,7 @@ weakrobust, suite or cli.
 
 from __future__ import annotations
 
+from robustest.core.modelcall import predict
 from robustest.evaluate.adversarial import (
     FIXED_SET_FORMAT,
     FixedAdversarialSet,
@@ -34,7 +35,7 @@ from robustest.evaluate.adversarial import (
     whitebox_accuracy,
 )
 from robustest.evaluate.checks import ModelProbe, probe_model
-from robustest.evaluate.clean import accuracy, clean_accuracy, loss_and_accuracy, predict
+from robustest.evaluate.clean import accuracy, clean_accuracy, loss_and_accuracy
 from robustest.evaluate.corruption import CorruptionResult, corruption_accuracy
 from robustest.evaluate.ensemble import EVAL_FORMAT, EvalResult, evaluate
 from robustest.evaluate.flags import FLAGS, Flag

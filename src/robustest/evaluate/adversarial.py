@@ -12,10 +12,11 @@ import torch
 from robustest import attacks as _atk
 from robustest.core.atomic import atomic_save
 from robustest.core.errors import ConfigError
+from robustest.core.modelcall import predict
 from robustest.core.reading import load_plain
 from robustest.core.reprs import counts, one_line, shape
 from robustest.core.validation import check_eps
-from robustest.evaluate.clean import accuracy, labelled_tensors, predict
+from robustest.evaluate.clean import accuracy, labelled_tensors
 
 __all__ = ["FIXED_SET_FORMAT", "FixedAdversarialSet", "adversarial_examples", "build_fixed_set",
            "fixed_set_accuracy", "whitebox_accuracy"]

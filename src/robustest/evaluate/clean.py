@@ -1,4 +1,5 @@
-"""Clean measurement: logits, (loss, accuracy) and top-1 accuracy of a model on labelled data.
+"""Clean measurement: (loss, accuracy) and top-1 accuracy of a model on labelled data (its logits:
+:func:`robustest.core.modelcall.predict`).
 
 Every function runs in batches on the model's device, in eval mode, and restores the model's mode.
 """
@@ -17,19 +18,7 @@ from robustest.core.errors import ConfigError, DataError
 from robustest.core.inputs import check_images, check_labels
 from robustest.core.modelcall import eval_mode, forward
 
-__all__ = ["accuracy", "clean_accuracy", "labelled_tensors", "loss_and_accuracy", "predict"]
-
-
-@torch.no_grad()
-def predict(model: nn.Module, data: DataLike, batch_size: int = 512, device: torch.device | str | None = None
-            ) -> torch.Tensor:
-    """Logits of ``model`` on ``data`` (N x K, on CPU), computed in eval mode (mode restored)."""
-    dev = resolve_device(model, device)
-    outs = []
-    with eval_mode(model):
-        for xb, _ in iter_batches(data, batch_size, dev):
-            outs.append(forward(model, xb).float().cpu())
-    return torch.cat(outs) if outs else torch.empty(0)
+__all__ = ["accuracy", "clean_accuracy", "labelled_tensors", "loss_and_accuracy"]
 
 
 @torch.no_grad()

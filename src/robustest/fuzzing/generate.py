@@ -21,9 +21,8 @@ import torch
 
 from robustest import attacks, metrics
 from robustest.core.batching import take
-from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
-from robustest.core.modelcall import eval_mode, forward
+from robustest.core.modelcall import predict
 from robustest.core.stats import describe
 from robustest.metrics.coverage import CoverageProfile
 from robustest.report import HtmlReport, format_value, save_histogram, save_image_grid
@@ -115,13 +114,9 @@ def _fol(model, x, y, x0, eps: float, norm: str, batch_size: int) -> torch.Tenso
     return metrics.fol(model, x, y, x0=x0, eps=eps, norm=norm, batch_size=batch_size)
 
 
-def _predict(model, x: torch.Tensor, batch_size: int) -> torch.Tensor:
-    dev = resolve_device(model)
-    out = []
-    with eval_mode(model), torch.no_grad():
-        for s in range(0, x.shape[0], batch_size):
-            out.append(forward(model, x[s:s + batch_size].to(dev)).argmax(1).cpu())
-    return torch.cat(out) if out else torch.empty(0, dtype=torch.long)
+def _predicted(model, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """The predicted classes (int64 [T]) of the tests ``x`` (none: an empty tensor)."""
+    return predict(model, x, batch_size).argmax(1) if x.shape[0] else torch.empty(0, dtype=torch.long)
 
 
 @dataclass
@@ -173,7 +168,7 @@ def _fol_fuzz_tests(opts: GenerateOptions, model, x: torch.Tensor, y: torch.Tens
                           fol_variant=fuzz_fol, fol_eps=opts.fol_eps or eps, show_progress=progress)
     idx = fr.seed_index.cpu().long()
     tx, ty = fr.x.cpu(), fr.y.cpu().long()
-    tpred = fr.pred.cpu() if fr.pred is not None else _predict(model, tx, opts.batch_size)
+    tpred = fr.pred.cpu() if fr.pred is not None else _predicted(model, tx, opts.batch_size)
     per_seed = fr.tests_per_seed(n_seeds)
     summary = {"params": {"steps": opts.steps or FUZZ_STEPS, "lr": opts.lr or 0.1,
                           "max_rel_l2": opts.max_rel_l2, "eps": opts.fuzz_eps,
@@ -198,7 +193,7 @@ def _cov_fuzz_tests(opts: GenerateOptions, model, x: torch.Tensor, y: torch.Tens
                                show_progress=progress)
     idx = cr.seed_index.cpu().long()
     tx, ty = cr.x.cpu(), cr.y.cpu().long()
-    tpred = cr.pred.cpu() if cr.pred is not None else _predict(model, tx, opts.batch_size)
+    tpred = cr.pred.cpu() if cr.pred is not None else _predicted(model, tx, opts.batch_size)
     summary = {"params": {"coverage": opts.coverage, "metric_opts": metric_opts, "iterations": opts.iterations,
                           "time_budget": opts.time_budget, "profile_images": len(train)},
                "fuzz_stats": cr.stats,
