@@ -1,4 +1,4 @@
-"""The recipe flags generated from the fields of TrainOptions (robustest.cli.args.add_recipe_args)."""
+"""The recipe flags generated from the fields of Recipe (robustest.cli.args.add_recipe_args)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from robustest.cli import build_parser
 from robustest.cli.args import add_recipe_args
-from robustest.train.recipes import TrainOptions
+from robustest.train.recipes import Recipe
 
 TRAIN = ["train", "--model", "digits_cnn", "--dataset", "digits", "--epochs", "4", "--out", "o"]
 HARDEN = ["harden", "--checkpoint", "m.pt", "--dataset", "digits", "--eps", "0.3", "--out", "o"]
@@ -23,7 +23,7 @@ def _parser(names=None, defaults=None) -> argparse.ArgumentParser:
 
 def test_one_flag_per_recipe_field_none_unless_given():
     ns = vars(_parser().parse_args([]))
-    assert ns == {f.name: None for f in dataclasses.fields(TrainOptions)}
+    assert ns == {f.name: None for f in dataclasses.fields(Recipe)}
     given = _parser().parse_args(["--optimizer", "sgd", "--lr", "0.1", "--no-nesterov", "--milestones", "2,3",
                                   "--schedule", "cyclic", "--compile", "--warmup-epochs", "0.5"])
     assert (given.optimizer, given.lr, given.nesterov, given.milestones, given.schedule, given.compile,
@@ -54,4 +54,4 @@ def test_train_and_harden_spell_the_recipe_alike():
     assert (h.lr, h.optimizer, h.schedule, h.weight_decay, h.momentum, h.nesterov) == (1e-3, "adam", "none", 0.0,
                                                                                        None, None)
     t = p.parse_args(TRAIN)
-    assert all(getattr(t, f.name) is None for f in dataclasses.fields(TrainOptions))
+    assert all(getattr(t, f.name) is None for f in dataclasses.fields(Recipe))

@@ -118,7 +118,7 @@ def test_weight_decay_skips_norms_and_biases():
     assert len(both.param_groups) == 1  # the default: decay on every parameter, as before
 
 
-def lrs(opts: recipes.TrainOptions, epochs: int, steps: int) -> list[float]:
+def lrs(opts: recipes.Recipe, epochs: int, steps: int) -> list[float]:
     p = nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=1.0)
     sched = schedules.make_schedule(opt, opts, epochs, steps)

@@ -12,7 +12,7 @@ from torch import nn
 from robustest.train import recipes, schedules
 
 
-def factors(opts: recipes.TrainOptions, epochs: int, steps: int, upto: int | None = None) -> list[float]:
+def factors(opts: recipes.Recipe, epochs: int, steps: int, upto: int | None = None) -> list[float]:
     """The schedule's LR factor at steps 0 .. upto-1 (default: every training step and the one after)."""
     opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
     sched = schedules.make_schedule(opt, opts, epochs, steps)

@@ -343,18 +343,18 @@ def linf_eps_list(what: str = "eps") -> Callable[[str], list[float]]:
 
 def add_recipe_args(g: argparse._ActionsContainer, names: Sequence[str] | None = None,
                     defaults: Mapping[str, Any] | None = None) -> None:
-    """One flag per field of :class:`robustest.train.recipes.TrainOptions` (``names``: those the verb offers, default
+    """One flag per field of :class:`robustest.train.recipes.Recipe` (``names``: those the verb offers, default
     all), read as the field's kind says, with its help; ``defaults``: the verb's argparse defaults (a field not in it
     defaults to None, so the verb can tell a flag given from one left out); the help shows the verb's default, else
     the field's."""
     import dataclasses
 
-    from robustest.train.recipes import TrainOptions
+    from robustest.train.recipes import Recipe
 
     types = {"rate": learning_rate, "below-one": below_one, "non-negative": non_negative_float,
              "epochs": positive_float_list("milestone")}
     defaults = defaults or {}
-    for f in dataclasses.fields(TrainOptions):
+    for f in dataclasses.fields(Recipe):
         if names is not None and f.name not in names:
             continue
         kind, flag, default = f.metadata["kind"], "--" + f.name.replace("_", "-"), defaults.get(f.name)

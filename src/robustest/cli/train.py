@@ -41,7 +41,7 @@ from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
 from robustest.core.memory import peak_rss_mib
 from robustest.results import write_results
-from robustest.train.recipes import RECIPES, TrainOptions, check_device, check_options, recipe
+from robustest.train.recipes import RECIPES, Recipe, check_device, check_options, recipe
 
 ORDER = 10
 
@@ -93,7 +93,7 @@ _RECIPE_FLAGS = ("batch_size", "lr", "optimizer", "momentum", "nesterov", "weigh
 _DEFAULTS: dict[str, Any] = {"batch_size": 64, "lr": 1e-3, "optimizer": "adam", "weight_decay": 0.0}
 
 
-def resolve_recipe(args: argparse.Namespace) -> tuple[int, int, TrainOptions]:
+def resolve_recipe(args: argparse.Namespace) -> tuple[int, int, Recipe]:
     """(epochs, batch size, validated options) from --recipe and the flags given (which
     override it); written back into ``args`` so results.json records what ran. One-line ConfigError otherwise."""
     base: dict[str, Any] = dict(_DEFAULTS)

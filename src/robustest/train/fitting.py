@@ -36,7 +36,7 @@ from robustest.train.early_stopping import KEEP
 from robustest.train.engine import Batch, EpochLoop, TrainData, run_epochs
 from robustest.train.objectives.base import Objective, StepContext, StepOutput
 from robustest.train.recipes import (
-    TrainOptions,
+    Recipe,
     check_device,
     check_options,
     compile_error,
@@ -116,7 +116,7 @@ class _Fit(EpochLoop):
     model: nn.Module
     step_model: nn.Module
     source: TrainData
-    opts: TrainOptions
+    opts: Recipe
     dev: torch.device
     ddp: bool
     num_classes: int
@@ -331,7 +331,7 @@ def _check_fit_args(epochs: Any, batch_size: int, lr: float, weight_decay: float
     return k
 
 
-def _setup(model: nn.Module, train: DataLike, opts: TrainOptions, dev: torch.device, *, epochs: int,
+def _setup(model: nn.Module, train: DataLike, opts: Recipe, dev: torch.device, *, epochs: int,
            batch_size: int, seed: int, ddp: bool | None, keep: str, val: DataLike | None) -> _Fit:
     """Move the model to ``dev``, seed, and build the batches, optimiser, schedule, scaler, augmentation
     generator and the module the steps run through (compiled, DDP-wrapped under torchrun); the objective is the

@@ -3,7 +3,7 @@
 seeds' full-scale settings.
 
 * :func:`check_options` validates every option (finite, in range, known names) and returns a
-  :class:`TrainOptions`; :func:`check_device` refuses what the device cannot do (fp16 off CUDA).
+  :class:`Recipe`; :func:`check_device` refuses what the device cannot do (fp16 off CUDA).
 * :func:`make_optimizer`: Adam, or SGD with (Nesterov) momentum; with ``decay_norm_bias=False`` weight
   decay skips the parameters of normalisation layers, biases and every other 1-D parameter.
 * the learning-rate schedule these options describe is built by :func:`robustest.train.schedules.make_schedule`.
@@ -31,7 +31,7 @@ from robustest.core.errors import ConfigError
 from robustest.core.validation import check_bool, check_choice, check_float, check_int
 from robustest.train.schedules import CYCLIC_PEAK, SCHEDULES
 
-__all__ = ["AUGMENTS", "OPTIMIZERS", "RECIPES", "TrainOptions", "check_device", "check_options", "compile_error",
+__all__ = ["AUGMENTS", "OPTIMIZERS", "RECIPES", "Recipe", "check_device", "check_options", "compile_error",
            "compile_model", "crop_flip", "grad_scaler", "make_optimizer", "no_decay_parameters", "recipe"]
 
 OPTIMIZERS = ("adam", "sgd")
@@ -53,9 +53,10 @@ def _option(default: Any, kind: str, help: str, choices: tuple[str, ...] | None 
 
 
 @dataclass(frozen=True)
-class TrainOptions:
-    """The validated recipe options of one :func:`robustest.train.fit` call (see :func:`check_options`). Each field
-    carries its command-line kind and help, from which the verbs that train generate their flags."""
+class Recipe:
+    """A training recipe: the validated optimiser, schedule, loss, precision and data options of one
+    :func:`robustest.train.fit` call (see :func:`check_options`; harden takes the optimiser and schedule ones).
+    Each field carries its command-line kind and help, from which the verbs that train generate their flags."""
 
     optimizer: str = _option("adam", "choice", "optimizer", OPTIMIZERS)
     lr: float = _option(1e-3, "rate", "(peak) learning rate")
@@ -88,7 +89,7 @@ def check_options(epochs: int, *, optimizer: str = "adam", lr: float = 1e-3, wei
                   momentum: float | None = None, nesterov: bool | None = None, schedule: str | None = None,
                   warmup_epochs: float = 0.0, milestones: Sequence[float] | None = None,
                   label_smoothing: float = 0.0, decay_norm_bias: bool = True, amp: str | None = None,
-                  compile: bool = False, augment: str | None = None) -> TrainOptions:
+                  compile: bool = False, augment: str | None = None) -> Recipe:
     """Validate the recipe options of a ``fit`` over ``epochs`` epochs; one-line :class:`ConfigError` otherwise.
 
     ``momentum`` (default 0.9) and ``nesterov`` (default True) are SGD's and refused with Adam.
@@ -130,12 +131,12 @@ def check_options(epochs: int, *, optimizer: str = "adam", lr: float = 1e-3, wei
     amp_v = check_choice("amp", amp, AMP_MODES, allow_none=True)
     comp = check_bool("compile", compile)
     aug = check_choice("augment", augment, AUGMENTS, allow_none=True)
-    return TrainOptions(optimizer=optimizer, lr=lr_f, weight_decay=wd, momentum=mom, nesterov=nest,  # type: ignore[arg-type]
+    return Recipe(optimizer=optimizer, lr=lr_f, weight_decay=wd, momentum=mom, nesterov=nest,  # type: ignore[arg-type]
                         schedule=schedule, warmup_epochs=warm, milestones=ms, label_smoothing=ls,  # type: ignore[arg-type]
                         decay_norm_bias=dnb, amp=amp_v, compile=comp, augment=aug)  # type: ignore[arg-type]
 
 
-def check_device(opts: TrainOptions, device: torch.device) -> None:
+def check_device(opts: Recipe, device: torch.device) -> None:
     """Refuse, before any work, the options ``device`` cannot run: fp16 autocast needs CUDA (GradScaler);
     bf16 autocast needs CUDA with bf16 support or the CPU."""
     if opts.amp == "fp16" and device.type != "cuda":
@@ -160,7 +161,7 @@ def no_decay_parameters(model: nn.Module) -> set[int]:
     return skip
 
 
-def make_optimizer(model: nn.Module, opts: TrainOptions) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, opts: Recipe) -> torch.optim.Optimizer:
     """The optimiser over the trainable parameters of ``model``: Adam, or SGD with ``opts.momentum`` and
     ``opts.nesterov``; weight decay on every parameter, or (``decay_norm_bias=False``) not on norms/biases."""
     params = [p for p in model.parameters() if p.requires_grad]

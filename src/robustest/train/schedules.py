@@ -20,7 +20,7 @@ CYCLIC_PEAK = 0.4
 
 
 class ScheduleOptions(Protocol):
-    """What :func:`make_schedule` reads of a recipe (:class:`robustest.train.recipes.TrainOptions` has them):
+    """What :func:`make_schedule` reads of a recipe (:class:`robustest.train.recipes.Recipe` has them):
     the schedule's name (one of :data:`SCHEDULES`, or None), the warm-up in epochs, the step schedule's epochs."""
 
     schedule: str | None

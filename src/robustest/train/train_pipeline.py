@@ -3,7 +3,7 @@
 
 * :func:`sized_zoo_model`: a zoo architecture with random weights, sized from the data (channels, square side,
   number of classes), with the training set's per-channel mean and std inside it.
-* :func:`train_pipeline`: :func:`robustest.train.fit` with validated :class:`TrainOptions`, test loss and accuracy,
+* :func:`train_pipeline`: :func:`robustest.train.fit` with validated :class:`Recipe`, test loss and accuracy,
   ``OUT/model.pt``; returns a :class:`TrainRun` whose :meth:`TrainRun.to_results` is the ``results`` of the train
   verb's results.json.
 
@@ -28,7 +28,7 @@ from robustest.core.atomic import check_writable
 from robustest.core.batching import image_shape, labels_of, num_samples, take
 from robustest.core.errors import ConfigError
 from robustest.train.fitting import History, fit
-from robustest.train.recipes import TrainOptions
+from robustest.train.recipes import Recipe
 
 __all__ = ["TrainRun", "options_in_effect", "same_data", "sized_zoo_model", "train_pipeline"]
 
@@ -51,7 +51,7 @@ def _labels(data: Any) -> torch.Tensor:
     return y if y is not None else take(data, torch.arange(num_samples(data)))[1]
 
 
-def options_in_effect(opts: TrainOptions) -> dict[str, Any]:
+def options_in_effect(opts: Recipe) -> dict[str, Any]:
     """The recipe options that shape a run: the set ones only, and SGD's momentum and Nesterov only with SGD."""
     d = opts.to_dict()
     if d.get("optimizer") != "sgd":
@@ -110,7 +110,7 @@ class TrainRun:
 
 
 def train_pipeline(model: nn.Module, train: Any, test: Any, *, out: str | Path, epochs: int, batch_size: int,
-                   options: TrainOptions, recipe_name: str | None = None, seed: int = 0,
+                   options: Recipe, recipe_name: str | None = None, seed: int = 0,
                    device: torch.device | str = "cpu", progress: bool = True, resume: bool = False,
                    metadata: dict[str, Any] | None = None) -> TrainRun:
     """Fit ``model`` on ``train`` for ``epochs`` epochs of ``batch_size`` with ``options`` (seeded by ``seed``;
