@@ -23,6 +23,9 @@ def test_same_data_compares_size_labels_and_images():
     assert not same_data(a, _ds(n=7))  # another size
     assert not same_data(a, _ds(label=1))  # the same images, other labels
     assert not same_data(a, _ds(value=0.25))  # the same labels, other images
+    pair = (torch.zeros(3, 1, 2, 2), torch.zeros(3, dtype=torch.long))  # an (x, y) pair holds 3 samples, not 2
+    assert not same_data(pair, (torch.zeros(2, 1, 2, 2), torch.zeros(2, dtype=torch.long)))
+    assert same_data(pair, (pair[0].clone(), pair[1].clone()))
 
 
 def test_options_in_effect_keeps_set_options_and_sgd_momentum_only_with_sgd():

@@ -36,12 +36,13 @@ __all__ = ["TrainRun", "options_in_effect", "same_data", "sized_zoo_model", "tra
 def same_data(a: Any, b: Any) -> bool:
     """Whether two splits hold the same data (same size, same labels, same first 64 images): a folder without
     separate splits gives both."""
-    if len(a) != len(b):
+    n = num_samples(a)
+    if n != num_samples(b):
         return False
     la, lb = labels_of(a), labels_of(b)
     if la is not None and lb is not None and not torch.equal(la, lb):
         return False
-    k = torch.arange(min(len(a), 64))
+    k = torch.arange(min(n, 64))
     return bool(torch.equal(take(a, k)[0], take(b, k)[0]))
 
 
@@ -129,5 +130,5 @@ def train_pipeline(model: nn.Module, train: Any, test: Any, *, out: str | Path, 
     save_checkpoint(out / "model.pt", model, metadata={**(metadata or {}), "epochs": epochs,
                                                         "test_accuracy": test_acc, "seed": seed})
     recipe = {"name": recipe_name, "epochs": epochs, "batch_size": batch_size, **options.to_dict()}
-    return TrainRun(model, history, test_loss, test_acc, len(train), len(test), same_data(train, test), recipe,
-                    {"train_s": history.seconds, "eval_s": t_eval})
+    return TrainRun(model, history, test_loss, test_acc, num_samples(train), num_samples(test),
+                    same_data(train, test), recipe, {"train_s": history.seconds, "eval_s": t_eval})
