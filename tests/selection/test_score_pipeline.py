@@ -66,6 +66,8 @@ def test_score_pipeline_writes_the_scores_file_select_reads(tmp_path, trained_di
     assert torch.allclose(run.result.scores, expected)
     payload = read_scores(tmp_path / "scores.pt")
     assert payload["metric"] == "gini" and torch.equal(payload["index"], torch.arange(40))
+    raw = torch.load(tmp_path / "scores.pt", weights_only=True)  # the file as written, not as read back
+    assert sorted(raw) == ["index", "labels", "metric", "options", "scores"] and raw["options"] == {}
     assert torch.equal(payload["labels"], data[1]) and "x0_index" not in payload and "bits" not in payload
     lines = (tmp_path / "scores.csv").read_text().splitlines()
     assert lines[0] == "index,score,label" and len(lines) == 41
@@ -90,3 +92,42 @@ def test_fol_on_tests_measures_against_the_seeds_or_says_it_did_not(tmp_path, tr
                          progress=False)
     assert own.figures["fol_seed"] == "x0 = x' (own seed)" and own.own_seed is True
     assert torch.allclose(own.result.scores, fol(trained_digits_model, x, y, x0=x, eps=0.1), atol=1e-6)
+
+
+def test_coverage_scores_use_the_training_profile_and_the_layers_given(tmp_path, trained_digits_model, seeds,
+                                                                      digits_train):
+    data, train = take(seeds, torch.arange(30)), take(digits_train, torch.arange(80))
+    run = score_pipeline(trained_digits_model, ScoreInputs(data, "digits:test"), "kmnc", out=tmp_path, train=train,
+                         layers=["relu3"], options={"k": 4}, progress=False)
+    want = score(trained_digits_model, data, "kmnc", train=train, layers=["relu3"], k=4)
+    assert torch.equal(run.result.bits, want.bits) and run.result.layers == want.layers == ["relu3"]
+    assert run.figures["set_coverage"] == want.set_coverage and run.figures["num_cells"] == want.num_cells
+    assert torch.equal(read_scores(tmp_path / "scores.pt")["bits"], want.bits)
+    other = score(trained_digits_model, data, "kmnc", train=take(digits_train, torch.arange(80, 160)),
+                  layers=["relu3"], k=4)
+    assert not torch.equal(other.bits, want.bits)  # the profile comes from the training data given
+
+
+def test_defaults_record_no_model_and_no_loading_time(tmp_path, trained_digits_model, seeds):
+    run = score_pipeline(trained_digits_model, ScoreInputs(take(seeds, torch.arange(5)), "digits:test"), "gini",
+                         out=tmp_path, progress=False)
+    assert run.timings["load_s"] == 0.0
+    assert json.loads((tmp_path / "summary.json").read_text())["checkpoint"] == ""
+
+
+def test_the_seeds_come_from_the_folder_given(tmp_path, seeds):
+    import numpy as np
+
+    path, _, _ = _tests(tmp_path, seeds, extra={"dataset": "npz", "split": "test"})
+    x = (np.arange(20 * 64) % 256).astype(np.uint8).reshape(20, 8, 8)
+    np.savez(tmp_path / "own.npz", x_test=x, y_test=np.arange(20) % 10)
+    inputs = inputs_of_tests(path, seeds_dataset="npz", seeds_root=str(tmp_path / "own.npz"), seeds_split="test")
+    assert torch.equal(inputs.x0(torch.tensor([0, 2])), torch.from_numpy(x[[3, 7]]).float().unsqueeze(1) / 255)
+
+
+def test_amp_reaches_the_metric(tmp_path, trained_digits_model, seeds):
+    data = take(seeds, torch.arange(20))
+    run = score_pipeline(trained_digits_model, ScoreInputs(data, "digits:test"), "gini", out=tmp_path, amp="bf16",
+                         progress=False)
+    assert torch.equal(run.result.scores, score(trained_digits_model, data, "gini", amp="bf16").scores)
+    assert not torch.equal(run.result.scores, score(trained_digits_model, data, "gini").scores)  # rounded in bf16

@@ -35,6 +35,7 @@ def test_select_pipeline_writes_positions_scores_and_csv(tmp_path):
     assert run.idx.tolist() == [1, 3] and run.chosen.tolist() == [3.0, 2.0] and run.warnings == []
     saved = torch.load(tmp_path / "selected.pt", weights_only=True)
     assert saved["indices"].tolist() == [11, 13] and saved["x0_index"].tolist() == [1, 3]
+    assert saved["scores"].tolist() == [3.0, 2.0]
     assert (saved["strategy"], saved["metric"], saved["pool_size"]) == ("top", "fol", 5)
     assert (tmp_path / "selected.csv").read_text() == "rank,index,score\n0,11,3.0\n1,13,2.0\n"
     res = run.to_results()
@@ -63,6 +64,41 @@ def test_selected_tests_are_the_chosen_rows_of_the_tests_file(tmp_path):
     sel = datasets.load_tests(tmp_path / "selected_tests.pt")  # positions 2 and 4 of the tests file
     assert torch.equal(sel["x"], x[[2, 4]]) and sel["x0_index"].tolist() == [102, 104]
     assert sel["fol"].tolist() == [2.0, 4.0] and sel["extra"] == {"dataset": "digits", "selected_by": "top"}
+    assert sel["method"] == "pgd"
     assert run.files["tests"] == "selected_tests.pt"
+    datasets.save_tests(tmp_path / "plain.pt", x, torch.arange(6) % 3, torch.arange(6), "fgsm")  # no FOL stored
+    select_pipeline(payload, "top", 1, out=tmp_path, tests=read_scored_tests(tmp_path / "plain.pt", payload["index"]))
+    assert datasets.load_tests(tmp_path / "selected_tests.pt")["fol"] is None
     with pytest.raises(DataError, match="the scores index test 6 but .* holds 6 tests"):
         read_scored_tests(tmp_path / "t.pt", torch.tensor([0, 6]))
+
+
+def test_select_pipeline_passes_the_strategy_its_options_and_defaults(tmp_path):
+    from robustest.selection import select
+
+    p = _payload(scores=torch.linspace(0, 1, 40), index=torch.arange(40))
+    s = p["scores"]
+    assert select_pipeline(p, "kmst", 8, out=tmp_path).idx.tolist() == select(s, 8, "kmst", k=4, seed=0).tolist()
+    assert select_pipeline(p, "kmst", 8, out=tmp_path, k=2, seed=3).idx.tolist() == \
+        select(s, 8, "kmst", k=2, seed=3).tolist()
+    assert select_pipeline(p, "random", 8, out=tmp_path).idx.tolist() == select(s, 8, "random", seed=0).tolist()
+    assert select_pipeline(p, "random", 8, out=tmp_path, seed=7).idx.tolist() == \
+        select(s, 8, "random", seed=7).tolist()
+    bits = torch.zeros(40, 3, dtype=torch.bool)
+    bits[0, 0] = True  # one input covers everything there is: the rest is filled
+    p["bits"] = bits
+    for fill in ("total", "random"):
+        assert select_pipeline(p, "coverage", 5, out=tmp_path, fill=fill, seed=1).idx.tolist() == \
+            select(bits, 5, "coverage", fill=fill, seed=1).tolist()
+    flipped = -s  # a source given is what the strategy ranks, not the scores
+    assert select_pipeline(p, "top", 3, out=tmp_path, source=flipped).idx.tolist() == [0, 1, 2]
+
+
+def test_select_pipeline_records_the_strategys_warnings_and_an_empty_selection(tmp_path):
+    run = select_pipeline(_payload(), "top", 9, out=tmp_path)
+    assert run.warnings == ["asked for 9 inputs but the pool holds only 5: returning the whole pool"]
+    assert run.to_results()["warnings"] == run.warnings and len(run.idx) == 5
+    bits = torch.ones(5, 2, dtype=torch.bool)
+    none = select_pipeline(_payload(bits=bits), "coverage", 0, out=tmp_path).to_results()
+    assert (none["selected"], none["cells_covered_by_selection"], none["cells_covered_by_pool"]) == (0, 0, 2)
+    assert torch.load(tmp_path / "selected.pt", weights_only=True)["scores"].numel() == 0
