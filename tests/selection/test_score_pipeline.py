@@ -76,6 +76,8 @@ def test_score_pipeline_writes_the_scores_file_select_reads(tmp_path, trained_di
     assert summary["checkpoint"] == "m.pt" and summary["count"] == 40 and summary["fol_seed"] is None
     assert list(run.timings) == ["load_s", "score_s", "per_input_ms", "total_s"] and run.timings["load_s"] == 1.5
     assert run.timings["total_s"] >= 1.5 + run.timings["score_s"]
+    assert run.timings["per_input_ms"] == 1000 * run.timings["score_s"] / 40
+    assert not {"set_coverage", "num_cells", "layers"} & set(run.figures)  # coverage figures only for coverage
     assert run.figures["mean"] == pytest.approx(float(expected.mean())) and run.figures["non_finite"] == 0
     assert run.to_results()["files"] == SCORE_FILES and run.own_seed is False
 
@@ -88,6 +90,8 @@ def test_fol_on_tests_measures_against_the_seeds_or_says_it_did_not(tmp_path, tr
     assert with_seeds.figures["fol_seed"] == "x0 = seeds at x0_index" and with_seeds.own_seed is False
     assert torch.allclose(with_seeds.result.scores, fol(trained_digits_model, x, y, x0=x_seed, eps=0.1), atol=1e-6)
     assert read_scores(tmp_path / "scores.pt")["x0_index"].tolist() == [3, 0, 7, 7]
+    lines = (tmp_path / "scores.csv").read_text().splitlines()
+    assert lines[0] == "index,score,label,x0_index" and lines[1].endswith(",3")
     own = score_pipeline(trained_digits_model, inputs_of_tests(path), "fol", out=tmp_path, options={"eps": 0.1},
                          progress=False)
     assert own.figures["fol_seed"] == "x0 = x' (own seed)" and own.own_seed is True
@@ -102,6 +106,7 @@ def test_coverage_scores_use_the_training_profile_and_the_layers_given(tmp_path,
     want = score(trained_digits_model, data, "kmnc", train=train, layers=["relu3"], k=4)
     assert torch.equal(run.result.bits, want.bits) and run.result.layers == want.layers == ["relu3"]
     assert run.figures["set_coverage"] == want.set_coverage and run.figures["num_cells"] == want.num_cells
+    assert run.figures["layers"] == ["relu3"]
     assert torch.equal(read_scores(tmp_path / "scores.pt")["bits"], want.bits)
     other = score(trained_digits_model, data, "kmnc", train=take(digits_train, torch.arange(80, 160)),
                   layers=["relu3"], k=4)
