@@ -532,3 +532,23 @@ def test_validation_split_holds_out_a_stratified_tenth_at_most():
     with pytest.raises(ConfigError, match="9 training images are too few"):
         validation_split((x[:9], y[:9]), None, keep="best")
     assert validation_split((x[:9], y[:9]), None, keep="last")[1:] == (None, 0)
+    with pytest.raises(ConfigError, match="too few"):  # keep="best" is the default
+        validation_split((x[:9], y[:9]), None)
+    assert torch.equal(validation_split((x, y), 20)[1][0], x[holdout_split(y, 20, 0)[1]])  # seed 0 by default
+
+
+def test_validation_split_reads_the_labels_through_the_batches_of_a_dataset_without_a_label_tensor():
+    from torch.utils.data import Dataset
+
+    from robustest.train.early_stopping import holdout_split, validation_split
+
+    class Items(Dataset):
+        def __len__(self) -> int:
+            return 40
+
+        def __getitem__(self, i: int):
+            return torch.full((1, 1, 1), float(i)), i % 2
+
+    _, val, k = validation_split(Items(), 4, seed=1)
+    want = holdout_split(torch.arange(40) % 2, 4, 1)[1]
+    assert k == 4 and val[0].flatten().tolist() == want.float().tolist() and val[1].tolist() == (want % 2).tolist()
