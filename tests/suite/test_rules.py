@@ -159,6 +159,11 @@ def test_gate_lines_say_each_flag_and_why_the_gate_failed():
     assert a_check(False, [flag], accepted=("gradient_masking",)).gate_lines() == [bad.gate_lines()[0]]
     both = a_check(True, [flag])  # a regression is the reason given, not the flag
     assert both.gate_lines()[1:] == drop
+    two = a_check(False, [flag, {**flag, "name": "zero_gradients"}])
+    assert two.gate_lines()[-1].startswith("gate failed: the evaluation is flagged unreliable (gradient_masking, "
+                                           "zero_gradients); ")
+    kept = dataclasses.replace(a_check(False), certified_regression=False, certified_comparison=five_broken())
+    assert kept.gate_lines() == []  # certificates compared, none lost beyond the rule: nothing to say
     cert = dataclasses.replace(a_check(False), certified_regression=True, certified_comparison=five_broken())
     assert cert.gate_lines() == ["5 samples certified by the baseline lost their certificate; certified accuracy "
                                  "dropped by 12.5 points (McNemar p = 0.0312 < 0.05, more than --max-drop 2.0 points): "
