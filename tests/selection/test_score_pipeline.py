@@ -136,3 +136,21 @@ def test_amp_reaches_the_metric(tmp_path, trained_digits_model, seeds):
                          progress=False)
     assert torch.equal(run.result.scores, score(trained_digits_model, data, "gini", amp="bf16").scores)
     assert not torch.equal(run.result.scores, score(trained_digits_model, data, "gini").scores)  # rounded in bf16
+
+
+def test_the_histogram_draws_the_scores_named_by_metric_and_source(tmp_path, trained_digits_model, seeds,
+                                                                 monkeypatch):
+    import robustest.report
+
+    drawn = {}
+
+    def record(values, path, **kw):
+        drawn.update(values=values, path=path, **kw)
+
+    monkeypatch.setattr(robustest.report, "save_histogram", record)
+    one = take(seeds, torch.arange(1))
+    run = score_pipeline(trained_digits_model, ScoreInputs(one, "digits:test"), "gini", out=tmp_path, progress=False)
+    assert run.metric == "gini" and torch.equal(drawn["values"], run.result.scores)
+    assert drawn["path"] == tmp_path / "scores_hist.png"
+    assert (drawn["title"], drawn["xlabel"]) == ("gini on digits:test (n=1)", "gini")
+    assert run.timings["per_input_ms"] == 1000 * run.timings["score_s"]  # one input
