@@ -9,7 +9,7 @@ under attacks and corruptions, and on test samples for comparison (what ``robust
 Example::
 
     analysis = analyze(model, train)
-    run = validate_pipeline(model, train, analysis, out="val", test=test, k=100)
+    run = validate_pipeline(model, train, analysis, out="val", test=test, test_limit=500, select={"k": 100})
     write_results("val", "validate", settings, run.to_results(), run.timings)
 """
 
