@@ -4,7 +4,9 @@ every corruption and severity for the report (what ``robustest corrupt`` runs).
 Example::
 
     run = corrupt_pipeline(test, "out", ["fog", "gaussian_noise"], [1, 3, 5], split="test")
-    write_results("out", "corrupt", settings, run.to_results(), run.timings)
+    write_results("out", "corrupt", settings, run.to_results(), {**run.timings, "total_s": seconds})
+
+(``run.timings`` hold the parts; results.json also records the whole run's ``total_s``.)
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ Example::
 
     run = harden_pipeline(model, train, test, "pgd-at", out="hard", measurement=Measurement(eps=0.3),
                           recipe={"eps": 0.3, "epochs": 5}, val=val)
-    doc = write_results("hard", "harden", settings, run.to_results(), run.timings)
+    doc = write_results("hard", "harden", settings, run.to_results(), {**run.timings, "total_s": seconds})
+
+(``run.timings`` hold the parts; results.json also records the whole run's ``total_s``.)
 """
 
 from __future__ import annotations

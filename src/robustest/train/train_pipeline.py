@@ -11,7 +11,9 @@ Example::
 
     model = sized_zoo_model("digits_cnn", train, test, seed=0)
     run = train_pipeline(model, train, test, out="digits", epochs=3, batch_size=64, options=check_options(3))
-    write_results("digits", "train", settings, run.to_results(), run.timings)
+    write_results("digits", "train", settings, run.to_results(), {**run.timings, "total_s": seconds})
+
+(``run.timings`` hold the parts; results.json also records the whole run's ``total_s``.)
 """
 
 from __future__ import annotations

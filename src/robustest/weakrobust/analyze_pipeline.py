@@ -11,7 +11,9 @@ computes its analysis the same way).
 Example::
 
     run = analyze_pipeline(model, train, out="an", options=AnalysisOptions(neighbors=50, eps=0.22))
-    write_results("an", "analyze", settings, run.to_results(), run.timings)
+    write_results("an", "analyze", settings, run.to_results(), {**run.timings, "total_s": seconds})
+
+(``run.timings`` hold the parts; results.json also records the whole run's ``total_s``.)
 """
 
 from __future__ import annotations

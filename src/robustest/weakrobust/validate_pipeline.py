@@ -10,7 +10,9 @@ Example::
 
     analysis = analyze(model, train)
     run = validate_pipeline(model, train, analysis, out="val", test=test, test_limit=500, select={"k": 100})
-    write_results("val", "validate", settings, run.to_results(), run.timings)
+    write_results("val", "validate", settings, run.to_results(), {**run.timings, "total_s": seconds})
+
+(``run.timings`` hold the parts; results.json also records the whole run's ``total_s``.)
 """
 
 from __future__ import annotations
