@@ -39,7 +39,6 @@ weaker). Writes to --out:
 """
 
 
-
 def unit_fraction(text: str) -> float:
     try:
         v = float(text)

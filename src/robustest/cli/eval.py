@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import TYPE_CHECKING
 
 from robustest.cli.args import (
     add_checkpoint_arg,
@@ -53,9 +52,6 @@ from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import EXIT_GATE, ConfigError
 from robustest.core.memory import peak_rss_mib
 from robustest.core.validation import check_eps
-
-if TYPE_CHECKING:
-    pass
 
 ORDER = 35
 

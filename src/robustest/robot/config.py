@@ -213,8 +213,9 @@ class RobotConfig:
         the keys the file does not set, then ``overrides`` (a command's flags: None values are not given)."""
         d: dict[str, Any] = dict(defaults or {})
         if path is not None:
-            given = {str(k).replace("-", "_") for k in read_config(path)}
-            d = {**cls.from_yaml(path, validate=False).to_dict(),  # validated once the overrides are in
+            raw = read_config(path)  # read once: its keys and its values
+            given = {str(k).replace("-", "_") for k in raw}
+            d = {**cls.from_dict(raw, validate=False).to_dict(),  # validated once the overrides are in
                  **{k: v for k, v in d.items() if k not in given}}
         d.update({k: v for k, v in (overrides or {}).items() if v is not None})
         return cls.from_dict(d)
