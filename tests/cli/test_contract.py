@@ -350,3 +350,14 @@ def test_robot_settings_in_effect():
     assert cmp["coverage_metric"] == "kmnc" and cmp["train_model"] == "digits_cnn"
     assert not {"strategy", "budget", "rounds", "convergence_tol", "kmst_k", "pool_pgd_steps", "whitebox_limit",
                 "apgd_steps"} & set(cmp)
+
+
+@pytest.mark.parametrize("argv", [["score", "--metric", "gini"], ["analyze"], ["validate"],
+                                  ["generate", "--method", "pgd"], ["enhance", "--epochs", "1"]])
+def test_a_refused_model_leaves_no_output_folder(argv, tmp_path, capsys):
+    from robustest.cli import main
+
+    out = tmp_path / "never"
+    assert main([*argv, "--checkpoint", str(tmp_path / "missing.pt"), "--dataset", "digits", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing.pt' does not exist" in err and not out.exists()

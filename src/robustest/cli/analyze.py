@@ -113,11 +113,11 @@ def run_analyze(args: argparse.Namespace) -> int:
     from robustest.weakrobust.analyze_pipeline import analyze_pipeline
     from robustest.weakrobust.reports import analyze_report
 
-    out = out_dir(args)
     t0 = time.perf_counter()
     model = load_model(args)
     ds = load_data(args)
     check_fits(model, ds)
+    out = out_dir(args)  # made once the data is known to fit: a refusal leaves nothing behind
     arun = analyze_pipeline(model, ds, out=out, options=analysis_options(args, model, ds),
                             radius_eps_max=args.radius_eps_max, progress=not args.no_progress)
     analysis = arun.analysis

@@ -79,7 +79,6 @@ def run_enhance(args: argparse.Namespace) -> int:
     from robustest.weakrobust.enhance_pipeline import enhance_pipeline, read_weaknesses, state_folder
     from robustest.weakrobust.reports import enhance_report
 
-    out = out_dir(args)
     t0 = time.perf_counter()
     weaknesses = read_weaknesses(args.weaknesses)
     wr.augmentation_pool(weaknesses)  # unknown names fail before any work
@@ -89,6 +88,7 @@ def run_enhance(args: argparse.Namespace) -> int:
     test = load_data(args, "test") if args.eval_limit > 0 else None
     if args.no_augmix and args.no_adversarial and weaknesses:
         raise ConfigError("--weaknesses extend the AugMix pool: drop --no-augmix")
+    out = out_dir(args)  # made once the arguments and data are checked: a refusal leaves nothing behind
     run = enhance_pipeline(model, train, test, weaknesses, out=out, eval_limit=args.eval_limit, seed=args.seed,
                            epochs=args.epochs, augmix=not args.no_augmix, adversarial=not args.no_adversarial,
                            jsd_weight=args.jsd_weight, adv_weight=args.adv_weight, eps=args.eps,

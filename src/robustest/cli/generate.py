@@ -154,11 +154,11 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     _check_radii(args)
-    out = out_dir(args)
     model = load_model(args)
     ds = load_data(args)
     check_fits(model, ds)
     resolve_batch_size(args, model, ds, default=256, grad=True)
+    out = out_dir(args)  # made once the data is known to fit: a refusal leaves nothing behind
     eps = args.eps if args.eps is not None else _default_eps(image_shape(ds)[0])
     opts = GenerateOptions(**{f.name: getattr(args, f.name) for f in fields(GenerateOptions) if f.name != "norm"},
                            norm=_norm(args))

@@ -166,7 +166,6 @@ def run(args: argparse.Namespace) -> int:
     from robustest.selection.score_pipeline import score_pipeline
 
     _check_options(args)
-    out = out_dir(args)
     t0 = time.perf_counter()
     model = load_model(args)
     inputs = _load_inputs(args)
@@ -176,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
     # input gradients (fol, fol_gradnorm) and kept activations (coverage, surprise) hold about what a backward
     # pass holds: they are probed with one
     resolve_batch_size(args, model, inputs.data, default=256, amp=args.amp, grad=args.metric not in AMP_METRICS)
+    out = out_dir(args)  # made once the inputs are known to fit: a refusal leaves nothing behind
     srun = score_pipeline(model, inputs, args.metric, out=out, train=train, layers=args.layers or None,
                           batch_size=args.batch_size, amp=args.amp, progress=not args.no_progress,
                           options=_metric_options(args), model_source=str(args.checkpoint or args.model_factory

@@ -118,11 +118,11 @@ def run_validate(args: argparse.Namespace) -> int:
     from robustest.weakrobust.validate_pipeline import validate_pipeline
 
     _resolve_strategy(args)
-    out = out_dir(args)
     t0 = time.perf_counter()
     model = load_model(args)
     ds = load_data(args)
     check_fits(model, ds)
+    out = out_dir(args)  # made once the data is known to fit: a refusal leaves nothing behind
     analysis = _validation_analysis(args, model, ds, out)
     t_analysis = time.perf_counter() - t0
     test = load_data(args, "test") if args.test_limit and args.test_limit > 0 else None
