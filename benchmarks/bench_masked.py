@@ -1,7 +1,8 @@
 """Benchmark: is robustest's evaluation fooled by models that FAKE robustness (gradient masking; Athalye, Carlini &
 Wagner 2018; Tramer et al. 2020)? Each masked model of ``tests/masked_zoo.py`` wraps one plain MNIST CNN that is
 not robust at all; an adaptive attack written for each (BPDA, EOT, a loss on log-probabilities, the margin loss)
-measures what the wrapper really withstands, and ``robustest.evaluate.evaluate`` is run on the same images.
+measures what the wrapper really withstands, and the pipeline of ``robustest eval``
+(``robustest.evaluate.eval_pipeline.eval_pipeline``, its gate included) is run on the same images.
 
     python benchmarks/bench_masked.py --data-dir ../shared/data/mnist.npz --n 200 --linf 0.1 0.3 \\
         --versions fast standard auto --set both --threads 1 --out OUT
@@ -17,13 +18,12 @@ thermometer 10 levels); ``both``. The plain model is the control row (no flag ex
 Per row and L-inf eps, on the first ``--n`` test images: ``adaptive`` = robust accuracy under the adaptive attack
 (``masked_zoo.adaptive_attack``: margin-loss PGD, ``--adaptive-steps`` steps, then targeted runs on the
 ``--adaptive-targets`` most likely other classes; clean and adversarial both correct, for the random model by a
-majority of 11 forwards); for each version of
-``--versions``: robustest's robust accuracy, its flags (``getattr(result, "flags", [])`` as name:severity; "-"
-when none), the gate at ``--fail-under`` (passes iff robust accuracy >= fail_under and no flag is "unreliable"),
-process CPU seconds, and ``fooled`` = robust > adaptive + 3 points AND the gate passed: the failure the project
-must eliminate. A version that does not exist (ConfigError "unknown version") is "n/a"; any other exception of
-evaluate is caught and shown as its type and first line (a finding). Prints markdown tables, writes
-OUT/results.json. Process CPU time with ``--threads 1`` measures the work even on shared cores.
+majority of 11 forwards); for each version of ``--versions``: robustest's robust accuracy, its flags (as
+name:severity; "-" when none), the verb's gate at ``--fail-under`` (passes iff robust accuracy >= fail_under and no
+flag is "unreliable"), process CPU seconds, and ``fooled`` = robust > adaptive + 3 points AND the gate passed: the
+failure the project must eliminate. A version that does not exist (ConfigError "unknown version") is "n/a"; any
+other exception of the pipeline is caught and shown as its type and first line (a finding). Prints markdown tables,
+writes OUT/results.json. Process CPU time with ``--threads 1`` measures the work even on shared cores.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,7 +45,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import masked_zoo as mz  # noqa: E402
 from robustest import data, models  # noqa: E402
 from robustest.core.errors import ConfigError  # noqa: E402
-from robustest.evaluate import evaluate  # noqa: E402
+from robustest.evaluate.eval_pipeline import eval_pipeline  # noqa: E402
 from robustest.models.checkpoints import load_checkpoint, save_checkpoint  # noqa: E402
 from robustest.train import fit  # noqa: E402
 
@@ -77,15 +78,7 @@ def first_line(exc: BaseException) -> str:
 
 
 def flag_text(flag) -> str:
-    if isinstance(flag, dict):
-        name, sev = flag.get("name", flag), flag.get("severity")
-    else:
-        name, sev = getattr(flag, "name", flag), getattr(flag, "severity", None)
-    return f"{name}:{sev}" if sev is not None else str(name)
-
-
-def flag_severity(flag):
-    return flag.get("severity") if isinstance(flag, dict) else getattr(flag, "severity", None)
+    return f"{flag.name}:{flag.severity}"
 
 
 def get_model(args, out: Path):
@@ -118,7 +111,8 @@ def build_rows(base, which: str):
 def run_version(model, x, y, eps, version, seed, fail_under, adaptive):
     t = clock()
     try:
-        r = evaluate(model, (x, y), eps, version=version, seed=seed)
+        with tempfile.TemporaryDirectory() as out:  # the verb's samples.csv, not kept
+            run = eval_pipeline(model, (x, y), eps, out=out, version=version, seed=seed, fail_under=fail_under)
     except ConfigError as exc:
         if "unknown version" in str(exc):
             return {"status": "n/a", "error": first_line(exc)}
@@ -128,9 +122,9 @@ def run_version(model, x, y, eps, version, seed, fail_under, adaptive):
         wall, cpu = since(t)
         return {"status": "error", "error": first_line(exc), "cpu_s": cpu, "wall_s": wall}
     wall, cpu = since(t)
-    flags = list(getattr(r, "flags", None) or [])
-    robust = float(r.robust_accuracy)
-    gate = robust >= fail_under and not any(flag_severity(f) == "unreliable" for f in flags)
+    r = run.result
+    flags = list(r.flags)
+    robust, gate = float(r.robust_accuracy), bool(run.passed)
     fooled = gate and 100 * robust > 100 * adaptive + FOOLED_POINTS
     return {"status": "ok", "robust": robust, "clean": float(r.clean_accuracy), "flags": [flag_text(f) for f in flags],
             "gate": gate, "fooled": fooled, "cpu_s": cpu, "wall_s": wall}

@@ -208,7 +208,7 @@ def test_no_carriage_return_frames_when_stderr_is_not_a_terminal(tmp_path):
     proc = subprocess.run(_corrupt_cmd(tmp_path / "a"), capture_output=True, text=True, timeout=300, env=_env())
     assert proc.returncode == 0, proc.stderr
     assert "\r" not in proc.stderr and "\r" not in proc.stdout and "%|" not in proc.stderr
-    assert "wrote 3 corruption file(s)" in proc.stdout
+    assert "3 corruption file(s) x" in proc.stdout and "wrote results.json, report.html, " in proc.stdout
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="needs a pseudo-terminal")

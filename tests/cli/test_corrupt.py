@@ -34,7 +34,9 @@ def test_corrupt_all_on_digits(tmp_path: Path, capsys: pytest.CaptureFixture[str
     rc = main(["corrupt", "--dataset", "digits", "--corruptions", "all", "--severities", "1-5", "--limit", "24",
                "--batch-size", "10", "--out", str(out), "--no-progress", "--seed", "4"])
     assert rc == 0
-    assert "wrote 19 corruption file(s)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "19 corruption file(s) x" in printed and "wrote results.json, report.html, " in printed
+    assert "15 more to " in printed  # 21 files: the first six named, the rest counted
     res = results_contract(out, "corrupt")
     assert res["num_images"] == 24 and res["settings"]["seed"] == 4 and res["settings"]["batch_size"] == 10
     assert set(res["timings"]) == {"load_s", "total_s"} | {f"{name}_s" for name in C.names()}

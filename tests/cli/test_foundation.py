@@ -378,3 +378,23 @@ def test_the_list_hint_comes_only_with_a_stray_value(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert info.value.code == 2 and "unrecognized arguments: --no-such-flag" in err
     assert "comma-separated" not in err and err.count("\n") == 1
+
+
+def test_load_checked_loads_the_model_and_split_and_refuses_a_misfit(mlp_digits_checkpoint, tmp_path):
+    import argparse
+
+    from robustest.cli.loading import load_checked
+    from robustest.core.errors import ConfigError
+
+    args = argparse.Namespace(checkpoint=mlp_digits_checkpoint, model_factory=None, model_args=None, weights=None,
+                              torchscript=False, device=None, dataset="digits", data_dir=None, split="test", limit=30)
+    model, ds = load_checked(args)
+    assert len(ds) == 30 and ds[0][0].shape == (1, 8, 8) and next(model.parameters()).device.type == "cpu"
+    _, train = load_checked(args, "train")
+    assert torch.equal(train[0][0], load_checked(argparse.Namespace(**{**vars(args), "split": "train"}))[1][0][0])
+    misfit = tmp_path / "five.pt"
+    from robustest.models.checkpoints import save_checkpoint
+
+    save_checkpoint(misfit, models.create("mlp", num_classes=5, in_channels=1, input_size=8))
+    with pytest.raises(ConfigError, match="5 classes"):
+        load_checked(argparse.Namespace(**{**vars(args), "checkpoint": str(misfit)}))

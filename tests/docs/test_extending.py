@@ -55,10 +55,11 @@ def test_the_recipes_leave_nothing_behind():
     assert "tiny_mlp" not in models.names() and "stripes" not in data.names()
 
 
-def test_the_verb_recipe_parses_loads_and_writes(ran_recipes, mlp_digits_checkpoint, tmp_path, capsys):
+def test_the_verb_recipe_parses_loads_and_writes(ran_recipes, mlp_digits_checkpoint, tmp_path, caplog):
     import argparse
     import json
 
+    caplog.set_level("INFO", logger="robustest.cli")
     parser = argparse.ArgumentParser()
     ran_recipes["add_parser"](parser.add_subparsers())
     args = parser.parse_args(["clean", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--limit", "50",
@@ -67,7 +68,10 @@ def test_the_verb_recipe_parses_loads_and_writes(ran_recipes, mlp_digits_checkpo
     from robustest.evaluate import loss_and_accuracy
     from robustest.models.checkpoints import load_model
 
-    written = json.loads((tmp_path / "clean" / "clean.json").read_text())
+    doc = json.loads((tmp_path / "clean" / "results.json").read_text())
     loss, acc = loss_and_accuracy(load_model(mlp_digits_checkpoint), data.load("digits", split="test", limit=50))
-    assert written["dataset"] == "digits" and written["limit"] == 50
-    assert (written["loss"], written["accuracy"]) == (pytest.approx(loss), acc)
+    assert doc["format"] == "robustest-clean-results" and doc["settings"]["dataset"] == "digits"
+    assert doc["settings"]["limit"] == 50 and list(doc["timings"]) == ["total_s"]
+    assert (doc["loss"], doc["accuracy"]) == (pytest.approx(loss), acc)
+    assert f"accuracy {acc:.3f}" in (tmp_path / "clean" / "report.html").read_text()
+    assert caplog.records[-1].getMessage().startswith(f"wrote results.json, report.html to {tmp_path}")

@@ -60,6 +60,7 @@ def test_the_pipeline_writes_samples_and_adversarials_and_records_the_descriptio
     assert res["data"] == {"dataset": "digits", "num_samples": 24} and res["model"] == {"model": "m:f"}
     assert res["robustbench"]["name"] == "fixed" and "bracket" in res and "gate" not in res
     assert "timings" not in res and "settings" not in res and "attack_settings" in res
+    assert list(res)[-2:] == ["peak_rss_mib", "files"] and res["files"] == run.files and res["peak_rss_mib"] > 0
     assert torch.load(tmp_path / "adv.pt", weights_only=True)["x"].shape == digits[0].shape
 
 

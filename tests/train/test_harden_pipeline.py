@@ -50,6 +50,7 @@ def test_the_pipeline_measures_hardens_and_writes_the_checkpoints(digits, tmp_pa
     assert res["before"]["num_eval"] == 40 and res["after"]["num_whitebox"] == 8
     assert len(res["epochs"]) == run.final_epoch == 2
     assert res["kept_epoch"] == run.result.kept_epoch and res["training_cpu_s"] > 0
+    assert list(res)[-2:] == ["peak_rss_mib", "files"] and res["files"] == run.files and res["peak_rss_mib"] > 0
     assert set(run.timings) == {"before_s", "harden_s", "after_s"}
     assert json.loads((tmp_path / "state" / "before.json").read_text()) == res["before"]
     meta = load_checkpoint(tmp_path / "model.pt").robustest_metadata["hardened"]

@@ -409,3 +409,35 @@ def test_named_recipes_are_valid_fit_arguments(name, digits_train):
     assert recipes.recipe(name)["epochs"] != 1  # a copy
     with pytest.raises(ConfigError, match="unknown recipe 'fast'"):
         recipes.recipe("fast")
+
+
+# ------------------------------------------------------------------------------------ layered_recipe
+def test_layered_recipe_without_a_name_is_fits_defaults_and_needs_epochs():
+    epochs, batch, r = recipes.layered_recipe(None, 3, {})
+    assert (epochs, batch) == (3, 64) and r == recipes.check_options(3)
+    with pytest.raises(ConfigError, match=r"give --epochs N \(or a --recipe"):
+        recipes.layered_recipe(None, None, {"lr": 0.1})
+
+
+def test_layered_recipe_takes_the_named_recipe_and_its_epochs():
+    epochs, batch, r = recipes.layered_recipe("cifar-sgd", None, {})
+    assert (epochs, batch) == (100, 128)
+    assert (r.optimizer, r.lr, r.momentum, r.nesterov, r.weight_decay, r.schedule, r.augment) == (
+        "sgd", 0.1, 0.9, True, 5e-4, "cosine", "crop-flip") and r.decay_norm_bias is False
+
+
+def test_layered_recipe_scales_the_schedule_to_the_epochs_given_and_flags_override():
+    epochs, batch, r = recipes.layered_recipe("imagenet-sgd", 9, {"lr": 0.05, "batch_size": 32})
+    assert (epochs, batch, r.lr, r.schedule) == (9, 32, 0.05, "step")
+    assert r.milestones == pytest.approx((3.0, 6.0))  # 30 and 60 of 90 epochs, scaled to 9
+
+
+def test_layered_recipe_drops_what_does_not_carry_over_unless_given():
+    _, _, adam = recipes.layered_recipe("cifar-sgd", 10, {"optimizer": "adam"})
+    assert adam.optimizer == "adam" and adam.momentum == recipes.Recipe().momentum  # the recipe's SGD momentum dropped
+    with pytest.raises(ConfigError, match="momentum"):  # given explicitly with Adam: refused, not dropped
+        recipes.layered_recipe("cifar-sgd", 10, {"optimizer": "adam", "momentum": 0.5})
+    _, _, cos = recipes.layered_recipe("imagenet-sgd", 9, {"schedule": "cosine"})
+    assert cos.schedule == "cosine" and cos.milestones is None  # step's milestones do not carry over
+    _, _, off = recipes.layered_recipe("cifar-sgd", 10, {"schedule": "none", "augment": "none"})
+    assert off.schedule is None and off.augment is None

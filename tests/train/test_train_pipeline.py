@@ -67,7 +67,8 @@ def test_train_pipeline_fits_measures_and_saves(tmp_path, digits_train, digits_t
     assert run.same_split is False and set(run.timings) == {"train_s", "eval_s"}
     res = run.to_results()
     assert list(res) == ["model", "recipe", "num_train", "num_test", "history", "test_loss", "test_accuracy",
-                         "test_split_is_training_data"]
+                         "test_split_is_training_data", "peak_rss_mib", "files"]
+    assert res["files"] == {"model": "model.pt", "report": "report.html"} and res["peak_rss_mib"] > 0
     assert res["recipe"] == {"name": None, "epochs": 2, "batch_size": 50, **check_options(2).to_dict()}
     saved = torch.load(tmp_path / "new" / "model.pt", weights_only=True)  # the folder made
     assert saved["metadata"] == {"dataset": "digits", "epochs": 2, "test_accuracy": run.test_accuracy, "seed": 1}

@@ -61,7 +61,8 @@ def test_the_pipeline_measures_enhances_and_saves(tmp_path):
                            adversarial=False, batch_size=8)
     assert run.held_out == held_out_corruptions(["gaussian_noise"]) and run.before and run.after
     res = run.to_results()
-    assert set(res) == {"enhance", "held_out_corruptions", "before", "after"} and "seconds" not in res["enhance"]
+    assert list(res) == ["enhance", "held_out_corruptions", "before", "after", "peak_rss_mib", "files"]
+    assert "seconds" not in res["enhance"] and res["files"] == run.files and res["peak_rss_mib"] > 0
     assert run.train_seconds > 0 and len(res["enhance"]["epochs"]) == 1
     meta = load_checkpoint(tmp_path / "model.pt").robustest_metadata
     assert meta["weaknesses"] == ["gaussian_noise"] and meta["enhanced"] == run.result.config

@@ -19,11 +19,10 @@ from robustest.cli.args import (
     noise_width,
     positive_int,
 )
-from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
-from robustest.cli.output import fmt, log, out_dir
+from robustest.cli.loading import load_checked, resolve_batch_size
+from robustest.cli.output import fmt, log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.devices import model_device
-from robustest.results import write_results
 from robustest.weakrobust.analyze_pipeline import ANALYSIS_STEP, AnalysisOptions
 
 ORDER = 60
@@ -114,9 +113,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     from robustest.weakrobust.reports import analyze_report
 
     t0 = time.perf_counter()
-    model = load_model(args)
-    ds = load_data(args)
-    check_fits(model, ds)
+    model, ds = load_checked(args)
     out = out_dir(args)  # made once the data is known to fit: a refusal leaves nothing behind
     arun = analyze_pipeline(model, ds, out=out, options=analysis_options(args, model, ds),
                             radius_eps_max=args.radius_eps_max, progress=not args.no_progress)
@@ -124,12 +121,11 @@ def run_analyze(args: argparse.Namespace) -> int:
     settings = {**model_settings(args), **data_settings(args), **analysis_settings(args), "top": args.top,
                 **({"radius_eps_max": args.radius_eps_max} if args.radius_eps_max else {}), "seed": args.seed,
                 "device": str(model_device(model))}
-    doc = write_results(out, "analyze", settings, arun.to_results(),
-                        {**arun.timings, "total_s": time.perf_counter() - t0})
-    analyze_report(doc, ds, analysis, arun.radius, args.top).write(out / "report.html")
+    doc = write_run(out, "analyze", t0, settings, arun.to_results(), arun.timings,
+                    lambda doc: analyze_report(doc, ds, analysis, arun.radius, args.top))
     s = analysis.summary()
     log.info(f"analysed {len(analysis)} samples in {fmt(analysis.params['seconds'], 'analyze_s')} s: clean accuracy "
              f"{fmt(s['clean_accuracy'], 'accuracy')}, mean score {fmt(s['mean_score'])}, "
              f"{fmt(100 * s['frac_most_neighbours_wrong'])} % with most neighbours misclassified")
-    log.info(f"wrote {out / 'analysis.pt'}, results.json and report.html")
+    written(out, doc["files"], t0)
     return 0

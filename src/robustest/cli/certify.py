@@ -30,8 +30,8 @@ from robustest.cli.args import (
     radius,
     significance,
 )
-from robustest.cli.loading import check_fits, load_data, load_model
-from robustest.cli.output import log, out_dir
+from robustest.cli.loading import load_checked
+from robustest.cli.output import log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import ConfigError
 from robustest.core.memory import peak_rss_mib
@@ -92,15 +92,12 @@ def run(args: argparse.Namespace) -> int:
     from robustest.evaluate.certification import run_certify
     from robustest.evaluate.certify_report import certify_report
     from robustest.models.checkpoints import source_of
-    from robustest.results import write_results
 
     t0 = time.perf_counter()
     _check_args(args)
     if Path(args.out).exists():
         out_dir(args)
-    model = load_model(args)
-    ds = load_data(args)
-    check_fits(model, ds)
+    model, ds = load_checked(args)
     t_load = time.perf_counter() - t0
     result = run_certify(model, ds, args.eps, norm=args.norm, method=args.method, sigma=args.sigma, n0=args.n0,
                          n=args.n_samples, alpha=args.alpha, seed=args.seed, batch_size=args.batch_size,
@@ -114,11 +111,10 @@ def run(args: argparse.Namespace) -> int:
            "data": {**data_settings(args), "num_samples": result.num_samples}, "peak_rss_mib": peak_rss_mib(),
            "files": files}
     settings = {**model_settings(args), **data_settings(args), **result.settings, "device": str(model_device(model))}
-    timings = {**result.timings, "load_s": t_load, "total_s": time.perf_counter() - t0}
-    doc = write_results(out, "certify", settings, doc, timings)
-    certify_report(result, doc, ds).write(out / "report.html")
+    write_run(out, "certify", t0, settings, doc, {**result.timings, "load_s": t_load},
+              lambda doc: certify_report(result, doc, ds))
     what = f"{args.method} (sigma={result.settings['sigma']:g})" if args.method == "smoothing" else args.method
     log.info(f"{args.dataset} ({result.num_samples} images), {args.norm} eps={result.eps:g}, {what}: certified "
              f"{100 * result.certified_accuracy:.2f}%, clean {100 * result.clean_accuracy:.2f}%")
-    log.info(f"wrote {', '.join(files)} to {out} in {time.perf_counter() - t0:.1f}s")
+    written(out, files, t0)
     return 0

@@ -24,10 +24,9 @@ import torch
 
 from robustest.cli.args import add_data_args, add_run_args, int_list, name_list, positive_int
 from robustest.cli.loading import load_data
-from robustest.cli.output import fmt, log, out_dir
+from robustest.cli.output import log, out_dir, write_run, written
 from robustest.cli.settings import data_settings
 from robustest.core.devices import resolve_device
-from robustest.results import write_results
 
 ORDER = 40
 
@@ -67,14 +66,13 @@ def run(args: argparse.Namespace) -> int:
     crun = corrupt_pipeline(ds, out, names, args.severities, fmt=args.format, split=args.split, table=table,
                             batch_size=args.batch_size, seed=args.seed, device=device, progress=not args.no_progress,
                             note=log.warning)
-    timings = {"load_s": t_load, **crun.timings, "total_s": time.perf_counter() - t_start}
     settings = {**data_settings(args), "corruptions": names, "severities": args.severities, "table": table,
                 "batch_size": args.batch_size, "seed": args.seed, "device": str(device), "format": args.format}
-    doc = write_results(out, "corrupt", settings, crun.to_results(), timings)
-    _report(doc, crun.clean, crun.samples).write(out / "report.html")
-    log.info(f"wrote {len(crun.files)} corruption file(s) x {len(args.severities)} severities x {crun.num_images} "
-             f"images ({args.dataset} {args.split}, {c}x{h}x{w}, {table} table) to {out} "
-             f"in {fmt(timings['total_s'], 'total_s')} s")
+    doc = write_run(out, "corrupt", t_start, settings, crun.to_results(), {"load_s": t_load, **crun.timings},
+                    lambda doc: _report(doc, crun.clean, crun.samples))
+    log.info(f"{len(crun.files)} corruption file(s) x {len(args.severities)} severities x {crun.num_images} images "
+             f"({args.dataset} {args.split}, {c}x{h}x{w}, {table} table)")
+    written(out, doc["files"], t_start)
     return 0
 
 

@@ -21,13 +21,11 @@ from robustest.cli.args import (
     non_negative_int,
     positive_int,
 )
-from robustest.cli.loading import check_fits, load_data, load_model
-from robustest.cli.output import fmt, log, out_dir
+from robustest.cli.loading import load_checked, load_data
+from robustest.cli.output import fmt, log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError
-from robustest.core.memory import peak_rss_mib
-from robustest.results import write_results
 
 ORDER = 62
 #: the flags that name an enhancement's state (a rerun with the same ones continues it)
@@ -82,9 +80,7 @@ def run_enhance(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     weaknesses = read_weaknesses(args.weaknesses)
     wr.augmentation_pool(weaknesses)  # unknown names fail before any work
-    model = load_model(args)
-    train = load_data(args, "train")
-    check_fits(model, train)
+    model, train = load_checked(args, "train")
     test = load_data(args, "test") if args.eval_limit > 0 else None
     if args.no_augmix and args.no_adversarial and weaknesses:
         raise ConfigError("--weaknesses extend the AugMix pool: drop --no-augmix")
@@ -97,7 +93,6 @@ def run_enhance(args: argparse.Namespace) -> int:
                            state_dir=state_folder(out, {k: getattr(args, k) for k in _STATE_KEYS}, weaknesses, model,
                                                   train), resume=True)
     before, after, res = run.before, run.after, run.result
-    results = {**run.to_results(), "peak_rss_mib": peak_rss_mib(), "files": run.files}
     settings = {**model_settings(args), **data_settings(args), "weaknesses": weaknesses, "epochs": args.epochs,
                 "augmix": not args.no_augmix, "adversarial": not args.no_adversarial}
     if not args.no_augmix:
@@ -108,14 +103,13 @@ def run_enhance(args: argparse.Namespace) -> int:
     settings.update(lr=args.lr, batch_size=args.batch_size, eval_limit=args.eval_limit, seed=args.seed,
                     device=str(model_device(model)))
     settings = {k: v for k, v in settings.items() if v is not None}
-    timings = {"train_s": run.train_seconds, "total_s": time.perf_counter() - t0}
-    doc = write_results(out, "enhance", settings, results, timings)
-    enhance_report(doc, run, args.epochs).write(out / "report.html")
+    doc = write_run(out, "enhance", t0, settings, run.to_results(), {"train_s": run.train_seconds},
+                    lambda doc: enhance_report(doc, run, args.epochs))
     if before and after:
         log.info(f"test accuracy {fmt(before['clean_accuracy'], 'accuracy')} -> "
                  f"{fmt(after['clean_accuracy'], 'accuracy')}; mean adversarial error "
                  f"{fmt(before['mean_adv_error'], 'error')} -> "
                  f"{fmt(after['mean_adv_error'], 'error')}; held-out mCE {fmt(before['mce_held_out'], 'mce')} -> "
                  f"{fmt(after['mce_held_out'], 'mce')}")
-    log.info(f"wrote {out / 'model.pt'}, results.json and report.html")
+    written(out, doc["files"], t0)
     return 0

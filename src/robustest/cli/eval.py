@@ -47,10 +47,9 @@ from robustest.cli.args import (
     share_arg,
 )
 from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
-from robustest.cli.output import log, out_dir
+from robustest.cli.output import log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import EXIT_GATE, ConfigError
-from robustest.core.memory import peak_rss_mib
 from robustest.core.validation import check_eps
 
 ORDER = 35
@@ -152,7 +151,6 @@ def run(args: argparse.Namespace) -> int:
     from robustest.evaluate.eval_report import eval_report
     from robustest.evaluate.flags import flag_lines
     from robustest.models.checkpoints import source_of
-    from robustest.results import write_results
 
     t0 = time.perf_counter()
     attacks, severities = _check_args(args)
@@ -192,10 +190,8 @@ def run(args: argparse.Namespace) -> int:
                        surrogate=surrogate, forwards=args.forwards)
     result, brk, out = ev.result, ev.bracket, Path(args.out)  # made and proved writable by the pipeline
     timings = {**result.timings, "load_s": t_load, **ev.timings}  # the order of the report's timings table
-    timings["total_s"] = time.perf_counter() - t0
-    doc = write_results(out, "eval", _settings(args, attacks, severities, model_device(model)),
-                        {**ev.to_results(), "peak_rss_mib": peak_rss_mib(), "files": ev.files}, timings)
-    eval_report(result, doc, brk, ds).write(out / "report.html")
+    write_run(out, "eval", t0, _settings(args, attacks, severities, model_device(model)), ev.to_results(), timings,
+              lambda doc: eval_report(result, doc, brk, ds))
     per = ", ".join(f"{k} {100 * v:.2f}%" for k, v in result.attacks.items())
     plan = args.version if result.plan == args.version else f"{args.version} -> {result.plan}"
     for c in result.curve or []:
@@ -213,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         log.info(f"bracket ({args.certify}): certified {100 * brk.certified_accuracy:.2f}% <= robust "
                  f"{100 * brk.robust_accuracy:.2f}% <= clean {100 * brk.clean_accuracy:.2f}% "
                  f"({brk.counts()['undecided']} undecided)")
-    log.info(f"wrote {', '.join(ev.files)} to {out} in {time.perf_counter() - t0:.1f}s")
+    written(out, ev.files, t0)
     for line in ev.gate_lines():
         print(f"robustest eval: {line}", file=sys.stderr)
     return EXIT_GATE if ev.failed else 0

@@ -41,8 +41,8 @@ from robustest.cli.args import (
     positive_int,
     radius,
 )
-from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
-from robustest.cli.output import fmt, log, out_dir
+from robustest.cli.loading import load_checked, resolve_batch_size
+from robustest.cli.output import fmt, log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.batching import image_shape
 from robustest.core.devices import model_device
@@ -53,7 +53,6 @@ from robustest.fuzzing.generate import (
     GenerateOptions,
     generate_report,
 )
-from robustest.results import write_results
 
 ORDER = 30
 
@@ -154,9 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     _check_radii(args)
-    model = load_model(args)
-    ds = load_data(args)
-    check_fits(model, ds)
+    model, ds = load_checked(args)
     resolve_batch_size(args, model, ds, default=256, grad=True)
     out = out_dir(args)  # made once the data is known to fit: a refusal leaves nothing behind
     eps = args.eps if args.eps is not None else _default_eps(image_shape(ds)[0])
@@ -170,13 +167,13 @@ def run(args: argparse.Namespace) -> int:
                              load_s=time.perf_counter() - t0)
     summary, timings = grun.summary, grun.timings
     settings = _settings(args, args.method, summary.get("params", {}), grun.fol_norm, grun.fol_eps, eps, model)
-    doc = write_results(out, "generate", settings, grun.to_results(), timings)
-    generate_report(doc, args.method, grun.grid, grun.fol).write(out / "report.html")
+    doc = write_run(out, "generate", t0, settings, grun.to_results(), timings,
+                    lambda doc: generate_report(doc, args.method, grun.grid, grun.fol))
     rate = summary.get("success_rate")
     rate_txt = f", success rate {fmt(rate, 'success_rate')}" if rate is not None else ""
     log.info(f"{args.method} on {summary['seeds']} {args.dataset}/{args.split} seeds: {grun.num_tests} tests"
-             f"{rate_txt} ({fmt(timings['total_s'], 'total_s')} s)")
-    log.info(f"wrote {out / 'tests.pt'}, results.json, report.html and summary.json")
+             f"{rate_txt} ({fmt(doc['timings']['total_s'], 'total_s')} s)")
+    written(out, doc["files"], t0)
     return 0
 
 

@@ -45,10 +45,9 @@ from robustest.cli.args import (
     positive_int,
 )
 from robustest.cli.loading import build_zoo_model, check_fits, load_data, load_model
-from robustest.cli.output import log, out_dir, print_table
+from robustest.cli.output import log, out_dir, print_table, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import ConfigError
-from robustest.core.memory import peak_rss_mib
 
 ORDER = 35
 # arguments that do not change what a run computes (left out of the resume check)
@@ -172,7 +171,6 @@ def _method_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
 
 def run(args: argparse.Namespace) -> int:
     from robustest.report import format_value
-    from robustest.results import write_results
     from robustest.train import hardening
     from robustest.train.early_stopping import validation_split
     from robustest.train.harden_pipeline import Measurement, certificates_for, claim_run_dir, harden_pipeline
@@ -212,10 +210,8 @@ def run(args: argparse.Namespace) -> int:
                     "whitebox_pgd_steps": args.whitebox_pgd_steps, "whitebox_restarts": args.whitebox_restarts,
                     "apgd_steps": args.apgd_steps, "autoattack": args.autoattack, "certify": args.certify,
                     "device": str(next(iter(model.parameters())).device)}
-    results = {**hrun.to_results(), "peak_rss_mib": peak_rss_mib(), "files": hrun.files}
-    timings = {"load_s": t_load, **hrun.timings, "total_s": time.perf_counter() - t0}
-    doc = write_results(out, "harden", {k: v for k, v in cli_settings.items() if v is not None}, results, timings)
-    harden_report(doc).write(out / "report.html")
+    doc = write_run(out, "harden", t0, {k: v for k, v in cli_settings.items() if v is not None},
+                    hrun.to_results(), {"load_s": t_load, **hrun.timings}, harden_report)
     rows = [{"model": name, **summary_figures(r)} for name, r in (("before", hrun.before), (f"after (epoch "
             f"{res.kept_epoch})", hrun.after), (f"last (epoch {hrun.final_epoch})", hrun.last)) if r is not None]
     print_table(rows, [c for c in rows[0] if c == "model" or rows[0][c] is not None])
@@ -228,5 +224,5 @@ def run(args: argparse.Namespace) -> int:
              f"{format_value(hrun.training_cpu_s, 'cpu_s')} CPU-seconds of training"
              + (f"; stopped by the catastrophic-overfitting guard at epoch {res.guard_epoch} ({guard_reason(res)})"
                 if res.guard_epoch is not None else ""))
-    log.info(f"wrote {out / 'model.pt'}, {out / 'results.json'} and {out / 'report.html'}")
+    written(out, doc["files"], t0)
     return 0

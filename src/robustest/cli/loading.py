@@ -15,7 +15,8 @@ from robustest.cli.output import log
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
 
-__all__ = ["build_zoo_model", "check_fits", "load_data", "load_model", "model_options", "resolve_batch_size"]
+__all__ = ["build_zoo_model", "check_fits", "load_checked", "load_data", "load_model", "model_options",
+           "resolve_batch_size"]
 
 
 def resolve_batch_size(args: argparse.Namespace, model: nn.Module, data: Any, *, default: int, grad: bool,
@@ -112,3 +113,12 @@ def check_fits(model: nn.Module, ds: Any) -> int:
     k = check_model_fits(model, ds)
     check_finite_logits(model, ds)
     return k
+
+
+def load_checked(args: argparse.Namespace, split: str | None = None) -> tuple[nn.Module, Dataset]:
+    """(model, data) of the model options and --dataset (``split``: default --split), the data checked to fit the
+    model (:func:`check_fits`) before any work: what most verbs load first."""
+    model = load_model(args)
+    ds = load_data(args, split)
+    check_fits(model, ds)
+    return model, ds

@@ -1,5 +1,6 @@
-"""What a verb writes to the console and the run folder: the output folder, logging (one line per message,
-rank 0 only under torchrun), progress bars, help text from docstrings, tables and number formats."""
+"""What a verb writes to the console and the run folder: the output folder, the end every verb's run shares
+(results.json and report.html, :func:`write_run`), logging (one line per message, rank 0 only under torchrun),
+progress bars, help text from docstrings, tables and number formats."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import argparse
 import logging
 import re
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 __all__ = ["LOGGER", "configure_logging", "fmt", "log", "out_dir", "plain", "print_table",
-           "progress_enabled"]
+           "progress_enabled", "write_run", "written"]
 
 
 def out_dir(args: argparse.Namespace) -> Path:
@@ -20,6 +22,34 @@ def out_dir(args: argparse.Namespace) -> Path:
     from robustest.core.atomic import check_writable
 
     return check_writable(args.out)
+
+
+def write_run(out: Path, verb: str, started: float, settings: Mapping[str, Any], results: Mapping[str, Any],
+              timings: Mapping[str, Any], report: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+    """The end every verb's run shares: ``out/results.json`` (the results contract of ``verb``; ``timings`` closed
+    by ``total_s``, the seconds since ``started``, a :func:`time.perf_counter` reading taken when the verb began)
+    and ``out/report.html``, drawn by ``report(document)``. Returns the document written.
+
+    Example: ``write_run(out, "score", t0, settings, run.to_results(), run.timings, lambda d: score_report(d, s))``.
+    """
+    from robustest.results import write_results
+
+    doc = write_results(out, verb, settings, results, {**timings, "total_s": time.perf_counter() - started})
+    report(doc).write(Path(out) / "report.html")
+    return doc
+
+
+def written(out: Path, files: Sequence[str] | Mapping[str, str], started: float) -> None:
+    """The last line of every verb that writes a run folder: ``wrote results.json, a, b to OUT in 1.2s``.
+
+    ``files``: the names written in ``out`` (a list, or the values of a results document's ``files`` mapping;
+    results.json is named first when missing; past eight names the rest are counted); ``started``: the
+    :func:`time.perf_counter` reading taken when the verb began."""
+    names = list(files.values()) if isinstance(files, Mapping) else list(files)
+    if "results.json" not in names:
+        names.insert(0, "results.json")
+    shown = names if len(names) <= 8 else [*names[:6], f"{len(names) - 6} more"]
+    log.info(f"wrote {', '.join(shown)} to {out} in {time.perf_counter() - started:.1f}s")
 
 
 LOGGER = "robustest"

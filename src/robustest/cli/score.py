@@ -43,13 +43,12 @@ from robustest.cli.args import (
     radius,
 )
 from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
-from robustest.cli.output import fmt, log, out_dir
+from robustest.cli.output import fmt, log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError
 from robustest.core.validation import check_eps
 from robustest.metrics.scoring import AMP_METRICS
-from robustest.results import write_results
 from robustest.selection.score_pipeline import ScoreInputs, inputs_of_tests
 from robustest.selection.score_reports import score_report
 
@@ -182,9 +181,8 @@ def run(args: argparse.Namespace) -> int:
                                                                           or args.weights),
                           load_s=time.perf_counter() - t0)
     s, n = srun.figures, len(srun.result.scores)
-    doc = write_results(out, "score", _settings(args, model_device(model), srun.result.options), srun.to_results(),
-                        srun.timings)
-    score_report(doc, srun.result.scores).write(out / "report.html")
+    doc = write_run(out, "score", t0, _settings(args, model_device(model), srun.result.options),
+                    srun.to_results(), srun.timings, lambda doc: score_report(doc, srun.result.scores))
     log.info(f"{args.metric} on {n} inputs from {inputs.source}: mean {fmt(s.get('mean'))}, "
              f"median {fmt(s.get('quantiles', {}).get('q50'))}, min {fmt(s.get('min'))}, max {fmt(s.get('max'))} "
              f"({fmt(srun.timings['score_s'], 'score_s')} s)")
@@ -192,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         log.info(f"set coverage: {fmt(s['set_coverage'], 'coverage')} of {s['num_cells']} cells")
     if srun.own_seed:
         log.warning("each test was scored as its own seed (x0 = x'); pass --seeds-dataset to use the seeds")
-    log.info(f"wrote {out / 'scores.pt'}, scores.csv, results.json, report.html, summary.json and scores_hist.png")
+    written(out, doc["files"], t0)
     return 0
 
 

@@ -30,9 +30,8 @@ import torch
 
 from robustest import selection
 from robustest.cli.args import add_model_args, add_output_flags, fraction, positive_int, seed_int
-from robustest.cli.output import fmt, log, out_dir
+from robustest.cli.output import fmt, log, out_dir, write_run, written
 from robustest.core.errors import ConfigError
-from robustest.results import write_results
 from robustest.selection.score_reports import select_report
 from robustest.selection.scores_file import read_scores
 
@@ -95,12 +94,10 @@ def run(args: argparse.Namespace) -> int:
     if args.tests is not None:
         settings["tests"] = str(args.tests)
     results = srun.to_results()
-    doc = write_results(out, "select", settings, results, {"total_s": time.perf_counter() - t0})
-    select_report(doc, data["scores"], srun.chosen).write(out / "report.html")
+    write_run(out, "select", t0, settings, results, {}, lambda doc: select_report(doc, data["scores"], srun.chosen))
     log.info(f"selected {len(srun.idx)} of {pool} inputs with {args.strategy}: selected scores mean "
              f"{fmt(results['selected_scores'].get('mean'))} (pool {fmt(results['pool_scores'].get('mean'))})")
-    log.info(f"wrote {out / 'selected.pt'}, selected.csv, results.json and report.html"
-             + (" and selected_tests.pt" if args.tests else ""))
+    written(out, results["files"], t0)
     return 0
 
 

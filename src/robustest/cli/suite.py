@@ -37,8 +37,8 @@ from robustest.cli.args import (
     share_arg,
     significance,
 )
-from robustest.cli.loading import check_fits, load_data, load_model
-from robustest.cli.output import log, out_dir
+from robustest.cli.loading import check_fits, load_checked, load_model
+from robustest.cli.output import log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import ConfigError
 from robustest.suite.documents import SUITE_FILE
@@ -132,7 +132,6 @@ def run_build(args: argparse.Namespace) -> int:
     from robustest import corruptions
     from robustest.core.devices import model_device
     from robustest.core.validation import check_eps
-    from robustest.results import write_results
     from robustest.suite import build_suite
     from robustest.suite.documents import build_results
     from robustest.suite.report import build_report
@@ -141,9 +140,7 @@ def run_build(args: argparse.Namespace) -> int:
     check_eps("eps", args.eps, args.norm)
     if args.corruptions is not None:
         corruptions.resolve_names(args.corruptions)
-    model = load_model(args)
-    ds = load_data(args)
-    check_fits(model, ds)
+    model, ds = load_checked(args)
     suite = build_suite(model, ds, args.eps, k=args.k, norm=args.norm, version=args.version,
                         n_targets=args.n_targets, corruptions=args.corruptions, severities=args.severities,
                         strata=args.strata, by_class=args.by_class, allocation=args.allocation,
@@ -164,15 +161,13 @@ def run_build(args: argparse.Namespace) -> int:
         settings.update(corruptions=args.corruptions, severities=list(args.severities))
     if args.certify is not None:
         settings["certify"] = args.certify
-    doc = build_results(suite)
-    timings = {**suite.timings, "total_s": time.perf_counter() - t0}
-    doc = write_results(out, "suite", settings, doc, timings)
-    build_report(suite, doc).write(out / "report.html")
+    doc = write_run(out, "suite", t0, settings, build_results(suite), suite.timings,
+                    lambda doc: build_report(suite, doc))
     r = m["baseline"]["robust_accuracy"]
     log.info(f"suite of {m['k']} of {m['n_population']} samples in {len(m['stratum_sizes'])} strata; baseline robust "
              f"accuracy {100 * r['value']:.1f}% [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}] "
              f"({args.norm} eps={args.eps:g}, {args.version})")
-    log.info(f"wrote {SUITE_FILE}, results.json, report.html to {out} in {time.perf_counter() - t0:.1f}s")
+    written(out, doc["files"], t0)
     return 0
 
 
@@ -181,7 +176,6 @@ def run_check(args: argparse.Namespace) -> int:
     from robustest.core.devices import model_device
     from robustest.core.errors import EXIT_GATE
     from robustest.models.checkpoints import load_model as load_file
-    from robustest.results import write_results
     from robustest.suite import Suite, check_suite
     from robustest.suite.documents import check_results
     from robustest.suite.report import check_report
@@ -212,12 +206,10 @@ def run_check(args: argparse.Namespace) -> int:
         settings["no_baseline"] = True
     if args.accept_flag:
         settings["accept_flag"] = list(res.accepted_flags)
-    doc = check_results(res, suite)
-    timings = {**res.timings, "total_s": time.perf_counter() - t0}
-    doc = write_results(out, "suite", settings, doc, timings)
-    check_report(res, doc, suite).write(out / "report.html")
+    doc = write_run(out, "suite", t0, settings, check_results(res, suite), res.timings,
+                    lambda doc: check_report(res, doc, suite))
     log.info(res.message())
-    log.info(f"wrote results.json, report.html to {out} in {time.perf_counter() - t0:.1f}s")
+    written(out, doc["files"], t0)
     from robustest.core.distributed import is_main
 
     if is_main():  # one line each, not one per rank

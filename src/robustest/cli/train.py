@@ -19,6 +19,7 @@ Example (AugMix's CIFAR recipe: SGD 0.1, Nesterov, weight decay 5e-4 off norms/b
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from typing import Any
 
@@ -35,13 +36,11 @@ from robustest.cli.args import (
     positive_int,
 )
 from robustest.cli.loading import check_fits, load_data
-from robustest.cli.output import fmt, log, out_dir
+from robustest.cli.output import fmt, log, out_dir, write_run, written
 from robustest.cli.settings import data_settings
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
-from robustest.core.memory import peak_rss_mib
-from robustest.results import write_results
-from robustest.train.recipes import RECIPES, Recipe, check_device, check_options, recipe
+from robustest.train.recipes import RECIPES, Recipe, check_device, layered_recipe
 
 ORDER = 10
 
@@ -88,34 +87,12 @@ def _model_name(text: str) -> str:
     return text
 
 
-_RECIPE_FLAGS = ("batch_size", "lr", "optimizer", "momentum", "nesterov", "weight_decay", "decay_norm_bias",
-                 "schedule", "milestones", "warmup_epochs", "label_smoothing", "augment", "amp", "compile")
-_DEFAULTS: dict[str, Any] = {"batch_size": 64, "lr": 1e-3, "optimizer": "adam", "weight_decay": 0.0}
-
-
 def resolve_recipe(args: argparse.Namespace) -> tuple[int, int, Recipe]:
-    """(epochs, batch size, validated options) from --recipe and the flags given (which
-    override it); written back into ``args`` so results.json records what ran. One-line ConfigError otherwise."""
-    base: dict[str, Any] = dict(_DEFAULTS)
-    if args.recipe is not None:
-        base.update(recipe(args.recipe, epochs=args.epochs))
-    given = {k: getattr(args, k) for k in _RECIPE_FLAGS if getattr(args, k) is not None}
-    kw = {**base, **given}
-    epochs = args.epochs if args.epochs is not None else kw.pop("epochs", None)
-    kw.pop("epochs", None)
-    if epochs is None:
-        raise ConfigError("give --epochs N (or a --recipe, which brings its epochs)")
-    for flag, off in (("schedule", "none"), ("augment", "none")):
-        if kw.get(flag) == off:
-            kw[flag] = None
-    if kw["optimizer"] != "sgd":  # a recipe's SGD settings do not carry over to --optimizer adam
-        for k in ("momentum", "nesterov"):
-            if k not in given:
-                kw.pop(k, None)
-    if kw.get("schedule") != "step" and "milestones" not in given:
-        kw.pop("milestones", None)
-    batch_size = int(kw.pop("batch_size"))
-    opts = check_options(epochs, **kw)
+    """(epochs, batch size, validated options) from --recipe and the flags given (which override it:
+    :func:`robustest.train.recipes.layered_recipe`); written back into ``args`` so results.json records what ran."""
+    names = ("batch_size", *(f.name for f in dataclasses.fields(Recipe)))
+    epochs, batch_size, opts = layered_recipe(args.recipe, args.epochs, {k: getattr(args, k) for k in names
+                                                                          if getattr(args, k) is not None})
     for k, v in {**opts.to_dict(), "batch_size": batch_size, "epochs": epochs}.items():
         setattr(args, k, v)
     return epochs, batch_size, opts
@@ -183,14 +160,11 @@ def run(args: argparse.Namespace) -> int:
                 "epochs": epochs, "batch_size": batch_size, **options_in_effect(opts), "seed": args.seed,
                 "device": str(device), **({"resume": True} if args.resume else {}),
                 **({"normalize": not args.no_normalize} if ":" not in args.model else {})}
-    results = {**trun.to_results(), "peak_rss_mib": peak_rss_mib(),
-               "files": {"model": "model.pt", "report": "report.html"}}
-    timings = {"load_data_s": t_data, **trun.timings, "total_s": time.perf_counter() - t0}
-    doc = write_results(out, "train", settings, results, timings)
-    fit_report(doc, args.model, args.dataset).write(out / "report.html")
+    doc = write_run(out, "train", t0, settings, trun.to_results(), {"load_data_s": t_data, **trun.timings},
+                    lambda doc: fit_report(doc, args.model, args.dataset))
     last = trun.history.last
     log.info(f"trained {args.model} on {args.dataset}: {len(train)} images, {plural(epochs, 'epoch')}, "
              f"train loss {fmt(last.loss)}, train accuracy {fmt(last.accuracy, 'accuracy')}, "
              f"test accuracy {fmt(trun.test_accuracy, 'accuracy')} ({fmt(trun.history.seconds, 'train_s')} s)")
-    log.info(f"wrote {out / 'model.pt'}, results.json and report.html")
+    written(out, doc["files"], t0)
     return 0

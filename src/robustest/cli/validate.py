@@ -28,12 +28,11 @@ from robustest.cli.args import (
     non_negative_int,
     positive_int,
 )
-from robustest.cli.loading import check_fits, load_data, load_model
-from robustest.cli.output import fmt, log, out_dir, print_table
+from robustest.cli.loading import load_checked, load_data
+from robustest.cli.output import fmt, log, out_dir, print_table, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError
-from robustest.results import write_results
 from robustest.selection.strata import ALLOCATIONS
 
 ORDER = 61
@@ -119,9 +118,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
     _resolve_strategy(args)
     t0 = time.perf_counter()
-    model = load_model(args)
-    ds = load_data(args)
-    check_fits(model, ds)
+    model, ds = load_checked(args)
     out = out_dir(args)  # made once the data is known to fit: a refusal leaves nothing behind
     analysis = _validation_analysis(args, model, ds, out)
     t_analysis = time.perf_counter() - t0
@@ -136,15 +133,14 @@ def run_validate(args: argparse.Namespace) -> int:
     if not args.analysis:
         vrun.files["analysis"] = "analysis.pt"
     weak, res = vrun.weak, vrun.result
-    doc = write_results(out, "validate", _validation_settings(args, model, weak, res), vrun.to_results(),
-                        {**vrun.timings, "total_s": time.perf_counter() - t0})
-    validation_report(doc, args.dataset, args.split, ds, analysis, weak, res, vrun.test_result, vrun.rows
-                      ).write(out / "report.html")
+    doc = write_run(out, "validate", t0, _validation_settings(args, model, weak, res), vrun.to_results(),
+                    vrun.timings, lambda doc: validation_report(doc, args.dataset, args.split, ds, analysis, weak,
+                                                                res, vrun.test_result, vrun.rows))
     print_table(vrun.rows, ["type", "family", "weak_error", "test_error", "label"])
     log.info(f"{weak.rule['strategy']} set: {len(weak)} samples; mean adversarial error "
              f"{fmt(res.mean_adv_error, 'error')}, mCE {fmt(res.mce, 'mce')}; "
              f"weaknesses: {', '.join(res.weaknesses()) or 'none'}")
-    log.info(f"wrote {out / 'results.json'} and {out / 'report.html'}")
+    written(out, doc["files"], t0)
     return 0
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from torch import nn
 
+from robustest.core.memory import peak_rss_mib
 from robustest.evaluate.certification import Bracket
 from robustest.evaluate.ensemble import EvalResult, evaluate
 from robustest.evaluate.eval_report import sample_rows
@@ -78,7 +79,8 @@ class EvalRun:
         return lines
 
     def to_results(self) -> dict[str, Any]:
-        """The results of an eval run (docs/RESULTS_SCHEMA.md, eval), without the contract's header and files."""
+        """The results of an eval run (docs/RESULTS_SCHEMA.md, eval), without the contract's header: the figures,
+        the process's peak memory and the files written."""
         d = self.describe
         doc = self.result.to_dict()
         for key in ("format", "version", "world_size", "timings"):
@@ -95,7 +97,7 @@ class EvalRun:
             doc["attack_settings"].setdefault("corruptions", {})["baseline_checkpoint"] = str(d["baseline_source"])
         if self.gate is not None:
             doc["gate"] = dict(self.gate)
-        return doc
+        return {**doc, "peak_rss_mib": peak_rss_mib(), "files": list(self.files)}
 
 
 def eval_pipeline(model: nn.Module, data: Any, eps: float | list[float], *, out: str | Path, norm: str = "linf",

@@ -28,6 +28,7 @@ from torch import nn
 
 from robustest.core.atomic import atomic_write_json
 from robustest.core.errors import ConfigError
+from robustest.core.memory import peak_rss_mib
 from robustest.train.hardening import HardenResult, harden
 
 __all__ = ["HardenRun", "Measurement", "certificates_for", "claim_run_dir", "harden_pipeline", "measure_model"]
@@ -156,7 +157,7 @@ class HardenRun:
                 "autoattack_flags": self.after.get("autoattack_flags"),
                 "certified_accuracy": self.after.get("certified_accuracy"),
                 "epochs": res.epochs, "compute": res.compute, "resumed_epochs": res.resumed_epochs,
-                "training_cpu_s": self.training_cpu_s}
+                "training_cpu_s": self.training_cpu_s, "peak_rss_mib": peak_rss_mib(), "files": dict(self.files)}
 
 
 def harden_pipeline(model: nn.Module, train: Any, test: Any, method: str, *, out: str | Path,

@@ -13,12 +13,13 @@ seeds' full-scale settings.
   :func:`robustest.core.amp.autocast`).
 * :func:`compile_model` / :func:`compile_error`: ``torch.compile``, with a one-line error when it is not
   available or fails to compile.
-* :data:`RECIPES` / :func:`recipe`: the seeds' training recipes as ``fit`` keyword arguments.
+* :data:`RECIPES` / :func:`recipe`: the seeds' training recipes as ``fit`` keyword arguments;
+  :func:`layered_recipe`: a named recipe (or fit's defaults) overridden by the options given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,7 +33,8 @@ from robustest.core.validation import check_bool, check_choice, check_float, che
 from robustest.train.schedules import CYCLIC_PEAK, SCHEDULES
 
 __all__ = ["AUGMENTS", "OPTIMIZERS", "RECIPES", "Recipe", "check_device", "check_options", "compile_error",
-           "compile_model", "crop_flip", "grad_scaler", "make_optimizer", "no_decay_parameters", "recipe"]
+           "compile_model", "crop_flip", "grad_scaler", "layered_recipe", "make_optimizer", "no_decay_parameters",
+           "recipe"]
 
 OPTIMIZERS = ("adam", "sgd")
 AUGMENTS = ("crop-flip",)
@@ -280,3 +282,36 @@ def recipe(name: str, epochs: int | None = None) -> dict[str, Any]:
         out["epochs"] = e
     return out
 
+
+
+#: what a fit without a named recipe starts from (the options of ``robustest train``'s defaults)
+FIT_DEFAULTS: dict[str, Any] = {"batch_size": 64, "lr": 1e-3, "optimizer": "adam", "weight_decay": 0.0}
+
+
+def layered_recipe(name: str | None, epochs: int | None, given: Mapping[str, Any]) -> tuple[int, int, Recipe]:
+    """(epochs, batch size, checked :class:`Recipe`) of the named recipe ``name`` (None: :data:`FIT_DEFAULTS`),
+    overridden by the options ``given`` (``batch_size`` and :class:`Recipe` fields; ``"none"`` turns a schedule or
+    augmentation off) and by ``epochs`` (None: the recipe's, whose schedule is scaled to the epochs given).
+
+    The recipe's SGD momentum and Nesterov do not carry over to another optimiser, nor its milestones to another
+    schedule, unless given. Raises :class:`ConfigError` without epochs from either side, or on a bad option.
+
+    Example: ``layered_recipe("cifar-sgd", 10, {"lr": 0.05})`` -> ``(10, 128, Recipe(optimizer="sgd", lr=0.05,
+    ...))``.
+    """
+    kw: dict[str, Any] = {**FIT_DEFAULTS, **(recipe(name, epochs=epochs) if name is not None else {}), **given}
+    epochs = epochs if epochs is not None else kw.get("epochs")
+    kw.pop("epochs", None)
+    if epochs is None:
+        raise ConfigError("give --epochs N (or a --recipe, which brings its epochs)")
+    for key in ("schedule", "augment"):
+        if kw.get(key) == "none":
+            kw[key] = None
+    if kw["optimizer"] != "sgd":  # a recipe's SGD settings do not carry over to optimizer adam
+        for key in ("momentum", "nesterov"):
+            if key not in given:
+                kw.pop(key, None)
+    if kw.get("schedule") != "step" and "milestones" not in given:
+        kw.pop("milestones", None)
+    batch_size = int(kw.pop("batch_size"))
+    return epochs, batch_size, check_options(epochs, **kw)

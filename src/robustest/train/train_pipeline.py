@@ -29,6 +29,7 @@ from torch import nn
 from robustest.core.atomic import check_writable
 from robustest.core.batching import image_shape, labels_of, num_samples, take
 from robustest.core.errors import ConfigError
+from robustest.core.memory import peak_rss_mib
 from robustest.train.fitting import History, fit
 from robustest.train.recipes import Recipe
 
@@ -104,12 +105,14 @@ class TrainRun:
     timings: dict[str, float] = field(default_factory=dict)
 
     def to_results(self) -> dict[str, Any]:
-        """The ``results`` of the train verb's results.json (before its memory and file keys)."""
+        """The ``results`` of the train verb's results.json: the figures, the process's peak memory and the files
+        written."""
         from robustest.models.checkpoints import source_of
 
         return {"model": source_of(self.model), "recipe": self.recipe, "num_train": self.num_train,
                 "num_test": self.num_test, "history": self.history.to_dict(), "test_loss": self.test_loss,
-                "test_accuracy": self.test_accuracy, "test_split_is_training_data": self.same_split}
+                "test_accuracy": self.test_accuracy, "test_split_is_training_data": self.same_split,
+                "peak_rss_mib": peak_rss_mib(), "files": {"model": "model.pt", "report": "report.html"}}
 
 
 def train_pipeline(model: nn.Module, train: Any, test: Any, *, out: str | Path, epochs: int, batch_size: int,

@@ -24,6 +24,7 @@ from torch import nn
 
 from robustest.core.batching import take
 from robustest.core.errors import DataError
+from robustest.core.memory import peak_rss_mib
 from robustest.weakrobust.enhance import EnhanceResult, enhance
 from robustest.weakrobust.validation import validate
 
@@ -94,7 +95,8 @@ class EnhanceRun:
         """The results of an enhance run (docs/RESULTS_SCHEMA.md, enhance), without the contract's header."""
         enh = self.result.to_dict()
         enh.pop("seconds", None)
-        return {"enhance": enh, "held_out_corruptions": self.held_out, "before": self.before, "after": self.after}
+        return {"enhance": enh, "held_out_corruptions": self.held_out, "before": self.before, "after": self.after,
+                "peak_rss_mib": peak_rss_mib(), "files": dict(self.files)}
 
 
 def enhance_pipeline(model: nn.Module, train: Any, test: Any, weaknesses: list[str], *, out: str | Path,
