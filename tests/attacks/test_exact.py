@@ -231,6 +231,15 @@ def test_success_counts_the_final_point():
     assert small.success.tolist() == [False]  # s = 2.02: still right
 
 
+def test_success_is_judged_sample_by_sample_in_a_batch():
+    # s = 2.04 crosses the boundary with one step of 0.05 down (s = 1.84); s = 2.4 does not (s = 2.2): the logits of
+    # the second sample hold the batch's largest value, so a prediction taken over the whole batch would be wrong
+    x, y = torch.cat([torch.full((1, 1, 2, 2), 0.51), torch.full((1, 1, 2, 2), 0.6)]), torch.tensor([0, 0])
+    res = attacks.pgd(boundary_model(), x, y, 0.05, alpha=0.05, steps=1, random_start=False,
+                      return_details=True, track_success=True)
+    assert res.success.tolist() == [True, False]
+
+
 def test_a_stopped_sample_keeps_its_point_and_the_others_their_own_step_sizes():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3)).eval()

@@ -281,6 +281,8 @@ def test_a_curve_radius_with_no_survivors_left_is_an_empty_point_of_the_same_sha
                      "reliable": True, "flags": [], "seconds": 0.0}
     assert set(empty) == set(first) == set(full)
     assert first["attacked"] == 12 and r.robust_accuracy == 0.0
+    # every radius, the smallest included, runs with the options given (not evaluate's defaults)
+    assert r.plan == first["plan"] == full["plan"] == "custom" and list(r.attacks) == ["apgd-ce"]
 
 
 def test_perturbation_quantiles():

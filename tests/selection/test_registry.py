@@ -102,6 +102,9 @@ def test_robot_feeds_a_registered_strategy_what_it_declares(monkeypatch):
 
 
 def test_register_refuses_bad_records_and_unregister_cleans_up():
+    for name in ("", "   ", 3, None):  # an empty or blank name, or none that is a string
+        with pytest.raises(ConfigError, match=f"^a selection strategy needs a name, got {name!r}$"):
+            Strategy(name, "d", closest_to_median)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="needs must be one of scores, bits, features"):
         Strategy("x", "d", closest_to_median, needs="pixels")
     with pytest.raises(ConfigError, match="unknown option 'eps'"):

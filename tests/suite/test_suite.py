@@ -83,6 +83,9 @@ def test_estimate_behaves_at_zero_and_one():
     assert census.value == census.ci_low == census.ci_high == 0.75
     with pytest.raises(ConfigError):
         stratified_estimate(torch.ones(3), torch.tensor([0, 0, 2]), torch.tensor([5, 5, 5]))  # stratum 1 empty
+    for ids in ([0, 1, 2], [-1, 0, 1]):  # 3 strata: ids 0..1 with 2 sizes, and a negative id
+        with pytest.raises(ConfigError, match=r"^stratum ids must lie in 0\.\.1$"):
+            stratified_estimate(torch.ones(3), torch.tensor(ids), torch.tensor([5, 5]))
 
 
 def test_paired_difference():

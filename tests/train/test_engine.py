@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from robustest.core.distributed import Shard
+from robustest.train import fit
 from robustest.train.engine import TrainData
 
 
@@ -87,11 +88,29 @@ def test_labels_out_of_range_name_the_training_labels():
 
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 2))
     td = TrainData(data(6), 4, seed=0)  # labels 0..2, the model has 2 classes
-    with pytest.raises(DataError, match="training labels"):
+    with pytest.raises(DataError, match=r"^training labels has labels in \[0, 2\] outside \[0, 2\)"):
         td.check(model, torch.device("cpu"))
     loader = TrainData(Plain(6), 4, seed=0)
-    with pytest.raises(DataError, match="training labels"):
+    with pytest.raises(DataError, match=r"^training labels has labels in \[0, 2\] outside \[0, 2\)"):
         list(loader.indexed_epoch(1, 2))
+    x, y = data(6)
+    with pytest.raises(DataError, match="^training labels has dtype torch.float32"):
+        TrainData((x, y.float()), 4, seed=0)
+    with pytest.raises(DataError, match="^training images contains NaN or infinite values"):
+        TrainData((torch.full_like(x, float("nan")), y), 4, seed=0)
+
+
+def test_in_memory_images_and_labels_of_different_lengths_are_refused():
+    """Regression: 6 images with 3 labels trained on the first 3 images without a word."""
+    from robustest.core.errors import DataError
+
+    x, y = data(6)
+    with pytest.raises(DataError, match=r"^training labels must have shape \[6\].*got \(3,\)"):
+        TrainData((x, y[:3]), 4, seed=0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
+    with pytest.raises(DataError, match=r"^training labels must have shape \[6\]"):
+        fit(model, (x, y[:3]), epochs=1, progress=False)
+    assert TrainData((x, y), 4, seed=0).n == 6
 
 
 def collate_pairs(items):
