@@ -49,3 +49,16 @@ def test_corrupt_pipeline_writes_the_files_and_the_first_image_of_each_setting(t
     corrupt_pipeline(images, tmp_path, ["gaussian_noise"], [1], split="test", seed=5, progress=False,
                      note=notes.append)
     assert len(notes) == 1 and "changed since the saved steps: starting afresh" in notes[0]
+
+
+def test_table_auto_is_chosen_by_the_image_size(tmp_path, images):
+    small = corrupt_pipeline(images, tmp_path / "s", ["contrast"], [5], table="auto", seed=1, progress=False)
+    assert small.table == "cifar"  # 8 x 8: up to 64 px
+    want = torch.round(corrupt(images[0], "contrast", 5, seed=1, table="cifar")[:1] * 255).to(torch.uint8)
+    assert torch.equal(small.samples[0], want)
+    big = (torch.rand(2, 1, 65, 65, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1]))
+    large = corrupt_pipeline(big, tmp_path / "b", ["contrast"], [5], table="auto", seed=1, progress=False)
+    assert large.table == "imagenet" and large.shape == (1, 65, 65)  # above 64 px
+    want = torch.round(corrupt(big[0], "contrast", 5, seed=1, table="imagenet")[:1] * 255).to(torch.uint8)
+    assert torch.equal(large.samples[0], want)
+    assert corrupt_pipeline(images, tmp_path / "c", ["contrast"], [5], progress=False).table == "cifar"  # default

@@ -413,6 +413,7 @@ def test_named_recipes_are_valid_fit_arguments(name, digits_train):
 
 # ------------------------------------------------------------------------------------ layered_recipe
 def test_layered_recipe_without_a_name_is_fits_defaults_and_needs_epochs():
+    assert recipes.FIT_DEFAULTS == {"batch_size": 64, "lr": 1e-3, "optimizer": "adam", "weight_decay": 0.0}
     epochs, batch, r = recipes.layered_recipe(None, 3, {})
     assert (epochs, batch) == (3, 64) and r == recipes.check_options(3)
     with pytest.raises(ConfigError, match=r"give --epochs N \(or a --recipe"):

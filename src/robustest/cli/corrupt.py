@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from robustest.cli.args import add_data_args, add_run_args, int_list, name_list, positive_int
 from robustest.cli.loading import load_data
-from robustest.cli.output import log, out_dir, write_run, written
+from robustest.cli.output import log, write_run, written
 from robustest.cli.settings import data_settings
 from robustest.core.devices import resolve_device
 
@@ -53,19 +54,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from robustest import corruptions
-    from robustest.corruptions.corrupt_pipeline import check_corruptible, corrupt_pipeline
+    from robustest.corruptions.corrupt_pipeline import corrupt_pipeline
 
     t_start = time.perf_counter()
     names = corruptions.resolve_names(args.corruptions)
     device = resolve_device(None, args.device) if args.device else torch.device("cpu")
     ds = load_data(args)
-    c, h, w = check_corruptible(ds, args.format, args.severities)
-    table = corruptions.default_table(h, w) if args.table == "auto" else args.table
-    out = out_dir(args)
     t_load = time.perf_counter() - t_start
-    crun = corrupt_pipeline(ds, out, names, args.severities, fmt=args.format, split=args.split, table=table,
+    crun = corrupt_pipeline(ds, args.out, names, args.severities, fmt=args.format, split=args.split, table=args.table,
                             batch_size=args.batch_size, seed=args.seed, device=device, progress=not args.no_progress,
-                            note=log.warning)
+                            note=log.warning)  # checks the images before it makes --out
+    out, (c, h, w), table = Path(args.out), crun.shape, crun.table
     settings = {**data_settings(args), "corruptions": names, "severities": args.severities, "table": table,
                 "batch_size": args.batch_size, "seed": args.seed, "device": str(device), "format": args.format}
     doc = write_run(out, "corrupt", t_start, settings, crun.to_results(), {"load_s": t_load, **crun.timings},

@@ -24,7 +24,7 @@ from robustest.core.errors import ConfigError
 from robustest.core.memory import peak_rss_mib
 from robustest.core.steps import Steps, data_fingerprint, fingerprint
 from robustest.corruptions.export import SEVERITIES, export
-from robustest.corruptions.registry import corrupt
+from robustest.corruptions.registry import corrupt, default_table
 
 __all__ = ["CorruptRun", "check_corruptible", "corrupt_pipeline"]
 
@@ -33,7 +33,7 @@ __all__ = ["CorruptRun", "check_corruptible", "corrupt_pipeline"]
 class CorruptRun:
     """What :func:`corrupt_pipeline` wrote: ``files`` per corruption (file, sha256, rows), the ``clean`` first image
     [1, C, H, W] and ``samples``: that image under every corruption and severity (uint8 [1, C, H, W] each, corruption
-    by corruption), the image shape, count, format, split and ``timings``."""
+    by corruption), the image shape, count, format, split, ``timings`` and the parameter ``table`` used."""
 
     files: dict[str, dict[str, Any]]
     clean: torch.Tensor
@@ -43,6 +43,7 @@ class CorruptRun:
     fmt: str
     split: str
     timings: dict[str, float]
+    table: str
 
     def to_results(self) -> dict[str, Any]:
         """The results of the corrupt verb: count and shape, the arrays of the format, how to load a file back, the
@@ -83,9 +84,12 @@ def corrupt_pipeline(data: Any, out: str | Path, names: Sequence[str], severitie
     """Write the corruptions ``names`` of the labelled images ``data`` (N x C x H x W in [0, 1], C = 1 or 3) at
     ``severities`` into the folder ``out``, created if missing (:func:`robustest.corruptions.export.export`;
     ``fmt="npy"`` needs severities 1-5), each corruption a step a rerun of the same settings and data skips
-    (``note`` says when saved steps of other settings are dropped). Raises
+    (``note`` says when saved steps of other settings are dropped). ``table``: the parameter table, "cifar",
+    "imagenet" or "auto" (cifar up to 64 px, imagenet above: :func:`robustest.corruptions.default_table`). Raises
     ConfigError as :func:`check_corruptible` does."""
     c, h, w = check_corruptible(data, fmt, severities)
+    if table == "auto":
+        table = default_table(h, w)
     out = check_writable(out)
     run_settings = {"names": list(names), "severities": list(severities), "table": table, "seed": seed,
                     "batch_size": batch_size, "format": fmt, "split": split}
@@ -99,4 +103,4 @@ def corrupt_pipeline(data: Any, out: str | Path, names: Sequence[str], severitie
     first = take(data, torch.arange(min(n, batch_size)))[0].to(device)
     samples = [torch.round(corrupt(first, name, sev, seed=seed, table=table)[:1] * 255).to(torch.uint8).cpu()
                for name in names for sev in severities]
-    return CorruptRun(files, clean, samples, (c, h, w), n, fmt, split, timings)
+    return CorruptRun(files, clean, samples, (c, h, w), n, fmt, split, timings, table)

@@ -32,9 +32,9 @@ from robustest.core.errors import ConfigError
 from robustest.core.validation import check_bool, check_choice, check_float, check_int
 from robustest.train.schedules import CYCLIC_PEAK, SCHEDULES
 
-__all__ = ["AUGMENTS", "OPTIMIZERS", "RECIPES", "Recipe", "check_device", "check_options", "compile_error",
-           "compile_model", "crop_flip", "grad_scaler", "layered_recipe", "make_optimizer", "no_decay_parameters",
-           "recipe"]
+__all__ = ["AUGMENTS", "FIT_DEFAULTS", "OPTIMIZERS", "RECIPES", "Recipe", "check_device", "check_options",
+           "compile_error", "compile_model", "crop_flip", "grad_scaler", "layered_recipe", "make_optimizer",
+           "no_decay_parameters", "recipe"]
 
 OPTIMIZERS = ("adam", "sgd")
 AUGMENTS = ("crop-flip",)
@@ -281,7 +281,6 @@ def recipe(name: str, epochs: int | None = None) -> dict[str, Any]:
             out["warmup_epochs"] = out["warmup_epochs"] * scale
         out["epochs"] = e
     return out
-
 
 
 #: what a fit without a named recipe starts from (the options of ``robustest train``'s defaults)
