@@ -59,9 +59,11 @@ def test_sized_zoo_model_refuses_non_square_images():
 def test_train_pipeline_fits_measures_and_saves(tmp_path, digits_train, digits_test):
     train = TensorDataset(*digits_train[:200])
     model = sized_zoo_model("digits_cnn", train, digits_test, seed=0)
+    notes: list[str] = []
     run = train_pipeline(model, train, digits_test, out=tmp_path / "new", epochs=2, batch_size=50,
                          options=check_options(2), recipe_name=None, seed=1, progress=False,
-                         metadata={"dataset": "digits"})
+                         metadata={"dataset": "digits"}, note=notes.append)
+    assert notes == []  # separate splits: nothing to say
     assert len(run.history.epochs) == 2 and (run.num_train, run.num_test) == (200, len(digits_test))
     assert (run.test_loss, run.test_accuracy) == pytest.approx(loss_and_accuracy(run.model, digits_test))
     assert run.same_split is False and set(run.timings) == {"train_s", "eval_s"}
@@ -88,3 +90,17 @@ def test_sized_zoo_model_reads_labels_through_the_batches_when_the_data_has_no_l
 
     model = sized_zoo_model("digits_cnn", Pairs(), Pairs(), normalize=False)
     assert model.robustest_spec["num_classes"] == 4
+
+
+def test_train_pipeline_says_before_training_when_the_test_data_is_the_training_data(tmp_path, digits_train):
+    train = TensorDataset(*digits_train[:60])
+    notes: list[str] = []
+    model = sized_zoo_model("mlp", train, train, seed=0)
+    run = train_pipeline(model, train, train, out=tmp_path, epochs=1, batch_size=30, options=check_options(1),
+                         progress=False, note=notes.append)
+    assert notes == ["the test data is the training data (no separate test split): the reported test accuracy is "
+                     "measured on the training data"]
+    assert run.same_split is True and run.to_results()["test_split_is_training_data"] is True
+    quiet = train_pipeline(sized_zoo_model("mlp", train, train, seed=0), train, train, out=tmp_path / "q", epochs=1,
+                           batch_size=30, options=check_options(1), progress=False)  # no note given: silent
+    assert quiet.same_split is True

@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     from robustest.models.checkpoints import load_model
     from robustest.report import plural
     from robustest.train.fit_report import fit_report
-    from robustest.train.train_pipeline import options_in_effect, same_data, sized_zoo_model, train_pipeline
+    from robustest.train.train_pipeline import options_in_effect, sized_zoo_model, train_pipeline
 
     if Path(args.out).exists():
         out_dir(args)  # a file in the way is a one-line error before any work; the folder is made after checks
@@ -135,9 +135,6 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     train = load_data(args, "train")
     test = load_data(args, "test")
-    if same_data(train, test):
-        log.warning(f"{args.dataset} data at {args.data_dir} has no separate test split; the reported test "
-                    "accuracy is measured on the training data")
     t_data = time.perf_counter() - t0
     torch.manual_seed(args.seed)
     if ":" in args.model:
@@ -152,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
     out = out_dir(args)
     trun = train_pipeline(model, train, test, out=out, epochs=epochs, batch_size=batch_size, options=opts,
                           recipe_name=args.recipe, seed=args.seed, device=device, progress=not args.no_progress,
-                          resume=bool(args.resume), metadata={"dataset": args.dataset})
+                          resume=bool(args.resume), metadata={"dataset": args.dataset},
+                          note=lambda text: log.warning(f"{args.dataset} data at {args.data_dir}: {text}"))
     settings = {**data_settings(args), "model": args.model, **({"model_args": args.model_args}
                                                                 if args.model_args is not None else {}),
                 **({"model_options": model_opts} if model_opts else {}),

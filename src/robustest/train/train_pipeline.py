@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,14 +119,19 @@ class TrainRun:
 def train_pipeline(model: nn.Module, train: Any, test: Any, *, out: str | Path, epochs: int, batch_size: int,
                    options: Recipe, recipe_name: str | None = None, seed: int = 0,
                    device: torch.device | str = "cpu", progress: bool = True, resume: bool = False,
-                   metadata: dict[str, Any] | None = None) -> TrainRun:
+                   metadata: dict[str, Any] | None = None, note: Callable[[str], None] | None = None) -> TrainRun:
     """Fit ``model`` on ``train`` for ``epochs`` epochs of ``batch_size`` with ``options`` (seeded by ``seed``;
     with ``resume`` the state after every epoch is saved in ``out`` and a rerun continues from it), measure test
     loss and accuracy on ``test`` and save ``out/model.pt`` (a safe checkpoint; ``metadata`` plus the epochs,
-    the test accuracy and the seed) into the folder ``out`` (created if missing)."""
+    the test accuracy and the seed) into the folder ``out`` (created if missing). ``note`` is told, before the
+    training, when ``test`` holds the training data (:func:`same_data`: a folder without separate splits)."""
     from robustest.evaluate import loss_and_accuracy
     from robustest.models.checkpoints import save_checkpoint
 
+    same = same_data(train, test)
+    if same and note is not None:
+        note("the test data is the training data (no separate test split): the reported test accuracy is measured "
+             "on the training data")
     out = check_writable(out)
     history = fit(model, train, epochs=epochs, batch_size=batch_size, seed=seed, device=device, progress=progress,
                   state_dir=out if resume else None, resume=resume, **options_in_effect(options))
@@ -136,4 +142,4 @@ def train_pipeline(model: nn.Module, train: Any, test: Any, *, out: str | Path, 
                                                         "test_accuracy": test_acc, "seed": seed})
     recipe = {"name": recipe_name, "epochs": epochs, "batch_size": batch_size, **options.to_dict()}
     return TrainRun(model, history, test_loss, test_acc, num_samples(train), num_samples(test),
-                    same_data(train, test), recipe, {"train_s": history.seconds, "eval_s": t_eval})
+                    same, recipe, {"train_s": history.seconds, "eval_s": t_eval})
