@@ -294,3 +294,15 @@ def test_perturbation_quantiles():
     assert _quantiles(t, torch.tensor([False, True, False, False])) == pytest.approx(
         {"mean": 0.3, "median": 0.3, "max": 0.3})
     assert _quantiles(t, torch.zeros(4, dtype=torch.bool)) == {}
+
+
+def test_evaluate_is_silent_unless_progress_is_asked_for(capsys):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3)).eval()
+    x = torch.rand(6, 1, 4, 4)
+    y = model(x).argmax(1)
+    kw = {"version": "custom", "attacks": [("apgd-ce", {"steps": 2})]}
+    ev.evaluate(model, (x, y), 0.05, **kw)
+    assert capsys.readouterr().err == ""  # a library call draws nothing by default
+    ev.evaluate(model, (x, y), 0.05, progress=True, **kw)
+    assert capsys.readouterr().err.startswith("evaluate: apgd-ce on 6 samples broke")
