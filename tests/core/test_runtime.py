@@ -107,6 +107,9 @@ def test_as_tensors_variants(xy):
     assert ax is x and ay is None
     ax, ay = batching.as_tensors((x, [0] * 10))
     assert ay.tolist() == [0] * 10
+    for short in (y[:9], [0] * 11):  # one label per image, or a one-line error naming both counts
+        with pytest.raises(DataError, match=rf"^x has 10 samples but y has {len(short)}: give one label per image$"):
+            batching.as_tensors((x, short))
 
 
 def test_as_tensors_single_tensor_dataset(xy):

@@ -21,11 +21,15 @@ DataLike = Any  # (x, y) tensor pair, a bare x tensor, a Dataset, a DataLoader o
 
 
 def as_tensors(data: DataLike) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Materialise any data-like object as full tensors ``(x, y)`` (``y`` None for a bare x tensor)."""
+    """Materialise any data-like object as full tensors ``(x, y)`` (``y`` None for a bare x tensor). An (x, y) pair
+    whose labels are not one per image is a one-line DataError."""
     if isinstance(data, torch.Tensor):
         return data, None
     if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], torch.Tensor):
-        return data[0], _label_tensor(data[1])
+        x, y = data[0], _label_tensor(data[1])
+        if y is not None and y.dim() > 0 and x.dim() > 0 and y.shape[0] != x.shape[0]:
+            raise DataError(f"x has {x.shape[0]} samples but y has {y.shape[0]}: give one label per image")
+        return x, y
     if isinstance(data, TensorDataset) and len(data.tensors) >= 2:
         return data.tensors[0], data.tensors[1]
     if isinstance(data, TensorDataset) and len(data.tensors) == 1:
@@ -395,10 +399,8 @@ def _dataset_batches(data: Dataset, batch_size: int, part: tuple[int, int], work
 def _tensor_batches(data: DataLike, batch_size: int, shard: Shard, unit: int, span: tuple[int, int] | None,
                     emit: _Emit) -> Iterator[Any]:
     """The batches of an (x, y) pair, a bare x tensor or a TensorDataset, sliced from the full tensors."""
-    x, y = as_tensors(data)
+    x, y = as_tensors(data)  # labels checked to be one per image
     n = x.shape[0]
-    if y is not None and y.shape[0] != n:
-        raise DataError(f"x has {n} samples but y has {y.shape[0]}: give one label per image")
     lo, hi = _part(shard, n, unit, span)
     for s in range(lo, hi, batch_size):
         e = min(s + batch_size, hi)

@@ -176,7 +176,7 @@ class TrainData:
             check_images(self.x, "training images")
         if self.loader is None:
             assert self.y is not None
-            self.n = int(self.y.shape[0] if self.x is None else self.x.shape[0])  # in memory: one label per image
+            self.n = int(self.y.shape[0])
             check_labels(self.y, self.n, name="training labels")
             full, tail = divmod(self.n, batch_size)
             self.steps_per_epoch = full + (1 if tail >= world else 0)
