@@ -1,4 +1,4 @@
-"""The recipe flags generated from the fields of Recipe (robustest.cli.args.add_recipe_args)."""
+"""The flags generated from option records (robustest.cli.args.add_option_args): Recipe's fields."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from robustest.cli import build_parser
-from robustest.cli.args import add_recipe_args
+from robustest.cli.args import add_option_args
 from robustest.train.recipes import Recipe
 
 TRAIN = ["train", "--model", "digits_cnn", "--dataset", "digits", "--epochs", "4", "--out", "o"]
@@ -17,7 +17,7 @@ HARDEN = ["harden", "--checkpoint", "m.pt", "--dataset", "digits", "--eps", "0.3
 
 def _parser(names=None, defaults=None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(exit_on_error=False)
-    add_recipe_args(p, names, defaults)
+    add_option_args(p, Recipe, names, defaults, unset=True)
     return p
 
 

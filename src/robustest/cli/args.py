@@ -15,11 +15,12 @@ from robustest.core.errors import ConfigError
 from robustest.core.validation import arg, check_eps, check_float, check_int, check_seed, parse_number
 
 __all__ = ["LIST_SYNTAX", "MAX_RANGE_ITEMS", "add_checkpoint_arg", "add_data_args", "add_model_args",
-           "add_output_flags", "add_recipe_args", "add_run_args", "available_cores", "batch_size_arg", "below_one",
+           "add_option_args", "add_output_flags", "add_run_args", "available_cores", "batch_size_arg", "below_one",
            "finish_verb_parser", "finite_float", "fraction", "int_list", "json_object", "key_value", "learning_rate",
            "linf_eps", "linf_eps_list", "list_arg", "model_options_object", "name_list", "noise_width",
-           "non_negative_float", "non_negative_int", "parse_list", "positive_float", "positive_float_list",
-           "positive_int", "radius", "seed_int", "share_arg", "significance", "thread_count", "unit_float"]
+           "non_negative_float", "non_negative_int", "options_from_args", "parse_list", "positive_float",
+           "positive_float_list", "positive_int", "radius", "seed_int", "share_arg", "significance", "thread_count",
+           "unit_float"]
 
 
 def add_data_args(p: argparse.ArgumentParser, split: str | None = "test", required: bool = True) -> None:
@@ -341,33 +342,54 @@ def linf_eps_list(what: str = "eps") -> Callable[[str], list[float]]:
     return list_arg(linf_eps, what=what)
 
 
-def add_recipe_args(g: argparse._ActionsContainer, names: Sequence[str] | None = None,
-                    defaults: Mapping[str, Any] | None = None) -> None:
-    """One flag per field of :class:`robustest.train.recipes.Recipe` (``names``: those the verb offers, default
-    all), read as the field's kind says, with its help; ``defaults``: the verb's argparse defaults (a field not in it
-    defaults to None, so the verb can tell a flag given from one left out); the help shows the verb's default, else
-    the field's."""
-    import dataclasses
+def _option_types() -> dict[str, Callable[[str], Any]]:
+    """How a flag reads an option of each kind (robustest.core.options.KINDS, but choice, switch and flag)."""
+    return {"number": finite_float, "positive": positive_float, "non-negative": non_negative_float,
+            "below-one": below_one, "rate": learning_rate, "radius": radius, "linf-eps": linf_eps,
+            "count": non_negative_int, "positive-int": positive_int, "epochs": positive_float_list("milestone")}
 
-    from robustest.train.recipes import Recipe
 
-    types = {"rate": learning_rate, "below-one": below_one, "non-negative": non_negative_float,
-             "epochs": positive_float_list("milestone")}
-    defaults = defaults or {}
-    for f in dataclasses.fields(Recipe):
-        if names is not None and f.name not in names:
-            continue
-        kind, flag, default = f.metadata["kind"], "--" + f.name.replace("_", "-"), defaults.get(f.name)
-        shown = f.default if default is None else default
-        text = f.metadata["help"].replace("%", "%%")
-        if kind == "switch":
-            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
-                           help=f"{text} (default: {'on' if shown else 'off'})")
-        elif kind == "flag":
-            g.add_argument(flag, action="store_true", default=default, help=text)
-        elif kind == "choice":
-            g.add_argument(flag, choices=f.metadata["choices"], default=default,
-                           help=f"{text} (default: {shown or 'none'})")
+def add_option_args(g: argparse._ActionsContainer, cls: type, names: Sequence[str] | None = None,
+                    defaults: Mapping[str, Any] | None = None, unset: bool = False) -> None:
+    """One flag per option field of the dataclass ``cls`` (:func:`robustest.core.options.option`; ``names``: those
+    the verb offers, default all), read as the field's kind says, with its help and the default it states.
+
+    The flag's default is the field's, or the verb's in ``defaults``; with ``unset``, a field not in ``defaults``
+    defaults to None, so the verb can tell a flag given from one left out (the help still shows the field's)."""
+    from robustest.core.options import flag_name, option_fields
+
+    types, defaults = _option_types(), defaults or {}
+    for f in option_fields(cls, names):
+        meta, flag = f.metadata, "--" + flag_name(f)
+        default = defaults.get(f.name, None if unset else f.default)
+        shown = meta["shown"] or _shown(f.default if default is None else default, meta["kind"])
+        text = meta["help"].replace("%", "%%") + ("" if shown is None else f" (default: {shown})")
+        if meta["kind"] == "switch":
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
+        elif meta["kind"] == "flag":
+            g.add_argument(flag, action="store_true", default=default, help=meta["help"].replace("%", "%%"))
+        elif meta["kind"] == "choice":
+            choices = meta["choices"]() if callable(meta["choices"]) else meta["choices"]
+            g.add_argument(flag, choices=choices, default=default, help=text, metavar=meta["metavar"])
         else:
-            suffix = "" if shown is None else f" (default: {shown:g})"
-            g.add_argument(flag, type=types[kind], default=default, help=text + suffix, metavar=f.metadata["metavar"])
+            g.add_argument(flag, type=types[meta["kind"]], default=default, help=text, metavar=meta["metavar"])
+
+
+def _shown(value: Any, kind: str) -> str | None:
+    """A default as a help states it: on/off for a switch, none for an unset choice, a number in %g."""
+    if kind == "switch":
+        return "on" if value else "off"
+    if kind == "choice":
+        return value or "none"
+    if value is None or isinstance(value, bool):
+        return None
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def options_from_args(cls: type, args: argparse.Namespace, names: Sequence[str] | None = None) -> dict[str, Any]:
+    """The values of the option fields of ``cls`` (``names``: only those) the verb's flags parsed into ``args``,
+    by field name (a flag named otherwise, such as ``--whitebox-pgd-steps`` for ``pgd_steps``, keeps its own
+    ``args`` attribute, which the run's recorded settings use)."""
+    from robustest.core.options import flag_name, option_fields
+
+    return {f.name: getattr(args, flag_name(f).replace("-", "_")) for f in option_fields(cls, names)}

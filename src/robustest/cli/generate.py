@@ -27,19 +27,15 @@ from typing import Any
 
 from torch.utils.data import TensorDataset
 
-from robustest import attacks, metrics
+from robustest import attacks
 from robustest import data as datasets
 from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
+    add_option_args,
     add_run_args,
     batch_size_arg,
-    learning_rate,
-    linf_eps,
-    non_negative_float,
-    positive_float,
     positive_int,
-    radius,
 )
 from robustest.cli.loading import load_checked, resolve_batch_size
 from robustest.cli.output import fmt, log, out_dir, write_run, written
@@ -67,45 +63,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"an attack ({', '.join(attacks.names())}, or one registered with robustest.attacks."
                         f"register) or a fuzzer ({', '.join(FUZZERS)})")
     g = p.add_argument_group("attack options")
-    g.add_argument("--eps", type=radius, default=None,
-                   help="perturbation budget in pixel scale, a number or a fraction like 8/255 (L-inf: in (0, 1]; "
-                        "default: 0.3 for 1-channel data, 8/255 for colour; cw: optional L2 bound)")
-    g.add_argument("--norm", choices=("linf", "l2"), default=None,
-                   help="threat model, for an attack that runs in several (default: the attack's first: linf; cw l2)")
-    g.add_argument("--steps", type=positive_int, default=None,
-                   help="iterations (default: the attack's own: pgd/bim/mifgsm 10, rfgsm 1, cw 100 per search "
-                        "step, apgd 100; fol-fuzz 40)")
-    g.add_argument("--alpha", type=positive_float, default=None,
-                   help="step size of pgd/bim/rfgsm/mifgsm (default: the attack's own rule)")
-    g.add_argument("--restarts", type=positive_int, default=1, help="restarts of pgd/apgd (default: 1)")
-    rs = g.add_mutually_exclusive_group()
-    rs.add_argument("--random-start", dest="random_start", action="store_true", default=None,
-                    help="start fgsm/pgd from a random point of the eps-ball (default: pgd yes, fgsm no)")
-    rs.add_argument("--no-random-start", dest="random_start", action="store_false")
-    g.add_argument("--decay", type=non_negative_float, default=1.0, help="mifgsm momentum decay (default: 1.0)")
-    g.add_argument("--c", type=positive_float, default=1.0, help="cw: initial constant c (default: 1.0)")
-    g.add_argument("--kappa", type=non_negative_float, default=0.0, help="cw: confidence margin (default: 0)")
-    g.add_argument("--binary-steps", type=positive_int, default=5, help="cw: binary search steps over c (default: 5)")
-    g.add_argument("--keep-all", action="store_true", help="keep unsuccessful adversarial images too")
+    add_option_args(g, GenerateOptions, ("eps", "norm", "steps", "alpha", "restarts", "random_start", "decay", "c",
+                                         "kappa", "binary_steps", "keep_all"), {"norm": None})
     f = p.add_argument_group("fuzzing options")
-    f.add_argument("--lr", type=learning_rate, default=None, help="fol-fuzz step size; cw Adam learning rate "
-                   "(default: 0.1 for both)")
-    f.add_argument("--max-rel-l2", type=positive_float, default=0.5,
-                   help="fol-fuzz: bound on ||x - x0||_2 / ||x0||_2 (default: 0.5)")
-    f.add_argument("--fuzz-eps", type=linf_eps, default=None,
-                   help="fol-fuzz: optional L-inf bound around each seed (default: none)")
-    f.add_argument("--max-tests-per-seed", type=positive_int, default=None, help="fol-fuzz: tests per seed cap")
-    f.add_argument("--time-budget", type=positive_float, default=None, metavar="S", help="fuzzers: budget in seconds")
-    f.add_argument("--iterations", type=positive_int, default=100, help="cov-fuzz: iterations (default: 100)")
-    f.add_argument("--coverage", choices=metrics.names("coverage"), default="kmnc",
-                   help="cov-fuzz: coverage metric of the feedback (default: kmnc)")
-    f.add_argument("--k", type=positive_int, default=None, help="cov-fuzz: KMNC sections (metric default if unset)")
+    add_option_args(f, GenerateOptions, ("lr", "max_rel_l2", "fuzz_eps", "max_tests_per_seed", "time_budget",
+                                         "iterations", "coverage", "k"))
     f.add_argument("--profile-limit", type=positive_int, default=None, metavar="N",
                    help="cov-fuzz: build the coverage profile on the first N training images (default: all)")
     s = p.add_argument_group("FOL of the tests")
     s.add_argument("--fol-norm", choices=("linf", "l2", "l1", "gradnorm"), default=None,
                    help="norm of the FOL stored with each test (default: --norm; gradnorm = ||grad||_2)")
-    s.add_argument("--fol-eps", type=radius, default=None, help="eps of the FOL (default: --eps)")
+    add_option_args(s, GenerateOptions, ("fol_eps",))
     p.add_argument("--batch-size", type=batch_size_arg, default=256, metavar="B",
                    help="images per batch, or 'auto': the largest that fits the GPU with the gradients (the "
                         "default 256 on the CPU)")

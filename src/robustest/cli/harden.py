@@ -36,17 +36,18 @@ from typing import Any
 from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
-    add_recipe_args,
+    add_option_args,
     add_run_args,
     below_one,
     finite_float,
     list_arg,
     non_negative_int,
+    options_from_args,
     positive_int,
 )
 from robustest.cli.loading import build_zoo_model, check_fits, load_data, load_model
 from robustest.cli.output import log, out_dir, print_table, write_run, written
-from robustest.cli.settings import data_settings, model_settings
+from robustest.cli.settings import data_settings, model_settings, option_settings
 from robustest.core.errors import ConfigError
 
 ORDER = 35
@@ -63,7 +64,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from robustest import data as datasets
     from robustest.train import objectives
     from robustest.train.early_stopping import KEEP
+    from robustest.train.harden_pipeline import Measurement
     from robustest.train.hardening import DEFAULT_STEPS, RECIPE_DEFAULTS
+    from robustest.train.recipes import Recipe
 
     p = sub.add_parser("harden", help="adversarial or certified training, fine-tuning or from scratch (PGD-AT, "
                                       "TRADES, N-FGSM, IBP, ...)",
@@ -92,9 +95,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t = p.add_argument_group("training")
     t.add_argument("--epochs", type=positive_int, default=5, help="training epochs (default: 5)")
     t.add_argument("--batch-size", type=positive_int, default=128, help="batch size (default: 128)")
-    add_recipe_args(t, ("optimizer", "lr", "weight_decay", "momentum", "nesterov", "schedule", "warmup_epochs",
-                        "milestones"), {**RECIPE_DEFAULTS, "schedule": RECIPE_DEFAULTS["schedule"] or "none",
-                                        "weight_decay": 0.0, "warmup_epochs": 0.0})
+    add_option_args(t, Recipe, ("optimizer", "lr", "weight_decay", "momentum", "nesterov", "schedule",
+                                "warmup_epochs", "milestones"),
+                    {**RECIPE_DEFAULTS, "schedule": RECIPE_DEFAULTS["schedule"] or "none", "weight_decay": 0.0,
+                     "warmup_epochs": 0.0}, unset=True)
     v = p.add_argument_group("validation and robust early stopping")
     v.add_argument("--val-size", type=non_negative_int, default=None, metavar="N",
                    help="hold out N training images (class-stratified, drawn with --seed) on which clean and "
@@ -109,16 +113,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="split measured before and after (default: test)")
     m.add_argument("--test-limit", type=positive_int, default=1000, metavar="N",
                    help="clean accuracy on the first N test images (default: 1000)")
-    m.add_argument("--whitebox-limit", type=non_negative_int, default=500, metavar="N",
-                   help="white-box attacks (and --autoattack) on the first N test images; 0 skips them "
-                        "(default: 500)")
-    m.add_argument("--whitebox-pgd-steps", type=positive_int, default=20, help="PGD steps (default: 20)")
-    m.add_argument("--whitebox-restarts", type=positive_int, default=2, help="PGD restarts (default: 2)")
-    m.add_argument("--apgd-steps", type=non_negative_int, default=50, help="APGD-CE steps, 0 skips (default: 50)")
-    m.add_argument("--autoattack", choices=("fast", "standard"), default=None,
-                   help="also measure robust accuracy under the AutoAttack-style ensemble of 'robustest eval' on the "
-                        "white-box images, before and after (and of the last epoch's model when another was kept): "
-                        "fast = APGD-CE + APGD-T on 3 classes, standard = AutoAttack's standard version (default: off)")
+    add_option_args(m, Measurement)
     certified = " / ".join(o.name for o in methods if o.certificates)
     m.add_argument("--certify", type=list_arg(_certificate, what="certificate"), default=None, metavar="LIST",
                    help="certified accuracy at --eps on the test images, before and after, by bound propagation: "
@@ -195,9 +190,8 @@ def run(args: argparse.Namespace) -> int:
     out = claim_run_dir(out_dir(args), json.loads(json.dumps(_fingerprint_args(args), default=str)), args.resume)
     t_load = time.perf_counter() - t0
 
-    measurement = Measurement(eps=args.eps, whitebox_limit=args.whitebox_limit, pgd_steps=args.whitebox_pgd_steps,
-                              pgd_restarts=args.whitebox_restarts, apgd_steps=args.apgd_steps, seed=args.seed,
-                              autoattack=args.autoattack, certify=tuple(args.certify) if args.certify else None)
+    measurement = Measurement(eps=args.eps, seed=args.seed, certify=tuple(args.certify) if args.certify else None,
+                              **options_from_args(Measurement, args))
     hrun = harden_pipeline(model, fit_data, test, args.method, out=out, measurement=measurement,
                            recipe={**common, **method_kw}, val=val, val_steps=args.val_steps, resume=args.resume,
                            device=args.device, progress=not args.no_progress,
@@ -206,9 +200,7 @@ def run(args: argparse.Namespace) -> int:
     res = hrun.result
     cli_settings = {**model_settings(args), **data_settings(args), **settings, "from_scratch": bool(args.random_init),
                     "val_size": args.val_size, "val_steps": args.val_steps, "test_split": args.test_split,
-                    "test_limit": args.test_limit, "whitebox_limit": args.whitebox_limit,
-                    "whitebox_pgd_steps": args.whitebox_pgd_steps, "whitebox_restarts": args.whitebox_restarts,
-                    "apgd_steps": args.apgd_steps, "autoattack": args.autoattack, "certify": args.certify,
+                    "test_limit": args.test_limit, **option_settings(Measurement, args), "certify": args.certify,
                     "device": str(next(iter(model.parameters())).device)}
     doc = write_run(out, "harden", t0, {k: v for k, v in cli_settings.items() if v is not None},
                     hrun.to_results(), {"load_s": t_load, **hrun.timings}, harden_report)

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["DATA_KEYS", "data_settings", "model_settings", "pick"]
+__all__ = ["DATA_KEYS", "data_settings", "model_settings", "option_settings", "pick"]
 
 
 DATA_KEYS = ("dataset", "data_dir", "split", "limit", "num_classes", "corruption", "severity", "resize",
@@ -38,3 +38,12 @@ def model_settings(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "torchscript", False):
         d["torchscript"] = True
     return d
+
+
+def option_settings(cls: type, args: argparse.Namespace, names: Iterable[str] | None = None) -> dict[str, Any]:
+    """The flags generated from the option fields of ``cls`` (:func:`robustest.cli.args.add_option_args`;
+    ``names``: only those), by the flag's name with ``_`` for ``-``, as the verb parsed them."""
+    from robustest.core.options import flag_name, option_fields
+
+    keys = [flag_name(f).replace("-", "_") for f in option_fields(cls, None if names is None else tuple(names))]
+    return {k: getattr(args, k) for k in keys}

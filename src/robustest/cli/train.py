@@ -28,7 +28,7 @@ import torch
 from robustest import models as zoo
 from robustest.cli.args import (
     add_data_args,
-    add_recipe_args,
+    add_option_args,
     add_run_args,
     json_object,
     key_value,
@@ -69,7 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "0.1 Nesterov, cosine), imagenet-sgd (AugMix's ResNet-50: SGD 0.1, steps at 1/3, 2/3); "
                         "milestones scale with --epochs")
     g.add_argument("--batch-size", type=positive_int, default=None, help="batch size (default: 64)")
-    add_recipe_args(g)
+    add_option_args(g, Recipe, unset=True)
     g.add_argument("--resume", action="store_true",
                    help="save OUT/train_state.pt after every epoch and continue from it if it is there")
     add_run_args(p)

@@ -5,7 +5,7 @@ up; :func:`save_examples` draws seeds over tests, :func:`generate_report` the ru
 
 Example::
 
-    opts = GenerateOptions(method="pgd", norm="linf", fol_norm="linf")
+    opts = GenerateOptions(method="pgd", norm="linf")
     t = generate_tests(opts, model, data, len(data), eps=0.1, fol_norm="linf", progress=False)
     fol_eps, fol = measure_fol(opts, model, t, 0.1, "linf")
 """
@@ -23,6 +23,7 @@ from robustest import attacks, metrics
 from robustest.core.batching import take
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import predict
+from robustest.core.options import option
 from robustest.core.stats import describe
 from robustest.metrics.coverage import CoverageProfile
 from robustest.report import HtmlReport, format_value, save_histogram, save_image_grid
@@ -46,29 +47,37 @@ class GenerateOptions:
     the radius as given (None: the default for the image's channels; C&W's optional bound); attack options
     ``alpha`` .. ``lr`` (:data:`ATTACK_OPTIONS`); ``keep_all``: keep every adversarial example, not only the
     successful ones; fol-fuzz's ``max_rel_l2``, ``fuzz_eps``, ``max_tests_per_seed``; cov-fuzz's ``coverage``,
-    ``k``, ``iterations``; both fuzzers' ``time_budget``; ``fol_eps``: the radius of the FOL measured (None: eps)."""
+    ``k``, ``iterations``; both fuzzers' ``time_budget``; ``fol_eps``: the radius of the FOL measured (None: eps).
+    The options carry their flags (:func:`robustest.core.options.option`)."""
 
     method: str
-    norm: str = "linf"
-    eps: float | None = None
-    alpha: float | None = None
-    random_start: bool | None = None
-    steps: int | None = None
-    restarts: int = 1
-    decay: float | None = None
-    c: float | None = None
-    kappa: float | None = None
-    binary_steps: int | None = None
-    lr: float | None = None
-    keep_all: bool = False
-    max_rel_l2: float | None = None
-    fuzz_eps: float | None = None
-    max_tests_per_seed: int | None = None
-    time_budget: float | None = None
-    coverage: str = "kmnc"
-    k: int | None = None
-    iterations: int = 100
-    fol_eps: float | None = None
+    norm: str = option("linf", "choice", "threat model, for an attack that runs in several", choices=("linf", "l2"),
+                       shown="the attack's first: linf; cw l2")
+    eps: float | None = option(None, "radius", "perturbation budget in pixel scale, a number or a fraction like "
+                               "8/255; L-inf: in (0, 1]", shown="0.3 for 1-channel data, 8/255 for colour; cw: "
+                               "optional L2 bound")
+    alpha: float | None = option(None, "positive", "step size of pgd/bim/rfgsm/mifgsm", shown="the attack's own rule")
+    random_start: bool | None = option(None, "switch", "start fgsm/pgd from a random point of the eps-ball",
+                                       shown="pgd yes, fgsm no")
+    steps: int | None = option(None, "positive-int", "iterations", shown="the attack's own: pgd/bim/mifgsm 10, rfgsm "
+                               f"1, cw 100 per search step, apgd 100; fol-fuzz {FUZZ_STEPS}")
+    restarts: int = option(1, "positive-int", "restarts of pgd/apgd")
+    decay: float = option(1.0, "non-negative", "mifgsm momentum decay")
+    c: float = option(1.0, "positive", "cw: initial constant c")
+    kappa: float = option(0.0, "non-negative", "cw: confidence margin")
+    binary_steps: int = option(5, "positive-int", "cw: binary search steps over c")
+    lr: float | None = option(None, "rate", "fol-fuzz step size; cw Adam learning rate", shown="0.1 for both")
+    keep_all: bool = option(False, "flag", "keep unsuccessful adversarial images too")
+    max_rel_l2: float = option(0.5, "positive", "fol-fuzz: bound on ||x - x0||_2 / ||x0||_2")
+    fuzz_eps: float | None = option(None, "linf-eps", "fol-fuzz: optional L-inf bound around each seed",
+                                    shown="none")
+    max_tests_per_seed: int | None = option(None, "positive-int", "fol-fuzz: tests per seed cap")
+    time_budget: float | None = option(None, "positive", "fuzzers: budget in seconds", metavar="S")
+    coverage: str = option("kmnc", "choice", "cov-fuzz: coverage metric of the feedback",
+                           choices=lambda: metrics.names("coverage"))
+    k: int | None = option(None, "positive-int", "cov-fuzz: KMNC sections", shown="the metric's")
+    iterations: int = option(100, "positive-int", "cov-fuzz: iterations")
+    fol_eps: float | None = option(None, "radius", "eps of the FOL", shown="--eps")
     batch_size: int = 256
     seed: int = 0
 

@@ -29,6 +29,7 @@ from torch import nn
 from robustest.core.atomic import atomic_write_json
 from robustest.core.errors import ConfigError
 from robustest.core.memory import peak_rss_mib
+from robustest.core.options import option
 from robustest.train.hardening import HardenResult, harden
 
 __all__ = ["HardenRun", "Measurement", "certificates_for", "claim_run_dir", "harden_pipeline", "measure_model"]
@@ -41,15 +42,20 @@ class Measurement:
     ``whitebox_limit``: PGD (``pgd_steps`` of eps/4 from a random start, best of ``pgd_restarts``) and APGD-CE
     (``apgd_steps``; 0 skips it) on the first ``whitebox_limit`` images (0: no attacks); ``autoattack``: also the
     ensemble of :func:`robustest.evaluate.evaluate` ("fast" or "standard") on those images; ``certify``: the
-    certificates whose certified accuracy at ``eps`` is measured on all test images ("ibp", "crown"), or None."""
+    certificates whose certified accuracy at ``eps`` is measured on all test images ("ibp", "crown"), or None.
+    The attack settings carry the flags of ``robustest harden`` (:func:`robustest.core.options.option`)."""
 
     eps: float
-    whitebox_limit: int = 500
-    pgd_steps: int = 20
-    pgd_restarts: int = 2
-    apgd_steps: int = 50
+    whitebox_limit: int = option(500, "count", "white-box attacks (and --autoattack) on the first N test images; 0 "
+                                 "skips them", metavar="N")
+    pgd_steps: int = option(20, "positive-int", "PGD steps", flag="whitebox-pgd-steps")
+    pgd_restarts: int = option(2, "positive-int", "PGD restarts", flag="whitebox-restarts")
+    apgd_steps: int = option(50, "count", "APGD-CE steps, 0 skips")
     seed: int = 0
-    autoattack: str | None = None
+    autoattack: str | None = option(
+        None, "choice", "also measure robust accuracy under the AutoAttack-style ensemble of 'robustest eval' on the "
+        "white-box images, before and after (and of the last epoch's model when another was kept): fast = APGD-CE + "
+        "APGD-T on 3 classes, standard = AutoAttack's standard version", choices=("fast", "standard"), shown="off")
     certify: tuple[str, ...] | None = None
 
 

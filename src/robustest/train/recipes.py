@@ -20,7 +20,7 @@ seeds' full-scale settings.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ from torch import nn
 
 from robustest.core.amp import AMP_MODES
 from robustest.core.errors import ConfigError
+from robustest.core.options import option
 from robustest.core.validation import check_bool, check_choice, check_float, check_int
 from robustest.train.schedules import CYCLIC_PEAK, SCHEDULES
 
@@ -46,40 +47,32 @@ _NORM_LAYERS: tuple[type, ...] = tuple(t for t in (
     getattr(nn, "RMSNorm", None)) if t is not None)
 
 
-def _option(default: Any, kind: str, help: str, choices: tuple[str, ...] | None = None, metavar: str | None = None
-            ) -> Any:
-    """A recipe field with what a command line needs to offer it: ``kind`` (how a flag reads it: "rate",
-    "below-one", "non-negative", "epochs", "choice", "switch", "flag"), ``help``, for a choice its ``choices``, and
-    the ``metavar`` its help names the value by."""
-    return field(default=default, metadata={"kind": kind, "help": help, "choices": choices, "metavar": metavar})
-
-
 @dataclass(frozen=True)
 class Recipe:
     """A training recipe: the validated optimiser, schedule, loss, precision and data options of one
     :func:`robustest.train.fit` call (see :func:`check_options`; harden takes the optimiser and schedule ones).
     Each field carries its command-line kind and help, from which the verbs that train generate their flags."""
 
-    optimizer: str = _option("adam", "choice", "optimizer", OPTIMIZERS)
-    lr: float = _option(1e-3, "rate", "(peak) learning rate")
-    weight_decay: float = _option(0.0, "non-negative", "weight decay")
-    momentum: float = _option(0.9, "below-one", "SGD momentum")
-    nesterov: bool = _option(True, "switch", "Nesterov momentum for SGD")
-    schedule: str | None = _option(None, "choice", "learning-rate schedule, stepped per batch: cosine decay to 0, "
-                                   "step (x0.1 at --milestones), cyclic (linear up to the rate at 40 % of training, "
-                                   "then down to 0), none", ("none", *SCHEDULES))
-    warmup_epochs: float = _option(0.0, "non-negative", "linear learning-rate warm-up over the first E epochs, "
-                                   "before the schedule", metavar="E")
-    milestones: tuple[float, ...] | None = _option(None, "epochs", "--schedule step: epochs at which the rate falls "
-                                                   "x0.1 (default: 50 % and 75 % of training)", metavar="E1,E2")
-    label_smoothing: float = _option(0.0, "below-one", "label smoothing in [0, 1)")
-    decay_norm_bias: bool = _option(True, "switch", "apply weight decay to normalisation layers and biases too "
-                                    "(the named recipes: no)")
-    amp: str | None = _option(None, "choice", "mixed precision: bf16 autocast (CUDA or CPU) or fp16 autocast + "
-                              "GradScaler (CUDA)", AMP_MODES)
-    compile: bool = _option(False, "flag", "train through torch.compile")
-    augment: str | None = _option(None, "choice", "crop-flip: pad 4, random crop, horizontal flip, per batch",
-                                  ("none", *AUGMENTS))
+    optimizer: str = option("adam", "choice", "optimizer", choices=OPTIMIZERS)
+    lr: float = option(1e-3, "rate", "(peak) learning rate")
+    weight_decay: float = option(0.0, "non-negative", "weight decay")
+    momentum: float = option(0.9, "below-one", "SGD momentum")
+    nesterov: bool = option(True, "switch", "Nesterov momentum for SGD")
+    schedule: str | None = option(None, "choice", "learning-rate schedule, stepped per batch: cosine decay to 0, "
+                                  "step (x0.1 at --milestones), cyclic (linear up to the rate at 40 % of training, "
+                                  "then down to 0), none", choices=("none", *SCHEDULES))
+    warmup_epochs: float = option(0.0, "non-negative", "linear learning-rate warm-up over the first E epochs, "
+                                  "before the schedule", metavar="E")
+    milestones: tuple[float, ...] | None = option(None, "epochs", "--schedule step: epochs at which the rate falls "
+                                                  "x0.1 (default: 50 % and 75 % of training)", metavar="E1,E2")
+    label_smoothing: float = option(0.0, "below-one", "label smoothing in [0, 1)")
+    decay_norm_bias: bool = option(True, "switch", "apply weight decay to normalisation layers and biases too "
+                                   "(the named recipes: no)")
+    amp: str | None = option(None, "choice", "mixed precision: bf16 autocast (CUDA or CPU) or fp16 autocast + "
+                             "GradScaler (CUDA)", choices=AMP_MODES)
+    compile: bool = option(False, "flag", "train through torch.compile")
+    augment: str | None = option(None, "choice", "crop-flip: pad 4, random crop, horizontal flip, per batch",
+                                 choices=("none", *AUGMENTS))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
