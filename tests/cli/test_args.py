@@ -8,7 +8,9 @@ import dataclasses
 import pytest
 
 from robustest.cli import build_parser
-from robustest.cli.args import add_option_args
+from robustest.cli.args import add_option_args, options_from_args
+from robustest.cli.settings import option_settings
+from robustest.core.options import option
 from robustest.train.recipes import Recipe
 
 TRAIN = ["train", "--model", "digits_cnn", "--dataset", "digits", "--epochs", "4", "--out", "o"]
@@ -55,3 +57,68 @@ def test_train_and_harden_spell_the_recipe_alike():
                                                                                        None, None)
     t = p.parse_args(TRAIN)
     assert all(getattr(t, f.name) is None for f in dataclasses.fields(Recipe))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Toy:
+    eps: float | None = option(None, "radius", "radius", shown="0.3 for grey images")
+    pgd_steps: int = option(20, "positive-int", "PGD steps", flag="whitebox-pgd-steps")
+    limit: int = option(500, "count", "images; 0 skips", metavar="N")
+    rate: float = option(0.5, "below-one", "a share")
+    fast: bool = option(False, "flag", "go fast")
+    start: bool | None = option(None, "switch", "random start", shown="pgd yes")
+    mode: str = option("a", "choice", "mode", choices=lambda: ("a", "b"))
+    seed: int = 0
+
+
+def _toy(**kw) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_option_args(p, _Toy, **kw)
+    return p
+
+
+def test_any_option_record_gives_flags_with_its_defaults_and_flag_names():
+    ns = _toy().parse_args([])
+    assert vars(ns) == {"eps": None, "whitebox_pgd_steps": 20, "limit": 500, "rate": 0.5, "fast": False,
+                        "start": None, "mode": "a"}
+    given = _toy().parse_args(["--eps", "8/255", "--whitebox-pgd-steps", "3", "--limit", "0", "--rate", "0.25",
+                               "--fast", "--no-start", "--mode", "b"])
+    assert options_from_args(_Toy, given) == {"eps": 8 / 255, "pgd_steps": 3, "limit": 0, "rate": 0.25, "fast": True,
+                                              "start": False, "mode": "b"}
+    assert options_from_args(_Toy, given, ("pgd_steps",)) == {"pgd_steps": 3}
+    assert option_settings(_Toy, given, ("pgd_steps", "limit")) == {"whitebox_pgd_steps": 3, "limit": 0}
+    assert list(option_settings(_Toy, given)) == ["eps", "whitebox_pgd_steps", "limit", "rate", "fast", "start", "mode"]
+
+
+def test_the_help_states_each_default_as_the_record_says():
+    text = " ".join(_toy(defaults={"limit": 100}).format_help().split())
+    for part in ("radius (default: 0.3 for grey images)", "PGD steps (default: 20)", "images; 0 skips (default: 100)",
+                 "a share (default: 0.5)", "random start (default: pgd yes)", "mode (default: a)", "--limit N"):
+        assert part in text
+    assert "go fast (default" not in text
+    assert _toy(defaults={"limit": 100}).parse_args([]).limit == 100
+    assert vars(_toy(names=("mode",), unset=True).parse_args([])) == {"mode": None}
+
+
+@pytest.mark.parametrize("flag, value", [("--whitebox-pgd-steps", "0"), ("--limit", "-1"), ("--rate", "1"),
+                                         ("--mode", "c"), ("--eps", "x")])
+def test_each_kind_checks_its_value(flag, value):
+    with pytest.raises((argparse.ArgumentError, SystemExit)):
+        _toy().parse_args([flag, value])
+
+
+def test_harden_and_generate_read_their_records_defaults():
+    """The library default and the flag's cannot drift: both come from the record."""
+    from robustest.fuzzing.generate import GenerateOptions
+    from robustest.train.harden_pipeline import Measurement
+
+    h = build_parser().parse_args(HARDEN)
+    m = Measurement(eps=0.3, **options_from_args(Measurement, h))
+    assert m == Measurement(eps=0.3)
+    assert (h.whitebox_limit, h.whitebox_pgd_steps, h.whitebox_restarts, h.apgd_steps, h.autoattack) == (
+        500, 20, 2, 50, None)
+    g = build_parser().parse_args(["generate", "--checkpoint", "m.pt", "--dataset", "digits", "--method", "cw",
+                                   "--out", "o"])
+    opts = options_from_args(GenerateOptions, g)
+    assert GenerateOptions(method="cw", **{**opts, "norm": "linf"}) == GenerateOptions(method="cw")
+    assert g.norm is None  # resolved from the attack's record by the verb

@@ -345,8 +345,9 @@ def linf_eps_list(what: str = "eps") -> Callable[[str], list[float]]:
 def _option_types() -> dict[str, Callable[[str], Any]]:
     """How a flag reads an option of each kind (robustest.core.options.KINDS, but choice, switch and flag)."""
     return {"number": finite_float, "positive": positive_float, "non-negative": non_negative_float,
-            "below-one": below_one, "rate": learning_rate, "radius": radius, "linf-eps": linf_eps,
-            "count": non_negative_int, "positive-int": positive_int, "epochs": positive_float_list("milestone")}
+            "below-one": below_one, "unit": unit_float, "rate": learning_rate, "radius": radius, "linf-eps": linf_eps,
+            "count": non_negative_int, "positive-int": positive_int, "seed": seed_int,
+            "epochs": positive_float_list("milestone"), "text": str, "json": json_object}
 
 
 def add_option_args(g: argparse._ActionsContainer, cls: type, names: Sequence[str] | None = None,
@@ -356,13 +357,13 @@ def add_option_args(g: argparse._ActionsContainer, cls: type, names: Sequence[st
 
     The flag's default is the field's, or the verb's in ``defaults``; with ``unset``, a field not in ``defaults``
     defaults to None, so the verb can tell a flag given from one left out (the help still shows the field's)."""
-    from robustest.core.options import flag_name, option_fields
+    from robustest.core.options import flag_name, option_default, option_fields
 
     types, defaults = _option_types(), defaults or {}
     for f in option_fields(cls, names):
         meta, flag = f.metadata, "--" + flag_name(f)
-        default = defaults.get(f.name, None if unset else f.default)
-        shown = meta["shown"] or _shown(f.default if default is None else default, meta["kind"])
+        default = defaults.get(f.name, None if unset else option_default(f))
+        shown = meta["shown"] or _shown(option_default(f) if default is None else default, meta["kind"])
         text = meta["help"].replace("%", "%%") + ("" if shown is None else f" (default: {shown})")
         if meta["kind"] == "switch":
             g.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
@@ -381,7 +382,7 @@ def _shown(value: Any, kind: str) -> str | None:
         return "on" if value else "off"
     if kind == "choice":
         return value or "none"
-    if value is None or isinstance(value, bool):
+    if value is None or isinstance(value, (bool, dict)):
         return None
     return f"{value:g}" if isinstance(value, float) else str(value)
 

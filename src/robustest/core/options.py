@@ -21,14 +21,15 @@ from typing import Any
 
 from robustest.core.errors import ConfigError
 
-__all__ = ["KINDS", "flag_name", "option", "option_fields"]
+__all__ = ["KINDS", "flag_name", "option", "option_default", "option_fields"]
 
 #: how a flag reads an option's value: a float that is finite ("number"), > 0 ("positive"), >= 0 ("non-negative"),
-#: in [0, 1) ("below-one"), a learning rate ("rate"), a radius ("radius": L-inf in (0, 1] or L2 > 0; "linf-eps": L-inf
-#: only), an int >= 0 ("count") or >= 1 ("positive-int"), a comma list of epochs ("epochs"), one of ``choices``
-#: ("choice"), ``--name/--no-name`` ("switch"), or ``--name`` alone ("flag")
-KINDS = ("number", "positive", "non-negative", "below-one", "rate", "radius", "linf-eps", "count", "positive-int",
-         "epochs", "choice", "switch", "flag")
+#: in [0, 1) ("below-one"), in [0, 1] ("unit"), a learning rate ("rate"), a radius ("radius": L-inf in (0, 1] or
+#: L2 > 0; "linf-eps": L-inf only), an int >= 0 ("count") or >= 1 ("positive-int"), a seed ("seed"), a comma list
+#: of epochs ("epochs"), a string ("text"), a JSON object ("json"), one of ``choices`` ("choice"),
+#: ``--name/--no-name`` ("switch"), or ``--name`` alone ("flag")
+KINDS = ("number", "positive", "non-negative", "below-one", "unit", "rate", "radius", "linf-eps", "count",
+         "positive-int", "seed", "epochs", "text", "json", "choice", "switch", "flag")
 
 
 def option(default: Any, kind: str, help: str, *, choices: Sequence[str] | Callable[[], Sequence[str]] | None = None,
@@ -38,7 +39,8 @@ def option(default: Any, kind: str, help: str, *, choices: Sequence[str] | Calla
     ``kind``: one of :data:`KINDS`; ``help``: the flag's help, without its default; ``choices``: a choice's values
     (or a function returning them, for a registry's names read when the flag is made);
     ``metavar``: the value's name in the help; ``flag``: the flag's name without dashes (default: the field's name
-    with ``-`` for ``_``); ``shown``: the default as the help states it (default: the value; nothing for None)."""
+    with ``-`` for ``_``); ``shown``: the default as the help states it (default: the value; nothing for None).
+    A ``default`` that is a type (``dict``, ``list``) is the field's default factory: each instance gets its own."""
     if kind not in KINDS:
         raise ConfigError(f"unknown option kind {kind!r}: use one of {', '.join(KINDS)}")
     if (kind == "choice") != (choices is not None):
@@ -47,6 +49,8 @@ def option(default: Any, kind: str, help: str, *, choices: Sequence[str] | Calla
         choices = tuple(choices)
     meta = {"kind": kind, "help": help, "choices": choices, "metavar": metavar,
             "flag": flag, "shown": shown}
+    if isinstance(default, type):
+        return dataclasses.field(default_factory=default, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -66,3 +70,8 @@ def option_fields(cls: type, names: Sequence[str] | None = None) -> list[datacla
 def flag_name(f: dataclasses.Field) -> str:
     """The flag of the option field ``f`` without its dashes: its ``flag``, else its name with ``-`` for ``_``."""
     return f.metadata["flag"] or f.name.replace("_", "-")
+
+
+def option_default(f: dataclasses.Field) -> Any:
+    """The default of the option field ``f`` (a fresh one from its factory, if it has one)."""
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default

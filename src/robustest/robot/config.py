@@ -14,6 +14,7 @@ import numpy as np
 from robustest import data as datasets
 from robustest import selection
 from robustest.core.errors import ConfigError
+from robustest.core.options import option
 from robustest.core.validation import (
     check_bool,
     check_eps,
@@ -127,23 +128,34 @@ class RobotConfig:
     ``seeds``: comparison seeds; ``seed``: everything else.
     """
 
-    model: str | None = None
-    model_factory: str | None = None
-    model_args: dict[str, Any] | None = None
-    weights: str | None = None
-    torchscript: bool = False
-    train_model: str = "digits_cnn"
-    train_epochs: int = 30
-    dataset: str = "digits"
-    data_dir: str | None = None
-    train_limit: int | None = None
-    test_limit: int | None = None
-    eps: float = 0.3
-    pool: str = "attack"
-    pool_limit: int | None = None
+    model: str | None = option(None, "text", "model.pt from 'robustest train', a .pt2 program, or a TorchScript "
+                               "archive with --torchscript; with --model: that model's weights", metavar="FILE",
+                               flag="checkpoint", shown="train --train-model on the data first")
+    model_factory: str | None = option(None, "text", "build the model by calling your function or class (imported "
+                                       "from PYTHONPATH or the current folder): this RUNS YOUR CODE",
+                                       metavar="PKG.MODULE:FACTORY", flag="model")
+    model_args: dict[str, Any] | None = option(None, "json", "keyword arguments for --model (JSON)", metavar="JSON")
+    weights: str | None = option(None, "text", "state_dict for --model (torch.load weights_only=True)", metavar="FILE")
+    torchscript: bool = option(False, "flag", "accept a TorchScript archive as --checkpoint: it RUNS CODE from the "
+                               "file, so only from a source you trust")
+    train_model: str = option("digits_cnn", "text", "zoo model trained when no checkpoint is given", metavar="NAME")
+    train_epochs: int = option(30, "positive-int", "epochs for that training", metavar="N")
+    dataset: str = option("digits", "text", "data set name", metavar="NAME")
+    data_dir: str | None = option(None, "text", "folder or file holding the data; not needed for digits",
+                                  metavar="DIR")
+    train_limit: int | None = option(None, "positive-int", "use only the first N training images", metavar="N")
+    test_limit: int | None = option(None, "positive-int", "use only the first N test images", metavar="N")
+    eps: float = option(0.3, "linf-eps", "L-inf radius in pixel scale")
+    pool: str = option("attack", "choice", "test generator: FGSM+PGD on the training set (attack), FOL or coverage "
+                       "fuzzing", choices=POOLS)
+    pool_limit: int | None = option(None, "positive-int", "generate tests from N training images", metavar="N")
     pool_pgd_steps: int = 10
     fuzz_options: dict[str, Any] = field(default_factory=dict)
-    strategy: str = "adv-train"
+    strategy: str = option("adv-train", "choice", "strategy: a selection strategy (random, best, ...) selects "
+                           "--budget tests from a fresh pool every round; all: the whole pool every round; trades, "
+                           "fosc, fol-budget, fast-at: the other methods of 'robustest harden', as adv-train",
+                           choices=lambda: strategies(), shown="adv-train: PGD adversarial training against the "
+                           "current model, no pool")
     strategies: list[str] | None = None
     budget: int | str = "5%"
     budgets: list[int | str] | None = None
@@ -152,35 +164,45 @@ class RobotConfig:
     coverage_metric: str = "kmnc"
     coverage_options: dict[str, Any] = field(default_factory=dict)
     coverage_profile_limit: int = 2000
-    epochs: int = 10
-    batch_size: int = 64
-    lr: float = 1e-3
-    train_options: dict[str, Any] = field(default_factory=dict)
-    finetune_options: dict[str, Any] = field(default_factory=dict)
+    epochs: int = option(10, "positive-int", "fine-tuning epochs")
+    batch_size: int = option(64, "positive-int", "fine-tuning batch size")
+    lr: float = option(1e-3, "rate", "fine-tuning learning rate, Adam")
+    train_options: dict[str, Any] = option(dict, "json", "training recipe of --train-model: options of "
+                                           "robustest.train.fit plus lr and batch_size, e.g. '{\"optimizer\": "
+                                           "\"sgd\", \"lr\": 0.1, \"schedule\": \"cosine\"}'", metavar="JSON")
+    finetune_options: dict[str, Any] = option(dict, "json", "further fit options for fine-tuning, e.g. "
+                                              "'{\"schedule\": \"step\", \"augment\": \"crop-flip\"}'",
+                                              metavar="JSON")
     val_fraction: float = 0.1
     val_adversarial: bool = True
-    rounds: int = 3
-    time_budget: float | None = None
-    target_metric: str = "whitebox_accuracy"
-    target: float | None = None
-    convergence_tol: float = 0.05
-    convergence_patience: int = 2
+    rounds: int = option(3, "positive-int", "maximum number of rounds")
+    time_budget: float | None = option(None, "positive", "stop starting rounds after this", metavar="SECONDS")
+    target_metric: str = option("whitebox_accuracy", "choice", "robustness figure the requirement is on",
+                                choices=METRICS)
+    target: float | None = option(None, "unit", "stop once --target-metric reaches this accuracy in [0, 1]")
+    convergence_tol: float = option(0.05, "non-negative", "relative change of the median FOL")
+    convergence_patience: int = option(2, "positive-int", "rounds below the tolerance")
     convergence_probe: int = 500
-    whitebox: bool = True
-    whitebox_limit: int | None = 1000
+    whitebox: bool = option(True, "switch", "the white-box measurement")
+    whitebox_limit: int | None = option(1000, "positive-int", "white-box attacks on the first N test images",
+                                        metavar="N")
     whitebox_pgd_steps: int = 20
     whitebox_restarts: int = 2
     apgd_steps: int = 50
     whitebox_last: bool = False
-    autoattack: str | None = None
+    autoattack: str | None = option(None, "choice", "also measure robust accuracy under the AutoAttack-style "
+                                    "ensemble of 'robustest eval' on the white-box images, in every measurement "
+                                    "(fast: APGD-CE + APGD-T on 3 classes; standard: AutoAttack's standard version)",
+                                    choices=AUTOATTACK_VERSIONS, shown="off")
     corruptions: str | list[str] | None = None
     seeds: list[int] = field(default_factory=lambda: [0])
-    seed: int = 0
+    seed: int = option(0, "seed", "random seed")
     examples: int = 16
-    device: str | None = None
-    workers: int = 0  # data-loading worker processes when decoding the data set (0: the main process)
-    out: str = "robot-out"
-    resume: bool = False
+    device: str | None = option(None, "text", "cpu, cuda, cuda:N or auto", metavar="D", shown="cpu")
+    workers: int = option(0, "count", "worker processes decoding the data set when it is read", metavar="N",
+                          shown="0, the main process")
+    out: str = option("robot-out", "text", "output folder", metavar="DIR")
+    resume: bool = option(False, "flag", "continue the run saved in --out")
     progress: bool = False
     verbose: bool = True
 
@@ -207,13 +229,14 @@ class RobotConfig:
         return cls.from_dict(read_config(path), validate=validate)
 
     @classmethod
-    def layered(cls, path: str | Path | None = None, defaults: dict[str, Any] | None = None,
+    def layered(cls, path: str | Path | Mapping[str, Any] | None = None, defaults: dict[str, Any] | None = None,
                 overrides: dict[str, Any] | None = None) -> RobotConfig:
-        """A validated config from three layers: the file at ``path`` (YAML or JSON, if given), then ``defaults`` for
-        the keys the file does not set, then ``overrides`` (a command's flags: None values are not given)."""
+        """A validated config from three layers: the file at ``path`` (YAML or JSON, if given; or its content, a
+        mapping already read), then ``defaults`` for the keys the file does not set, then ``overrides`` (a command's
+        flags: None values are not given)."""
         d: dict[str, Any] = dict(defaults or {})
         if path is not None:
-            raw = read_config(path)  # read once: its keys and its values
+            raw = dict(path) if isinstance(path, Mapping) else read_config(path)  # read once: keys and values
             given = {str(k).replace("-", "_") for k in raw}
             d = {**cls.from_dict(raw, validate=False).to_dict(),  # validated once the overrides are in
                  **{k: v for k, v in d.items() if k not in given}}
@@ -280,7 +303,8 @@ class RobotConfig:
     @classmethod
     def json_schema(cls) -> dict[str, Any]:
         """A JSON Schema (draft 2020-12) of run.yaml/compare configs: every key with its type, choices and
-        default (docs/schemas/config/run.schema.json is this, written out)."""
+        default, and the help of a key that is also a flag (docs/schemas/config/run.schema.json is this, written
+        out)."""
         from robustest.metrics import names as metric_names
 
         choices = {"pool": list(POOLS), "strategy": list(strategies()), "target_metric": list(METRICS),
@@ -305,6 +329,8 @@ class RobotConfig:
             if nullable:
                 s = {"anyOf": [s, {"type": "null"}]}
             s["default"] = defaults[f.name]
+            if "help" in f.metadata:
+                s["description"] = f.metadata["help"]
             props[f.name] = s
         return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "robustest run/compare config",
                 "type": "object", "properties": props, "additionalProperties": False}
