@@ -34,7 +34,6 @@ from robustest.cli.loading import load_checked
 from robustest.cli.output import log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import ConfigError
-from robustest.core.memory import peak_rss_mib
 
 ORDER = 37
 _SMOOTHING_FLAGS = (("sigma", "--sigma"), ("n0", "--n0"), ("n_samples", "--n-samples"), ("alpha", "--alpha"))
@@ -89,7 +88,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from robustest.core.devices import model_device
-    from robustest.evaluate.certification import run_certify
+    from robustest.evaluate.certify_pipeline import certify_pipeline
     from robustest.evaluate.certify_report import certify_report
     from robustest.models.checkpoints import source_of
 
@@ -99,22 +98,17 @@ def run(args: argparse.Namespace) -> int:
         out_dir(args)
     model, ds = load_checked(args)
     t_load = time.perf_counter() - t0
-    result = run_certify(model, ds, args.eps, norm=args.norm, method=args.method, sigma=args.sigma, n0=args.n0,
-                         n=args.n_samples, alpha=args.alpha, seed=args.seed, batch_size=args.batch_size,
-                         block_size=args.block_size, progress=not args.no_progress)
-    out = out_dir(args)
-    from robustest import report
-
-    report.write_csv(out / "samples.csv", result.rows())
-    files = ["results.json", "samples.csv", "report.html"]
-    doc = {**result.to_results(), "model": {**model_settings(args), "spec": source_of(model)},
-           "data": {**data_settings(args), "num_samples": result.num_samples}, "peak_rss_mib": peak_rss_mib(),
-           "files": files}
+    crun = certify_pipeline(model, ds, args.eps, out=args.out, norm=args.norm, method=args.method, sigma=args.sigma,
+                            n0=args.n0, n=args.n_samples, alpha=args.alpha, seed=args.seed,
+                            batch_size=args.batch_size, block_size=args.block_size, progress=not args.no_progress,
+                            describe={"model": {**model_settings(args), "spec": source_of(model)},
+                                      "data": data_settings(args)})
+    result, out = crun.result, Path(args.out)
     settings = {**model_settings(args), **data_settings(args), **result.settings, "device": str(model_device(model))}
-    write_run(out, "certify", t0, settings, doc, {**result.timings, "load_s": t_load},
-              lambda written_doc: certify_report(result, written_doc, ds))
+    write_run(out, "certify", t0, settings, crun.to_results(), {**result.timings, "load_s": t_load},
+              lambda doc: certify_report(result, doc, ds))
     what = f"{args.method} (sigma={result.settings['sigma']:g})" if args.method == "smoothing" else args.method
     log.info(f"{args.dataset} ({result.num_samples} images), {args.norm} eps={result.eps:g}, {what}: certified "
              f"{100 * result.certified_accuracy:.2f}%, clean {100 * result.clean_accuracy:.2f}%")
-    written(out, files, t0)
+    written(out, crun.files, t0)
     return 0
