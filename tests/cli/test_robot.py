@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -31,6 +32,8 @@ def test_run_verb(checkpoint, tmp_path, capsys, results_contract):
     assert rc == 0
     text = capsys.readouterr().out
     assert "fixed-set" in text and "white-box" in text and "stopped: rounds after 1 round(s)" in text
+    assert re.search(rf"^wrote results.json, summary.csv, report.html to {re.escape(str(out))} in \d+\.\ds$", text,
+                     re.M)  # the closing line every verb that writes a run folder ends with
     res = results_contract(out, "run")
     assert res["settings"]["strategy"] == "kmst" and res["settings"]["whitebox_pgd_steps"] == 3
     assert not {"strategies", "budgets", "seeds", "coverage_metric", "fuzz_options",

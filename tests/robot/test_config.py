@@ -25,3 +25,14 @@ def test_the_layers_are_validated_together(tmp_path):
         RobotConfig.layered(path, overrides={"eps": 5.0})
     with pytest.raises(ConfigError, match="unknown config key 'bogus'"):
         RobotConfig.layered(None, overrides={"bogus": 1})
+
+
+def test_layered_takes_the_files_content_as_well_as_its_path(tmp_path):
+    """run reads its --config once and hands the content over: the same layers as from the path."""
+    path = tmp_path / "c.yaml"
+    path.write_text("rounds: 2\nepochs: 4\n")
+    layers = ({"rounds": 5, "lr": 0.01}, {"epochs": None, "seed": 3})
+    from_path = RobotConfig.layered(path, *layers)
+    from_content = RobotConfig.layered({"rounds": 2, "epochs": 4}, *layers)
+    assert from_path == from_content
+    assert (from_content.rounds, from_content.epochs, from_content.lr, from_content.seed) == (2, 4, 0.01, 3)

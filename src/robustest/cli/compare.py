@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import time
 
 from robustest.cli.args import list_arg, seed_int
 from robustest.cli.run import add_common_args, budget_arg, build_config, print_results
@@ -52,7 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from robustest import robot
 
+    t0 = time.perf_counter()
     cfg = build_config(args, defaults={"strategies": list(robot.DEFAULT_STRATEGIES)})
     results = robot.compare(cfg)
-    print_results(results, cfg.out)
+    print_results(results, cfg.out, t0)
     return 0

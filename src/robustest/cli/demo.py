@@ -69,6 +69,6 @@ def run(args: argparse.Namespace) -> int:
     log.info(f"robustest demo: {cfg.train_model} on digits, eps {fmt(cfg.eps)}, pool of {results['pool']['size']} "
              f"FGSM/PGD tests, budget {cfg.budgets[0]}, {cfg.epochs} fine-tuning epochs per strategy and seed "
              f"(mean ± std over seeds {', '.join(map(str, cfg.seeds))})")
-    print_results(results, cfg.out)
+    print_results(results, cfg.out, t0)
     log.info(f"open {cfg.out}/report.html ({fmt(time.perf_counter() - t0, 'total_s')} s)")
     return 0

@@ -21,12 +21,16 @@ Example:
 from __future__ import annotations
 
 import argparse
+import time
+from pathlib import Path
 from typing import Any
 
 from robustest.cli.args import add_option_args, options_from_args, thread_count
-from robustest.cli.output import log, print_table
+from robustest.cli.output import log, print_table, written
 
 ORDER = 40
+#: the files of a run's or a comparison's folder the closing line names (the state of each round goes to OUT/state)
+RUN_FILES = ("results.json", "summary.csv", "report.html")
 
 
 def budget_arg(text: str) -> int | str:
@@ -93,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from robustest.robot.config import HARDEN_STRATEGIES, read_config
 
     file = read_config(args.config) if args.config else None  # read once: the config and whether it sets budget
+    t0 = time.perf_counter()
     cfg = build_config(args, file=file)
     budget_given = args.budget is not None or "budget" in (file or {})
     if budget_given and cfg.strategies is None and cfg.strategy in HARDEN_STRATEGIES:
@@ -101,29 +106,23 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"a budget selects tests from a pool, which strategy {cfg.strategy} (the default) does not "
                           "use: add --strategy random (or another selection strategy) to run the selection loop")
     results = robot.run(cfg)
-    print_results(results, cfg.out)
+    print_results(results, cfg.out, t0)
     return 0
 
 
-def print_results(results: dict[str, Any], out: str, file=None) -> None:
-    """The results table and where the files went: to ``file`` when given, else through the ``robustest.cli``
-    logger (stdout; nothing with --quiet)."""
-    def say(text: str) -> None:
-        if file is not None:
-            print(text, file=file)
-        else:
-            log.info(text)
-
+def print_results(results: dict[str, Any], out: str, started: float) -> None:
+    """The results table and the closing line (:func:`robustest.cli.output.written`, timed from ``started``, a
+    :func:`time.perf_counter` reading), through the ``robustest.cli`` logger (stdout; nothing with --quiet)."""
     from robustest.robot.tables import compare_table, loop_table, paired_table
 
     if results["kind"] == "loop":
-        print_table(*loop_table(results), file=file)
-        say(f"stopped: {results['stop_reason']} after {results['rounds_completed']} round(s)")
+        print_table(*loop_table(results))
+        log.info(f"stopped: {results['stop_reason']} after {results['rounds_completed']} round(s)")
     else:
-        print_table(*compare_table(results), file=file)
+        print_table(*compare_table(results))
         paired = paired_table(results.get("paired_vs_random") or [])
         if paired is not None:
             heading, rows, cols = paired
-            say(heading)
-            print_table(rows, cols, file=file)
-    say(f"wrote {out}/results.json, summary.csv, report.html")
+            log.info(heading)
+            print_table(rows, cols)
+    written(Path(out), RUN_FILES, started)
