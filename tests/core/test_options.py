@@ -1,4 +1,4 @@
-"""Option records (robustest.core.options): a dataclass field that carries its flag."""
+"""Options that carry their command line (robustest.core.options): dataclass fields and function parameters."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from robustest.core.errors import ConfigError
-from robustest.core.options import KINDS, flag_name, option, option_default, option_fields
+from robustest.core.options import KINDS, Option, option, options_of, spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,36 +19,54 @@ class Toy:
     plain: int = 0
 
 
-def test_an_option_is_a_field_with_its_default_and_its_flag():
+def search(model, x, *, width: int = 4, depth: int | None = None, quiet: bool = False):
+    return width
+
+
+SEARCH = {"depth": spec("positive-int", "levels", shown="all"), "width": spec("count", "beam width",
+                                                                             flag="beam")}
+
+
+def test_an_option_field_holds_its_default_and_its_spec():
     t = Toy("a")
     assert (t.steps, t.norm, t.pgd_restarts, t.plain) == (10, "linf", 2, 0)
     f = {x.name: x for x in dataclasses.fields(Toy)}
     assert dict(f["norm"].metadata) == {"kind": "choice", "help": "threat model", "choices": ("linf", "l2"),
                                         "metavar": "N", "flag": None, "shown": None}
-    assert dict(f["pgd_restarts"].metadata) == {"kind": "count", "help": "restarts", "choices": None, "metavar": None,
-                                                "flag": "whitebox-restarts", "shown": "two"}
 
 
-def test_option_fields_are_the_marked_fields_in_order_or_the_names_asked_for():
-    assert [f.name for f in option_fields(Toy)] == ["steps", "norm", "pgd_restarts"]
-    assert [f.name for f in option_fields(Toy, ("pgd_restarts", "steps"))] == ["pgd_restarts", "steps"]
+def test_the_options_of_a_dataclass_are_its_marked_fields_in_order_or_the_names_asked_for():
+    assert options_of(Toy) == [
+        Option("steps", 10, "positive-int", "attack steps", None, None, None, None),
+        Option("norm", "linf", "choice", "threat model", ("linf", "l2"), "N", None, None),
+        Option("pgd_restarts", 2, "count", "restarts", None, None, "whitebox-restarts", "two")]
+    assert [o.name for o in options_of(Toy, ("pgd_restarts", "steps"))] == ["pgd_restarts", "steps"]
     with pytest.raises(ConfigError, match="^Toy has no option name, plain$"):
-        option_fields(Toy, ("steps", "plain", "name"))
+        options_of(Toy, ("steps", "plain", "name"))
 
 
-def test_flag_name_is_the_fields_name_with_dashes_unless_given():
-    by = {f.name: f for f in option_fields(Toy)}
-    assert flag_name(by["pgd_restarts"]) == "whitebox-restarts"
-    assert flag_name(by["steps"]) == "steps"
+def test_the_options_of_a_function_take_their_defaults_from_its_signature():
+    found = options_of((search, SEARCH))
+    assert [(o.name, o.default, o.kind, o.shown) for o in found] == [("width", 4, "count", None),
+                                                                     ("depth", None, "positive-int", "all")]
+    with pytest.raises(ConfigError, match="^search has no option quiet$"):
+        options_of((search, SEARCH), ("quiet",))
+
+
+def test_the_flag_and_the_attribute_it_fills_follow_the_name_unless_the_spec_renames_it():
+    by = {o.name: o for o in options_of(Toy) + options_of((search, SEARCH))}
+    assert (by["pgd_restarts"].flag_name, by["pgd_restarts"].dest) == ("whitebox-restarts", "whitebox_restarts")
+    assert (by["steps"].flag_name, by["steps"].dest) == ("steps", "steps")
+    assert (by["width"].flag_name, by["width"].dest) == ("beam", "beam")
 
 
 def test_a_choice_needs_its_choices_and_only_a_choice_takes_them():
     with pytest.raises(ConfigError, match="kind 'choice' needs its choices"):
         option("a", "choice", "x")
     with pytest.raises(ConfigError, match="kind 'choice' needs its choices"):
-        option(1, "count", "x", choices=("1",))
+        spec("count", "x", choices=("1",))
     with pytest.raises(ConfigError, match="^unknown option kind 'int': use one of number, positive, "):
-        option(1, "int", "x")
+        spec("int", "x")
     assert "switch" in KINDS and "flag" in KINDS and len(KINDS) == 17
 
 
@@ -56,9 +74,8 @@ def test_choices_from_a_function_are_kept_to_be_read_late():
     def names():
         return ("a", "b")
 
-    fld = option("a", "choice", "x", choices=names)
-    assert fld.metadata["choices"] is names
-    assert option("a", "choice", "x", choices=["a", "b"]).metadata["choices"] == ("a", "b")
+    assert option("a", "choice", "x", choices=names).metadata["choices"] is names
+    assert spec("choice", "x", choices=["a", "b"])["choices"] == ("a", "b")
 
 
 def test_a_type_as_default_is_a_factory_each_instance_gets_its_own():
@@ -68,5 +85,4 @@ def test_a_type_as_default_is_a_factory_each_instance_gets_its_own():
 
     a, b = WithDict(), WithDict()
     a.extra["k"] = 1
-    assert b.extra == {} and option_default(option_fields(WithDict)[0]) == {}
-    assert option_default(option_fields(Toy, ("steps",))[0]) == 10
+    assert b.extra == {} and options_of(WithDict)[0].default == {}

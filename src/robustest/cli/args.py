@@ -12,6 +12,7 @@ from typing import Any
 
 from robustest import data as datasets
 from robustest.core.errors import ConfigError
+from robustest.core.options import OptionSource
 from robustest.core.validation import arg, check_eps, check_float, check_int, check_seed, parse_number
 
 __all__ = ["LIST_SYNTAX", "MAX_RANGE_ITEMS", "add_checkpoint_arg", "add_data_args", "add_model_args",
@@ -346,34 +347,36 @@ def _option_types() -> dict[str, Callable[[str], Any]]:
     """How a flag reads an option of each kind (robustest.core.options.KINDS, but choice, switch and flag)."""
     return {"number": finite_float, "positive": positive_float, "non-negative": non_negative_float,
             "below-one": below_one, "unit": unit_float, "rate": learning_rate, "radius": radius, "linf-eps": linf_eps,
+            "noise-width": noise_width,
             "count": non_negative_int, "positive-int": positive_int, "seed": seed_int,
             "epochs": positive_float_list("milestone"), "text": str, "json": json_object}
 
 
-def add_option_args(g: argparse._ActionsContainer, cls: type, names: Sequence[str] | None = None,
+def add_option_args(g: argparse._ActionsContainer, source: OptionSource, names: Sequence[str] | None = None,
                     defaults: Mapping[str, Any] | None = None, unset: bool = False) -> None:
-    """One flag per option field of the dataclass ``cls`` (:func:`robustest.core.options.option`; ``names``: those
-    the verb offers, default all), read as the field's kind says, with its help and the default it states.
+    """One flag per option of ``source`` (a dataclass of :func:`robustest.core.options.option` fields, or a
+    function with its parameters' specs; ``names``: those the verb offers, in that order, default all), read as the
+    option's kind says, with its help and the default it states.
 
-    The flag's default is the field's, or the verb's in ``defaults``; with ``unset``, a field not in ``defaults``
-    defaults to None, so the verb can tell a flag given from one left out (the help still shows the field's)."""
-    from robustest.core.options import flag_name, option_default, option_fields
+    The flag's default is the option's, or the verb's in ``defaults``; with ``unset``, an option not in ``defaults``
+    defaults to None, so the verb can tell a flag given from one left out (the help still shows the option's)."""
+    from robustest.core.options import options_of
 
     types, defaults = _option_types(), defaults or {}
-    for f in option_fields(cls, names):
-        meta, flag = f.metadata, "--" + flag_name(f)
-        default = defaults.get(f.name, None if unset else option_default(f))
-        shown = meta["shown"] or _shown(option_default(f) if default is None else default, meta["kind"])
-        text = meta["help"].replace("%", "%%") + ("" if shown is None else f" (default: {shown})")
-        if meta["kind"] == "switch":
+    for o in options_of(source, names):
+        flag = "--" + o.flag_name
+        default = defaults.get(o.name, None if unset else o.default)
+        shown = o.shown or _shown(o.default if default is None else default, o.kind)
+        text = o.help.replace("%", "%%") + ("" if shown is None else f" (default: {shown})")
+        if o.kind == "switch":
             g.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
-        elif meta["kind"] == "flag":
-            g.add_argument(flag, action="store_true", default=default, help=meta["help"].replace("%", "%%"))
-        elif meta["kind"] == "choice":
-            choices = meta["choices"]() if callable(meta["choices"]) else meta["choices"]
-            g.add_argument(flag, choices=choices, default=default, help=text, metavar=meta["metavar"])
+        elif o.kind == "flag":
+            g.add_argument(flag, action="store_true", default=default, help=o.help.replace("%", "%%"))
+        elif o.kind == "choice":
+            choices = o.choices() if callable(o.choices) else o.choices
+            g.add_argument(flag, choices=choices, default=default, help=text, metavar=o.metavar)
         else:
-            g.add_argument(flag, type=types[meta["kind"]], default=default, help=text, metavar=meta["metavar"])
+            g.add_argument(flag, type=types[o.kind], default=default, help=text, metavar=o.metavar)
 
 
 def _shown(value: Any, kind: str) -> str | None:
@@ -387,10 +390,11 @@ def _shown(value: Any, kind: str) -> str | None:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def options_from_args(cls: type, args: argparse.Namespace, names: Sequence[str] | None = None) -> dict[str, Any]:
-    """The values of the option fields of ``cls`` (``names``: only those) the verb's flags parsed into ``args``,
-    by field name (a flag named otherwise, such as ``--whitebox-pgd-steps`` for ``pgd_steps``, keeps its own
-    ``args`` attribute, which the run's recorded settings use)."""
-    from robustest.core.options import flag_name, option_fields
+def options_from_args(source: OptionSource, args: argparse.Namespace, names: Sequence[str] | None = None
+                      ) -> dict[str, Any]:
+    """The values of the options of ``source`` (``names``: only those) the verb's flags parsed into ``args``, by
+    option name (a flag named otherwise, such as ``--whitebox-pgd-steps`` for ``pgd_steps``, keeps its own ``args``
+    attribute, which the run's recorded settings use: :func:`robustest.cli.settings.option_settings`)."""
+    from robustest.core.options import options_of
 
-    return {f.name: getattr(args, flag_name(f).replace("-", "_")) for f in option_fields(cls, names)}
+    return {o.name: getattr(args, o.dest) for o in options_of(source, names)}

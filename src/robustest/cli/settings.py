@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Iterable
 from typing import Any
 
+from robustest.core.options import OptionSource
+
 __all__ = ["DATA_KEYS", "data_settings", "model_settings", "option_settings", "pick"]
 
 
@@ -40,10 +42,12 @@ def model_settings(args: argparse.Namespace) -> dict[str, Any]:
     return d
 
 
-def option_settings(cls: type, args: argparse.Namespace, names: Iterable[str] | None = None) -> dict[str, Any]:
-    """The flags generated from the option fields of ``cls`` (:func:`robustest.cli.args.add_option_args`;
-    ``names``: only those), by the flag's name with ``_`` for ``-``, as the verb parsed them."""
-    from robustest.core.options import flag_name, option_fields
+def option_settings(source: OptionSource, args: argparse.Namespace, names: Iterable[str] | None = None,
+                    skip_none: bool = False) -> dict[str, Any]:
+    """The flags generated from the options of ``source`` (:func:`robustest.cli.args.add_option_args`; ``names``:
+    only those), by the flag's name with ``_`` for ``-``, as the verb parsed them (``skip_none``: those that hold a
+    value)."""
+    from robustest.core.options import options_of
 
-    keys = [flag_name(f).replace("-", "_") for f in option_fields(cls, None if names is None else tuple(names))]
-    return {k: getattr(args, k) for k in keys}
+    found = {o.dest: getattr(args, o.dest) for o in options_of(source, None if names is None else tuple(names))}
+    return {k: v for k, v in found.items() if not (skip_none and v is None)}

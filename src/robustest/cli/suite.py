@@ -26,21 +26,22 @@ from typing import Any
 from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
+    add_option_args,
     add_output_flags,
     add_run_args,
     finish_verb_parser,
     int_list,
     name_list,
-    noise_width,
-    positive_int,
+    options_from_args,
     radius,
     share_arg,
     significance,
 )
 from robustest.cli.loading import check_fits, load_checked, load_model
 from robustest.cli.output import log, out_dir, write_run, written
-from robustest.cli.settings import data_settings, model_settings
+from robustest.cli.settings import data_settings, model_settings, option_settings
 from robustest.core.errors import ConfigError
+from robustest.suite.build import BUILD_OPTIONS, build_suite
 from robustest.suite.documents import SUITE_FILE
 
 ORDER = 36
@@ -62,31 +63,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_data_args(b, split="test")
     b.add_argument("--eps", type=radius, required=True, metavar="E",
                    help="radius of the threat model in pixel scale, e.g. 0.3 or 8/255 (L-inf: in (0, 1])")
-    b.add_argument("--norm", choices=("linf", "l2"), default="linf", help="threat model (default: linf)")
-    b.add_argument("--version", choices=("standard", "fast"), default="standard",
-                   help="attack ensemble every check runs (default: standard = AutoAttack's; fast: APGD-CE + APGD-T "
-                        "on 3 targets)")
-    b.add_argument("--n-targets", type=positive_int, default=None, metavar="K",
-                   help="target classes of APGD-T and FAB-T (default: min(9, classes - 1))")
-    b.add_argument("--corruptions", default=None, metavar="LIST",
-                   help="also store corruption outcomes: 'all', a group or names (default: none)")
+    add_option_args(b, (build_suite, BUILD_OPTIONS), ("norm", "version", "n_targets", "corruptions"))
     b.add_argument("--severities", type=int_list(what="severity", lo=1, hi=5, sort=True), default=[1, 2, 3, 4, 5],
                    metavar="LIST", help="corruption severities: 1-5, 1,3,5 or 1-2,5 (default: 1-5)")
-    b.add_argument("--certify", choices=("ibp", "crown"), default=None,
-                   help="also store which samples the baseline's certificate proves at --eps (bound "
-                        "propagation); every check compares the candidate's (default: none)")
-    b.add_argument("--k", type=positive_int, default=100, metavar="K", help="samples in the suite (default: 100)")
-    b.add_argument("--strata", type=positive_int, default=4, metavar="H",
-                   help="rank-quantile bins of the local robustness score (default: 4; at most K/2)")
-    b.add_argument("--by-class", choices=("auto", "yes", "no"), default="auto",
-                   help="cross the score bins with the class (auto: when K gives every cell 2 samples)")
-    b.add_argument("--allocation", choices=("proportional", "neyman"), default="proportional",
-                   help="samples per stratum: proportional to its size, or Neyman (default: proportional)")
-    b.add_argument("--neighbors", type=positive_int, default=20, metavar="Q",
-                   help="noisy neighbours per sample of the local robustness analysis (default: 20)")
-    b.add_argument("--noise-eps", type=noise_width, default=0.5, metavar="W",
-                   help="width of the analysis's uniform noise, pixel scale (default: 0.5)")
-    b.add_argument("--batch-size", type=positive_int, default=256, metavar="B", help="images per attack batch")
+    add_option_args(b, (build_suite, BUILD_OPTIONS), ("certify", "k", "strata", "by_class", "allocation",
+                                                      "n_neighbors", "noise_eps", "batch_size"))
     add_run_args(b)
     b.set_defaults(func=run_build)
     c = verbs.add_parser("check", help="check a candidate on a suite: estimate, paired comparison, verdict",
@@ -132,7 +113,6 @@ def run_build(args: argparse.Namespace) -> int:
     from robustest import corruptions
     from robustest.core.devices import model_device
     from robustest.core.validation import check_eps
-    from robustest.suite import build_suite
     from robustest.suite.documents import build_results
     from robustest.suite.report import build_report
 
@@ -141,26 +121,17 @@ def run_build(args: argparse.Namespace) -> int:
     if args.corruptions is not None:
         corruptions.resolve_names(args.corruptions)
     model, ds = load_checked(args)
-    suite = build_suite(model, ds, args.eps, k=args.k, norm=args.norm, version=args.version,
-                        n_targets=args.n_targets, corruptions=args.corruptions, severities=args.severities,
-                        strata=args.strata, by_class=args.by_class, allocation=args.allocation,
-                        n_neighbors=args.neighbors, noise_eps=args.noise_eps, seed=args.seed,
-                        batch_size=args.batch_size, dataset=args.dataset, split=args.split,
-                        certify=args.certify, progress=not args.no_progress)
+    options = options_from_args((build_suite, BUILD_OPTIONS), args)
+    suite = build_suite(model, ds, args.eps, **options, severities=args.severities, seed=args.seed,
+                        dataset=args.dataset, split=args.split, progress=not args.no_progress)
     out = out_dir(args)
     suite.save(out / SUITE_FILE)
     m = suite.meta
     settings: dict[str, Any] = {"command": "build", **model_settings(args), **data_settings(args), "eps": args.eps,
-                                "norm": args.norm, "version": args.version, "k": args.k, "strata": args.strata,
-                                "by_class": args.by_class, "allocation": args.allocation,
-                                "neighbors": args.neighbors, "noise_eps": args.noise_eps,
-                                "batch_size": args.batch_size, "seed": args.seed, "device": str(model_device(model))}
-    if args.n_targets is not None:
-        settings["n_targets"] = args.n_targets
+                                **option_settings((build_suite, BUILD_OPTIONS), args, skip_none=True),
+                                "seed": args.seed, "device": str(model_device(model))}
     if args.corruptions is not None:
-        settings.update(corruptions=args.corruptions, severities=list(args.severities))
-    if args.certify is not None:
-        settings["certify"] = args.certify
+        settings["severities"] = list(args.severities)
     doc = write_run(out, "suite", t0, settings, build_results(suite), suite.timings,
                     lambda doc: build_report(suite, doc))
     r = m["baseline"]["robust_accuracy"]

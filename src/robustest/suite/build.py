@@ -22,10 +22,11 @@ from torch import nn
 
 from robustest.core.batching import DataLike, iter_batches, num_samples, take
 from robustest.core.errors import ConfigError, DataError
+from robustest.core.options import spec
 from robustest.selection.strata import ALLOCATIONS, allocate, draw_in_strata, equal_bins, neyman_target
 from robustest.suite.format import SUITE_VERSION, Suite, model_fingerprint
 
-__all__ = ["build_suite", "data_sha256", "evaluate_outcomes", "make_strata",
+__all__ = ["BUILD_OPTIONS", "build_suite", "data_sha256", "evaluate_outcomes", "make_strata",
            "stratified_draw"]
 
 BY_CLASS = ("auto", "yes", "no")
@@ -263,3 +264,25 @@ def build_suite(model: nn.Module, data: DataLike, eps: float, *, k: int = 100, n
     return Suite(x=_as_stored(x), y=y, index=index, stratum=stratum.long(), score=an.score[pos].float(),
                  clean=outcomes["clean"], robust=outcomes["robust"], corruption=outcomes["corruption"], meta=meta,
                  timings=timings, certified=outcomes.get("certified"))
+
+
+#: the command line of build_suite's options (``robustest suite build``; defaults: the signature's)
+BUILD_OPTIONS = {
+    "norm": spec("choice", "threat model", choices=("linf", "l2")),
+    "version": spec("choice", "attack ensemble every check runs (standard = AutoAttack's; fast: APGD-CE + APGD-T on 3 "
+                    "targets)", choices=("standard", "fast")),
+    "n_targets": spec("positive-int", "target classes of APGD-T and FAB-T", metavar="K", shown="min(9, classes - 1)"),
+    "corruptions": spec("text", "also store corruption outcomes: 'all', a group or names", metavar="LIST",
+                        shown="none"),
+    "certify": spec("choice", "also store which samples the baseline's certificate proves at --eps (bound "
+                    "propagation); every check compares the candidate's", choices=("ibp", "crown"), shown="none"),
+    "k": spec("positive-int", "samples in the suite", metavar="K"),
+    "strata": spec("positive-int", "rank-quantile bins of the local robustness score (at most K/2)", metavar="H"),
+    "by_class": spec("choice", "cross the score bins with the class (auto: when K gives every cell 2 samples)",
+                     choices=BY_CLASS),
+    "allocation": spec("choice", "samples per stratum: proportional to its size, or Neyman", choices=ALLOCATIONS),
+    "n_neighbors": spec("positive-int", "noisy neighbours per sample of the local robustness analysis", metavar="Q",
+                        flag="neighbors"),
+    "noise_eps": spec("noise-width", "width of the analysis's uniform noise, pixel scale", metavar="W"),
+    "batch_size": spec("positive-int", "images per attack batch", metavar="B"),
+}
