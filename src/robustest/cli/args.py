@@ -347,7 +347,7 @@ def _option_types() -> dict[str, Callable[[str], Any]]:
     """How a flag reads an option of each kind (robustest.core.options.KINDS, but choice, switch and flag)."""
     return {"number": finite_float, "positive": positive_float, "non-negative": non_negative_float,
             "below-one": below_one, "unit": unit_float, "rate": learning_rate, "radius": radius, "linf-eps": linf_eps,
-            "noise-width": noise_width,
+            "noise-width": noise_width, "significance": significance,
             "count": non_negative_int, "positive-int": positive_int, "seed": seed_int,
             "epochs": positive_float_list("milestone"), "text": str, "json": json_object}
 

@@ -24,18 +24,19 @@ from pathlib import Path
 from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
+    add_option_args,
     add_run_args,
-    positive_float,
-    positive_int,
+    options_from_args,
     radius,
-    significance,
 )
 from robustest.cli.loading import load_checked
 from robustest.cli.output import log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import ConfigError
+from robustest.evaluate.certification import CERTIFY_OPTIONS, run_certify
 
 ORDER = 37
+CERTIFY = (run_certify, CERTIFY_OPTIONS)  # the options of the certification, flags included
 _SMOOTHING_FLAGS = (("sigma", "--sigma"), ("n0", "--n0"), ("n_samples", "--n-samples"), ("alpha", "--alpha"))
 
 
@@ -48,23 +49,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eps", type=radius, required=True, metavar="E",
                    help="radius to certify in pixel scale, e.g. 0.1 or 8/255 (L-inf: in (0, 1]; smoothing: an L2 "
                         "radius)")
-    p.add_argument("--norm", choices=("linf", "l2"), default="linf", help="the ball (default: linf)")
-    p.add_argument("--method", choices=("ibp", "crown", "smoothing"), default="crown",
-                   help="ibp (fast, loose), crown (tighter; default) or smoothing (the smoothed classifier, --norm l2)")
+    add_option_args(p, CERTIFY, ("norm", "method"))
     g = p.add_argument_group("randomised smoothing (--method smoothing)")
-    g.add_argument("--sigma", type=positive_float, default=None, metavar="S",
-                   help="standard deviation of the Gaussian noise, pixel scale (required with smoothing)")
-    g.add_argument("--n0", type=positive_int, default=None, metavar="N0",
-                   help="noise samples that select the class (default: 100)")
-    g.add_argument("--n-samples", type=positive_int, default=None, metavar="N",
-                   help="noise samples that estimate its probability (Cohen et al.'s n; default: 100000)")
-    g.add_argument("--alpha", type=significance, default=None, metavar="A",
-                   help="the certificate holds with probability 1 - A (default: 0.001)")
-    p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
-                   help="images per bound-propagation batch (default: 256 ibp, 64 crown) or noisy images per forward "
-                        "pass (default: 1000 smoothing)")
-    p.add_argument("--block-size", type=positive_int, default=4096, metavar="N",
-                   help="images read and certified per block (default: 4096)")
+    add_option_args(g, CERTIFY, ("sigma", "n0", "n", "alpha"))
+    add_option_args(p, CERTIFY, ("batch_size", "block_size"))
     add_run_args(p)
     p.set_defaults(func=run)
 
@@ -98,11 +86,9 @@ def run(args: argparse.Namespace) -> int:
         out_dir(args)
     model, ds = load_checked(args)
     t_load = time.perf_counter() - t0
-    crun = certify_pipeline(model, ds, args.eps, out=args.out, norm=args.norm, method=args.method, sigma=args.sigma,
-                            n0=args.n0, n=args.n_samples, alpha=args.alpha, seed=args.seed,
-                            batch_size=args.batch_size, block_size=args.block_size, progress=not args.no_progress,
-                            describe={"model": {**model_settings(args), "spec": source_of(model)},
-                                      "data": data_settings(args)})
+    describe = {"model": {**model_settings(args), "spec": source_of(model)}, "data": data_settings(args)}
+    crun = certify_pipeline(model, ds, args.eps, out=args.out, **options_from_args(CERTIFY, args), seed=args.seed,
+                            progress=not args.no_progress, describe=describe)
     result, out = crun.result, Path(args.out)
     settings = {**model_settings(args), **data_settings(args), **result.settings, "device": str(model_device(model))}
     write_run(out, "certify", t0, settings, crun.to_results(), {**result.timings, "load_s": t_load},

@@ -31,11 +31,12 @@ __all__ = ["KINDS", "Option", "OptionSource", "option", "options_of", "spec"]
 
 #: how a flag reads an option's value: a float that is finite ("number"), > 0 ("positive"), >= 0 ("non-negative"),
 #: in [0, 1) ("below-one"), in [0, 1] ("unit"), a learning rate ("rate"), a radius ("radius": L-inf in (0, 1] or
-#: L2 > 0; "linf-eps": L-inf only), a noise width in (0, 2] ("noise-width"), an int >= 0 ("count") or >= 1
-#: ("positive-int"), a seed ("seed"), a comma list of epochs ("epochs"), a string ("text"), a JSON object ("json"),
-#: one of ``choices`` ("choice"), ``--name/--no-name`` ("switch"), or ``--name`` alone ("flag")
+#: L2 > 0; "linf-eps": L-inf only), a noise width in (0, 2] ("noise-width"), a level in (0, 1) ("significance"),
+#: an int >= 0 ("count") or >= 1 ("positive-int"), a seed ("seed"), a comma list of epochs ("epochs"), a string
+#: ("text"), a JSON object ("json"), one of ``choices`` ("choice"), ``--name/--no-name`` ("switch"), or ``--name``
+#: alone ("flag")
 KINDS = ("number", "positive", "non-negative", "below-one", "unit", "rate", "radius", "linf-eps", "noise-width",
-         "count", "positive-int", "seed", "epochs", "text", "json", "choice", "switch", "flag")
+         "significance", "count", "positive-int", "seed", "epochs", "text", "json", "choice", "switch", "flag")
 
 
 class Option(NamedTuple):

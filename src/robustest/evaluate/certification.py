@@ -39,6 +39,7 @@ from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.inputs import check_images, check_labels
 from robustest.core.modelcall import eval_mode, forward
+from robustest.core.options import spec
 from robustest.core.progress import progress as _progress
 from robustest.core.reprs import one_line
 from robustest.core.stats import describe
@@ -46,9 +47,9 @@ from robustest.core.validation import check_choice, check_eps, check_float, chec
 from robustest.evaluate.flags import Flag
 from robustest.evaluate.runner import judge
 
-__all__ = ["BRACKET_METHODS", "DEFAULT_BATCH", "LABELS", "METHODS", "NOT_COMPARABLE", "SMOOTHING_DEFAULTS",
-           "Bracket", "CertifyResult", "bracket", "bracket_eval", "certified_outcomes", "check_method",
-           "checked_breaks", "run_certify"]
+__all__ = ["BRACKET_METHODS", "CERTIFY_OPTIONS", "DEFAULT_BATCH", "LABELS", "METHODS", "NOT_COMPARABLE",
+           "SMOOTHING_DEFAULTS", "Bracket", "CertifyResult", "bracket", "bracket_eval", "certified_outcomes",
+           "check_method", "checked_breaks", "run_certify"]
 
 METHODS = ("ibp", "crown", "smoothing")
 #: the certificates a bracket takes: they are about the model itself
@@ -261,6 +262,25 @@ def run_certify(model: nn.Module, data: DataLike, eps: float, *, norm: str = "li
                          clean_pred=cat["clean_pred"], certified=cat["certified"].bool(),
                          lower_margin=cat["lower_margin"], prediction=cat["prediction"], radius=cat["radius"],
                          p_lower=cat["p_lower"], settings=settings, timings=timings)
+
+
+#: the command line of run_certify's options (``robustest certify``; defaults: the signature's)
+CERTIFY_OPTIONS = {
+    "norm": spec("choice", "the ball", choices=("linf", "l2")),
+    "method": spec("choice", "ibp (fast, loose), crown (tighter) or smoothing (the smoothed classifier, --norm l2)",
+                   choices=METHODS),
+    "sigma": spec("positive", "standard deviation of the Gaussian noise, pixel scale (required with smoothing)",
+                  metavar="S"),
+    "n0": spec("positive-int", "noise samples that select the class", metavar="N0",
+               shown=str(SMOOTHING_DEFAULTS["n0"])),
+    "n": spec("positive-int", "noise samples that estimate its probability (Cohen et al.'s n)", metavar="N",
+              flag="n-samples", shown=str(SMOOTHING_DEFAULTS["n"])),
+    "alpha": spec("significance", "the certificate holds with probability 1 - A", metavar="A",
+                  shown=str(SMOOTHING_DEFAULTS["alpha"])),
+    "batch_size": spec("positive-int", "images per bound-propagation batch or noisy images per forward pass",
+                       metavar="B", shown=", ".join(f"{v} {k}" for k, v in DEFAULT_BATCH.items())),
+    "block_size": spec("positive-int", "images read and certified per block", metavar="N"),
+}
 
 
 def certified_outcomes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, norm: str, method: str,
