@@ -37,22 +37,25 @@ import time
 from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
+    add_option_args,
     add_run_args,
     batch_size_arg,
     int_list,
     list_arg,
     name_list,
-    positive_int,
+    options_from_args,
     radius,
     share_arg,
 )
 from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
 from robustest.cli.output import log, out_dir, write_run, written
-from robustest.cli.settings import data_settings, model_settings
+from robustest.cli.settings import data_settings, model_settings, option_settings, pick
 from robustest.core.errors import EXIT_GATE, ConfigError
 from robustest.core.validation import check_eps
+from robustest.evaluate.ensemble import EVALUATE_OPTIONS, evaluate
 
 ORDER = 35
+EVALUATE = (evaluate, EVALUATE_OPTIONS)  # the options of the evaluation, flags included
 
 
 parse_accuracy = share_arg("an accuracy", "0.85 or 85%")  # --fail-under: "0.85" or "85%"
@@ -67,16 +70,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eps", type=list_arg(radius, what="eps"), required=True, metavar="E",
                    help="radius of the threat model in pixel scale, e.g. 0.3 or 8/255 (L-inf: in (0, 1]); a list "
                         "(0.1,0.2,0.3) measures a robustness curve, each radius on the survivors of the smaller")
-    p.add_argument("--norm", choices=("linf", "l2"), default="linf", help="threat model (default: linf)")
-    p.add_argument("--version", choices=("auto", "standard", "fast", "rand", "custom"), default="auto",
-                   help="attack ensemble (default: auto = fast, checked and escalated where a probe finds masking; "
-                        "standard = AutoAttack's)")
+    add_option_args(p, EVALUATE, ("norm", "version"))
     p.add_argument("--attacks", type=name_list("attack"), default=None, metavar="LIST",
                    help="with --version custom: comma-separated attacks in order, e.g. apgd-ce,apgd-dlr,square")
-    p.add_argument("--n-targets", type=positive_int, default=None, metavar="K",
-                   help="target classes of APGD-T and FAB-T (default: min(9, classes - 1))")
-    p.add_argument("--corruptions", default=None, metavar="LIST",
-                   help="also measure accuracy under common corruptions: 'all', a group or names")
+    add_option_args(p, EVALUATE, ("n_targets", "corruptions"))
     p.add_argument("--severities", type=int_list(what="severity", lo=1, hi=5, sort=True), default=[1, 2, 3, 4, 5],
                    metavar="LIST", help="corruption severities: 1-5, 1,3,5 or 1-2,5 (default: 1-5)")
     p.add_argument("--baseline", default=None, metavar="FILE",
@@ -86,23 +83,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "evaluation is unreliable")
     p.add_argument("--accept-flag", type=name_list("flag"), default=None, metavar="LIST",
                    help="unreliable flags the gate accepts, by name (recorded in results.json), e.g. zero-gradient")
-    p.add_argument("--bpda", default=None, metavar="LIST",
-                   help="submodules (dotted names) whose backward pass the attacks replace by the identity (BPDA, "
-                        "for non-differentiable preprocessing), e.g. quant or pre.0")
+    add_option_args(p, EVALUATE, ("bpda",))
     p.add_argument("--surrogate", default=None, metavar="FILE",
                    help="checkpoint of a surrogate model: its APGD-CE points are transferred and judged on the model")
-    p.add_argument("--forwards", type=positive_int, default=None, metavar="R",
-                   help="forward passes judging each point, the majority deciding (default: 1, or 11 for a model "
-                        "found randomised)")
+    add_option_args(p, EVALUATE, ("forwards",))
     p.add_argument("--batch-size", type=batch_size_arg, default=256, metavar="B",
                    help="images per attack batch, or 'auto': the largest that fits the GPU with the attacks' "
                         "gradients (the default 256 on the CPU)")
-    p.add_argument("--amp", choices=("bf16", "fp16"), default=None,
-                   help="run the clean pass in bf16 (CPU or CUDA) or fp16 (CUDA) autocast; the attacks stay in "
-                        "float32 (default: float32)")
-    p.add_argument("--block-size", type=positive_int, default=4096, metavar="N",
-                   help="images read and attacked per block (memory stays bounded; under torchrun the ranks share "
-                        "out whole blocks; default: 4096)")
+    add_option_args(p, EVALUATE, ("amp", "block_size"))
     p.add_argument("--certify", choices=("ibp", "crown", "smoothing"), default=None,
                    help="also certify the same samples by bound propagation (ibp or crown) and bracket the truth: "
                         "certified <= robust <= clean (smoothing is refused: it certifies another classifier)")
@@ -181,13 +169,11 @@ def run(args: argparse.Namespace) -> int:
                 str(args.model_factory), "architecture": spec.get("name") if isinstance(spec, dict) else None,
                 "model": {**model_settings(args), "spec": source_of(model)}, "data": data_settings(args),
                 "baseline_source": args.baseline}
-    ev = eval_pipeline(model, ds, args.eps, out=args.out, norm=args.norm, version=args.version,
-                       certify=args.certify, fail_under=args.fail_under, accept_flag=args.accept_flag,
-                       save_adv=args.save_adv, describe=describe, attacks=attacks, n_targets=args.n_targets,
-                       seed=args.seed, batch_size=args.batch_size, block_size=args.block_size,
-                       corruptions=args.corruptions, severities=severities or (1, 2, 3, 4, 5), baseline=baseline,
-                       progress=not args.no_progress or args.progress_lines, amp=args.amp, bpda=args.bpda,
-                       surrogate=surrogate, forwards=args.forwards)
+    ev = eval_pipeline(model, ds, args.eps, out=args.out, certify=args.certify, fail_under=args.fail_under,
+                       accept_flag=args.accept_flag, save_adv=args.save_adv, describe=describe, attacks=attacks,
+                       **options_from_args(EVALUATE, args), seed=args.seed, batch_size=args.batch_size,
+                       severities=severities or (1, 2, 3, 4, 5), baseline=baseline, surrogate=surrogate,
+                       progress=not args.no_progress or args.progress_lines)
     result, brk, out = ev.result, ev.bracket, Path(args.out)  # made and proved writable by the pipeline
     timings = {**result.timings, "load_s": t_load, **ev.timings}  # the order of the report's timings table
     write_run(out, "eval", t0, _settings(args, attacks, severities, model_device(model)), ev.to_results(), timings,
@@ -218,17 +204,15 @@ def run(args: argparse.Namespace) -> int:
 def _settings(args: argparse.Namespace, attacks: list[str] | None, severities: list[int] | None,
               device: object) -> dict[str, object]:
     """The settings in effect, as results.json records them."""
-    settings = {**model_settings(args), **data_settings(args), "eps": args.eps, "norm": args.norm,
-                "version": args.version, "batch_size": args.batch_size, "block_size": args.block_size,
-                "seed": args.seed, "device": str(device)}
+    settings = {**model_settings(args), **data_settings(args), "eps": args.eps,
+                **option_settings(EVALUATE, args, skip_none=True), "batch_size": args.batch_size, "seed": args.seed,
+                "device": str(device), **pick(args, ("fail_under", "baseline", "surrogate", "certify"))}
     if args.batch_size_auto:
         settings["batch_size_auto"] = True
-    for key in ("attacks", "n_targets", "fail_under", "baseline", "amp", "bpda", "surrogate", "forwards",
-                "certify"):
-        if getattr(args, key) is not None:
-            settings[key] = attacks if key == "attacks" else getattr(args, key)
+    if attacks is not None:
+        settings["attacks"] = attacks
     if args.corruptions is not None:
-        settings.update(corruptions=args.corruptions, severities=severities)
+        settings["severities"] = severities
     if args.save_adv:
         settings["save_adv"] = True
     if args.accept_flag:

@@ -23,12 +23,13 @@ from torch import nn
 
 from robustest import corruptions as _corr
 from robustest.attacks import check_norm, with_bpda
-from robustest.core.amp import check_amp
+from robustest.core.amp import AMP_MODES, check_amp
 from robustest.core.batching import DataLike, as_tensors, iter_batches
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.inputs import check_images, check_labels, check_logits
 from robustest.core.modelcall import eval_mode, forward, frozen_params
+from robustest.core.options import spec
 from robustest.core.stats import describe
 from robustest.core.validation import check_eps
 from robustest.evaluate.checks import (
@@ -62,7 +63,8 @@ from robustest.evaluate.plans import (
 )
 from robustest.evaluate.runner import GRAD_NO_PATH, RunSetup, Tally, attack_blocks
 
-__all__ = ["AUTOATTACK_NAMES", "EVAL_FORMAT", "EVAL_VERSIONS", "EvalResult", "ensemble_plan", "evaluate"]
+__all__ = ["AUTOATTACK_NAMES", "EVALUATE_OPTIONS", "EVAL_FORMAT", "EVAL_VERSIONS", "EvalResult", "ensemble_plan",
+           "evaluate"]
 
 EVAL_FORMAT = "robustest-eval-results"
 #: images the model probe runs on
@@ -572,3 +574,22 @@ def _add_corruptions(result: EvalResult, model: nn.Module, data: DataLike, *, co
         settings["corruptions"]["baseline"] = "model" if isinstance(baseline, nn.Module) else "given errors"
     result.corruption = corruption_summary(res, base)
     result.timings["corruptions_s"] = time.perf_counter() - t0
+
+
+#: the command line of evaluate's options (``robustest eval``; defaults: the signature's)
+EVALUATE_OPTIONS = {
+    "norm": spec("choice", "threat model", choices=("linf", "l2")),
+    "version": spec("choice", "attack ensemble (auto = fast, checked and escalated where a probe finds masking; "
+                    "standard = AutoAttack's)", choices=EVAL_VERSIONS),
+    "n_targets": spec("positive-int", "target classes of APGD-T and FAB-T", metavar="K", shown="min(9, classes - 1)"),
+    "corruptions": spec("text", "also measure accuracy under common corruptions: 'all', a group or names",
+                        metavar="LIST"),
+    "bpda": spec("text", "submodules (dotted names) whose backward pass the attacks replace by the identity (BPDA, "
+                 "for non-differentiable preprocessing), e.g. quant or pre.0", metavar="LIST"),
+    "forwards": spec("positive-int", "forward passes judging each point, the majority deciding", metavar="R",
+                     shown="1, or 11 for a model found randomised"),
+    "amp": spec("choice", "run the clean pass in bf16 (CPU or CUDA) or fp16 (CUDA) autocast; the attacks stay in "
+                "float32", choices=AMP_MODES, shown="float32"),
+    "block_size": spec("positive-int", "images read and attacked per block (memory stays bounded; under torchrun the "
+                       "ranks share out whole blocks)", metavar="N"),
+}
