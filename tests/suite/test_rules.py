@@ -441,3 +441,22 @@ def test_a_perfect_anticorrelation_is_exactly_minus_one_despite_rounding():
     assert stats._weighted_correlation(x, 1 - x, w) == -1.0
     assert stats._weighted_correlation(x, x, w) == 1.0
     assert stats._weighted_correlation(x, torch.ones(3, dtype=torch.float64), w) == 0.0  # constant: 0
+
+
+def test_outcome_estimates_weight_each_stratum_by_its_population():
+    """Strata of 10 and 30 samples in the population, two suite samples each: robust 1/2 and 2/2 -> 0.875."""
+    from robustest.suite.stats import outcome_estimates
+
+    stratum, sizes = torch.tensor([0, 0, 1, 1]), torch.tensor([10, 30])
+    out = {"robust": torch.tensor([True, False, True, True]), "clean": torch.ones(4, dtype=torch.bool),
+           "corruption": torch.zeros(4, 0, dtype=torch.bool)}
+    est = outcome_estimates(out, stratum, sizes)
+    assert list(est) == ["robust_accuracy", "clean_accuracy"]
+    assert est["robust_accuracy"].value == pytest.approx(0.875) and est["clean_accuracy"].value == 1.0
+    out["corruption"] = torch.tensor([[True, False], [True, True], [False, False], [True, False]])
+    out["certified"] = torch.tensor([False, False, True, False])
+    est = outcome_estimates(out, stratum, sizes, level=0.9)
+    # corruption: per-sample means 0.5, 1, 0, 0.5 -> strata 0.75 and 0.25 -> (10 * 0.75 + 30 * 0.25) / 40
+    assert est["corruption_accuracy"].value == pytest.approx(0.375)
+    assert est["certified_accuracy"].value == pytest.approx(30 * 0.5 / 40)
+    assert est["robust_accuracy"].level == 0.9

@@ -25,6 +25,7 @@ from robustest.core.errors import ConfigError, DataError
 from robustest.core.options import spec
 from robustest.selection.strata import ALLOCATIONS, allocate, draw_in_strata, equal_bins, neyman_target
 from robustest.suite.format import SUITE_VERSION, Suite, model_fingerprint
+from robustest.suite.stats import outcome_estimates
 
 __all__ = ["BUILD_OPTIONS", "build_suite", "data_sha256", "evaluate_outcomes", "make_strata",
            "stratified_draw"]
@@ -236,15 +237,8 @@ def build_suite(model: nn.Module, data: DataLike, eps: float, *, k: int = 100, n
     t_eval = time.perf_counter() - t1
     stratum = stratum_all[pos]
     from robustest import __version__
-    from robustest.suite.stats import stratified_estimate
 
-    baseline = {"robust_accuracy": stratified_estimate(outcomes["robust"], stratum, sizes).to_dict(),
-                "clean_accuracy": stratified_estimate(outcomes["clean"], stratum, sizes).to_dict()}
-    if settings:
-        baseline["corruption_accuracy"] = stratified_estimate(outcomes["corruption"].double().mean(1), stratum,
-                                                              sizes).to_dict()
-    if cert is not None:
-        baseline["certified_accuracy"] = stratified_estimate(outcomes["certified"], stratum, sizes).to_dict()
+    baseline = {name: e.to_dict() for name, e in outcome_estimates(outcomes, stratum, sizes).items()}
     meta: dict[str, Any] = {
         "k": int(len(index)), "n_population": int(n), "dataset": dataset, "split": split,
         "data_sha256": data_sha256(data),

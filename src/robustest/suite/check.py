@@ -24,7 +24,7 @@ from torch import nn
 from robustest.core.errors import ConfigError
 from robustest.suite.build import evaluate_outcomes
 from robustest.suite.format import Suite, model_fingerprint
-from robustest.suite.stats import Difference, Estimate, paired_difference, stratified_estimate
+from robustest.suite.stats import Difference, Estimate, outcome_estimates, paired_difference
 
 __all__ = ["DEFAULT_ALPHA", "DEFAULT_MAX_DROP", "SuiteCheck", "check_suite", "load_suite"]
 
@@ -195,17 +195,6 @@ def load_suite(suite: Suite | str | os.PathLike[str]) -> Suite:
     return suite if isinstance(suite, Suite) else Suite.load(suite)
 
 
-def _estimates(out: dict[str, torch.Tensor], suite: Suite, level: float) -> dict[str, Estimate]:
-    est = {"robust_accuracy": stratified_estimate(out["robust"], suite.stratum, suite.sizes, level),
-           "clean_accuracy": stratified_estimate(out["clean"], suite.stratum, suite.sizes, level)}
-    if out["corruption"].shape[1]:
-        est["corruption_accuracy"] = stratified_estimate(out["corruption"].double().mean(1), suite.stratum,
-                                                         suite.sizes, level)
-    if out.get("certified") is not None:
-        est["certified_accuracy"] = stratified_estimate(out["certified"], suite.stratum, suite.sizes, level)
-    return est
-
-
 def _check_takes(model: nn.Module, role: str, x: torch.Tensor, y: torch.Tensor) -> None:
     """One line when ``model`` cannot run on the suite's images (or its classes do not cover the labels)."""
     from robustest.core.modelchecks import check_model_fits
@@ -294,8 +283,8 @@ def check_suite(candidate: nn.Module, suite: Suite | str | os.PathLike[str], bas
             base_out, source = b, "evaluated"
             flags_seen = [*out.get("flags", []), *({**f, "model": "baseline"} for f in b.get("flags", []))]
             timings["baseline_s"] = time.perf_counter() - t1
-    est = _estimates(out, suite, level)
-    base_est = _estimates(base_out, suite, level) if base_out is not None else None
+    est = outcome_estimates(out, suite.stratum, suite.sizes, level)
+    base_est = outcome_estimates(base_out, suite.stratum, suite.sizes, level) if base_out is not None else None
     comparison = corr_cmp = None
     regression = None
     if base_out is not None:

@@ -29,7 +29,7 @@ import torch
 
 from robustest.core.errors import ConfigError
 
-__all__ = ["Difference", "Estimate", "mcnemar_exact", "paired_difference", "stratified_estimate"]
+__all__ = ["Difference", "Estimate", "mcnemar_exact", "outcome_estimates", "paired_difference", "stratified_estimate"]
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,22 @@ def stratified_estimate(values: torch.Tensor, stratum: torch.Tensor, sizes: torc
         n_eff *= (_t(1 - alpha / 2, k - 1) / _t(1 - alpha / 2, df)) ** 2
     lo, hi = _clopper_pearson(p, n_eff, alpha)
     return Estimate(p, lo, hi, math.sqrt(variance), float(n_eff), df, level)
+
+
+def outcome_estimates(outcomes: dict[str, Any], stratum: torch.Tensor, sizes: torch.Tensor,
+                      level: float = 0.95) -> dict[str, Estimate]:
+    """The stratified estimates of a model's per-sample ``outcomes`` on a suite: ``robust_accuracy`` and
+    ``clean_accuracy`` (from bool [K] ``robust``, ``clean``), ``corruption_accuracy`` (the mean over the settings of
+    bool [K, S] ``corruption``, when S > 0) and ``certified_accuracy`` (bool [K] ``certified``, when present).
+    ``stratum``: int64 [K]; ``sizes``: population sizes N_h, int64 [H]."""
+    est = {"robust_accuracy": stratified_estimate(outcomes["robust"], stratum, sizes, level),
+           "clean_accuracy": stratified_estimate(outcomes["clean"], stratum, sizes, level)}
+    if outcomes["corruption"].shape[1]:
+        est["corruption_accuracy"] = stratified_estimate(outcomes["corruption"].double().mean(1), stratum, sizes,
+                                                         level)
+    if outcomes.get("certified") is not None:
+        est["certified_accuracy"] = stratified_estimate(outcomes["certified"], stratum, sizes, level)
+    return est
 
 
 def _weighted_correlation(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> float:
