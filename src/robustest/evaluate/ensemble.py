@@ -295,16 +295,7 @@ def evaluate(model: nn.Module, data: DataLike, eps: float | list[float], norm: s
     num_classes, first = _count_classes(model, data, device)
     ensemble_steps(version, norm, attacks, n_targets=n_targets, num_classes=num_classes)  # checked before the probe
     t0 = time.perf_counter()
-    attack_model, bpda_path = model, None
-    if bpda:  # one gradient forward also checks the approximations' shapes, before any attack
-        attack_model = with_bpda(model, bpda)
-        with eval_mode(attack_model), frozen_params(attack_model):
-            bpda_path = gradient_path(attack_model, first[0][:2])
-    probe = probe_model(model, *first)
-    if probe.probability_output:
-        attack_model = LogProbabilities(attack_model)
-    if bpda_path is not None and not probe.gradient_path:  # BPDA may give the path back
-        probe.gradient_path, probe.gradient_error = bpda_path
+    attack_model, probe = _probed(model, first, bpda)
     probe_s = time.perf_counter() - t0
     plan_name, steps = _choose_plan(version, probe, norm, attacks, n_targets, num_classes, surrogate)
     judged = forwards if forwards is not None else (RANDOM_FORWARDS if probe.randomised else 1)
@@ -330,6 +321,23 @@ def evaluate(model: nn.Module, data: DataLike, eps: float | list[float], norm: s
                          baseline=baseline, seed=seed, batch_size=batch_size)
     result.timings["total_s"] = time.perf_counter() - t_start
     return result
+
+
+def _probed(model: nn.Module, first: tuple[torch.Tensor, torch.Tensor], bpda: Any) -> tuple[nn.Module, ModelProbe]:
+    """The model the attacks differentiate (with ``bpda``'s approximations, through the logarithm of a model that
+    returns probabilities) and the probe of ``model`` on the ``first`` batch (images, labels); with BPDA, the probe's
+    gradient path is the approximated model's when the model itself has none."""
+    attack_model, bpda_path = model, None
+    if bpda:  # one gradient forward also checks the approximations' shapes, before any attack
+        attack_model = with_bpda(model, bpda)
+        with eval_mode(attack_model), frozen_params(attack_model):
+            bpda_path = gradient_path(attack_model, first[0][:2])
+    probe = probe_model(model, *first)
+    if probe.probability_output:
+        attack_model = LogProbabilities(attack_model)
+    if bpda_path is not None and not probe.gradient_path:  # BPDA may give the path back
+        probe.gradient_path, probe.gradient_error = bpda_path
+    return attack_model, probe
 
 
 def _choose_plan(version: str, probe: ModelProbe, norm: str, attacks: Any, n_targets: int | None,
