@@ -205,14 +205,17 @@ def _settings(args: argparse.Namespace, attacks: list[str] | None, severities: l
               device: object) -> dict[str, object]:
     """The settings in effect, as results.json records them."""
     settings = {**model_settings(args), **data_settings(args), "eps": args.eps,
-                **option_settings(EVALUATE, args, skip_none=True), "batch_size": args.batch_size, "seed": args.seed,
-                "device": str(device), **pick(args, ("fail_under", "baseline", "surrogate", "certify"))}
+                **option_settings(EVALUATE, args, ("norm", "version")), "batch_size": args.batch_size,
+                **option_settings(EVALUATE, args, ("block_size",)), "seed": args.seed, "device": str(device)}
     if args.batch_size_auto:
         settings["batch_size_auto"] = True
-    if attacks is not None:
-        settings["attacks"] = attacks
+    settings.update({"attacks": attacks, **option_settings(EVALUATE, args, ("n_targets",)),
+                     **pick(args, ("fail_under", "baseline")), **option_settings(EVALUATE, args, ("amp", "bpda")),
+                     "surrogate": args.surrogate, **option_settings(EVALUATE, args, ("forwards",)),
+                     "certify": args.certify})
+    settings = {k: v for k, v in settings.items() if v is not None}
     if args.corruptions is not None:
-        settings["severities"] = severities
+        settings.update(corruptions=args.corruptions, severities=severities)
     if args.save_adv:
         settings["save_adv"] = True
     if args.accept_flag:

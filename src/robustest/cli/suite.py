@@ -127,11 +127,16 @@ def run_build(args: argparse.Namespace) -> int:
     out = out_dir(args)
     suite.save(out / SUITE_FILE)
     m = suite.meta
+    build = (build_suite, BUILD_OPTIONS)
     settings: dict[str, Any] = {"command": "build", **model_settings(args), **data_settings(args), "eps": args.eps,
-                                **option_settings((build_suite, BUILD_OPTIONS), args, skip_none=True),
-                                "seed": args.seed, "device": str(model_device(model))}
+                                **option_settings(build, args, ("norm", "version", "k", "strata", "by_class",
+                                                                "allocation", "n_neighbors", "noise_eps",
+                                                                "batch_size")),
+                                "seed": args.seed, "device": str(model_device(model)),
+                                **option_settings(build, args, ("n_targets",), skip_none=True)}
     if args.corruptions is not None:
-        settings["severities"] = list(args.severities)
+        settings.update(corruptions=args.corruptions, severities=list(args.severities))
+    settings.update(option_settings(build, args, ("certify",), skip_none=True))
     doc = write_run(out, "suite", t0, settings, build_results(suite), suite.timings,
                     lambda doc: build_report(suite, doc))
     r = m["baseline"]["robust_accuracy"]
