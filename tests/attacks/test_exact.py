@@ -597,3 +597,37 @@ def test_apgd_second_step_mixes_in_a_quarter_of_the_momentum(monkeypatch):
     d0 = eps * t / t.abs().amax()
     assert len(calls) == 3
     assert torch.allclose(out, x - eps / 4 - d0 / 4, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn, extra", [(attacks.bim, {}), (attacks.rfgsm, {}), (attacks.mifgsm, {})])
+def test_the_iterative_fgsm_variants_name_a_bad_step_size(fn, extra):
+    from robustest.core.errors import ConfigError
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3)).eval()
+    x, y = torch.rand(2, 1, 2, 2), torch.tensor([0, 1])
+    with pytest.raises(ConfigError) as err:
+        fn(model, x, y, 0.1, alpha=-1.0, **extra)
+    assert str(err.value).startswith("alpha must be a finite number >= 0, got -1.0")
+
+
+def test_fgsm_draws_its_random_start_from_the_generator_given():
+    """The same generator state gives the same point, another state another point (the start is random)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3)).eval()
+    x, y = torch.rand(4, 1, 4, 4), torch.tensor([0, 1, 2, 0])
+    a, b, c = (attacks.fgsm(model, x, y, 0.1, random_start=True, generator=torch.Generator().manual_seed(s))
+               for s in (7, 7, 8))
+    torch.manual_seed(1)  # the global generator plays no part
+    d = attacks.fgsm(model, x, y, 0.1, random_start=True, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a, b) and torch.equal(a, d) and not torch.equal(a, c)
+
+
+def test_mifgsm_decays_its_momentum_by_one_by_default():
+    """MI-FGSM's default decay is Dong et al.'s mu = 1.0: the same points as decay=1.0 given, not as 2.0."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 3)).eval()
+    x, y = torch.rand(6, 1, 4, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    kw = {"eps": 0.3, "alpha": 0.05, "steps": 6}
+    default = attacks.mifgsm(model, x, y, **kw)
+    assert torch.equal(default, attacks.mifgsm(model, x, y, decay=1.0, **kw))
+    assert not torch.equal(default, attacks.mifgsm(model, x, y, decay=2.0, **kw))

@@ -178,6 +178,8 @@ def test_result_repr_and_dict(trained_digits_model, xy):
     r = ev.evaluate(trained_digits_model, xy, 0.5, norm="l2", version="fast", n_targets=2, seed=0)
     text = repr(r)
     assert "\n" not in text and text.startswith("EvalResult(l2 eps=0.5, fast, n=60") and "apgd-t" in text
+    per = ", ".join(f"{k} {100 * v:.2f}%" for k, v in r.attacks.items())
+    assert f"[{per}])" in text and len(r.attacks) >= 2  # every attack's accuracy, comma-separated
     d = r.to_dict()
     json.dumps(d)
     assert d["format"] == "robustest-eval-results" and d["version"] == 1 and d["world_size"] == 1
@@ -212,10 +214,16 @@ def test_corruptions_and_mce(trained_digits_model, xy):
     d = r.to_dict()
     json.dumps(d)
     assert d["corruptions"]["severities"] == [1, 5] and d["robustbench"]["corruptions_acc"]
+    assert r.settings["corruptions"]["baseline"] == "model"  # what normalised the mCE, recorded
     # the model as its own baseline: mCE 1
     same = ev.evaluate(m, xy, 0.1, version="custom", attacks=[("apgd-ce", {"steps": 1})],
                                corruptions=names, severities=(1,), baseline=ref)
-    assert same.corruption["mce"] == pytest.approx(1.0)
+    assert same.corruption["mce"] == pytest.approx(1.0) and same.settings["corruptions"]["baseline"] == "given errors"
+    per = ", ".join(f"{k} {100 * v:.2f}%" for k, v in same.attacks.items())
+    flags = "".join(f"; flags {', '.join(f'{f.name} ({f.severity})' for f in same.flags)}" for _ in same.flags[:1])
+    assert repr(same) == (f"EvalResult(linf eps=0.1, custom, n=60: clean {100 * same.clean_accuracy:.2f}%, robust "
+                          f"{100 * same.robust_accuracy:.2f}% [{per}]; corruptions "
+                          f"{100 * same.corruption['mean_corruption_accuracy']:.2f}%{flags})")
 
 
 def test_published_corruption_sets(trained_digits_model, xy):

@@ -43,6 +43,7 @@ def test_allocate_follows_the_target_within_floor_and_caps():
     # the strata equally far above their ideal (stratum 2 is at its floor)
     assert allocate(torch.tensor([1.0, 2.0, 0.0]), 6, torch.tensor([10, 10, 10]), 1).tolist() == [1, 4, 1]
     assert allocate(torch.zeros(2), 4, torch.tensor([1, 3]), 0).tolist() == [1, 3]  # all zero: by size
+    assert allocate(torch.zeros(2), 8, torch.tensor([10, 30]), 0).tolist() == [2, 6]  # by size, below the caps
     assert allocate(torch.tensor([9.0, 1.0]), 5, torch.tensor([2, 8]), 1).tolist() == [2, 3]  # capped at 2
     with pytest.raises(ConfigError, match="^cannot draw 11 samples from 10$"):
         allocate(torch.ones(2), 11, torch.tensor([5, 5]), 1)

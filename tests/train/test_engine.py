@@ -68,6 +68,20 @@ def test_a_dataset_is_read_in_batches_of_the_batch_size():
     assert sorted(torch.cat([b[2] for b in batches]).tolist()) == sorted(ds.y.tolist())
 
 
+def test_a_datasets_order_is_drawn_from_the_seed_not_from_torchs_global_generator():
+    """The shuffling DataLoader of a plain Dataset takes the run's seeded generator: the same seed gives the same
+    order whatever the global generator holds: the order of a shuffling DataLoader given that seed's generator."""
+    from robustest.core.seeding import make_generator
+
+    ds = Plain(10)
+    orders = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        orders.append(torch.cat([b[2] for b in TrainData(ds, 4, seed=5).indexed_epoch(1, 3)]).tolist())
+    seeded = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, generator=make_generator(5))
+    assert orders[0] == orders[1] == torch.cat([y for _, y in seeded]).tolist()
+
+
 def test_a_dataset_under_two_ranks_is_split_by_a_seeded_sampler_that_moves_every_epoch():
     ds = Plain(12)
     parts = [TrainData(ds, 4, seed=0, shard=Shard(rank, 2)) for rank in (0, 1)]

@@ -121,6 +121,11 @@ def test_the_trades_adversary_starts_at_x_plus_a_thousandth_of_gaussian_noise():
     noise = torch.randn(x.shape, generator=gen())
     assert torch.equal(start, (x + 0.001 * noise).clamp((x - EPS).clamp(min=0), (x + EPS).clamp(max=1)))
     assert not torch.equal(start, (x - 0.001 * noise).clamp(0, 1))
+    x64 = x.double()  # the noise is drawn in the images' dtype (a float32 draw differs from a float64 one)
+    start64 = trades.adversary(model.double(), x64, gen(), eps=EPS, alpha=ALPHA, steps=0)
+    noise64 = torch.randn(x.shape, generator=gen(), dtype=torch.float64)
+    assert start64.dtype == torch.float64
+    assert torch.equal(start64, (x64 + 0.001 * noise64).clamp((x64 - EPS).clamp(min=0), (x64 + EPS).clamp(max=1)))
 
 
 def test_an_update_without_attack_counts_no_attack_evaluations_as_integers():

@@ -42,7 +42,7 @@ from robustest.core.inputs import check_image_size
 from robustest.core.reading import check_torch_file
 from robustest.suite.meta import check_meta
 
-__all__ = ["SUITE_FORMAT", "SUITE_VERSION", "Suite", "content_sha256", "model_fingerprint", "tensor_sha256"]
+__all__ = ["SUITE_FORMAT", "SUITE_VERSION", "Suite", "content_sha256", "model_fingerprint"]
 
 SUITE_FORMAT = "robustest-suite"
 SUITE_VERSION = 2
@@ -56,14 +56,6 @@ def _update(h: Any, name: str, t: torch.Tensor) -> None:
     h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
     if t.numel():
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-def tensor_sha256(*tensors: torch.Tensor) -> str:
-    """SHA-256 of tensors (dtype, shape and bytes of each, in order)."""
-    h = hashlib.sha256()
-    for i, t in enumerate(tensors):
-        _update(h, str(i), t)
-    return h.hexdigest()
 
 
 def model_fingerprint(model: nn.Module) -> str:
