@@ -21,7 +21,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "EXTENDING.md"
 def ran_recipes():
     namespace: dict = {"__name__": "extending_doc"}
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)
-    assert len(blocks) == 7, "one recipe per kind: attack, corruption, objective, strategy, model, data set, verb"
+    assert len(blocks) == 8, ("one recipe per kind: attack, corruption, objective, strategy, model, data set, a "
+                              "verb's option flags, verb")
     try:
         for code in blocks:
             exec(compile(code, str(DOC), "exec"), namespace)
