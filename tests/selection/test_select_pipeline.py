@@ -102,3 +102,16 @@ def test_select_pipeline_records_the_strategys_warnings_and_an_empty_selection(t
     none = select_pipeline(_payload(bits=bits), "coverage", 0, out=tmp_path).to_results()
     assert (none["selected"], none["cells_covered_by_selection"], none["cells_covered_by_pool"]) == (0, 0, 2)
     assert torch.load(tmp_path / "selected.pt", weights_only=True)["scores"].numel() == 0
+
+
+@pytest.mark.parametrize("strategy, kw, settings", [
+    ("top", {}, {"strategy": "top"}),  # no option, no randomness
+    ("random", {"seed": 3}, {"strategy": "random", "seed": 3}),
+    ("kmst", {"k": 2, "seed": 1}, {"strategy": "kmst", "k": 2, "seed": 1}),
+    ("coverage", {"fill": "total", "seed": 5}, {"strategy": "coverage", "fill": "total"}),  # no draw: no seed
+    ("coverage", {"fill": "random", "seed": 5}, {"strategy": "coverage", "fill": "random", "seed": 5}),
+])
+def test_select_pipeline_records_the_options_the_strategy_reads(tmp_path, strategy, kw, settings):
+    bits = torch.tensor([[1, 0], [0, 0], [0, 1], [1, 1], [0, 0]], dtype=torch.bool)
+    run = select_pipeline(_payload(bits=bits), strategy, 2, out=tmp_path, **kw)
+    assert run.settings == settings

@@ -81,16 +81,11 @@ def run(args: argparse.Namespace) -> int:
                            tests=tests)
     for note in srun.warnings:
         log.warning(note)
-    settings: dict[str, Any] = {"scores": str(args.scores), "strategy": args.strategy}
-    settings.update({"n": args.n} if args.n is not None else {"fraction": args.fraction})
-    if "k" in spec.options:
-        settings["k"] = args.k
-    if "fill" in spec.options:
-        settings["fill"] = args.fill
+    settings: dict[str, Any] = {"scores": str(args.scores), "strategy": args.strategy,
+                                **({"n": args.n} if args.n is not None else {"fraction": args.fraction}),
+                                **srun.settings}
     if spec.needs == "features":
         settings["model"] = args.checkpoint or args.model_factory or args.weights
-    if spec.seeded or ("fill" in spec.options and args.fill == "random"):
-        settings["seed"] = args.seed
     if args.tests is not None:
         settings["tests"] = str(args.tests)
     results = srun.to_results()

@@ -72,13 +72,16 @@ def strategy_input(payload: dict[str, Any], strategy: str, features: torch.Tenso
 @dataclass
 class SelectRun:
     """What :func:`select_pipeline` did: the positions ``idx`` in the pool, the ``chosen`` scores, the
-    ``warnings`` the strategy gave, the ``results`` of results.json (without files) and the ``files`` written."""
+    ``warnings`` the strategy gave, the ``results`` of results.json (without files), the ``files`` written and the
+    ``settings`` in effect (the strategy and those of its options it reads: ``k``, ``fill``, and ``seed`` when it
+    draws at random)."""
 
     idx: torch.Tensor
     chosen: torch.Tensor
     warnings: list[str]
     results: dict[str, Any]
     files: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def to_results(self) -> dict[str, Any]:
         """The ``results`` of the select verb's results.json."""
@@ -122,7 +125,11 @@ def select_pipeline(payload: dict[str, Any], strategy: str, n: int, *, out: str 
         results["cells_covered_by_selection"] = int(bits[idx].any(0).sum()) if len(idx) else 0
     files = {"selected": "selected.pt", "csv": "selected.csv", "report": "report.html",
              **({"tests": "selected_tests.pt"} if tests is not None else {})}
-    return SelectRun(idx, chosen, notes, results, files)
+    settings: dict[str, Any] = {"strategy": strategy, **{name: value for name, value in (("k", k), ("fill", fill))
+                                                        if name in spec.options}}
+    if spec.seeded or settings.get("fill") == "random":
+        settings["seed"] = seed
+    return SelectRun(idx, chosen, notes, results, files, settings)
 
 
 def _write_tests(t: dict[str, Any], pos: torch.Tensor, dest: Path, strategy: str) -> None:
