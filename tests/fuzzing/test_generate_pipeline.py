@@ -52,3 +52,25 @@ def test_generate_pipeline_refuses_no_seeds_and_keep_all_with_a_fuzzer(tmp_path,
         generate_pipeline(GenerateOptions(method="fol-fuzz", keep_all=True), trained_digits_model, seeds,
                           out=tmp_path, eps=0.2, source=SOURCE, progress=False)
     assert not (tmp_path / "tests.pt").exists()
+
+
+def test_the_settings_in_effect_are_the_resolved_parameters_of_the_method():
+    from robustest.fuzzing.generate_pipeline import settings_in_effect
+
+    pgd = GenerateOptions(method="pgd", keep_all=True, batch_size=64)
+    assert settings_in_effect(pgd, {"eps": 0.1, "alpha": None, "steps": 10}, "linf", 0.1, grid=8, seed=3,
+                              device="cpu") == {
+        "method": "pgd", "eps": 0.1, "steps": 10, "keep_all": True, "fol_norm": "linf", "fol_eps": 0.1,
+        "batch_size": 64, "grid": 8, "seed": 3, "device": "cpu"}
+    fol = GenerateOptions(method="fol-fuzz", fuzz_eps=0.2)
+    got = settings_in_effect(fol, {"steps": 40, "lr": 0.1, "eps": 0.2, "time_budget": None}, "l2", 1.5, grid=4,
+                             seed=0, device="cpu")
+    assert got == {"method": "fol-fuzz", "steps": 40, "lr": 0.1, "fuzz_eps": 0.2, "fol_norm": "l2", "fol_eps": 1.5,
+                   "batch_size": 256, "grid": 4, "seed": 0, "device": "cpu"}  # a fuzzer keeps no keep_all
+    cov = GenerateOptions(method="cov-fuzz", profile_limit=50)
+    got = settings_in_effect(cov, {"coverage": "kmnc", "metric_opts": {"k": 5}, "iterations": 10,
+                                   "profile_images": 50}, "linf", 0.3, grid=8, seed=1, device="cpu")
+    assert got == {"method": "cov-fuzz", "coverage": "kmnc", "iterations": 10, "k": 5, "profile_limit": 50,
+                   "fol_norm": "linf", "fol_eps": 0.3, "batch_size": 256, "grid": 8, "seed": 1, "device": "cpu"}
+    assert "profile_limit" not in settings_in_effect(GenerateOptions(method="cov-fuzz"), {}, "linf", 0.3, grid=8,
+                                                     seed=1, device="cpu")

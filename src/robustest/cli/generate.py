@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import fields
-from typing import Any
 
 from torch.utils.data import TensorDataset
 
@@ -41,7 +40,6 @@ from robustest.cli.loading import load_checked, resolve_batch_size
 from robustest.cli.output import fmt, log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.batching import image_shape
-from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError
 from robustest.core.validation import check_eps
 from robustest.fuzzing.generate import (
@@ -67,9 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                          "kappa", "binary_steps", "keep_all"), {"norm": None})
     f = p.add_argument_group("fuzzing options")
     add_option_args(f, GenerateOptions, ("lr", "max_rel_l2", "fuzz_eps", "max_tests_per_seed", "time_budget",
-                                         "iterations", "coverage", "k"))
-    f.add_argument("--profile-limit", type=positive_int, default=None, metavar="N",
-                   help="cov-fuzz: build the coverage profile on the first N training images (default: all)")
+                                         "iterations", "coverage", "k", "profile_limit"))
     s = p.add_argument_group("FOL of the tests")
     s.add_argument("--fol-norm", choices=("linf", "l2", "l1", "gradnorm"), default=None,
                    help="norm of the FOL stored with each test (default: --norm; gradnorm = ||grad||_2)")
@@ -134,7 +130,9 @@ def run(args: argparse.Namespace) -> int:
                                      "checkpoint": str(args.checkpoint or args.model_factory or args.weights)},
                              load_s=time.perf_counter() - t0)
     summary, timings = grun.summary, grun.timings
-    settings = _settings(args, args.method, summary.get("params", {}), grun.fol_norm, grun.fol_eps, eps, model)
+    settings = {**model_settings(args), **data_settings(args), **grun.settings}
+    if getattr(args, "batch_size_auto", False):
+        settings["batch_size_auto"] = True
     doc = write_run(out, "generate", t0, settings, grun.to_results(), timings,
                     lambda doc: generate_report(doc, args.method, grun.grid, grun.fol))
     rate = summary.get("success_rate")
@@ -143,27 +141,6 @@ def run(args: argparse.Namespace) -> int:
              f"{rate_txt} ({fmt(doc['timings']['total_s'], 'total_s')} s)")
     written(out, doc["files"], t0)
     return 0
-
-
-def _settings(args: argparse.Namespace, method: str, params: dict[str, Any], fol_norm: str, fol_eps: float,
-              eps: float, model) -> dict[str, Any]:
-    """The options in effect for this method, with the defaults it resolved (steps, eps, FOL norm)."""
-    d: dict[str, Any] = {**model_settings(args), **data_settings(args), "method": method}
-    d.update({k: v for k, v in params.items() if v is not None and k != "metric_opts"})
-    if method == "cov-fuzz":
-        d.update(params.get("metric_opts") or {})
-        d.pop("profile_images", None)
-        if args.profile_limit is not None:
-            d["profile_limit"] = args.profile_limit
-    if method == "fol-fuzz" and args.fuzz_eps is not None:
-        d["fuzz_eps"] = d.pop("eps", args.fuzz_eps)
-    if method not in FUZZERS:
-        d["keep_all"] = bool(args.keep_all)
-    d.update(fol_norm=fol_norm, fol_eps=fol_eps, batch_size=args.batch_size, grid=args.grid, seed=args.seed,
-             device=str(model_device(model)))
-    if getattr(args, "batch_size_auto", False):
-        d["batch_size_auto"] = True
-    return d
 
 
 def _train_for_profile(args: argparse.Namespace):

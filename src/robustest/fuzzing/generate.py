@@ -47,7 +47,8 @@ class GenerateOptions:
     the radius as given (None: the default for the image's channels; C&W's optional bound); attack options
     ``alpha`` .. ``lr`` (:data:`ATTACK_OPTIONS`); ``keep_all``: keep every adversarial example, not only the
     successful ones; fol-fuzz's ``max_rel_l2``, ``fuzz_eps``, ``max_tests_per_seed``; cov-fuzz's ``coverage``,
-    ``k``, ``iterations``; both fuzzers' ``time_budget``; ``fol_eps``: the radius of the FOL measured (None: eps).
+    ``k``, ``iterations``, ``profile_limit`` (the training images its profile was built on, as recorded); both
+    fuzzers' ``time_budget``; ``fol_eps``: the radius of the FOL measured (None: eps).
     The options carry their flags (:func:`robustest.core.options.option`)."""
 
     method: str
@@ -77,6 +78,8 @@ class GenerateOptions:
                            choices=lambda: metrics.names("coverage"))
     k: int | None = option(None, "positive-int", "cov-fuzz: KMNC sections", shown="the metric's")
     iterations: int = option(100, "positive-int", "cov-fuzz: iterations")
+    profile_limit: int | None = option(None, "positive-int", "cov-fuzz: build the coverage profile on the first N "
+                                       "training images", metavar="N", shown="all")
     fol_eps: float | None = option(None, "radius", "eps of the FOL", shown="--eps")
     batch_size: int = 256
     seed: int = 0

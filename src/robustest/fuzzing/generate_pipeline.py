@@ -16,7 +16,7 @@ Example::
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from robustest.fuzzing.generate import (
     save_examples,
 )
 
-__all__ = ["GenerateRun", "generate_pipeline"]
+__all__ = ["GenerateRun", "generate_pipeline", "settings_in_effect"]
 
 #: the keys of summary.json that results.json does not repeat (its settings hold them)
 _SETTINGS_KEYS = ("seed", "method", "dataset", "split", "checkpoint", "params", "files")
@@ -48,7 +48,7 @@ _SETTINGS_KEYS = ("seed", "method", "dataset", "split", "checkpoint", "params", 
 class GenerateRun:
     """What :func:`generate_pipeline` did: the ``tests``, their ``fol`` [T] against their seeds (at ``fol_eps`` in
     ``fol_norm``), the ``summary`` written to summary.json, the examples ``grid`` (PNG bytes, None without tests),
-    the model's ``device`` and ``timings``."""
+    the model's ``device``, ``timings`` and the ``settings`` in effect (:func:`settings_in_effect`)."""
 
     tests: GeneratedTests
     fol: torch.Tensor
@@ -58,6 +58,7 @@ class GenerateRun:
     grid: bytes | None
     device: str
     timings: dict[str, float]
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_tests(self) -> int:
@@ -113,4 +114,27 @@ def generate_pipeline(opts: GenerateOptions, model: nn.Module, seeds: Any, *, ou
         summary["files"] += ["examples.png", "fol_hist.png"]
     timings = {"generate_s": t_gen, "fol_s": t_fol, "total_s": time.perf_counter() - t0}
     atomic_write_json(out / "summary.json", {**summary, "timings": timings})
-    return GenerateRun(t, fol_values, fol_norm, fol_eps, summary, png, str(model_device(model)), timings)
+    device = str(model_device(model))
+    settings = settings_in_effect(opts, summary.get("params", {}), fol_norm, fol_eps, grid=grid, seed=seed,
+                                  device=device)
+    return GenerateRun(t, fol_values, fol_norm, fol_eps, summary, png, device, timings, settings)
+
+
+def settings_in_effect(opts: GenerateOptions, params: dict[str, Any], fol_norm: str, fol_eps: float, *, grid: int,
+                       seed: int, device: str) -> dict[str, Any]:
+    """The settings a generation ran with, as results.json records them: the method, the ``params`` it resolved
+    (an attack's keyword arguments, a fuzzer's options; cov-fuzz's metric options and profile limit), whether an
+    attack kept every image, the FOL's norm and radius, the batch size, ``grid``, ``seed`` and ``device``."""
+    m = opts.method
+    d: dict[str, Any] = {"method": m, **{k: v for k, v in params.items() if v is not None and k != "metric_opts"}}
+    if m == "cov-fuzz":
+        d.update(params.get("metric_opts") or {})
+        d.pop("profile_images", None)
+        if opts.profile_limit is not None:
+            d["profile_limit"] = opts.profile_limit
+    if m == "fol-fuzz" and opts.fuzz_eps is not None:
+        d["fuzz_eps"] = d.pop("eps", opts.fuzz_eps)
+    if m not in FUZZERS:
+        d["keep_all"] = bool(opts.keep_all)
+    d.update(fol_norm=fol_norm, fol_eps=fol_eps, batch_size=opts.batch_size, grid=grid, seed=seed, device=device)
+    return d
