@@ -631,3 +631,15 @@ def test_mifgsm_decays_its_momentum_by_one_by_default():
     default = attacks.mifgsm(model, x, y, **kw)
     assert torch.equal(default, attacks.mifgsm(model, x, y, decay=1.0, **kw))
     assert not torch.equal(default, attacks.mifgsm(model, x, y, decay=2.0, **kw))
+
+
+def test_random_point_l2_adds_the_scaled_direction():
+    """L2: x + d / ||d|| * r * eps with d ~ N(0, I) and r ~ U[0, 1) per image, drawn in that order."""
+    from robustest.attacks._core import random_point
+
+    x = torch.full((3, 1, 2, 2), 0.5)
+    p = random_point(x, 0.2, "l2", torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)
+    d, r = torch.randn(x.shape, generator=g), torch.rand((3, 1, 1, 1), generator=g)
+    d = d / d.flatten(1).norm(dim=1).view(-1, 1, 1, 1) * r * 0.2
+    assert torch.allclose(p, (x + d).clamp(0, 1), atol=1e-7) and not torch.allclose(p, (x - d).clamp(0, 1))

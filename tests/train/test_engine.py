@@ -398,3 +398,23 @@ def test_epoch_passes_its_number_to_the_sampler():
         indexed = [b[1] for b in parts.indexed_epoch(e, 3)]
         assert all(torch.equal(a, b) for a, b in zip(plain, indexed)) and len(plain) == len(indexed) == 3
     assert parts.loader.sampler.epoch == 2
+
+
+def test_under_ddp_every_batchs_loss_check_is_shared_by_the_ranks(monkeypatch):
+    """With ddp the finite check goes through an all-reduce (a rank whose loss is finite stops when another's is
+    not); without it, no collective runs."""
+    from robustest.core.errors import TrainingDiverged
+    from robustest.train import engine
+
+    calls = []
+
+    def all_reduce_sum(t):
+        calls.append(t.clone())
+        return t + 1.0 if len(calls) == 3 else t  # another rank saw a non-finite loss at the third batch
+
+    monkeypatch.setattr(engine.distributed, "all_reduce_sum", all_reduce_sum)
+    engine.run_epochs(Recorder(), range(1, 2))
+    assert calls == []
+    with pytest.raises(TrainingDiverged, match=r"^diverged at epoch 2 step 0 \(aux0, loss 1.0\)$"):
+        engine.run_epochs(Recorder(), range(1, 3), ddp=True)
+    assert [float(c) for c in calls] == [0.0, 0.0, 0.0]
