@@ -459,4 +459,5 @@ def test_outcome_estimates_weight_each_stratum_by_its_population():
     # corruption: per-sample means 0.5, 1, 0, 0.5 -> strata 0.75 and 0.25 -> (10 * 0.75 + 30 * 0.25) / 40
     assert est["corruption_accuracy"].value == pytest.approx(0.375)
     assert est["certified_accuracy"].value == pytest.approx(30 * 0.5 / 40)
-    assert est["robust_accuracy"].level == 0.9
+    assert {name: e.level for name, e in est.items()} == dict.fromkeys(est, 0.9)  # every interval at the level
+    assert list(est) == ["robust_accuracy", "clean_accuracy", "corruption_accuracy", "certified_accuracy"]
