@@ -290,6 +290,24 @@ def test_dynamic_defence_flag(sample):
     assert flag.severity == "unreliable" and "buffer calls" in flag.message
 
 
+def test_bpda_gives_a_cut_graph_its_gradient_path_back(sample):
+    """A preprocessing step that cuts the graph leaves no input gradient: the evaluation falls back to gradient-free
+    attacks and flags it; with BPDA over that step the probe finds the path and the gradient ensemble runs."""
+    import collections
+
+    class Detach(nn.Module):
+        def forward(self, x):
+            return x.detach()
+
+    torch.manual_seed(0)
+    model = nn.Sequential(collections.OrderedDict(pre=Detach(), net=nn.Sequential(nn.Flatten(),
+                                                                                  nn.Linear(64, 10)))).eval()
+    cut = evaluate(model, sample, EPS, version="fast", seed=0)
+    assert (cut.plan, cut.probe["gradient_path"], list(_names(cut))) == ("gradient-free", False, ["no-gradient-path"])
+    back = evaluate(model, sample, EPS, version="fast", seed=0, bpda="pre")
+    assert (back.plan, back.probe["gradient_path"], back.flags) == ("fast", True, [])
+
+
 def test_bpda_and_surrogate_break_the_quantised_model(trained_digits_model, sample):
     model = Quantized(trained_digits_model, 3).eval()
     bpda = evaluate(model, sample, EPS, version="fast", bpda="quant")
