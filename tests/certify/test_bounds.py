@@ -275,6 +275,14 @@ def test_untraceable_forward_is_refused():
         check_certifiable(Branchy(), (1, 2, 2))
 
 
+def test_a_torchscript_model_is_refused_with_the_python_route():
+    """torch.fx cannot follow a ScriptModule: one line that names the way that works (the Python model)."""
+    scripted = torch.jit.script(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)))
+    with pytest.raises(ConfigError, match=r"^certify follows a model's Python forward, which a TorchScript archive "
+                                          r"does not keep: certify the Python model \(--model pkg\.module:factory"):
+        check_certifiable(scripted, (1, 2, 2))
+
+
 def test_inputs_are_validated():
     net = _nets()["maxpool"]
     x = torch.rand(2, 1, 8, 8)

@@ -223,6 +223,9 @@ def trace(model: nn.Module, input_shape: tuple[int, ...], *, dtype: torch.dtype 
           device: torch.device | str = "cpu") -> Graph:
     """The graph of ``model`` for inputs of ``input_shape`` (C x H x W, no batch). Raises ConfigError with one
     line for a layer bound propagation does not support or a forward ``torch.fx`` cannot follow."""
+    if isinstance(model, torch.jit.ScriptModule):
+        raise ConfigError("certify follows a model's Python forward, which a TorchScript archive does not keep: "
+                          "certify the Python model (--model pkg.module:factory --weights FILE)")
     try:
         graph = _Tracer().trace(model)
     except Exception as exc:  # noqa: BLE001 - any tracing failure is the same refusal
