@@ -51,6 +51,18 @@ def test_the_options_of_a_function_take_their_defaults_from_its_signature():
                                                                      ("depth", None, "positive-int", "all")]
     with pytest.raises(ConfigError, match="^search has no option quiet$"):
         options_of((search, SEARCH), ("quiet",))
+    with pytest.raises(ConfigError, match="^search has no parameter breadth to describe$"):  # a spec's typo
+        options_of((search, {**SEARCH, "breadth": spec("count", "x")}))
+
+
+def test_the_librarys_option_specs_name_real_parameters():
+    """Every spec mapping beside a function describes parameters that function has (its flags exist)."""
+    from robustest.evaluate.certification import CERTIFY_OPTIONS, run_certify
+    from robustest.evaluate.ensemble import EVALUATE_OPTIONS, evaluate
+    from robustest.suite.build import BUILD_OPTIONS, build_suite
+
+    for fn, specs in ((run_certify, CERTIFY_OPTIONS), (evaluate, EVALUATE_OPTIONS), (build_suite, BUILD_OPTIONS)):
+        assert [o.name for o in options_of((fn, specs))] and {o.name for o in options_of((fn, specs))} == set(specs)
 
 
 def test_the_flag_and_the_attribute_it_fills_follow_the_name_unless_the_spec_renames_it():

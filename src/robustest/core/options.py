@@ -100,8 +100,11 @@ def options_of(source: OptionSource, names: Sequence[str] | None = None) -> list
     if isinstance(source, tuple):
         fn, specs = source
         params = inspect.signature(fn).parameters
-        found = [Option(n, params[n].default, **specs[n]) for n in params if n in specs]
         owner = getattr(fn, "__name__", "the function")
+        stray = sorted(set(specs) - set(params))
+        if stray:
+            raise ConfigError(f"{owner} has no parameter {', '.join(stray)} to describe")
+        found = [Option(n, params[n].default, **specs[n]) for n in params if n in specs]
     else:
         found = [Option(f.name, f.default_factory() if f.default is dataclasses.MISSING else f.default,
                         **f.metadata) for f in dataclasses.fields(source) if "kind" in f.metadata]
