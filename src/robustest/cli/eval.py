@@ -49,7 +49,7 @@ from robustest.cli.args import (
 )
 from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
 from robustest.cli.output import log, out_dir, write_run, written
-from robustest.cli.settings import data_settings, model_settings, option_settings, pick
+from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import EXIT_GATE, ConfigError
 from robustest.core.validation import check_eps
 from robustest.evaluate.ensemble import EVALUATE_OPTIONS, evaluate
@@ -204,16 +204,15 @@ def run(args: argparse.Namespace) -> int:
 def _settings(args: argparse.Namespace, attacks: list[str] | None, severities: list[int] | None,
               device: object) -> dict[str, object]:
     """The settings in effect, as results.json records them."""
-    settings = {**model_settings(args), **data_settings(args), "eps": args.eps,
-                **option_settings(EVALUATE, args, ("norm", "version")), "batch_size": args.batch_size,
-                **option_settings(EVALUATE, args, ("block_size",)), "seed": args.seed, "device": str(device)}
+    settings = {**model_settings(args), **data_settings(args), "eps": args.eps, "norm": args.norm,
+                "version": args.version, "batch_size": args.batch_size, "block_size": args.block_size,
+                "seed": args.seed, "device": str(device)}
     if args.batch_size_auto:
         settings["batch_size_auto"] = True
-    settings.update({"attacks": attacks, **option_settings(EVALUATE, args, ("n_targets",)),
-                     **pick(args, ("fail_under", "baseline")), **option_settings(EVALUATE, args, ("amp", "bpda")),
-                     "surrogate": args.surrogate, **option_settings(EVALUATE, args, ("forwards",)),
-                     "certify": args.certify})
-    settings = {k: v for k, v in settings.items() if v is not None}
+    for key in ("attacks", "n_targets", "fail_under", "baseline", "amp", "bpda", "surrogate", "forwards",
+                "certify"):
+        if getattr(args, key) is not None:
+            settings[key] = attacks if key == "attacks" else getattr(args, key)
     if args.corruptions is not None:
         settings.update(corruptions=args.corruptions, severities=severities)
     if args.save_adv:

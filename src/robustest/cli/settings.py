@@ -42,12 +42,10 @@ def model_settings(args: argparse.Namespace) -> dict[str, Any]:
     return d
 
 
-def option_settings(source: OptionSource, args: argparse.Namespace, names: Iterable[str] | None = None,
-                    skip_none: bool = False) -> dict[str, Any]:
+def option_settings(source: OptionSource, args: argparse.Namespace, names: Iterable[str] | None = None
+                    ) -> dict[str, Any]:
     """The flags generated from the options of ``source`` (:func:`robustest.cli.args.add_option_args`; ``names``:
-    only those), by the flag's name with ``_`` for ``-``, as the verb parsed them (``skip_none``: those that hold a
-    value)."""
+    only those), by the flag's name with ``_`` for ``-``, as the verb parsed them."""
     from robustest.core.options import options_of
 
-    found = {o.dest: getattr(args, o.dest) for o in options_of(source, None if names is None else tuple(names))}
-    return {k: v for k, v in found.items() if not (skip_none and v is None)}
+    return {o.dest: getattr(args, o.dest) for o in options_of(source, None if names is None else tuple(names))}

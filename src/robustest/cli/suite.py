@@ -39,7 +39,7 @@ from robustest.cli.args import (
 )
 from robustest.cli.loading import check_fits, load_checked, load_model
 from robustest.cli.output import log, out_dir, write_run, written
-from robustest.cli.settings import data_settings, model_settings, option_settings
+from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import ConfigError
 from robustest.suite.build import BUILD_OPTIONS, build_suite
 from robustest.suite.documents import SUITE_FILE
@@ -127,16 +127,17 @@ def run_build(args: argparse.Namespace) -> int:
     out = out_dir(args)
     suite.save(out / SUITE_FILE)
     m = suite.meta
-    build = (build_suite, BUILD_OPTIONS)
     settings: dict[str, Any] = {"command": "build", **model_settings(args), **data_settings(args), "eps": args.eps,
-                                **option_settings(build, args, ("norm", "version", "k", "strata", "by_class",
-                                                                "allocation", "n_neighbors", "noise_eps",
-                                                                "batch_size")),
-                                "seed": args.seed, "device": str(model_device(model)),
-                                **option_settings(build, args, ("n_targets",), skip_none=True)}
+                                "norm": args.norm, "version": args.version, "k": args.k, "strata": args.strata,
+                                "by_class": args.by_class, "allocation": args.allocation,
+                                "neighbors": args.neighbors, "noise_eps": args.noise_eps,
+                                "batch_size": args.batch_size, "seed": args.seed, "device": str(model_device(model))}
+    if args.n_targets is not None:
+        settings["n_targets"] = args.n_targets
     if args.corruptions is not None:
         settings.update(corruptions=args.corruptions, severities=list(args.severities))
-    settings.update(option_settings(build, args, ("certify",), skip_none=True))
+    if args.certify is not None:
+        settings["certify"] = args.certify
     doc = write_run(out, "suite", t0, settings, build_results(suite), suite.timings,
                     lambda doc: build_report(suite, doc))
     r = m["baseline"]["robust_accuracy"]
