@@ -107,6 +107,33 @@ def test_each_kind_checks_its_value(flag, value):
         _toy().parse_args([flag, value])
 
 
+@dataclasses.dataclass(frozen=True)
+class _Aliased:
+    width: float = option(0.2, "noise-width", "noise width", flag="noise-width", aliases=("eps", "w"))
+    batch: int | str | None = option(None, "batch-size", "batch")
+
+
+def test_an_alias_fills_the_same_option_and_a_batch_size_may_be_auto():
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_option_args(p, _Aliased)
+    for argv in (["--noise-width", "0.5"], ["--eps", "0.5"], ["--w", "1/2"]):
+        assert options_from_args(_Aliased, p.parse_args(argv)) == {"width": 0.5, "batch": None}
+    assert options_from_args(_Aliased, p.parse_args(["--batch", "auto"]))["batch"] == "auto"
+    assert options_from_args(_Aliased, p.parse_args(["--batch", "7"]))["batch"] == 7
+    assert "--noise-width W, --eps W, --w W" not in p.format_help()  # no metavar: the flag's own name
+    assert "--noise-width NOISE_WIDTH, --eps NOISE_WIDTH, --w NOISE_WIDTH" in p.format_help()
+    with pytest.raises((argparse.ArgumentError, SystemExit)):
+        p.parse_args(["--batch", "0"])
+
+
+def test_analyze_and_validate_read_the_analysis_options_defaults():
+    from robustest.weakrobust.analyze_pipeline import AnalysisOptions
+
+    for verb in ("analyze", "validate"):
+        ns = build_parser().parse_args([verb, "--checkpoint", "m.pt", "--dataset", "digits", "--out", "o"])
+        assert AnalysisOptions(**options_from_args(AnalysisOptions, ns)) == AnalysisOptions()
+
+
 def test_harden_and_generate_read_their_records_defaults():
     """The library default and the flag's cannot drift: both come from the record."""
     from robustest.fuzzing.generate import GenerateOptions

@@ -130,10 +130,16 @@ def test_analyze_amp_bf16_is_recorded_and_is_a_different_run(tmp_path, checkpoin
 def test_noise_width_is_the_analysis_option_and_eps_its_alias() -> None:
     """analyze/validate's noise width is --noise-width (not an attack radius); --eps is the same option."""
     from robustest.cli import build_parser
+    from robustest.cli.args import options_from_args
+    from robustest.weakrobust.analyze_pipeline import AnalysisOptions
 
     parser = build_parser()
     base = ["--checkpoint", "m.pt", "--dataset", "digits", "--out", "o"]
+
+    def eps(argv: list[str]) -> float:
+        return options_from_args(AnalysisOptions, parser.parse_args(argv))["eps"]
+
     for verb in ("analyze", "validate"):
-        assert parser.parse_args([verb, *base, "--noise-width", "0.1"]).eps == 0.1
-        assert parser.parse_args([verb, *base, "--eps", "0.1"]).eps == 0.1
-        assert parser.parse_args([verb, *base]).eps == 0.22
+        assert eps([verb, *base, "--noise-width", "0.1"]) == 0.1
+        assert eps([verb, *base, "--eps", "0.1"]) == 0.1
+        assert eps([verb, *base]) == 0.22

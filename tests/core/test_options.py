@@ -32,7 +32,7 @@ def test_an_option_field_holds_its_default_and_its_spec():
     assert (t.steps, t.norm, t.pgd_restarts, t.plain) == (10, "linf", 2, 0)
     f = {x.name: x for x in dataclasses.fields(Toy)}
     assert dict(f["norm"].metadata) == {"kind": "choice", "help": "threat model", "choices": ("linf", "l2"),
-                                        "metavar": "N", "flag": None, "shown": None}
+                                        "metavar": "N", "flag": None, "shown": None, "aliases": ()}
 
 
 def test_the_options_of_a_dataclass_are_its_marked_fields_in_order_or_the_names_asked_for():
@@ -79,7 +79,7 @@ def test_a_choice_needs_its_choices_and_only_a_choice_takes_them():
         spec("count", "x", choices=("1",))
     with pytest.raises(ConfigError, match="^unknown option kind 'int': use one of number, positive, "):
         spec("int", "x")
-    assert "switch" in KINDS and "flag" in KINDS and len(KINDS) == 19
+    assert "switch" in KINDS and "flag" in KINDS and "batch-size" in KINDS and len(KINDS) == 20
 
 
 def test_choices_from_a_function_are_kept_to_be_read_late():

@@ -154,3 +154,52 @@ def test_the_histogram_draws_the_scores_named_by_metric_and_source(tmp_path, tra
     assert drawn["path"] == tmp_path / "scores_hist.png"
     assert (drawn["title"], drawn["xlabel"]) == ("gini on digits:test (n=1)", "gini")
     assert run.timings["per_input_ms"] == 1000 * run.timings["score_s"]  # one input
+
+
+# ------------------------------------------------------------------------------------------- ScoreOptions
+def test_score_options_hand_each_metric_only_what_it_takes():
+    from robustest.selection.score_pipeline import ScoreOptions
+
+    o = ScoreOptions(eps=0.1, norm="l2", label="pred", k=4, threshold=0.25, top_k=2, scale=0.0)
+    assert o.of_metric("fol") == {"eps": 0.1, "norm": "l2", "label": "pred"}
+    assert o.of_metric("fol_gradnorm") == {"label": "pred"}
+    assert o.of_metric("kmnc") == {"k": 4}
+    assert o.of_metric("nc") == {"threshold": 0.25}
+    assert o.of_metric("tknc") == {"top_k": 2}
+    assert o.of_metric("nbc") == {"scale": 0.0}  # 0 is set, not left to the default
+    assert ScoreOptions().of_metric("kmnc") == {} and ScoreOptions().of_metric("zol") == {}
+
+
+def test_score_options_record_what_the_metric_ran_with():
+    from robustest.selection.score_pipeline import ScoreOptions
+
+    assert ScoreOptions().settings("fol") == {"eps": 0.3, "norm": "linf", "label": "true"}
+    assert ScoreOptions(amp="bf16", label="pred").settings("zol") == {"amp": "bf16", "label": "pred"}
+    assert ScoreOptions(eps=0.1).settings("fol_gradnorm") == {"label": "true"}
+    assert ScoreOptions(eps=0.1, k=3).settings("gini") == {}
+    assert list(ScoreOptions(amp="fp16").settings("fol")) == ["amp", "eps", "norm", "label"]
+
+
+@pytest.mark.parametrize("metric, kwargs, match", [
+    ("fol", {"k": 3}, "^--k does not apply to --metric fol: drop it$"),
+    ("nc", {"k": 3, "top_k": 1, "scale": 0.0}, "^--k, --top-k, --scale does not apply to --metric nc: drop it$"),
+    ("kmnc", {"threshold": 0.5}, "^--threshold does not apply to --metric kmnc"),
+    ("fol", {"eps": 1.5}, "eps"),
+    ("fol", {"amp": "bf16"}, "^--amp applies to zol, gini, entropy, margin, max_prob .* --metric fol needs input "
+                             "gradients in float32: drop --amp$"),
+    ("nc", {"amp": "bf16"}, "--metric nc needs layer activations compared with a float32 reference in float32"),
+])
+def test_score_options_refuse_what_the_metric_would_ignore(metric, kwargs, match):
+    from robustest.selection.score_pipeline import ScoreOptions
+
+    with pytest.raises(ConfigError, match=match):
+        ScoreOptions(**kwargs).check(metric)
+
+
+def test_score_options_accept_what_the_metric_takes():
+    from robustest.selection.score_pipeline import ScoreOptions
+
+    for metric, kwargs in (("kmnc", {"k": 3}), ("nc", {"threshold": 0.0}), ("zol", {"amp": "bf16"}),
+                           ("fol", {"eps": 1.5, "norm": "l2"}), ("fol", {"eps": 1.0}), ("tknc", {"top_k": 1}),
+                           ("snac", {"scale": 0.5})):
+        ScoreOptions(**kwargs).check(metric)  # no error

@@ -45,3 +45,11 @@ def test_analyze_pipeline_saves_the_analysis_and_the_radius_figures(tmp_path, tr
     plain = analyze_pipeline(trained_digits_model, data, out=tmp_path / "p", options=AnalysisOptions(neighbors=6),
                              progress=False)
     assert plain.radius is None and "radius" not in plain.to_results() and set(plain.timings) == {"analyze_s"}
+
+
+def test_analysis_options_record_the_settings_in_effect():
+    assert AnalysisOptions().settings() == {"neighbors": 50, "eps": 0.22, "noise": "uniform", "quantize": True}
+    o = AnalysisOptions(neighbors=5, eps=0.1, noise="gaussian", no_quantize=True, batch_size=64, amp="bf16")
+    assert o.settings(batch_size_auto=True) == {"neighbors": 5, "eps": 0.1, "noise": "gaussian", "quantize": False,
+                                                "batch_size": 64, "batch_size_auto": True, "amp": "bf16"}
+    assert list(o.settings()) == ["neighbors", "eps", "noise", "quantize", "batch_size", "amp"]

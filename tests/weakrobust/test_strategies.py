@@ -169,13 +169,13 @@ def checkpoint(tmp_path, trained_digits_model):
     return path
 
 
-def test_cli_constants_agree_with_the_library():
+def test_cli_reads_the_library_constants():
     from robustest.cli import validate as cli_wr
     from robustest.selection import strata
     from robustest.weakrobust import weakset
 
-    assert cli_wr.STRATEGIES == weakset.STRATEGIES and cli_wr.ALLOCATIONS == strata.ALLOCATIONS
-    assert cli_wr.DEFAULT_SUBSET_SIZE == weakset.DEFAULT_SUBSET_SIZE
+    assert cli_wr.STRATEGIES is weakset.STRATEGIES and cli_wr.ALLOCATIONS is strata.ALLOCATIONS
+    assert cli_wr.DEFAULT_SUBSET_SIZE is weakset.DEFAULT_SUBSET_SIZE
     assert cli_wr.DEFAULT_STRATEGY in weakset.STRATEGIES
 
 

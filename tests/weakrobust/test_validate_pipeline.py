@@ -47,9 +47,13 @@ def test_validate_pipeline_saves_the_set_and_measures_it_and_the_test_samples(tm
     assert res["weaknesses"] == run.result.weaknesses() and res["table"] is run.rows
     assert res["files"] == {"weak_set": "weakset.pt", "weak_set_json": "weakset.json", "validation": "validation.pt",
                             "report": "report.html"}
+    assert run.settings == {"strategy": "weak", "k": 10, "per_class": False, "correct_only": False,
+                            "perturbations": ["fgsm", "pgd", "gaussian_noise"], "attack_eps": [0.1],
+                            "attack_steps": 3, "severities": [2], "test_limit": 20, "seed": 1, "device": "cpu"}
     again = validate_pipeline(model, data, analysis, out=tmp_path, select={"k": 10, "strategy": "weak"},
                               perturbations=["pgd"], eps=[0.1], attack_steps=3, seed=1, progress=False)
     assert again.test_result is None and again.to_results()["test"] is None  # no test data, no comparison
+    assert "severities" not in again.settings and again.settings["perturbations"] == ["pgd"]
     assert ITERATIVE_ATTACKS == ("pgd", "bim", "mifgsm", "rfgsm")
 
 
@@ -60,3 +64,19 @@ def test_an_empty_weak_set_is_refused(tmp_path, setup):
         validate_pipeline(model, data, calm, out=tmp_path / "v", select={"threshold": 0.5, "strategy": "weak-correct"},
                           progress=False)
     assert not (tmp_path / "v").exists()  # refused before the folder is made
+
+
+def test_the_settings_name_the_strata_of_a_stratified_set_and_the_weak_correct_rule(tmp_path, setup):
+    model, data, analysis = setup
+    run = validate_pipeline(model, data, analysis, out=tmp_path, select={"k": 12, "strategy": "stratified",
+                                                                         "strata": 3, "allocation": "neyman"},
+                            perturbations=["gaussian_noise"], severities=(1, 3), seed=2, progress=False)
+    assert run.settings == {"strategy": "stratified", "strata": 3, "allocation": "neyman", "k": 12,
+                            "per_class": False, "correct_only": False, "perturbations": ["gaussian_noise"],
+                            "severities": [1, 3], "test_limit": 0, "seed": 2, "device": "cpu"}
+    weak = validate_pipeline(model, data, analysis, out=tmp_path / "w", select={"k": 5, "strategy": "weak-correct",
+                                                                               "per_class": True},
+                             perturbations=["fgsm"], eps=[0.2], attack_steps=None, progress=False)
+    s = weak.settings
+    assert (s["strategy"], s["correct_only"], s["per_class"], s["attack_eps"]) == ("weak-correct", True, True, [0.2])
+    assert "attack_steps" not in s and "strata" not in s and "severities" not in s

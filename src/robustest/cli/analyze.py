@@ -13,17 +13,17 @@ from typing import Any
 from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
+    add_option_args,
     add_run_args,
-    batch_size_arg,
     linf_eps,
-    noise_width,
+    options_from_args,
     positive_int,
 )
 from robustest.cli.loading import load_checked, resolve_batch_size
 from robustest.cli.output import fmt, log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.devices import model_device
-from robustest.weakrobust.analyze_pipeline import ANALYSIS_STEP, AnalysisOptions
+from robustest.weakrobust.analyze_pipeline import AnalysisOptions
 
 ORDER = 60
 
@@ -38,34 +38,9 @@ weaker). Writes to --out:
 """
 
 
-def unit_fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
-    if not 0 <= v < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {v}")
-    return v
-
-
 def add_analysis_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("local robustness analysis")
-    g.add_argument("--neighbors", type=positive_int, default=50, help="noisy neighbours per sample (default: 50)")
-    g.add_argument("--noise-width", "--eps", dest="eps", type=noise_width, default=0.22, metavar="W",
-                   help="width of the neighbours' noise, not an attack radius: delta ~ U[-W/2, W/2] per pixel "
-                        "(default: 0.22; --eps is the same option, the name of the reference code)")
-    g.add_argument("--noise", choices=("uniform", "gaussian"), default="uniform", help="noise law (default: uniform)")
-    g.add_argument("--no-quantize", action="store_true", help="do not round neighbours to the 256 uint8 levels")
-    g.add_argument("--batch-size", type=batch_size_arg, default=None, metavar="B",
-                   help="images per forward pass, or 'auto': the largest that fits the GPU (on the CPU the "
-                        "default: about 4 million pixel values' worth: 5349 images of 28x28, 341 of 3x64x64)")
-    g.add_argument("--amp", choices=("bf16", "fp16"), default=None,
-                   help="run the analysis's forward passes in bf16 (CPU or CUDA) or fp16 (CUDA) autocast: faster on "
-                        "GPUs, scores rounded accordingly (default: float32)")
-    g.add_argument("--save-every", type=positive_int, default=ANALYSIS_STEP, metavar="N",
-                   help=f"save the analysis every N samples per process (under torchrun a step covers N x "
-                        f"ranks samples); rerunning the same command after a kill continues from there "
-                        f"(default: {ANALYSIS_STEP})")
+    add_option_args(p.add_argument_group("local robustness analysis"), AnalysisOptions,
+                    ("neighbors", "eps", "noise", "no_quantize", "batch_size", "amp", "save_every"))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -83,8 +58,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_analyze)
 
 
-# ------------------------------------------------------------------------------------------- helpers
-
 
 def analysis_options(args: argparse.Namespace, model, ds) -> AnalysisOptions:
     """The analysis options of the flags, --batch-size auto resolved for ``model`` and ``ds``."""
@@ -92,20 +65,12 @@ def analysis_options(args: argparse.Namespace, model, ds) -> AnalysisOptions:
 
     if args.batch_size == "auto":
         resolve_batch_size(args, model, ds, default=wr.default_batch_size(ds), grad=False, amp=args.amp)
-    return AnalysisOptions(neighbors=args.neighbors, eps=args.eps, noise=args.noise, no_quantize=args.no_quantize,
-                           batch_size=args.batch_size, amp=args.amp, seed=args.seed, save_every=args.save_every)
+    return AnalysisOptions(**options_from_args(AnalysisOptions, args), seed=args.seed)
 
 
-# --------------------------------------------------------------------------------------------- verbs
-def analysis_settings(args: argparse.Namespace) -> dict[str, Any]:
-    d = {"neighbors": args.neighbors, "eps": args.eps, "noise": args.noise, "quantize": not args.no_quantize}
-    if args.batch_size is not None:
-        d["batch_size"] = args.batch_size
-    if getattr(args, "batch_size_auto", False):
-        d["batch_size_auto"] = True
-    if args.amp is not None:
-        d["amp"] = args.amp
-    return d
+def analysis_settings(args: argparse.Namespace, options: AnalysisOptions) -> dict[str, Any]:
+    """The analysis options as results.json records them, and whether --batch-size auto was probed."""
+    return options.settings(getattr(args, "batch_size_auto", False))
 
 
 def run_analyze(args: argparse.Namespace) -> int:
@@ -115,10 +80,11 @@ def run_analyze(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model, ds = load_checked(args)
     out = out_dir(args)  # made once the data is known to fit: a refusal leaves nothing behind
-    arun = analyze_pipeline(model, ds, out=out, options=analysis_options(args, model, ds),
-                            radius_eps_max=args.radius_eps_max, progress=not args.no_progress)
+    options = analysis_options(args, model, ds)
+    arun = analyze_pipeline(model, ds, out=out, options=options, radius_eps_max=args.radius_eps_max,
+                            progress=not args.no_progress)
     analysis = arun.analysis
-    settings = {**model_settings(args), **data_settings(args), **analysis_settings(args), "top": args.top,
+    settings = {**model_settings(args), **data_settings(args), **analysis_settings(args, options), "top": args.top,
                 **({"radius_eps_max": args.radius_eps_max} if args.radius_eps_max else {}), "seed": args.seed,
                 "device": str(model_device(model))}
     doc = write_run(out, "analyze", t0, settings, arun.to_results(), arun.timings,

@@ -349,7 +349,7 @@ def _option_types() -> dict[str, Callable[[str], Any]]:
             "below-one": below_one, "unit": unit_float, "rate": learning_rate, "radius": radius, "linf-eps": linf_eps,
             "noise-width": noise_width, "significance": significance,
             "count": non_negative_int, "positive-int": positive_int, "seed": seed_int,
-            "epochs": positive_float_list("milestone"), "text": str, "json": json_object}
+            "epochs": positive_float_list("milestone"), "text": str, "json": json_object, "batch-size": batch_size_arg}
 
 
 def add_option_args(g: argparse._ActionsContainer, source: OptionSource, names: Sequence[str] | None = None,
@@ -364,19 +364,19 @@ def add_option_args(g: argparse._ActionsContainer, source: OptionSource, names: 
 
     types, defaults = _option_types(), defaults or {}
     for o in options_of(source, names):
-        flag = "--" + o.flag_name
+        flag = ("--" + o.flag_name, *("--" + a for a in o.aliases))
         default = defaults.get(o.name, None if unset else o.default)
         shown = o.shown or _shown(o.default if default is None else default, o.kind)
         text = o.help.replace("%", "%%") + ("" if shown is None else f" (default: {shown})")
         if o.kind == "switch":
-            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
+            g.add_argument(*flag, action=argparse.BooleanOptionalAction, default=default, help=text)
         elif o.kind == "flag":
-            g.add_argument(flag, action="store_true", default=default, help=o.help.replace("%", "%%"))
+            g.add_argument(*flag, action="store_true", default=default, help=o.help.replace("%", "%%"))
         elif o.kind == "choice":
             choices = o.choices() if callable(o.choices) else o.choices
-            g.add_argument(flag, choices=choices, default=default, help=text, metavar=o.metavar)
+            g.add_argument(*flag, choices=choices, default=default, help=text, metavar=o.metavar)
         else:
-            g.add_argument(flag, type=types[o.kind], default=default, help=text, metavar=o.metavar)
+            g.add_argument(*flag, type=types[o.kind], default=default, help=text, metavar=o.metavar)
 
 
 def _shown(value: Any, kind: str) -> str | None:

@@ -34,22 +34,20 @@ from robustest import metrics
 from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
+    add_option_args,
     add_run_args,
     batch_size_arg,
-    finite_float,
     name_list,
-    non_negative_float,
+    options_from_args,
     positive_int,
-    radius,
 )
 from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
 from robustest.cli.output import fmt, log, out_dir, write_run, written
-from robustest.cli.settings import data_settings, model_settings
+from robustest.cli.settings import data_settings, model_settings, pick
 from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError
-from robustest.core.validation import check_eps
 from robustest.metrics.scoring import AMP_METRICS
-from robustest.selection.score_pipeline import ScoreInputs, inputs_of_tests
+from robustest.selection.score_pipeline import ScoreInputs, ScoreOptions, inputs_of_tests
 from robustest.selection.score_reports import score_report
 
 ORDER = 30
@@ -63,18 +61,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metric", required=True, choices=metrics.names(), help="metric to compute")
     p.add_argument("--batch-size", type=batch_size_arg, default=256, metavar="B",
                    help="batch size, or 'auto': the largest that fits the GPU (the default 256 on the CPU)")
-    p.add_argument("--amp", choices=("bf16", "fp16"), default=None,
-                   help="run the forward passes of zol, gini, entropy, margin and max_prob in bf16 (CPU or CUDA) "
-                        "or fp16 (CUDA) autocast: faster on GPUs, scores rounded accordingly (default: float32; "
-                        "the other metrics refuse it)")
+    add_option_args(p, ScoreOptions, ("amp",))
     g = p.add_argument_group("loss metrics (fol, zol, fol_gradnorm)")
-    g.add_argument("--eps", type=radius, default=0.3,
-                   help="FOL ball radius in pixel scale, a number or a fraction like 8/255 (L-inf: in (0, 1]; "
-                        "default: 0.3)")
-    g.add_argument("--norm", choices=("linf", "l2", "l1"), default="linf",
-                   help="FOL perturbation norm; the gradient is measured in its dual (default: linf)")
-    g.add_argument("--label", choices=("true", "pred"), default="true",
-                   help="labels for the loss: the data's ('true') or the model's prediction on the seed ('pred')")
+    add_option_args(g, ScoreOptions, ("eps", "norm", "label"))
     g.add_argument("--seeds-dataset", metavar="NAME", default=None,
                    help="tests files: data set the tests were generated from (x0 = its images at x0_index)")
     g.add_argument("--seeds-data-dir", metavar="DIR", default=None, help="folder or file of --seeds-dataset")
@@ -88,11 +77,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="use only the first N training images for the profile")
     c.add_argument("--layers", type=name_list("layer"), default=None, metavar="A,B",
                    help="comma-separated module names to trace (default: every activation module; SA: the last)")
-    c.add_argument("--k", type=positive_int, default=None, help="kmnc sections per neuron (default: 10)")
-    c.add_argument("--threshold", type=finite_float, default=None, help="nc activation threshold (default: 0.5)")
-    c.add_argument("--top-k", type=positive_int, default=None, help="tknc neurons per layer (default: 1)")
-    c.add_argument("--scale", type=non_negative_float, default=None,
-                   help="nbc/snac margin in training std (default: 0)")
+    add_option_args(c, ScoreOptions, ("k", "threshold", "top_k", "scale"))
     add_run_args(p)
     p.set_defaults(func=run)
 
@@ -127,34 +112,18 @@ def _load_train(args: argparse.Namespace) -> Any:
                          workers=getattr(args, "workers", 0) or 0)
 
 
-def _metric_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The flags of the options the metric takes (its registry entry's), those given."""
-    return {o: getattr(args, o) for o in metrics.info(args.metric).options if getattr(args, o) is not None}
-
-
-def _check_options(args: argparse.Namespace) -> None:
+def _check_options(args: argparse.Namespace, options: ScoreOptions) -> None:
     """Refuse options that the chosen metric would silently ignore."""
-    m = args.metric
-    kind = metrics.info(m).kind
-    given = {
-        **{f"--{o.replace('_', '-')}": getattr(args, o) is not None and o not in metrics.info(m).options
-           for o in ("k", "threshold", "top_k", "scale")},
-        "--layers": args.layers is not None and kind not in ("coverage", "surprise"),
-        "--train-dataset": args.train_dataset is not None and kind not in ("coverage", "surprise"),
-    }
-    bad = [k for k, v in given.items() if v]
-    if bad:
-        raise ConfigError(f"{', '.join(bad)} does not apply to --metric {m}: drop it")
-    check_eps("eps", args.eps, args.norm)
-    if args.amp is not None and m not in AMP_METRICS:
-        why = "input gradients" if kind == "loss" else "layer activations compared with a float32 reference"
-        raise ConfigError(f"--amp applies to {', '.join(AMP_METRICS)} (computed from the logits alone); --metric {m} "
-                          f"needs {why} in float32: drop --amp")
+    options.check(args.metric)
+    wide = metrics.info(args.metric).kind in ("coverage", "surprise")
+    bad = [f for f, v in (("--layers", args.layers), ("--train-dataset", args.train_dataset)) if v is not None]
+    if bad and not wide:
+        raise ConfigError(f"{', '.join(bad)} does not apply to --metric {args.metric}: drop it")
     for opt, needs, given_ in (("--seeds-data-dir", "--seeds-dataset", args.seeds_data_dir and not args.seeds_dataset),
                                ("--seeds-split", "--seeds-dataset", args.seeds_split and not args.seeds_dataset),
                                ("--train-data-dir", "--train-dataset", args.train_data_dir and not args.train_dataset),
                                ("--train-limit", "a coverage or surprise metric",
-                                args.train_limit is not None and kind not in ("coverage", "surprise"))):
+                                args.train_limit is not None and not wide)):
         if given_:
             raise ConfigError(f"{opt} applies with {needs}: drop it or name that too")
 
@@ -164,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     from robustest.core.amp import check_amp
     from robustest.selection.score_pipeline import score_pipeline
 
-    _check_options(args)
+    options = ScoreOptions(**options_from_args(ScoreOptions, args))
+    _check_options(args, options)
     t0 = time.perf_counter()
     model = load_model(args)
     inputs = _load_inputs(args)
@@ -177,11 +147,11 @@ def run(args: argparse.Namespace) -> int:
     out = out_dir(args)  # made once the inputs are known to fit: a refusal leaves nothing behind
     srun = score_pipeline(model, inputs, args.metric, out=out, train=train, layers=args.layers or None,
                           batch_size=args.batch_size, amp=args.amp, progress=not args.no_progress,
-                          options=_metric_options(args), model_source=str(args.checkpoint or args.model_factory
+                          options=options.of_metric(args.metric), model_source=str(args.checkpoint or args.model_factory
                                                                           or args.weights),
                           load_s=time.perf_counter() - t0)
     s, n = srun.figures, len(srun.result.scores)
-    doc = write_run(out, "score", t0, _settings(args, model_device(model), srun.result.options),
+    doc = write_run(out, "score", t0, _settings(args, options, model_device(model), srun.result.options),
                     srun.to_results(), srun.timings, lambda doc: score_report(doc, srun.result.scores))
     log.info(f"{args.metric} on {n} inputs from {inputs.source}: mean {fmt(s.get('mean'))}, "
              f"median {fmt(s.get('quantiles', {}).get('q50'))}, min {fmt(s.get('min'))}, max {fmt(s.get('max'))} "
@@ -194,29 +164,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _settings(args: argparse.Namespace, device: Any, opts: dict[str, Any]) -> dict[str, Any]:
+def _settings(args: argparse.Namespace, options: ScoreOptions, device: Any, opts: dict[str, Any]) -> dict[str, Any]:
     """The options in effect for this metric (options of other metrics left out; ``opts``: the metric's options
     as the library resolved them)."""
-    kind = metrics.info(args.metric).kind
     d: dict[str, Any] = {**model_settings(args), **data_settings(args), "metric": args.metric,
-                         "batch_size": args.batch_size}
-    if getattr(args, "batch_size_auto", False):
-        d["batch_size_auto"] = True
-    if args.amp is not None:
-        d["amp"] = args.amp
-    if args.metric in ("fol", "zol", "fol_gradnorm"):
-        if args.metric == "fol":
-            d.update(eps=args.eps, norm=args.norm)
-        d["label"] = args.label
+                         "batch_size": args.batch_size, **({"batch_size_auto": True} if getattr(
+                             args, "batch_size_auto", False) else {}), **options.settings(args.metric)}
     if _is_tests(args.dataset):
         d.pop("split", None)  # a tests file has no splits
-        d.update({k: v for k, v in (("seeds_dataset", args.seeds_dataset), ("seeds_data_dir", args.seeds_data_dir),
-                                    ("seeds_split", args.seeds_split)) if v is not None})
-    if kind in ("coverage", "surprise"):
-        d.update({k: v for k, v in (("train_dataset", args.train_dataset), ("train_data_dir", args.train_data_dir),
-                                    ("train_limit", args.train_limit), ("layers", args.layers)) if v is not None})
-        d.update(opts)
+        d.update(pick(args, ("seeds_dataset", "seeds_data_dir", "seeds_split")))
+    if metrics.info(args.metric).kind in ("coverage", "surprise"):
+        d.update({**pick(args, ("train_dataset", "train_data_dir", "train_limit", "layers")), **opts})
     d["device"] = str(device)
     return d
-
-

@@ -11,16 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from robustest.cli.analyze import (
-    add_analysis_args,
-    analysis_options,
-    analysis_settings,
-    unit_fraction,
-)
+from robustest.cli.analyze import add_analysis_args, analysis_options, analysis_settings
 from robustest.cli.args import (
     add_checkpoint_arg,
     add_data_args,
     add_run_args,
+    below_one,
     fraction,
     int_list,
     linf_eps_list,
@@ -31,16 +27,12 @@ from robustest.cli.args import (
 from robustest.cli.loading import load_checked, load_data
 from robustest.cli.output import fmt, log, out_dir, print_table, write_run, written
 from robustest.cli.settings import data_settings, model_settings
-from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError
 from robustest.selection.strata import ALLOCATIONS
+from robustest.weakrobust.weakset import DEFAULT_SUBSET_SIZE, STRATEGIES
 
 ORDER = 61
 
-# robustest.weakrobust.weakset's names, repeated so that the CLI does not import the package to build its
-# parser (tests/weakrobust/test_strategies.py checks that they agree)
-STRATEGIES = ("weak", "weak-correct", "stratified", "random")
-DEFAULT_SUBSET_SIZE = 1000
 DEFAULT_STRATEGY = "stratified"
 """validate's default --strategy: the one that predicted test robustness best in docs/WEAKROBUST.md."""
 
@@ -89,7 +81,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           f"{DEFAULT_SUBSET_SIZE})")
     sel.add_argument("--fraction", type=fraction, default=None,
                      help="the weakest fraction of the samples (weak), or as many samples (stratified, random)")
-    sel.add_argument("--threshold", type=unit_fraction, default=None,
+    sel.add_argument("--threshold", type=below_one, default=None,
                      help="samples with more than this share of neighbours misclassified (weak; paper and default "
                           "there: 0.5), or as many samples (stratified, random)")
     g.add_argument("--per-class", action="store_true", help="weak strategies: balance the set over the classes")
@@ -120,7 +112,7 @@ def run_validate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model, ds = load_checked(args)
     out = out_dir(args)  # made once the data is known to fit: a refusal leaves nothing behind
-    analysis = _validation_analysis(args, model, ds, out)
+    analysis, analysed_with = _validation_analysis(args, model, ds, out)
     t_analysis = time.perf_counter() - t0
     test = load_data(args, "test") if args.test_limit and args.test_limit > 0 else None
     vrun = validate_pipeline(model, ds, analysis, out=out, test=test, test_limit=args.test_limit,
@@ -133,9 +125,10 @@ def run_validate(args: argparse.Namespace) -> int:
     if not args.analysis:
         vrun.files["analysis"] = "analysis.pt"
     weak, res = vrun.weak, vrun.result
-    doc = write_run(out, "validate", t0, _validation_settings(args, model, weak, res), vrun.to_results(),
-                    vrun.timings, lambda doc: validation_report(doc, args.dataset, args.split, ds, analysis, weak,
-                                                                res, vrun.test_result, vrun.rows))
+    settings = {**model_settings(args), **data_settings(args), **analysed_with, **vrun.settings}
+    doc = write_run(out, "validate", t0, settings, vrun.to_results(), vrun.timings,
+                    lambda doc: validation_report(doc, args.dataset, args.split, ds, analysis, weak, res,
+                                                  vrun.test_result, vrun.rows))
     print_table(vrun.rows, ["type", "family", "weak_error", "test_error", "label"])
     log.info(f"{weak.rule['strategy']} set: {len(weak)} samples; mean adversarial error "
              f"{fmt(res.mean_adv_error, 'error')}, mCE {fmt(res.mce, 'mce')}; "
@@ -156,39 +149,17 @@ def _resolve_strategy(args: argparse.Namespace) -> None:
         args.strategy = "weak-correct"
 
 
-def _validation_analysis(args: argparse.Namespace, model, ds, out: Path):
-    """validate's analysis: read from --analysis (refused when it analyses other samples than ``ds``), or
-    computed in saved steps and written to ``out/analysis.pt``."""
+def _validation_analysis(args: argparse.Namespace, model, ds, out: Path) -> tuple[Any, dict[str, Any]]:
+    """validate's analysis and how it was obtained, as results.json records it: read from --analysis (refused when
+    it analyses other samples than ``ds``), or computed in saved steps and written to ``out/analysis.pt``."""
     from robustest import weakrobust as wr
     from robustest.weakrobust.analyze_pipeline import resumable_analysis
     from robustest.weakrobust.validate_pipeline import check_analysis_of
 
     if not args.analysis:
-        analysis = resumable_analysis(model, ds, out, analysis_options(args, model, ds), progress=not args.no_progress)
+        options = analysis_options(args, model, ds)
+        analysis = resumable_analysis(model, ds, out, options, progress=not args.no_progress)
         analysis.save(out / "analysis.pt")
-        return analysis
+        return analysis, analysis_settings(args, options)
     return check_analysis_of(wr.Analysis.load(args.analysis), ds, args.analysis,
-                             f"--dataset {args.dataset} --split {args.split}")
-
-
-def _validation_settings(args: argparse.Namespace, model, weak, res) -> dict[str, Any]:
-    """The settings validate ran with: those of the analysis (or its file), the set's rule, the perturbations
-    measured."""
-    settings = {**model_settings(args), **data_settings(args)}
-    settings.update({"analysis": str(args.analysis)} if args.analysis else analysis_settings(args))
-    settings["strategy"] = weak.rule["strategy"]
-    if args.strategy == "stratified":
-        settings.update(strata=args.strata, allocation=args.allocation)
-    settings.update({key: weak.rule[key] for key in ("k", "fraction", "threshold") if key in weak.rule})
-    settings.update(per_class=args.per_class, correct_only=weak.rule["strategy"] == "weak-correct",
-                    perturbations=list(res.meta.get("attacks", [])) + list(res.meta.get("corruptions", [])))
-    if res.meta.get("attacks"):
-        settings["attack_eps"] = list(res.meta.get("eps", []))
-        if args.attack_steps:
-            settings["attack_steps"] = args.attack_steps
-    if res.meta.get("corruptions"):
-        settings["severities"] = list(res.meta.get("severities", args.severities))
-    settings.update(test_limit=args.test_limit, seed=args.seed, device=str(model_device(model)))
-    return settings
-
-
+                             f"--dataset {args.dataset} --split {args.split}"), {"analysis": str(args.analysis)}

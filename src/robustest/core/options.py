@@ -33,15 +33,16 @@ __all__ = ["KINDS", "Option", "OptionSource", "option", "options_of", "spec"]
 #: in [0, 1) ("below-one"), in [0, 1] ("unit"), a learning rate ("rate"), a radius ("radius": L-inf in (0, 1] or
 #: L2 > 0; "linf-eps": L-inf only), a noise width in (0, 2] ("noise-width"), a level in (0, 1) ("significance"),
 #: an int >= 0 ("count") or >= 1 ("positive-int"), a seed ("seed"), a comma list of epochs ("epochs"), a string
-#: ("text"), a JSON object ("json"), one of ``choices`` ("choice"), ``--name/--no-name`` ("switch"), or ``--name``
-#: alone ("flag")
+#: ("text"), a JSON object ("json"), a batch size or ``auto`` ("batch-size"), one of ``choices`` ("choice"),
+#: ``--name/--no-name`` ("switch"), or ``--name`` alone ("flag")
 KINDS = ("number", "positive", "non-negative", "below-one", "unit", "rate", "radius", "linf-eps", "noise-width",
-         "significance", "count", "positive-int", "seed", "epochs", "text", "json", "choice", "switch", "flag")
+         "significance", "count", "positive-int", "seed", "epochs", "text", "json", "batch-size", "choice", "switch",
+         "flag")
 
 
 class Option(NamedTuple):
     """One option as a command line offers it: ``name`` (the field's or parameter's), its ``default`` and what
-    :func:`spec` records (``kind``, ``help``, ``choices``, ``metavar``, ``flag``, ``shown``)."""
+    :func:`spec` records (``kind``, ``help``, ``choices``, ``metavar``, ``flag``, ``shown``, ``aliases``)."""
 
     name: str
     default: Any
@@ -51,6 +52,7 @@ class Option(NamedTuple):
     metavar: str | None
     flag: str | None
     shown: str | None
+    aliases: tuple[str, ...] = ()
 
     @property
     def flag_name(self) -> str:
@@ -64,25 +66,28 @@ class Option(NamedTuple):
 
 
 def spec(kind: str, help: str, *, choices: Sequence[str] | Callable[[], Sequence[str]] | None = None,
-         metavar: str | None = None, flag: str | None = None, shown: str | None = None) -> dict[str, Any]:
+         metavar: str | None = None, flag: str | None = None, shown: str | None = None,
+         aliases: Sequence[str] = ()) -> dict[str, Any]:
     """What a command line needs to offer an option, checked: ``kind``: one of :data:`KINDS`; ``help``: the flag's
     help, without its default; ``choices``: a choice's values (or a function returning them, for a registry's names
     read when the flag is made); ``metavar``: the value's name in the help; ``flag``: the flag's name without dashes
     (default: the option's name with ``-`` for ``_``); ``shown``: the default as the help states it (default: the
-    value; nothing for None). A function's options are a mapping of its parameters' names to specs."""
+    value; nothing for None); ``aliases``: other names of the flag, without dashes (an older or a reference code's
+    name). A function's options are a mapping of its parameters' names to specs."""
     if kind not in KINDS:
         raise ConfigError(f"unknown option kind {kind!r}: use one of {', '.join(KINDS)}")
     if (kind == "choice") != (choices is not None):
         raise ConfigError("an option of kind 'choice' needs its choices, and only it takes them")
     if choices is not None and not callable(choices):
         choices = tuple(choices)
-    return {"kind": kind, "help": help, "choices": choices, "metavar": metavar, "flag": flag, "shown": shown}
+    return {"kind": kind, "help": help, "choices": choices, "metavar": metavar, "flag": flag, "shown": shown,
+            "aliases": tuple(aliases)}
 
 
 def option(default: Any, kind: str, help: str, **details: Any) -> Any:
     """A dataclass field holding ``default`` with its :func:`spec` (``kind``, ``help`` and the ``details``
-    ``choices``, ``metavar``, ``flag``, ``shown``). A ``default`` that is a type (``dict``, ``list``) is the field's
-    default factory: each instance gets its own."""
+    ``choices``, ``metavar``, ``flag``, ``shown``, ``aliases``). A ``default`` that is a type (``dict``, ``list``) is
+    the field's default factory: each instance gets its own."""
     meta = spec(kind, help, **details)
     if isinstance(default, type):
         return dataclasses.field(default_factory=default, metadata=meta)

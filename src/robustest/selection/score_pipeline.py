@@ -1,6 +1,8 @@
 """The score pipeline: score every input with one test metric and write the scores file select reads (what
 ``robustest score`` runs).
 
+* :class:`ScoreOptions`: the metric options a score runs with (they carry their flags): checked against the metric,
+  handed to it, recorded.
 * :func:`inputs_of_tests`: the inputs of a tests file from ``robustest generate`` (``tests.pt``), with FOL's seeds
   ``x0 = SEEDS[x0_index]`` read from the data set the tests were generated from, checked against what the file
   records.
@@ -31,14 +33,74 @@ from robustest.core.batching import image_shape, take
 from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError, DataError
 from robustest.core.memory import peak_rss_mib
-from robustest.metrics.scoring import ScoreResult
+from robustest.core.options import option
+from robustest.core.validation import check_eps
+from robustest.metrics.scoring import AMP_METRICS, ScoreResult
 from robustest.selection.scores_file import summarize, write_scores_csv
 
-__all__ = ["SCORE_FILES", "ScoreInputs", "ScoreRun", "score_pipeline", "inputs_of_tests"]
+__all__ = ["SCORE_FILES", "ScoreInputs", "ScoreOptions", "ScoreRun", "score_pipeline", "inputs_of_tests"]
 
 #: the files the pipeline writes (and the verb's report), by role
 SCORE_FILES = {"scores": "scores.pt", "csv": "scores.csv", "histogram": "scores_hist.png", "summary": "summary.json",
                "report": "report.html"}
+
+
+#: the options only some metrics take (each metric's registry entry names those it takes)
+METRIC_OPTIONS = ("k", "threshold", "top_k", "scale")
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    """The options of a score beside the metric's name: FOL's ball (``eps``, ``norm``) and the loss metrics'
+    ``label`` ("true": the data's, "pred": the model's prediction on the seed), ``amp`` autocast of the metrics
+    computed from the logits alone, and the coverage metrics' ``k``, ``threshold``, ``top_k``, ``scale`` (None: the
+    metric's default). The fields carry their flags (``robustest score``)."""
+
+    eps: float = option(0.3, "radius", "FOL ball radius in pixel scale, a number or a fraction like 8/255 (L-inf: "
+                        "in (0, 1])")
+    norm: str = option("linf", "choice", "FOL perturbation norm; the gradient is measured in its dual",
+                       choices=("linf", "l2", "l1"))
+    label: str = option("true", "choice", "labels for the loss: the data's ('true') or the model's prediction on the "
+                        "seed ('pred')", choices=("true", "pred"))
+    amp: str | None = option(None, "choice", "run the forward passes of zol, gini, entropy, margin and max_prob in "
+                             "bf16 (CPU or CUDA) or fp16 (CUDA) autocast: faster on GPUs, scores rounded accordingly",
+                             choices=("bf16", "fp16"), shown="float32; the other metrics refuse it")
+    k: int | None = option(None, "positive-int", "kmnc sections per neuron", shown="10")
+    threshold: float | None = option(None, "number", "nc activation threshold", shown="0.5")
+    top_k: int | None = option(None, "positive-int", "tknc neurons per layer", shown="1")
+    scale: float | None = option(None, "non-negative", "nbc/snac margin in training std", shown="0")
+
+    def check(self, metric: str) -> None:
+        """Refuse what ``metric`` would silently ignore (an option it does not take, ``amp`` where it needs float32
+        gradients or activations) and an ``eps`` outside ``norm``'s range: a one-line ConfigError naming the flag."""
+        from robustest import metrics
+
+        info = metrics.info(metric)
+        bad = [f"--{o.replace('_', '-')}" for o in METRIC_OPTIONS
+               if getattr(self, o) is not None and o not in info.options]
+        if bad:
+            raise ConfigError(f"{', '.join(bad)} does not apply to --metric {metric}: drop it")
+        check_eps("eps", self.eps, self.norm)
+        if self.amp is not None and metric not in AMP_METRICS:
+            why = "input gradients" if info.kind == "loss" else "layer activations compared with a float32 reference"
+            raise ConfigError(f"--amp applies to {', '.join(AMP_METRICS)} (computed from the logits alone); --metric "
+                              f"{metric} needs {why} in float32: drop --amp")
+
+    def of_metric(self, metric: str) -> dict[str, Any]:
+        """The options ``metric`` takes (its registry entry's), those set: the keyword arguments of its scoring."""
+        from robustest import metrics
+
+        return {o: getattr(self, o) for o in metrics.info(metric).options if getattr(self, o) is not None}
+
+    def settings(self, metric: str) -> dict[str, Any]:
+        """The options in effect for ``metric``, as results.json records them (after the batch size): ``amp`` when
+        set, FOL's ``eps`` and ``norm``, the loss metrics' ``label``."""
+        d: dict[str, Any] = {} if self.amp is None else {"amp": self.amp}
+        if metric == "fol":
+            d.update(eps=self.eps, norm=self.norm)
+        if metric in ("fol", "zol", "fol_gradnorm"):
+            d["label"] = self.label
+        return d
 
 
 @dataclass(frozen=True)

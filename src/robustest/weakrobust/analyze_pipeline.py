@@ -32,6 +32,7 @@ from robustest.core import distributed
 from robustest.core.atomic import atomic_save, check_writable
 from robustest.core.batching import num_samples
 from robustest.core.memory import peak_rss_mib
+from robustest.core.options import option
 from robustest.core.steps import Steps, data_fingerprint, fingerprint
 from robustest.weakrobust.analysis import Analysis, adversarial_radius, analyze
 
@@ -49,16 +50,36 @@ class AnalysisOptions:
     """The options of :func:`robustest.weakrobust.analyze` an analysis runs with: ``neighbors`` noisy neighbours
     of noise width ``eps`` (``noise``: uniform or gaussian; ``no_quantize``: not rounded to the 256 levels),
     ``batch_size`` images per forward pass (None: the default), ``amp`` autocast, ``seed``; ``save_every``
-    samples per process between two saves."""
+    samples per process between two saves. The fields carry their flags (``robustest analyze`` and ``validate``)."""
 
-    neighbors: int = 50
-    eps: float = 0.22
-    noise: str = "uniform"
-    no_quantize: bool = False
-    batch_size: int | None = None
-    amp: str | None = None
+    neighbors: int = option(50, "positive-int", "noisy neighbours per sample")
+    eps: float = option(0.22, "noise-width", "width of the neighbours' noise, not an attack radius: delta ~ "
+                        "U[-W/2, W/2] per pixel; --eps is the same option, the name of the reference code",
+                        flag="noise-width", aliases=("eps",), metavar="W")
+    noise: str = option("uniform", "choice", "noise law", choices=("uniform", "gaussian"))
+    no_quantize: bool = option(False, "flag", "do not round neighbours to the 256 uint8 levels")
+    batch_size: int | None = option(None, "batch-size", "images per forward pass, or 'auto': the largest that fits "
+                                    "the GPU (on the CPU the default: about 4 million pixel values' worth: 5349 "
+                                    "images of 28x28, 341 of 3x64x64)", metavar="B")
+    amp: str | None = option(None, "choice", "run the analysis's forward passes in bf16 (CPU or CUDA) or fp16 "
+                             "(CUDA) autocast: faster on GPUs, scores rounded accordingly", choices=("bf16", "fp16"),
+                             shown="float32")
     seed: int = 0
-    save_every: int = ANALYSIS_STEP
+    save_every: int = option(ANALYSIS_STEP, "positive-int", "save the analysis every N samples per process (under "
+                             "torchrun a step covers N x ranks samples); rerunning the same command after a kill "
+                             "continues from there", metavar="N")
+
+    def settings(self, batch_size_auto: bool = False) -> dict[str, Any]:
+        """The options as results.json records them (``batch_size_auto``: the batch size was probed)."""
+        d: dict[str, Any] = {"neighbors": self.neighbors, "eps": self.eps, "noise": self.noise,
+                             "quantize": not self.no_quantize}
+        if self.batch_size is not None:
+            d["batch_size"] = self.batch_size
+        if batch_size_auto:
+            d["batch_size_auto"] = True
+        if self.amp is not None:
+            d["amp"] = self.amp
+        return d
 
 
 def resumable_analysis(model: nn.Module, data: Any, out: str | Path, options: AnalysisOptions, *,

@@ -27,6 +27,7 @@ from torch import nn
 
 from robustest.core.atomic import check_writable
 from robustest.core.batching import labels_of, num_samples, take
+from robustest.core.devices import model_device
 from robustest.core.errors import DataError
 from robustest.core.memory import peak_rss_mib
 from robustest.weakrobust.analysis import Analysis
@@ -54,7 +55,8 @@ def check_analysis_of(analysis: Analysis, data: Any, what: str, data_name: str =
 class ValidateRun:
     """What :func:`validate_pipeline` did: the ``weak`` set, the validation ``result`` on it and ``test_result`` on
     the test samples (or None), the comparison ``rows`` (one per perturbation), the number of samples analysed,
-    ``timings`` and the files written."""
+    ``timings``, the files written and the ``settings`` in effect (the set's rule, the perturbations measured, the
+    test samples, seed and device; the analysis's own are its file's or options')."""
 
     weak: WeakSet
     result: ValidationResult
@@ -63,6 +65,7 @@ class ValidateRun:
     n_analysed: int
     timings: dict[str, float]
     files: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def to_results(self) -> dict[str, Any]:
         """The results of the validate verb: the set, the validation on it and on the test samples, weaknesses and
@@ -110,4 +113,25 @@ def validate_pipeline(model: nn.Module, data: Any, analysis: Analysis, *, out: s
     files = {"weak_set": "weakset.pt", "weak_set_json": "weakset.json", "validation": "validation.pt",
              "report": "report.html"}
     return ValidateRun(weak, res, test_res, validation_rows(res, test_res), len(analysis),
-                       {"analysis_s": analysis_s, "validate_weak_s": t_weak, "validate_test_s": t_test}, files)
+                       {"analysis_s": analysis_s, "validate_weak_s": t_weak, "validate_test_s": t_test}, files,
+                       _settings(weak, res, select or {}, attack_steps, severities, test_limit, seed, model))
+
+
+def _settings(weak: WeakSet, res: ValidationResult, select: dict[str, Any], attack_steps: int | None,
+              severities: tuple[int, ...], test_limit: int, seed: int, model: nn.Module) -> dict[str, Any]:
+    """The settings a validation ran with: the set's rule, the perturbations measured, the test samples."""
+    strategy, meta = weak.rule["strategy"], res.meta
+    settings: dict[str, Any] = {"strategy": strategy}
+    if strategy == "stratified":
+        settings.update(strata=select.get("strata", 10), allocation=select.get("allocation", "proportional"))
+    settings.update({key: weak.rule[key] for key in ("k", "fraction", "threshold") if key in weak.rule})
+    settings.update(per_class=bool(select.get("per_class", False)), correct_only=strategy == "weak-correct",
+                    perturbations=list(meta.get("attacks", [])) + list(meta.get("corruptions", [])))
+    if meta.get("attacks"):
+        settings["attack_eps"] = list(meta.get("eps", []))
+        if attack_steps:
+            settings["attack_steps"] = attack_steps
+    if meta.get("corruptions"):
+        settings["severities"] = list(meta.get("severities", severities))
+    settings.update(test_limit=test_limit, seed=seed, device=str(model_device(model)))
+    return settings
