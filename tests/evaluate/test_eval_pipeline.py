@@ -99,3 +99,32 @@ def test_gate_lines_and_failed_say_why_a_run_fails(digits, tmp_path):
                      "the figures cannot be trusted"]
     assert dataclasses.replace(run, bracket=unsound, gate=None).failed is True  # no gate: unsound fails
     assert dataclasses.replace(run, bracket=unsound).failed is False  # a passed gate decides
+
+
+def test_summary_lines_state_the_figures_the_verb_prints(digits, tmp_path):
+    import dataclasses
+
+    from robustest.evaluate.certification import Bracket
+
+    run = eval_pipeline(Fixed(), digits, 0.05, out=tmp_path, describe={"dataset": "digits"}, **OPTS)
+    r = run.result
+    per = ", ".join(f"{k} {100 * v:.2f}%" for k, v in r.attacks.items())
+    main_line = (f"digits (24 images), linf eps=0.05, fast: clean {100 * r.clean_accuracy:.2f}%, robust "
+                 f"{100 * r.robust_accuracy:.2f}% ({per})")
+    assert run.summary_lines() == ([main_line], [])
+    escalated = dataclasses.replace(run, result=dataclasses.replace(r, version="auto", plan="rand"),
+                                    describe={})
+    assert escalated.summary_lines()[0][0].startswith("custom (24 images), linf eps=0.05, auto -> rand: clean ")
+    curve = [{"eps": 0.1, "robust_accuracy": 0.5, "broke": 3, "attacked": 8},
+             {"eps": 0.25, "robust_accuracy": 0.125, "broke": 2, "attacked": 4}]
+    corr = {"mce": 0.5, "mean_corruption_accuracy": 0.75}
+    brk = Bracket.from_outcomes([True, False, False, False], [False, True, False, False], [True, True, True, False],
+                                method="crown")
+    lines = dataclasses.replace(run, result=dataclasses.replace(r, curve=curve, corruption=corr), bracket=brk)
+    before, after = lines.summary_lines()
+    assert before[:2] == ["eps=0.1: robust 50.00% (3 of 8 broken at this radius)",
+                          "eps=0.25: robust 12.50% (2 of 4 broken at this radius)"] and len(before) == 3
+    assert after == ["corruptions: mean accuracy 75.00%, mCE 50.00% of the baseline's",
+                     "bracket (crown): certified 25.00% <= robust 50.00% <= clean 75.00% (1 undecided)"]
+    no_base = dataclasses.replace(run, result=dataclasses.replace(r, corruption={**corr, "mce": None}))
+    assert no_base.summary_lines()[1] == ["corruptions: mean accuracy 75.00%"]

@@ -12,6 +12,7 @@ from robustest.core.batching import take
 from robustest.core.errors import ConfigError, DataError
 from robustest.metrics.loss import fol
 from robustest.metrics.scoring import score
+from robustest.report import format_value
 from robustest.selection.score_pipeline import SCORE_FILES, ScoreInputs, inputs_of_tests, score_pipeline
 from robustest.selection.scores_file import read_scores
 
@@ -108,6 +109,9 @@ def test_coverage_scores_use_the_training_profile_and_the_layers_given(tmp_path,
     assert run.figures["set_coverage"] == want.set_coverage and run.figures["num_cells"] == want.num_cells
     assert run.figures["layers"] == ["relu3"]
     assert torch.equal(read_scores(tmp_path / "scores.pt")["bits"], want.bits)
+    lines = run.summary_lines()
+    assert len(lines) == 2 and lines[0].startswith("kmnc on 30 inputs from digits:test: mean ")
+    assert lines[1] == f"set coverage: {format_value(want.set_coverage, 'coverage')} of {want.num_cells} cells"
     other = score(trained_digits_model, data, "kmnc", train=take(digits_train, torch.arange(80, 160)),
                   layers=["relu3"], k=4)
     assert not torch.equal(other.bits, want.bits)  # the profile comes from the training data given
@@ -203,3 +207,18 @@ def test_score_options_accept_what_the_metric_takes():
                            ("fol", {"eps": 1.5, "norm": "l2"}), ("fol", {"eps": 1.0}), ("tknc", {"top_k": 1}),
                            ("snac", {"scale": 0.5})):
         ScoreOptions(**kwargs).check(metric)  # no error
+
+
+def test_the_summary_line_rounds_the_figures_like_the_report(tmp_path, trained_digits_model, seeds):
+    from robustest.selection.score_pipeline import ScoreRun
+
+    run = score_pipeline(trained_digits_model, ScoreInputs(take(seeds, torch.arange(12)), "digits:test"), "gini",
+                         out=tmp_path, progress=False)
+    f = run.figures
+    assert run.summary_lines() == [
+        f"gini on 12 inputs from digits:test: mean {format_value(f['mean'])}, median "
+        f"{format_value(f['quantiles']['q50'])}, min {format_value(f['min'])}, max {format_value(f['max'])} "
+        f"({format_value(run.timings['score_s'], 'score_s')} s)"]
+    fixed = ScoreRun("zol", run.result, {"source": "s", "mean": 0.5, "min": 0.25, "max": 1.0,
+                                         "quantiles": {"q50": 0.5}}, {"score_s": 2.0})
+    assert fixed.summary_lines() == ["zol on 12 inputs from s: mean 0.5, median 0.5, min 0.25, max 1 (2.0 s)"]

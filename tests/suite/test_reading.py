@@ -54,6 +54,11 @@ def with_meta(tmp_path, key: str, value: Any) -> Any:
     return path
 
 
+def test_the_summary_line_states_size_strata_baseline_and_threat_model():
+    assert make_suite().summary_line() == ("suite of 4 of 20 samples in 2 strata; baseline robust accuracy 50.0% "
+                                           "[10.0, 90.0] (linf eps=0.1, fast)")
+
+
 def test_a_consistent_suite_loads(tmp_path):
     make_suite().save(tmp_path / "s.pt")
     assert len(Suite.load(tmp_path / "s.pt")) == 4

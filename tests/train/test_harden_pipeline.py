@@ -55,6 +55,15 @@ def test_the_pipeline_measures_hardens_and_writes_the_checkpoints(digits, tmp_pa
     assert json.loads((tmp_path / "state" / "before.json").read_text()) == res["before"]
     meta = load_checkpoint(tmp_path / "model.pt").robustest_metadata["hardened"]
     assert meta["dataset"] == "digits" and meta["kept_epoch"] == res["kept_epoch"]
+    rows = run.summary_rows()
+    assert [r["model"] for r in rows] == ["before", f"after (epoch {run.result.kept_epoch})"] + (
+        [] if run.last is None else ["last (epoch 2)"])
+    assert rows[0]["clean accuracy (40 images)"] == res["before"]["clean_accuracy"]
+    assert rows[1]["PGD accuracy (8 images)"] == res["after"]["whitebox_pgd_accuracy"]
+    passes = run.result.compute["passes"]
+    assert run.summary_line().startswith(f"pgd-at: 2 epochs on 120 images, {passes:.4g} forward+backward passes "
+                                         f"({passes / 120:.2f} per image), ")
+    assert run.summary_line().endswith(" CPU-seconds of training")
     if run.last is None:  # the last epoch was the best: one model, one file
         assert "last_model" not in run.files and not (tmp_path / "last.pt").exists()
     else:
@@ -113,3 +122,18 @@ def test_certificates_for_takes_the_methods_own_unless_told(digits):
     assert hp.certificates_for("ibp", ["none"], _model(), test) is None
     with pytest.raises(ConfigError, match="--certify none turns certification off"):
         hp.certificates_for("pgd-at", ["none", "ibp"], _model(), test)
+
+
+def test_the_summary_line_names_one_epoch_and_the_guard_that_stopped_a_run(digits, tmp_path):
+    import dataclasses
+
+    train, _, test = digits
+    m = hp.Measurement(eps=0.1, whitebox_limit=0)
+    run = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path, measurement=m,
+                             recipe={**RECIPE, "epochs": 1})
+    assert run.summary_line().startswith("pgd-at: 1 epoch on 120 images, ")
+    assert [r["model"] for r in run.summary_rows()] == ["before", "after (epoch 1)"]
+    epochs = [{**run.result.epochs[0], "val_pgd_accuracy": 0.5}, {**run.result.epochs[0], "val_pgd_accuracy": 0.1}]
+    stopped = dataclasses.replace(run, result=dataclasses.replace(run.result, guard_epoch=2, epochs=epochs))
+    assert "; stopped by the catastrophic-overfitting guard at epoch 2 (" in stopped.summary_line()
+    assert stopped.summary_line().startswith("pgd-at: 2 epochs on 120 images, ")

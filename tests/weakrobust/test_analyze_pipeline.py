@@ -8,6 +8,7 @@ from scipy.stats import spearmanr
 
 from robustest import weakrobust as wr
 from robustest.core.batching import take
+from robustest.report import format_value
 from robustest.weakrobust.analyze_pipeline import AnalysisOptions, analyze_pipeline, resumable_analysis
 
 
@@ -42,6 +43,11 @@ def test_analyze_pipeline_saves_the_analysis_and_the_radius_figures(tmp_path, tr
     assert list(res) == ["n", "summary", "weakest", "files", "radius", "peak_rss_mib"] and res["n"] == 50
     assert res["files"] == {"analysis": "analysis.pt", "report": "report.html", "radius": "radius.pt"}
     assert set(run.timings) == {"analyze_s", "radius_s"}
+    s = run.analysis.summary()
+    assert run.summary_line() == (
+        f"analysed 50 samples in {format_value(run.analysis.params['seconds'], 'analyze_s')} s: clean accuracy "
+        f"{format_value(s['clean_accuracy'], 'accuracy')}, mean score {format_value(s['mean_score'])}, "
+        f"{format_value(100 * s['frac_most_neighbours_wrong'])} % with most neighbours misclassified")
     plain = analyze_pipeline(trained_digits_model, data, out=tmp_path / "p", options=AnalysisOptions(neighbors=6),
                              progress=False)
     assert plain.radius is None and "radius" not in plain.to_results() and set(plain.timings) == {"analyze_s"}

@@ -8,6 +8,7 @@ import torch
 from robustest import weakrobust as wr
 from robustest.core.batching import take
 from robustest.core.errors import DataError
+from robustest.report import format_value
 from robustest.weakrobust.validate_pipeline import ITERATIVE_ATTACKS, check_analysis_of, validate_pipeline
 
 
@@ -54,6 +55,10 @@ def test_validate_pipeline_saves_the_set_and_measures_it_and_the_test_samples(tm
                               perturbations=["pgd"], eps=[0.1], attack_steps=3, seed=1, progress=False)
     assert again.test_result is None and again.to_results()["test"] is None  # no test data, no comparison
     assert "severities" not in again.settings and again.settings["perturbations"] == ["pgd"]
+    res_ = run.result
+    assert run.summary_line() == (f"weak set: 10 samples; mean adversarial error "
+                                  f"{format_value(res_.mean_adv_error, 'error')}, mCE {format_value(res_.mce, 'mce')}; "
+                                  f"weaknesses: {', '.join(res_.weaknesses()) or 'none'}")
     assert ITERATIVE_ATTACKS == ("pgd", "bim", "mifgsm", "rfgsm")
 
 

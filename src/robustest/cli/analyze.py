@@ -20,7 +20,7 @@ from robustest.cli.args import (
     positive_int,
 )
 from robustest.cli.loading import load_checked, resolve_batch_size
-from robustest.cli.output import fmt, log, out_dir, write_run, written
+from robustest.cli.output import log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.devices import model_device
 from robustest.weakrobust.analyze_pipeline import AnalysisOptions
@@ -89,9 +89,6 @@ def run_analyze(args: argparse.Namespace) -> int:
                 "device": str(model_device(model))}
     doc = write_run(out, "analyze", t0, settings, arun.to_results(), arun.timings,
                     lambda doc: analyze_report(doc, ds, analysis, arun.radius, args.top))
-    s = analysis.summary()
-    log.info(f"analysed {len(analysis)} samples in {fmt(analysis.params['seconds'], 'analyze_s')} s: clean accuracy "
-             f"{fmt(s['clean_accuracy'], 'accuracy')}, mean score {fmt(s['mean_score'])}, "
-             f"{fmt(100 * s['frac_most_neighbours_wrong'])} % with most neighbours misclassified")
+    log.info(arun.summary_line())
     written(out, doc["files"], t0)
     return 0

@@ -178,23 +178,13 @@ def run(args: argparse.Namespace) -> int:
     timings = {**result.timings, "load_s": t_load, **ev.timings}  # the order of the report's timings table
     write_run(out, "eval", t0, _settings(args, attacks, severities, model_device(model)), ev.to_results(), timings,
               lambda doc: eval_report(result, doc, brk, ds))
-    per = ", ".join(f"{k} {100 * v:.2f}%" for k, v in result.attacks.items())
-    plan = args.version if result.plan == args.version else f"{args.version} -> {result.plan}"
-    for c in result.curve or []:
-        log.info(f"eps={c['eps']:g}: robust {100 * c['robust_accuracy']:.2f}% ({c['broke']} of {c['attacked']} "
-                 f"broken at this radius)")
-    log.info(f"{args.dataset} ({result.num_samples} images), {args.norm} eps={result.eps:g}, {plan}: clean "
-             f"{100 * result.clean_accuracy:.2f}%, robust {100 * result.robust_accuracy:.2f}% ({per})")
+    before, after = ev.summary_lines()
+    for line in before:
+        log.info(line)
     for line in flag_lines(result.flags, "robustest eval"):
         print(line, file=sys.stderr)
-    if result.corruption is not None:
-        c = result.corruption
-        mce = "" if c["mce"] is None else f", mCE {100 * c['mce']:.2f}% of the baseline's"
-        log.info(f"corruptions: mean accuracy {100 * c['mean_corruption_accuracy']:.2f}%{mce}")
-    if brk is not None:
-        log.info(f"bracket ({args.certify}): certified {100 * brk.certified_accuracy:.2f}% <= robust "
-                 f"{100 * brk.robust_accuracy:.2f}% <= clean {100 * brk.clean_accuracy:.2f}% "
-                 f"({brk.counts()['undecided']} undecided)")
+    for line in after:
+        log.info(line)
     written(out, ev.files, t0)
     for line in ev.gate_lines():
         print(f"robustest eval: {line}", file=sys.stderr)

@@ -165,11 +165,10 @@ def _method_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
 
 
 def run(args: argparse.Namespace) -> int:
-    from robustest.report import format_value
     from robustest.train import hardening
     from robustest.train.early_stopping import validation_split
     from robustest.train.harden_pipeline import Measurement, certificates_for, claim_run_dir, harden_pipeline
-    from robustest.train.harden_report import guard_reason, harden_report, summary_figures
+    from robustest.train.harden_report import harden_report
 
     t0 = time.perf_counter()
     method_kw, common = _method_kwargs(args)
@@ -197,24 +196,17 @@ def run(args: argparse.Namespace) -> int:
                            device=args.device, progress=not args.no_progress,
                            metadata={"source": str(args.checkpoint or args.model_factory or args.weights),
                                      "dataset": args.dataset, "from_scratch": bool(args.random_init)})
-    res = hrun.result
     cli_settings = {**model_settings(args), **data_settings(args), **settings, "from_scratch": bool(args.random_init),
                     "val_size": args.val_size, "val_steps": args.val_steps, "test_split": args.test_split,
                     "test_limit": args.test_limit, **option_settings(Measurement, args), "certify": args.certify,
                     "device": str(next(iter(model.parameters())).device)}
     doc = write_run(out, "harden", t0, {k: v for k, v in cli_settings.items() if v is not None},
                     hrun.to_results(), {"load_s": t_load, **hrun.timings}, harden_report)
-    rows = [{"model": name, **summary_figures(r)} for name, r in (("before", hrun.before), (f"after (epoch "
-            f"{res.kept_epoch})", hrun.after), (f"last (epoch {hrun.final_epoch})", hrun.last)) if r is not None]
+    rows = hrun.summary_rows()
     print_table(rows, [c for c in rows[0] if c == "model" or rows[0][c] is not None])
     for f in hrun.after.get("autoattack_flags") or []:
         print(f"robustest harden: flag {f['severity']} {f['name']}: {f['message']} (remedy: {f['remedy']})",
               file=sys.stderr)
-    c, n = res.compute, hrun.final_epoch
-    log.info(f"{res.method}: {n} epoch{'s' if n != 1 else ''} on {res.num_samples} images, "
-             f"{c['passes']:.4g} forward+backward passes ({c['passes'] / res.num_samples:.2f} per image), "
-             f"{format_value(hrun.training_cpu_s, 'cpu_s')} CPU-seconds of training"
-             + (f"; stopped by the catastrophic-overfitting guard at epoch {res.guard_epoch} ({guard_reason(res)})"
-                if res.guard_epoch is not None else ""))
+    log.info(hrun.summary_line())
     written(out, doc["files"], t0)
     return 0

@@ -42,7 +42,7 @@ from robustest.cli.args import (
     positive_int,
 )
 from robustest.cli.loading import check_fits, load_data, load_model, resolve_batch_size
-from robustest.cli.output import fmt, log, out_dir, write_run, written
+from robustest.cli.output import log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings, pick
 from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError
@@ -150,14 +150,10 @@ def run(args: argparse.Namespace) -> int:
                           options=options.of_metric(args.metric), model_source=str(args.checkpoint or args.model_factory
                                                                           or args.weights),
                           load_s=time.perf_counter() - t0)
-    s, n = srun.figures, len(srun.result.scores)
     doc = write_run(out, "score", t0, _settings(args, options, model_device(model), srun.result.options),
                     srun.to_results(), srun.timings, lambda doc: score_report(doc, srun.result.scores))
-    log.info(f"{args.metric} on {n} inputs from {inputs.source}: mean {fmt(s.get('mean'))}, "
-             f"median {fmt(s.get('quantiles', {}).get('q50'))}, min {fmt(s.get('min'))}, max {fmt(s.get('max'))} "
-             f"({fmt(srun.timings['score_s'], 'score_s')} s)")
-    if "set_coverage" in s:
-        log.info(f"set coverage: {fmt(s['set_coverage'], 'coverage')} of {s['num_cells']} cells")
+    for line in srun.summary_lines():
+        log.info(line)
     if srun.own_seed:
         log.warning("each test was scored as its own seed (x0 = x'); pass --seeds-dataset to use the seeds")
     written(out, doc["files"], t0)

@@ -126,7 +126,6 @@ def run_build(args: argparse.Namespace) -> int:
                         dataset=args.dataset, split=args.split, progress=not args.no_progress)
     out = out_dir(args)
     suite.save(out / SUITE_FILE)
-    m = suite.meta
     settings: dict[str, Any] = {"command": "build", **model_settings(args), **data_settings(args), "eps": args.eps,
                                 "norm": args.norm, "version": args.version, "k": args.k, "strata": args.strata,
                                 "by_class": args.by_class, "allocation": args.allocation,
@@ -140,10 +139,7 @@ def run_build(args: argparse.Namespace) -> int:
         settings["certify"] = args.certify
     doc = write_run(out, "suite", t0, settings, build_results(suite), suite.timings,
                     lambda doc: build_report(suite, doc))
-    r = m["baseline"]["robust_accuracy"]
-    log.info(f"suite of {m['k']} of {m['n_population']} samples in {len(m['stratum_sizes'])} strata; baseline robust "
-             f"accuracy {100 * r['value']:.1f}% [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}] "
-             f"({args.norm} eps={args.eps:g}, {args.version})")
+    log.info(suite.summary_line())
     written(out, doc["files"], t0)
     return 0
 

@@ -25,7 +25,7 @@ from robustest.cli.args import (
     positive_int,
 )
 from robustest.cli.loading import load_checked, load_data
-from robustest.cli.output import fmt, log, out_dir, print_table, write_run, written
+from robustest.cli.output import log, out_dir, print_table, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import ConfigError
 from robustest.selection.strata import ALLOCATIONS
@@ -130,9 +130,7 @@ def run_validate(args: argparse.Namespace) -> int:
                     lambda doc: validation_report(doc, args.dataset, args.split, ds, analysis, weak, res,
                                                   vrun.test_result, vrun.rows))
     print_table(vrun.rows, ["type", "family", "weak_error", "test_error", "label"])
-    log.info(f"{weak.rule['strategy']} set: {len(weak)} samples; mean adversarial error "
-             f"{fmt(res.mean_adv_error, 'error')}, mCE {fmt(res.mce, 'mce')}; "
-             f"weaknesses: {', '.join(res.weaknesses()) or 'none'}")
+    log.info(vrun.summary_line())
     written(out, doc["files"], t0)
     return 0
 

@@ -61,6 +61,27 @@ class EvalRun:
         unsound = self.bracket is not None and not self.bracket.sound
         return self.passed is False or (unsound and self.passed is None)
 
+    def summary_lines(self) -> tuple[list[str], list[str]]:
+        """The figures as the eval verb prints them: (the lines before the flags: each radius of a curve, then the
+        data set, images, threat model, version (``asked -> ran`` when ``auto`` escalated), clean and robust
+        accuracy with the accuracy after each attack; the lines after them: the corruption summary, the bracket)."""
+        r, brk, c = self.result, self.bracket, self.result.corruption
+        per = ", ".join(f"{k} {100 * v:.2f}%" for k, v in r.attacks.items())
+        plan = r.version if r.plan == r.version else f"{r.version} -> {r.plan}"
+        before = [f"eps={c['eps']:g}: robust {100 * c['robust_accuracy']:.2f}% ({c['broke']} of {c['attacked']} "
+                  "broken at this radius)" for c in r.curve or []]
+        before.append(f"{self.describe.get('dataset', 'custom')} ({r.num_samples} images), {r.norm} eps={r.eps:g}, "
+                      f"{plan}: clean {100 * r.clean_accuracy:.2f}%, robust {100 * r.robust_accuracy:.2f}% ({per})")
+        after = []
+        if c is not None:
+            mce = "" if c["mce"] is None else f", mCE {100 * c['mce']:.2f}% of the baseline's"
+            after.append(f"corruptions: mean accuracy {100 * c['mean_corruption_accuracy']:.2f}%{mce}")
+        if brk is not None:
+            after.append(f"bracket ({brk.method}): certified {100 * brk.certified_accuracy:.2f}% <= robust "
+                         f"{100 * brk.robust_accuracy:.2f}% <= clean {100 * brk.clean_accuracy:.2f}% "
+                         f"({brk.counts()['undecided']} undecided)")
+        return before, after
+
     def gate_lines(self) -> list[str]:
         """What the run says beside its figures, one line each: an unsound bracket, and when the gate failed, why
         (robust accuracy below ``fail_under``, or the unreliable flags not accepted)."""

@@ -162,6 +162,19 @@ class ScoreRun:
     timings: dict[str, float]
     own_seed: bool = False
 
+    def summary_lines(self) -> list[str]:
+        """The figures the verb prints: the metric, inputs, mean, median, min, max and scoring seconds, and for a
+        coverage metric the set's coverage of its cells."""
+        from robustest.report import format_value as fmt
+
+        s = self.figures
+        lines = [f"{self.metric} on {len(self.result.scores)} inputs from {s['source']}: mean {fmt(s.get('mean'))}, "
+                 f"median {fmt(s.get('quantiles', {}).get('q50'))}, min {fmt(s.get('min'))}, max {fmt(s.get('max'))} "
+                 f"({fmt(self.timings['score_s'], 'score_s')} s)"]
+        if "set_coverage" in s:
+            lines.append(f"set coverage: {fmt(s['set_coverage'], 'coverage')} of {s['num_cells']} cells")
+        return lines
+
     def to_results(self) -> dict[str, Any]:
         """The ``results`` of the score verb's results.json: the figures and the files."""
         return {**self.figures, "files": dict(SCORE_FILES)}

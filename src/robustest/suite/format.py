@@ -104,6 +104,15 @@ class Suite:
                 f"n_population={m.get('n_population')}, strata={len(m.get('stratum_sizes', []))}, "
                 f"{a.get('norm')} eps={a.get('eps')}, version={a.get('version')!r})")
 
+    def summary_line(self) -> str:
+        """The suite in one line: its size, population, strata, the baseline's robust accuracy with its 95 %
+        interval, and the threat model (what ``robustest suite build`` prints)."""
+        m, a = self.meta, self.meta["attack"]
+        r = m["baseline"]["robust_accuracy"]
+        return (f"suite of {m['k']} of {m['n_population']} samples in {len(m['stratum_sizes'])} strata; baseline "
+                f"robust accuracy {100 * r['value']:.1f}% [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}] "
+                f"({a['norm']} eps={a['eps']:g}, {a['version']})")
+
     @property
     def sizes(self) -> torch.Tensor:
         """Population sizes N_h of the strata (int64 [H])."""

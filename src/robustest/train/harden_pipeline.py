@@ -154,6 +154,29 @@ class HardenRun:
         """The number of epochs trained (the last epoch)."""
         return len(self.result.epochs)
 
+    def summary_rows(self) -> list[dict[str, Any]]:
+        """The table the verb prints: one row per model measured (before, after: the kept epoch's, and the last
+        epoch's when another was kept), with the columns of :func:`robustest.train.harden_report.summary_figures`."""
+        from robustest.train.harden_report import summary_figures
+
+        return [{"model": name, **summary_figures(r)} for name, r in (
+            ("before", self.before), (f"after (epoch {self.result.kept_epoch})", self.after),
+            (f"last (epoch {self.final_epoch})", self.last)) if r is not None]
+
+    def summary_line(self) -> str:
+        """The training in one line: method, epochs, images, passes (in all and per image), training CPU seconds
+        and, when the catastrophic-overfitting guard stopped the run, its epoch and what it saw."""
+        from robustest.report import format_value
+        from robustest.train.harden_report import guard_reason
+
+        res, n = self.result, self.final_epoch
+        c = res.compute
+        guard = "" if res.guard_epoch is None else (f"; stopped by the catastrophic-overfitting guard at epoch "
+                                                    f"{res.guard_epoch} ({guard_reason(res)})")
+        return (f"{res.method}: {n} epoch{'s' if n != 1 else ''} on {res.num_samples} images, {c['passes']:.4g} "
+                f"forward+backward passes ({c['passes'] / res.num_samples:.2f} per image), "
+                f"{format_value(self.training_cpu_s, 'cpu_s')} CPU-seconds of training{guard}")
+
     def to_results(self) -> dict[str, Any]:
         """The results of a harden run (docs/RESULTS_SCHEMA.md, harden), without the contract's header."""
         res = self.result

@@ -121,6 +121,17 @@ class AnalyzeRun:
     timings: dict[str, float]
     files: dict[str, str] = field(default_factory=dict)
 
+    def summary_line(self) -> str:
+        """The analysis in one line: samples, seconds, clean accuracy, mean score and the share of samples with most
+        neighbours misclassified (what the verb prints)."""
+        from robustest.report import format_value as fmt
+
+        a = self.analysis
+        s = a.summary()
+        return (f"analysed {len(a)} samples in {fmt(a.params['seconds'], 'analyze_s')} s: clean accuracy "
+                f"{fmt(s['clean_accuracy'], 'accuracy')}, mean score {fmt(s['mean_score'])}, "
+                f"{fmt(100 * s['frac_most_neighbours_wrong'])} % with most neighbours misclassified")
+
     def to_results(self) -> dict[str, Any]:
         """The results of the analyze verb: size, summary, the weakest samples, the radius figures, files, memory."""
         from robustest.weakrobust.reports import weakest_rows

@@ -67,6 +67,16 @@ class ValidateRun:
     files: dict[str, str] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
 
+    def summary_line(self) -> str:
+        """The validation in one line: the set's strategy and size, the mean adversarial error, the mCE and the
+        weaknesses found (what the verb prints under its table)."""
+        from robustest.report import format_value as fmt
+
+        res = self.result
+        return (f"{self.weak.rule['strategy']} set: {len(self.weak)} samples; mean adversarial error "
+                f"{fmt(res.mean_adv_error, 'error')}, mCE {fmt(res.mce, 'mce')}; "
+                f"weaknesses: {', '.join(res.weaknesses()) or 'none'}")
+
     def to_results(self) -> dict[str, Any]:
         """The results of the validate verb: the set, the validation on it and on the test samples, weaknesses and
         strengths, the table, peak memory and the files."""
