@@ -522,3 +522,47 @@ def test_zoo_models_run_on_cuda():
         assert x.grad is not None and torch.isfinite(x.grad).all()
     vit = models.create("vit_tiny", num_classes=10, input_size=32).to(dev)
     assert models.profile(vit) == models.profile("vit_tiny", input_size=32, num_classes=10)  # CUDA attention counted
+
+
+# ------------------------------------------------------------------------------------ catalogue and checks
+def test_si_gives_three_significant_figures():
+    from robustest.models.profiling import si
+
+    assert [si(n) for n in (0, 950, 999, 1000, 1234, 9999, 10_000, 25_557_032, 4_100_000_000, 12_345_678_901)] == [
+        "0", "950", "999", "1.00k", "1.23k", "10.00k", "10.0k", "25.6M", "4.10G", "12.3G"]
+
+
+def test_the_catalogue_has_a_row_per_model_and_variant_with_its_profile():
+    rows = {r["name"]: r for r in models.catalogue()}
+    assert list(rows) == models.names() + models.variants()
+    lenet = rows["lenet5"]
+    prof = models.profile("lenet5")
+    c, s, k = models.native("lenet5")
+    assert lenet == {"name": "lenet5", "input": f"{c}x{s}x{s}", "classes": str(k),
+                     "params": models.profiling.si(prof["params"]), "MACs": models.profiling.si(prof["macs"]),
+                     "description": models.describe("lenet5")}
+    variant = models.variants()[0]
+    family, opts = models.resolve_name(variant)
+    assert rows[variant]["description"] == f"{family} with " + ", ".join(f"{o} {v}" for o, v in opts.items())
+
+
+def test_check_options_names_the_unknown_option_and_the_known_ones():
+    assert models.check_options("convnet", {}) == {}
+    assert models.check_options("wrn", {"dropout": 0.3, "depth": 16}) == {"dropout": 0.3, "depth": 16}
+    with pytest.raises(ConfigError, match="^model 'wrn' has no option 'colour' \\(its options: depth, dropout, "
+                                          "width\\)$"):
+        models.check_options("wrn", {"depth": 16, "colour": 1})
+    with pytest.raises(ConfigError, match="^model 'convnet' has no option 'width' \\(its options: none\\)$"):
+        models.check_options("convnet", {"width": 2})
+
+
+def test_check_spec_input_refuses_other_channels_or_a_size_the_model_cannot_take():
+    spec = models.spec_of(models.create("lenet5"))
+    c, s, _ = models.native("lenet5")
+    models.check_spec_input(spec, c, s, s)  # its own input: accepted
+    models.check_spec_input({}, 3, 5, 7)  # no spec details: nothing to check
+    with pytest.raises(ConfigError, match=f"^the model takes {c}-channel images but the data has {c + 2} channels$"):
+        models.check_spec_input(spec, c + 2, s, s)
+    with pytest.raises(ConfigError, match=f"^the model takes {s}x{s} images but the data is 8x8: models for 8x8 "
+                                          "images: "):
+        models.check_spec_input(spec, c, 8, 8)

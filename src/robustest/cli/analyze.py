@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 from robustest.cli.args import (
-    add_checkpoint_arg,
     add_data_args,
+    add_model_args,
     add_option_args,
     add_run_args,
     linf_eps,
@@ -47,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("analyze", help="local robustness analysis of every sample (weak-robust scores)",
                        description=ANALYZE_DESCRIPTION, formatter_class=raw)
-    add_checkpoint_arg(p)
+    add_model_args(p)
     add_data_args(p, split="train")
     add_analysis_args(p)
     p.add_argument("--top", type=positive_int, default=32, help="weakest samples shown in the report (default: 32)")

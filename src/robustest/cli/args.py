@@ -15,7 +15,7 @@ from robustest.core.errors import ConfigError
 from robustest.core.options import OptionSource
 from robustest.core.validation import arg, check_eps, check_float, check_int, check_seed, parse_number
 
-__all__ = ["LIST_SYNTAX", "MAX_RANGE_ITEMS", "add_checkpoint_arg", "add_data_args", "add_model_args",
+__all__ = ["LIST_SYNTAX", "MAX_RANGE_ITEMS", "add_data_args", "add_model_args",
            "add_option_args", "add_output_flags", "add_run_args", "available_cores", "batch_size_arg", "below_one",
            "finish_verb_parser", "finite_float", "fraction", "int_list", "json_object", "key_value", "learning_rate",
            "linf_eps", "linf_eps_list", "list_arg", "model_options_object", "name_list", "noise_width",
@@ -80,11 +80,6 @@ def add_model_args(p: argparse.ArgumentParser, zoo: bool = False) -> None:
         g.add_argument("--random-init", dest="random_init", action="store_true",
                        help="run --model pkg.module:factory with its random initial weights (no --weights): only "
                             "useful to test the pipeline, accuracies will be at chance")
-
-
-def add_checkpoint_arg(p: argparse.ArgumentParser, zoo: bool = False) -> None:
-    """The model options (:func:`add_model_args`)."""
-    add_model_args(p, zoo)
 
 
 def json_object(text: str) -> dict[str, Any]:

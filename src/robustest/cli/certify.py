@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from robustest.cli.args import (
-    add_checkpoint_arg,
     add_data_args,
+    add_model_args,
     add_option_args,
     add_run_args,
     options_from_args,
@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("certify", help="certified robustness (IBP, CROWN, randomised smoothing): a proved lower "
                                        "bound of robust accuracy", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_checkpoint_arg(p)
+    add_model_args(p)
     add_data_args(p, split="test")
     p.add_argument("--eps", type=radius, required=True, metavar="E",
                    help="radius to certify in pixel scale, e.g. 0.1 or 8/255 (L-inf: in (0, 1]; smoothing: an L2 "

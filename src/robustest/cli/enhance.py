@@ -11,8 +11,8 @@ import argparse
 import time
 
 from robustest.cli.args import (
-    add_checkpoint_arg,
     add_data_args,
+    add_model_args,
     add_run_args,
     learning_rate,
     linf_eps,
@@ -49,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("enhance", help="targeted enhancement: AugMix + JSD + adversarial copy + weaknesses",
                        description=ENHANCE_DESCRIPTION, formatter_class=raw)
-    add_checkpoint_arg(p)
+    add_model_args(p)
     add_data_args(p, split=None)
     p.add_argument("--weaknesses", type=list_arg(str, what="weakness"), default=[], metavar="LIST",
                    help="corruption/attack names, or the results.json of 'robustest validate' (its weaknesses), "

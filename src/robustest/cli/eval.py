@@ -35,8 +35,8 @@ import sys
 import time
 
 from robustest.cli.args import (
-    add_checkpoint_arg,
     add_data_args,
+    add_model_args,
     add_option_args,
     add_run_args,
     batch_size_arg,
@@ -65,7 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate robustness (AutoAttack ensemble, corruptions); gate CI with "
                                     "--fail-under", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_checkpoint_arg(p)
+    add_model_args(p)
     add_data_args(p, split="test")
     p.add_argument("--eps", type=list_arg(radius, what="eps"), required=True, metavar="E",
                    help="radius of the threat model in pixel scale, e.g. 0.3 or 8/255 (L-inf: in (0, 1]); a list "

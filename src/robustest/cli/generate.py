@@ -29,8 +29,8 @@ from torch.utils.data import TensorDataset
 from robustest import attacks
 from robustest import data as datasets
 from robustest.cli.args import (
-    add_checkpoint_arg,
     add_data_args,
+    add_model_args,
     add_option_args,
     add_run_args,
     batch_size_arg,
@@ -55,7 +55,7 @@ ORDER = 30
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate tests with an attack or a fuzzer", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_checkpoint_arg(p)
+    add_model_args(p)
     add_data_args(p, split="train")
     p.add_argument("--method", required=True, type=_method, metavar="METHOD",
                    help=f"an attack ({', '.join(attacks.names())}, or one registered with robustest.attacks."

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from robustest.cli.args import (
-    add_checkpoint_arg,
     add_data_args,
+    add_model_args,
     add_option_args,
     add_run_args,
     below_one,
@@ -71,7 +71,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("harden", help="adversarial or certified training, fine-tuning or from scratch (PGD-AT, "
                                       "TRADES, N-FGSM, IBP, ...)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_checkpoint_arg(p, zoo=True)
+    add_model_args(p, zoo=True)
     add_data_args(p, split="train")
     g = p.add_argument_group("method")
     methods = [objectives.get(name) for name in objectives.names()]

@@ -55,29 +55,6 @@ def registries() -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-def _si(n: int) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f}{unit}" if n < 10 * scale else f"{n / scale:.1f}{unit}"
-    return str(n)
-
-
-def model_rows() -> list[dict[str, str]]:
-    """One row per zoo model and named variant: name, native input, classes, params, MACs, description."""
-    from robustest import models
-
-    rows = []
-    for name in models.names() + models.variants():
-        c, s, k = models.native(name)
-        prof = models.profile(name)
-        family, opts = models.resolve_name(name)
-        desc = models.describe(name) if family == name else \
-            f"{family} with " + ", ".join(f"{k} {v}" for k, v in opts.items())
-        rows.append({"name": name, "input": f"{c}x{s}x{s}", "classes": str(k), "params": _si(prof["params"]),
-                     "MACs": _si(prof["macs"]), "description": desc})
-    return rows
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -89,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
         log.info("\nmodels (input and classes: the native size; parameters and multiply-adds (MACs) of one image "
                  "at it):")
         cols = ["name", "input", "classes", "params", "MACs", "description"]
-        table = model_rows()
+        from robustest import models
+
+        table = models.catalogue()
         widths = {c: max(len(c), *(len(r[c]) for r in table)) for c in cols[:-1]}
         right = ("classes", "params", "MACs")
 

@@ -103,13 +103,7 @@ def check_fits(model: nn.Module, ds: Any) -> int:
 
     spec = getattr(model, "robustest_spec", None)
     if spec:
-        c, h, w = image_shape(ds)
-        if spec.get("in_channels") not in (None, c):
-            raise ConfigError(f"the model takes {spec['in_channels']}-channel images but the data has {c} channels")
-        size = spec.get("input_size")
-        if size is not None and not zoo.accepts_size(spec, h, w):
-            raise ConfigError(f"the model takes {size}x{size} images but the data is {h}x{w}: models for "
-                              f"{h}x{w} images: {', '.join(zoo.suggest(h)) or 'none in the zoo'}")
+        zoo.check_spec_input(spec, *image_shape(ds))
     k = check_model_fits(model, ds)
     check_finite_logits(model, ds)
     return k

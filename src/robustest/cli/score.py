@@ -32,8 +32,8 @@ from typing import Any
 from robustest import data as datasets
 from robustest import metrics
 from robustest.cli.args import (
-    add_checkpoint_arg,
     add_data_args,
+    add_model_args,
     add_option_args,
     add_run_args,
     batch_size_arg,
@@ -56,7 +56,7 @@ ORDER = 30
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("score", help="score inputs with a test metric (FOL, ZOL, DeepGini, coverage, SA, ...)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_checkpoint_arg(p)
+    add_model_args(p)
     add_data_args(p, split="test")
     p.add_argument("--metric", required=True, choices=metrics.names(), help="metric to compute")
     p.add_argument("--batch-size", type=batch_size_arg, default=256, metavar="B",

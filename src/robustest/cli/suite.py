@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from robustest.cli.args import (
-    add_checkpoint_arg,
     add_data_args,
+    add_model_args,
     add_option_args,
     add_output_flags,
     add_run_args,
@@ -59,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b = verbs.add_parser("build", help="draw K samples stratified by local robustness and store the baseline's "
                                        "outcomes", description=(__doc__ or "").split("\n\n")[1],
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_checkpoint_arg(b)
+    add_model_args(b)
     add_data_args(b, split="test")
     b.add_argument("--eps", type=radius, required=True, metavar="E",
                    help="radius of the threat model in pixel scale, e.g. 0.3 or 8/255 (L-inf: in (0, 1])")
@@ -75,7 +75,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("--suite", required=True, metavar="FILE",
                    help="suite.pt written by 'robustest suite build' (or its --out folder)")
-    add_checkpoint_arg(c)
+    add_model_args(c)
     c.add_argument("--baseline", default=None, metavar="FILE",
                    help="checkpoint of the baseline (default: the outcomes stored in the suite; a baseline with the "
                         "suite's weights reuses them)")

@@ -110,12 +110,7 @@ def _zoo_options(args: argparse.Namespace) -> dict[str, Any]:
     if ":" in args.model:
         raise ConfigError("--model-option/--model-options apply to zoo models; pass keyword arguments of "
                           "pkg.module:factory with --model-args")
-    known = zoo.options(args.model)
-    for key in given:
-        if key not in known:
-            raise ConfigError(f"model {args.model!r} has no option {key!r} (its options: "
-                              f"{', '.join(sorted(known)) or 'none'})")
-    return given
+    return zoo.check_options(args.model, given)
 
 
 def run(args: argparse.Namespace) -> int:

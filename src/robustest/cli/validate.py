@@ -13,8 +13,8 @@ from typing import Any
 
 from robustest.cli.analyze import add_analysis_args, analysis_options, analysis_settings
 from robustest.cli.args import (
-    add_checkpoint_arg,
     add_data_args,
+    add_model_args,
     add_run_args,
     below_one,
     fraction,
@@ -59,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("validate", help="weak-robust validation set and the model's errors under perturbations",
                        description=VALIDATE_DESCRIPTION, formatter_class=raw)
-    add_checkpoint_arg(p)
+    add_model_args(p)
     add_data_args(p, split="train")
     p.add_argument("--analysis", metavar="FILE", default=None,
                    help="analysis.pt from 'robustest analyze' (default: analyse inline)")

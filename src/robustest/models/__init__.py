@@ -33,7 +33,7 @@ from __future__ import annotations
 # Architectures: each module registers its models on import; the builders and classes are re-exported.
 from robustest.models.densenet import DenseNetBC, densenet_bc
 from robustest.models.preact_resnet import PreActResNet, preact_resnet18
-from robustest.models.profiling import profile
+from robustest.models.profiling import catalogue, profile
 from robustest.models.registry import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -41,6 +41,8 @@ from robustest.models.registry import (
     Normalize,
     accepts_size,
     check_input,
+    check_options,
+    check_spec_input,
     create,
     describe,
     from_spec,
@@ -73,7 +75,10 @@ __all__ = [
     "VisionTransformer",
     "WideResNet",
     "accepts_size",
+    "catalogue",
     "check_input",
+    "check_options",
+    "check_spec_input",
     "convnet",
     "create",
     "densenet_bc",

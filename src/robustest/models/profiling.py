@@ -1,4 +1,5 @@
-"""Size and cost of a model: parameters and multiply-adds of one forward pass of one image.
+"""Size and cost of a model: parameters and multiply-adds of one forward pass of one image (:func:`profile`), and
+the zoo as a table of them (:func:`catalogue`, what ``robustest info --models`` prints).
 
 Multiply-adds (MACs) are counted by ``torch.utils.flop_counter.FlopCounterMode`` (MACs = FLOPs / 2) over
 convolutions, matrix products and attention (q k^T and the weighted sum of v); normalisation, activations,
@@ -18,9 +19,9 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import eval_mode, forward
-from robustest.models.registry import create, native
+from robustest.models.registry import create, describe, names, native, resolve_name, variants
 
-__all__ = ["profile"]
+__all__ = ["catalogue", "profile", "si"]
 
 
 def _sdpa_cpu_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
@@ -69,3 +70,26 @@ def profile(model: str | nn.Module, input_size: int | None = None, in_channels: 
     with eval_mode(net), torch.no_grad(), counter:
         forward(net, x)
     return {"params": int(params), "macs": int(counter.get_total_flops()) // 2}
+
+
+def si(n: int) -> str:
+    """A count in SI units, three significant figures: 950 -> "950", 1234 -> "1.23k", 25_557_032 -> "25.6M"."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}" if n < 10 * scale else f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+def catalogue() -> list[dict[str, str]]:
+    """The zoo as a table: one row per model and named variant (``wrn-28-10``) with its name, native input
+    (``CxHxW``), classes, parameters and multiply-adds at that input (:func:`si`) and description (a variant's:
+    its family and options)."""
+    rows = []
+    for name in names() + variants():
+        c, s, k = native(name)
+        prof = profile(name)
+        family, opts = resolve_name(name)
+        desc = describe(name) if family == name else f"{family} with " + ", ".join(f"{o} {v}" for o, v in opts.items())
+        rows.append({"name": name, "input": f"{c}x{s}x{s}", "classes": str(k), "params": si(prof["params"]),
+                     "MACs": si(prof["macs"]), "description": desc})
+    return rows

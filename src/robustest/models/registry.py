@@ -135,6 +135,29 @@ def options(name: str) -> dict[str, Any]:
     return {**MODELS.get(key).options, **from_name}
 
 
+def check_options(name: str, given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` when every key is an architecture option of zoo model ``name`` (:func:`options`); a one-line
+    ConfigError naming the first that is not, and the model's options, otherwise."""
+    known = options(name)
+    for key in given:
+        if key not in known:
+            raise ConfigError(f"model {name!r} has no option {key!r} (its options: "
+                              f"{', '.join(sorted(known)) or 'none'})")
+    return given
+
+
+def check_spec_input(spec: dict[str, Any], channels: int, height: int, width: int) -> None:
+    """Refuse, with one line, images of ``channels`` x ``height`` x ``width`` that a zoo model built from ``spec``
+    cannot take: another number of channels, or a size it does not accept (:func:`accepts_size`; the message names
+    the zoo models made for that size)."""
+    if spec.get("in_channels") not in (None, channels):
+        raise ConfigError(f"the model takes {spec['in_channels']}-channel images but the data has {channels} channels")
+    size = spec.get("input_size")
+    if size is not None and not accepts_size(spec, height, width):
+        raise ConfigError(f"the model takes {size}x{size} images but the data is {height}x{width}: models for "
+                          f"{height}x{width} images: {', '.join(suggest(height)) or 'none in the zoo'}")
+
+
 def check_input(name: str, in_channels: int, input_size: int, num_classes: int | None = None,
                 **options: Any) -> dict[str, Any]:
     """Check, before any work and without allocating weights (the model is built on the meta device), that
