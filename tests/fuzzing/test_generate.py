@@ -82,3 +82,31 @@ def test_the_report_names_the_method_and_the_figures():
                     "fol": {"norm": "linf", "eps": 0.1, "quantiles": quantiles(fol)}}, {"total_s": 1.0}, world_size=1)
     html = generate_report(doc, "pgd", None, fol).render()
     assert "robustest generate: pgd on digits (train)" in html and "FOL (linf, eps 0.1" in html
+
+
+def test_threat_norm_is_the_given_one_else_the_attacks_first_else_linf():
+    from robustest.fuzzing.generate import threat_norm
+
+    assert threat_norm("pgd", "l2") == "l2"
+    assert threat_norm("cw") == "l2" and threat_norm("pgd") == "linf"
+    assert threat_norm("fol-fuzz") == "linf" and threat_norm("cov-fuzz") == "linf"
+
+
+def test_default_eps_by_channels():
+    from robustest.fuzzing.generate import default_eps
+
+    assert default_eps(1) == 0.3 and default_eps(3) == 8 / 255 and default_eps(4) == 8 / 255
+
+
+def test_check_radii_measures_each_radius_in_its_own_norm():
+    GenerateOptions(method="pgd", eps=1.0, fol_eps=1.0).check_radii()  # L-inf radii up to 1 pass
+    GenerateOptions(method="pgd", eps=None, fol_eps=None).check_radii()  # none given: the defaults apply later
+    GenerateOptions(method="cw", norm="l2", eps=3.0).check_radii()  # an L2 radius may exceed 1
+    GenerateOptions(method="pgd", eps=0.1, fol_eps=5.0).check_radii("l2")  # the FOL's norm decides its radius
+    GenerateOptions(method="pgd", eps=0.1, fol_eps=-1.0).check_radii("gradnorm")  # gradnorm has no radius
+    with pytest.raises(ConfigError, match="^eps"):
+        GenerateOptions(method="pgd", eps=1.5).check_radii()
+    with pytest.raises(ConfigError, match="^fol_eps"):
+        GenerateOptions(method="pgd", eps=0.1, fol_eps=1.5).check_radii()
+    with pytest.raises(ConfigError, match="^fol_eps"):
+        GenerateOptions(method="cw", norm="l2", eps=3.0, fol_eps=3.0).check_radii("linf")

@@ -10,6 +10,7 @@ import torch
 from robustest import corruptions, models
 from robustest.core.errors import DataError
 from robustest.models.checkpoints import load_checkpoint
+from robustest.report import format_value
 from robustest.results import document
 from robustest.weakrobust.enhance_pipeline import (
     enhance_pipeline,
@@ -73,6 +74,26 @@ def test_the_pipeline_measures_enhances_and_saves(tmp_path):
                              batch_size=8)
     assert quiet.before == {} and quiet.held_out == []
     assert "Before and after" not in enhance_report(doc, quiet, 1).render()
+    assert run.settings == {"weaknesses": ["gaussian_noise"], "epochs": 1, "augmix": True, "adversarial": False,
+                            "jsd_weight": 6.0, "lr": 1e-3, "batch_size": 8, "eval_limit": 8, "seed": 0,
+                            "device": "cpu"}
+    assert quiet.summary_line() is None
+    b, a = run.before, run.after
+    assert run.summary_line() == (
+        f"test accuracy {format_value(b['clean_accuracy'], 'accuracy')} -> "
+        f"{format_value(a['clean_accuracy'], 'accuracy')}; "
+        f"mean adversarial error {format_value(b['mean_adv_error'], 'error')} -> "
+        f"{format_value(a['mean_adv_error'], 'error')}; held-out mCE {format_value(b['mce_held_out'], 'mce')} -> "
+        f"{format_value(a['mce_held_out'], 'mce')}")
+
+
+def test_the_settings_name_the_adversarial_copy_only_when_it_runs(tmp_path):
+    model, data = _setup()
+    run = enhance_pipeline(model, data, None, [], out=tmp_path, eval_limit=0, epochs=1, augmix=False, eps=0.2,
+                           adv_steps=2, adv_weight=0.25, lr=5e-4, batch_size=12, seed=3)
+    assert run.settings == {"weaknesses": [], "epochs": 1, "augmix": False, "adversarial": True, "adv_weight": 0.25,
+                            "eps": 0.2, "adv_steps": 2, "adv_source": "offline", "lr": 5e-4, "batch_size": 12,
+                            "eval_limit": 0, "seed": 3, "device": "cpu"}
 
 
 def test_state_folder_is_named_by_the_run_and_drops_other_runs_state(tmp_path):

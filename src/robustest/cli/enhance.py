@@ -13,19 +13,18 @@ import time
 from robustest.cli.args import (
     add_data_args,
     add_model_args,
+    add_option_args,
     add_run_args,
-    learning_rate,
-    linf_eps,
     list_arg,
-    non_negative_float,
     non_negative_int,
+    options_from_args,
     positive_int,
 )
 from robustest.cli.loading import load_checked, load_data
-from robustest.cli.output import fmt, log, out_dir, write_run, written
+from robustest.cli.output import log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
-from robustest.core.devices import model_device
 from robustest.core.errors import ConfigError
+from robustest.weakrobust.enhance import ENHANCE_OPTIONS, enhance
 
 ORDER = 62
 #: the flags that name an enhancement's state (a rerun with the same ones continues it)
@@ -57,15 +56,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epochs", type=positive_int, required=True, help="training epochs")
     p.add_argument("--no-augmix", action="store_true", help="drop the AugMix + JSD term")
     p.add_argument("--no-adversarial", action="store_true", help="drop the adversarial copy")
-    p.add_argument("--jsd-weight", type=non_negative_float, default=6.0, help="weight of the JSD term (default: 6)")
-    p.add_argument("--adv-weight", type=non_negative_float, default=0.5, help="weight of CE(x_adv) (default: 0.5)")
-    p.add_argument("--eps", type=linf_eps, default=None,
-                   help="L-inf radius of the adversarial copy's PGD (default: 0.1 grey, 4/255 colour)")
-    p.add_argument("--adv-steps", type=positive_int, default=10, help="PGD steps (default: 10)")
-    p.add_argument("--adv-source", choices=("offline", "online"), default="offline",
-                   help="PGD against the starting model once (offline) or the current model per batch")
-    p.add_argument("--lr", type=learning_rate, default=5e-4, help="learning rate (default: 5e-4)")
-    p.add_argument("--batch-size", type=positive_int, default=64, help="batch size (default: 64)")
+    add_option_args(p, (enhance, ENHANCE_OPTIONS), ("jsd_weight", "adv_weight", "eps", "adv_steps", "adv_source", "lr",
+                                                    "batch_size"), {"lr": 5e-4})
     p.add_argument("--eval-limit", type=non_negative_int, default=1000, metavar="N",
                    help="test samples for the before/after comparison (0: none; default: 1000)")
     add_run_args(p)
@@ -87,29 +79,13 @@ def run_enhance(args: argparse.Namespace) -> int:
     out = out_dir(args)  # made once the arguments and data are checked: a refusal leaves nothing behind
     run = enhance_pipeline(model, train, test, weaknesses, out=out, eval_limit=args.eval_limit, seed=args.seed,
                            epochs=args.epochs, augmix=not args.no_augmix, adversarial=not args.no_adversarial,
-                           jsd_weight=args.jsd_weight, adv_weight=args.adv_weight, eps=args.eps,
-                           adv_steps=args.adv_steps, adv_source=args.adv_source, lr=args.lr,
-                           batch_size=args.batch_size, progress=not args.no_progress,
+                           **options_from_args((enhance, ENHANCE_OPTIONS), args), progress=not args.no_progress,
                            state_dir=state_folder(out, {k: getattr(args, k) for k in _STATE_KEYS}, weaknesses, model,
                                                   train), resume=True)
-    before, after, res = run.before, run.after, run.result
-    settings = {**model_settings(args), **data_settings(args), "weaknesses": weaknesses, "epochs": args.epochs,
-                "augmix": not args.no_augmix, "adversarial": not args.no_adversarial}
-    if not args.no_augmix:
-        settings["jsd_weight"] = args.jsd_weight
-    if not args.no_adversarial:
-        settings.update(adv_weight=args.adv_weight, eps=res.config.get("eps", args.eps),
-                        adv_steps=args.adv_steps, adv_source=args.adv_source)
-    settings.update(lr=args.lr, batch_size=args.batch_size, eval_limit=args.eval_limit, seed=args.seed,
-                    device=str(model_device(model)))
-    settings = {k: v for k, v in settings.items() if v is not None}
+    settings = {**model_settings(args), **data_settings(args), **run.settings}
     doc = write_run(out, "enhance", t0, settings, run.to_results(), {"train_s": run.train_seconds},
                     lambda doc: enhance_report(doc, run, args.epochs))
-    if before and after:
-        log.info(f"test accuracy {fmt(before['clean_accuracy'], 'accuracy')} -> "
-                 f"{fmt(after['clean_accuracy'], 'accuracy')}; mean adversarial error "
-                 f"{fmt(before['mean_adv_error'], 'error')} -> "
-                 f"{fmt(after['mean_adv_error'], 'error')}; held-out mCE {fmt(before['mce_held_out'], 'mce')} -> "
-                 f"{fmt(after['mce_held_out'], 'mce')}")
+    if run.summary_line():
+        log.info(run.summary_line())
     written(out, doc["files"], t0)
     return 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from torch.utils.data import TensorDataset
 
@@ -41,12 +41,7 @@ from robustest.cli.output import fmt, log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.batching import image_shape
 from robustest.core.errors import ConfigError
-from robustest.core.validation import check_eps
-from robustest.fuzzing.generate import (
-    FUZZERS,
-    GenerateOptions,
-    generate_report,
-)
+from robustest.fuzzing.generate import FUZZERS, GenerateOptions, default_eps, generate_report, threat_norm
 
 ORDER = 30
 
@@ -91,38 +86,20 @@ def _method(text: str) -> str:
     return text
 
 
-def _norm(args: argparse.Namespace) -> str:
-    """The threat model: --norm, else the attack's first (its record's), else L-inf (the fuzzers)."""
-    if args.norm is not None:
-        return str(args.norm)
-    return "linf" if args.method in FUZZERS else attacks.get(args.method).norms[0]
-
-
-def _default_eps(channels: int) -> float:
-    return 0.3 if channels == 1 else 8 / 255
-
-
-def _check_radii(args: argparse.Namespace) -> None:
-    """--eps and --fol-eps against the norm they are measured in (L-inf radii in (0, 1]), before any work."""
-    check_eps("eps", args.eps, _norm(args), allow_none=True)
-    fol_norm = args.fol_norm or _norm(args)
-    if fol_norm != "gradnorm":
-        check_eps("fol_eps", args.fol_eps, fol_norm, allow_none=True)
-
-
 # ------------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
     """Generate the tests of ``args.method`` and write tests.pt, summary.json, results.json, report.html."""
     from robustest.fuzzing.generate_pipeline import generate_pipeline
 
     t0 = time.perf_counter()
-    _check_radii(args)
+    given = {f.name: getattr(args, f.name) for f in fields(GenerateOptions) if f.name not in ("norm", "batch_size")}
+    opts = GenerateOptions(**given, norm=threat_norm(args.method, args.norm))
+    opts.check_radii(args.fol_norm)  # before any work
     model, ds = load_checked(args)
     resolve_batch_size(args, model, ds, default=256, grad=True)
     out = out_dir(args)  # made once the data is known to fit: a refusal leaves nothing behind
-    eps = args.eps if args.eps is not None else _default_eps(image_shape(ds)[0])
-    opts = GenerateOptions(**{f.name: getattr(args, f.name) for f in fields(GenerateOptions) if f.name != "norm"},
-                           norm=_norm(args))
+    eps = args.eps if args.eps is not None else default_eps(image_shape(ds)[0])
+    opts = replace(opts, batch_size=args.batch_size)  # "auto" resolved
     profile = _train_for_profile(args) if args.method == "cov-fuzz" and not args.keep_all and len(ds) else None
     grun = generate_pipeline(opts, model, ds, out=out, eps=eps, fol_norm=args.fol_norm, profile=profile,
                              grid=args.grid, seed=args.seed, progress=not args.no_progress,

@@ -25,11 +25,13 @@ from robustest.core.errors import ConfigError
 from robustest.core.modelcall import predict
 from robustest.core.options import option
 from robustest.core.stats import describe
+from robustest.core.validation import check_eps
 from robustest.metrics.coverage import CoverageProfile
 from robustest.report import HtmlReport, format_value, save_histogram, save_image_grid
 
 __all__ = ["ATTACK_OPTIONS", "FUZZERS", "FUZZ_STEPS", "QUANTILES", "GenerateOptions", "GeneratedTests", "attack_kwargs",
-           "generate_report", "generate_tests", "measure_fol", "quantiles", "save_examples", "figures_of"]
+           "default_eps", "generate_report", "generate_tests", "measure_fol", "quantiles", "save_examples",
+           "figures_of", "threat_norm"]
 
 FUZZERS = ("fol-fuzz", "cov-fuzz")
 FUZZ_STEPS = 40  # fol-fuzz's default steps; an attack's come from its registry record
@@ -83,6 +85,27 @@ class GenerateOptions:
     fol_eps: float | None = option(None, "radius", "eps of the FOL", shown="--eps")
     batch_size: int = 256
     seed: int = 0
+
+    def check_radii(self, fol_norm: str | None = None) -> None:
+        """Refuse ``eps`` and ``fol_eps`` outside the range of the norm each is measured in (an L-inf radius in
+        (0, 1]; ``fol_norm``: the FOL's, default ``norm``, and ``gradnorm`` has no radius): a one-line ConfigError,
+        before any work."""
+        check_eps("eps", self.eps, self.norm, allow_none=True)
+        if (fol_norm or self.norm) != "gradnorm":
+            check_eps("fol_eps", self.fol_eps, fol_norm or self.norm, allow_none=True)
+
+
+def threat_norm(method: str, norm: str | None = None) -> str:
+    """The threat model tests of ``method`` are generated in: ``norm`` when given, else the attack's first (its
+    registry record's), else L-inf (the fuzzers)."""
+    if norm is not None:
+        return str(norm)
+    return "linf" if method in FUZZERS else attacks.get(method).norms[0]
+
+
+def default_eps(channels: int) -> float:
+    """The radius of a generation given none: 0.3 for 1-channel images (MNIST's), 8/255 for colour (CIFAR's)."""
+    return 0.3 if channels == 1 else 8 / 255
 
 
 def attack_kwargs(opts: GenerateOptions, eps: float) -> dict[str, Any]:

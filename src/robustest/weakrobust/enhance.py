@@ -26,6 +26,7 @@ from robustest.core.devices import channels_last_wanted, resolve_device
 from robustest.core.distributed import Shard
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import set_mode
+from robustest.core.options import spec
 from robustest.core.seeding import seed_everything
 from robustest.core.validation import check_eps
 from robustest.models.checkpoints import clone_model, state_fingerprint
@@ -238,6 +239,19 @@ def enhance(
     set_mode(model, False)
     return EnhanceResult(epochs=run.history, pool=pool_names, weaknesses=weak, config=config,
                          seconds=run.seconds_before + time.perf_counter() - t0)
+
+
+#: the options of :func:`enhance` a command line offers, with their flags (``robustest enhance``)
+ENHANCE_OPTIONS = {
+    "jsd_weight": spec("non-negative", "weight of the JSD term"),
+    "adv_weight": spec("non-negative", "weight of CE(x_adv)"),
+    "eps": spec("linf-eps", "L-inf radius of the adversarial copy's PGD", shown="0.1 grey, 4/255 colour"),
+    "adv_steps": spec("positive-int", "PGD steps"),
+    "adv_source": spec("choice", "PGD against the starting model once (offline) or the current model per batch",
+                       choices=("offline", "online")),
+    "lr": spec("rate", "learning rate"),
+    "batch_size": spec("positive-int", "batch size"),
+}
 
 
 def _check_settings(epochs: int, adv_source: str, jsd_weight: float, adv_weight: float, lr: float,

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from robustest.core.batching import take
+from robustest.core.devices import model_device
 from robustest.core.errors import DataError
 from robustest.core.memory import peak_rss_mib
 from robustest.weakrobust.enhance import EnhanceResult, enhance
@@ -85,6 +86,34 @@ class EnhanceRun:
     before: dict[str, Any]
     after: dict[str, Any]
     files: dict[str, str]
+    eval_limit: int = 0
+    device: str = "cpu"
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The settings in effect, as results.json records them: the weaknesses, epochs and terms, each term's
+        weights (the adversarial copy's radius as resolved), the optimiser's, the test samples, seed and device."""
+        c = self.result.config
+        d = {"weaknesses": self.weaknesses, "epochs": c["epochs"], "augmix": c["augmix"],
+             "adversarial": c["adversarial"]}
+        if c["augmix"]:
+            d["jsd_weight"] = c["jsd_weight"]
+        if c["adversarial"]:
+            d.update({k: c[k] for k in ("adv_weight", "eps", "adv_steps", "adv_source")})
+        return {**d, "lr": c["lr"], "batch_size": c["batch_size"], "eval_limit": self.eval_limit, "seed": c["seed"],
+                "device": self.device}
+
+    def summary_line(self) -> str | None:
+        """Before and after in one line: test accuracy, mean adversarial error, held-out mCE (None without test
+        figures)."""
+        from robustest.report import format_value as fmt
+
+        b, a = self.before, self.after
+        if not (b and a):
+            return None
+        return (f"test accuracy {fmt(b['clean_accuracy'], 'accuracy')} -> {fmt(a['clean_accuracy'], 'accuracy')}; "
+                f"mean adversarial error {fmt(b['mean_adv_error'], 'error')} -> {fmt(a['mean_adv_error'], 'error')}; "
+                f"held-out mCE {fmt(b['mce_held_out'], 'mce')} -> {fmt(a['mce_held_out'], 'mce')}")
 
     @property
     def train_seconds(self) -> float:
@@ -113,7 +142,8 @@ def enhance_pipeline(model: nn.Module, train: Any, test: Any, weaknesses: list[s
     meta = dict(getattr(model, "robustest_metadata", {}) or {})
     meta.update({"enhanced": res.config, "weaknesses": weaknesses})
     save_checkpoint(Path(out) / "model.pt", model, metadata=meta)
-    return EnhanceRun(res, weaknesses, held_out, before, after, {"model": "model.pt", "report": "report.html"})
+    return EnhanceRun(res, weaknesses, held_out, before, after, {"model": "model.pt", "report": "report.html"},
+                      eval_limit, str(model_device(model)))
 
 
 def _note(msg: str) -> None:
