@@ -126,6 +126,22 @@ def test_an_alias_fills_the_same_option_and_a_batch_size_may_be_auto():
         p.parse_args(["--batch", "0"])
 
 
+def test_a_size_takes_two_positive_integers_and_the_data_flags_are_the_loaders_options():
+    from robustest import data as datasets
+    from robustest.cli.args import LOADER_FLAGS
+
+    ns = build_parser().parse_args(["corrupt", "--dataset", "digits", "--out", "o", "--resize", "32", "30",
+                                    "--center-crop", "28", "28", "--limit", "5"])
+    assert options_from_args(datasets.LoadOptions, ns, LOADER_FLAGS) == {
+        "limit": 5, "num_classes": None, "corruption": None, "severity": None, "resize": [32, 30],
+        "center_crop": [28, 28], "workers": 0}
+    plain = build_parser().parse_args(["corrupt", "--dataset", "digits", "--out", "o"])
+    assert datasets.LoadOptions(**options_from_args(datasets.LoadOptions, plain, LOADER_FLAGS)) == \
+        datasets.LoadOptions()
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["corrupt", "--dataset", "digits", "--out", "o", "--resize", "32", "0"])
+
+
 def test_analyze_and_validate_read_the_analysis_options_defaults():
     from robustest.weakrobust.analyze_pipeline import AnalysisOptions
 

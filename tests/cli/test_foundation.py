@@ -258,7 +258,9 @@ def test_common_helpers(tmp_path, capsys):
                     (cli_args.positive_float, "nan"), (cli_args.positive_float, "x")):
         with pytest.raises(argparse.ArgumentTypeError):
             fn(bad)
-    args = argparse.Namespace(dataset="digits", data_dir=None, split="test", limit=50)
+    from robustest.cli import build_parser
+
+    args = build_parser().parse_args(["corrupt", "--dataset", "digits", "--limit", "50", "--out", "o"])
     ds = cli_loading.load_data(args)
     assert len(ds) == 50 and len(cli_loading.load_data(args, "train")) == 50
     model = models.create("digits_cnn", num_classes=10, in_channels=1, input_size=8)
@@ -383,11 +385,12 @@ def test_the_list_hint_comes_only_with_a_stray_value(tmp_path, capsys) -> None:
 def test_load_checked_loads_the_model_and_split_and_refuses_a_misfit(mlp_digits_checkpoint, tmp_path):
     import argparse
 
+    from robustest.cli import build_parser
     from robustest.cli.loading import load_checked
     from robustest.core.errors import ConfigError
 
-    args = argparse.Namespace(checkpoint=mlp_digits_checkpoint, model_factory=None, model_args=None, weights=None,
-                              torchscript=False, device=None, dataset="digits", data_dir=None, split="test", limit=30)
+    args = build_parser().parse_args(["eval", "--checkpoint", str(mlp_digits_checkpoint), "--dataset", "digits",
+                                      "--limit", "30", "--eps", "0.1", "--out", str(tmp_path / "o")])
     model, ds = load_checked(args)
     assert len(ds) == 30 and ds[0][0].shape == (1, 8, 8) and next(model.parameters()).device.type == "cpu"
     _, train = load_checked(args, "train")

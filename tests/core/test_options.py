@@ -79,7 +79,7 @@ def test_a_choice_needs_its_choices_and_only_a_choice_takes_them():
         spec("count", "x", choices=("1",))
     with pytest.raises(ConfigError, match="^unknown option kind 'int': use one of number, positive, "):
         spec("int", "x")
-    assert "switch" in KINDS and "flag" in KINDS and "batch-size" in KINDS and len(KINDS) == 20
+    assert "switch" in KINDS and "flag" in KINDS and "batch-size" in KINDS and "size" in KINDS and len(KINDS) == 21
 
 
 def test_choices_from_a_function_are_kept_to_be_read_late():

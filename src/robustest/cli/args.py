@@ -15,13 +15,17 @@ from robustest.core.errors import ConfigError
 from robustest.core.options import OptionSource
 from robustest.core.validation import arg, check_eps, check_float, check_int, check_seed, parse_number
 
-__all__ = ["LIST_SYNTAX", "MAX_RANGE_ITEMS", "add_data_args", "add_model_args",
+__all__ = ["LIST_SYNTAX", "LOADER_FLAGS", "MAX_RANGE_ITEMS", "add_data_args", "add_model_args",
            "add_option_args", "add_output_flags", "add_run_args", "available_cores", "batch_size_arg", "below_one",
            "finish_verb_parser", "finite_float", "fraction", "int_list", "json_object", "key_value", "learning_rate",
            "linf_eps", "linf_eps_list", "list_arg", "model_options_object", "name_list", "noise_width",
            "non_negative_float", "non_negative_int", "options_from_args", "parse_list", "positive_float",
            "positive_float_list", "positive_int", "radius", "seed_int", "share_arg", "significance", "thread_count",
            "unit_float"]
+
+
+#: the loader options every verb that reads data offers as flags (robustest.data.LoadOptions' fields)
+LOADER_FLAGS = ("limit", "num_classes", "corruption", "severity", "resize", "center_crop", "workers")
 
 
 def add_data_args(p: argparse.ArgumentParser, split: str | None = "test", required: bool = True) -> None:
@@ -33,20 +37,7 @@ def add_data_args(p: argparse.ArgumentParser, split: str | None = "test", requir
                    help="folder or file holding the data (default: $ROBUSTEST_DATA); not needed for digits")
     if split is not None:
         p.add_argument("--split", choices=datasets.SPLITS, default=split, help=f"data split (default: {split})")
-    p.add_argument("--limit", type=positive_int, default=None, metavar="N",
-                   help="use only N samples, chosen before decoding: the first N of the array formats (MNIST, "
-                        "CIFAR, npz, npy), a seeded class-stratified subset of N images of a class-per-folder set")
-    p.add_argument("--num-classes", type=positive_int, default=None, metavar="K",
-                   help="labels must lie below K (default: the data set's own, else below 100,000)")
-    p.add_argument("--corruption", metavar="NAME", default=None,
-                   help="corruption of a published -C set (cifar10-c, cifar100-c, mnist-c, imagenet-c, ...)")
-    p.add_argument("--severity", type=positive_int, default=None, metavar="S", help="severity 1-5 of a -C set")
-    p.add_argument("--resize", type=positive_int, nargs=2, default=None, metavar=("H", "W"),
-                   help="resize image-folder images to H x W (for folders of mixed sizes)")
-    p.add_argument("--center-crop", type=positive_int, nargs=2, default=None, metavar=("H", "W"),
-                   help="then crop the centre H x W of each image")
-    p.add_argument("--workers", type=non_negative_int, default=0, metavar="N",
-                   help="DataLoader worker processes decoding images (default: 0, in the main process)")
+    add_option_args(p, datasets.LoadOptions, LOADER_FLAGS)
 
 
 def add_model_args(p: argparse.ArgumentParser, zoo: bool = False) -> None:
@@ -370,6 +361,8 @@ def add_option_args(g: argparse._ActionsContainer, source: OptionSource, names: 
         elif o.kind == "choice":
             choices = o.choices() if callable(o.choices) else o.choices
             g.add_argument(*flag, choices=choices, default=default, help=text, metavar=o.metavar)
+        elif o.kind == "size":
+            g.add_argument(*flag, type=positive_int, nargs=2, default=default, help=text, metavar=("H", "W"))
         else:
             g.add_argument(*flag, type=types[o.kind], default=default, help=text, metavar=o.metavar)
 

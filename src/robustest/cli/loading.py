@@ -35,11 +35,10 @@ def resolve_batch_size(args: argparse.Namespace, model: nn.Module, data: Any, *,
 def load_data(args: argparse.Namespace, split: str | None = None) -> Dataset:
     """Load the data set named by --dataset/--data-dir for ``split`` (default --split) with the loader options
     (--limit applied before decoding); images stay compact and are streamed per batch."""
+    from robustest.cli.args import LOADER_FLAGS, options_from_args
+
     return datasets.load(args.dataset, root=args.data_dir, split=split or args.split,
-                         limit=getattr(args, "limit", None), num_classes=getattr(args, "num_classes", None),
-                         corruption=getattr(args, "corruption", None), severity=getattr(args, "severity", None),
-                         resize=getattr(args, "resize", None), center_crop=getattr(args, "center_crop", None),
-                         workers=getattr(args, "workers", 0) or 0)
+                         **options_from_args(datasets.LoadOptions, args, LOADER_FLAGS))
 
 
 def model_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -6,13 +6,13 @@ import argparse
 from collections.abc import Iterable
 from typing import Any
 
+from robustest.cli.args import LOADER_FLAGS
 from robustest.core.options import OptionSource
 
 __all__ = ["DATA_KEYS", "data_settings", "model_settings", "option_settings", "pick"]
 
 
-DATA_KEYS = ("dataset", "data_dir", "split", "limit", "num_classes", "corruption", "severity", "resize",
-             "center_crop", "workers")
+DATA_KEYS = ("dataset", "data_dir", "split", *LOADER_FLAGS)
 
 
 def pick(args: argparse.Namespace, keys: Iterable[str]) -> dict[str, Any]:

@@ -33,11 +33,11 @@ __all__ = ["KINDS", "Option", "OptionSource", "option", "options_of", "spec"]
 #: in [0, 1) ("below-one"), in [0, 1] ("unit"), a learning rate ("rate"), a radius ("radius": L-inf in (0, 1] or
 #: L2 > 0; "linf-eps": L-inf only), a noise width in (0, 2] ("noise-width"), a level in (0, 1) ("significance"),
 #: an int >= 0 ("count") or >= 1 ("positive-int"), a seed ("seed"), a comma list of epochs ("epochs"), a string
-#: ("text"), a JSON object ("json"), a batch size or ``auto`` ("batch-size"), one of ``choices`` ("choice"),
-#: ``--name/--no-name`` ("switch"), or ``--name`` alone ("flag")
+#: ("text"), a JSON object ("json"), a batch size or ``auto`` ("batch-size"), an image size ``H W`` ("size", two
+#: positive integers), one of ``choices`` ("choice"), ``--name/--no-name`` ("switch"), or ``--name`` alone ("flag")
 KINDS = ("number", "positive", "non-negative", "below-one", "unit", "rate", "radius", "linf-eps", "noise-width",
-         "significance", "count", "positive-int", "seed", "epochs", "text", "json", "batch-size", "choice", "switch",
-         "flag")
+         "significance", "count", "positive-int", "seed", "epochs", "text", "json", "batch-size", "size", "choice",
+         "switch", "flag")
 
 
 class Option(NamedTuple):

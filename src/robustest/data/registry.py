@@ -14,6 +14,7 @@ from torch.utils.data import Dataset
 
 from robustest.core.batching import labels_of
 from robustest.core.errors import DataError
+from robustest.core.options import option
 from robustest.core.registry import Registry
 
 SPLITS = ("train", "test")
@@ -36,16 +37,22 @@ class DatasetInfo:
 
 @dataclass(frozen=True)
 class LoadOptions:
-    """Options every loader receives (see :func:`load`)."""
+    """Options every loader receives (see :func:`load`); they carry the flags every verb that reads data offers."""
 
-    limit: int | None = None
+    limit: int | None = option(None, "positive-int", "use only N samples, chosen before decoding: the first N of the "
+                               "array formats (MNIST, CIFAR, npz, npy), a seeded class-stratified subset of N images "
+                               "of a class-per-folder set", metavar="N")
     seed: int = 0  # draws the class-stratified subset of an image folder under ``limit``
-    num_classes: int | None = None
-    corruption: str | None = None
-    severity: int | None = None
-    resize: tuple[int, int] | None = None
-    center_crop: tuple[int, int] | None = None
-    workers: int = 0
+    num_classes: int | None = option(None, "positive-int", "labels must lie below K", metavar="K",
+                                     shown="the data set's own, else below 100,000")
+    corruption: str | None = option(None, "text", "corruption of a published -C set (cifar10-c, cifar100-c, mnist-c, "
+                                    "imagenet-c, ...)", metavar="NAME")
+    severity: int | None = option(None, "positive-int", "severity 1-5 of a -C set", metavar="S")
+    resize: tuple[int, int] | None = option(None, "size", "resize image-folder images to H x W (for folders of mixed "
+                                            "sizes)")
+    center_crop: tuple[int, int] | None = option(None, "size", "then crop the centre H x W of each image")
+    workers: int = option(0, "count", "DataLoader worker processes decoding images", metavar="N",
+                          shown="0, in the main process")
     extra: dict[str, Any] = field(default_factory=dict)
 
 
