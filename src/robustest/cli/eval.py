@@ -176,8 +176,9 @@ def run(args: argparse.Namespace) -> int:
                        progress=not args.no_progress or args.progress_lines)
     result, brk, out = ev.result, ev.bracket, Path(args.out)  # made and proved writable by the pipeline
     timings = {**result.timings, "load_s": t_load, **ev.timings}  # the order of the report's timings table
-    write_run(out, "eval", t0, _settings(args, attacks, severities, model_device(model)), ev.to_results(), timings,
-              lambda doc: eval_report(result, doc, brk, ds))
+    settings = {**model_settings(args), **data_settings(args), **ev.settings(
+        batch_size_auto=args.batch_size_auto, baseline=args.baseline, surrogate=args.surrogate)}
+    write_run(out, "eval", t0, settings, ev.to_results(), timings, lambda doc: eval_report(result, doc, brk, ds))
     before, after = ev.summary_lines()
     for line in before:
         log.info(line)
@@ -189,24 +190,3 @@ def run(args: argparse.Namespace) -> int:
     for line in ev.gate_lines():
         print(f"robustest eval: {line}", file=sys.stderr)
     return EXIT_GATE if ev.failed else 0
-
-
-def _settings(args: argparse.Namespace, attacks: list[str] | None, severities: list[int] | None,
-              device: object) -> dict[str, object]:
-    """The settings in effect, as results.json records them."""
-    settings = {**model_settings(args), **data_settings(args), "eps": args.eps, "norm": args.norm,
-                "version": args.version, "batch_size": args.batch_size, "block_size": args.block_size,
-                "seed": args.seed, "device": str(device)}
-    if args.batch_size_auto:
-        settings["batch_size_auto"] = True
-    for key in ("attacks", "n_targets", "fail_under", "baseline", "amp", "bpda", "surrogate", "forwards",
-                "certify"):
-        if getattr(args, key) is not None:
-            settings[key] = attacks if key == "attacks" else getattr(args, key)
-    if args.corruptions is not None:
-        settings.update(corruptions=args.corruptions, severities=severities)
-    if args.save_adv:
-        settings["save_adv"] = True
-    if args.accept_flag:
-        settings["accept_flag"] = list(args.accept_flag)
-    return settings

@@ -17,12 +17,14 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from robustest.core.devices import model_device
 from robustest.core.memory import peak_rss_mib
 from robustest.evaluate.certification import Bracket
 from robustest.evaluate.ensemble import EvalResult, evaluate
@@ -30,6 +32,10 @@ from robustest.evaluate.eval_report import sample_rows
 from robustest.evaluate.flags import Flag
 
 __all__ = ["EvalRun", "eval_pipeline"]
+
+#: evaluate()'s defaults of what the settings record (a caller may leave them out)
+_EVALUATE_DEFAULTS = {k: p.default for k, p in inspect.signature(evaluate).parameters.items()
+                      if p.default is not inspect.Parameter.empty}
 
 
 @dataclass
@@ -44,6 +50,7 @@ class EvalRun:
     files: list[str]
     timings: dict[str, float]
     describe: dict[str, Any] = field(default_factory=dict)
+    request: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool | None:
@@ -60,6 +67,28 @@ class EvalRun:
         """The run fails its check: the gate failed, or (without a gate) the bracket is unsound."""
         unsound = self.bracket is not None and not self.bracket.sound
         return self.passed is False or (unsound and self.passed is None)
+
+    def settings(self, *, batch_size_auto: bool = False, baseline: str | None = None,
+                 surrogate: str | None = None) -> dict[str, Any]:
+        """The settings the evaluation ran with, as results.json records them: the radius (a list for a curve),
+        threat model, version, batch and block size, seed and device, then each option given (``baseline`` and
+        ``surrogate``: the names of their files; the severities with the corruptions), ``save_adv`` and the flags
+        accepted. ``batch_size_auto``: the batch size was probed."""
+        r = {**_EVALUATE_DEFAULTS, **self.request}
+        d: dict[str, Any] = {k: r[k] for k in ("eps", "norm", "version", "batch_size", "block_size", "seed")}
+        d["device"] = self.request.get("device", "cpu")
+        if batch_size_auto:
+            d["batch_size_auto"] = True
+        named = {**r, "baseline": baseline, "surrogate": surrogate}
+        d.update({k: named[k] for k in ("attacks", "n_targets", "fail_under", "baseline", "amp", "bpda", "surrogate",
+                                        "forwards", "certify") if named.get(k) is not None})
+        if r.get("corruptions") is not None:
+            d.update(corruptions=r["corruptions"], severities=list(r["severities"]))
+        if r.get("save_adv"):
+            d["save_adv"] = True
+        if r.get("accept_flag"):
+            d["accept_flag"] = list(r["accept_flag"])
+        return d
 
     def summary_lines(self) -> tuple[list[str], list[str]]:
         """The figures as the eval verb prints them: (the lines before the flags: each radius of a curve, then the
@@ -158,4 +187,6 @@ def eval_pipeline(model: nn.Module, data: Any, eps: float | list[float], *, out:
         files.append("adv.pt")
     report.write_csv(out / "samples.csv", sample_rows(result, brk))
     timings = {**result.timings, **(brk.timings if brk is not None else {})}
-    return EvalRun(result, brk, gate, files, timings, describe)
+    request = {"eps": eps, "norm": norm, "version": version, "certify": certify, "fail_under": fail_under,
+               "save_adv": save_adv, "accept_flag": list(accept_flag), **options, "device": str(model_device(model))}
+    return EvalRun(result, brk, gate, files, timings, describe, request)
