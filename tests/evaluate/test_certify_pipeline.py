@@ -43,6 +43,11 @@ def test_the_pipeline_certifies_writes_samples_and_records_the_description(point
     assert res["certified_accuracy"] == 0.5 and res["clean_accuracy"] == 0.75
     assert res["model"] == {"model": "m:f"} and res["data"] == {"dataset": "points", "num_samples": 4}
     assert res["files"] == run.files and res["peak_rss_mib"] > 0
+    assert run.summary_line("points") == "points (4 images), linf eps=0.2, ibp: certified 50.00%, clean 75.00%"
+    assert run.summary_line().startswith("custom (4 images), ")
+    smooth = certify_pipeline(Margin(), points, 0.2, out=tmp_path / "s", method="smoothing", norm="l2", sigma=0.25,
+                              n0=10, n=20, progress=False)
+    assert smooth.summary_line("points").startswith("points (4 images), l2 eps=0.2, smoothing (sigma=0.25): certified ")
 
 
 def test_a_refused_argument_writes_nothing(points, tmp_path):

@@ -13,6 +13,7 @@ from robustest.core.errors import ConfigError
 from robustest.fuzzing.generate import GenerateOptions
 from robustest.fuzzing.generate_pipeline import generate_pipeline
 from robustest.metrics.loss import fol
+from robustest.report import format_value
 
 SOURCE = {"dataset": "digits", "split": "test", "checkpoint": "m.pt"}
 
@@ -42,6 +43,9 @@ def test_generate_pipeline_writes_the_tests_with_their_fol(tmp_path, trained_dig
     assert res["files"] == {"tests": "tests.pt", "report": "report.html", "summary": "summary.json",
                             "examples": "examples.png", "histogram": "fol_hist.png"}
     assert res["device"] == "cpu" and run.grid is not None
+    rate = format_value(summary["success_rate"], "success_rate")
+    assert run.summary_line(2.5) == f"pgd on 12 digits/test seeds: 12 tests, success rate {rate} (2.5 s)"
+    assert run.summary_line().endswith(f"({format_value(run.timings['total_s'], 'total_s')} s)")
 
 
 def test_generate_pipeline_refuses_no_seeds_and_keep_all_with_a_fuzzer(tmp_path, trained_digits_model, seeds):

@@ -9,6 +9,7 @@ from torch.utils.data import TensorDataset
 from robustest.core.errors import ConfigError
 from robustest.evaluate import loss_and_accuracy
 from robustest.models.checkpoints import load_model
+from robustest.report import format_value
 from robustest.train.recipes import check_options
 from robustest.train.train_pipeline import options_in_effect, same_data, sized_zoo_model, train_pipeline
 
@@ -76,6 +77,11 @@ def test_train_pipeline_fits_measures_and_saves(tmp_path, digits_train, digits_t
     assert saved["metadata"] == {"dataset": "digits", "epochs": 2, "test_accuracy": run.test_accuracy, "seed": 1}
     reloaded = load_model(str(tmp_path / "new" / "model.pt"))
     assert loss_and_accuracy(reloaded, digits_test)[1] == run.test_accuracy
+    last = run.history.last
+    assert run.summary_line("digits_cnn", "digits") == (
+        f"trained digits_cnn on digits: 200 images, 2 epochs, train loss {format_value(last.loss)}, train accuracy "
+        f"{format_value(last.accuracy, 'accuracy')}, test accuracy {format_value(run.test_accuracy, 'accuracy')} "
+        f"({format_value(run.history.seconds, 'train_s')} s)")
 
 
 def test_sized_zoo_model_reads_labels_through_the_batches_when_the_data_has_no_label_tensor():

@@ -93,8 +93,6 @@ def run(args: argparse.Namespace) -> int:
     settings = {**model_settings(args), **data_settings(args), **result.settings, "device": str(model_device(model))}
     write_run(out, "certify", t0, settings, crun.to_results(), {**result.timings, "load_s": t_load},
               lambda doc: certify_report(result, doc, ds))
-    what = f"{args.method} (sigma={result.settings['sigma']:g})" if args.method == "smoothing" else args.method
-    log.info(f"{args.dataset} ({result.num_samples} images), {args.norm} eps={result.eps:g}, {what}: certified "
-             f"{100 * result.certified_accuracy:.2f}%, clean {100 * result.clean_accuracy:.2f}%")
+    log.info(crun.summary_line(args.dataset))
     written(out, crun.files, t0)
     return 0

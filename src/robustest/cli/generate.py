@@ -37,7 +37,7 @@ from robustest.cli.args import (
     positive_int,
 )
 from robustest.cli.loading import load_checked, resolve_batch_size
-from robustest.cli.output import fmt, log, out_dir, write_run, written
+from robustest.cli.output import log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.batching import image_shape
 from robustest.core.errors import ConfigError
@@ -106,16 +106,12 @@ def run(args: argparse.Namespace) -> int:
                              source={"dataset": args.dataset, "split": args.split,
                                      "checkpoint": str(args.checkpoint or args.model_factory or args.weights)},
                              load_s=time.perf_counter() - t0)
-    summary, timings = grun.summary, grun.timings
     settings = {**model_settings(args), **data_settings(args), **grun.settings}
     if getattr(args, "batch_size_auto", False):
         settings["batch_size_auto"] = True
-    doc = write_run(out, "generate", t0, settings, grun.to_results(), timings,
+    doc = write_run(out, "generate", t0, settings, grun.to_results(), grun.timings,
                     lambda doc: generate_report(doc, args.method, grun.grid, grun.fol))
-    rate = summary.get("success_rate")
-    rate_txt = f", success rate {fmt(rate, 'success_rate')}" if rate is not None else ""
-    log.info(f"{args.method} on {summary['seeds']} {args.dataset}/{args.split} seeds: {grun.num_tests} tests"
-             f"{rate_txt} ({fmt(doc['timings']['total_s'], 'total_s')} s)")
+    log.info(grun.summary_line(doc["timings"]["total_s"]))
     written(out, doc["files"], t0)
     return 0
 

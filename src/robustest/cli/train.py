@@ -36,7 +36,7 @@ from robustest.cli.args import (
     positive_int,
 )
 from robustest.cli.loading import check_fits, load_data
-from robustest.cli.output import fmt, log, out_dir, write_run, written
+from robustest.cli.output import log, out_dir, write_run, written
 from robustest.cli.settings import data_settings
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
@@ -117,7 +117,6 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from robustest.models.checkpoints import load_model
-    from robustest.report import plural
     from robustest.train.fit_report import fit_report
     from robustest.train.train_pipeline import options_in_effect, sized_zoo_model, train_pipeline
 
@@ -155,9 +154,6 @@ def run(args: argparse.Namespace) -> int:
                 **({"normalize": not args.no_normalize} if ":" not in args.model else {})}
     doc = write_run(out, "train", t0, settings, trun.to_results(), {"load_data_s": t_data, **trun.timings},
                     lambda doc: fit_report(doc, args.model, args.dataset))
-    last = trun.history.last
-    log.info(f"trained {args.model} on {args.dataset}: {len(train)} images, {plural(epochs, 'epoch')}, "
-             f"train loss {fmt(last.loss)}, train accuracy {fmt(last.accuracy, 'accuracy')}, "
-             f"test accuracy {fmt(trun.test_accuracy, 'accuracy')} ({fmt(trun.history.seconds, 'train_s')} s)")
+    log.info(trun.summary_line(args.model, args.dataset))
     written(out, doc["files"], t0)
     return 0

@@ -35,6 +35,15 @@ class CertifyRun:
     files: list[str]
     describe: dict[str, Any] = field(default_factory=dict)
 
+    def summary_line(self, dataset: str = "custom") -> str:
+        """The certification in one line: the data set, images, ball, method (smoothing's sigma) and the certified
+        and clean accuracy (what ``robustest certify`` prints)."""
+        r = self.result
+        method = r.settings["method"]
+        what = f"{method} (sigma={r.settings['sigma']:g})" if method == "smoothing" else method
+        return (f"{dataset} ({r.num_samples} images), {r.settings['norm']} eps={r.eps:g}, {what}: certified "
+                f"{100 * r.certified_accuracy:.2f}%, clean {100 * r.clean_accuracy:.2f}%")
+
     def to_results(self) -> dict[str, Any]:
         """The certification's figures (:meth:`CertifyResult.to_results`), ``model`` and ``data`` as described (data
         with ``num_samples``), ``peak_rss_mib`` and ``files``; JSON-ready."""

@@ -64,6 +64,16 @@ class GenerateRun:
     def num_tests(self) -> int:
         return int(self.tests.x.shape[0])
 
+    def summary_line(self, seconds: float | None = None) -> str:
+        """The generation in one line: the method, seeds, data set and split, tests made, the attack's success rate
+        (when it has one) and ``seconds`` (default: the pipeline's total; what ``robustest generate`` prints)."""
+        from robustest.report import format_value as fmt
+
+        s = self.summary
+        rate = "" if s.get("success_rate") is None else f", success rate {fmt(s['success_rate'], 'success_rate')}"
+        return (f"{s['method']} on {s['seeds']} {s['dataset']}/{s['split']} seeds: {self.num_tests} tests{rate} "
+                f"({fmt(self.timings['total_s'] if seconds is None else seconds, 'total_s')} s)")
+
     def to_results(self) -> dict[str, Any]:
         """The results of the generate verb: the summary's figures, the device and the files written."""
         results = {k: v for k, v in self.summary.items() if k not in _SETTINGS_KEYS}

@@ -105,6 +105,17 @@ class TrainRun:
     recipe: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
 
+    def summary_line(self, model: str, dataset: str) -> str:
+        """The training in one line: ``model`` and ``dataset`` (their names), training images, epochs, the last
+        epoch's loss and accuracy, test accuracy and training seconds (what ``robustest train`` prints)."""
+        from robustest.report import format_value as fmt
+        from robustest.report import plural
+
+        last = self.history.last
+        return (f"trained {model} on {dataset}: {self.num_train} images, {plural(self.recipe['epochs'], 'epoch')}, "
+                f"train loss {fmt(last.loss)}, train accuracy {fmt(last.accuracy, 'accuracy')}, test accuracy "
+                f"{fmt(self.test_accuracy, 'accuracy')} ({fmt(self.history.seconds, 'train_s')} s)")
+
     def to_results(self) -> dict[str, Any]:
         """The ``results`` of the train verb's results.json: the figures, the process's peak memory and the files
         written."""
