@@ -43,6 +43,8 @@ def test_corrupt_pipeline_writes_the_files_and_the_first_image_of_each_setting(t
     assert res["image_shape"] == [1, 8, 8] and res["load_with"] == "robustest.data.load('npz', '<file>', split='test')"
     assert res["files"] == {"report": "report.html", "gaussian_noise": "gaussian_noise.npz", "contrast": "contrast.npz"}
     assert "x_test" in res["arrays"] and notes == []
+    assert run.summary_line("digits test", [1, 3]) == ("2 corruption file(s) x 2 severities x 6 images (digits test, "
+                                                       "1x8x8, cifar table)")
     again = corrupt_pipeline(images, tmp_path, ["gaussian_noise", "contrast"], [1, 3], split="test", seed=4,
                              progress=False, note=notes.append)
     assert again.files == run.files and notes == []  # the rerun reuses the finished corruptions

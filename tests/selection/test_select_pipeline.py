@@ -38,6 +38,8 @@ def test_select_pipeline_writes_positions_scores_and_csv(tmp_path):
     assert saved["scores"].tolist() == [3.0, 2.0]
     assert (saved["strategy"], saved["metric"], saved["pool_size"]) == ("top", "fol", 5)
     assert (tmp_path / "selected.csv").read_text() == "rank,index,score\n0,11,3.0\n1,13,2.0\n"
+    mean = run.results["pool_scores"]["mean"]
+    assert run.summary_line("top") == f"selected 2 of 5 inputs with top: selected scores mean 2.5 (pool {mean:g})"
     res = run.to_results()
     assert (res["requested"], res["selected"], res["pool_size"]) == (2, 2, 5)
     assert res["selected_scores"]["mean"] == 2.5 and res["pool_scores"]["max"] == 3.0

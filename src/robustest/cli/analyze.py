@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
 
 from robustest.cli.args import (
     add_data_args,
@@ -63,14 +62,10 @@ def analysis_options(args: argparse.Namespace, model, ds) -> AnalysisOptions:
     """The analysis options of the flags, --batch-size auto resolved for ``model`` and ``ds``."""
     from robustest import weakrobust as wr
 
-    if args.batch_size == "auto":
+    args.batch_size_auto = args.batch_size == "auto"
+    if args.batch_size_auto:
         resolve_batch_size(args, model, ds, default=wr.default_batch_size(ds), grad=False, amp=args.amp)
     return AnalysisOptions(**options_from_args(AnalysisOptions, args), seed=args.seed)
-
-
-def analysis_settings(args: argparse.Namespace, options: AnalysisOptions) -> dict[str, Any]:
-    """The analysis options as results.json records them, and whether --batch-size auto was probed."""
-    return options.settings(getattr(args, "batch_size_auto", False))
 
 
 def run_analyze(args: argparse.Namespace) -> int:
@@ -84,9 +79,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     arun = analyze_pipeline(model, ds, out=out, options=options, radius_eps_max=args.radius_eps_max,
                             progress=not args.no_progress)
     analysis = arun.analysis
-    settings = {**model_settings(args), **data_settings(args), **analysis_settings(args, options), "top": args.top,
-                **({"radius_eps_max": args.radius_eps_max} if args.radius_eps_max else {}), "seed": args.seed,
-                "device": str(model_device(model))}
+    settings = {**model_settings(args), **data_settings(args), **options.settings(args.batch_size_auto),
+                "top": args.top, **({"radius_eps_max": args.radius_eps_max} if args.radius_eps_max else {}),
+                "seed": args.seed, "device": str(model_device(model))}
     doc = write_run(out, "analyze", t0, settings, arun.to_results(), arun.timings,
                     lambda doc: analyze_report(doc, ds, analysis, arun.radius, args.top))
     log.info(arun.summary_line())

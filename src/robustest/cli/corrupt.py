@@ -64,13 +64,12 @@ def run(args: argparse.Namespace) -> int:
     crun = corrupt_pipeline(ds, args.out, names, args.severities, fmt=args.format, split=args.split, table=args.table,
                             batch_size=args.batch_size, seed=args.seed, device=device, progress=not args.no_progress,
                             note=log.warning)  # checks the images before it makes --out
-    out, (c, h, w), table = Path(args.out), crun.shape, crun.table
-    settings = {**data_settings(args), "corruptions": names, "severities": args.severities, "table": table,
+    out = Path(args.out)
+    settings = {**data_settings(args), "corruptions": names, "severities": args.severities, "table": crun.table,
                 "batch_size": args.batch_size, "seed": args.seed, "device": str(device), "format": args.format}
     doc = write_run(out, "corrupt", t_start, settings, crun.to_results(), {"load_s": t_load, **crun.timings},
                     lambda doc: _report(doc, crun.clean, crun.samples))
-    log.info(f"{len(crun.files)} corruption file(s) x {len(args.severities)} severities x {crun.num_images} images "
-             f"({args.dataset} {args.split}, {c}x{h}x{w}, {table} table)")
+    log.info(crun.summary_line(f"{args.dataset} {args.split}", args.severities))
     written(out, doc["files"], t_start)
     return 0
 

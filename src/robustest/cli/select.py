@@ -30,7 +30,7 @@ import torch
 
 from robustest import selection
 from robustest.cli.args import add_model_args, add_output_flags, fraction, positive_int, seed_int
-from robustest.cli.output import fmt, log, out_dir, write_run, written
+from robustest.cli.output import log, out_dir, write_run, written
 from robustest.core.errors import ConfigError
 from robustest.selection.score_reports import select_report
 from robustest.selection.scores_file import read_scores
@@ -90,8 +90,7 @@ def run(args: argparse.Namespace) -> int:
         settings["tests"] = str(args.tests)
     results = srun.to_results()
     write_run(out, "select", t0, settings, results, {}, lambda doc: select_report(doc, data["scores"], srun.chosen))
-    log.info(f"selected {len(srun.idx)} of {pool} inputs with {args.strategy}: selected scores mean "
-             f"{fmt(results['selected_scores'].get('mean'))} (pool {fmt(results['pool_scores'].get('mean'))})")
+    log.info(srun.summary_line(args.strategy))
     written(out, results["files"], t0)
     return 0
 

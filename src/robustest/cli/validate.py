@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from robustest.cli.analyze import add_analysis_args, analysis_options, analysis_settings
+from robustest.cli.analyze import add_analysis_args, analysis_options
 from robustest.cli.args import (
     add_data_args,
     add_model_args,
@@ -158,6 +158,6 @@ def _validation_analysis(args: argparse.Namespace, model, ds, out: Path) -> tupl
         options = analysis_options(args, model, ds)
         analysis = resumable_analysis(model, ds, out, options, progress=not args.no_progress)
         analysis.save(out / "analysis.pt")
-        return analysis, analysis_settings(args, options)
+        return analysis, options.settings(args.batch_size_auto)
     return check_analysis_of(wr.Analysis.load(args.analysis), ds, args.analysis,
                              f"--dataset {args.dataset} --split {args.split}"), {"analysis": str(args.analysis)}

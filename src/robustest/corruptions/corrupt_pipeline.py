@@ -45,6 +45,13 @@ class CorruptRun:
     timings: dict[str, float]
     table: str
 
+    def summary_line(self, source: str, severities: Sequence[int]) -> str:
+        """What was written, in one line: files, ``severities``, images of ``source`` (the data set and split),
+        their shape and the parameter table (what ``robustest corrupt`` prints)."""
+        c, h, w = self.shape
+        return (f"{len(self.files)} corruption file(s) x {len(severities)} severities x {self.num_images} images "
+                f"({source}, {c}x{h}x{w}, {self.table} table)")
+
     def to_results(self) -> dict[str, Any]:
         """The results of the corrupt verb: count and shape, the arrays of the format, how to load a file back, the
         files per corruption, peak memory and every file written."""

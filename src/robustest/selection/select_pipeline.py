@@ -83,6 +83,15 @@ class SelectRun:
     files: dict[str, str] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
 
+    def summary_line(self, strategy: str) -> str:
+        """The selection in one line: how many of the pool ``strategy`` selected, and the mean score of the selected
+        inputs beside the pool's (what ``robustest select`` prints)."""
+        from robustest.report import format_value as fmt
+
+        r = self.results
+        return (f"selected {len(self.idx)} of {r['pool_size']} inputs with {strategy}: selected scores mean "
+                f"{fmt(r['selected_scores'].get('mean'))} (pool {fmt(r['pool_scores'].get('mean'))})")
+
     def to_results(self) -> dict[str, Any]:
         """The ``results`` of the select verb's results.json."""
         return {**self.results, "files": self.files}
