@@ -49,8 +49,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also measure every model's robust accuracy under robustest eval's AutoAttack-style ensemble "
                         "(fast: APGD-CE + APGD-T; standard: + FAB-T + Square), an AutoAttack column in the tables "
                         "(default: off; fast adds about a minute)")
-    p.add_argument("--no-progress", action="store_true",
-                   help="hide progress bars (they are off anyway when stderr is not a terminal)")
     p.set_defaults(func=run)
 
 

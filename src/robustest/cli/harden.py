@@ -49,12 +49,15 @@ from robustest.cli.loading import build_zoo_model, check_fits, load_data, load_m
 from robustest.cli.output import log, out_dir, print_table, write_run, written
 from robustest.cli.settings import data_settings, model_settings, option_settings
 from robustest.core.errors import ConfigError
+from robustest.train.recipes import Recipe
 
 ORDER = 35
 # arguments that do not change what a run computes (left out of the resume check)
 _RUNTIME_ARGS = ("func", "resume", "no_progress", "device", "out", "debug", "verb")
 
 
+#: the Recipe fields harden offers as flags, in the help's order
+RECIPE_FLAGS = ("optimizer", "lr", "weight_decay", "momentum", "nesterov", "schedule", "warmup_epochs", "milestones")
 _float = finite_float  # ranges are checked by robustest.train.harden_settings, with the method in view
 #: how the verb reads a method option of each kind (robustest.train.objectives.Option.kind; "switch": --no-NAME)
 _OPTION_TYPES = {"number": _float, "count": non_negative_int}
@@ -66,8 +69,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from robustest.train.early_stopping import KEEP
     from robustest.train.harden_pipeline import Measurement
     from robustest.train.hardening import DEFAULT_STEPS, RECIPE_DEFAULTS
-    from robustest.train.recipes import Recipe
-
     p = sub.add_parser("harden", help="adversarial or certified training, fine-tuning or from scratch (PGD-AT, "
                                       "TRADES, N-FGSM, IBP, ...)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -95,8 +96,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t = p.add_argument_group("training")
     t.add_argument("--epochs", type=positive_int, default=5, help="training epochs (default: 5)")
     t.add_argument("--batch-size", type=positive_int, default=128, help="batch size (default: 128)")
-    add_option_args(t, Recipe, ("optimizer", "lr", "weight_decay", "momentum", "nesterov", "schedule",
-                                "warmup_epochs", "milestones"),
+    add_option_args(t, Recipe, RECIPE_FLAGS,
                     {**RECIPE_DEFAULTS, "schedule": RECIPE_DEFAULTS["schedule"] or "none", "weight_decay": 0.0,
                      "warmup_epochs": 0.0}, unset=True)
     v = p.add_argument_group("validation and robust early stopping")
@@ -156,11 +156,10 @@ def _method_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
 
     method_kw = {name: getattr(args, name) for name in objectives.option_owners()}
     method_kw["co_guard"] = args.co_guard
-    common = {"eps": args.eps, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
-              "optimizer": args.optimizer, "weight_decay": args.weight_decay, "momentum": args.momentum,
-              "nesterov": args.nesterov, "schedule": None if args.schedule == "none" else args.schedule,
-              "warmup_epochs": args.warmup_epochs, "milestones": args.milestones, "eps_warmup": args.eps_warmup,
-              "steps": args.steps, "alpha": args.alpha, "keep": args.keep, "seed": args.seed}
+    common = {"eps": args.eps, "epochs": args.epochs, "batch_size": args.batch_size,
+              **options_from_args(Recipe, args, RECIPE_FLAGS), "eps_warmup": args.eps_warmup, "steps": args.steps,
+              "alpha": args.alpha, "keep": args.keep, "seed": args.seed}
+    common["schedule"] = None if args.schedule == "none" else args.schedule
     return method_kw, common
 
 

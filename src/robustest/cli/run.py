@@ -64,8 +64,6 @@ def add_common_args(p: argparse.ArgumentParser, keys: tuple[str, ...] = ()) -> N
     p.set_defaults(config_keys=COMMON_KEYS + keys)
     p.add_argument("--threads", type=thread_count, metavar="N",
                    help="CPU threads for torch (default: torch's choice; 1 is often faster for small models)")
-    p.add_argument("--no-progress", action="store_true",
-                   help="hide progress bars (they are off anyway when stderr is not a terminal)")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
