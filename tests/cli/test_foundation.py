@@ -18,7 +18,7 @@ import torch
 from cli_runner import run_cli
 from robustest import cli, data, models
 from robustest import evaluate as ev
-from robustest.core.errors import DataError
+from robustest.core.errors import EXIT_INTERNAL, DataError
 from robustest.models.checkpoints import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("no_data_env")
@@ -187,7 +187,7 @@ def test_internal_errors_are_one_line_exit_3(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(train_verb, "load_data", boom)
     code, _, err = run_cli(capsys, "train", "--dataset", "digits", "--model", "digits_cnn", "--epochs", "1",
                            "--out", tmp_path)
-    assert code == cli.EXIT_INTERNAL == 3 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert code == EXIT_INTERNAL == 3 and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert "internal error" in err and "--debug" in err
 
 

@@ -18,7 +18,6 @@ when stderr is a terminal.
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import os
 import pkgutil
@@ -30,18 +29,9 @@ from typing import Any
 from robustest import __version__
 from robustest.cli.args import available_cores, finish_verb_parser
 from robustest.cli.output import configure_logging, plain, progress_enabled
-from robustest.core.errors import (
-    EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    ConfigError,
-    RobustestError,
-)
+from robustest.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, ConfigError, error_line
 
 __all__ = ["build_parser", "main"]
-# OSError numbers that mean the path the user gave is unusable (besides the exceptions caught by type): the fix
-_BAD_PATHS = {errno.ENAMETOOLONG: "the file system refuses a name this long: shorten it",
-              errno.ELOOP: "the path runs through a loop of symbolic links"}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -163,35 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("robustest: interrupted\n")
         return EXIT_INTERRUPTED
-    except RobustestError as exc:
+    except Exception as exc:  # noqa: BLE001 - every error is one line, never a bare traceback
         if args.debug:
             raise
+        status, text = error_line(exc)
         if main_rank or not isinstance(exc, distributed.RankFailure):  # a rank's own failure is the cause
-            sys.stderr.write(f"{_who(args.verb, main_rank)}: error: {_one_line(exc)}\n")
-        return EXIT_USAGE
-    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
-        if args.debug:
-            raise
-        where = f": {exc.filename}" if exc.filename else ""
-        sys.stderr.write(f"{_who(args.verb, main_rank)}: error: {exc.strerror or _one_line(exc)}{where}\n")
-        return EXIT_USAGE
-    except UnicodeDecodeError as exc:  # a text file (a YAML config, a CSV) holding binary bytes
-        if args.debug:
-            raise
-        sys.stderr.write(f"{_who(args.verb, main_rank)}: error: a file read as UTF-8 text holds binary bytes "
-                         f"(byte {exc.start}): pass a text file\n")
-        return EXIT_USAGE
-    except Exception as exc:  # noqa: BLE001 - last resort: never a bare traceback
-        if args.debug:
-            raise
-        if isinstance(exc, OSError) and exc.errno in _BAD_PATHS:  # a path the file system refuses
-            where = f": {_shorten(str(exc.filename))}" if exc.filename else ""
-            sys.stderr.write(f"{_who(args.verb, main_rank)}: error: {exc.strerror or _one_line(exc)} "
-                             f"({_BAD_PATHS[exc.errno]}){where}\n")
-            return EXIT_USAGE
-        sys.stderr.write(f"{_who(args.verb, main_rank)}: internal error: {type(exc).__name__}: {_one_line(exc)} "
-                         "(rerun with --debug for the traceback)\n")
-        return EXIT_INTERNAL
+            sys.stderr.write(f"{_who(args.verb, main_rank)}: {text}\n")
+        return status
     finally:
         distributed.shutdown()
         restore_logging()
@@ -212,16 +180,6 @@ def _stopped_by_launcher(signum: int, frame: Any) -> None:
 
     raise RankFailure("stopped by torchrun (another rank failed, or the job was cancelled); rerun the same "
                       "command to continue from the last saved step (run/compare: with --resume)")
-
-
-def _shorten(text: str, keep: int = 80) -> str:
-    """``text`` cut in the middle to about ``keep`` characters (a path over the file-system limit is long)."""
-    return text if len(text) <= keep else f"{text[:keep // 2]}...{text[-keep // 2:]}"
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover
