@@ -69,6 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from robustest.train.early_stopping import KEEP
     from robustest.train.harden_pipeline import Measurement
     from robustest.train.hardening import DEFAULT_STEPS, RECIPE_DEFAULTS
+
     p = sub.add_parser("harden", help="adversarial or certified training, fine-tuning or from scratch (PGD-AT, "
                                       "TRADES, N-FGSM, IBP, ...)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -147,9 +147,8 @@ def run(args: argparse.Namespace) -> int:
     out = out_dir(args)  # made once the inputs are known to fit: a refusal leaves nothing behind
     srun = score_pipeline(model, inputs, args.metric, out=out, train=train, layers=args.layers or None,
                           batch_size=args.batch_size, amp=args.amp, progress=not args.no_progress,
-                          options=options.of_metric(args.metric), model_source=str(args.checkpoint or args.model_factory
-                                                                          or args.weights),
-                          load_s=time.perf_counter() - t0)
+                          options=options.of_metric(args.metric), load_s=time.perf_counter() - t0,
+                          model_source=str(args.checkpoint or args.model_factory or args.weights))
     doc = write_run(out, "score", t0, _settings(args, options, model_device(model), srun.result.options),
                     srun.to_results(), srun.timings, lambda doc: score_report(doc, srun.result.scores))
     for line in srun.summary_lines():
