@@ -188,7 +188,7 @@ def test_score_options_record_what_the_metric_ran_with():
     ("fol", {"k": 3}, "^--k does not apply to --metric fol: drop it$"),
     ("nc", {"k": 3, "top_k": 1, "scale": 0.0}, "^--k, --top-k, --scale does not apply to --metric nc: drop it$"),
     ("kmnc", {"threshold": 0.5}, "^--threshold does not apply to --metric kmnc"),
-    ("fol", {"eps": 1.5}, "eps"),
+    ("fol", {"eps": 1.5}, "^eps "),
     ("fol", {"amp": "bf16"}, "^--amp applies to zol, gini, entropy, margin, max_prob .* --metric fol needs input "
                              "gradients in float32: drop --amp$"),
     ("nc", {"amp": "bf16"}, "--metric nc needs layer activations compared with a float32 reference in float32"),

@@ -85,3 +85,9 @@ def test_the_settings_name_the_strata_of_a_stratified_set_and_the_weak_correct_r
     s = weak.settings
     assert (s["strategy"], s["correct_only"], s["per_class"], s["attack_eps"]) == ("weak-correct", True, True, [0.2])
     assert "attack_steps" not in s and "strata" not in s and "severities" not in s
+    plain = validate_pipeline(model, data, analysis, out=tmp_path / "p", select={"fraction": 0.25,
+                                                                                "strategy": "stratified"},
+                              perturbations=["gaussian_noise", "fgsm"], eps=[0.1], severities=(5,), progress=False)
+    s = plain.settings  # the selection options not given: select_weak's defaults
+    assert (s["strata"], s["allocation"], s["per_class"], s["fraction"]) == (10, "proportional", False, 0.25)
+    assert "k" not in s and s["perturbations"] == ["fgsm", "gaussian_noise"] and s["severities"] == [5]

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,9 @@ __all__ = ["ITERATIVE_ATTACKS", "ValidateRun", "check_analysis_of", "validate_pi
 
 #: the attacks whose number of steps ``attack_steps`` sets
 ITERATIVE_ATTACKS = ("pgd", "bim", "mifgsm", "rfgsm")
+#: select_weak's defaults of the selection options the settings record
+_SELECT_DEFAULTS = {k: p.default for k, p in inspect.signature(select_weak).parameters.items()
+                    if k in ("strata", "allocation", "per_class")}
 
 
 def check_analysis_of(analysis: Analysis, data: Any, what: str, data_name: str = "the data") -> Analysis:
@@ -124,24 +128,26 @@ def validate_pipeline(model: nn.Module, data: Any, analysis: Analysis, *, out: s
              "report": "report.html"}
     return ValidateRun(weak, res, test_res, validation_rows(res, test_res), len(analysis),
                        {"analysis_s": analysis_s, "validate_weak_s": t_weak, "validate_test_s": t_test}, files,
-                       _settings(weak, res, select or {}, attack_steps, severities, test_limit, seed, model))
+                       _settings(weak, res, select or {}, attack_steps, test_limit, seed, model))
 
 
 def _settings(weak: WeakSet, res: ValidationResult, select: dict[str, Any], attack_steps: int | None,
-              severities: tuple[int, ...], test_limit: int, seed: int, model: nn.Module) -> dict[str, Any]:
-    """The settings a validation ran with: the set's rule, the perturbations measured, the test samples."""
+              test_limit: int, seed: int, model: nn.Module) -> dict[str, Any]:
+    """The settings a validation ran with: the set's rule (``select`` over select_weak's defaults), the
+    perturbations measured, the test samples."""
+    sel = {**_SELECT_DEFAULTS, **select}
     strategy, meta = weak.rule["strategy"], res.meta
     settings: dict[str, Any] = {"strategy": strategy}
     if strategy == "stratified":
-        settings.update(strata=select.get("strata", 10), allocation=select.get("allocation", "proportional"))
+        settings.update(strata=sel["strata"], allocation=sel["allocation"])
     settings.update({key: weak.rule[key] for key in ("k", "fraction", "threshold") if key in weak.rule})
-    settings.update(per_class=bool(select.get("per_class", False)), correct_only=strategy == "weak-correct",
-                    perturbations=list(meta.get("attacks", [])) + list(meta.get("corruptions", [])))
-    if meta.get("attacks"):
-        settings["attack_eps"] = list(meta.get("eps", []))
+    settings.update(per_class=bool(sel["per_class"]), correct_only=strategy == "weak-correct",
+                    perturbations=[*meta["attacks"], *meta["corruptions"]])
+    if meta["attacks"]:
+        settings["attack_eps"] = list(meta["eps"])
         if attack_steps:
             settings["attack_steps"] = attack_steps
-    if meta.get("corruptions"):
-        settings["severities"] = list(meta.get("severities", severities))
+    if meta["corruptions"]:
+        settings["severities"] = list(meta["severities"])
     settings.update(test_limit=test_limit, seed=seed, device=str(model_device(model)))
     return settings
