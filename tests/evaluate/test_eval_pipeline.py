@@ -128,6 +128,9 @@ def test_summary_lines_state_the_figures_the_verb_prints(digits, tmp_path):
                      "bracket (crown): certified 25.00% <= robust 50.00% <= clean 75.00% (1 undecided)"]
     no_base = dataclasses.replace(run, result=dataclasses.replace(r, corruption={**corr, "mce": None}))
     assert no_base.summary_lines()[1] == ["corruptions: mean accuracy 75.00%"]
+    fixed = dataclasses.replace(r, clean_accuracy=0.875, robust_accuracy=0.25, attacks={"apgd-ce": 0.5, "apgd-t": 0.25})
+    assert dataclasses.replace(run, result=fixed).summary_lines()[0] == [
+        "digits (24 images), linf eps=0.05, fast: clean 87.50%, robust 25.00% (apgd-ce 50.00%, apgd-t 25.00%)"]
 
 
 def test_settings_record_the_evaluation_as_run_and_each_option_given(digits, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -46,6 +47,8 @@ def test_generate_pipeline_writes_the_tests_with_their_fol(tmp_path, trained_dig
     rate = format_value(summary["success_rate"], "success_rate")
     assert run.summary_line(2.5) == f"pgd on 12 digits/test seeds: 12 tests, success rate {rate} (2.5 s)"
     assert run.summary_line().endswith(f"({format_value(run.timings['total_s'], 'total_s')} s)")
+    no_rate = dataclasses.replace(run, summary={**run.summary, "success_rate": None})
+    assert no_rate.summary_line(2.5) == "pgd on 12 digits/test seeds: 12 tests (2.5 s)"
 
 
 def test_generate_pipeline_refuses_no_seeds_and_keep_all_with_a_fuzzer(tmp_path, trained_digits_model, seeds):
