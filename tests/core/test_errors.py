@@ -51,3 +51,8 @@ def test_a_name_too_long_is_cut_in_the_middle():
     short = error_line(OSError(errno.ENAMETOOLONG, "File name too long", "x" * 80))[1]
     assert short.endswith(": " + "x" * 80)  # at the limit: kept whole
     assert error_line(OSError(errno.ENAMETOOLONG, "File name too long"))[1].endswith("shorten it)")
+
+
+def test_an_os_error_without_its_text_is_named_by_its_number():
+    assert error_line(OSError(errno.ENAMETOOLONG, "")) == (
+        EXIT_USAGE, f"error: [Errno {errno.ENAMETOOLONG}] (the file system refuses a name this long: shorten it)")

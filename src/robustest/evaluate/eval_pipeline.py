@@ -75,8 +75,8 @@ class EvalRun:
         ``surrogate``: the names of their files; the severities with the corruptions), ``save_adv`` and the flags
         accepted. ``batch_size_auto``: the batch size was probed."""
         r = {**_EVALUATE_DEFAULTS, **self.request}
-        d: dict[str, Any] = {k: r[k] for k in ("eps", "norm", "version", "batch_size", "block_size", "seed")}
-        d["device"] = self.request.get("device", "cpu")
+        d: dict[str, Any] = {k: r[k] for k in ("eps", "norm", "version", "batch_size", "block_size", "seed",
+                                               "device")}
         if batch_size_auto:
             d["batch_size_auto"] = True
         named = {**r, "baseline": baseline, "surrogate": surrogate}
