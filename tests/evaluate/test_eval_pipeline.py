@@ -137,14 +137,14 @@ def test_settings_record_the_evaluation_as_run_and_each_option_given(digits, tmp
     run = eval_pipeline(Fixed(), digits, 0.05, out=tmp_path / "a", **OPTS)
     assert run.settings() == {"eps": 0.05, "norm": "linf", "version": "fast", "batch_size": 256, "block_size": 4096,
                               "seed": 0, "device": "cpu", "n_targets": 1}
-    full = eval_pipeline(Fixed(), digits, [0.02, 0.05], out=tmp_path / "b", version="custom", attacks=["apgd-ce"],
+    full = eval_pipeline(nn.Sequential(nn.Identity(), Fixed()), digits, [0.02, 0.05], out=tmp_path / "b", version="custom", attacks=["apgd-ce"],
                          seed=3, batch_size=8, block_size=16, fail_under=0.1, certify="ibp", save_adv=True,
                          accept_flag=["zero-gradient"], corruptions="gaussian_noise", severities=[2], forwards=1,
-                         progress=False)
+                         amp="bf16", bpda="0", progress=False)
     s = full.settings(batch_size_auto=True, baseline="b.pt", surrogate="s.pt")
     assert s == {"eps": [0.02, 0.05], "norm": "linf", "version": "custom", "batch_size": 8, "block_size": 16,
                  "seed": 3, "device": "cpu", "batch_size_auto": True, "attacks": ["apgd-ce"], "fail_under": 0.1,
-                 "baseline": "b.pt", "surrogate": "s.pt", "forwards": 1, "certify": "ibp",
+                 "baseline": "b.pt", "amp": "bf16", "bpda": "0", "surrogate": "s.pt", "forwards": 1, "certify": "ibp",
                  "corruptions": "gaussian_noise", "severities": [2], "save_adv": True,
                  "accept_flag": ["zero-gradient"]}
     assert list(s)[:8] == ["eps", "norm", "version", "batch_size", "block_size", "seed", "device", "batch_size_auto"]

@@ -528,8 +528,10 @@ def test_zoo_models_run_on_cuda():
 def test_si_gives_three_significant_figures():
     from robustest.models.profiling import si
 
-    assert [si(n) for n in (0, 950, 999, 1000, 1234, 9999, 10_000, 25_557_032, 4_100_000_000, 12_345_678_901)] == [
-        "0", "950", "999", "1.00k", "1.23k", "10.00k", "10.0k", "25.6M", "4.10G", "12.3G"]
+    assert [si(n) for n in (0, 950, 999, 1000, 1234, 9999, 10_000, 999_999, 1_000_000, 25_557_032, 999_999_999,
+                            1_000_000_000, 4_100_000_000, 12_345_678_901)] == [
+        "0", "950", "999", "1.00k", "1.23k", "10.00k", "10.0k", "1000.0k", "1.00M", "25.6M", "1000.0M", "1.00G",
+        "4.10G", "12.3G"]
 
 
 def test_the_catalogue_has_a_row_per_model_and_variant_with_its_profile():
