@@ -91,3 +91,8 @@ def test_the_settings_name_the_strata_of_a_stratified_set_and_the_weak_correct_r
     s = plain.settings  # the selection options not given: select_weak's defaults
     assert (s["strata"], s["allocation"], s["per_class"], s["fraction"]) == (10, "proportional", False, 0.25)
     assert "k" not in s and s["perturbations"] == ["fgsm", "gaussian_noise"] and s["severities"] == [5]
+    by_threshold = validate_pipeline(model, data, analysis, out=tmp_path / "t", select={"threshold": 0.25,
+                                                                                       "strategy": "weak"},
+                                     perturbations=["fgsm"], eps=[0.1], progress=False)
+    s = by_threshold.settings
+    assert s["threshold"] == 0.25 and "k" not in s and "fraction" not in s
