@@ -137,7 +137,8 @@ def test_settings_record_the_evaluation_as_run_and_each_option_given(digits, tmp
     run = eval_pipeline(Fixed(), digits, 0.05, out=tmp_path / "a", **OPTS)
     assert run.settings() == {"eps": 0.05, "norm": "linf", "version": "fast", "batch_size": 256, "block_size": 4096,
                               "seed": 0, "device": "cpu", "n_targets": 1}
-    full = eval_pipeline(nn.Sequential(nn.Identity(), Fixed()), digits, [0.02, 0.05], out=tmp_path / "b", version="custom", attacks=["apgd-ce"],
+    preprocessed = nn.Sequential(nn.Identity(), Fixed())  # a submodule of the input's shape, for BPDA
+    full = eval_pipeline(preprocessed, digits, [0.02, 0.05], out=tmp_path / "b", version="custom", attacks=["apgd-ce"],
                          seed=3, batch_size=8, block_size=16, fail_under=0.1, certify="ibp", save_adv=True,
                          accept_flag=["zero-gradient"], corruptions="gaussian_noise", severities=[2], forwards=1,
                          amp="bf16", bpda="0", progress=False)

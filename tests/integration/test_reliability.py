@@ -637,8 +637,8 @@ def test_other_os_errors_are_internal_errors_in_one_line(tmp_path, capsys, monke
                                                          mlp_digits_checkpoint) -> None:
     import errno
 
-    from robustest import cli
     from robustest.cli import score as score_verb
+    from robustest.core.errors import EXIT_INTERNAL
 
     def fails(*a, **k):
         raise OSError(errno.EIO, "Input/output error")
@@ -646,7 +646,7 @@ def test_other_os_errors_are_internal_errors_in_one_line(tmp_path, capsys, monke
     monkeypatch.setattr(score_verb, "load_data", fails)
     code, err = _run(capsys, "score", "--checkpoint", mlp_digits_checkpoint, "--dataset", "digits", "--metric",
                      "gini", "--out", tmp_path / "o")
-    assert code == cli.EXIT_INTERNAL and err.count("\n") == 1 and "internal error: OSError" in err, err
+    assert code == EXIT_INTERNAL and err.count("\n") == 1 and "internal error: OSError" in err, err
     monkeypatch.undo()
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
