@@ -97,8 +97,8 @@ class EvalRun:
         r, brk, c = self.result, self.bracket, self.result.corruption
         per = ", ".join(f"{k} {100 * v:.2f}%" for k, v in r.attacks.items())
         plan = r.version if r.plan == r.version else f"{r.version} -> {r.plan}"
-        before = [f"eps={c['eps']:g}: robust {100 * c['robust_accuracy']:.2f}% ({c['broke']} of {c['attacked']} "
-                  "broken at this radius)" for c in r.curve or []]
+        before = [f"eps={p['eps']:g}: robust {100 * p['robust_accuracy']:.2f}% ({p['broke']} of {p['attacked']} "
+                  "broken at this radius)" for p in r.curve or []]
         before.append(f"{self.describe.get('dataset', 'custom')} ({r.num_samples} images), {r.norm} eps={r.eps:g}, "
                       f"{plan}: clean {100 * r.clean_accuracy:.2f}%, robust {100 * r.robust_accuracy:.2f}% ({per})")
         after = []

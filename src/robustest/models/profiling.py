@@ -73,7 +73,8 @@ def profile(model: str | nn.Module, input_size: int | None = None, in_channels: 
 
 
 def si(n: int) -> str:
-    """A count in SI units, three significant figures: 950 -> "950", 1234 -> "1.23k", 25_557_032 -> "25.6M"."""
+    """A count in SI units, with two decimals below ten of the unit and one above: 950 -> "950", 1234 -> "1.23k",
+    25_557_032 -> "25.6M" (999,999 -> "1000.0k": the unit is the largest the count reaches)."""
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= scale:
             return f"{n / scale:.2f}{unit}" if n < 10 * scale else f"{n / scale:.1f}{unit}"
