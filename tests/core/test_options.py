@@ -98,3 +98,13 @@ def test_a_type_as_default_is_a_factory_each_instance_gets_its_own():
     a, b = WithDict(), WithDict()
     a.extra["k"] = 1
     assert b.extra == {} and options_of(WithDict)[0].default == {}
+
+
+def test_defaults_of_gives_the_parameters_that_have_a_default():
+    from robustest.core.options import defaults_of
+
+    def fn(a, b=2, *args, c=None, d, **kw):  # noqa: ANN001, ANN002, ANN003, ARG001 - a signature to read
+        return a
+
+    assert defaults_of(fn) == {"b": 2, "c": None}
+    assert defaults_of(lambda: None) == {}

@@ -85,7 +85,7 @@ def run_enhance(args: argparse.Namespace) -> int:
     settings = {**model_settings(args), **data_settings(args), **run.settings}
     doc = write_run(out, "enhance", t0, settings, run.to_results(), {"train_s": run.train_seconds},
                     lambda doc: enhance_report(doc, run, args.epochs))
-    if run.summary_line():
-        log.info(run.summary_line())
+    if (line := run.summary_line()) is not None:
+        log.info(line)
     written(out, doc["files"], t0)
     return 0

@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from robustest import data as datasets
+from robustest.cli.args import LOADER_FLAGS, options_from_args
 from robustest.cli.output import log
 from robustest.core.devices import resolve_device
 from robustest.core.errors import ConfigError
@@ -35,8 +36,6 @@ def resolve_batch_size(args: argparse.Namespace, model: nn.Module, data: Any, *,
 def load_data(args: argparse.Namespace, split: str | None = None) -> Dataset:
     """Load the data set named by --dataset/--data-dir for ``split`` (default --split) with the loader options
     (--limit applied before decoding); images stay compact and are streamed per batch."""
-    from robustest.cli.args import LOADER_FLAGS, options_from_args
-
     return datasets.load(args.dataset, root=args.data_dir, split=split or args.split,
                          **options_from_args(datasets.LoadOptions, args, LOADER_FLAGS))
 

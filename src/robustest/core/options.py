@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from robustest.core.errors import ConfigError
 
-__all__ = ["KINDS", "Option", "OptionSource", "option", "options_of", "spec"]
+__all__ = ["KINDS", "Option", "OptionSource", "defaults_of", "option", "options_of", "spec"]
 
 #: how a flag reads an option's value: a float that is finite ("number"), > 0 ("positive"), >= 0 ("non-negative"),
 #: in [0, 1) ("below-one"), in [0, 1] ("unit"), a learning rate ("rate"), a radius ("radius": L-inf in (0, 1] or
@@ -97,6 +97,11 @@ def option(default: Any, kind: str, help: str, **details: Any) -> Any:
 #: where options come from: a dataclass whose fields :func:`option` made, or a function with the specs of its
 #: parameters (the defaults are the function's own)
 OptionSource = type | tuple[Callable[..., Any], Mapping[str, Mapping[str, Any]]]
+
+
+def defaults_of(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The defaults of ``fn``'s parameters that have one, by name: what a call that leaves them out runs with."""
+    return {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
 
 
 def options_of(source: OptionSource, names: Sequence[str] | None = None) -> list[Option]:

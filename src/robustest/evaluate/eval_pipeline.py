@@ -17,7 +17,6 @@ Example::
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from torch import nn
 
 from robustest.core.devices import model_device
 from robustest.core.memory import peak_rss_mib
+from robustest.core.options import defaults_of
 from robustest.evaluate.certification import Bracket
 from robustest.evaluate.ensemble import EvalResult, evaluate
 from robustest.evaluate.eval_report import sample_rows
@@ -34,8 +34,7 @@ from robustest.evaluate.flags import Flag
 __all__ = ["EvalRun", "eval_pipeline"]
 
 #: evaluate()'s defaults of what the settings record (a caller may leave them out)
-_EVALUATE_DEFAULTS = {k: p.default for k, p in inspect.signature(evaluate).parameters.items()
-                      if p.default is not inspect.Parameter.empty}
+_EVALUATE_DEFAULTS = defaults_of(evaluate)
 
 
 @dataclass

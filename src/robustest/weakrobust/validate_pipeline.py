@@ -17,7 +17,6 @@ Example::
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from robustest.core.batching import labels_of, num_samples, take
 from robustest.core.devices import model_device
 from robustest.core.errors import DataError
 from robustest.core.memory import peak_rss_mib
+from robustest.core.options import defaults_of
 from robustest.weakrobust.analysis import Analysis
 from robustest.weakrobust.reports import validation_rows
 from robustest.weakrobust.validation import ValidationResult, validate
@@ -40,9 +40,8 @@ __all__ = ["ITERATIVE_ATTACKS", "ValidateRun", "check_analysis_of", "validate_pi
 
 #: the attacks whose number of steps ``attack_steps`` sets
 ITERATIVE_ATTACKS = ("pgd", "bim", "mifgsm", "rfgsm")
-#: select_weak's defaults of the selection options the settings record
-_SELECT_DEFAULTS = {k: p.default for k, p in inspect.signature(select_weak).parameters.items()
-                    if k in ("strata", "allocation", "per_class")}
+#: select_weak's defaults (the selection options the settings record when a caller leaves them out)
+_SELECT_DEFAULTS = defaults_of(select_weak)
 
 
 def check_analysis_of(analysis: Analysis, data: Any, what: str, data_name: str = "the data") -> Analysis:
