@@ -63,6 +63,20 @@ def test_alignment_is_the_mean_cosine_over_samples_with_both_gradients():
     assert grad_align.alignment(torch.zeros(2, 3), torch.ones(2, 3)).item() == 1.0
 
 
+def test_alignment_stays_finite_for_vanishing_gradients():
+    """Regression: a confidently classified sample's input gradients (norms ~1e-21) made the cosine's gradient
+    overflow (1 / norm**2 in float32: NaN weight gradients), and GradAlign on Madry's MNIST CNN stopped with a NaN
+    loss after 7 epochs. The norms are clamped at 1e-8 each, as torch's cosine_similarity (the reference's) does."""
+    g = torch.tensor([[3e-22, 4e-22], [1.0, 0.0]], requires_grad=True)
+    h = torch.tensor([[4e-22, 3e-22], [1.0, 0.0]], requires_grad=True)
+    cos = grad_align.alignment(g, h)
+    assert cos.item() == pytest.approx(0.5)  # the tiny pair (dot 2.4e-43 over 1e-16) counts as orthogonal
+    cos.backward()
+    assert bool(torch.isfinite(g.grad).all()) and bool(torch.isfinite(h.grad).all())
+    small = torch.tensor([[3e-9, 4e-9]])
+    assert grad_align.alignment(small, small).item() == pytest.approx(0.25)  # 25e-18 / (1e-8 * 1e-8)
+
+
 @pytest.mark.parametrize("lam", [0.0, 0.2, 2.0])
 def test_grad_align_loss_is_ce_of_fgsm_plus_lambda_one_minus_cosine(lam):
     model, (x, y), eps = linear(), batch(), 0.1

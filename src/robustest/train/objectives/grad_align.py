@@ -39,16 +39,21 @@ def _input_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch
     return g
 
 
+#: the smallest gradient norm the cosine divides by (torch's ``cosine_similarity`` default, the reference code's)
+COS_EPS = 1e-8
+
+
 def alignment(g1: torch.Tensor, g2: torch.Tensor) -> torch.Tensor:
     """Mean cosine similarity of the per-sample gradients g1, g2 (B x ...) over the samples where both are non-zero
-    (a scalar keeping the graphs; 1 when there is none: nothing to align)."""
+    (a scalar keeping the graphs; 1 when there is none: nothing to align). Each norm is clamped to at least
+    :data:`COS_EPS` (``torch.nn.functional.cosine_similarity``, as the reference code computes it): the gradients of
+    a confidently classified sample can be so small that the product of their norms underflows to 0 in float32
+    (a NaN loss) and the cosine's gradient overflows."""
     a, b = g1.flatten(1), g2.flatten(1)
-    na, nb = a.norm(dim=1), b.norm(dim=1)
-    keep = (na > 0) & (nb > 0)
+    keep = (a.norm(dim=1) > 0) & (b.norm(dim=1) > 0)
     if not bool(keep.any()):
         return torch.ones((), device=g1.device, dtype=g1.dtype)
-    cos = (a[keep] * b[keep]).sum(1) / (na[keep] * nb[keep])
-    return cos.mean()
+    return F.cosine_similarity(a[keep], b[keep], dim=1, eps=COS_EPS).mean()
 
 
 def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator, ctx: StepContext) -> StepOutput:
