@@ -226,12 +226,9 @@ def run_full(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
     # ---- the standard model
     def train_standard() -> torch.nn.Module:
-        kw = recipes.recipe(s["recipe"], epochs=s["epochs"])
-        kw.pop("epochs")
-        batch_size = s.get("batch_size") or kw["batch_size"]
-        kw.pop("batch_size")
-        if args.amp:
-            kw["amp"] = args.amp
+        epochs, batch_size, recipe = recipes.layered_recipe(s["recipe"], s["epochs"],
+                                                            {"amp": args.amp} if args.amp else {})
+        batch_size = s.get("batch_size") or batch_size
         if s["norm"] == "imagenet" and c == 3:
             mean, std = list(zoo.IMAGENET_MEAN), list(zoo.IMAGENET_STD)
         else:
@@ -240,8 +237,8 @@ def run_full(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         model = zoo.create(s["model"], num_classes=max(classes, 2), in_channels=c, input_size=h, mean=mean,
                            std=std).to(dev)
         state = out / "state" / ("standard_fit" if rank() == 0 else f"standard_fit.rank{rank()}")
-        hist = fit(model, train, epochs=s["epochs"], batch_size=batch_size, seed=args.seed, device=dev,
-                   progress=False, state_dir=state, resume=True, **kw)
+        hist = fit(model, train, epochs, batch_size, recipe, seed=args.seed, device=dev, progress=False,
+                   state_dir=state, resume=True)
         log(f"standard model: {s['epochs']} epochs in {hist.seconds:.0f} s, last train acc {hist.last.accuracy:.4f}")
         return model
 
@@ -292,7 +289,7 @@ def run_full(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         m = clone_model(models_["standard"]).to(dev)
         wr.enhance(m, train, weak_corr if kind == "reva" else (), epochs=s["enhance_epochs"], augmix=True,
                    adversarial=kind == "reva", jsd_weight=s["jsd_weight"], eps=s["adv_eps"],
-                   adv_steps=s["adv_steps"], adv_alpha=s["adv_alpha"], lr=s["enhance_lr"],
+                   adv_steps=s["adv_steps"], adv_alpha=s["adv_alpha"], recipe=recipes.Recipe(lr=s["enhance_lr"]),
                    batch_size=s["enhance_batch"], seed=args.seed, device=dev)
         return m
 

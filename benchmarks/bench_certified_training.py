@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     from robustest import data as datasets
     from robustest import models
-    from robustest.train import harden, harden_settings
+    from robustest.train import Recipe, harden, harden_settings
 
     cpu_start = _cpu()
     xtr, ytr = datasets.load("mnist", root=args.data_dir, split="train", limit=args.train_limit).tensors
@@ -182,9 +182,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     eps_train = args.eps_train if args.eps_train is not None else EPS_TRAIN.get(round(args.eps, 6), args.eps)
     options = {k: v for k, v in (("ramp_warmup", args.ramp_warmup), ("ramp_length", args.ramp_length),
                                  ("kappa_end", args.kappa_end)) if v is not None}
-    recipe = {"eps": args.eps, "batch_size": args.batch_size, "lr": args.lr, "schedule": "cosine", "keep": "last",
-              "seed": args.seed, "eps_train": eps_train, **options}
-    s = harden_settings(args.method, epochs=1, **recipe)  # checks every option before any work
+    kw = {"eps": args.eps, "batch_size": args.batch_size, "recipe": Recipe(lr=args.lr, schedule="cosine"),
+          "keep": "last", "seed": args.seed, "eps_train": eps_train, **options}
+    s = harden_settings(args.method, epochs=1, **kw)  # checks every option before any work
     torch.manual_seed(args.seed)
     model = models.create("mnist_small")
     steps_per_epoch = -(-int(xtr.shape[0]) // args.batch_size)
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     stopped = False
     try:
-        harden(model, (xtr, ytr), args.method, epochs=epochs, on_epoch_end=on_epoch_end, **recipe)
+        harden(model, (xtr, ytr), args.method, epochs=epochs, on_epoch_end=on_epoch_end, **kw)
     except OutOfBudget:
         stopped = True
     model.eval()

@@ -28,6 +28,7 @@ from robustest import data, models
 from robustest.fuzzing import fol_fuzz
 from robustest.models.checkpoints import load_checkpoint
 from robustest.train import fit
+from robustest.train.recipes import Recipe
 
 
 def fol_fuzz_one_at_a_time(model: torch.nn.Module, x: torch.Tensor, steps: int = 40, lr: float = 0.1,
@@ -109,7 +110,7 @@ def main() -> None:
         torch.manual_seed(0)
         if args.dataset == "mnist":
             model = models.create("lenet5", num_classes=10, in_channels=1, input_size=28)
-            fit(model, (xtr[:12000], ytr[:12000]), epochs=1, batch_size=128, lr=2e-3, seed=0,
+            fit(model, (xtr[:12000], ytr[:12000]), epochs=1, batch_size=128, recipe=Recipe(lr=2e-3), seed=0,
                          progress=False)
         else:
             model = models.create("digits_cnn", num_classes=10, in_channels=1, input_size=8)

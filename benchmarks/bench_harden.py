@@ -166,8 +166,10 @@ def autoattack_accuracy(model, aa_x, aa_y, args) -> float:
 
 
 def recipe_kw(args) -> dict[str, Any]:
-    """harden()'s recipe arguments from the flags (the reference takes the same recipe)."""
-    return {"schedule": None if args.schedule == "none" else args.schedule, "eps_warmup": args.eps_warmup}
+    """harden()'s recipe and eps warm-up from the flags (the reference takes the same recipe)."""
+    from robustest.train import Recipe
+
+    return {"recipe": Recipe(lr=args.lr, schedule=args.schedule), "eps_warmup": args.eps_warmup}
 
 
 def reference_kw(args) -> dict[str, Any]:
@@ -237,7 +239,7 @@ def one_run(name: str, seed: int, base, train, test, wb, aa, args) -> dict[str, 
         kw = {**recipe_kw(args), **kw}
         steps = None if objectives.get(name).fixed_steps else args.steps  # single-step methods take no steps
         res = harden(model, train, name, eps=args.eps, epochs=epochs, steps=steps, batch_size=args.batch_size,
-                     lr=args.lr, seed=seed, on_epoch_end=on_epoch_end, keep="last", **kw)
+                     seed=seed, on_epoch_end=on_epoch_end, keep="last", **kw)
         settings = res.settings
     return {"method": name, "seed": seed, "settings": settings, "curve": curve}
 
@@ -263,7 +265,7 @@ def timing(base, train, args, reps: int = 3, n: int = 2000) -> dict[str, Any]:
                 passes[name] = float(n * (args.steps + 1))
             else:
                 res = harden(model, (x, y), name, eps=args.eps, epochs=1, steps=args.steps,
-                             batch_size=args.batch_size, lr=args.lr, seed=0, **recipe_kw(args))
+                             batch_size=args.batch_size, seed=0, **recipe_kw(args))
                 passes[name] = float(res.compute["passes"])
             times[name].append(time.perf_counter() - t0)
     best = {k: min(v) for k, v in times.items()}
@@ -282,7 +284,7 @@ def twin_check(base, train, args, n: int = 2000, epochs: int = 2) -> dict[str, A
     x, y = train[0][:n], train[1][:n]
     ours, ref = base_model(base, 0, args), base_model(base, 0, args)
     harden(ours, (x, y), "pgd-at", eps=args.eps, epochs=epochs, steps=args.steps, batch_size=args.batch_size,
-           lr=args.lr, seed=0, **recipe_kw(args))
+           seed=0, **recipe_kw(args))
     reference_pgd_at(ref, x, y, eps=args.eps, steps=args.steps, alpha=2.5 * args.eps / args.steps, epochs=epochs,
                      batch_size=args.batch_size, lr=args.lr, seed=0, on_epoch_end=lambda *a: None, twin=True,
                      **reference_kw(args))

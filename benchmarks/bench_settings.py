@@ -190,12 +190,9 @@ def measure(s: dict[str, Any], dev: torch.device, steps: int, batch: int | None,
     per_epoch = max(1, min(steps, 20))
     epochs = 1 + max(1, steps // per_epoch)
     data = synthetic(b * per_epoch, s["shape"], s["classes"])
-    kw = recipes.recipe(s["recipe"], epochs=epochs)  # the setting's recipe, milestones scaled to this run
-    kw.pop("batch_size")
-    kw.pop("epochs")
-    if amp:
-        kw["amp"] = amp
-    hist = fit(model, data, epochs=epochs, batch_size=b, device=dev, progress=False, **kw)
+    # the setting's recipe, milestones scaled to this run
+    _, _, recipe = recipes.layered_recipe(s["recipe"], epochs, {"amp": amp} if amp else {})
+    hist = fit(model, data, epochs, b, recipe, device=dev, progress=False)
     t_epoch = statistics.median(e.seconds for e in hist.epochs[1:])  # the first epoch warms up
     rate_t = b * per_epoch / t_epoch
     model.eval()

@@ -35,7 +35,7 @@ def train(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace) -> tuple[t
     """mnist_small (normalisation inside, seeded initial weights) trained with gaussian-noise at ``args.sigma`` on
     (x, y); returns the model in eval mode and the training seconds."""
     from robustest import models
-    from robustest.train import harden
+    from robustest.train import Recipe, harden
 
     torch.manual_seed(args.seed)
     model = models.create("mnist_small", mean=float(x.mean()), std=float(x.std()))
@@ -43,7 +43,7 @@ def train(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace) -> tuple[t
     # eps is harden's radius of robust validation and measurement; the gaussian-noise step does not use it (no
     # validation data here: the last epoch is kept)
     harden(model, (x, y), "gaussian-noise", eps=0.3, sigma=args.sigma, epochs=args.epochs,
-           batch_size=args.batch_size, lr=args.lr, schedule="cosine", keep="last", seed=args.seed)
+           batch_size=args.batch_size, recipe=Recipe(lr=args.lr, schedule="cosine"), keep="last", seed=args.seed)
     return model.eval(), time.perf_counter() - t0
 
 

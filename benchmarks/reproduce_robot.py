@@ -161,19 +161,15 @@ def train_original(args: argparse.Namespace, s: dict[str, Any], out: Path, ckpt:
     classes = int(max(int(labels_of(train).max()), int(labels_of(test).max())) + 1)
     zoo.check_input(args.model, c, h, max(classes, 2))  # one line naming model and data, before any work
     x, y = train.tensors
-    kw: dict[str, Any] = {}
-    if s["recipe"]:
-        kw = recipes.recipe(s["recipe"], epochs=args.train_epochs)
-        kw.pop("epochs")
-    if args.amp:
-        kw["amp"] = args.amp
+    epochs, batch_size, recipe = recipes.layered_recipe(s["recipe"] or None, args.train_epochs,
+                                                        {"amp": args.amp} if args.amp else {})
     torch.manual_seed(0)
     model = zoo.create(args.model, num_classes=max(classes, 2), in_channels=c, input_size=h,
                        mean=x.mean(dim=(0, 2, 3)).tolist(), std=x.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist())
     state = out / ("original_state" if rank() == 0 else f"original_state.rank{rank()}")
     dev = torch.device(args.device) if args.device else None
-    hist = fit(model, (x, y), epochs=args.train_epochs, seed=0, progress=False, device=dev,
-               state_dir=state, resume=True, **kw)
+    hist = fit(model, (x, y), epochs, batch_size, recipe, seed=0, progress=False, device=dev, state_dir=state,
+               resume=True)
     acc = accuracy(model, test)
     if is_rank0():
         save_checkpoint(ckpt, model, metadata={"dataset": args.dataset, "epochs": args.train_epochs,

@@ -68,6 +68,7 @@ from robustest.core.errors import ConfigError  # noqa: E402
 from robustest.core.modelcall import eval_mode  # noqa: E402
 from robustest.evaluate import accuracy, evaluate  # noqa: E402
 from robustest.train import fit  # noqa: E402
+from robustest.train.recipes import Recipe
 
 SLOW_CORRUPTIONS = ("frost", "snow", "spatter")  # slowest on the CPU; --all-corruptions includes them
 
@@ -171,7 +172,7 @@ def build_model(cfg: dict, x: torch.Tensor, y: torch.Tensor, mean: list[float], 
         g = torch.Generator().manual_seed(seed + 1)
         xn = (x + (torch.rand(x.shape, generator=g) - 0.5) * cfg["noise_aug"]).clamp(0, 1)
         xt, yt = torch.cat([x, xn]), torch.cat([y, y])
-    fit(m, (xt, yt), epochs=cfg["epochs"], batch_size=64, lr=1e-3, seed=seed, progress=False)
+    fit(m, (xt, yt), epochs=cfg["epochs"], batch_size=64, recipe=Recipe(lr=1e-3), seed=seed, progress=False)
     if cfg.get("adv_ft"):
         wr.enhance(m, (x, y), (), epochs=cfg["adv_ft"], augmix=False, adversarial=True, eps=0.15,
                    adv_steps=5, seed=seed)
@@ -428,7 +429,7 @@ def run_enhance_seed(args: argparse.Namespace, out: Path, seed: int, data: tuple
         te = time.perf_counter()
         res = wr.enhance(m, (x, y), weak_corr if v["targeted"] else [], epochs=args.ft_epochs,
                          augmix=v["augmix"], adversarial=v["adversarial"], eps=args.adv_eps,
-                         adv_steps=args.attack_steps, jsd_weight=args.jsd_weight, lr=5e-4, seed=seed)
+                         adv_steps=args.attack_steps, jsd_weight=args.jsd_weight, recipe=Recipe(lr=5e-4), seed=seed)
         t_ft = time.perf_counter() - te
         clean = accuracy(m, (xt, yt))
         cw = ct.wrong(m, torch.arange(xt.shape[0]), yt)

@@ -58,6 +58,7 @@ from robustest import weakrobust as wr
 from robustest.core.atomic import atomic_save, atomic_write_json, atomic_write_text
 from robustest.core.errors import ConfigError
 from robustest.train import fit
+from robustest.train.recipes import Recipe
 
 STRATEGIES = ("weak", "weak-correct", "stratified", "stratified-neyman", "random")
 """Compared at equal K; stratified-neyman is select_weak(strategy="stratified", allocation="neyman")."""
@@ -138,7 +139,7 @@ def build_model(cfg: dict[str, Any], x: torch.Tensor, y: torch.Tensor, k: int, a
         g = torch.Generator().manual_seed(seed + 1)
         xn = (x + (torch.rand(x.shape, generator=g) - 0.5) * cfg["noise_aug"]).clamp(0, 1)
         xt, yt = torch.cat([x, xn]), torch.cat([y, y])
-    fit(m, (xt, yt), epochs=cfg["epochs"], batch_size=64, lr=1e-3, seed=seed, progress=False)
+    fit(m, (xt, yt), epochs=cfg["epochs"], batch_size=64, recipe=Recipe(lr=1e-3), seed=seed, progress=False)
     if cfg.get("adv_ft"):
         wr.enhance(m, (x, y), (), epochs=cfg["adv_ft"], augmix=False, adversarial=True, eps=adv_eps,
                    adv_steps=5, seed=seed)

@@ -61,11 +61,11 @@ def digits_model() -> torch.nn.Module:
 @pytest.fixture(scope="session")
 def _trained_digits_session(_digits_train_session: TensorDataset) -> torch.nn.Module:
     from robustest import models
-    from robustest.train import fit
+    from robustest.train import Recipe, fit
 
     torch.manual_seed(0)
     model = models.create("digits_cnn", num_classes=10, in_channels=1, input_size=8)
-    fit(model, _digits_train_session, epochs=2, batch_size=32, lr=3e-3, seed=0, progress=False)
+    fit(model, _digits_train_session, epochs=2, batch_size=32, recipe=Recipe(lr=3e-3), seed=0, progress=False)
     return model.eval()
 
 

@@ -165,3 +165,14 @@ def test_harden_and_generate_read_their_records_defaults():
     opts = options_from_args(GenerateOptions, g)
     assert GenerateOptions(method="cw", **{**opts, "norm": "linf"}) == GenerateOptions(method="cw")
     assert g.norm is None  # resolved from the attack's record by the verb
+
+
+def test_a_verb_states_its_own_default_where_the_options_differs():
+    """harden's SGD runs without Nesterov: its help says so, while the flag stays unset (None) when left out."""
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_option_args(p, Recipe, ("momentum", "nesterov"), unset=True, shown={"nesterov": "off"})
+    assert vars(p.parse_args([])) == {"momentum": None, "nesterov": None}
+    text = " ".join(p.format_help().split())
+    assert "Nesterov momentum for SGD (default: off)" in text and "SGD momentum (default: 0.9)" in text
+    harden_help = " ".join(build_parser()._subparsers._group_actions[0].choices["harden"].format_help().split())
+    assert "Nesterov momentum for SGD (default: off)" in harden_help

@@ -212,9 +212,9 @@ def test_compare_passes_the_recipe_options_to_training(tmp_path, monkeypatch):
     calls = []
     real = train.fit
 
-    def spy(model, data, **kw):
-        calls.append(kw)
-        return real(model, data, **kw)
+    def spy(model, data, epochs, batch_size, recipe, **kw):
+        calls.append({"batch_size": batch_size, **vars(recipe)})
+        return real(model, data, epochs, batch_size, recipe, **kw)
 
     monkeypatch.setattr(train, "fit", spy)
     threads = torch.get_num_threads()
@@ -232,6 +232,7 @@ def test_compare_passes_the_recipe_options_to_training(tmp_path, monkeypatch):
         ("sgd", 0.05, 32, 0.8)
     assert (finetune["optimizer"], finetune["schedule"], finetune["milestones"], finetune["augment"]) == \
         ("adam", "step", [1], "crop-flip")
+    assert finetune["lr"] == ROBOT_TINY.get("lr", 1e-3) and finetune["momentum"] is None  # Adam: SGD's unset
     assert res["config"]["finetune_options"]["augment"] == "crop-flip"
 
 

@@ -14,6 +14,7 @@ from robustest import evaluate as ev
 from robustest.core import modelcall
 from robustest.core.errors import ConfigError
 from robustest.train import fit
+from robustest.train.recipes import Recipe
 
 
 class _Wrapped(nn.Module):
@@ -50,7 +51,7 @@ def test_fit_trains_a_tuple_output_model(digits_train) -> None:
     torch.manual_seed(0)
     net = _Wrapped(models.create("digits_cnn", input_size=8), "tuple")
     x, y = digits_train.tensors[0][:300], digits_train.tensors[1][:300]
-    hist = fit(net, (x, y), epochs=8, lr=3e-3, seed=0, progress=False)
+    hist = fit(net, (x, y), epochs=8, recipe=Recipe(lr=3e-3), seed=0, progress=False)
     assert hist.last.accuracy > 0.8 and ev.accuracy(net, (x, y)) > 0.8
 
 

@@ -14,6 +14,7 @@ from robustest.cli import main
 from robustest.core.errors import CheckpointError, ConfigError
 from robustest.models import checkpoints
 from robustest.train import fit
+from robustest.train.recipes import Recipe
 
 NETS = textwrap.dedent('''
     import torch
@@ -56,7 +57,7 @@ def workspace(tmp_path_factory):
         net = sys.modules["mynets"].build(width=6)
         torch.manual_seed(0)
         x, y = data.load("digits", split="train").tensors
-        fit(net, (x[:400], y[:400]), epochs=6, lr=3e-3, seed=0, progress=False)
+        fit(net, (x[:400], y[:400]), epochs=6, recipe=Recipe(lr=3e-3), seed=0, progress=False)
         torch.save(net.state_dict(), root / "weights.pt")
         torch.jit.script(net.eval()).save(str(root / "net.ts"))
         ep = torch.export.export(net.eval(), (x[:2],), dynamic_shapes=({0: torch.export.Dim("batch")},))

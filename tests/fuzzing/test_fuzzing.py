@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from robustest.core.errors import ConfigError, DataError
 from robustest.fuzzing import coverage_fuzz, fol_fuzz
 from robustest.fuzzing.fol import _grad_eval
+from robustest.train.recipes import Recipe
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -29,7 +30,7 @@ def _fuzz_model(_one_thread, _digits_train_session):
 
     torch.manual_seed(0)
     model = models.create("digits_cnn", num_classes=10, in_channels=1, input_size=8)
-    fit(model, _digits_train_session, epochs=8, batch_size=64, lr=2e-3, seed=0, progress=False)
+    fit(model, _digits_train_session, epochs=8, batch_size=64, recipe=Recipe(lr=2e-3), seed=0, progress=False)
     return model.eval()
 
 
@@ -219,7 +220,7 @@ def test_fol_fuzz_mnist_lenet5(mnist_root):
     xtr, ytr = train.tensors
     torch.manual_seed(0)
     model = models.create("lenet5", num_classes=10, in_channels=1, input_size=28)
-    fit(model, (xtr[:12000], ytr[:12000]), epochs=1, batch_size=128, lr=2e-3, seed=0, progress=False)
+    fit(model, (xtr[:12000], ytr[:12000]), epochs=1, batch_size=128, recipe=Recipe(lr=2e-3), seed=0, progress=False)
     model.eval()
     x, y = test.tensors
     x, y = x[:300], y[:300]

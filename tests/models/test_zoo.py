@@ -22,6 +22,7 @@ from robustest import models
 from robustest.core.errors import ConfigError
 from robustest.models.checkpoints import load_checkpoint, save_checkpoint
 from robustest.train import fit
+from robustest.train.recipes import Recipe
 
 NEW = ("wrn", "preact_resnet18", "densenet_bc", "resnet18", "resnet50", "vit_tiny")
 
@@ -390,7 +391,7 @@ def forward_backward_and_step(model: nn.Module, channels: int, size: int, k: int
     assert all(p.grad is not None for p in model.parameters())
     model.zero_grad()
     before = [p.detach().clone() for p in model.parameters()]
-    hist = fit(model, (x.detach(), y), epochs=1, batch_size=2, lr=1e-3, progress=False)
+    hist = fit(model, (x.detach(), y), epochs=1, batch_size=2, recipe=Recipe(lr=1e-3), progress=False)
     assert math.isfinite(hist.to_dict()["epochs"][0]["loss"])
     changed = sum(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
     assert changed >= len(before) // 2

@@ -36,3 +36,16 @@ def test_layered_takes_the_files_content_as_well_as_its_path(tmp_path):
     from_content = RobotConfig.layered({"rounds": 2, "epochs": 4}, *layers)
     assert from_path == from_content
     assert (from_content.rounds, from_content.epochs, from_content.lr, from_content.seed) == (2, 4, 0.01, 3)
+
+
+def test_the_config_hands_its_training_recipes_over_as_recipes():
+    from robustest.train import Recipe
+
+    cfg = RobotConfig(lr=0.002, finetune_options={"schedule": "step", "milestones": [2], "eps_warmup": 0.5},
+                      train_options={"optimizer": "sgd", "lr": 0.1, "batch_size": 32, "momentum": 0.8})
+    assert cfg.finetune_recipe() == Recipe(lr=0.002, schedule="step", milestones=[2])  # eps_warmup is harden's
+    assert cfg.train_recipe() == Recipe(optimizer="sgd", lr=0.1, momentum=0.8)  # batch_size is the fit's
+    assert RobotConfig(lr=0.004).train_recipe() == Recipe(lr=0.004)  # train_options' lr defaults to lr
+    with pytest.raises(ConfigError, match=r"^finetune_options: momentum and nesterov are options of "
+                                          r"optimizer='sgd', not 'adam'"):
+        RobotConfig(finetune_options={"momentum": 0.5}).validate()

@@ -133,7 +133,8 @@ def test_hardening_strategies_train_with_the_recipe_of_finetune_options(checkpoi
     real = hardening.harden
 
     def spy(*a, **kw):
-        seen.append({k: kw.get(k) for k in ("schedule", "eps_warmup", "optimizer", "momentum")})
+        seen.append({"eps_warmup": kw.get("eps_warmup"),
+                     **{k: getattr(kw["recipe"], k) for k in ("schedule", "optimizer", "momentum")}})
         return real(*a, **kw)
 
     monkeypatch.setattr(hardening, "harden", spy)

@@ -19,6 +19,7 @@ from robustest import models
 from robustest.core.errors import CheckpointError, ConfigError, DataError
 from robustest.models.checkpoints import load_checkpoint, save_checkpoint
 from robustest.train import History, TrainData, fit
+from robustest.train.recipes import Recipe
 
 
 def small_train(ds: TensorDataset, n: int = 400) -> TensorDataset:
@@ -39,7 +40,7 @@ def same_weights(a: nn.Module, b: nn.Module) -> bool:
 def test_fit_reduces_loss_and_records_history(digits_train, digits_test):
     model = fresh_model()
     before_loss, before_acc = ev.loss_and_accuracy(model, digits_test)
-    hist = fit(model, small_train(digits_train), epochs=3, batch_size=32, lr=2e-3, progress=False)
+    hist = fit(model, small_train(digits_train), epochs=3, batch_size=32, recipe=Recipe(lr=2e-3), progress=False)
     assert isinstance(hist, History) and len(hist.epochs) == 3
     assert [e.epoch for e in hist.epochs] == [1, 2, 3]
     assert hist.epochs[-1].loss < hist.epochs[0].loss
@@ -76,8 +77,8 @@ def test_fit_accepts_data_forms(digits_train, form):
 @pytest.mark.parametrize("optimizer, schedule", [("sgd", None), ("adam", "cosine"), ("sgd", "step")])
 def test_fit_optimizers_and_schedules(digits_train, optimizer, schedule):
     data = small_train(digits_train, 128)
-    hist = fit(fresh_model(), data, epochs=2, batch_size=32, lr=0.01, optimizer=optimizer,
-                        schedule=schedule, weight_decay=1e-4, progress=False)
+    hist = fit(fresh_model(), data, epochs=2, batch_size=32,
+               recipe=Recipe(lr=0.01, optimizer=optimizer, schedule=schedule, weight_decay=1e-4), progress=False)
     assert math.isfinite(hist.last.loss)
     if schedule is not None:
         assert hist.last.lr < 0.01  # decayed by the end of training
@@ -91,7 +92,7 @@ def test_fit_with_validation_and_keep_best(digits_train):
     # validation epoch is an early one and restoring it must change the weights back
     val = (x[:150], (y[:150] + 1) % 10)
     model = fresh_model()
-    hist = fit(model, (x, y), epochs=4, lr=3e-3, val=val, keep="best", progress=False)
+    hist = fit(model, (x, y), epochs=4, recipe=Recipe(lr=3e-3), val=val, keep="best", progress=False)
     vals = [e.val_accuracy for e in hist.epochs]
     assert all(v is not None and 0 <= v <= 1 for v in vals)
     assert all(e.val_loss is not None and e.val_loss > 0 for e in hist.epochs)
@@ -105,9 +106,11 @@ def test_fit_with_validation_and_keep_best(digits_train):
 @pytest.mark.parametrize("kwargs, pattern", [
     ({"epochs": -1}, "epochs"),
     ({"epochs": 1, "batch_size": 0}, "batch_size"),
-    ({"epochs": 1, "lr": 0.0}, "lr"),
-    ({"epochs": 1, "optimizer": "rmsprop"}, "optimizer"),
-    ({"epochs": 1, "schedule": "linear"}, "schedule"),
+    ({"epochs": 1, "recipe": Recipe(lr=0.0)}, "lr"),
+    ({"epochs": 1, "recipe": Recipe(optimizer="rmsprop")}, "optimizer"),
+    ({"epochs": 1, "recipe": Recipe(schedule="linear")}, "schedule"),
+    ({"epochs": 1, "recipe": {"lr": 0.1}}, r"recipe must be a robustest.train.recipes.Recipe \(or None for the "
+                                            r"defaults\), got dict"),
     ({"epochs": 1, "keep": "best"}, "val"),
     ({"epochs": 1, "keep": "first"}, "keep must be 'best'"),
     ({"epochs": 1, "resume": True}, "resume=True needs the state_dir"),

@@ -25,7 +25,7 @@ def _model():
     return models.create("digits_cnn", input_size=8)
 
 
-RECIPE = {"eps": 0.1, "epochs": 2, "steps": 2, "batch_size": 64, "seed": 0, "keep": "last"}
+HKW = {"eps": 0.1, "epochs": 2, "steps": 2, "batch_size": 64, "seed": 0, "keep": "last"}
 
 
 def test_measure_model_reports_the_figures_and_the_certificates_by_any(digits):
@@ -43,7 +43,7 @@ def test_the_pipeline_measures_hardens_and_writes_the_checkpoints(digits, tmp_pa
     train, val, test = digits
     m = hp.Measurement(eps=0.1, whitebox_limit=8, pgd_steps=2, pgd_restarts=1, apgd_steps=2)
     run = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path, measurement=m,
-                             recipe={**RECIPE, "keep": "best"}, val=val, val_steps=2, metadata={"dataset": "digits"})
+                             options={**HKW, "keep": "best"}, val=val, val_steps=2, metadata={"dataset": "digits"})
     res = run.to_results()
     assert res["data"] == {"num_train": 140, "num_fit": 120, "num_val": 20, "num_test": 40,
                            "model": res["data"]["model"]}
@@ -77,9 +77,9 @@ def test_a_resumed_pipeline_reads_the_measurement_before_back(digits, tmp_path):
     (tmp_path / "state").mkdir()
     stored = {"clean_accuracy": 0.125, "num_eval": 40}
     (tmp_path / "state" / "before.json").write_text(json.dumps(stored))
-    run = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path, measurement=m, recipe=RECIPE, resume=True)
+    run = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path, measurement=m, options=HKW, resume=True)
     assert run.before == stored  # not measured again
-    fresh = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path / "b", measurement=m, recipe=RECIPE)
+    fresh = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path / "b", measurement=m, options=HKW)
     assert fresh.before["clean_accuracy"] != 0.125 and fresh.last is None  # keep last: model.pt is the last epoch
 
 
@@ -88,7 +88,7 @@ def test_the_report_of_a_pipeline_run_marks_the_kept_epoch(digits, tmp_path):
 
     train, val, test = digits
     m = hp.Measurement(eps=0.1, whitebox_limit=0)
-    run = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path, measurement=m, recipe=RECIPE, val=val,
+    run = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path, measurement=m, options=HKW, val=val,
                              val_steps=2)
     settings = {**run.result.settings, "dataset": "digits", "val_steps": 2}
     doc = document("harden", settings, run.to_results(), {**run.timings, "total_s": 1.0}, world_size=1)
@@ -130,7 +130,7 @@ def test_the_summary_line_names_one_epoch_and_the_guard_that_stopped_a_run(digit
     train, _, test = digits
     m = hp.Measurement(eps=0.1, whitebox_limit=0)
     run = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path, measurement=m,
-                             recipe={**RECIPE, "epochs": 1})
+                             options={**HKW, "epochs": 1})
     assert run.summary_line().startswith("pgd-at: 1 epoch on 120 images, ")
     assert [r["model"] for r in run.summary_rows()] == ["before", "after (epoch 1)"]
     epochs = [{**run.result.epochs[0], "val_pgd_accuracy": 0.5}, {**run.result.epochs[0], "val_pgd_accuracy": 0.1}]

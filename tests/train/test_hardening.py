@@ -15,6 +15,7 @@ from robustest.core.errors import ConfigError
 from robustest.core.seeding import derive_seed
 from robustest.train import early_stopping, fit, fitting, harden, harden_settings, hardening, objectives, schedules
 from robustest.train.objectives import inner
+from robustest.train.recipes import Recipe
 
 EPS = 0.15
 
@@ -61,7 +62,8 @@ def test_every_method_raises_whitebox_accuracy(method, base_model, digits_split)
     model = copy.deepcopy(base_model)
     # 3 epochs on 400 images lift every method by 0.2-0.43 (seeds 0 and 1; TRADES gains least)
     steps = None if objectives.get(method).fixed_steps else 5  # the single-step methods take no steps
-    res = harden(model, (x[:400], y[:400]), method, eps=EPS, epochs=3, steps=steps, batch_size=32, lr=2e-3, seed=0)
+    res = harden(model, (x[:400], y[:400]), method, eps=EPS, epochs=3, steps=steps, batch_size=32,
+                 recipe=Recipe(lr=2e-3), seed=0)
     after = _whitebox(model, test)
     assert before < 0.2
     assert after >= before + 0.15, (method, before, after)
@@ -92,7 +94,7 @@ def test_pgd_at_compute_equals_the_analytic_count(base_model, digits_split):
     assert fast["passes"] == pytest.approx(2 * n)
 
 
-@pytest.mark.parametrize("recipe", [{"eps_warmup": 0.0}, {}, {"schedule": "cosine"}])
+@pytest.mark.parametrize("recipe", [{"eps_warmup": 0.0}, {}, {"recipe": Recipe(schedule="cosine")}])
 def test_pgd_at_is_the_textbook_loop_given_the_same_random_numbers(base_model, digits_split, recipe):
     """A plain-PyTorch PGD-AT loop fed the random numbers harden draws (per-epoch shuffling and random starts)
     ends with bit-identical weights: the recipe has nothing else in it. With the default eps warm-up the plain
@@ -132,7 +134,7 @@ def test_pgd_at_is_the_textbook_loop_given_the_same_random_numbers(base_model, d
             loss.backward()
             opt.step()
             t += 1
-            if recipe.get("schedule") == "cosine":
+            if "recipe" in recipe:
                 for group in opt.param_groups:
                     group["lr"] = 1e-3 * 0.5 * (1 + math.cos(math.pi * t / total))
     plain.eval()
@@ -428,8 +430,12 @@ def test_validation_data_is_measured_every_epoch(base_model, digits_split):
     ({"method": "fol-budget", "fol_threshold": float("nan")}, "fol_threshold"),
     ({"method": "fosc", "fosc_c_max": float("inf")}, "fosc_c_max"), ({"method": "fosc", "fosc_warmup": 0}, "warmup"),
     ({"mix": 1.5}, "mix"), ({"method": "trades", "mix": 0.5}, "pgd-at only"), ({"beta": 3.0}, "trades only"),
-    ({"method": "fast-at", "steps": 5}, "one step"), ({"steps": 0}, "steps"), ({"lr": -1.0}, "lr"),
-    ({"optimizer": "lbfgs"}, "optimizer"), ({"method": "fol-budget", "fol_min_steps": 10}, "fol_min_steps"),
+    ({"method": "fast-at", "steps": 5}, "one step"), ({"steps": 0}, "steps"), ({"recipe": Recipe(lr=-1.0)}, "lr"),
+    ({"recipe": Recipe(optimizer="lbfgs")}, "optimizer"),
+    ({"method": "fol-budget", "fol_min_steps": 10}, "fol_min_steps"),
+    ({"recipe": Recipe(label_smoothing=0.1)}, "harden does not take the recipe option label_smoothing"),
+    ({"recipe": Recipe(augment="crop-flip")}, "harden does not take the recipe option augment"),
+    ({"recipe": {"lr": 0.1}}, "recipe must be a robustest.train.recipes.Recipe"),
 ])
 def test_bad_arguments_fail_before_any_work(kw, match, base_model, digits_split, monkeypatch):
     monkeypatch.setattr(hardening, "_batch", lambda *a, **k: pytest.fail("work started"))
@@ -552,3 +558,20 @@ def test_validation_split_reads_the_labels_through_the_batches_of_a_dataset_with
     _, val, k = validation_split(Items(), 4, seed=1)
     want = holdout_split(torch.arange(40) % 2, 4, 1)[1]
     assert k == 4 and val[0].flatten().tolist() == want.float().tolist() and val[1].tolist() == (want % 2).tolist()
+
+
+def test_harden_takes_one_recipe_sgd_without_nesterov_unless_asked():
+    s = harden_settings("pgd-at", eps=EPS, recipe=Recipe(optimizer="sgd", lr=0.05, schedule="cosine"))
+    assert {k: s[k] for k in ("optimizer", "lr", "momentum", "nesterov", "schedule", "weight_decay")} == {
+        "optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": False, "schedule": "cosine", "weight_decay": 0.0}
+    assert harden_settings("pgd-at", eps=EPS, recipe=Recipe(optimizer="sgd", nesterov=True))["nesterov"] is True
+    adam = harden_settings("pgd-at", eps=EPS)
+    assert "momentum" not in adam and "nesterov" not in adam  # Adam records no SGD option
+    assert harden_settings("pgd-at", eps=EPS, recipe=Recipe(decay_norm_bias=True)) == adam  # a default is not "set"
+    with pytest.raises(TypeError, match=r"^lr is a training recipe option: pass recipe=Recipe\(lr=\.\.\.\) "
+                                        r"\(robustest.train.recipes.Recipe\)$"):
+        harden_settings("pgd-at", eps=EPS, lr=0.1)
+    with pytest.raises(ConfigError, match=r"^harden does not take the recipe option amp \(it honours optimizer, lr, "
+                                          r"weight_decay, momentum, nesterov, schedule, warmup_epochs, milestones\): "
+                                          r"leave it unset$"):
+        harden_settings("pgd-at", eps=EPS, recipe=Recipe(amp="bf16", compile=True))

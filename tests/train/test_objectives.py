@@ -16,6 +16,7 @@ from robustest.core.modelcall import eval_mode, forward, frozen_params
 from robustest.core.validation import check_float
 from robustest.train import harden, harden_settings, objectives
 from robustest.train.objectives import Objective, Option, StepContext, StepOutput
+from robustest.train.recipes import Recipe
 
 
 def _noise_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator,
@@ -154,14 +155,14 @@ def test_fit_computes_its_loss_with_the_registry_s_cross_entropy(digits_model, f
     restores: list[int] = []
     with objectives.registered(_calls_and_zero_loss("cross-entropy", calls, restores), replace=True):
         model = copy.deepcopy(digits_model)
-        hist = fit(model, few_digits, epochs=2, batch_size=32, label_smoothing=0.1, progress=False)
+        hist = fit(model, few_digits, epochs=2, batch_size=32, recipe=Recipe(label_smoothing=0.1), progress=False)
     assert len(calls) == 6 and calls[0].settings["label_smoothing"] == 0.1
     assert restores == [1, 2, 3, 4, 5, 6]  # each step's restore, after its update
     assert all(torch.equal(start[k], v) for k, v in model.state_dict().items())  # the stand-in's zero loss
     assert [e.loss for e in hist.epochs] == [0.0, 0.0]
     assert objectives.get("cross-entropy") is original  # back after the block
     trained = copy.deepcopy(digits_model)
-    fit(trained, few_digits, epochs=2, batch_size=32, label_smoothing=0.1, progress=False)
+    fit(trained, few_digits, epochs=2, batch_size=32, recipe=Recipe(label_smoothing=0.1), progress=False)
     assert any(not torch.equal(start[k], v) for k, v in trained.state_dict().items())
 
 

@@ -13,6 +13,7 @@ from torch import nn
 from robustest.core.errors import ConfigError
 from robustest.train import harden, harden_settings
 from robustest.train.objectives import StepContext, awp, inner, pgd_at, trades
+from robustest.train.recipes import Recipe
 
 EPS, ALPHA = 0.1, 0.05
 
@@ -132,8 +133,8 @@ def test_harden_takes_the_perturbation_back_after_every_step():
     w0 = model[1].weight.detach().clone()
     x = torch.rand(24, 1, 4, 4, generator=torch.Generator().manual_seed(1))
     y = torch.arange(24) % 3
-    res = harden(model, (x, y), "pgd-at", eps=0.1, epochs=2, batch_size=8, lr=1e-12, optimizer="sgd", momentum=0.0,
-                 schedule=None, steps=2, awp_gamma=0.5)
+    res = harden(model, (x, y), "pgd-at", eps=0.1, epochs=2, batch_size=8,
+                 recipe=Recipe(lr=1e-12, optimizer="sgd", momentum=0.0, schedule=None), steps=2, awp_gamma=0.5)
     assert res.settings["awp_gamma"] == 0.5 and res.settings["awp_warmup"] == 0
     assert torch.allclose(model[1].weight.detach(), w0, atol=1e-6)
 

@@ -21,6 +21,7 @@ from robustest.core.errors import ConfigError
 from robustest.train import harden, harden_settings, objectives, schedules
 from robustest.train.objectives import StepContext
 from robustest.train.objectives import ibp as ibp_module
+from robustest.train.recipes import Recipe
 
 EPS = 0.1
 
@@ -238,8 +239,8 @@ def test_a_step_without_its_place_in_training_is_refused():
 def test_harden_records_the_schedule_and_counts_the_bounds():
     x, y = _bright_side(64)
     # 5 epochs of 4 steps: warm-up S = 5, ramp L = 10; the record keeps each epoch's last step (global 4 e - 1)
-    res = harden(_mlp(), (x, y), "ibp", eps=EPS, epochs=5, batch_size=16, lr=0.01, eps_train=0.2, ramp_warmup=0.25,
-                 ramp_length=0.5, seed=0)
+    res = harden(_mlp(), (x, y), "ibp", eps=EPS, epochs=5, batch_size=16, recipe=Recipe(lr=0.01), eps_train=0.2,
+                 ramp_warmup=0.25, ramp_length=0.5, seed=0)
     assert [e["eps"] for e in res.epochs] == pytest.approx([0.0, 0.2 * 3 / 10, 0.2 * 7 / 10, 0.2, 0.2], abs=1e-12)
     assert [e["kappa"] for e in res.epochs] == pytest.approx([1.0, 0.85, 0.65, 0.5, 0.5], abs=1e-12)
     # steps 0-4 train on clean images (16 passes each), every later one 16 * (1 + 2)
@@ -341,6 +342,6 @@ def test_crown_ibp_through_harden_beats_the_untrained_model_on_certificates():
     model = _mlp()
     before = crown(model, xt, yt, EPS).certified_accuracy
     trained = copy.deepcopy(model)
-    harden(trained, (x, y), "crown-ibp", eps=EPS, epochs=6, batch_size=32, lr=5e-3, ramp_warmup=0.0,
+    harden(trained, (x, y), "crown-ibp", eps=EPS, epochs=6, batch_size=32, recipe=Recipe(lr=5e-3), ramp_warmup=0.0,
            ramp_length=0.5, seed=0)
     assert crown(trained, xt, yt, EPS).certified_accuracy >= max(before + 0.3, 0.8)

@@ -4,6 +4,7 @@ norms and biases, mixed precision, torch.compile, crop-flip augmentation, per-ep
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -84,11 +85,10 @@ def test_crop_flip_runs_on_the_images_device_and_refuses_other_shapes():
 # ------------------------------------------------------------------------------------ optimiser, schedule
 def test_sgd_momentum_and_nesterov_are_passed_through():
     model = fresh()
-    opt = recipes.make_optimizer(model, recipes.check_options(1, optimizer="sgd", lr=0.1, momentum=0.5,
-                                                              nesterov=False))
+    opt = recipes.make_optimizer(model, recipes.Recipe(optimizer="sgd", lr=0.1, momentum=0.5, nesterov=False).check(1))
     assert isinstance(opt, torch.optim.SGD)
     assert opt.param_groups[0]["momentum"] == 0.5 and opt.param_groups[0]["nesterov"] is False
-    default = recipes.make_optimizer(model, recipes.check_options(1, optimizer="sgd", lr=0.1))
+    default = recipes.make_optimizer(model, recipes.Recipe(optimizer="sgd", lr=0.1).check(1))
     assert default.param_groups[0]["momentum"] == 0.9 and default.param_groups[0]["nesterov"] is True
 
 
@@ -100,7 +100,7 @@ def test_weight_decay_skips_norms_and_biases():
     assert names and all((".bn" in n or "bias" in n) for n in names)
     assert all(id(p) not in skip for n, p in model.named_parameters() if p.ndim == 4)
     assert any(n.endswith("bn1.weight") for n in names) and any(n.endswith("fc.bias") for n in names)
-    opts = recipes.check_options(1, optimizer="sgd", lr=0.1, weight_decay=0.1, decay_norm_bias=False)
+    opts = recipes.Recipe(optimizer="sgd", lr=0.1, weight_decay=0.1, decay_norm_bias=False).check(1)
     opt = recipes.make_optimizer(model, opts)
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
     # a step with zero gradients: decay shrinks the conv weights only
@@ -114,7 +114,7 @@ def test_weight_decay_skips_norms_and_biases():
             assert torch.equal(after[n], before[n]), n
         else:
             assert after[n].abs().sum() < before[n].abs().sum(), n
-    both = recipes.make_optimizer(model, recipes.check_options(1, optimizer="sgd", lr=0.1, weight_decay=0.1))
+    both = recipes.make_optimizer(model, recipes.Recipe(optimizer="sgd", lr=0.1, weight_decay=0.1).check(1))
     assert len(both.param_groups) == 1  # the default: decay on every parameter, as before
 
 
@@ -132,7 +132,9 @@ def lrs(opts: recipes.Recipe, epochs: int, steps: int) -> list[float]:
 
 
 def test_schedules_with_warmup_and_milestones():
-    chk = recipes.check_options
+    def chk(epochs, **kw):
+        return recipes.Recipe(**kw).check(epochs)
+
     assert lrs(chk(4), 4, 5) == [1.0] * 20
     warm = lrs(chk(4, warmup_epochs=1), 4, 5)
     assert warm[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0]) and warm[5:] == [1.0] * 15
@@ -163,8 +165,8 @@ def test_fit_with_sgd_recipe_options_trains(digits_train):
                     "warm": {"warmup_epochs": 1, "schedule": "cosine"},
                     "step": {"schedule": "step", "milestones": [1]}}.items():
         model = fresh()
-        h = fit(model, (x, y), epochs=2, batch_size=32, lr=0.05, optimizer="sgd", weight_decay=5e-3,
-                         progress=False, **kw)
+        h = fit(model, (x, y), epochs=2, batch_size=32,
+                recipe=recipes.Recipe(lr=0.05, optimizer="sgd", weight_decay=5e-3, **kw), progress=False)
         assert all(math.isfinite(e.loss) for e in h.epochs)
         runs[key] = (weights(model), [e.loss for e in h.epochs], [e.lr for e in h.epochs])
     for key in runs:
@@ -179,7 +181,7 @@ def test_fit_with_sgd_recipe_options_trains(digits_train):
 def test_label_smoothing_loss_is_torchs(digits_train):
     x, y = small(digits_train, 32)
     model = fresh()
-    h = fit(model, (x, y), epochs=1, batch_size=32, lr=1e-9, label_smoothing=0.3, progress=False)
+    h = fit(model, (x, y), epochs=1, batch_size=32, recipe=recipes.Recipe(lr=1e-9, label_smoothing=0.3), progress=False)
     with torch.no_grad():
         torch.manual_seed(0)
         ref = fresh()
@@ -219,7 +221,7 @@ def test_recipe_options_are_refused_before_any_work(digits_train, kwargs, patter
     model = fresh()
     before = weights(model)
     with pytest.raises(ConfigError, match=pattern) as exc:
-        fit(model, (x, y), epochs=2, batch_size=16, progress=False, **kwargs)
+        fit(model, (x, y), epochs=2, batch_size=16, recipe=recipes.Recipe(**kwargs), progress=False)
     assert "\n" not in str(exc.value)
     assert same(weights(model), before)
 
@@ -227,7 +229,7 @@ def test_recipe_options_are_refused_before_any_work(digits_train, kwargs, patter
 def test_bf16_autocast_trains_on_the_cpu(digits_train):
     x, y = small(digits_train, 64)
     model = fresh()
-    h = fit(model, (x, y), epochs=2, batch_size=32, lr=3e-3, amp="bf16", progress=False)
+    h = fit(model, (x, y), epochs=2, batch_size=32, recipe=recipes.Recipe(lr=3e-3, amp="bf16"), progress=False)
     assert all(math.isfinite(e.loss) for e in h.epochs) and h.last.loss < h.epochs[0].loss + 0.5
     assert next(model.parameters()).dtype == torch.float32  # weights stay fp32; autocast only computes in bf16
 
@@ -237,7 +239,7 @@ def test_bf16_autocast_trains_on_the_cpu(digits_train):
 def test_mixed_precision_trains_on_cuda(digits_train, amp):
     x, y = small(digits_train, 256)
     model = fresh().cuda()
-    h = fit(model, (x, y), epochs=3, batch_size=32, lr=3e-3, amp=amp, progress=False)
+    h = fit(model, (x, y), epochs=3, batch_size=32, recipe=recipes.Recipe(lr=3e-3, amp=amp), progress=False)
     assert all(math.isfinite(e.loss) for e in h.epochs) and h.last.loss < h.epochs[0].loss
     assert next(model.parameters()).dtype == torch.float32
 
@@ -249,7 +251,7 @@ def test_compile_unavailable_is_one_line(digits_train, monkeypatch):
     before = weights(model)
     monkeypatch.delattr(torch, "compile")
     with pytest.raises(ConfigError, match="compile=True needs torch.compile") as exc:
-        fit(model, (x, y), epochs=1, compile=True, progress=False)
+        fit(model, (x, y), epochs=1, recipe=recipes.Recipe(compile=True), progress=False)
     assert "\n" not in str(exc.value) and same(weights(model), before)
 
 
@@ -272,7 +274,7 @@ def test_compile_failure_at_the_first_step_is_one_line(digits_train, monkeypatch
     model = fresh()
     before = weights(model)
     with pytest.raises(ConfigError, match="torch.compile failed on this machine") as exc:
-        fit(model, (x, y), epochs=1, compile=True, progress=False)
+        fit(model, (x, y), epochs=1, recipe=recipes.Recipe(compile=True), progress=False)
     assert "\n" not in str(exc.value) and same(weights(model), before)
 
     def refuse(m):
@@ -280,7 +282,7 @@ def test_compile_failure_at_the_first_step_is_one_line(digits_train, monkeypatch
 
     monkeypatch.setattr(torch, "compile", refuse)
     with pytest.raises(ConfigError, match="torch.compile is not available here"):
-        fit(model, (x, y), epochs=1, compile=True, progress=False)
+        fit(model, (x, y), epochs=1, recipe=recipes.Recipe(compile=True), progress=False)
 
 
 def test_errors_that_are_not_compilation_pass_through(digits_train, monkeypatch):
@@ -295,7 +297,7 @@ def test_errors_that_are_not_compilation_pass_through(digits_train, monkeypatch)
     monkeypatch.setattr(torch, "compile", lambda m: Bad(m))
     x, y = small(digits_train, 32)
     with pytest.raises(ValueError, match="a bug in the model"):
-        fit(fresh(), (x, y), epochs=1, compile=True, progress=False)
+        fit(fresh(), (x, y), epochs=1, recipe=recipes.Recipe(compile=True), progress=False)
 
 
 @pytest.mark.slow
@@ -309,9 +311,9 @@ def test_compiled_training_matches_eager(digits_train):
     eager, comp = resnet(), resnet()
     # SGD: its update is linear in the gradient (Adam's normalised step turns a float-level difference in a
     # near-zero gradient into a full lr-sized difference)
-    kw = {"epochs": 1, "batch_size": 32, "lr": 0.05, "optimizer": "sgd", "progress": False}
-    he = fit(eager, (x, y), **kw)
-    hc = fit(comp, (x, y), compile=True, **kw)
+    kw = {"lr": 0.05, "optimizer": "sgd"}
+    he = fit(eager, (x, y), 1, 32, recipes.Recipe(**kw), progress=False)
+    hc = fit(comp, (x, y), 1, 32, recipes.Recipe(compile=True, **kw), progress=False)
     assert hc.last.loss == pytest.approx(he.last.loss, rel=1e-4)
     for k, v in eager.state_dict().items():  # fused kernels sum in another order: float-level differences only
         torch.testing.assert_close(comp.state_dict()[k], v, rtol=1e-4, atol=1e-5)
@@ -334,17 +336,19 @@ def test_crop_flip_augmentation_in_fit(digits_train):
     runs = []
     for aug in (None, "crop-flip", "crop-flip"):
         model = fresh()
-        fit(model, (x, y), epochs=1, batch_size=32, augment=aug, seed=4, progress=False)
+        fit(model, (x, y), epochs=1, batch_size=32, recipe=recipes.Recipe(augment=aug), seed=4, progress=False)
         runs.append(weights(model))
     assert not same(runs[0], runs[1]) and same(runs[1], runs[2])  # applied, and seeded
     model = fresh()
-    fit(model, TensorDataset(x, y), epochs=1, batch_size=32, augment="crop-flip", seed=4, progress=False)
+    fit(model, TensorDataset(x, y), epochs=1, batch_size=32, recipe=recipes.Recipe(augment="crop-flip"), seed=4,
+        progress=False)
     assert same(weights(model), runs[1])  # the same batches from a TensorDataset
-    h = fit(fresh(), PlainDataset(x, y), epochs=1, batch_size=32, augment="crop-flip", progress=False)
+    h = fit(fresh(), PlainDataset(x, y), epochs=1, batch_size=32, recipe=recipes.Recipe(augment="crop-flip"),
+            progress=False)
     assert math.isfinite(h.last.loss)
     with pytest.raises(ConfigError, match="DataLoader's own transforms apply"):
-        fit(fresh(), DataLoader(TensorDataset(x, y), batch_size=32), epochs=1, augment="crop-flip",
-                     progress=False)
+        fit(fresh(), DataLoader(TensorDataset(x, y), batch_size=32), epochs=1,
+            recipe=recipes.Recipe(augment="crop-flip"), progress=False)
 
 
 # -------------------------------------------------------------------------------------------- resume
@@ -354,8 +358,8 @@ class Killed(Exception):
 
 def test_state_dir_continues_exactly_after_a_kill(digits_train, tmp_path):
     x, y = small(digits_train, 128)
-    kw = {"epochs": 4, "batch_size": 32, "lr": 0.05, "optimizer": "sgd", "schedule": "cosine",
-          "warmup_epochs": 1, "augment": "crop-flip", "val": (x[:32], y[:32]), "keep": "best",
+    recipe = recipes.Recipe(lr=0.05, optimizer="sgd", schedule="cosine", warmup_epochs=1, augment="crop-flip")
+    kw = {"epochs": 4, "batch_size": 32, "recipe": recipe, "val": (x[:32], y[:32]), "keep": "best",
           "progress": False}
     ref = fresh()
     h_ref = fit(ref, (x, y), **kw)
@@ -382,7 +386,7 @@ def test_state_dir_continues_exactly_after_a_kill(digits_train, tmp_path):
     h2 = fit(done, (x, y), state_dir=tmp_path, resume=True, **kw)
     assert [e.loss for e in h2.epochs] == [e.loss for e in h_ref.epochs]
     with pytest.raises(ConfigError, match="other settings") as exc:
-        fit(fresh(), (x, y), state_dir=tmp_path, resume=True, **{**kw, "lr": 0.01})
+        fit(fresh(), (x, y), state_dir=tmp_path, resume=True, **{**kw, "recipe": replace(recipe, lr=0.01)})
     assert "\n" not in str(exc.value)
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "train_state.pt").write_bytes(b"not a state")
@@ -402,8 +406,10 @@ def test_named_recipes_are_valid_fit_arguments(name, digits_train):
     if r.get("milestones"):
         assert short["milestones"] == pytest.approx([m * 2 / r["epochs"] for m in r["milestones"]])
     x, y = small(digits_train, 32)
-    short["batch_size"] = 16
-    h = fit(fresh(), (x, y), progress=False, **short)
+    epochs, batch_size, recipe = recipes.layered_recipe(name, 2, {"batch_size": 16})
+    assert (epochs, batch_size, recipe.milestones) == (2, 16, tuple(short["milestones"]) if r.get("milestones")
+                                                       else None)
+    h = fit(fresh(), (x, y), epochs, batch_size, recipe, progress=False)
     assert len(h.epochs) == 2 and math.isfinite(h.last.loss)
     r["epochs"] = 1
     assert recipes.recipe(name)["epochs"] != 1  # a copy
@@ -415,7 +421,7 @@ def test_named_recipes_are_valid_fit_arguments(name, digits_train):
 def test_layered_recipe_without_a_name_is_fits_defaults_and_needs_epochs():
     assert recipes.FIT_DEFAULTS == {"batch_size": 64, "lr": 1e-3, "optimizer": "adam", "weight_decay": 0.0}
     epochs, batch, r = recipes.layered_recipe(None, 3, {})
-    assert (epochs, batch) == (3, 64) and r == recipes.check_options(3)
+    assert (epochs, batch) == (3, 64) and r == recipes.Recipe().check(3)
     with pytest.raises(ConfigError, match=r"give --epochs N \(or a --recipe"):
         recipes.layered_recipe(None, None, {"lr": 0.1})
 
@@ -442,3 +448,51 @@ def test_layered_recipe_drops_what_does_not_carry_over_unless_given():
     assert cos.schedule == "cosine" and cos.milestones is None  # step's milestones do not carry over
     _, _, off = recipes.layered_recipe("cifar-sgd", 10, {"schedule": "none", "augment": "none"})
     assert off.schedule is None and off.augment is None
+
+
+# ------------------------------------------------------------------------------------------- Recipe
+def test_recipe_check_resolves_sgds_defaults_and_is_idempotent():
+    adam = recipes.Recipe().check(3)
+    assert adam == recipes.Recipe() and (adam.momentum, adam.nesterov) == (None, None)
+    sgd = recipes.Recipe(optimizer="sgd", lr=0.1, schedule="none", augment="none").check(3)
+    assert sgd == recipes.Recipe(optimizer="sgd", lr=0.1, momentum=0.9, nesterov=True)
+    assert sgd.check(3) == sgd and adam.check(3) == adam
+    ms = recipes.Recipe(schedule="step", milestones=[1, 2]).check(3)
+    assert ms.milestones == (1.0, 2.0) and ms.check(3) == ms
+
+
+def test_recipe_records_and_given():
+    assert recipes.Recipe().to_dict() == {
+        "optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9, "nesterov": True, "schedule": None,
+        "warmup_epochs": 0.0, "milestones": None, "label_smoothing": 0.0, "decay_norm_bias": True, "amp": None,
+        "compile": False, "augment": None}  # the record of every run since the first release: SGD's as SGD runs
+    r = recipes.Recipe(optimizer="sgd", momentum=0.5, nesterov=False, schedule="step", milestones=(2,))
+    assert {k: r.to_dict()[k] for k in ("momentum", "nesterov", "milestones")} == {"momentum": 0.5,
+                                                                                   "nesterov": False,
+                                                                                   "milestones": [2]}
+    assert recipes.Recipe().given() == {}
+    assert recipes.Recipe(lr=0.1, optimizer="sgd", momentum=0.9).given() == {"lr": 0.1, "optimizer": "sgd",
+                                                                             "momentum": 0.9}
+
+
+def test_as_recipe_and_an_unchecked_sgd_recipe_in_make_optimizer():
+    assert recipes.as_recipe(None) == recipes.Recipe()
+    r = recipes.Recipe(lr=0.2)
+    assert recipes.as_recipe(r) is r
+    with pytest.raises(ConfigError, match=r"^recipe must be a robustest.train.recipes.Recipe \(or None for the "
+                                          r"defaults\), got dict: build one with Recipe\(optimizer=\.\.\., lr=\.\.\., "
+                                          r"\.\.\.\)$"):
+        recipes.as_recipe({"lr": 0.1})
+    opt = recipes.make_optimizer(fresh(), recipes.Recipe(optimizer="sgd", lr=0.1))
+    assert isinstance(opt, torch.optim.SGD)
+    assert (opt.defaults["momentum"], opt.defaults["nesterov"], opt.defaults["lr"]) == (0.9, True, 0.1)
+
+
+def test_fit_takes_the_recipe_and_refuses_its_fields_as_keywords(digits_train):
+    x, y = small(digits_train, 32)
+    with pytest.raises(TypeError, match="lr"):
+        fit(fresh(), (x, y), 1, lr=0.1, progress=False)
+    a, b = fresh(), fresh()
+    fit(a, (x, y), 1, 16, recipes.Recipe(optimizer="sgd", lr=0.05), progress=False)
+    fit(b, (x, y), 1, 16, recipes.Recipe(optimizer="sgd", lr=0.05, momentum=0.9, nesterov=True), progress=False)
+    assert same(weights(a), weights(b))  # unset momentum and Nesterov are SGD's 0.9 and on

@@ -10,7 +10,7 @@ from robustest.core.errors import ConfigError
 from robustest.evaluate import loss_and_accuracy
 from robustest.models.checkpoints import load_model
 from robustest.report import format_value
-from robustest.train.recipes import check_options
+from robustest.train.recipes import Recipe
 from robustest.train.train_pipeline import options_in_effect, same_data, sized_zoo_model, train_pipeline
 
 
@@ -30,10 +30,10 @@ def test_same_data_compares_size_labels_and_images():
 
 
 def test_options_in_effect_keeps_set_options_and_sgd_momentum_only_with_sgd():
-    assert options_in_effect(check_options(2)) == {
+    assert options_in_effect(Recipe().check(2)) == {
         "optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "warmup_epochs": 0.0, "label_smoothing": 0.0,
         "decay_norm_bias": True, "compile": False}
-    sgd = options_in_effect(check_options(4, optimizer="sgd", lr=0.1, schedule="step", milestones=[2, 3]))
+    sgd = options_in_effect(Recipe(optimizer="sgd", lr=0.1, schedule="step", milestones=[2, 3]).check(4))
     assert sgd["momentum"] == 0.9 and sgd["nesterov"] is True and sgd["milestones"] == [2.0, 3.0]
     assert sgd["schedule"] == "step" and "amp" not in sgd and "augment" not in sgd
 
@@ -62,7 +62,7 @@ def test_train_pipeline_fits_measures_and_saves(tmp_path, digits_train, digits_t
     model = sized_zoo_model("digits_cnn", train, digits_test, seed=0)
     notes: list[str] = []
     run = train_pipeline(model, train, digits_test, out=tmp_path / "new", epochs=2, batch_size=50,
-                         options=check_options(2), recipe_name=None, seed=1, progress=False,
+                         recipe=Recipe(), recipe_name=None, seed=1, progress=False,
                          metadata={"dataset": "digits"}, note=notes.append)
     assert notes == []  # separate splits: nothing to say
     assert len(run.history.epochs) == 2 and (run.num_train, run.num_test) == (200, len(digits_test))
@@ -72,7 +72,7 @@ def test_train_pipeline_fits_measures_and_saves(tmp_path, digits_train, digits_t
     assert list(res) == ["model", "recipe", "num_train", "num_test", "history", "test_loss", "test_accuracy",
                          "test_split_is_training_data", "peak_rss_mib", "files"]
     assert res["files"] == {"model": "model.pt", "report": "report.html"} and res["peak_rss_mib"] > 0
-    assert res["recipe"] == {"name": None, "epochs": 2, "batch_size": 50, **check_options(2).to_dict()}
+    assert res["recipe"] == {"name": None, "epochs": 2, "batch_size": 50, **Recipe().check(2).to_dict()}
     saved = torch.load(tmp_path / "new" / "model.pt", weights_only=True)  # the folder made
     assert saved["metadata"] == {"dataset": "digits", "epochs": 2, "test_accuracy": run.test_accuracy, "seed": 1}
     reloaded = load_model(str(tmp_path / "new" / "model.pt"))
@@ -102,11 +102,11 @@ def test_train_pipeline_says_before_training_when_the_test_data_is_the_training_
     train = TensorDataset(*digits_train[:60])
     notes: list[str] = []
     model = sized_zoo_model("mlp", train, train, seed=0)
-    run = train_pipeline(model, train, train, out=tmp_path, epochs=1, batch_size=30, options=check_options(1),
+    run = train_pipeline(model, train, train, out=tmp_path, epochs=1, batch_size=30, recipe=Recipe(),
                          progress=False, note=notes.append)
     assert notes == ["the test data is the training data (no separate test split): the reported test accuracy is "
                      "measured on the training data"]
     assert run.same_split is True and run.to_results()["test_split_is_training_data"] is True
     quiet = train_pipeline(sized_zoo_model("mlp", train, train, seed=0), train, train, out=tmp_path / "q", epochs=1,
-                           batch_size=30, options=check_options(1), progress=False)  # no note given: silent
+                           batch_size=30, recipe=Recipe(), progress=False)  # no note given: silent
     assert quiet.same_split is True

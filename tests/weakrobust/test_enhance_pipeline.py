@@ -12,6 +12,7 @@ from robustest.core.errors import DataError
 from robustest.models.checkpoints import load_checkpoint
 from robustest.report import format_value
 from robustest.results import document
+from robustest.train import Recipe
 from robustest.weakrobust.enhance_pipeline import (
     enhance_pipeline,
     held_out_corruptions,
@@ -90,7 +91,7 @@ def test_the_pipeline_measures_enhances_and_saves(tmp_path):
 def test_the_settings_name_the_adversarial_copy_only_when_it_runs(tmp_path):
     model, data = _setup()
     run = enhance_pipeline(model, data, None, [], out=tmp_path, eval_limit=0, epochs=1, augmix=False, eps=0.2,
-                           adv_steps=2, adv_weight=0.25, lr=5e-4, batch_size=12, seed=3)
+                           adv_steps=2, adv_weight=0.25, recipe=Recipe(lr=5e-4), batch_size=12, seed=3)
     assert run.settings == {"weaknesses": [], "epochs": 1, "augmix": False, "adversarial": True, "adv_weight": 0.25,
                             "eps": 0.2, "adv_steps": 2, "adv_source": "offline", "lr": 5e-4, "batch_size": 12,
                             "eval_limit": 0, "seed": 3, "device": "cpu"}

@@ -414,6 +414,38 @@ def test_enhance_trains_and_extends_the_pool(digits_model, digits_train):
         wr.enhance(copy.deepcopy(digits_model), (x, y), ["not_a_corruption"], epochs=1)
 
 
+def test_enhance_takes_the_optimiser_of_a_recipe_and_records_it() -> None:
+    from robustest.train import Recipe
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(32, 1, 8, 8, generator=g), torch.arange(32) % 2
+
+    def net() -> nn.Module:
+        torch.manual_seed(1)
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 2))
+
+    kw = dict(epochs=1, augmix=False, adversarial=False, batch_size=16, seed=3)
+    adam = wr.enhance(net(), (x, y), **kw)
+    assert adam.config["lr"] == 1e-3 and "optimizer" not in adam.config  # the default records its rate only
+    sgd_model = net()
+    sgd = wr.enhance(sgd_model, (x, y), recipe=Recipe(optimizer="sgd", lr=0.5, weight_decay=1e-3), **kw)
+    assert {k: sgd.config[k] for k in ("lr", "optimizer", "weight_decay", "decay_norm_bias", "momentum",
+                                       "nesterov")} == {"lr": 0.5, "optimizer": "sgd", "weight_decay": 1e-3,
+                                                        "decay_norm_bias": True, "momentum": 0.9, "nesterov": True}
+    # plain training (no AugMix, no adversarial copy) with the recipe's SGD is fit's step: the same weights
+    from robustest.train import fit
+
+    ref = net()
+    fit(ref, (x, y), 1, 16, Recipe(optimizer="sgd", lr=0.5, weight_decay=1e-3), seed=3, progress=False)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(ref.state_dict().values(),
+                                                              sgd_model.state_dict().values()))
+    with pytest.raises(ConfigError, match=r"^enhance does not take the recipe option schedule \(it honours optimizer, "
+                                          r"lr, weight_decay, momentum, nesterov, decay_norm_bias\): leave it unset$"):
+        wr.enhance(net(), (x, y), recipe=Recipe(schedule="cosine"), **kw)
+    with pytest.raises(ConfigError, match="lr must be"):
+        wr.enhance(net(), (x, y), recipe=Recipe(lr=float("nan")), **kw)
+
+
 @pytest.mark.slow
 def test_mnist_weak_set_is_less_robust_than_a_random_subset(mnist_root):
     from robustest import data, models

@@ -339,21 +339,24 @@ def _option_types() -> dict[str, Callable[[str], Any]]:
 
 
 def add_option_args(g: argparse._ActionsContainer, source: OptionSource, names: Sequence[str] | None = None,
-                    defaults: Mapping[str, Any] | None = None, unset: bool = False) -> None:
+                    defaults: Mapping[str, Any] | None = None, unset: bool = False,
+                    shown: Mapping[str, str] | None = None) -> None:
     """One flag per option of ``source`` (a dataclass of :func:`robustest.core.options.option` fields, or a
     function with its parameters' specs; ``names``: those the verb offers, in that order, default all), read as the
     option's kind says, with its help and the default it states.
 
     The flag's default is the option's, or the verb's in ``defaults``; with ``unset``, an option not in ``defaults``
-    defaults to None, so the verb can tell a flag given from one left out (the help still shows the option's)."""
+    defaults to None, so the verb can tell a flag given from one left out (the help still shows the option's).
+    ``shown``: the default a help states for an option, where the verb's differs from the option's and is not a flag
+    default (e.g. harden's SGD without Nesterov)."""
     from robustest.core.options import options_of
 
     types, defaults = _option_types(), defaults or {}
     for o in options_of(source, names):
         flag = ("--" + o.flag_name, *("--" + a for a in o.aliases))
         default = defaults.get(o.name, None if unset else o.default)
-        shown = o.shown or _shown(o.default if default is None else default, o.kind)
-        text = o.help.replace("%", "%%") + ("" if shown is None else f" (default: {shown})")
+        stated = (shown or {}).get(o.name) or o.shown or _shown(o.default if default is None else default, o.kind)
+        text = o.help.replace("%", "%%") + ("" if stated is None else f" (default: {stated})")
         if o.kind == "switch":
             g.add_argument(*flag, action=argparse.BooleanOptionalAction, default=default, help=text)
         elif o.kind == "flag":

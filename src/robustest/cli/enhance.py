@@ -24,6 +24,7 @@ from robustest.cli.loading import load_checked, load_data
 from robustest.cli.output import log, out_dir, write_run, written
 from robustest.cli.settings import data_settings, model_settings
 from robustest.core.errors import ConfigError
+from robustest.train.recipes import Recipe
 from robustest.weakrobust.enhance import ENHANCE_OPTIONS, enhance
 
 ORDER = 62
@@ -56,8 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epochs", type=positive_int, required=True, help="training epochs")
     p.add_argument("--no-augmix", action="store_true", help="drop the AugMix + JSD term")
     p.add_argument("--no-adversarial", action="store_true", help="drop the adversarial copy")
-    add_option_args(p, (enhance, ENHANCE_OPTIONS), ("jsd_weight", "adv_weight", "eps", "adv_steps", "adv_source", "lr",
-                                                    "batch_size"), {"lr": 5e-4})
+    add_option_args(p, (enhance, ENHANCE_OPTIONS), ("jsd_weight", "adv_weight", "eps", "adv_steps", "adv_source"))
+    add_option_args(p, Recipe, ("lr",), {"lr": 5e-4})
+    add_option_args(p, (enhance, ENHANCE_OPTIONS), ("batch_size",))
     p.add_argument("--eval-limit", type=non_negative_int, default=1000, metavar="N",
                    help="test samples for the before/after comparison (0: none; default: 1000)")
     add_run_args(p)
@@ -79,7 +81,8 @@ def run_enhance(args: argparse.Namespace) -> int:
     out = out_dir(args)  # made once the arguments and data are checked: a refusal leaves nothing behind
     run = enhance_pipeline(model, train, test, weaknesses, out=out, eval_limit=args.eval_limit, seed=args.seed,
                            epochs=args.epochs, augmix=not args.no_augmix, adversarial=not args.no_adversarial,
-                           **options_from_args((enhance, ENHANCE_OPTIONS), args), progress=not args.no_progress,
+                           **options_from_args((enhance, ENHANCE_OPTIONS), args),
+                           recipe=Recipe(**options_from_args(Recipe, args, ("lr",))), progress=not args.no_progress,
                            state_dir=state_folder(out, {k: getattr(args, k) for k in _STATE_KEYS}, weaknesses, model,
                                                   train), resume=True)
     settings = {**model_settings(args), **data_settings(args), **run.settings}

@@ -30,6 +30,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from robustest.train import objectives
     from robustest.train.early_stopping import KEEP
     from robustest.train.harden_pipeline import Measurement
-    from robustest.train.hardening import DEFAULT_STEPS, RECIPE_DEFAULTS
+    from robustest.train.hardening import DEFAULT_STEPS, EPS_WARMUP
 
     p = sub.add_parser("harden", help="adversarial or certified training, fine-tuning or from scratch (PGD-AT, "
                                       "TRADES, N-FGSM, IBP, ...)",
@@ -91,15 +92,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-co-guard", dest="co_guard", action="store_const", const=False, default=None,
                    help=f"{guarded}: train on after a catastrophic collapse of the validation PGD accuracy (default: "
                         "stop there and keep the best epoch)")
-    g.add_argument("--eps-warmup", type=below_one, default=RECIPE_DEFAULTS["eps_warmup"], metavar="FRACTION",
+    g.add_argument("--eps-warmup", type=below_one, default=EPS_WARMUP, metavar="FRACTION",
                    help="the radius grows linearly from 0 to --eps over this fraction of the training steps; 0 "
-                        f"trains at --eps from the first step (default: {RECIPE_DEFAULTS['eps_warmup']})")
+                        f"trains at --eps from the first step (default: {EPS_WARMUP})")
     t = p.add_argument_group("training")
     t.add_argument("--epochs", type=positive_int, default=5, help="training epochs (default: 5)")
     t.add_argument("--batch-size", type=positive_int, default=128, help="batch size (default: 128)")
+    given = {"optimizer", "lr", "weight_decay", "warmup_epochs"}  # the flags a run records even when left out
     add_option_args(t, Recipe, RECIPE_FLAGS,
-                    {**RECIPE_DEFAULTS, "schedule": RECIPE_DEFAULTS["schedule"] or "none", "weight_decay": 0.0,
-                     "warmup_epochs": 0.0}, unset=True)
+                    {**{k: v for k, v in asdict(Recipe()).items() if k in given}, "schedule": "none"}, unset=True,
+                    shown={"nesterov": "off"})
     v = p.add_argument_group("validation and robust early stopping")
     v.add_argument("--val-size", type=non_negative_int, default=None, metavar="N",
                    help="hold out N training images (class-stratified, drawn with --seed) on which clean and "
@@ -158,9 +160,10 @@ def _method_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     method_kw = {name: getattr(args, name) for name in objectives.option_owners()}
     method_kw["co_guard"] = args.co_guard
     common = {"eps": args.eps, "epochs": args.epochs, "batch_size": args.batch_size,
-              **options_from_args(Recipe, args, RECIPE_FLAGS), "eps_warmup": args.eps_warmup, "steps": args.steps,
-              "alpha": args.alpha, "keep": args.keep, "seed": args.seed}
-    common["schedule"] = None if args.schedule == "none" else args.schedule
+              "recipe": Recipe(**{k: v for k, v in options_from_args(Recipe, args, RECIPE_FLAGS).items()
+                                  if v is not None}),
+              "eps_warmup": args.eps_warmup, "steps": args.steps, "alpha": args.alpha, "keep": args.keep,
+              "seed": args.seed}
     return method_kw, common
 
 
@@ -192,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     measurement = Measurement(eps=args.eps, seed=args.seed, certify=tuple(args.certify) if args.certify else None,
                               **options_from_args(Measurement, args))
     hrun = harden_pipeline(model, fit_data, test, args.method, out=out, measurement=measurement,
-                           recipe={**common, **method_kw}, val=val, val_steps=args.val_steps, resume=args.resume,
+                           options={**common, **method_kw}, val=val, val_steps=args.val_steps, resume=args.resume,
                            device=args.device, progress=not args.no_progress,
                            metadata={"source": str(args.checkpoint or args.model_factory or args.weights),
                                      "dataset": args.dataset, "from_scratch": bool(args.random_init)})

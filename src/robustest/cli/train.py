@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
                                 normalize=not args.no_normalize, options=model_opts, seed=args.seed, device=device)
     check_fits(model, train)
     out = out_dir(args)
-    trun = train_pipeline(model, train, test, out=out, epochs=epochs, batch_size=batch_size, options=opts,
+    trun = train_pipeline(model, train, test, out=out, epochs=epochs, batch_size=batch_size, recipe=opts,
                           recipe_name=args.recipe, seed=args.seed, device=device, progress=not args.no_progress,
                           resume=bool(args.resume), metadata={"dataset": args.dataset},
                           note=lambda text: log.warning(f"{args.dataset} data at {args.data_dir}: {text}"))

@@ -25,6 +25,8 @@ from robustest.core.validation import (
     check_str,
 )
 from robustest.train import objectives
+from robustest.train.hardening import HARDEN_RECIPE_FIELDS
+from robustest.train.recipes import Recipe
 
 #: the largest config file read (a run config is a few hundred bytes; YAML's parser needs about 2 kB of memory per
 #: byte of a file of many keys, so a file of 800,000 keys would take 1.5 GB before its keys were refused)
@@ -81,8 +83,7 @@ DEFAULT_STRATEGIES = ("best", "kmst", "gini", "random", "coverage")
 BUDGET_FREE: Mapping[str, str] = _BudgetFree()
 #: finetune_options adv-train and the other hardening strategies honour (robustest.train.harden's recipe); left
 #: unset, the schedule is constant and eps is not warmed up (the cells' settings since the first release)
-ADV_TRAIN_OPTIONS = ("optimizer", "weight_decay", "momentum", "nesterov", "schedule", "warmup_epochs", "milestones",
-                     "eps_warmup")
+ADV_TRAIN_OPTIONS = (*(k for k in HARDEN_RECIPE_FIELDS if k != "lr"), "eps_warmup")
 METRICS = ("clean_accuracy", "fixed_set_accuracy", "whitebox_accuracy", "whitebox_pgd_accuracy",
            "whitebox_apgd_accuracy", "autoattack_accuracy")
 #: versions of robustest.evaluate's ensemble a run may add to every measurement (config key ``autoattack``)
@@ -93,8 +94,7 @@ _RUNTIME_KEYS = ("out", "resume", "progress", "verbose", "device", "workers")
 # paths whose CONTENT a resumed run checks (model weights and data are fingerprinted), so a moved file is fine
 PATH_KEYS = ("model", "weights", "data_dir")
 # recipe options of robustest.train.fit a config may give for training the original model / fine-tuning
-FIT_OPTION_KEYS = ("optimizer", "momentum", "nesterov", "weight_decay", "decay_norm_bias", "schedule", "milestones",
-                   "warmup_epochs", "label_smoothing", "amp", "compile", "augment")
+FIT_OPTION_KEYS = tuple(f.name for f in fields(Recipe) if f.name != "lr")
 EXTENDABLE_KEYS = ("rounds", "time_budget", "target", "target_metric", "strategies", "budgets", "seeds", "examples")
 
 
@@ -512,9 +512,18 @@ class RobotConfig:
         if not isinstance(self.out, str) or not self.out:
             raise ConfigError(f"out must be a folder path, got {self.out!r}")
 
-    def _check_fit_options(self, name: str, epochs: int, extra: tuple[str, ...]) -> None:
-        from robustest.train.recipes import check_options
+    def finetune_recipe(self) -> Recipe:
+        """The recipe the cells fine-tune with (:class:`robustest.train.recipes.Recipe`): Adam at ``lr`` unless
+        ``finetune_options`` set other recipe options (its ``eps_warmup`` is harden's, not the recipe's)."""
+        return Recipe(lr=self.lr, **{k: v for k, v in self.finetune_options.items() if k in FIT_OPTION_KEYS})
 
+    def train_recipe(self) -> Recipe:
+        """The recipe ``train_model`` is trained with: ``train_options``' recipe options, its ``lr`` (default: the
+        config's ``lr``); its ``batch_size`` is the fit's own."""
+        opts = self.train_options
+        return Recipe(lr=opts.get("lr", self.lr), **{k: v for k, v in opts.items() if k in FIT_OPTION_KEYS})
+
+    def _check_fit_options(self, name: str, epochs: int, extra: tuple[str, ...]) -> None:
         opts = getattr(self, name)
         if not isinstance(opts, dict):
             raise ConfigError(f"{name} must be a mapping of training options, got {opts!r}")
@@ -526,9 +535,8 @@ class RobotConfig:
             v = opts["batch_size"]
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name}: batch_size must be an integer >= 1, got {v!r}")
-        kw = {k: v for k, v in opts.items() if k in FIT_OPTION_KEYS}
         try:
-            check_options(max(int(epochs), 1), lr=opts.get("lr", self.lr), **kw)
+            (self.train_recipe() if name == "train_options" else self.finetune_recipe()).check(max(int(epochs), 1))
         except ConfigError as exc:
             raise ConfigError(f"{name}: {exc}") from exc
 

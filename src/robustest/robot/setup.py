@@ -115,10 +115,8 @@ def _train_original(cfg: RobotConfig, x: torch.Tensor, y: torch.Tensor, num_clas
     torch.manual_seed(derive_seed(cfg.seed, "init"))
     model = zoo.create(cfg.train_model, num_classes=max(num_classes, 2), in_channels=x.shape[1],
                        input_size=x.shape[2], mean=mean, std=std).to(device)
-    opts = dict(cfg.train_options)
-    lr, batch_size = opts.pop("lr", cfg.lr), opts.pop("batch_size", cfg.batch_size)
-    fit(model, (x, y), epochs=cfg.train_epochs, batch_size=batch_size, lr=lr,
-        seed=derive_seed(cfg.seed, "train-original"), device=device, progress=cfg.progress, ddp=False, **opts)
+    fit(model, (x, y), cfg.train_epochs, cfg.train_options.get("batch_size", cfg.batch_size), cfg.train_recipe(),
+        seed=derive_seed(cfg.seed, "train-original"), device=device, progress=cfg.progress, ddp=False)
     return model
 
 
@@ -260,14 +258,12 @@ def finetune_on_tests(model0: nn.Module, setup: RunSetup, tests: Pool, cfg: Robo
 
     x = torch.cat([setup.x_fit, tests.x]) if len(tests) else setup.x_fit
     y = torch.cat([setup.y_fit, tests.y]) if len(tests) else setup.y_fit
-    opts = {"optimizer": "adam", **cfg.finetune_options}
     # under torchrun every rank fine-tunes the whole cell by itself (ddp=False), identically, so the results
     # equal one process's; the per-sample work around it (pool generation, robustness measurements) is what
     # the ranks share out
     with PassCounter(model) as pc:
-        hist = fit(model, (x, y), epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, val=setup.val, seed=seed,
-                   device=setup.device, progress=cfg.progress, keep="best", on_epoch_end=keep_last, ddp=False,
-                   **opts)
+        hist = fit(model, (x, y), cfg.epochs, cfg.batch_size, cfg.finetune_recipe(), val=setup.val, seed=seed,
+                   device=setup.device, progress=cfg.progress, keep="best", on_epoch_end=keep_last, ddp=False)
     last_model = None
     if hist.best_epoch != cfg.epochs and "state" in last:
         last_model = clone_model(model)
@@ -310,14 +306,10 @@ def adversarial_finetune(model0: nn.Module, setup: RunSetup, cfg: RobotConfig, s
         if epoch == cfg.epochs:
             last["state"] = state
 
-    opts = cfg.finetune_options
     with PassCounter(model) as pc:
         res = harden(model, (setup.x_fit, setup.y_fit), method, eps=cfg.eps, epochs=cfg.epochs,
-                     batch_size=cfg.batch_size, lr=cfg.lr, optimizer=opts.get("optimizer", "adam"),
-                     weight_decay=float(opts.get("weight_decay", 0.0)), momentum=opts.get("momentum"),
-                     nesterov=opts.get("nesterov"), schedule=opts.get("schedule"),
-                     warmup_epochs=opts.get("warmup_epochs", 0.0), milestones=opts.get("milestones"),
-                     eps_warmup=opts.get("eps_warmup", 0.0),
+                     batch_size=cfg.batch_size, recipe=cfg.finetune_recipe(),
+                     eps_warmup=cfg.finetune_options.get("eps_warmup", 0.0),
                      steps=None if objectives.get(method).fixed_steps is not None else cfg.pool_pgd_steps, seed=seed,
                      device=setup.device, progress=cfg.progress, on_epoch_end=on_end)
     last_model = None

@@ -1,6 +1,8 @@
 """Training: the one home of how models are trained.
 
-* :func:`fit` (:mod:`.fitting`): supervised training with the recipe options of :mod:`.recipes`, seeded and
+* :class:`Recipe` (:mod:`.recipes`): the optimiser, schedule, loss, precision and data options of a training, one
+  value that :func:`fit`, :func:`harden`, ``weakrobust.enhance`` and the RobOT config take.
+* :func:`fit` (:mod:`.fitting`): supervised training with a :class:`Recipe`, seeded and
   resumable, under torchrun with DistributedDataParallel; each batch's loss is the ``cross-entropy`` objective
   of :mod:`.objectives`, the registry of every training objective (harden's methods, fit's and enhance's losses).
 * :mod:`.engine`: the one epoch loop fit, harden and enhance run through (:func:`~.engine.run_epochs` over an
@@ -23,7 +25,8 @@ from robustest.train.early_stopping import holdout_split
 from robustest.train.engine import TrainData
 from robustest.train.fitting import EpochStats, History, channel_stats, fit
 from robustest.train.hardening import HardenResult, check_trainable, harden, harden_settings
+from robustest.train.recipes import Recipe
 from robustest.train.schedules import eps_schedule, fosc_schedule
 
-__all__ = ["EpochStats", "HardenResult", "History", "TrainData", "channel_stats", "check_trainable",
+__all__ = ["EpochStats", "HardenResult", "History", "Recipe", "TrainData", "channel_stats", "check_trainable",
            "eps_schedule", "fit", "fosc_schedule", "harden", "harden_settings", "holdout_split", "objectives"]

@@ -11,10 +11,9 @@ registry when fit starts.
 
 from __future__ import annotations
 
-import math
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -37,8 +36,8 @@ from robustest.train.engine import Batch, EpochLoop, TrainData, run_epochs
 from robustest.train.objectives.base import Objective, StepContext, StepOutput
 from robustest.train.recipes import (
     Recipe,
+    as_recipe,
     check_device,
-    check_options,
     compile_error,
     compile_model,
     crop_flip,
@@ -231,26 +230,14 @@ def fit(
     train: DataLike,
     epochs: int,
     batch_size: int = 64,
-    lr: float = 1e-3,
-    optimizer: str = "adam",
-    weight_decay: float = 0.0,
-    schedule: str | None = None,
+    recipe: Recipe | None = None,
+    *,
     val: DataLike | None = None,
     seed: int = 0,
     device: torch.device | str | None = None,
     progress: bool = True,
     keep: str = "last",
     on_epoch_end: Any = None,
-    *,
-    momentum: float | None = None,
-    nesterov: bool | None = None,
-    warmup_epochs: float = 0.0,
-    milestones: Sequence[float] | None = None,
-    label_smoothing: float = 0.0,
-    decay_norm_bias: bool = True,
-    amp: str | None = None,
-    compile: bool = False,
-    augment: str | None = None,
     state_dir: str | os.PathLike[str] | None = None,
     resume: bool = False,
     ddp: bool | None = None,
@@ -264,10 +251,10 @@ def fit(
     history; ``keep="last"``, the default, keeps the last epoch's). The model ends in eval mode.
     ``on_epoch_end(epoch, model, stats)``, when given, is called after every epoch (model in train mode).
 
-    Recipe options (keyword only; their defaults leave training as it always was, see
-    :mod:`robustest.train.recipes`): ``optimizer="sgd"`` takes ``momentum`` (default 0.9) and ``nesterov``
-    (default True); ``schedule`` "cosine" or "step" (x0.1 at each of ``milestones``, epochs; default 50 % and
-    75 % of training), after ``warmup_epochs`` of linear warm-up; ``label_smoothing`` of the cross-entropy;
+    ``recipe`` (:class:`robustest.train.recipes.Recipe`; None: its defaults, Adam 1e-3 at a constant rate, which
+    leave training as it always was): ``optimizer="sgd"`` takes ``momentum`` (default 0.9) and ``nesterov``
+    (default True); ``schedule`` "cosine", "cyclic" or "step" (x0.1 at each of ``milestones``, epochs; default 50 %
+    and 75 % of training), after ``warmup_epochs`` of linear warm-up; ``label_smoothing`` of the cross-entropy;
     ``decay_norm_bias=False`` keeps weight decay off normalisation layers and biases; ``amp`` "bf16" (CUDA or
     CPU autocast) or "fp16" (CUDA autocast + GradScaler); ``compile=True`` trains through ``torch.compile``;
     ``augment="crop-flip"`` pads each training image by 4, crops it back at a random offset and flips it half
@@ -281,12 +268,9 @@ def fit(
     whose results must equal one process's). Every option is checked before any work. Returns the
     :class:`History`.
     """
-    keep = _check_fit_args(epochs, batch_size, lr, weight_decay, keep, val)
+    keep = _check_fit_args(epochs, batch_size, keep, val)
     check_state_dir("fit", state_dir, resume)
-    opts = check_options(epochs, optimizer=optimizer, lr=lr, weight_decay=weight_decay, momentum=momentum,
-                         nesterov=nesterov, schedule=schedule, warmup_epochs=warmup_epochs, milestones=milestones,
-                         label_smoothing=label_smoothing, decay_norm_bias=decay_norm_bias, amp=amp,
-                         compile=compile, augment=augment)
+    opts = as_recipe(recipe).check(epochs)
     if opts.augment is not None and isinstance(train, DataLoader):
         raise ConfigError(f"augment={opts.augment!r} applies to in-memory data and Datasets; a DataLoader's own "
                           "transforms apply: add the augmentation to its dataset's transform instead")
@@ -310,24 +294,18 @@ def fit(
     return run.history
 
 
-def _check_fit_args(epochs: Any, batch_size: int, lr: float, weight_decay: float, keep: Any,
-                    val: DataLike | None) -> str:
-    """The checks of fit's own arguments (the recipe options are :func:`check_options`'); returns ``keep``."""
+def _check_fit_args(epochs: Any, batch_size: int, keep: Any, val: DataLike | None) -> str:
+    """The checks of fit's own arguments (the recipe's are :meth:`Recipe.check`'s); returns ``keep``."""
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ConfigError(f"epochs must be >= 0, got {epochs}")
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    if not lr > 0:
-        raise ConfigError(f"lr must be positive, got {lr}")
     k = str(keep).lower()
     if k not in KEEP:
         raise ConfigError(f"keep must be 'best' (the epoch of the best validation accuracy) or 'last', got {keep!r}")
     if k == "best" and val is None:
         raise ConfigError("keep='best' picks the epoch by validation accuracy: pass val= (held-out labelled data) "
                           "or keep='last'")
-    for name, v in (("lr", lr), ("weight_decay", weight_decay)):
-        if not math.isfinite(float(v)) or v < 0:
-            raise ConfigError(f"{name} must be a finite non-negative number, got {v}")
     return k
 
 

@@ -9,7 +9,7 @@ The measurement before training is saved in ``OUT/state/before.json``, so a resu
 Example::
 
     run = harden_pipeline(model, train, test, "pgd-at", out="hard", measurement=Measurement(eps=0.3),
-                          recipe={"eps": 0.3, "epochs": 5}, val=val)
+                          options={"eps": 0.3, "epochs": 5, "recipe": Recipe(schedule="cosine")}, val=val)
     doc = write_results("hard", "harden", settings, run.to_results(), {**run.timings, "total_s": seconds})
 
 (``run.timings`` hold the parts; results.json also records the whole run's ``total_s``.)
@@ -190,15 +190,15 @@ class HardenRun:
 
 
 def harden_pipeline(model: nn.Module, train: Any, test: Any, method: str, *, out: str | Path,
-                    measurement: Measurement, recipe: dict[str, Any], val: Any = None, val_steps: int = 10,
+                    measurement: Measurement, options: dict[str, Any], val: Any = None, val_steps: int = 10,
                     resume: bool = False, device: str | None = None, progress: bool = False,
                     metadata: dict[str, Any] | None = None) -> HardenRun:
     """Measure ``model`` on ``test``, harden it in place on ``train`` (robust early stopping on ``val``, None: none),
     measure it again, and write ``out/model.pt`` (the kept epoch's model) and ``out/last.pt`` (the last epoch's,
     when another was kept); the resumable state goes to ``out/state/``.
 
-    ``recipe``: the keyword arguments of :func:`robustest.train.harden` (eps, epochs, the optimiser and schedule, the
-    method's options); ``metadata``: stored in the checkpoints under ``"hardened"`` beside the settings, compute and
+    ``options``: the keyword arguments of :func:`robustest.train.harden` (eps, epochs, its ``recipe``, the method's
+    options); ``metadata``: stored in the checkpoints under ``"hardened"`` beside the settings, compute and
     kept epoch. ``resume``: continue the interrupted run in ``out`` (the measurement before is read back).
     Raises what :func:`robustest.train.harden` raises."""
     from robustest.core.batching import num_samples
@@ -216,7 +216,7 @@ def harden_pipeline(model: nn.Module, train: Any, test: Any, method: str, *, out
     t_before = time.perf_counter() - t1
 
     t2, cpu2 = time.perf_counter(), time.process_time()
-    res = harden(model, train, method, **recipe, device=device, progress=progress, val=val, val_steps=val_steps,
+    res = harden(model, train, method, **options, device=device, progress=progress, val=val, val_steps=val_steps,
                  state_dir=out / "state", resume=resume)
     t_harden, cpu_harden = time.perf_counter() - t2, time.process_time() - cpu2
 

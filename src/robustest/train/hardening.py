@@ -33,8 +33,8 @@ optimiser step, validation with best keeping and the guard, the state file).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,17 +54,22 @@ from robustest.train import early_stopping, objectives
 from robustest.train.early_stopping import KEEP
 from robustest.train.engine import Batch, EpochLoop, run_epochs
 from robustest.train.objectives.base import Objective, StepContext, StepOutput
-from robustest.train.recipes import check_options, make_optimizer
+from robustest.train.recipes import Recipe, as_recipe, make_optimizer
 from robustest.train.schedules import eps_schedule, make_schedule
 from robustest.train.state import StateFile, data_digest, in_state_dir
 
-__all__ = ["DEFAULT_STEPS", "RECIPE_DEFAULTS", "HardenResult", "check_trainable", "harden",
+__all__ = ["DEFAULT_STEPS", "EPS_WARMUP", "HardenResult", "check_trainable", "harden",
            "harden_settings"]
 
 #: attack steps of the inner maximisation when ``steps`` is None (methods with ``fixed_steps`` take theirs)
 DEFAULT_STEPS = 10
-#: Recipe defaults of :func:`harden` (``robustest harden`` uses the same; docs/HARDEN.md gives the sweeps).
-RECIPE_DEFAULTS: dict[str, Any] = {"optimizer": "adam", "lr": 1e-3, "schedule": None, "eps_warmup": 0.3}
+#: the fraction of the training steps over which eps grows from 0 when ``eps_warmup`` is not given (harden's recipe is
+#: :class:`robustest.train.recipes.Recipe`'s defaults, Adam 1e-3 at a constant rate; docs/HARDEN.md gives the sweeps)
+EPS_WARMUP = 0.3
+#: the Recipe fields harden honours (the others stay at their defaults: harden computes its own losses in fp32, on
+#: the images as given)
+HARDEN_RECIPE_FIELDS = ("optimizer", "lr", "weight_decay", "momentum", "nesterov", "schedule", "warmup_epochs",
+                        "milestones")
 
 
 @dataclass
@@ -115,12 +120,9 @@ class HardenResult:
 
 # ----------------------------------------------------------------------------------------------- settings
 def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *, batch_size: int = 128,
-                    lr: float = RECIPE_DEFAULTS["lr"], optimizer: str = RECIPE_DEFAULTS["optimizer"],
-                    weight_decay: float = 0.0, momentum: float | None = None, nesterov: bool | None = None,
-                    schedule: str | None = RECIPE_DEFAULTS["schedule"], warmup_epochs: float = 0.0,
-                    milestones: Sequence[float] | None = None, eps_warmup: float = RECIPE_DEFAULTS["eps_warmup"],
-                    steps: int | None = None, alpha: float | None = None, co_guard: bool | None = None,
-                    keep: str = "last", seed: int = 0, **options: Any) -> dict[str, Any]:
+                    recipe: Recipe | None = None, eps_warmup: float = EPS_WARMUP, steps: int | None = None,
+                    alpha: float | None = None, co_guard: bool | None = None, keep: str = "last", seed: int = 0,
+                    **options: Any) -> dict[str, Any]:
     """The settings :func:`harden` would use for these arguments (defaults resolved), without doing any work.
 
     ``options``: the method-specific options of the registered objectives (None: the method's default).
@@ -130,6 +132,9 @@ def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *
     """
     owners = objectives.option_owners()
     for key in options:
+        if key in HARDEN_RECIPE_FIELDS:
+            raise TypeError(f"{key} is a training recipe option: pass recipe=Recipe({key}=...) "
+                            "(robustest.train.recipes.Recipe)")
         if key not in owners:
             raise TypeError(f"harden_settings() got an unexpected keyword argument {key!r} (method options: "
                             f"{', '.join(owners)})")
@@ -139,9 +144,7 @@ def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *
     n_epochs = check_int("epochs", epochs, lo=1)
     s: dict[str, Any] = {"method": m, "eps": eps_f, "norm": "linf", "epochs": n_epochs,
                          "batch_size": check_int("batch_size", batch_size, lo=1)}
-    s.update(_recipe_settings(n_epochs, optimizer=optimizer, lr=lr, weight_decay=weight_decay, momentum=momentum,
-                              nesterov=nesterov, schedule=schedule, warmup_epochs=warmup_epochs,
-                              milestones=milestones))
+    s.update(_recipe_settings(n_epochs, as_recipe(recipe)))
     s["eps_warmup"] = check_float("eps_warmup", eps_warmup, 0.0, 1.0, hi_open=True)  # a fraction of the steps
     k = str(keep).lower()
     if k not in KEEP:
@@ -163,13 +166,22 @@ def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *
     return s
 
 
-def _recipe_settings(epochs: int, *, optimizer: str, nesterov: bool | None, milestones: Sequence[float] | None,
-                     **kw: Any) -> dict[str, Any]:
-    """The optimiser and learning-rate schedule settings, checked by :func:`robustest.train.recipes.check_options`."""
-    opt_name = str(optimizer).lower()
-    if opt_name == "sgd" and nesterov is None:
-        nesterov = False  # harden's SGD: plain momentum unless asked (the adversarial-training papers' choice)
-    opts = check_options(epochs, optimizer=opt_name, nesterov=nesterov, milestones=milestones, **kw)
+def _harden_recipe(recipe: Recipe, epochs: int) -> Recipe:
+    """``recipe`` checked for harden (:meth:`Recipe.check`): SGD without Nesterov unless asked (the adversarial-training
+    papers' choice); a field harden does not honour (label smoothing, precision, compile, augmentation, weight decay
+    off norms) set is a one-line ConfigError."""
+    ignored = sorted(set(recipe.given()) - set(HARDEN_RECIPE_FIELDS))
+    if ignored:
+        raise ConfigError(f"harden does not take the recipe option {ignored[0]} (it honours "
+                          f"{', '.join(HARDEN_RECIPE_FIELDS)}): leave it unset")
+    if recipe.optimizer == "sgd" and recipe.nesterov is None:
+        recipe = replace(recipe, nesterov=False)
+    return recipe.check(epochs)
+
+
+def _recipe_settings(epochs: int, recipe: Recipe) -> dict[str, Any]:
+    """The optimiser and learning-rate schedule settings of :func:`_harden_recipe`'s checked recipe."""
+    opts = _harden_recipe(recipe, epochs)
     s: dict[str, Any] = {"lr": opts.lr, "optimizer": opts.optimizer, "weight_decay": opts.weight_decay}
     if opts.optimizer == "sgd":
         s.update({"momentum": opts.momentum, "nesterov": opts.nesterov})
@@ -357,15 +369,8 @@ def harden(
     epochs: int = 5,
     *,
     batch_size: int = 128,
-    lr: float = RECIPE_DEFAULTS["lr"],
-    optimizer: str = RECIPE_DEFAULTS["optimizer"],
-    weight_decay: float = 0.0,
-    momentum: float | None = None,
-    nesterov: bool | None = None,
-    schedule: str | None = RECIPE_DEFAULTS["schedule"],
-    warmup_epochs: float = 0.0,
-    milestones: Sequence[float] | None = None,
-    eps_warmup: float = RECIPE_DEFAULTS["eps_warmup"],
+    recipe: Recipe | None = None,
+    eps_warmup: float = EPS_WARMUP,
     steps: int | None = None,
     alpha: float | None = None,
     co_guard: bool | None = None,
@@ -392,9 +397,10 @@ def harden(
     (trades, default 6), ``fosc_c_max`` / ``fosc_warmup`` (fosc, defaults 0.5 / 0.8: c_t reaches 0 after 80 % of
     the epochs), ``fol_threshold`` / ``stop_misclassified`` / ``fol_min_steps`` (fol-budget, defaults 0.1 / True /
     2), and those of any registered objective. ``co_guard`` (fast-at, default True: the catastrophic-overfitting
-    guard, active with ``val``). Training: ``optimizer`` "adam" (default) or "sgd" (``momentum`` 0.9,
-    ``nesterov``), ``lr`` (default 1e-3), ``schedule`` (default None: constant; "cosine", "step", "cyclic"),
-    ``warmup_epochs``, ``milestones``, ``weight_decay``, ``batch_size``, ``epochs``; randomness from ``seed`` only.
+    guard, active with ``val``). Training: ``recipe`` (:class:`robustest.train.recipes.Recipe`; None: Adam 1e-3
+    at a constant rate) with its ``optimizer``, ``lr``, ``weight_decay``, ``momentum`` / ``nesterov`` (SGD; default
+    0.9, Nesterov off), ``schedule`` ("cosine", "step", "cyclic"), ``warmup_epochs`` and ``milestones`` (its other
+    fields are refused); ``batch_size``, ``epochs``; randomness from ``seed`` only.
 
     ``val``: held-out labelled data measured after every epoch (clean accuracy and PGD-``val_steps`` accuracy,
     step eps/4, random start; not counted as training compute). ``keep``: "best" (the default with ``val``:
@@ -409,10 +415,8 @@ def harden(
     """
     if keep is None:
         keep = "best" if val is not None else "last"
-    s = harden_settings(method, eps, epochs, batch_size=batch_size, lr=lr, optimizer=optimizer,
-                        weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, schedule=schedule,
-                        warmup_epochs=warmup_epochs, milestones=milestones, eps_warmup=eps_warmup, steps=steps,
-                        alpha=alpha, co_guard=co_guard, keep=keep, seed=seed, **options)
+    s = harden_settings(method, eps, epochs, batch_size=batch_size, recipe=recipe, eps_warmup=eps_warmup,
+                        steps=steps, alpha=alpha, co_guard=co_guard, keep=keep, seed=seed, **options)
     run = _prepare(model, data, s, device=device, val=val, val_steps=val_steps, on_epoch_end=on_epoch_end,
                    state_dir=state_dir, resume=resume)
     _start(run)
@@ -458,9 +462,7 @@ def _start(run: _Run) -> None:
     s, model = run.s, run.model
     n = int(run.x.shape[0])
     run.steps_per_epoch = -(-n // s["batch_size"])
-    opts = check_options(s["epochs"], optimizer=s["optimizer"], lr=s["lr"], weight_decay=s["weight_decay"],
-                         momentum=s.get("momentum"), nesterov=s.get("nesterov"), schedule=s["schedule"],
-                         warmup_epochs=s["warmup_epochs"], milestones=s["milestones"])
+    opts = Recipe(**{k: s.get(k) for k in HARDEN_RECIPE_FIELDS}).check(s["epochs"])
     run.opt = make_optimizer(model, opts)
     run.sched = make_schedule(run.opt, opts, s["epochs"], run.steps_per_epoch)
     run.result = result = HardenResult(method=s["method"], settings=dict(s), num_samples=n)

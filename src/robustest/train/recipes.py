@@ -2,8 +2,8 @@
 :func:`robustest.train.fit` and :func:`robustest.train.harden`, checked up front, and the named recipes of the
 seeds' full-scale settings.
 
-* :func:`check_options` validates every option (finite, in range, known names) and returns a
-  :class:`Recipe`; :func:`check_device` refuses what the device cannot do (fp16 off CUDA).
+* :class:`Recipe` holds them as one value; :meth:`Recipe.check` validates every option (finite, in range, known
+  names) for a number of epochs; :func:`check_device` refuses what the device cannot do (fp16 off CUDA).
 * :func:`make_optimizer`: Adam, or SGD with (Nesterov) momentum; with ``decay_norm_bias=False`` weight
   decay skips the parameters of normalisation layers, biases and every other 1-D parameter.
 * the learning-rate schedule these options describe is built by :func:`robustest.train.schedules.make_schedule`.
@@ -20,7 +20,7 @@ seeds' full-scale settings.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -33,13 +33,15 @@ from robustest.core.options import option
 from robustest.core.validation import check_bool, check_choice, check_float, check_int
 from robustest.train.schedules import CYCLIC_PEAK, SCHEDULES
 
-__all__ = ["AUGMENTS", "FIT_DEFAULTS", "OPTIMIZERS", "RECIPES", "Recipe", "check_device", "check_options",
+__all__ = ["AUGMENTS", "FIT_DEFAULTS", "OPTIMIZERS", "RECIPES", "Recipe", "SGD_MOMENTUM", "as_recipe", "check_device",
            "compile_error", "compile_model", "crop_flip", "grad_scaler", "layered_recipe", "make_optimizer",
            "no_decay_parameters", "recipe"]
 
 OPTIMIZERS = ("adam", "sgd")
 AUGMENTS = ("crop-flip",)
 CROP_PADDING = 4
+#: SGD's momentum where a recipe leaves it unset
+SGD_MOMENTUM = 0.9
 
 #: torch's normalisation layers: their weights and biases get no weight decay with ``decay_norm_bias=False``
 _NORM_LAYERS: tuple[type, ...] = tuple(t for t in (
@@ -49,15 +51,19 @@ _NORM_LAYERS: tuple[type, ...] = tuple(t for t in (
 
 @dataclass(frozen=True)
 class Recipe:
-    """A training recipe: the validated optimiser, schedule, loss, precision and data options of one
-    :func:`robustest.train.fit` call (see :func:`check_options`; harden takes the optimiser and schedule ones).
-    Each field carries its command-line kind and help, from which the verbs that train generate their flags."""
+    """A training recipe: the optimiser, schedule, loss, precision and data options that :func:`robustest.train.fit`,
+    :func:`robustest.train.harden`, :func:`robustest.weakrobust.enhance` and the RobOT config take as one value.
+
+    Build it freely (``Recipe(optimizer="sgd", lr=0.1, schedule="cosine")``); :meth:`check` validates it for a
+    number of epochs, which every function that trains does before any work. ``momentum`` and ``nesterov`` are SGD's
+    (None: 0.9 and Nesterov on; harden's SGD: Nesterov off) and refused with Adam. Each field carries its
+    command-line kind and help, from which the verbs that train generate their flags."""
 
     optimizer: str = option("adam", "choice", "optimizer", choices=OPTIMIZERS)
     lr: float = option(1e-3, "rate", "(peak) learning rate")
     weight_decay: float = option(0.0, "non-negative", "weight decay")
-    momentum: float = option(0.9, "below-one", "SGD momentum")
-    nesterov: bool = option(True, "switch", "Nesterov momentum for SGD")
+    momentum: float | None = option(None, "below-one", "SGD momentum", shown=f"{SGD_MOMENTUM:g}")
+    nesterov: bool | None = option(None, "switch", "Nesterov momentum for SGD", shown="on")
     schedule: str | None = option(None, "choice", "learning-rate schedule, stepped per batch: cosine decay to 0, "
                                   "step (x0.1 at --milestones), cyclic (linear up to the rate at 40 % of training, "
                                   "then down to 0), none", choices=("none", *SCHEDULES))
@@ -74,46 +80,59 @@ class Recipe:
     augment: str | None = option(None, "choice", "crop-flip: pad 4, random crop, horizontal flip, per batch",
                                  choices=("none", *AUGMENTS))
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["milestones"] = list(self.milestones) if self.milestones is not None else None
-        return d
+    def check(self, epochs: int) -> Recipe:
+        """This recipe validated for a training of ``epochs`` epochs: the copy every trainer runs with (SGD's
+        momentum and Nesterov resolved; "none" schedules and augmentations as None; milestones a tuple).
 
+        Raises a one-line :class:`ConfigError` for an unknown name, a non-finite or out-of-range number, SGD options
+        with Adam, Nesterov without momentum, ``warmup_epochs`` outside [0, epochs) or with the cyclic schedule
+        (which has its own warm-up), ``milestones`` without ``schedule="step"``, not strictly increasing or outside
+        (0, epochs], ``label_smoothing`` outside [0, 1).
 
-def check_options(epochs: int, *, optimizer: str = "adam", lr: float = 1e-3, weight_decay: float = 0.0,
-                  momentum: float | None = None, nesterov: bool | None = None, schedule: str | None = None,
-                  warmup_epochs: float = 0.0, milestones: Sequence[float] | None = None,
-                  label_smoothing: float = 0.0, decay_norm_bias: bool = True, amp: str | None = None,
-                  compile: bool = False, augment: str | None = None) -> Recipe:
-    """Validate the recipe options of a ``fit`` over ``epochs`` epochs; one-line :class:`ConfigError` otherwise.
+        Example: ``Recipe(optimizer="sgd", lr=0.1).check(10)`` -> ``Recipe(optimizer="sgd", lr=0.1, momentum=0.9,
+        nesterov=True, ...)``.
+        """
+        optimizer, schedule = self.optimizer, self.schedule
+        if optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {optimizer!r}: use 'adam' or 'sgd'")
+        if schedule in ("none", "constant"):
+            schedule = None
+        if schedule is not None and schedule not in SCHEDULES:
+            raise ConfigError(f"unknown schedule {schedule!r}: use None, 'cosine', 'step' or 'cyclic'")
+        lr_f = check_float("lr", self.lr, 0.0, 10.0, lo_open=True)
+        wd = check_float("weight_decay", self.weight_decay, 0.0, 1.0)
+        mom: float | None = None
+        nest: bool | None = None
+        if optimizer != "sgd":
+            if self.momentum is not None or self.nesterov is not None:
+                raise ConfigError(f"momentum and nesterov are options of optimizer='sgd', not {optimizer!r}: drop "
+                                  "them or use optimizer='sgd'")
+        else:
+            mom = check_float("momentum", SGD_MOMENTUM if self.momentum is None else self.momentum, 0.0, 1.0,
+                              hi_open=True)
+            nest = check_bool("nesterov", True if self.nesterov is None else self.nesterov)
+            if nest and mom == 0:
+                raise ConfigError("nesterov needs a momentum > 0: give momentum=0.9 or nesterov=False")
+        warm = check_float("warmup_epochs", self.warmup_epochs, 0.0)
+        if warm > 0 and schedule == "cyclic":
+            raise ConfigError("the cyclic schedule has its own warm-up (it rises from 0 to the rate over the first "
+                              f"{CYCLIC_PEAK:.0%} of training): drop warmup_epochs")
+        if warm > 0 and warm >= epochs:
+            raise ConfigError(f"warmup_epochs must be below the number of epochs ({epochs}), got "
+                              f"{self.warmup_epochs}")
+        return Recipe(optimizer=optimizer, lr=lr_f, weight_decay=wd, momentum=mom, nesterov=nest,
+                      schedule=schedule, warmup_epochs=warm, milestones=self._checked_milestones(schedule, epochs),
+                      label_smoothing=check_float("label_smoothing", self.label_smoothing, 0.0, 1.0, hi_open=True),
+                      decay_norm_bias=check_bool("decay_norm_bias", self.decay_norm_bias),
+                      amp=check_choice("amp", self.amp, AMP_MODES, allow_none=True),
+                      compile=check_bool("compile", self.compile),
+                      augment=check_choice("augment", None if self.augment == "none" else self.augment, AUGMENTS,
+                                           allow_none=True))
 
-    ``momentum`` (default 0.9) and ``nesterov`` (default True) are SGD's and refused with Adam.
-    ``warmup_epochs`` lies in [0, epochs); ``milestones`` (epochs, strictly increasing, in (0, epochs])
-    go with ``schedule="step"`` (default: 50 % and 75 % of training); ``label_smoothing`` in [0, 1).
-    """
-    if optimizer not in OPTIMIZERS:
-        raise ConfigError(f"unknown optimizer {optimizer!r}: use 'adam' or 'sgd'")
-    if schedule in ("none", "constant"):
-        schedule = None
-    if schedule is not None and schedule not in SCHEDULES:
-        raise ConfigError(f"unknown schedule {schedule!r}: use None, 'cosine', 'step' or 'cyclic'")
-    lr_f = check_float("lr", lr, 0.0, 10.0, lo_open=True)
-    wd = check_float("weight_decay", weight_decay, 0.0, 1.0)
-    if optimizer != "sgd" and (momentum is not None or nesterov is not None):
-        raise ConfigError(f"momentum and nesterov are options of optimizer='sgd', not {optimizer!r}: drop them "
-                          "or use optimizer='sgd'")
-    mom = check_float("momentum", 0.9 if momentum is None else momentum, 0.0, 1.0, hi_open=True)
-    nest = check_bool("nesterov", True if nesterov is None else nesterov)
-    if optimizer == "sgd" and nest and mom == 0:
-        raise ConfigError("nesterov needs a momentum > 0: give momentum=0.9 or nesterov=False")
-    warm = check_float("warmup_epochs", warmup_epochs, 0.0)
-    if warm > 0 and schedule == "cyclic":
-        raise ConfigError("the cyclic schedule has its own warm-up (it rises from 0 to the rate over the first "
-                          f"{CYCLIC_PEAK:.0%} of training): drop warmup_epochs")
-    if warm > 0 and warm >= epochs:
-        raise ConfigError(f"warmup_epochs must be below the number of epochs ({epochs}), got {warmup_epochs}")
-    ms: tuple[float, ...] | None = None
-    if milestones is not None:
+    def _checked_milestones(self, schedule: str | None, epochs: int) -> tuple[float, ...] | None:
+        milestones = self.milestones
+        if milestones is None:
+            return None
         if schedule != "step":
             raise ConfigError("milestones go with schedule='step': give schedule='step' or drop milestones")
         if isinstance(milestones, (str, bytes)) or not isinstance(milestones, Sequence) or not milestones:
@@ -121,14 +140,30 @@ def check_options(epochs: int, *, optimizer: str = "adam", lr: float = 1e-3, wei
         ms = tuple(check_float("milestones", m, 0.0, float(epochs), lo_open=True) for m in milestones)
         if any(b <= a for a, b in zip(ms, ms[1:])):
             raise ConfigError(f"milestones must be strictly increasing epochs, got {list(milestones)}")
-    ls = check_float("label_smoothing", label_smoothing, 0.0, 1.0, hi_open=True)
-    dnb = check_bool("decay_norm_bias", decay_norm_bias)
-    amp_v = check_choice("amp", amp, AMP_MODES, allow_none=True)
-    comp = check_bool("compile", compile)
-    aug = check_choice("augment", augment, AUGMENTS, allow_none=True)
-    return Recipe(optimizer=optimizer, lr=lr_f, weight_decay=wd, momentum=mom, nesterov=nest,  # type: ignore[arg-type]
-                        schedule=schedule, warmup_epochs=warm, milestones=ms, label_smoothing=ls,  # type: ignore[arg-type]
-                        decay_norm_bias=dnb, amp=amp_v, compile=comp, augment=aug)  # type: ignore[arg-type]
+        return ms
+
+    def given(self) -> dict[str, Any]:
+        """The fields that differ from :class:`Recipe`'s defaults, by name (what a caller set)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, as results.json and the resume states record it: milestones a list, and SGD's momentum and
+        Nesterov as SGD would run them (0.9, on) where unset."""
+        d = asdict(self)
+        d["milestones"] = list(self.milestones) if self.milestones is not None else None
+        d["momentum"] = SGD_MOMENTUM if self.momentum is None else self.momentum
+        d["nesterov"] = True if self.nesterov is None else self.nesterov
+        return d
+
+
+def as_recipe(recipe: Any) -> Recipe:
+    """``recipe`` as a :class:`Recipe` (None: the defaults), unchecked; anything else is a one-line ConfigError."""
+    if recipe is None:
+        return Recipe()
+    if not isinstance(recipe, Recipe):
+        raise ConfigError(f"recipe must be a robustest.train.recipes.Recipe (or None for the defaults), got "
+                          f"{type(recipe).__name__}: build one with Recipe(optimizer=..., lr=..., ...)")
+    return recipe
 
 
 def check_device(opts: Recipe, device: torch.device) -> None:
@@ -158,7 +193,8 @@ def no_decay_parameters(model: nn.Module) -> set[int]:
 
 def make_optimizer(model: nn.Module, opts: Recipe) -> torch.optim.Optimizer:
     """The optimiser over the trainable parameters of ``model``: Adam, or SGD with ``opts.momentum`` and
-    ``opts.nesterov``; weight decay on every parameter, or (``decay_norm_bias=False``) not on norms/biases."""
+    ``opts.nesterov`` (unset: 0.9, on); weight decay on every parameter, or (``decay_norm_bias=False``) not on
+    norms/biases."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups: list[Any] = params
     if not opts.decay_norm_bias and opts.weight_decay > 0:
@@ -168,8 +204,8 @@ def make_optimizer(model: nn.Module, opts: Recipe) -> torch.optim.Optimizer:
         groups = [g for g in groups if g["params"]]
     if opts.optimizer == "adam":
         return torch.optim.Adam(groups, lr=opts.lr, weight_decay=opts.weight_decay)
-    return torch.optim.SGD(groups, lr=opts.lr, momentum=opts.momentum, weight_decay=opts.weight_decay,
-                           nesterov=opts.nesterov)
+    return torch.optim.SGD(groups, lr=opts.lr, momentum=SGD_MOMENTUM if opts.momentum is None else opts.momentum,
+                           weight_decay=opts.weight_decay, nesterov=True if opts.nesterov is None else opts.nesterov)
 
 
 # ------------------------------------------------------------------------------------------ augmentation
@@ -306,4 +342,4 @@ def layered_recipe(name: str | None, epochs: int | None, given: Mapping[str, Any
     if kw.get("schedule") != "step" and "milestones" not in given:
         kw.pop("milestones", None)
     batch_size = int(kw.pop("batch_size"))
-    return epochs, batch_size, check_options(epochs, **kw)
+    return epochs, batch_size, Recipe(**kw).check(epochs)

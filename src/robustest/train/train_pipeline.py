@@ -10,7 +10,7 @@
 Example::
 
     model = sized_zoo_model("digits_cnn", train, test, seed=0)
-    run = train_pipeline(model, train, test, out="digits", epochs=3, batch_size=64, options=check_options(3))
+    run = train_pipeline(model, train, test, out="digits", epochs=3, batch_size=64, recipe=Recipe(lr=2e-3))
     write_results("digits", "train", settings, run.to_results(), {**run.timings, "total_s": seconds})
 
 (``run.timings`` hold the parts; results.json also records the whole run's ``total_s``.)
@@ -32,7 +32,7 @@ from robustest.core.batching import image_shape, labels_of, num_samples, take
 from robustest.core.errors import ConfigError
 from robustest.core.memory import peak_rss_mib
 from robustest.train.fitting import History, fit
-from robustest.train.recipes import Recipe
+from robustest.train.recipes import Recipe, as_recipe
 
 __all__ = ["TrainRun", "options_in_effect", "same_data", "sized_zoo_model", "train_pipeline"]
 
@@ -128,24 +128,26 @@ class TrainRun:
 
 
 def train_pipeline(model: nn.Module, train: Any, test: Any, *, out: str | Path, epochs: int, batch_size: int,
-                   options: Recipe, recipe_name: str | None = None, seed: int = 0,
+                   recipe: Recipe | None = None, recipe_name: str | None = None, seed: int = 0,
                    device: torch.device | str = "cpu", progress: bool = True, resume: bool = False,
                    metadata: dict[str, Any] | None = None, note: Callable[[str], None] | None = None) -> TrainRun:
-    """Fit ``model`` on ``train`` for ``epochs`` epochs of ``batch_size`` with ``options`` (seeded by ``seed``;
-    with ``resume`` the state after every epoch is saved in ``out`` and a rerun continues from it), measure test
-    loss and accuracy on ``test`` and save ``out/model.pt`` (a safe checkpoint; ``metadata`` plus the epochs,
-    the test accuracy and the seed) into the folder ``out`` (created if missing). ``note`` is told, before the
-    training, when ``test`` holds the training data (:func:`same_data`: a folder without separate splits)."""
+    """Fit ``model`` on ``train`` for ``epochs`` epochs of ``batch_size`` with ``recipe`` (None: the defaults; its
+    name ``recipe_name`` is recorded; seeded by ``seed``; with ``resume`` the state after every epoch is saved in
+    ``out`` and a rerun continues from it), measure test loss and accuracy on ``test`` and save ``out/model.pt`` (a
+    safe checkpoint; ``metadata`` plus the epochs, the test accuracy and the seed) into the folder ``out`` (created if
+    missing). ``note`` is told, before the training, when ``test`` holds the training data (:func:`same_data`: a
+    folder without separate splits). A bad recipe option fails before anything is written."""
     from robustest.evaluate import loss_and_accuracy
     from robustest.models.checkpoints import save_checkpoint
 
+    options = as_recipe(recipe).check(epochs)  # what results.json records; a bad option fails before any work
     same = same_data(train, test)
     if same and note is not None:
         note("the test data is the training data (no separate test split): the reported test accuracy is measured "
              "on the training data")
     out = check_writable(out)
-    history = fit(model, train, epochs=epochs, batch_size=batch_size, seed=seed, device=device, progress=progress,
-                  state_dir=out if resume else None, resume=resume, **options_in_effect(options))
+    history = fit(model, train, epochs, batch_size, options, seed=seed, device=device, progress=progress,
+                  state_dir=out if resume else None, resume=resume)
     t1 = time.perf_counter()
     test_loss, test_acc = loss_and_accuracy(model, test)
     t_eval = time.perf_counter() - t1

@@ -33,6 +33,7 @@ from robustest.models.checkpoints import clone_model, state_fingerprint
 from robustest.train import TrainData, objectives
 from robustest.train.engine import Batch, EpochLoop, run_epochs
 from robustest.train.objectives import Objective, StepContext, StepOutput
+from robustest.train.recipes import Recipe, as_recipe, make_optimizer
 from robustest.train.state import StateFile, check_state_dir, in_state_dir, restore_rng, rng_state
 from robustest.weakrobust.augment import augmentation_pool
 from robustest.weakrobust.validation import ValidationResult, default_eps_grid
@@ -175,7 +176,7 @@ def enhance(
     adv_source: str = "offline",
     width: int = 3,
     severity: float = 3.0,
-    lr: float = 1e-3,
+    recipe: Recipe | None = None,
     batch_size: int = 64,
     seed: int = 0,
     device: torch.device | str | None = None,
@@ -194,7 +195,9 @@ def enhance(
     default ``eps / 4``) against the model as it is at the start (``adv_source="offline"``, the reference
     recipe) or against the current model every batch (``"online"``). ``augmix=False`` drops the JSD term
     (adversarial fine-tuning only); ``adversarial=False`` drops ``x_adv`` (AugMix only); both False is
-    plain training with the same budget. The model ends in eval mode.
+    plain training with the same budget. ``recipe`` (:class:`robustest.train.recipes.Recipe`; None: Adam 1e-3): the
+    optimiser of the update, its rate and weight decay (a schedule, warm-up or other recipe option is refused).
+    The model ends in eval mode.
 
     ``state_dir``: after every epoch the model, optimiser and random states are saved atomically to
     ``state_dir/enhance_state.pt``; a later call with the same settings, starting model and data size and
@@ -207,8 +210,9 @@ def enhance(
     gradient is the global batch's, and every rank ends with the same weights, close to (not equal to) one
     process's. ``ddp=False``: every rank trains the whole model by itself (equal to one process).
     """
-    _check_settings(epochs, adv_source, jsd_weight, adv_weight, lr, eps, adv_alpha, adv_steps, width,
-                    batch_size, severity)
+    _check_settings(epochs, adv_source, jsd_weight, adv_weight, eps, adv_alpha, adv_steps, width, batch_size,
+                    severity)
+    opts = _enhance_recipe(as_recipe(recipe), epochs)
     check_state_dir("enhance", state_dir, resume)
     weak = [str(w) for w in ((weaknesses.weaknesses() if isinstance(weaknesses, ValidationResult) else weaknesses)
                              or [])]
@@ -224,11 +228,11 @@ def enhance(
     t0 = time.perf_counter()
     x_adv_all, frozen = (_offline_adversarial(model, source, dev, radius, alpha, adv_steps, seed)
                          if adversarial and adv_source == "offline" else (None, None))
-    opt, rng, step_model = _optimiser_and_streams(model, dev, shard, lr, seed)
+    opt, rng, step_model = _optimiser_and_streams(model, dev, shard, opts, seed)
     config = {"epochs": epochs, "augmix": augmix, "adversarial": adversarial, "jsd_weight": jsd_weight,
               "adv_weight": adv_weight, "eps": radius, "adv_steps": adv_steps, "adv_alpha": alpha,
-              "adv_source": adv_source, "width": width, "severity": severity, "lr": lr, "batch_size": batch_size,
-              "seed": seed}
+              "adv_source": adv_source, "width": width, "severity": severity, "lr": opts.lr,
+              **_optimizer_config(opts, epochs), "batch_size": batch_size, "seed": seed}
     run = _Run(model, step_model, opt, source, rng, ops, dev, shard, num_classes, x_adv_all, frozen,
                objectives.get("augmix-jsd-adv"), config)
     run.state = in_state_dir("enhance", state_dir, resume, _resume_settings(run, config, pool_names),
@@ -242,6 +246,8 @@ def enhance(
 
 
 #: the options of :func:`enhance` a command line offers, with their flags (``robustest enhance``)
+#: the Recipe fields enhance honours (its loop has no schedule, precision or augmentation of its own)
+ENHANCE_RECIPE_FIELDS = ("optimizer", "lr", "weight_decay", "momentum", "nesterov", "decay_norm_bias")
 ENHANCE_OPTIONS = {
     "jsd_weight": spec("non-negative", "weight of the JSD term"),
     "adv_weight": spec("non-negative", "weight of CE(x_adv)"),
@@ -249,14 +255,12 @@ ENHANCE_OPTIONS = {
     "adv_steps": spec("positive-int", "PGD steps"),
     "adv_source": spec("choice", "PGD against the starting model once (offline) or the current model per batch",
                        choices=("offline", "online")),
-    "lr": spec("rate", "learning rate"),
     "batch_size": spec("positive-int", "batch size"),
 }
 
 
-def _check_settings(epochs: int, adv_source: str, jsd_weight: float, adv_weight: float, lr: float,
-                    eps: float | None, adv_alpha: float | None, adv_steps: int, width: int, batch_size: int,
-                    severity: float) -> None:
+def _check_settings(epochs: int, adv_source: str, jsd_weight: float, adv_weight: float, eps: float | None,
+                    adv_alpha: float | None, adv_steps: int, width: int, batch_size: int, severity: float) -> None:
     """A one-line ConfigError for the first of :func:`enhance`'s settings that is out of its range."""
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ConfigError(f"epochs must be an integer >= 0, got {epochs!r}")
@@ -265,8 +269,6 @@ def _check_settings(epochs: int, adv_source: str, jsd_weight: float, adv_weight:
     for name, v in (("jsd_weight", jsd_weight), ("adv_weight", adv_weight)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ConfigError(f"{name} must be a finite number >= 0, got {v!r}")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-        raise ConfigError(f"lr must be a finite positive number, got {lr!r}")
     check_eps("eps", eps, allow_none=True)
     if adv_alpha is not None and not (isinstance(adv_alpha, (int, float)) and 0 < adv_alpha <= 1):
         raise ConfigError(f"adv_alpha must be a step in (0, 1], got {adv_alpha!r}")
@@ -294,11 +296,32 @@ def _offline_adversarial(model: nn.Module, source: TrainData, dev: torch.device,
     return None, frozen
 
 
-def _optimiser_and_streams(model: nn.Module, dev: torch.device, shard: Shard, lr: float, seed: int
+def _enhance_recipe(recipe: Recipe, epochs: int) -> Recipe:
+    """``recipe`` checked for enhance (:meth:`Recipe.check`): a field enhance does not honour (a schedule, warm-up,
+    label smoothing, precision, compile, augmentation) set is a one-line ConfigError."""
+    ignored = sorted(set(recipe.given()) - set(ENHANCE_RECIPE_FIELDS))
+    if ignored:
+        raise ConfigError(f"enhance does not take the recipe option {ignored[0]} (it honours "
+                          f"{', '.join(ENHANCE_RECIPE_FIELDS)}): leave it unset")
+    return recipe.check(epochs)
+
+
+def _optimizer_config(opts: Recipe, epochs: int) -> dict[str, Any]:
+    """The optimiser settings a run records beside its rate: none for Adam without weight decay (the default),
+    else the optimiser, its weight decay and where it applies, and SGD's momentum and Nesterov."""
+    if opts == Recipe(lr=opts.lr).check(epochs):
+        return {}
+    d = {"optimizer": opts.optimizer, "weight_decay": opts.weight_decay, "decay_norm_bias": opts.decay_norm_bias}
+    if opts.optimizer == "sgd":
+        d.update(momentum=opts.momentum, nesterov=opts.nesterov)
+    return d
+
+
+def _optimiser_and_streams(model: nn.Module, dev: torch.device, shard: Shard, opts: Recipe, seed: int
                            ) -> tuple[torch.optim.Optimizer, np.random.Generator, nn.Module]:
-    """The Adam optimiser, the AugMix random stream and the module that steps (the model, or its DDP wrapper
-    under several ranks)."""
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+    """The optimiser of the recipe ``opts`` (:func:`robustest.train.recipes.make_optimizer`), the AugMix random
+    stream and the module that steps (the model, or its DDP wrapper under several ranks)."""
+    opt = make_optimizer(model, opts)
     # under DDP each rank draws its own augmentations and PGD starts (rank 0's are one process's)
     rng = np.random.default_rng([seed, shard.rank] if shard.rank else seed)
     channels_last_wanted(model, dev)  # a conv net on CUDA goes channels_last before DDP lays out its buckets
