@@ -108,3 +108,26 @@ def test_defaults_of_gives_the_parameters_that_have_a_default():
 
     assert defaults_of(fn) == {"b": 2, "c": None}
     assert defaults_of(lambda: None) == {}
+
+
+def test_a_checked_option_resolves_its_values_through_its_check():
+    from robustest.core.options import checked_option
+
+    seen = []
+
+    def check(v, n):
+        seen.append((v, n))
+        if v < 0:
+            raise ConfigError(f"{n} must be >= 0, got {v}")
+        return float(v)
+
+    o = checked_option("beta", 3, check, "weight of the KL term", kind="count", metavar="B")
+    assert (o.name, o.default, o.kind, o.help, o.metavar, o.flag_name) == ("beta", 3, "count", "weight of the KL term",
+                                                                           "B", "beta")
+    assert o.resolve(None) == 3.0 and o.resolve(2) == 2.0 and seen == [(3, "beta"), (2, "beta")]
+    with pytest.raises(ConfigError, match=r"^beta must be >= 0, got -1$"):
+        o.resolve(-1)
+    plain = Option("steps", 10, "positive-int", "attack steps", None, None, None, None)
+    assert plain.check is None and plain.resolve(None) == 10 and plain.resolve(4) == 4
+    with pytest.raises(ConfigError, match="unknown option kind"):
+        checked_option("x", 1, check, "x", kind="integer")

@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from robustest.core.compute import ComputeCount
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import eval_mode, forward, frozen_params
+from robustest.core.options import checked_option
 from robustest.core.validation import check_float
 from robustest.train import harden, harden_settings, objectives
-from robustest.train.objectives import Objective, Option, StepContext, StepOutput
+from robustest.train.objectives import Objective, StepContext, StepOutput
 from robustest.train.recipes import Recipe
 
 
@@ -35,8 +36,8 @@ def _noise_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, gen: t
 
 NOISE = Objective(
     name="noise-at", step=_noise_step, summary="training on uniform noise in the ball (a test objective)",
-    options=(Option("noise_scale", 1.0, lambda v, n: check_float(n, v, lo=0.0, hi=1.0, lo_open=True),
-                    "width of the noise as a fraction of eps"),),
+    options=(checked_option("noise_scale", 1.0, lambda v, n: check_float(n, v, lo=0.0, hi=1.0, lo_open=True),
+                            "width of the noise as a fraction of eps"),),
     alpha=lambda eps, steps: eps, alpha_doc="eps",
 )
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from robustest.cli.args import (
+    _option_types,
     add_data_args,
     add_model_args,
     add_option_args,
@@ -60,8 +61,6 @@ _RUNTIME_ARGS = ("func", "resume", "no_progress", "device", "out", "debug", "ver
 #: the Recipe fields harden offers as flags, in the help's order
 RECIPE_FLAGS = ("optimizer", "lr", "weight_decay", "momentum", "nesterov", "schedule", "warmup_epochs", "milestones")
 _float = finite_float  # ranges are checked by robustest.train.harden_settings, with the method in view
-#: how the verb reads a method option of each kind (robustest.train.objectives.Option.kind; "switch": --no-NAME)
-_OPTION_TYPES = {"number": _float, "count": non_negative_int}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -127,19 +126,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_method_options(g: argparse._ArgumentGroup) -> None:
-    """One flag per method option of the registered objectives: ``--name-with-dashes VALUE``, or ``--no-name`` for
-    a switch; the help names the methods that take it and the default."""
+    """One flag per method option of the registered objectives (:func:`robustest.core.options.checked_option`):
+    ``--name-with-dashes VALUE`` read as its kind says, or ``--no-name`` for a switch; the help names the methods that
+    take it and the default. Left out, a flag is None: the method's default applies."""
     from robustest.train import objectives
 
+    types = _option_types()
     for name, (owners, opt) in objectives.option_owners().items():
         who, text = " / ".join(owners), opt.help.replace("%", "%%")
-        flag = name.replace("_", "-")
+        flag = opt.flag_name
         if opt.kind == "switch":
             g.add_argument(f"--no-{flag}", dest=name, action="store_const", const=False, default=None,
                            help=f"{who}: {text}")
         else:
             default = "" if opt.default is None else f" (default: {opt.default})"
-            g.add_argument(f"--{flag}", type=_OPTION_TYPES[opt.kind], default=None, help=f"{who}: {text}{default}")
+            g.add_argument(f"--{flag}", type=types[opt.kind], default=None, help=f"{who}: {text}{default}")
 
 
 def _fingerprint_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from robustest.core.errors import ConfigError
 
-__all__ = ["KINDS", "Option", "OptionSource", "defaults_of", "option", "options_of", "spec"]
+__all__ = ["KINDS", "Option", "OptionSource", "checked_option", "defaults_of", "option", "options_of", "spec"]
 
 #: how a flag reads an option's value: a float that is finite ("number"), > 0 ("positive"), >= 0 ("non-negative"),
 #: in [0, 1) ("below-one"), in [0, 1] ("unit"), a learning rate ("rate"), a radius ("radius": L-inf in (0, 1] or
@@ -42,7 +42,9 @@ KINDS = ("number", "positive", "non-negative", "below-one", "unit", "rate", "rad
 
 class Option(NamedTuple):
     """One option as a command line offers it: ``name`` (the field's or parameter's), its ``default`` and what
-    :func:`spec` records (``kind``, ``help``, ``choices``, ``metavar``, ``flag``, ``shown``, ``aliases``)."""
+    :func:`spec` records (``kind``, ``help``, ``choices``, ``metavar``, ``flag``, ``shown``, ``aliases``); an option
+    that checks its own values (:func:`checked_option`, e.g. a training objective's) also carries ``check(value,
+    name)``, which returns the validated value or raises a one-line ConfigError."""
 
     name: str
     default: Any
@@ -53,6 +55,12 @@ class Option(NamedTuple):
     flag: str | None
     shown: str | None
     aliases: tuple[str, ...] = ()
+    check: Callable[[Any, str], Any] | None = None
+
+    def resolve(self, value: Any) -> Any:
+        """The value in effect for ``value`` given (None: the default), through :attr:`check` when there is one."""
+        v = self.default if value is None else value
+        return v if self.check is None else self.check(v, self.name)
 
     @property
     def flag_name(self) -> str:
@@ -63,6 +71,16 @@ class Option(NamedTuple):
     def dest(self) -> str:
         """The attribute argparse stores the flag's value in: the flag's name with ``_`` for ``-``."""
         return self.flag_name.replace("-", "_")
+
+
+def checked_option(name: str, default: Any, check: Callable[[Any, str], Any], help: str, kind: str = "number",
+                   **details: Any) -> Option:
+    """An :class:`Option` that validates its values itself (``check(value, name)``: the value, or a one-line
+    ConfigError), declared where no dataclass or signature holds it: the method options of a training objective
+    (``kind`` "number", "count" or "switch"; ``details`` as :func:`spec` takes them).
+
+    Example: ``checked_option("beta", 3.0, lambda v, n: check_float(n, v, lo=0.0), "weight of the KL term")``."""
+    return Option(name, default, **spec(kind, help, **details), check=check)
 
 
 def spec(kind: str, help: str, *, choices: Sequence[str] | Callable[[], Sequence[str]] | None = None,

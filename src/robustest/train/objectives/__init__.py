@@ -51,7 +51,7 @@ from robustest.train.objectives import (
     pgd_at,
     trades,
 )
-from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
+from robustest.train.objectives.base import Objective, StepContext, StepOutput
 from robustest.train.objectives.registry import (
     canonical,
     get,
@@ -62,7 +62,7 @@ from robustest.train.objectives.registry import (
     unregister,
 )
 
-__all__ = ["Objective", "Option", "StepContext", "StepOutput", "canonical", "get", "names", "option_owners",
+__all__ = ["Objective", "StepContext", "StepOutput", "canonical", "get", "names", "option_owners",
            "register", "registered", "unregister"]
 
 for _module in (pgd_at, trades, fosc, fol_budget, fast_at, n_fgsm, grad_align, gaussian_noise, ibp, crown_ibp,

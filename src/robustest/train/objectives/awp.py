@@ -24,8 +24,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from robustest.core.options import checked_option
 from robustest.core.validation import check_float, check_int
-from robustest.train.objectives.base import Option, StepContext, StepOutput
+from robustest.train.objectives.base import StepContext, StepOutput
 
 __all__ = ["OPTIONS", "Loss", "active", "attach", "perturb", "perturbation", "shift", "weights"]
 
@@ -34,11 +35,11 @@ Loss = Callable[[], torch.Tensor]
 
 #: the options pgd-at and trades share (``awp_gamma`` 0: AWP off)
 OPTIONS = (
-    Option("awp_gamma", 0.0, lambda v, n: check_float(n, v, lo=0.0, hi=1.0),
-           "adversarial weight perturbation: the weights' relative step (0: off; Wu et al.: 0.01 with pgd-at, "
-           "0.005 with trades)"),
-    Option("awp_warmup", 0, lambda v, n: check_int(n, v, lo=0),
-           "adversarial weight perturbation: epochs trained without it before it starts", kind="count"),
+    checked_option("awp_gamma", 0.0, lambda v, n: check_float(n, v, lo=0.0, hi=1.0),
+                   "adversarial weight perturbation: the weights' relative step (0: off; Wu et al.: 0.01 with pgd-at, "
+                   "0.005 with trades)"),
+    checked_option("awp_warmup", 0, lambda v, n: check_int(n, v, lo=0),
+                   "adversarial weight perturbation: epochs trained without it before it starts", kind="count"),
 )
 
 

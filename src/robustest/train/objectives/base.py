@@ -1,6 +1,7 @@
 """The one interface of a training objective: what a training loop needs to know about the loss it minimises.
 
-An :class:`Objective` is a name, its method-specific :class:`Option` s (name, default, check, CLI help), and a
+An :class:`Objective` is a name, its method-specific options (:func:`robustest.core.options.checked_option`: name,
+default, check, CLI help and kind), and a
 ``step`` that takes one batch and returns the loss to minimise together with the batch's statistics and compute:
 
     step(model, x, y, gen, ctx) -> StepOutput(loss, logits, evals, compute, stopped, terms)
@@ -28,33 +29,9 @@ import torch
 from torch import nn
 
 from robustest.core.compute import ComputeCount
+from robustest.core.options import Option
 
-__all__ = ["OPTION_KINDS", "Objective", "Option", "StepContext", "StepFn", "StepOutput", "default_alpha"]
-
-OPTION_KINDS = ("number", "count", "switch")
-
-
-@dataclass(frozen=True)
-class Option:
-    """A method-specific setting of an objective.
-
-    ``name``: the keyword of :func:`robustest.train.harden` (and the results' settings key); ``default``: its value
-    when unset (None); ``check(value, name)``: the validated value, or a one-line ConfigError; ``help``: the CLI
-    help (the method and the default are added); ``kind``: how the CLI reads it, "number" (``--name-with-dashes
-    X``, any finite number, the check decides the range), "count" (a non-negative integer) or "switch" (``--no-name``
-    sets False, for an option that defaults to True).
-    """
-
-    name: str
-    default: Any
-    check: Callable[[Any, str], Any]
-    help: str = ""
-    kind: str = "number"
-
-    def resolve(self, value: Any) -> Any:
-        """The checked value of this option, ``default`` when ``value`` is None."""
-        return self.check(self.default if value is None else value, self.name)
-
+__all__ = ["Objective", "StepContext", "StepFn", "StepOutput", "default_alpha"]
 
 @dataclass(frozen=True)
 class StepContext:
@@ -130,7 +107,7 @@ class Objective:
     name: str
     step: StepFn
     summary: str = ""
-    options: tuple[Option, ...] = ()
+    options: tuple[Option, ...] = ()  # robustest.core.options.checked_option
     fixed_steps: int | None = None
     alpha: Callable[[float, int], float] = default_alpha
     alpha_doc: str = "2.5 * eps / steps"

@@ -11,8 +11,9 @@ from torch import nn
 
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import eval_mode, frozen_params
+from robustest.core.options import checked_option
 from robustest.core.validation import check_float, check_int
-from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
+from robustest.train.objectives.base import Objective, StepContext, StepOutput
 from robustest.train.objectives.inner import adversarial_update, pgd
 
 __all__ = ["OBJECTIVE", "check", "step"]
@@ -38,11 +39,11 @@ def check(s: dict[str, Any]) -> None:
 
 OBJECTIVE = Objective(
     name="fol-budget", step=step, summary="PGD-AT whose samples stop at FOL <= fol_threshold or misclassification",
-    options=(Option("fol_threshold", 0.1, lambda v, n: check_float(n, v, lo=0.0),
-                    "stop a sample's attack once its FOL is at most this"),
-             Option("stop_misclassified", True, lambda v, n: bool(v),
-                    "do not stop a sample's attack when it is misclassified", "switch"),
-             Option("fol_min_steps", 2, lambda v, n: check_int(n, v, lo=0),
-                    "steps every sample takes before the rule applies", "count")),
+    options=(checked_option("fol_threshold", 0.1, lambda v, n: check_float(n, v, lo=0.0),
+                            "stop a sample's attack once its FOL is at most this"),
+             checked_option("stop_misclassified", True, lambda v, n: bool(v),
+                            "do not stop a sample's attack when it is misclassified", "switch"),
+             checked_option("fol_min_steps", 2, lambda v, n: check_int(n, v, lo=0),
+                            "steps every sample takes before the rule applies", "count")),
     check=check,
 )

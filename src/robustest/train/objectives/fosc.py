@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from robustest.core.modelcall import eval_mode, frozen_params
+from robustest.core.options import checked_option
 from robustest.core.validation import check_float
-from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
+from robustest.train.objectives.base import Objective, StepContext, StepOutput
 from robustest.train.objectives.inner import adversarial_update, pgd
 from robustest.train.schedules import fosc_schedule
 
@@ -37,9 +38,9 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
 
 OBJECTIVE = Objective(
     name="fosc", step=step, summary="Wang et al.: dynamic adversarial training (PGD stopped at FOSC <= c_t)",
-    options=(Option("fosc_c_max", 0.5, lambda v, n: check_float(n, v, lo=0.0),
-                    "FOSC criterion of the first epoch"),
-             Option("fosc_warmup", 0.8, lambda v, n: check_float(n, v, lo=0.0, hi=1.0, lo_open=True),
-                    "fraction of the epochs over which the criterion falls linearly to 0")),
+    options=(checked_option("fosc_c_max", 0.5, lambda v, n: check_float(n, v, lo=0.0),
+                            "FOSC criterion of the first epoch"),
+             checked_option("fosc_warmup", 0.8, lambda v, n: check_float(n, v, lo=0.0, hi=1.0, lo_open=True),
+                            "fraction of the epochs over which the criterion falls linearly to 0")),
     epoch_values=epoch_values,
 )

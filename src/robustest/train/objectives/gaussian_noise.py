@@ -16,8 +16,9 @@ from torch import nn
 from robustest.core.amp import autocast
 from robustest.core.compute import ComputeCount
 from robustest.core.modelcall import forward
+from robustest.core.options import checked_option
 from robustest.core.validation import check_float
-from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
+from robustest.train.objectives.base import Objective, StepContext, StepOutput
 
 __all__ = ["OBJECTIVE", "step"]
 
@@ -43,8 +44,8 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
 OBJECTIVE = Objective(
     name="gaussian-noise", step=step,
     summary="Cohen et al.: cross-entropy under Gaussian noise (a base model for randomised smoothing)",
-    options=(Option("sigma", 0.25, lambda v, n: check_float(n, v, lo=0.0),
-                    "standard deviation of the Gaussian noise added to the training images, pixel scale (certify "
-                    "at the same sigma)"),),
+    options=(checked_option("sigma", 0.25, lambda v, n: check_float(n, v, lo=0.0),
+                            "standard deviation of the Gaussian noise added to the training images, pixel scale "
+                            "(certify at the same sigma)"),),
     diverged_hint=" or sigma",
 )

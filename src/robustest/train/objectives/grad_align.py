@@ -25,8 +25,9 @@ from torch import nn
 
 from robustest.core.compute import ComputeCount
 from robustest.core.modelcall import forward
+from robustest.core.options import checked_option
 from robustest.core.validation import check_float
-from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
+from robustest.train.objectives.base import Objective, StepContext, StepOutput
 
 __all__ = ["OBJECTIVE", "alignment", "step"]
 
@@ -77,6 +78,7 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
 OBJECTIVE = Objective(
     name="grad-align", step=step, summary="Andriushchenko & Flammarion: FGSM + the GradAlign regulariser",
     fixed_steps=1, alpha=lambda eps, steps: eps, alpha_doc="eps", co_guard=True,
-    options=(Option("grad_align_lambda", 0.2, lambda v, n: check_float(n, v, lo=0.0, hi=1000.0),
-                    "weight of the gradient-alignment term (the reference's 0.2 at eps 8/255; MNIST eps 0.3: 2)"),),
+    options=(checked_option("grad_align_lambda", 0.2, lambda v, n: check_float(n, v, lo=0.0, hi=1000.0),
+                            "weight of the gradient-alignment term (the reference's 0.2 at eps 8/255; MNIST eps "
+                            "0.3: 2)"),),
 )

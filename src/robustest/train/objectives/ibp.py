@@ -38,8 +38,9 @@ from robustest.certify.graph import Graph
 from robustest.core.compute import ComputeCount
 from robustest.core.errors import ConfigError
 from robustest.core.modelcall import eval_mode, forward
+from robustest.core.options import Option, checked_option
 from robustest.core.validation import check_float
-from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
+from robustest.train.objectives.base import Objective, StepContext, StepOutput
 from robustest.train.schedules import ramp_schedule
 
 __all__ = ["EPS_TRAIN", "OBJECTIVE", "RAMP_LENGTH", "RAMP_WARMUP", "Bounds", "certified_step", "check_ramp",
@@ -50,24 +51,24 @@ __all__ = ["EPS_TRAIN", "OBJECTIVE", "RAMP_LENGTH", "RAMP_WARMUP", "Bounds", "ce
 Bounds = Callable[[nn.Module, torch.Tensor, torch.Tensor, float, Graph, float, dict[str, Any]],
                   tuple[torch.Tensor, int, dict[str, float]]]
 
-EPS_TRAIN = Option("eps_train", None, lambda v, n: None if v is None else check_float(n, v, lo=0.0, hi=1.0,
-                                                                                       lo_open=True),
-                   "L-inf radius the bounds are trained at, reached at the end of the ramp (Zhang et al.: 0.4 for "
-                   "--eps 0.3); default: --eps")
-RAMP_WARMUP = Option("ramp_warmup", 0.05, lambda v, n: check_float(n, v, lo=0.0, hi=1.0),
-                     "fraction of the training steps of clean training (radius 0, kappa 1) before the ramp")
-RAMP_LENGTH = Option("ramp_length", 0.5, lambda v, n: check_float(n, v, lo=0.0, hi=1.0, lo_open=True),
-                     "fraction of the training steps over which the bounds' radius rises linearly from 0 to "
-                     "eps_train and kappa falls from 1 to kappa_end")
+EPS_TRAIN = checked_option("eps_train", None,
+                           lambda v, n: None if v is None else check_float(n, v, lo=0.0, hi=1.0, lo_open=True),
+                           "L-inf radius the bounds are trained at, reached at the end of the ramp (Zhang et al.: 0.4 "
+                           "for --eps 0.3); default: --eps")
+RAMP_WARMUP = checked_option("ramp_warmup", 0.05, lambda v, n: check_float(n, v, lo=0.0, hi=1.0),
+                             "fraction of the training steps of clean training (radius 0, kappa 1) before the ramp")
+RAMP_LENGTH = checked_option("ramp_length", 0.5, lambda v, n: check_float(n, v, lo=0.0, hi=1.0, lo_open=True),
+                             "fraction of the training steps over which the bounds' radius rises linearly from 0 to "
+                             "eps_train and kappa falls from 1 to kappa_end")
 
 _GRAPHS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, ...], Graph]] = weakref.WeakKeyDictionary()
 
 
 def kappa_end(default: float) -> Option:
     """The ``kappa_end`` option with ``default`` (ibp 0.5 as Gowal et al., crown-ibp 0 as Zhang et al.)."""
-    return Option("kappa_end", default, lambda v, n: check_float(n, v, lo=0.0, hi=1.0),
-                  "weight of the clean cross-entropy after the ramp, from 1 before it (1 - kappa: the bounds' "
-                  "robust cross-entropy); crown-ibp's default: 0")
+    return checked_option("kappa_end", default, lambda v, n: check_float(n, v, lo=0.0, hi=1.0),
+                          "weight of the clean cross-entropy after the ramp, from 1 before it (1 - kappa: the bounds' "
+                          "robust cross-entropy); crown-ibp's default: 0")
 
 
 def check_ramp(s: dict[str, Any]) -> None:

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from robustest.core.modelcall import eval_mode, forward, frozen_params
+from robustest.core.options import checked_option
 from robustest.core.validation import check_float
-from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
+from robustest.train.objectives.base import Objective, StepContext, StepOutput
 from robustest.train.objectives.inner import adversarial_update
 
 __all__ = ["OBJECTIVE", "perturb", "step"]
@@ -53,8 +54,8 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
 OBJECTIVE = Objective(
     name="n-fgsm", step=step, summary="de Jorge et al.: FGSM from a 2 eps noise start, unclipped (N-FGSM)",
     fixed_steps=1, alpha=lambda eps, steps: eps, alpha_doc="eps", co_guard=True,
-    options=(Option("noise", 2.0, lambda v, n: check_float(n, v, lo=0.0, hi=10.0),
-                    "half-width of the uniform start as a multiple of eps (the paper's k)"),
-             Option("clip", None, lambda v, n: None if v is None else check_float(n, v, lo=0.0, lo_open=True),
-                    "clamp the perturbation to clip * eps (default: none, as the paper)")),
+    options=(checked_option("noise", 2.0, lambda v, n: check_float(n, v, lo=0.0, hi=10.0),
+                            "half-width of the uniform start as a multiple of eps (the paper's k)"),
+             checked_option("clip", None, lambda v, n: None if v is None else check_float(n, v, lo=0.0, lo_open=True),
+                            "clamp the perturbation to clip * eps (default: none, as the paper)")),
 )

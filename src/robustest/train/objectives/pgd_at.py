@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 from robustest.core.modelcall import eval_mode, frozen_params
+from robustest.core.options import checked_option
 from robustest.core.validation import check_float
 from robustest.train.objectives import awp
-from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
+from robustest.train.objectives.base import Objective, StepContext, StepOutput
 from robustest.train.objectives.inner import adversarial_update, cross_entropy_update, pgd
 
 __all__ = ["OBJECTIVE", "step"]
@@ -36,6 +37,6 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
 
 OBJECTIVE = Objective(
     name="pgd-at", step=step, summary="Madry et al.: PGD adversarial training",
-    options=(Option("mix", 0.0, lambda v, n: check_float(n, v, lo=0.0, hi=1.0),
-                    "fraction of the loss on clean images, in [0, 1]"), *awp.OPTIONS),
+    options=(checked_option("mix", 0.0, lambda v, n: check_float(n, v, lo=0.0, hi=1.0),
+                            "fraction of the loss on clean images, in [0, 1]"), *awp.OPTIONS),
 )

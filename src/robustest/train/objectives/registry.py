@@ -9,8 +9,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from robustest.core.errors import ConfigError
+from robustest.core.options import Option
 from robustest.core.registry import Registry
-from robustest.train.objectives.base import Objective, Option
+from robustest.train.objectives.base import Objective
 
 __all__ = ["OBJECTIVES", "canonical", "get", "names", "option_owners", "register", "registered", "unregister"]
 

@@ -14,9 +14,10 @@ from torch import nn
 from robustest.attacks import project
 from robustest.core.compute import ComputeCount
 from robustest.core.modelcall import eval_mode, forward, frozen_params
+from robustest.core.options import checked_option
 from robustest.core.validation import check_float
 from robustest.train.objectives import awp
-from robustest.train.objectives.base import Objective, Option, StepContext, StepOutput
+from robustest.train.objectives.base import Objective, StepContext, StepOutput
 
 __all__ = ["OBJECTIVE", "adversary", "loss", "step"]
 
@@ -65,7 +66,8 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
 
 OBJECTIVE = Objective(
     name="trades", step=step, summary="Zhang et al.: TRADES (CE + beta * KL to the adversarial point)",
-    options=(Option("beta", 3.0, lambda v, n: check_float(n, v, lo=0.0),
-                    "weight of the KL term (Zhang et al.: 6; 3 keeps MNIST clean accuracy >= 95 %)"), *awp.OPTIONS),
+    options=(checked_option("beta", 3.0, lambda v, n: check_float(n, v, lo=0.0),
+                            "weight of the KL term (Zhang et al.: 6; 3 keeps MNIST clean accuracy >= 95 %)"),
+             *awp.OPTIONS),
     diverged_hint=" or beta",
 )
