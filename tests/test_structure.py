@@ -19,6 +19,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "robustest"
 MAX_FILE_LINES = 650
 LONG_FUNCTION = 100
 MAX_LONG_FUNCTIONS = 1  # attacks.apgd._apgd_run, the algorithm in one piece
+MAX_CLI_LINES = 3000  # thin verbs: parse, one pipeline call, print (the pipelines live in their packages)
 
 
 def _modules() -> dict[str, ast.Module]:
@@ -51,6 +52,12 @@ def test_no_file_is_longer_than_the_limit() -> None:
     long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_FILE_LINES}
     assert not long, f"files over {MAX_FILE_LINES} lines: {long}"
+
+
+def test_the_verbs_stay_thin() -> None:
+    n = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in (SRC / "cli").glob("*.py"))
+    assert n <= MAX_CLI_LINES, (f"cli/ has {n} lines, over {MAX_CLI_LINES}: move what a verb computes into its "
+                                "package's pipeline (docs/ARCHITECTURE.md), the verb only parses, calls and prints")
 
 
 def test_at_most_a_few_long_functions() -> None:

@@ -126,9 +126,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_method_options(g: argparse._ArgumentGroup) -> None:
-    """One flag per method option of the registered objectives (:func:`robustest.core.options.checked_option`):
-    ``--name-with-dashes VALUE`` read as its kind says, or ``--no-name`` for a switch; the help names the methods that
-    take it and the default. Left out, a flag is None: the method's default applies."""
+    """One flag per method option of the registered objectives: ``--name-with-dashes VALUE`` read as its kind says,
+    or ``--no-name`` for a switch, None when left out; the help names the methods that take it and the default."""
     from robustest.train import objectives
 
     types = _option_types()
