@@ -140,7 +140,7 @@ def test_settings_record_the_evaluation_as_run_and_each_option_given(digits, tmp
     preprocessed = nn.Sequential(nn.Identity(), Fixed())  # a submodule of the input's shape, for BPDA
     full = eval_pipeline(preprocessed, digits, [0.02, 0.05], out=tmp_path / "b", version="custom", attacks=["apgd-ce"],
                          seed=3, batch_size=8, block_size=16, fail_under=0.1, certify="ibp", save_adv=True,
-                         accept_flag=["zero-gradient"], corruptions="gaussian_noise", severities=[2], forwards=1,
+                         accept_flags=["zero-gradient"], corruptions="gaussian_noise", severities=[2], forwards=1,
                          amp="bf16", bpda="0", progress=False)
     s = full.settings(batch_size_auto=True, baseline="b.pt", surrogate="s.pt")
     assert s == {"eps": [0.02, 0.05], "norm": "linf", "version": "custom", "batch_size": 8, "block_size": 16,
@@ -149,3 +149,18 @@ def test_settings_record_the_evaluation_as_run_and_each_option_given(digits, tmp
                  "corruptions": "gaussian_noise", "severities": [2], "save_adv": True,
                  "accept_flag": ["zero-gradient"]}
     assert list(s)[:8] == ["eps", "norm", "version", "batch_size", "block_size", "seed", "device", "batch_size_auto"]
+
+
+def test_the_flags_accepted_are_the_ones_that_stop_blocking(digits, tmp_path):
+    import dataclasses
+
+    from robustest.evaluate.flags import Flag
+
+    run = eval_pipeline(Fixed(), digits, 0.05, out=tmp_path, **OPTS)
+    zero = Flag("zero-gradient", "unreliable", "no gradient", "use an adaptive attack")
+    flagged = dataclasses.replace(run, result=dataclasses.replace(run.result, flags=[zero]))
+    assert flagged.blocking == [zero]
+    accepted = dataclasses.replace(flagged, request={**run.request, "accept_flags": ["zero-gradient"]})
+    assert accepted.blocking == [] and accepted.settings()["accept_flag"] == ["zero-gradient"]
+    assert "accept_flag" not in run.describe and "accept_flag" not in run.settings()
+

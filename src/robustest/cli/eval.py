@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
                 "model": {**model_settings(args), "spec": source_of(model)}, "data": data_settings(args),
                 "baseline_source": args.baseline}
     ev = eval_pipeline(model, ds, args.eps, out=args.out, certify=args.certify, fail_under=args.fail_under,
-                       accept_flag=args.accept_flag, save_adv=args.save_adv, describe=describe, attacks=attacks,
+                       accept_flags=args.accept_flag, save_adv=args.save_adv, describe=describe, attacks=attacks,
                        **options_from_args(EVALUATE, args), seed=args.seed, batch_size=args.batch_size,
                        severities=severities or (1, 2, 3, 4, 5), baseline=baseline, surrogate=surrogate,
                        progress=not args.no_progress or args.progress_lines)

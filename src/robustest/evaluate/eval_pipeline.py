@@ -59,7 +59,7 @@ class EvalRun:
     @property
     def blocking(self) -> list[Flag]:
         """The unreliable flags not accepted: each fails the gate."""
-        return self.result.blocking(self.describe.get("accept_flag", ()))
+        return self.result.blocking(self.request.get("accept_flags", ()))
 
     @property
     def failed(self) -> bool:
@@ -85,8 +85,8 @@ class EvalRun:
             d.update(corruptions=r["corruptions"], severities=list(r["severities"]))
         if r.get("save_adv"):
             d["save_adv"] = True
-        if r.get("accept_flag"):
-            d["accept_flag"] = list(r["accept_flag"])
+        if r.get("accept_flags"):
+            d["accept_flag"] = list(r["accept_flags"])
         return d
 
     def summary_lines(self) -> tuple[list[str], list[str]]:
@@ -151,7 +151,7 @@ class EvalRun:
 
 def eval_pipeline(model: nn.Module, data: Any, eps: float | list[float], *, out: str | Path, norm: str = "linf",
                   version: str = "auto", certify: str | None = None, fail_under: float | None = None,
-                  accept_flag: tuple[str, ...] | list[str] = (), save_adv: bool = False,
+                  accept_flags: tuple[str, ...] | list[str] = (), save_adv: bool = False,
                   describe: dict[str, Any] | None = None, **options: Any) -> EvalRun:
     """Evaluate ``model`` on the labelled ``data`` (images N x C x H x W in [0, 1], int64 labels [N]) at ``eps`` (a
     list: the robustness curve), bracket it with the certificate ``certify`` ("ibp" or "crown"; a soundness error
@@ -161,11 +161,12 @@ def eval_pipeline(model: nn.Module, data: Any, eps: float | list[float], *, out:
     ``options``: the other keyword arguments of :func:`robustest.evaluate.evaluate` (attacks, n_targets, seed,
     batch_size, block_size, corruptions, severities, baseline, progress, amp, bpda, surrogate, forwards).
     ``describe``: dataset, name and architecture (the RobustBench entry), model and data (recorded as they are),
-    baseline_source (the baseline's file), accept_flag. Raises what :func:`robustest.evaluate.evaluate` raises."""
+    baseline_source (the baseline's file). ``accept_flags``: names of the unreliable flags the gate accepts. Raises
+    what :func:`robustest.evaluate.evaluate` raises."""
     from robustest import report
     from robustest.core.atomic import atomic_save, check_writable
 
-    describe = {**(describe or {}), "accept_flag": list(accept_flag)}
+    describe = dict(describe or {})
     result = evaluate(model, data, eps, norm=norm, version=version, keep_adv=True, **options)
     brk = None
     if certify is not None:
@@ -174,9 +175,9 @@ def eval_pipeline(model: nn.Module, data: Any, eps: float | list[float], *, out:
         brk = bracket_eval(model, data, result, certify)  # a soundness error joins result.flags
     gate = None
     if fail_under is not None:
-        stopping = result.blocking(list(accept_flag))
+        stopping = result.blocking(list(accept_flags))
         gate = {"fail_under": fail_under, "passed": result.robust_accuracy >= fail_under and not stopping,
-                "accuracy_passed": result.robust_accuracy >= fail_under, "accepted_flags": list(accept_flag),
+                "accuracy_passed": result.robust_accuracy >= fail_under, "accepted_flags": list(accept_flags),
                 "blocking_flags": [f.name for f in stopping]}
     out = check_writable(out)  # created once the evaluation has run: a refused argument writes nothing
     files = ["results.json", "samples.csv", "report.html"]
@@ -187,5 +188,5 @@ def eval_pipeline(model: nn.Module, data: Any, eps: float | list[float], *, out:
     report.write_csv(out / "samples.csv", sample_rows(result, brk))
     timings = {**result.timings, **(brk.timings if brk is not None else {})}
     request = {"eps": eps, "norm": norm, "version": version, "certify": certify, "fail_under": fail_under,
-               "save_adv": save_adv, "accept_flag": list(accept_flag), **options, "device": str(model_device(model))}
+               "save_adv": save_adv, "accept_flags": list(accept_flags), **options, "device": str(model_device(model))}
     return EvalRun(result, brk, gate, files, timings, describe, request)
