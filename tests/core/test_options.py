@@ -131,3 +131,10 @@ def test_a_checked_option_resolves_its_values_through_its_check():
     assert plain.check is None and plain.resolve(None) == 10 and plain.resolve(4) == 4
     with pytest.raises(ConfigError, match="unknown option kind"):
         checked_option("x", 1, check, "x", kind="integer")
+
+
+def test_a_checked_option_is_a_number_unless_said():
+    from robustest.core.options import checked_option
+
+    assert checked_option("beta", 3.0, lambda v, n: v, "weight").kind == "number"
+

@@ -127,3 +127,11 @@ def test_both_are_harden_methods_with_checked_options():
 def test_a_collapse_that_never_rose_is_a_training_accuracy_far_above_validation(train_adv, val_pgd, fires):
     assert early_stopping.CO_GAP == 0.5
     assert early_stopping.masked(train_adv, val_pgd) is fires
+
+
+def test_alignment_leaves_out_a_sample_whose_second_gradient_is_zero():
+    g1 = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    g2 = torch.tensor([[0.0, 0.0], [1.0, 1.0]])
+    assert grad_align.alignment(g1, g2).item() == pytest.approx(1.0)  # only the second sample counts
+
+

@@ -496,3 +496,12 @@ def test_fit_takes_the_recipe_and_refuses_its_fields_as_keywords(digits_train):
     fit(a, (x, y), 1, 16, recipes.Recipe(optimizer="sgd", lr=0.05), progress=False)
     fit(b, (x, y), 1, 16, recipes.Recipe(optimizer="sgd", lr=0.05, momentum=0.9, nesterov=True), progress=False)
     assert same(weights(a), weights(b))  # unset momentum and Nesterov are SGD's 0.9 and on
+
+
+def test_layered_recipe_keeps_a_named_recipes_sgd_settings_and_refuses_stray_milestones():
+    _, batch, r = recipes.layered_recipe("imagenet-sgd", 2, {"schedule": "none", "augment": "none"})
+    assert (batch, r.optimizer, r.momentum, r.nesterov, r.schedule, r.augment, r.milestones) == (
+        256, "sgd", 0.9, False, None, None, None)  # "none" turns them off; the recipe's milestones go with its schedule
+    with pytest.raises(ConfigError, match="milestones go with schedule='step'"):
+        recipes.layered_recipe(None, 3, {"milestones": [1]})
+

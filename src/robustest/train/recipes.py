@@ -332,9 +332,6 @@ def layered_recipe(name: str | None, epochs: int | None, given: Mapping[str, Any
     kw.pop("epochs", None)
     if epochs is None:
         raise ConfigError("give --epochs N (or a --recipe, which brings its epochs)")
-    for key in ("schedule", "augment"):
-        if kw.get(key) == "none":
-            kw[key] = None
     if kw["optimizer"] != "sgd":  # a recipe's SGD settings do not carry over to optimizer adam
         for key in ("momentum", "nesterov"):
             if key not in given:
