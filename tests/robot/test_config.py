@@ -49,3 +49,22 @@ def test_the_config_hands_its_training_recipes_over_as_recipes():
     with pytest.raises(ConfigError, match=r"^finetune_options: momentum and nesterov are options of "
                                           r"optimizer='sgd', not 'adam'"):
         RobotConfig(finetune_options={"momentum": 0.5}).validate()
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"epochs": 2, "finetune_options": {"schedule": "step", "milestones": [3]}},
+     r"^finetune_options: milestones must be a number in \(0, 2"),
+    ({"epochs": 1, "finetune_options": {"warmup_epochs": 1}},
+     r"^finetune_options: warmup_epochs must be below the number of epochs \(1\), got 1$"),
+    ({"train_epochs": 3, "train_options": {"warmup_epochs": 3}},
+     r"^train_options: warmup_epochs must be below the number of epochs \(3\)"),
+    ({"strategy": "random", "finetune_options": {"lr": 0.1}},
+     r"^finetune_options: unknown option .lr.: valid options are amp, augment, "),
+    ({"train_options": {"batch_size": 0}}, r"^train_options: batch_size must be an integer >= 1, got 0$"),
+    ({"train_options": {"batch_size": True}}, r"^train_options: batch_size must be an integer >= 1, got True$"),
+    ({"train_options": {"batch_size": 2.5}}, r"^train_options: batch_size must be an integer >= 1, got 2.5$"),
+])
+def test_the_recipes_of_a_config_are_checked_for_its_epochs(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        RobotConfig(**kw).validate()
+    assert RobotConfig(train_options={"batch_size": 32, "lr": 0.1}).validate().train_recipe().lr == 0.1
