@@ -436,6 +436,7 @@ def test_validation_data_is_measured_every_epoch(base_model, digits_split):
     ({"recipe": Recipe(label_smoothing=0.1)}, "harden does not take the recipe option label_smoothing"),
     ({"recipe": Recipe(augment="crop-flip")}, "harden does not take the recipe option augment"),
     ({"recipe": {"lr": 0.1}}, "recipe must be a robustest.train.recipes.Recipe"),
+    ({"epochs": 2, "recipe": Recipe(warmup_epochs=2)}, r"warmup_epochs must be below the number of epochs \(2\)"),
 ])
 def test_bad_arguments_fail_before_any_work(kw, match, base_model, digits_split, monkeypatch):
     monkeypatch.setattr(hardening, "_batch", lambda *a, **k: pytest.fail("work started"))
