@@ -273,6 +273,7 @@ def test_resume_keeps_the_best_epoch_and_the_schedule(base_model, digits_split, 
 def test_eps_schedule_ramps_linearly_then_holds():
     d = hardening.harden_settings()
     assert (d["schedule"], d["eps_warmup"], d["optimizer"], d["lr"], d["keep"]) == (None, 0.3, "adam", 1e-3, "last")
+    assert (d["method"], d["eps"], d["epochs"], d["batch_size"], d["seed"]) == ("pgd-at", 0.3, 5, 128, 0)
     assert [schedules.eps_schedule(s, 10, 0.3, 0.3) for s in range(5)] == pytest.approx([0.1, 0.2, 0.3, 0.3, 0.3])
     assert schedules.eps_schedule(0, 10, 0.3, 0.0) == 0.3
     assert schedules.eps_schedule(0, 2, 0.3, 0.3) == 0.3  # a warm-up shorter than one step is none
