@@ -273,7 +273,8 @@ def test_resume_keeps_the_best_epoch_and_the_schedule(base_model, digits_split, 
 def test_eps_schedule_ramps_linearly_then_holds():
     d = hardening.harden_settings()
     assert (d["schedule"], d["eps_warmup"], d["optimizer"], d["lr"], d["keep"]) == (None, 0.3, "adam", 1e-3, "last")
-    assert (d["method"], d["eps"], d["epochs"], d["batch_size"], d["seed"]) == ("pgd-at", 0.3, 5, 128, 0)
+    assert (d["method"], d["eps"], d["norm"], d["epochs"], d["batch_size"], d["seed"]) == ("pgd-at", 0.3, "linf", 5,
+                                                                                            128, 0)
     assert [schedules.eps_schedule(s, 10, 0.3, 0.3) for s in range(5)] == pytest.approx([0.1, 0.2, 0.3, 0.3, 0.3])
     assert schedules.eps_schedule(0, 10, 0.3, 0.0) == 0.3
     assert schedules.eps_schedule(0, 2, 0.3, 0.3) == 0.3  # a warm-up shorter than one step is none
@@ -426,8 +427,10 @@ def test_validation_data_is_measured_every_epoch(base_model, digits_split):
 
 # ----------------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("kw, match", [
-    ({"eps": 0.0}, "eps"), ({"eps": 1.5}, "eps"), ({"eps": float("nan")}, "eps"), ({"method": "madry"}, "unknown"),
-    ({"epochs": 0}, "epochs"), ({"method": "fol-budget", "fol_threshold": float("inf")}, "fol_threshold"),
+    ({"eps": 0.0}, r"^eps must lie in \(0, 1\] for the L-inf threat model"), ({"eps": 1.5}, "eps"),
+    ({"eps": float("nan")}, "eps"), ({"method": "madry"}, "unknown"),
+    ({"epochs": 0}, r"^epochs must be an integer >= 1, got 0$"),
+    ({"method": "fol-budget", "fol_threshold": float("inf")}, "fol_threshold"),
     ({"method": "fol-budget", "fol_threshold": float("nan")}, "fol_threshold"),
     ({"method": "fosc", "fosc_c_max": float("inf")}, "fosc_c_max"), ({"method": "fosc", "fosc_warmup": 0}, "warmup"),
     ({"mix": 1.5}, "mix"), ({"method": "trades", "mix": 0.5}, "pgd-at only"), ({"beta": 3.0}, "trades only"),
