@@ -149,6 +149,15 @@ def test_hardening_strategies_train_with_the_recipe_of_finetune_options(checkpoi
     assert seen[-1] == {"schedule": None, "eps_warmup": 0.0, "optimizer": "adam", "momentum": None}
 
 
+def test_a_selection_strategy_beside_adv_train_ignores_hardens_eps_warmup(checkpoint, tmp_path):
+    """Regression: with finetune_options' eps_warmup (harden's) a compare of random beside adv-train stopped with an
+    internal error (fit() got an unexpected keyword argument 'eps_warmup'): the selection cells fine-tune with the
+    config's Recipe, which has no such field."""
+    res = robot.compare({**TINY, "model": checkpoint, "budgets": [10], "seeds": [0], "out": str(tmp_path / "c"),
+                         "strategies": ["random", "adv-train"], "finetune_options": {"eps_warmup": 0.5}})
+    assert [c["strategy"] for c in res["cells"]] == ["random", "adv-train"]
+
+
 def test_compare_with_baselines_new_strategies_compute_and_paired(checkpoint, tmp_path, results_contract):
     out = tmp_path / "cmp"
     res = robot.compare({**TINY, "model": checkpoint, "budgets": [15], "seeds": [0, 1], "out": str(out),
