@@ -483,6 +483,8 @@ def test_as_recipe_and_an_unchecked_sgd_recipe_in_make_optimizer():
                                           r"defaults\), got dict: build one with Recipe\(optimizer=\.\.\., lr=\.\.\., "
                                           r"\.\.\.\)$"):
         recipes.as_recipe({"lr": 0.1})
+    adam = recipes.make_optimizer(fresh(), recipes.Recipe(lr=0.02, weight_decay=0.01))
+    assert isinstance(adam, torch.optim.Adam) and (adam.defaults["lr"], adam.defaults["weight_decay"]) == (0.02, 0.01)
     opt = recipes.make_optimizer(fresh(), recipes.Recipe(optimizer="sgd", lr=0.1))
     assert isinstance(opt, torch.optim.SGD)
     assert (opt.defaults["momentum"], opt.defaults["nesterov"], opt.defaults["lr"]) == (0.9, True, 0.1)
