@@ -200,7 +200,7 @@ def test_label_smoothing_loss_is_torchs(digits_train):
     ({"optimizer": "sgd", "nesterov": "no"}, "nesterov must be"),
     ({"warmup_epochs": 2}, "warmup_epochs must be below"),
     ({"schedule": "cyclic", "warmup_epochs": 0.5}, "cyclic schedule has its own warm-up"),
-    ({"warmup_epochs": -1}, "warmup_epochs"),
+    ({"warmup_epochs": -1}, r"^warmup_epochs must be"),
     ({"warmup_epochs": float("inf")}, "warmup_epochs"),
     ({"milestones": [1]}, "milestones go with schedule='step'"),
     ({"schedule": "step", "milestones": [3]}, r"milestones must be a number in \(0, 2"),
