@@ -68,3 +68,4 @@ def test_the_recipes_of_a_config_are_checked_for_its_epochs(kw, match):
     with pytest.raises(ConfigError, match=match):
         RobotConfig(**kw).validate()
     assert RobotConfig(train_options={"batch_size": 32, "lr": 0.1}).validate().train_recipe().lr == 0.1
+    assert RobotConfig(train_options={"batch_size": 1}).validate().train_options == {"batch_size": 1}

@@ -513,6 +513,7 @@ def test_recipe_check_boundaries():
     R = recipes.Recipe
     assert R(lr=10.0).check(1).lr == 10.0 and R(weight_decay=1.0).check(1).weight_decay == 1.0
     assert R(schedule="constant").check(1).schedule is None and R(weight_decay=0.0).check(1).weight_decay == 0.0
+    assert R().check(0) == R()  # no warm-up: zero epochs (fit's no-op) are fine
     for bad, pattern in ((R(lr=0.0), r"^lr must be"), (R(lr=10.5), r"^lr must be"), (R(lr=float("inf")), "^lr"),
                          (R(weight_decay=-0.1), "^weight_decay"), (R(weight_decay=1.5), "^weight_decay"),
                          (R(weight_decay=float("nan")), "^weight_decay")):
