@@ -519,3 +519,11 @@ def test_recipe_check_boundaries():
                          (R(weight_decay=float("nan")), "^weight_decay")):
         with pytest.raises(ConfigError, match=pattern):
             bad.check(1)
+
+
+def test_require_only_names_the_first_field_a_trainer_would_ignore():
+    r = recipes.Recipe(lr=0.1, optimizer="sgd")
+    assert r.require_only(("optimizer", "lr"), "fit") is r
+    with pytest.raises(ConfigError, match=r"^loop does not take the recipe option amp \(it honours optimizer, lr\): "
+                                          r"leave it unset$"):
+        recipes.Recipe(lr=0.1, augment="crop-flip", amp="bf16").require_only(("optimizer", "lr"), "loop")

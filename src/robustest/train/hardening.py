@@ -170,10 +170,7 @@ def _harden_recipe(recipe: Recipe, epochs: int) -> Recipe:
     """``recipe`` checked for harden (:meth:`Recipe.check`): SGD without Nesterov unless asked (the adversarial-training
     papers' choice); a field harden does not honour (label smoothing, precision, compile, augmentation, weight decay
     off norms) set is a one-line ConfigError."""
-    ignored = sorted(set(recipe.given()) - set(HARDEN_RECIPE_FIELDS))
-    if ignored:
-        raise ConfigError(f"harden does not take the recipe option {ignored[0]} (it honours "
-                          f"{', '.join(HARDEN_RECIPE_FIELDS)}): leave it unset")
+    recipe = recipe.require_only(HARDEN_RECIPE_FIELDS, "harden")
     if recipe.optimizer == "sgd" and recipe.nesterov is None:
         recipe = replace(recipe, nesterov=False)
     return recipe.check(epochs)

@@ -142,6 +142,15 @@ class Recipe:
             raise ConfigError(f"milestones must be strictly increasing epochs, got {list(milestones)}")
         return ms
 
+    def require_only(self, honoured: Sequence[str], trainer: str) -> Recipe:
+        """This recipe, when it sets no field outside ``honoured`` (the fields ``trainer`` takes); else a one-line
+        :class:`ConfigError` naming the first such field: a trainer never ignores an option silently."""
+        ignored = sorted(set(self.given()) - set(honoured))
+        if ignored:
+            raise ConfigError(f"{trainer} does not take the recipe option {ignored[0]} (it honours "
+                              f"{', '.join(honoured)}): leave it unset")
+        return self
+
     def given(self) -> dict[str, Any]:
         """The fields that differ from :class:`Recipe`'s defaults, by name (what a caller set)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}

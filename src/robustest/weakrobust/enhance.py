@@ -212,7 +212,7 @@ def enhance(
     """
     _check_settings(epochs, adv_source, jsd_weight, adv_weight, eps, adv_alpha, adv_steps, width, batch_size,
                     severity)
-    opts = _enhance_recipe(as_recipe(recipe), epochs)
+    opts = as_recipe(recipe).require_only(ENHANCE_RECIPE_FIELDS, "enhance").check(epochs)
     check_state_dir("enhance", state_dir, resume)
     weak = [str(w) for w in ((weaknesses.weaknesses() if isinstance(weaknesses, ValidationResult) else weaknesses)
                              or [])]
@@ -232,7 +232,7 @@ def enhance(
     config = {"epochs": epochs, "augmix": augmix, "adversarial": adversarial, "jsd_weight": jsd_weight,
               "adv_weight": adv_weight, "eps": radius, "adv_steps": adv_steps, "adv_alpha": alpha,
               "adv_source": adv_source, "width": width, "severity": severity, "lr": opts.lr,
-              **_optimizer_config(opts, epochs), "batch_size": batch_size, "seed": seed}
+              **_optimizer_config(opts), "batch_size": batch_size, "seed": seed}
     run = _Run(model, step_model, opt, source, rng, ops, dev, shard, num_classes, x_adv_all, frozen,
                objectives.get("augmix-jsd-adv"), config)
     run.state = in_state_dir("enhance", state_dir, resume, _resume_settings(run, config, pool_names),
@@ -296,20 +296,11 @@ def _offline_adversarial(model: nn.Module, source: TrainData, dev: torch.device,
     return None, frozen
 
 
-def _enhance_recipe(recipe: Recipe, epochs: int) -> Recipe:
-    """``recipe`` checked for enhance (:meth:`Recipe.check`): a field enhance does not honour (a schedule, warm-up,
-    label smoothing, precision, compile, augmentation) set is a one-line ConfigError."""
-    ignored = sorted(set(recipe.given()) - set(ENHANCE_RECIPE_FIELDS))
-    if ignored:
-        raise ConfigError(f"enhance does not take the recipe option {ignored[0]} (it honours "
-                          f"{', '.join(ENHANCE_RECIPE_FIELDS)}): leave it unset")
-    return recipe.check(epochs)
-
-
-def _optimizer_config(opts: Recipe, epochs: int) -> dict[str, Any]:
-    """The optimiser settings a run records beside its rate: none for Adam without weight decay (the default),
-    else the optimiser, its weight decay and where it applies, and SGD's momentum and Nesterov."""
-    if opts == Recipe(lr=opts.lr).check(epochs):
+def _optimizer_config(opts: Recipe) -> dict[str, Any]:
+    """The optimiser settings a run records beside its rate: none when the recipe sets nothing but the rate (Adam
+    without weight decay, the default), else the optimiser, its weight decay and where it applies, and SGD's
+    momentum and Nesterov."""
+    if set(opts.given()) <= {"lr"}:
         return {}
     d = {"optimizer": opts.optimizer, "weight_decay": opts.weight_decay, "decay_norm_bias": opts.decay_norm_bias}
     if opts.optimizer == "sgd":
