@@ -3,10 +3,11 @@
 For every method and seed, a copy of the same pretrained model (``--checkpoint``: fine-tuning) or of the same
 randomly initialised zoo model (``--model NAME --from-scratch``: the seed's initial weights) is trained
 adversarially on the first ``--train-limit`` training images with the recipe of ``--schedule`` and
-``--eps-warmup`` (harden's defaults: constant rate, 0.3); after every epoch the script records the cumulative
-training compute (forward+backward passes, robustest.train.hardening's accounting), the white-box accuracy on a fixed
-test subset (per-sample worst case of PGD-``--pgd-steps`` with ``--restarts`` restarts and APGD-CE-``--apgd-steps``, the
-same attack seeds for every model: common random numbers) and the clean accuracy on the test split. With
+``--eps-warmup`` (harden's defaults: constant rate, 0.3) at the radius ``--eps-train`` (default ``--eps``); after
+every epoch the script records the cumulative training compute (forward+backward passes,
+robustest.train.hardening's accounting), the white-box accuracy (at ``--eps``) on a fixed test subset (per-sample
+worst case of PGD-``--pgd-steps`` with ``--restarts`` restarts and APGD-CE-``--apgd-steps``, the same attack seeds
+for every model: common random numbers) and the clean accuracy on the test split. With
 ``--autoattack fast|standard``, the final model of every run (and the pretrained one) is also evaluated with
 robustest's AutoAttack-style ensemble (``robustest.evaluate.evaluate``) on the same test subset.
 
@@ -169,7 +170,8 @@ def recipe_kw(args) -> dict[str, Any]:
     """harden()'s recipe and eps warm-up from the flags (the reference takes the same recipe)."""
     from robustest.train import Recipe
 
-    return {"recipe": Recipe(lr=args.lr, schedule=args.schedule), "eps_warmup": args.eps_warmup}
+    return {"recipe": Recipe(lr=args.lr, schedule=args.schedule), "eps_warmup": args.eps_warmup,
+            "eps_train": args.eps_train}
 
 
 def reference_kw(args) -> dict[str, Any]:
@@ -218,21 +220,22 @@ def one_run(name: str, seed: int, base, train, test, wb, aa, args) -> dict[str, 
         state["t"], state["c"] = time.perf_counter(), time.process_time()
 
     epochs = args.method_epochs.get(name, args.epochs)
+    train_eps = args.eps if args.eps_train is None else args.eps_train
     if name == "reference":
-        reference_pgd_at(model, *train, eps=args.eps, steps=args.steps, alpha=2.5 * args.eps / args.steps,
+        reference_pgd_at(model, *train, eps=train_eps, steps=args.steps, alpha=2.5 * train_eps / args.steps,
                          epochs=epochs, batch_size=args.batch_size, lr=args.lr, seed=seed, on_epoch_end=on_epoch_end,
                          **reference_kw(args))
-        settings = {"method": "reference PGD-AT (plain PyTorch)", "eps": args.eps, "steps": args.steps,
-                    "alpha": 2.5 * args.eps / args.steps, "epochs": epochs, "batch_size": args.batch_size,
-                    "lr": args.lr, "seed": seed, **reference_kw(args)}
+        settings = {"method": "reference PGD-AT (plain PyTorch)", "eps": args.eps, "eps_train": train_eps,
+                    "steps": args.steps, "alpha": 2.5 * train_eps / args.steps, "epochs": epochs,
+                    "batch_size": args.batch_size, "lr": args.lr, "seed": seed, **reference_kw(args)}
     elif name == "reference-trades":
         default = next(o.default for o in objectives.get("trades").options if o.name == "beta")
         beta = float(args.method_kw.get("trades", {}).get("beta", default))  # the beta of the trades runs
-        reference_pgd_at(model, *train, eps=args.eps, steps=args.steps, alpha=2.5 * args.eps / args.steps,
+        reference_pgd_at(model, *train, eps=train_eps, steps=args.steps, alpha=2.5 * train_eps / args.steps,
                          epochs=epochs, batch_size=args.batch_size, lr=args.lr, seed=seed, on_epoch_end=on_epoch_end,
                          trades_beta=beta, **reference_kw(args))
-        settings = {"method": "reference TRADES (plain PyTorch)", "eps": args.eps, "steps": args.steps,
-                    "alpha": 2.5 * args.eps / args.steps, "beta": beta, "epochs": epochs,
+        settings = {"method": "reference TRADES (plain PyTorch)", "eps": args.eps, "eps_train": train_eps,
+                    "steps": args.steps, "alpha": 2.5 * train_eps / args.steps, "beta": beta, "epochs": epochs,
                     "batch_size": args.batch_size, "lr": args.lr, "seed": seed, **reference_kw(args)}
     else:
         kw = dict(args.method_kw.get(name, {}))
@@ -419,7 +422,8 @@ def write_summary(summary: dict[str, Any], out: Path, args) -> str:
     lines = [f"{args.dataset}, eps {args.eps}, {args.train_limit} training images, seeds {args.seeds_text}; "
              f"white-box on {args.eval_limit} test images (PGD-{args.pgd_steps} x {args.restarts} restarts + "
              f"APGD-CE-{args.apgd_steps}){aa_on}; recipe: {args.schedule} schedule, "
-             f"eps warm-up {args.eps_warmup}, batch {args.batch_size}, lr {args.lr}; "
+             f"eps warm-up {args.eps_warmup}, training radius {args.eps_train or args.eps}, batch {args.batch_size}, "
+             f"lr {args.lr}; "
              f"before: white-box {b['whitebox']:.4f}{aa_before}, clean {b['clean']:.4f}",
              "", "| method | epochs | passes / image | x pgd-at | white-box acc. | "
              + ("AutoAttack acc. | " if has_aa else "") + "clean acc. | reaches pgd-at - 1 pt at | train s | "
@@ -508,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aa-limit", type=int, default=None,
                     help="AutoAttack on the first N test images (default: --eval-limit)")
     ap.add_argument("--eps", type=float, required=True)
+    ap.add_argument("--eps-train", type=float, default=None,
+                    help="the radius every method trains at, measured at --eps (harden's eps_train; default: --eps)")
     ap.add_argument("--train-limit", type=int, default=None, help="fine-tune on the first N training images")
     ap.add_argument("--eval-limit", type=int, default=500, help="white-box attacks on the first N test images")
     ap.add_argument("--epochs", type=int, default=4)

@@ -237,6 +237,7 @@ def test_default_validation_split_fits_small_data(checkpoint, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("method, flags, key, value", [
+    ("fast-at", ["--no-clamp-start", "--eps-train", "0.24"], "clamp_start", False),
     ("n-fgsm", ["--noise", "1.5"], "noise", 1.5),
     ("grad-align", ["--grad-align-lambda", "0.5"], "grad_align_lambda", 0.5),
 ])
@@ -248,12 +249,15 @@ def test_single_step_remedies_run_from_the_cli(method, flags, key, value, checkp
     assert main(["harden", "--checkpoint", checkpoint, *tiny, "--method", method, *flags, "--out", str(out)]) == 0
     res = results_contract(out, "harden")  # the schema knows the method and its options
     s = res["settings"]
-    assert (s["method"], s["steps"], s["alpha"], s[key], s["co_guard"]) == (method, 1, 0.2, value, True)
+    alpha = 0.3 if method == "fast-at" else 0.2  # 1.25 * the training radius 0.24, else eps
+    assert (s["method"], s["steps"], s["alpha"], s[key], s["co_guard"]) == (method, 1, pytest.approx(alpha), value,
+                                                                             True)
+    assert s["eps_train"] == (0.24 if method == "fast-at" else s["eps"])
     if method == "n-fgsm":
         assert s.get("clip") is None  # not clamped (None settings are left out)
-    # N images per epoch: n-fgsm 2 N passes as fast-at; grad-align (N + 2 N forwards + 2 (N + 4 N) backwards) / 3
+    # N images per epoch: fast-at and n-fgsm 2 N passes; grad-align (N + 2 N forwards + 2 (N + 4 N) backwards) / 3
     n = res["data"]["num_fit"]
-    per = {"n-fgsm": 2.0, "grad-align": (1 + 2 + 2 * (1 + 4)) / 3}[method]
+    per = {"fast-at": 2.0, "n-fgsm": 2.0, "grad-align": (1 + 2 + 2 * (1 + 4)) / 3}[method]
     assert res["epochs"][0]["compute"]["passes"] == pytest.approx(per * n)
 
 

@@ -94,12 +94,13 @@ def test_pgd_at_compute_equals_the_analytic_count(base_model, digits_split):
     assert fast["passes"] == pytest.approx(2 * n)
 
 
-@pytest.mark.parametrize("recipe", [{"eps_warmup": 0.0}, {}, {"recipe": Recipe(schedule="cosine")}])
+@pytest.mark.parametrize("recipe", [{"eps_warmup": 0.0}, {}, {"recipe": Recipe(schedule="cosine")},
+                                    {"eps_train": 0.25}])
 def test_pgd_at_is_the_textbook_loop_given_the_same_random_numbers(base_model, digits_split, recipe):
     """A plain-PyTorch PGD-AT loop fed the random numbers harden draws (per-epoch shuffling and random starts)
     ends with bit-identical weights: the recipe has nothing else in it. With the default eps warm-up the plain
     loop ramps eps linearly over the first 30 % of the batches (alpha with it); with the cosine schedule it decays
-    the rate by a cosine."""
+    the rate by a cosine; with ``eps_train`` it attacks at that radius (alpha given at it) instead of eps."""
     import math
 
     import torch.nn.functional as F
@@ -113,13 +114,14 @@ def test_pgd_at_is_the_textbook_loop_given_the_same_random_numbers(base_model, d
     plain = copy.deepcopy(base_model)
     opt = torch.optim.Adam(plain.parameters(), lr=1e-3)
     total, t = 2 * 3, 0  # 2 epochs of 3 batches
+    radius = recipe.get("eps_train", eps)
     for epoch in (1, 2):
         torch.manual_seed(derive_seed(4, epoch, "global"))  # dropout
         perm = torch.randperm(160, generator=make_generator(derive_seed(4, epoch, "shuffle")))
         gen = make_generator(derive_seed(4, epoch, "attack"))
         for s in range(0, 160, bs):
-            e = eps if "eps_warmup" in recipe else eps * min(1.0, (t + 1) / (0.3 * total))
-            a = alpha * e / eps
+            e = radius if "eps_warmup" in recipe else radius * min(1.0, (t + 1) / (0.3 * total))
+            a = alpha * e / radius
             xb, yb = x[perm[s:s + bs]], y[perm[s:s + bs]]
             plain.eval()
             xa = (xb + torch.rand(xb.shape, generator=gen).mul_(2 * e).sub_(e)).clamp(0, 1)
@@ -139,6 +141,26 @@ def test_pgd_at_is_the_textbook_loop_given_the_same_random_numbers(base_model, d
                     group["lr"] = 1e-3 * 0.5 * (1 + math.cos(math.pi * t / total))
     plain.eval()
     assert _states_equal(ours, plain)
+
+
+def test_eps_train_is_the_training_radius_and_validation_stays_at_eps(base_model, digits_split, monkeypatch):
+    """The attack of training works at eps_train (its default step scaled to it) while validation, the guard and
+    the kept epoch measure at eps; the epoch records the training radius."""
+    s = harden_settings("pgd-at", eps=0.3, eps_train=0.4)
+    assert (s["eps"], s["eps_train"], s["alpha"]) == (0.3, 0.4, pytest.approx(0.1))  # 2.5 * 0.4 / 10
+    assert harden_settings("fast-at", eps=0.3, eps_train=0.4)["alpha"] == pytest.approx(0.5)
+    assert harden_settings("pgd-at", eps=0.3, eps_train=0.4, alpha=0.05)["alpha"] == 0.05
+    assert harden_settings("pgd-at", eps=0.3)["eps_train"] == 0.3
+    with pytest.raises(ConfigError, match=r"^eps_train must lie in \(0, 1\]"):
+        harden_settings("pgd-at", eps=0.3, eps_train=1.5)
+    (x, y), test = digits_split
+    seen = []
+    monkeypatch.setattr(early_stopping, "validate", lambda model, xv, yv, eps, *a, **k: seen.append(eps) or {
+        "val_clean_accuracy": 0.9, "val_pgd_accuracy": 0.5})
+    res = harden(copy.deepcopy(base_model), (x[:64], y[:64]), "fast-at", eps=EPS, eps_train=2 * EPS, epochs=2,
+                 val=test, eps_warmup=0.0, batch_size=32)
+    assert seen == [EPS, EPS] and [r["eps"] for r in res.epochs] == [2 * EPS, 2 * EPS]
+    assert res.settings["eps_train"] == 2 * EPS and res.settings["alpha"] == pytest.approx(2.5 * EPS)
 
 
 def test_fol_budget_spends_fewer_passes_than_pgd_at(base_model, digits_split):

@@ -1,7 +1,7 @@
-"""The single-step objectives that resist catastrophic overfitting, checked by hand: N-FGSM (de Jorge et al. 2022:
-a 2 eps noise start, one step of eps, no clipping) and GradAlign (Andriushchenko & Flammarion 2020: FGSM plus
-lambda (1 - cos) of the input gradients at x and at a random point of its ball), and the guard's rule for a collapse
-that never rose."""
+"""The single-step objectives that resist catastrophic overfitting, checked by hand: Fast-AT's unclamped start
+(Wong et al.'s MNIST code), N-FGSM (de Jorge et al. 2022: a 2 eps noise start, one step of eps, no clipping) and
+GradAlign (Andriushchenko & Flammarion 2020: FGSM plus lambda (1 - cos) of the input gradients at x and at a random
+point of its ball), and the guard's rule for a collapse that never rose."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from robustest.core.errors import ConfigError
 from robustest.train import early_stopping, harden_settings, objectives
-from robustest.train.objectives import StepContext, grad_align, n_fgsm
+from robustest.train.objectives import StepContext, fast_at, grad_align, n_fgsm
+from robustest.train.objectives.inner import pgd
 
 
 def linear(seed: int = 0) -> nn.Module:
@@ -24,6 +26,59 @@ def linear(seed: int = 0) -> nn.Module:
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     return torch.rand(6, 2, 2, 2, generator=g), torch.tensor([0, 1, 2, 0, 1, 2])
+
+
+def relu_net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def saturated_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Images whose pixels are mostly 0 or 1, as MNIST's are."""
+    x, y = batch()
+    return (x > 0.5).float(), y
+
+
+def test_fast_at_unclamped_start_takes_the_gradient_outside_the_image_range():
+    model, (x, y), eps = relu_net().eval(), saturated_batch(), 0.3
+    adv = fast_at.unclamped_start_fgsm(model, x, y, torch.Generator().manual_seed(5), eps=eps, alpha=1.25 * eps)
+    delta = torch.rand(x.shape, generator=torch.Generator().manual_seed(5)).mul_(2 * eps).sub_(eps)
+    start = (x + delta).requires_grad_(True)
+    assert float(start.detach().min()) < 0.0 < 1.0 < float(start.detach().max())  # the gradient: outside [0, 1]
+    (g,) = torch.autograd.grad(F.cross_entropy(model(start), y, reduction="sum"), start)
+    expected = (x + (delta + 1.25 * eps * g.sign()).clamp(-eps, eps)).clamp(0, 1)
+    assert torch.equal(adv, expected)
+    assert float(adv.min()) >= 0.0 and float(adv.max()) <= 1.0 and float((adv - x).abs().max()) <= eps + 1e-6
+    # the clamped start (the CIFAR-10 code): the same noise, the gradient at the start clamped into [0, 1]
+    inside = start.detach().clamp(0, 1).requires_grad_(True)
+    (gc,) = torch.autograd.grad(F.cross_entropy(model(inside), y, reduction="sum"), inside)
+    assert not torch.equal(adv, (x + (delta + 1.25 * eps * gc.sign()).clamp(-eps, eps)).clamp(0, 1))
+    still = fast_at.unclamped_start_fgsm(model, x, y, torch.Generator().manual_seed(5), eps=eps, alpha=0.0)
+    assert torch.equal(still, (x + delta).clamp(0, 1))  # no step: the start, clamped only at the end
+
+
+@pytest.mark.parametrize("clamp_start", [True, False])
+def test_fast_at_step_trains_on_its_start_at_two_passes_per_image(clamp_start):
+    model, (x, y) = relu_net(), saturated_batch()
+    s = harden_settings("fast-at", eps=0.3, clamp_start=clamp_start)
+    assert (s["alpha"], s["steps"], s["clamp_start"], s["co_guard"]) == (pytest.approx(0.375), 1, clamp_start, True)
+    out = fast_at.step(model, x, y, torch.Generator().manual_seed(5), StepContext(settings=s, eps=0.3, alpha=0.375))
+    model.eval()
+    gen = torch.Generator().manual_seed(5)
+    if clamp_start:
+        adv, _ = pgd(model, x, y, gen, eps=0.3, alpha=0.375, steps=1)
+    else:
+        adv = fast_at.unclamped_start_fgsm(model, x, y, gen, eps=0.3, alpha=0.375)
+    assert torch.allclose(out.loss, F.cross_entropy(model(adv), y))
+    assert out.evals.dtype == torch.int64 and out.evals.tolist() == [1] * 6
+    assert (out.compute.attack_forward, out.compute.attack_backward, out.compute.train_forward,
+            out.compute.train_backward) == (6, 6, 6, 6)
+
+
+def test_fast_at_clamps_its_start_by_default_and_refuses_a_non_boolean():
+    assert harden_settings("fast-at", eps=0.3)["clamp_start"] is True
+    with pytest.raises(ConfigError, match="clamp_start must be true or false, got 'no'"):
+        harden_settings("fast-at", eps=0.3, clamp_start="no")
 
 
 def test_n_fgsm_is_one_unclipped_step_of_alpha_from_a_noise_start():

@@ -1,6 +1,5 @@
-"""``robustest harden``: adversarial training (PGD-AT, TRADES, dynamic AT by FOSC, FOL-budgeted PGD-AT, Fast-AT)
-of a checkpoint (fine-tuning) or of a model built with random weights (--model NAME --from-scratch), with
-robustness measured before and after on the test split.
+"""``robustest harden``: adversarial or certified training (docs/HARDEN.md) of a checkpoint (fine-tuning) or of a
+model built with random weights (--model NAME --from-scratch), robustness measured before and after on the test split.
 
 The default recipe trains stably (docs/HARDEN.md has the sweeps): the radius grows linearly from 0 over the first
 30 % of the steps (--eps-warmup), Adam at a constant 1e-3, and robust early stopping: --val-size training
@@ -15,8 +14,7 @@ same model as an uninterrupted one.
 
 White-box accuracy: the per-sample worst case of PGD (--whitebox-pgd-steps steps of eps/4 from a random start,
 best of --whitebox-restarts) and APGD-CE (--apgd-steps) on the first --whitebox-limit test images. Certified
-accuracy (--certify; by default with the certified-training methods ibp and crown-ibp): the share of the test
-images that IBP or CROWN bound propagation proves robust at --eps.
+accuracy (--certify; default with ibp and crown-ibp): the share of the test images IBP or CROWN proves robust.
 
 Examples:
     robustest harden --checkpoint model.pt --dataset digits --method fol-budget --eps 0.2 --epochs 5 --out hard
@@ -80,6 +78,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--method", choices=objectives.names(), default="pgd-at",
                    help="hardening method (default: pgd-at)")
     g.add_argument("--eps", type=_float, required=True, help="L-inf radius in pixel scale, in (0, 1]")
+    g.add_argument("--eps-train", type=_float, default=None, help="L-inf radius the training attack (ibp / crown-ibp: "
+                   "the bounds) works at; above --eps it trains for a margin (MNIST at 0.3: 0.4) (default: --eps)")
     fixed = "".join(f"; {o.name}: {o.fixed_steps}" for o in methods if o.fixed_steps is not None)
     g.add_argument("--steps", type=positive_int, default=None,
                    help=f"attack steps of the inner maximisation (default: {DEFAULT_STEPS}{fixed})")
@@ -92,8 +92,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"{guarded}: train on after a catastrophic collapse of the validation PGD accuracy (default: "
                         "stop there and keep the best epoch)")
     g.add_argument("--eps-warmup", type=below_one, default=EPS_WARMUP, metavar="FRACTION",
-                   help="the radius grows linearly from 0 to --eps over this fraction of the training steps; 0 "
-                        f"trains at --eps from the first step (default: {EPS_WARMUP})")
+                   help="the training radius grows linearly from 0 to --eps-train over this fraction of the training "
+                        f"steps; 0 trains at --eps-train from the first step (default: {EPS_WARMUP})")
     t = p.add_argument_group("training")
     t.add_argument("--epochs", type=positive_int, default=5, help="training epochs (default: 5)")
     t.add_argument("--batch-size", type=positive_int, default=128, help="batch size (default: 128)")
@@ -162,8 +162,8 @@ def _method_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     common = {"eps": args.eps, "epochs": args.epochs, "batch_size": args.batch_size,
               "recipe": Recipe(**{k: v for k, v in options_from_args(Recipe, args, RECIPE_FLAGS).items()
                                   if v is not None}),
-              "eps_warmup": args.eps_warmup, "steps": args.steps, "alpha": args.alpha, "keep": args.keep,
-              "seed": args.seed}
+              "eps_warmup": args.eps_warmup, "eps_train": args.eps_train, "steps": args.steps, "alpha": args.alpha,
+              "keep": args.keep, "seed": args.seed}
     return method_kw, common
 
 

@@ -120,9 +120,9 @@ class HardenResult:
 
 # ----------------------------------------------------------------------------------------------- settings
 def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *, batch_size: int = 128,
-                    recipe: Recipe | None = None, eps_warmup: float = EPS_WARMUP, steps: int | None = None,
-                    alpha: float | None = None, co_guard: bool | None = None, keep: str = "last", seed: int = 0,
-                    **options: Any) -> dict[str, Any]:
+                    recipe: Recipe | None = None, eps_warmup: float = EPS_WARMUP, eps_train: float | None = None,
+                    steps: int | None = None, alpha: float | None = None, co_guard: bool | None = None,
+                    keep: str = "last", seed: int = 0, **options: Any) -> dict[str, Any]:
     """The settings :func:`harden` would use for these arguments (defaults resolved), without doing any work.
 
     ``options``: the method-specific options of the registered objectives (None: the method's default).
@@ -146,6 +146,7 @@ def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *
                          "batch_size": check_int("batch_size", batch_size, lo=1)}
     s.update(_recipe_settings(n_epochs, as_recipe(recipe)))
     s["eps_warmup"] = check_float("eps_warmup", eps_warmup, 0.0, 1.0, hi_open=True)  # a fraction of the steps
+    s["eps_train"] = eps_f if eps_train is None else float(check_eps("eps_train", eps_train))
     k = str(keep).lower()
     if k not in KEEP:
         raise ConfigError(f"keep must be 'best' (robust early stopping on the validation data) or 'last', got {keep!r}")
@@ -154,7 +155,7 @@ def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *
     if objective.co_guard is not None:
         s["co_guard"] = objective.co_guard if co_guard is None else bool(co_guard)
     s["steps"] = _attack_steps(objective, steps)
-    s["alpha"] = objective.alpha(eps_f, s["steps"]) if alpha is None else check_float(
+    s["alpha"] = objective.alpha(s["eps_train"], s["steps"]) if alpha is None else check_float(
         "alpha", alpha, lo=0.0, hi=1.0, lo_open=True)
     for opt in objective.options:
         s[opt.name] = opt.resolve(options.get(opt.name))
@@ -278,7 +279,7 @@ class _Run(EpochLoop):
                                    generator=make_generator(derive_seed(s["seed"], epoch, "shuffle")))
         self.gen = make_generator(derive_seed(s["seed"], epoch, "attack"), self.dev)
         self.values = objective.epoch_values(epoch, s) if objective.epoch_values is not None else {}
-        self.tally = {"count": ComputeCount(), "loss": 0.0, "correct": 0, "evals": 0, "early": 0, "eps": s["eps"],
+        self.tally = {"count": ComputeCount(), "loss": 0.0, "correct": 0, "evals": 0, "early": 0, "eps": s["eps_train"],
                       "values": {}}
 
     def batches(self, epoch: int) -> Iterator[Batch]:
@@ -296,7 +297,7 @@ class _Run(EpochLoop):
         """The objective's step on batch ``i`` at its radius of the eps warm-up -> (loss, the step's output)."""
         s = self.s
         self.tally["eps"] = eps_t = eps_schedule((epoch - 1) * self.steps_per_epoch + i,
-                                                 s["epochs"] * self.steps_per_epoch, s["eps"], s["eps_warmup"])
+                                                 s["epochs"] * self.steps_per_epoch, s["eps_train"], s["eps_warmup"])
         assert self.gen is not None and self.objective is not None
         out = _batch(self.model, batch[1], batch[2], self.gen, s, eps_t, self.values, self.objective,
                      (epoch, i, self.steps_per_epoch))
@@ -368,6 +369,7 @@ def harden(
     batch_size: int = 128,
     recipe: Recipe | None = None,
     eps_warmup: float = EPS_WARMUP,
+    eps_train: float | None = None,
     steps: int | None = None,
     alpha: float | None = None,
     co_guard: bool | None = None,
@@ -387,17 +389,20 @@ def harden(
     initialisation with the same call.
 
     ``data``: an (x, y) pair, a Dataset or a DataLoader (materialised): images N x C x H x W in [0, 1], int64
-    labels [N]. ``eps``: L-inf radius in (0, 1], reached after ``eps_warmup`` (default 0.3) of the training steps.
-    ``steps`` (default 10; fast-at: 1) gradient steps of ``alpha`` (default ``2.5 * eps / steps``; fast-at
-    ``1.25 * eps``) for the inner maximisation. Method options (``**options``; None: the default; setting one for
-    another method is an error): ``mix`` (pgd-at, fraction of the loss on clean inputs, default 0), ``beta``
-    (trades, default 6), ``fosc_c_max`` / ``fosc_warmup`` (fosc, defaults 0.5 / 0.8: c_t reaches 0 after 80 % of
-    the epochs), ``fol_threshold`` / ``stop_misclassified`` / ``fol_min_steps`` (fol-budget, defaults 0.1 / True /
-    2), and those of any registered objective. ``co_guard`` (fast-at, default True: the catastrophic-overfitting
-    guard, active with ``val``). Training: ``recipe`` (:class:`robustest.train.recipes.Recipe`; None: Adam 1e-3
-    at a constant rate) with its ``optimizer``, ``lr``, ``weight_decay``, ``momentum`` / ``nesterov`` (SGD; default
-    0.9, Nesterov off), ``schedule`` ("cosine", "step", "cyclic"), ``warmup_epochs`` and ``milestones`` (its other
-    fields are refused); ``batch_size``, ``epochs``; randomness from ``seed`` only.
+    labels [N]. ``eps``: L-inf radius in (0, 1] the model is hardened for (validation and the guard measure at it).
+    ``eps_train`` (default ``eps``): the radius the training attack (or certified training's bounds) works at,
+    reached after ``eps_warmup`` (default 0.3) of the training steps; larger than ``eps`` trains for a margin (at
+    MNIST's eps 0.3, 0.4: docs/HARDEN.md). ``steps`` (default 10; fast-at: 1) gradient steps of ``alpha``
+    (default ``2.5 * eps_train / steps``; fast-at ``1.25 * eps_train``) for the inner maximisation. Method options
+    (``**options``; None: the default; setting one for another method is an error): ``mix`` (pgd-at, fraction of
+    the loss on clean inputs, default 0), ``beta`` (trades, default 6), ``fosc_c_max`` / ``fosc_warmup`` (fosc,
+    defaults 0.5 / 0.8: c_t reaches 0 after 80 % of the epochs), ``fol_threshold`` / ``stop_misclassified`` /
+    ``fol_min_steps`` (fol-budget, defaults 0.1 / True / 2), and those of any registered objective. ``co_guard``
+    (fast-at, default True: the catastrophic-overfitting guard, active with ``val``). Training: ``recipe``
+    (:class:`robustest.train.recipes.Recipe`; None: Adam 1e-3 at a constant rate) with its ``optimizer``, ``lr``,
+    ``weight_decay``, ``momentum`` / ``nesterov`` (SGD; default 0.9, Nesterov off), ``schedule`` ("cosine", "step",
+    "cyclic"), ``warmup_epochs`` and ``milestones`` (its other fields are refused); ``batch_size``, ``epochs``;
+    randomness from ``seed`` only.
 
     ``val``: held-out labelled data measured after every epoch (clean accuracy and PGD-``val_steps`` accuracy,
     step eps/4, random start; not counted as training compute). ``keep``: "best" (the default with ``val``:
@@ -413,7 +418,8 @@ def harden(
     if keep is None:
         keep = "best" if val is not None else "last"
     s = harden_settings(method, eps, epochs, batch_size=batch_size, recipe=recipe, eps_warmup=eps_warmup,
-                        steps=steps, alpha=alpha, co_guard=co_guard, keep=keep, seed=seed, **options)
+                        eps_train=eps_train, steps=steps, alpha=alpha, co_guard=co_guard, keep=keep, seed=seed,
+                        **options)
     run = _prepare(model, data, s, device=device, val=val, val_steps=val_steps, on_epoch_end=on_epoch_end,
                    state_dir=state_dir, resume=resume)
     _start(run)
@@ -537,8 +543,8 @@ def _keep(run: _Run) -> None:
 def _batch(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, gen: torch.Generator, s: dict[str, Any],
            eps: float, values: dict[str, Any], objective: Objective, place: tuple[int, int, int]) -> StepOutput:
     """The step of ``objective`` on a batch xb (B x C x H x W), yb (int64 [B]) at radius ``eps`` (the step
-    ``alpha`` scaled by ``eps / s["eps"]``), up to its loss: the engine checks it finite before the update.
+    ``alpha`` scaled by ``eps / s["eps_train"]``), up to its loss: the engine checks it finite before the update.
     ``place``: (epoch, step within it, steps per epoch)."""
     epoch, i, per_epoch = place
-    return objective.step(model, xb, yb, gen, StepContext(s, eps, s["alpha"] * eps / s["eps"], values,
+    return objective.step(model, xb, yb, gen, StepContext(s, eps, s["alpha"] * eps / s["eps_train"], values,
                                                           epoch_number=epoch, step=i, steps_per_epoch=per_epoch))

@@ -36,7 +36,7 @@ __all__ = ["Objective", "StepContext", "StepFn", "StepOutput", "default_alpha"]
 @dataclass(frozen=True)
 class StepContext:
     """What a step knows besides its batch: ``settings`` (every resolved setting of the run, method options
-    included), ``eps`` (this batch's radius: below ``settings["eps"]`` during the eps warm-up; 0 in a loop without
+    included), ``eps`` (this batch's radius: below ``settings["eps_train"]`` during the eps warm-up; 0 in a loop without
     an attack, fit), ``alpha`` (the attack step size scaled with the radius), ``epoch`` (the values of
     :attr:`Objective.epoch_values` for this epoch), ``extra`` (what a loop hands its objective besides, by name:
     enhance's AugMix stream and pool, the batch's stored adversarial copy, the model and seed of an online one) and

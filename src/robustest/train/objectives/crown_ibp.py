@@ -26,7 +26,7 @@ from robustest.certify.graph import Graph
 from robustest.core.options import checked_option
 from robustest.core.validation import check_float
 from robustest.train.objectives.base import Objective, StepContext, StepOutput
-from robustest.train.objectives.ibp import EPS_TRAIN, RAMP_LENGTH, RAMP_WARMUP, certified_step, check_ramp, kappa_end
+from robustest.train.objectives.ibp import RAMP_LENGTH, RAMP_WARMUP, certified_step, check_ramp, kappa_end
 
 __all__ = ["OBJECTIVE", "step"]
 
@@ -56,7 +56,7 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
 
 OBJECTIVE = Objective(
     name="crown-ibp", step=step, summary="Zhang et al.: CROWN-IBP (certified training, CROWN-IBP 1 -> IBP bounds)",
-    options=(EPS_TRAIN, RAMP_WARMUP, RAMP_LENGTH, kappa_end(0.0),
+    options=(RAMP_WARMUP, RAMP_LENGTH, kappa_end(0.0),
              checked_option("beta_end", 0.0, lambda v, n: check_float(n, v, lo=0.0, hi=1.0),
                             "weight beta of the CROWN-IBP margins after the ramp, from 1 before it (1 - beta: IBP's)")),
     check=check_ramp, certificates=("ibp", "crown"),

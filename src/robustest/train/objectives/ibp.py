@@ -8,12 +8,11 @@ logits the bounds allow, and a sample whose ``-m`` puts the label first is certi
 
 The schedule follows the batch's place in training (:func:`robustest.train.schedules.ramp_schedule`): the first
 ``ramp_warmup`` of the training steps train on clean images only (``eps_t`` 0, ``kappa`` 1); over the next
-``ramp_length`` of them ``eps_t`` rises linearly from 0 to ``eps_train`` (default: the run's eps; Gowal et al. and
-Zhang et al. train at 0.4 for a test radius of 0.3) and ``kappa`` falls linearly from 1 to ``kappa_end`` (Gowal's
-0.5); then both hold. harden's eps warm-up, ``steps`` and ``alpha`` do not apply (there is no attack); ``eps`` is
-the radius of robust validation and measurement. Every epoch's record keeps the last batch's ``eps`` (the bounds'
-radius) and ``kappa``; its ``adv_accuracy`` is the share of training images certified at that radius (in train
-mode).
+``ramp_length`` of them ``eps_t`` rises linearly from 0 to harden's ``eps_train`` (default: the run's eps; Gowal et al.
+and Zhang et al. train at 0.4 for a test radius of 0.3) and ``kappa`` falls linearly from 1 to ``kappa_end`` (Gowal's
+0.5); then both hold. harden's eps warm-up, ``steps`` and ``alpha`` do not apply (there is no attack); ``eps`` is the
+radius of robust validation and measurement. Every epoch's record keeps the last batch's ``eps`` (the bounds' radius)
+and ``kappa``; its ``adv_accuracy`` is the share of training images certified at that radius (in train mode).
 
 Both terms run in train mode (dropout in the clean term; the bounds treat dropout as the identity and BatchNorm
 with its running statistics). The model's graph is traced once per model, image shape, dtype and device and kept
@@ -43,7 +42,7 @@ from robustest.core.validation import check_float
 from robustest.train.objectives.base import Objective, StepContext, StepOutput
 from robustest.train.schedules import ramp_schedule
 
-__all__ = ["EPS_TRAIN", "OBJECTIVE", "RAMP_LENGTH", "RAMP_WARMUP", "Bounds", "certified_step", "check_ramp",
+__all__ = ["OBJECTIVE", "RAMP_LENGTH", "RAMP_WARMUP", "Bounds", "certified_step", "check_ramp",
            "kappa_end", "model_graph", "ramp", "step"]
 
 #: the robust margins of a batch at a radius and ramp position: (model, x, y, eps, graph, ramp, settings) ->
@@ -51,10 +50,6 @@ __all__ = ["EPS_TRAIN", "OBJECTIVE", "RAMP_LENGTH", "RAMP_WARMUP", "Bounds", "ce
 Bounds = Callable[[nn.Module, torch.Tensor, torch.Tensor, float, Graph, float, dict[str, Any]],
                   tuple[torch.Tensor, int, dict[str, float]]]
 
-EPS_TRAIN = checked_option("eps_train", None,
-                           lambda v, n: None if v is None else check_float(n, v, lo=0.0, hi=1.0, lo_open=True),
-                           "L-inf radius the bounds are trained at, reached at the end of the ramp (Zhang et al.: 0.4 "
-                           "for --eps 0.3); default: --eps")
 RAMP_WARMUP = checked_option("ramp_warmup", 0.05, lambda v, n: check_float(n, v, lo=0.0, hi=1.0),
                              "fraction of the training steps of clean training (radius 0, kappa 1) before the ramp")
 RAMP_LENGTH = checked_option("ramp_length", 0.5, lambda v, n: check_float(n, v, lo=0.0, hi=1.0, lo_open=True),
@@ -72,9 +67,7 @@ def kappa_end(default: float) -> Option:
 
 
 def check_ramp(s: dict[str, Any]) -> None:
-    """Resolve ``eps_train`` (unset: the run's eps) and refuse a ramp that does not end within training."""
-    if s["eps_train"] is None:
-        s["eps_train"] = s["eps"]
+    """Refuse a ramp that does not end within training."""
     if s["ramp_warmup"] + s["ramp_length"] > 1.0 + 1e-12:
         raise ConfigError(f"ramp_warmup + ramp_length must be at most 1 (the ramp ends within training), got "
                           f"{s['ramp_warmup']:g} + {s['ramp_length']:g}")
@@ -146,5 +139,5 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generato
 
 OBJECTIVE = Objective(
     name="ibp", step=step, summary="Gowal et al.: interval bound propagation (certified training)",
-    options=(EPS_TRAIN, RAMP_WARMUP, RAMP_LENGTH, kappa_end(0.5)), check=check_ramp, certificates=("ibp", "crown"),
+    options=(RAMP_WARMUP, RAMP_LENGTH, kappa_end(0.5)), check=check_ramp, certificates=("ibp", "crown"),
 )
