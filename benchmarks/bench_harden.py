@@ -158,12 +158,14 @@ def measure(model, test_x, test_y, wb_x, wb_y, args) -> dict[str, float]:
             "clean": accuracy(model, (test_x, test_y))}
 
 
-def autoattack_accuracy(model, aa_x, aa_y, args) -> float:
-    """Robust accuracy under robustest.evaluate's ensemble (``--autoattack`` version) on the first ``--aa-limit``
-    test images."""
+def autoattack_accuracy(model, aa_x, aa_y, args) -> tuple[float, list[str]]:
+    """(robust accuracy, the names of the evaluation's flags) under robustest.evaluate's ensemble (``--autoattack``
+    version) on the first ``--aa-limit`` test images: a flag such as ``gradient-free-breaks`` makes the accuracy an
+    upper bound."""
     from robustest.evaluate import evaluate
 
-    return float(evaluate(model, (aa_x, aa_y), args.eps, version=args.autoattack, seed=12345).robust_accuracy)
+    res = evaluate(model, (aa_x, aa_y), args.eps, version=args.autoattack, seed=12345)
+    return float(res.robust_accuracy), [f.name for f in res.flags]
 
 
 def recipe_kw(args) -> dict[str, Any]:
@@ -210,10 +212,11 @@ def one_run(name: str, seed: int, base, train, test, wb, aa, args) -> dict[str, 
             if k in record:
                 row[k] = record[k]
         if args.autoattack and epoch == epochs:
-            row["autoattack"] = autoattack_accuracy(m, *aa, args)
+            row["autoattack"], row["autoattack_flags"] = autoattack_accuracy(m, *aa, args)
             row["autoattack_version"] = args.autoattack
         curve.append(row)
-        aa_txt = f", AutoAttack {row['autoattack']:.4f}" if "autoattack" in row else ""
+        aa_txt = (f", AutoAttack {row['autoattack']:.4f} (flags: {', '.join(row['autoattack_flags']) or 'none'})"
+                  if "autoattack" in row else "")
         print(f"  {name} s{seed} epoch {epoch}: {row['passes_per_image']:.1f} passes/image, white-box "
               f"{row['whitebox']:.4f}{aa_txt}, clean {row['clean']:.4f} ({state['train_s']:.0f} s, "
               f"{state['train_cpu_s']:.0f} CPU-s)", flush=True)
@@ -328,6 +331,7 @@ def summarise(runs: list[dict[str, Any]], before: dict[str, float], args) -> dic
                "train_s_mean": last["train_s_mean"], "train_cpu_s_mean": last["train_cpu_s_mean"],
                "per_seed_whitebox": [r["curve"][last["epoch"] - 1]["whitebox"] for r in by[name]]}
         finals = [r["curve"][-1].get("autoattack") for r in by[name]]
+        row["autoattack_flags"] = sorted({f for r in by[name] for f in r["curve"][-1].get("autoattack_flags", [])})
         if finals and all(a is not None for a in finals) and all(len(r["curve"]) == last["epoch"] for r in by[name]):
             row["autoattack_mean"], row["autoattack_std"] = _ms(finals)
         if ref:
@@ -434,8 +438,9 @@ def write_summary(summary: dict[str, Any], out: Path, args) -> str:
         reach_txt = f"{reach:.2f}x (epoch {r['reaches_at_epoch']})" if reach is not None else "not reached"
         aa = ""
         if has_aa:
-            aa = (f"{100 * r['autoattack_mean']:.2f} ± {100 * r['autoattack_std']:.2f} | " if "autoattack_mean" in r
-                  else "- | ")
+            flagged = f" (flagged: {', '.join(r['autoattack_flags'])})" if r.get("autoattack_flags") else ""
+            aa = (f"{100 * r['autoattack_mean']:.2f} ± {100 * r['autoattack_std']:.2f}{flagged} | "
+                  if "autoattack_mean" in r else "- | ")
         lines.append(f"| {r['method']} | {r['epochs']} | {r['passes_per_image']:.1f} | {r.get('compute_ratio', 1):.2f} "
                      f"| {100 * r['whitebox_mean']:.2f} ± {100 * r['whitebox_std']:.2f} | {aa}"
                      f"{100 * r['clean_mean']:.2f} ± {100 * r['clean_std']:.2f} | {reach_txt} "
@@ -572,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         before = measure(before_model, *test, *wb, args)
     if args.autoattack and before.get("autoattack_version") != args.autoattack:
-        before["autoattack"] = autoattack_accuracy(before_model, *aa, args)
+        before["autoattack"], before["autoattack_flags"] = autoattack_accuracy(before_model, *aa, args)
         before["autoattack_version"] = args.autoattack
     if not before_path.is_file() or args.autoattack:
         before_path.write_text(json.dumps(before))

@@ -308,7 +308,10 @@ def test_harden_benchmark_autoattack_column_and_resume(tmp_path, mlp_digits_chec
         assert [(c["whitebox"], c["clean"]) for c in r["curve"]] == [(c["whitebox"], c["clean"]) for c in old]
         assert [("autoattack" in c) for c in r["curve"]] == [False] * (len(r["curve"]) - 1) + [True]
         assert 0.0 <= r["curve"][-1]["autoattack"] <= 1.0
+        assert isinstance(r["curve"][-1]["autoattack_flags"], list)  # the evaluation's flags (an upper bound if any)
     for row in res["table"]:
+        assert row["autoattack_flags"] == sorted({f for r in res["runs"] if r["method"] == row["method"]
+                                                  for f in r["curve"][-1]["autoattack_flags"]})
         finals = [r["curve"][-1]["autoattack"] for r in res["runs"] if r["method"] == row["method"]]
         assert row["autoattack_mean"] == pytest.approx(sum(finals) / 2)
     summary = (tmp_path / "h" / "summary.md").read_text()
@@ -337,6 +340,15 @@ def test_harden_benchmark_from_scratch_reference_is_the_same_recipe(tmp_path, on
     assert {r["method"] for r in res["runs"]} == {"pgd-at", "reference"}
     assert all(c["train_cpu_s"] > 0 for r in res["runs"] for c in r["curve"])
     assert res["runs"][0]["settings"]["eps_warmup"] == 0.3
+    assert [r["settings"]["eps_train"] for r in res["runs"]] == [0.2, 0.2]  # default: --eps
+    wide = [*args[:args.index("--timing")], "--schedule", "cosine", "--epochs", "1", "--eps-train", "0.3",
+            "--out", str(tmp_path / "w")]
+    assert bench.main(wide) == 0
+    res = json.loads((tmp_path / "w" / "results.json").read_text())
+    by = {r["method"]: r["settings"] for r in res["runs"]}
+    assert (by["pgd-at"]["eps"], by["pgd-at"]["eps_train"], by["pgd-at"]["alpha"]) == (0.2, 0.3, pytest.approx(0.25))
+    assert (by["reference"]["eps_train"], by["reference"]["alpha"]) == (0.3, pytest.approx(0.25))  # 2.5 * 0.3 / 3
+    assert "training radius 0.3" in (tmp_path / "w" / "summary.md").read_text()
     with pytest.raises(SystemExit, match="not both"):
         bench.main([*args[:2], "--checkpoint", "x.pt", *args[2:]])
 
