@@ -56,10 +56,25 @@ def test_fast_at_unclamped_start_takes_the_gradient_outside_the_image_range():
     still = fast_at.unclamped_start_fgsm(model, x, y, torch.Generator().manual_seed(5), eps=eps, alpha=0.0)
     assert torch.equal(still, (x + delta).clamp(0, 1))  # no step: the start, clamped only at the end
 
+    blind = relu_net()  # a model that does not see pixels 0 and 1: its gradient there is exactly 0, so no step
+    with torch.no_grad():
+        blind[1].weight[:, :2] = 0.0
+    adv = fast_at.unclamped_start_fgsm(blind, x, y, torch.Generator().manual_seed(5), eps=eps, alpha=1.25 * eps)
+    flat, start_flat = adv.flatten(1), (x + delta).clamp(0, 1).flatten(1)
+    assert torch.equal(flat[:, :2], start_flat[:, :2]) and not torch.equal(flat[:, 2:], start_flat[:, 2:])
+
+
+def test_fast_at_unclamped_start_draws_in_the_images_dtype():
+    model, (x, y), eps = relu_net().double().eval(), saturated_batch(), 0.3
+    x = x.double()
+    adv = fast_at.unclamped_start_fgsm(model, x, y, torch.Generator().manual_seed(5), eps=eps, alpha=0.0)
+    delta = torch.rand(x.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * (2 * eps) - eps
+    assert adv.dtype == torch.float64 and torch.allclose(adv, (x + delta).clamp(0, 1), atol=1e-15, rtol=0)
+
 
 @pytest.mark.parametrize("clamp_start", [True, False])
 def test_fast_at_step_trains_on_its_start_at_two_passes_per_image(clamp_start):
-    model, (x, y) = relu_net(), saturated_batch()
+    model, (x, y) = relu_net(), batch()  # pixels inside [0, 1]: the step's size shows (at 0 or 1 it is clipped away)
     s = harden_settings("fast-at", eps=0.3, clamp_start=clamp_start)
     assert (s["alpha"], s["steps"], s["clamp_start"], s["co_guard"]) == (pytest.approx(0.375), 1, clamp_start, True)
     out = fast_at.step(model, x, y, torch.Generator().manual_seed(5), StepContext(settings=s, eps=0.3, alpha=0.375))
