@@ -56,6 +56,6 @@ OBJECTIVE = Objective(
     alpha=lambda eps, steps: 1.25 * eps, alpha_doc="1.25 * eps", co_guard=True,
     options=(checked_option("clamp_start", True, lambda v, n: check_bool(n, v),
                             "take the FGSM gradient at the unclamped random start, outside [0, 1] where a pixel is "
-                            "saturated (the authors' MNIST code, which trains MNIST from scratch at eps 0.3; default: "
-                            "at the start clamped into [0, 1], their CIFAR-10 code)", "switch"),),
+                            "saturated (the authors' MNIST code; steadier on MNIST from scratch: docs/HARDEN.md); "
+                            "default: at the start clamped into [0, 1], their CIFAR-10 code", "switch"),),
 )
