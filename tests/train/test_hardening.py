@@ -143,6 +143,18 @@ def test_pgd_at_is_the_textbook_loop_given_the_same_random_numbers(base_model, d
     assert _states_equal(ours, plain)
 
 
+def test_harden_settings_checks_the_eps_warmup_fraction_and_refuses_another_loops_objective():
+    assert harden_settings("pgd-at", eps=0.3, eps_warmup=0.0)["eps_warmup"] == 0.0
+    assert harden_settings("pgd-at", eps=0.3, eps_warmup=0.999)["eps_warmup"] == 0.999
+    assert harden_settings()["method"] == "pgd-at" and harden_settings()["keep"] == "last"
+    for bad in (1.0, -0.1, 2.0):  # a fraction of the steps in [0, 1): 1 would never reach eps
+        with pytest.raises(ConfigError, match=rf"^eps_warmup must be a number in \[0, 1\), got {bad}$"):
+            harden_settings("pgd-at", eps=0.3, eps_warmup=bad)
+    with pytest.raises(ConfigError, match=r"^unknown harden method 'cross-entropy' \(cross-entropy is the training "
+                                          r"objective of another loop\)"):
+        harden_settings("cross-entropy", eps=0.3)
+
+
 def test_eps_train_is_the_training_radius_and_validation_stays_at_eps(base_model, digits_split, monkeypatch):
     """The attack of training works at eps_train (its default step scaled to it) while validation, the guard and
     the kept epoch measure at eps; the epoch records the training radius."""
