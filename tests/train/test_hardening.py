@@ -153,6 +153,11 @@ def test_harden_settings_checks_the_eps_warmup_fraction_and_refuses_another_loop
     with pytest.raises(ConfigError, match=r"^unknown harden method 'cross-entropy' \(cross-entropy is the training "
                                           r"objective of another loop\)"):
         harden_settings("cross-entropy", eps=0.3)
+    assert harden_settings("fast-at", eps=0.3, co_guard=True)["co_guard"] is True
+    assert harden_settings("fast-at", eps=0.3, co_guard=False)["co_guard"] is False
+    for seed in (True, "1", 1.0):
+        with pytest.raises(ConfigError, match=f"^seed must be an integer, got {seed!r}$"):
+            harden_settings("pgd-at", eps=0.3, seed=seed)
 
 
 def test_eps_train_is_the_training_radius_and_validation_stays_at_eps(base_model, digits_split, monkeypatch):
