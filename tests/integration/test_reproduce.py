@@ -376,9 +376,10 @@ def test_harden_benchmark_pairs_methods_with_pgd_at_by_seed_and_at_matched_compu
     assert bench._whitebox_at(by["pgd-at"][0]["curve"], 40) is None  # beyond the curve: not extrapolated
     args = SimpleNamespace(dataset="digits", eps=0.2, train_limit=100, seeds_text="0,1,2", eval_limit=20, pgd_steps=2,
                            restarts=1, apgd_steps=2, aa_limit=20, schedule="none", eps_warmup=0.3, batch_size=64,
-                           lr=1e-3, autoattack="fast")
+                           lr=1e-3, autoattack="fast", eps_train=None)
     text = bench.write_summary({"before": {"whitebox": 0.0, "clean": 0.1}, "table": [], "curves": {}, "paired": [row]},
                                tmp_path, args)
+    assert "eps warm-up 0.3, training radius 0.2, batch 64" in text  # no --eps-train: the run's eps
     assert "| fol-budget | 3 | 0.50 | -1.00 [-3.48, +1.48] | +6.00 [" in text
 
 
