@@ -39,27 +39,34 @@ def saturated_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return (x > 0.5).float(), y
 
 
+def unclamped(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: float) -> torch.Tensor:
+    """fast-at's step without clamping its start: N-FGSM's with noise 1, clip 1, drawn from seed 5."""
+    return n_fgsm.perturb(model, x, y, torch.Generator().manual_seed(5), eps=eps, alpha=alpha, noise=1.0, clip=1.0,
+                          clamp_start=False)
+
+
 def test_fast_at_unclamped_start_takes_the_gradient_outside_the_image_range():
     model, (x, y), eps = relu_net().eval(), saturated_batch(), 0.3
-    adv = fast_at.unclamped_start_fgsm(model, x, y, torch.Generator().manual_seed(5), eps=eps, alpha=1.25 * eps)
+    adv = unclamped(model, x, y, eps, 1.25 * eps)
     delta = torch.rand(x.shape, generator=torch.Generator().manual_seed(5)).mul_(2 * eps).sub_(eps)
     start = (x + delta).requires_grad_(True)
     assert float(start.detach().min()) < 0.0 < 1.0 < float(start.detach().max())  # the gradient: outside [0, 1]
     (g,) = torch.autograd.grad(F.cross_entropy(model(start), y, reduction="sum"), start)
-    expected = (x + (delta + 1.25 * eps * g.sign()).clamp(-eps, eps)).clamp(0, 1)
-    assert torch.equal(adv, expected)
+    expected = torch.min(torch.max(start.detach() + 1.25 * eps * g.sign(), x - eps), x + eps).clamp(0, 1)
+    assert torch.equal(adv, expected)  # x + clamp(delta + alpha sign(g), -eps, eps), in [0, 1]
     assert float(adv.min()) >= 0.0 and float(adv.max()) <= 1.0 and float((adv - x).abs().max()) <= eps + 1e-6
     # the clamped start (the CIFAR-10 code): the same noise, the gradient at the start clamped into [0, 1]
     inside = start.detach().clamp(0, 1).requires_grad_(True)
     (gc,) = torch.autograd.grad(F.cross_entropy(model(inside), y, reduction="sum"), inside)
-    assert not torch.equal(adv, (x + (delta + 1.25 * eps * gc.sign()).clamp(-eps, eps)).clamp(0, 1))
-    still = fast_at.unclamped_start_fgsm(model, x, y, torch.Generator().manual_seed(5), eps=eps, alpha=0.0)
+    clamped = torch.min(torch.max(start.detach() + 1.25 * eps * gc.sign(), x - eps), x + eps).clamp(0, 1)
+    assert not torch.equal(adv, clamped)
+    still = unclamped(model, x, y, eps, 0.0)
     assert torch.equal(still, (x + delta).clamp(0, 1))  # no step: the start, clamped only at the end
 
     blind = relu_net()  # a model that does not see pixels 0 and 1: its gradient there is exactly 0, so no step
     with torch.no_grad():
         blind[1].weight[:, :2] = 0.0
-    adv = fast_at.unclamped_start_fgsm(blind, x, y, torch.Generator().manual_seed(5), eps=eps, alpha=1.25 * eps)
+    adv = unclamped(blind, x, y, eps, 1.25 * eps)
     flat, start_flat = adv.flatten(1), (x + delta).clamp(0, 1).flatten(1)
     assert torch.equal(flat[:, :2], start_flat[:, :2]) and not torch.equal(flat[:, 2:], start_flat[:, 2:])
 
@@ -67,7 +74,7 @@ def test_fast_at_unclamped_start_takes_the_gradient_outside_the_image_range():
 def test_fast_at_unclamped_start_draws_in_the_images_dtype():
     model, (x, y), eps = relu_net().double().eval(), saturated_batch(), 0.3
     x = x.double()
-    adv = fast_at.unclamped_start_fgsm(model, x, y, torch.Generator().manual_seed(5), eps=eps, alpha=0.0)
+    adv = unclamped(model, x, y, eps, 0.0)
     delta = torch.rand(x.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * (2 * eps) - eps
     assert adv.dtype == torch.float64 and torch.allclose(adv, (x + delta).clamp(0, 1), atol=1e-15, rtol=0)
 
@@ -83,7 +90,7 @@ def test_fast_at_step_trains_on_its_start_at_two_passes_per_image(clamp_start):
     if clamp_start:
         adv, _ = pgd(model, x, y, gen, eps=0.3, alpha=0.375, steps=1)
     else:
-        adv = fast_at.unclamped_start_fgsm(model, x, y, gen, eps=0.3, alpha=0.375)
+        adv = n_fgsm.perturb(model, x, y, gen, eps=0.3, alpha=0.375, noise=1.0, clip=1.0, clamp_start=False)
     assert torch.allclose(out.loss, F.cross_entropy(model(adv), y))
     assert out.evals.dtype == torch.int64 and out.evals.tolist() == [1] * 6
     assert (out.compute.attack_forward, out.compute.attack_backward, out.compute.train_forward,

@@ -25,13 +25,17 @@ __all__ = ["OBJECTIVE", "perturb", "step"]
 
 
 def perturb(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator, *, eps: float, alpha: float,
-            noise: float, clip: float | None = None) -> torch.Tensor:
+            noise: float, clip: float | None = None, clamp_start: bool = True) -> torch.Tensor:
     """The N-FGSM point of every image of x (B x C x H x W in [0, 1]), y (int64 [B]): ``eta ~ U(-noise eps,
-    noise eps)`` (drawn from ``gen``; ``x + eta`` kept in [0, 1]), then ``x + eta + alpha * sign(grad CE at
-    x + eta)`` in [0, 1]; with ``clip`` (a multiple of eps) the perturbation is also clamped to
-    ``[-clip eps, clip eps]`` (None: not, the paper's default). One forward and one backward per image."""
+    noise eps)`` (drawn from ``gen``; ``x + eta`` kept in [0, 1] unless ``clamp_start`` is False), then
+    ``x + eta + alpha * sign(grad CE at x + eta)`` in [0, 1]; with ``clip`` (a multiple of eps) the perturbation is
+    also clamped to ``[-clip eps, clip eps]`` (None: not, the paper's default). One forward and one backward per
+    image. Fast-AT's step is the case ``noise = clip = 1`` (fast_at.py: its MNIST code's unclamped start)."""
     eta = torch.rand(x.shape, generator=gen, device=x.device, dtype=x.dtype).mul_(2 * noise * eps).sub_(noise * eps)
-    start = (x + eta).clamp_(0.0, 1.0).requires_grad_(True)
+    start = x + eta
+    if clamp_start:
+        start = start.clamp_(0.0, 1.0)
+    start = start.requires_grad_(True)
     with torch.enable_grad():
         loss = F.cross_entropy(forward(model, start), y, reduction="sum")
         (grad,) = torch.autograd.grad(loss, start)
