@@ -13,9 +13,10 @@ robustest's AutoAttack-style ensemble (``robustest.evaluate.evaluate``) on the s
 
 Methods: pgd-at, trades, fosc, fol-budget, fast-at, n-fgsm, grad-align (robustest.train.hardening) and
 ``reference``: an independent plain-PyTorch PGD-AT of the same recipe written below (no robustest code in its
-training loop: own shuffling, random start, PGD loop, eps ramp, cosine rate, eval mode for the attack and train mode
-for the update, Adam), to check that our pgd-at lands where a textbook implementation does; ``reference-trades``:
-the same loop with TRADES' inner maximisation and loss (beta: the trades runs' ``--method-kw``, else trades' default).
+training loop: own shuffling, random start, PGD loop, eps ramp, cosine or cyclic rate, eval mode for the attack and
+train mode for the update, Adam), to check that our pgd-at lands where a textbook implementation does;
+``reference-trades``: the same loop with TRADES' inner maximisation and loss (beta: the trades runs' ``--method-kw``,
+else trades' default).
 Training time is recorded as wall seconds and as the process's CPU seconds (``train CPU-min``: the figure the
 targets are stated in, robust to a shared machine).
 
@@ -55,6 +56,9 @@ ALL = ("pgd-at", "reference", "trades", "reference-trades", "fosc", "fol-budget"
 
 
 # ------------------------------------------------------------------------ the independent reference recipe
+#: the learning-rate schedules the plain-PyTorch reference implements
+REFERENCE_SCHEDULES = ("none", "cosine", "cyclic")
+
 def reference_pgd_batch(model: torch.nn.Module, xb: torch.Tensor, yb: torch.Tensor, gen: torch.Generator, *,
                         e: float, a: float, steps: int, twin: bool = False) -> torch.Tensor:
     """Plain PGD-AT for one batch: ``steps`` signed-gradient steps of ``a`` from a uniform random start in the
@@ -98,14 +102,15 @@ def reference_trades_batch(model: torch.nn.Module, xb: torch.Tensor, yb: torch.T
 
 def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: float, steps: int,
                      alpha: float, epochs: int, batch_size: int, lr: float, seed: int, on_epoch_end,
-                     eps_warmup: float = 0.0, cosine: bool = False, twin: bool = False,
+                     eps_warmup: float = 0.0, schedule: str = "none", twin: bool = False,
                      trades_beta: float | None = None) -> None:
     """Madry et al. PGD adversarial training in plain PyTorch: per batch, ``steps`` signed-gradient steps of
     ``alpha`` from a uniform random start in the L-inf ball (model in eval mode), projected to the ball and to
     [0, 1]; then one Adam step on the cross-entropy of the adversarial batch (model in train mode). The textbook
     recipe around it: with ``eps_warmup`` the radius of batch t (0-based, of T) is ``eps * min(1, (t + 1) /
-    (eps_warmup * T))`` and alpha scales with it; with ``cosine`` the rate after batch t is
-    ``lr * (1 + cos(pi * (t + 1) / T)) / 2``.
+    (eps_warmup * T))`` and alpha scales with it; with ``schedule`` "cosine" the rate after batch t is
+    ``lr * (1 + cos(pi * (t + 1) / T)) / 2``, with "cyclic" the rate of batch t is Wong et al.'s triangle,
+    ``lr * max(0, min((t + 1) / P, (T - t - 1) / (T - P)))`` with its peak at ``P = 0.4 T`` batches.
 
     Its random numbers are its own (one generator for shuffling and starts). ``twin=True`` draws instead the
     numbers robustest's pgd-at draws (per-epoch generators seeded from (seed, epoch)), for the check that the
@@ -116,6 +121,7 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     n = x.shape[0]
     total = epochs * (-(-n // batch_size))
+    peak = 0.4 * total
     t = 0
     for epoch in range(1, epochs + 1):
         if twin:
@@ -129,6 +135,9 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
         for s in range(0, n, batch_size):
             idx = perm[s:s + batch_size]
             xb, yb = x[idx], y[idx]
+            if schedule == "cyclic":
+                for group in opt.param_groups:
+                    group["lr"] = lr * max(0.0, min((t + 1) / peak, (total - t - 1) / (total - peak)))
             ramp = eps_warmup * total
             e = eps * min(1.0, (t + 1) / ramp) if ramp > 1 else eps
             a = alpha * e / eps
@@ -140,7 +149,7 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
             loss.backward()
             opt.step()
             t += 1
-            if cosine:
+            if schedule == "cosine":
                 for group in opt.param_groups:
                     group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * t / total))
         model.eval()
@@ -177,9 +186,10 @@ def recipe_kw(args) -> dict[str, Any]:
 
 
 def reference_kw(args) -> dict[str, Any]:
-    if args.schedule not in ("none", "cosine"):
-        raise SystemExit(f"the reference implements the constant and cosine schedules, not {args.schedule!r}")
-    return {"eps_warmup": args.eps_warmup, "cosine": args.schedule == "cosine"}
+    if args.schedule not in REFERENCE_SCHEDULES:
+        raise SystemExit(f"the reference implements the schedules {', '.join(REFERENCE_SCHEDULES)}, "
+                         f"not {args.schedule!r}")
+    return {"eps_warmup": args.eps_warmup, "schedule": args.schedule}
 
 
 def base_model(base, seed: int, args):
@@ -510,8 +520,8 @@ def main(argv: list[str] | None = None) -> int:
                     "e.g. mnist_small; every method of a seed starts from the same weights (torch seed = seed)")
     ap.add_argument("--from-scratch", action="store_true", help="train --model from scratch instead of --checkpoint")
     ap.add_argument("--schedule", choices=("none", "cosine", "step", "cyclic"), default="none",
-                    help="learning-rate schedule of every method (the reference: none or cosine; default: none, "
-                         "harden's default)")
+                    help="learning-rate schedule of every method (the reference: none, cosine or cyclic; default: "
+                         "none, harden's default)")
     ap.add_argument("--eps-warmup", type=float, default=0.3,
                     help="fraction of the training steps over which eps grows from 0 (default: 0.3)")
     ap.add_argument("--aa-limit", type=int, default=None,

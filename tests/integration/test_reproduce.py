@@ -349,8 +349,21 @@ def test_harden_benchmark_from_scratch_reference_is_the_same_recipe(tmp_path, on
     assert (by["pgd-at"]["eps"], by["pgd-at"]["eps_train"], by["pgd-at"]["alpha"]) == (0.2, 0.3, pytest.approx(0.25))
     assert (by["reference"]["eps_train"], by["reference"]["alpha"]) == (0.3, pytest.approx(0.25))  # 2.5 * 0.3 / 3
     assert "training radius 0.3" in (tmp_path / "w" / "summary.md").read_text()
+    cyclic = [*args[:args.index("--schedule")], "--schedule", "cyclic", "--out", str(tmp_path / "c")]
+    assert bench.main(cyclic) == 0  # Wong et al.'s triangle, written twice: the same weights again
+    res = json.loads((tmp_path / "c" / "results.json").read_text())
+    assert res["twin_check"]["max_abs_weight_difference"] == 0.0
+    assert {r["settings"].get("schedule") for r in res["runs"] if r["method"] == "reference"} == {"cyclic"}
     with pytest.raises(SystemExit, match="not both"):
         bench.main([*args[:2], "--checkpoint", "x.pt", *args[2:]])
+
+
+def test_the_plain_reference_takes_the_constant_cosine_and_cyclic_schedules_and_refuses_the_step_one():
+    bench = script("bench_harden")
+    assert bench.reference_kw(SimpleNamespace(schedule="cyclic", eps_warmup=0.5)) == {"eps_warmup": 0.5,
+                                                                                      "schedule": "cyclic"}
+    with pytest.raises(SystemExit, match="the schedules none, cosine, cyclic, not 'step'"):
+        bench.reference_kw(SimpleNamespace(schedule="step", eps_warmup=0.3))
 
 
 def test_harden_benchmark_pairs_methods_with_pgd_at_by_seed_and_at_matched_compute(tmp_path):
