@@ -110,7 +110,7 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
     recipe around it: with ``eps_warmup`` the radius of batch t (0-based, of T) is ``eps * min(1, (t + 1) /
     (eps_warmup * T))`` and alpha scales with it; with ``schedule`` "cosine" the rate after batch t is
     ``lr * (1 + cos(pi * (t + 1) / T)) / 2``, with "cyclic" the rate of batch t is Wong et al.'s triangle,
-    ``lr * max(0, min((t + 1) / P, (T - t - 1) / (T - P)))`` with its peak at ``P = 0.4 T`` batches.
+    ``lr * min((t + 1) / P, (T - t - 1) / (T - P))`` with its peak at ``P = 0.4 T`` batches.
 
     Its random numbers are its own (one generator for shuffling and starts). ``twin=True`` draws instead the
     numbers robustest's pgd-at draws (per-epoch generators seeded from (seed, epoch)), for the check that the
@@ -137,7 +137,7 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
             xb, yb = x[idx], y[idx]
             if schedule == "cyclic":
                 for group in opt.param_groups:
-                    group["lr"] = lr * max(0.0, min((t + 1) / peak, (total - t - 1) / (total - peak)))
+                    group["lr"] = lr * min((t + 1) / peak, (total - t - 1) / (total - peak))
             ramp = eps_warmup * total
             e = eps * min(1.0, (t + 1) / ramp) if ramp > 1 else eps
             a = alpha * e / eps
