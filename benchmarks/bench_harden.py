@@ -108,8 +108,8 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
     ``alpha`` from a uniform random start in the L-inf ball (model in eval mode), projected to the ball and to
     [0, 1]; then one Adam step on the cross-entropy of the adversarial batch (model in train mode). The textbook
     recipe around it: with ``eps_warmup`` the radius of batch t (0-based, of T) is ``eps * min(1, (t + 1) /
-    (eps_warmup * T))`` and alpha scales with it; with ``schedule`` "cosine" the rate after batch t is
-    ``lr * (1 + cos(pi * (t + 1) / T)) / 2``, with "cyclic" the rate of batch t is Wong et al.'s triangle,
+    (eps_warmup * T))`` and alpha scales with it; with ``schedule`` "cosine" the rate of batch t is
+    ``lr * (1 + cos(pi * t / T)) / 2``, with "cyclic" Wong et al.'s triangle,
     ``lr * min((t + 1) / P, (T - t - 1) / (T - P))`` with its peak at ``P = 0.4 T`` batches.
 
     Its random numbers are its own (one generator for shuffling and starts). ``twin=True`` draws instead the
@@ -121,7 +121,9 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     n = x.shape[0]
     total = epochs * (-(-n // batch_size))
-    peak = 0.4 * total
+    peak, ramp = 0.4 * total, eps_warmup * total
+    rate_of = {"cosine": lambda t: lr * 0.5 * (1 + math.cos(math.pi * t / total)),  # the rate of batch t
+               "cyclic": lambda t: lr * min((t + 1) / peak, (total - t - 1) / (total - peak))}.get(schedule)
     t = 0
     for epoch in range(1, epochs + 1):
         if twin:
@@ -135,10 +137,9 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
         for s in range(0, n, batch_size):
             idx = perm[s:s + batch_size]
             xb, yb = x[idx], y[idx]
-            if schedule == "cyclic":
+            if rate_of is not None:
                 for group in opt.param_groups:
-                    group["lr"] = lr * min((t + 1) / peak, (total - t - 1) / (total - peak))
-            ramp = eps_warmup * total
+                    group["lr"] = rate_of(t)
             e = eps * min(1.0, (t + 1) / ramp) if ramp > 1 else eps
             a = alpha * e / eps
             if trades_beta is not None:
@@ -149,9 +150,6 @@ def reference_pgd_at(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *
             loss.backward()
             opt.step()
             t += 1
-            if schedule == "cosine":
-                for group in opt.param_groups:
-                    group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * t / total))
         model.eval()
         per_image = steps + 1 if trades_beta is None else steps + 2 + 1 / 3  # harden's accounting of each
         on_epoch_end(epoch, model, {"compute": {"passes": float(n * per_image)}})
