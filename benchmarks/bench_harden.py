@@ -557,17 +557,23 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(methods) - set(ALL)
     if unknown:
         raise SystemExit(f"unknown methods {sorted(unknown)}: choose from {', '.join(ALL)}")
+    if any(m.startswith("reference") for m in methods):
+        reference_kw(args)  # a schedule the reference lacks: refused before any work
 
     from robustest import data as datasets
+    from robustest.core.errors import RobustestError
     from robustest.models.checkpoints import load_checkpoint
 
     if args.from_scratch != (args.model is not None) or (args.checkpoint is not None) == args.from_scratch:
         raise SystemExit("give --checkpoint FILE (fine-tuning) or --model NAME --from-scratch, not both")
 
+    try:
+        tr = datasets.load(args.dataset, root=args.data_dir, split="train").tensors
+        te = datasets.load(args.dataset, root=args.data_dir, split="test").tensors
+    except RobustestError as err:  # a missing or broken data set: its one-line message, no traceback
+        raise SystemExit(str(err)) from None
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    tr = datasets.load(args.dataset, root=args.data_dir, split="train").tensors
-    te = datasets.load(args.dataset, root=args.data_dir, split="test").tensors
     n = args.train_limit or tr[0].shape[0]
     args.train_limit = n
     train = (tr[0][:n].contiguous(), tr[1][:n].contiguous())

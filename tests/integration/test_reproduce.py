@@ -366,6 +366,19 @@ def test_the_plain_reference_takes_the_constant_cosine_and_cyclic_schedules_and_
         bench.reference_kw(SimpleNamespace(schedule="step", eps_warmup=0.3))
 
 
+def test_harden_benchmark_refuses_a_reference_schedule_and_missing_data_before_any_work(tmp_path):
+    """Bad input to bench_harden: one line, exit before any data is read or any output folder made."""
+    bench = script("bench_harden")
+    common = ["--model", "mnist_small", "--from-scratch", "--eps", "0.3", "--epochs", "1", "--seeds", "0"]
+    with pytest.raises(SystemExit, match="^the reference implements the schedules none, cosine, cyclic, not 'step'$"):
+        bench.main(["--dataset", "digits", *common, "--methods", "pgd-at,reference-trades", "--schedule", "step",
+                    "--out", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match=r"^data path '.*nope' does not exist: pass the mnist data"):
+        bench.main(["--dataset", "mnist", "--data-dir", str(tmp_path / "nope"), *common, "--methods", "reference",
+                    "--out", str(tmp_path / "b")])
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_harden_benchmark_pairs_methods_with_pgd_at_by_seed_and_at_matched_compute(tmp_path):
     """bench_harden's paired comparison: per seed, the method's final AutoAttack minus pgd-at's, and its final
     white-box accuracy minus pgd-at's curve interpolated at the same passes per image; t-intervals over seeds."""
