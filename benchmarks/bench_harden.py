@@ -509,7 +509,8 @@ def _kv(text: str) -> dict[str, int]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (the module docstring is its help)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True, help="digits or mnist")
     ap.add_argument("--data-dir", default=None)
@@ -549,7 +550,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time one epoch of pgd-at, the reference and fol-budget, interleaved (timing.json), "
                          "and run the reference with robustest's random numbers (twin check)")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     args.seeds_text = args.seeds
     seeds = [int(s) for s in args.seeds.split(",")]
