@@ -276,6 +276,6 @@ def test_the_report_names_the_guard_rule_that_fired(checkpoint, tmp_path, capsys
     res = json.loads((out / "results.json").read_text())
     assert res["guard_epoch"] == 1 and res["epochs"][0]["guard"] == "masked" and len(res["epochs"]) == 1
     cap = capsys.readouterr()
-    assert "guard at epoch 1 (the training attack's accuracy at least 0.5 above the validation PGD accuracy)" \
+    assert "guard at epoch 1 (the training attack's accuracy at least 0.5 above the validation robust accuracy)" \
         in cap.out + cap.err
     assert "the model resists only its own single-step attack" in (out / "report.html").read_text()

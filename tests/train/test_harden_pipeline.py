@@ -43,7 +43,8 @@ def test_the_pipeline_measures_hardens_and_writes_the_checkpoints(digits, tmp_pa
     train, val, test = digits
     m = hp.Measurement(eps=0.1, whitebox_limit=8, pgd_steps=2, pgd_restarts=1, apgd_steps=2)
     run = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path, measurement=m,
-                             options={**HKW, "keep": "best"}, val=val, val_steps=2, metadata={"dataset": "digits"})
+                             options={**HKW, "keep": "best", "val_steps": 2}, val=val,
+                             metadata={"dataset": "digits"})
     res = run.to_results()
     assert res["data"] == {"num_train": 140, "num_fit": 120, "num_val": 20, "num_test": 40,
                            "model": res["data"]["model"]}
@@ -88,8 +89,8 @@ def test_the_report_of_a_pipeline_run_marks_the_kept_epoch(digits, tmp_path):
 
     train, val, test = digits
     m = hp.Measurement(eps=0.1, whitebox_limit=0)
-    run = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path, measurement=m, options=HKW, val=val,
-                             val_steps=2)
+    run = hp.harden_pipeline(_model(), train, test, "pgd-at", out=tmp_path, measurement=m,
+                             options={**HKW, "val_steps": 2}, val=val)
     settings = {**run.result.settings, "dataset": "digits", "val_steps": 2}
     doc = document("harden", settings, run.to_results(), {**run.timings, "total_s": 1.0}, world_size=1)
     harden_report(doc).write(tmp_path / "report.html")

@@ -20,4 +20,4 @@ def test_guard_reason_names_the_rule_of_the_stopping_epoch():
 
     assert guard_reason(Res()) == GUARD_REASONS["masked"].split(" (")[0]
     Res.epochs = [{}, {}]
-    assert guard_reason(Res()) == "the validation PGD accuracy collapse"  # an epoch without a rule: collapsed
+    assert guard_reason(Res()) == "the validation robust accuracy collapse"  # an epoch without a rule: collapsed

@@ -121,9 +121,8 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
 
 
-# every number flag is an argparse type built from the validation layer's checks (robustest.core.validation.arg),
-# so a flag accepts what the YAML key and the keyword argument accept; every float flag takes a fraction as
-# well: --eps 8/255, --alpha 2/255
+# every number flag is an argparse type built from the validation layer's checks (robustest.core.validation.arg), so a
+# flag accepts what the YAML key and the keyword argument accept; every float flag takes a fraction: --eps 8/255
 positive_int = arg(check_int, "a positive integer", lo=1)
 
 

@@ -43,8 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "adversarial training against the current model, no pool; run once per seed) "
                         "(default: best,kmst,gini,random,coverage)")
     p.add_argument("--budgets", type=list_arg(budget_arg, ranges=True, what="budget"), metavar="LIST",
-                   help="comma-separated budgets: counts (ranges too, 10-12) or percentages of the pool "
-                        "(default: 5%%)")
+                   help="comma-separated budgets: counts (ranges too, 10-12) or percentages of the pool (default: 5%%)")
     p.add_argument("--seeds", type=list_arg(seed_int, ranges=True, what="seed", lo=0, hi=2**63 - 1), metavar="LIST",
                    help="seeds: 0,1,2 or a range 0-4 (default: 0)")
     p.set_defaults(func=run)

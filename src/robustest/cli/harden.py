@@ -55,7 +55,6 @@ ORDER = 35
 # arguments that do not change what a run computes (left out of the resume check)
 _RUNTIME_ARGS = ("func", "resume", "no_progress", "device", "out", "debug", "verb")
 
-
 #: the Recipe fields harden offers as flags, in the help's order
 RECIPE_FLAGS = ("optimizer", "lr", "weight_decay", "momentum", "nesterov", "schedule", "warmup_epochs", "milestones")
 _float = finite_float  # ranges are checked by robustest.train.harden_settings, with the method in view
@@ -64,7 +63,7 @@ _float = finite_float  # ranges are checked by robustest.train.harden_settings, 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from robustest import data as datasets
     from robustest.train import objectives
-    from robustest.train.early_stopping import KEEP
+    from robustest.train.early_stopping import KEEP, VAL_ATTACKS
     from robustest.train.harden_pipeline import Measurement
     from robustest.train.hardening import DEFAULT_STEPS, EPS_WARMUP
 
@@ -104,12 +103,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     v = p.add_argument_group("validation and robust early stopping")
     v.add_argument("--val-size", type=non_negative_int, default=None, metavar="N",
                    help="hold out N training images (class-stratified, drawn with --seed) on which clean and "
-                        "PGD accuracy are measured after every epoch; at most a tenth of the training data; 0: none "
+                        "robust accuracy are measured after every epoch; at most a tenth of the training data; 0: none "
                         "(default: 1000, or a tenth of the training images when they are fewer than 10,000)")
-    v.add_argument("--val-steps", type=positive_int, default=10, help="PGD steps of the validation (default: 10)")
+    v.add_argument("--val-attack", choices=VAL_ATTACKS, default="pgd", help="the validation's attack: PGD (step "
+                   "eps/4, random start) or APGD-CE, which also sees masked gradients, same cost (default: pgd)")
+    v.add_argument("--val-steps", type=positive_int, default=10, help="steps of the validation attack (default: 10)")
     v.add_argument("--keep", choices=KEEP, default="best",
-                   help="the model written to model.pt: the epoch of the best validation PGD accuracy (robust early "
-                        "stopping) or the last epoch; best needs --val-size > 0 (default: best)")
+                   help="the model written to model.pt: the epoch of the best validation robust accuracy (robust "
+                        "early stopping) or the last epoch; best needs --val-size > 0 (default: best)")
     m = p.add_argument_group("measurement")
     m.add_argument("--test-split", choices=datasets.SPLITS, default="test",
                    help="split measured before and after (default: test)")
@@ -192,15 +193,16 @@ def run(args: argparse.Namespace) -> int:
     out = claim_run_dir(out_dir(args), json.loads(json.dumps(_fingerprint_args(args), default=str)), args.resume)
     t_load = time.perf_counter() - t0
 
+    val_kw = {"val_steps": args.val_steps, "val_attack": args.val_attack}
     measurement = Measurement(eps=args.eps, seed=args.seed, certify=tuple(args.certify) if args.certify else None,
                               **options_from_args(Measurement, args))
     hrun = harden_pipeline(model, fit_data, test, args.method, out=out, measurement=measurement,
-                           options={**common, **method_kw}, val=val, val_steps=args.val_steps, resume=args.resume,
+                           options={**common, **method_kw, **val_kw}, val=val, resume=args.resume,
                            device=args.device, progress=not args.no_progress,
                            metadata={"source": str(args.checkpoint or args.model_factory or args.weights),
                                      "dataset": args.dataset, "from_scratch": bool(args.random_init)})
     cli_settings = {**model_settings(args), **data_settings(args), **settings, "from_scratch": bool(args.random_init),
-                    "val_size": args.val_size, "val_steps": args.val_steps, "test_split": args.test_split,
+                    "val_size": args.val_size, **val_kw, "test_split": args.test_split,
                     "test_limit": args.test_limit, **option_settings(Measurement, args), "certify": args.certify,
                     "device": str(next(iter(model.parameters())).device)}
     doc = write_run(out, "harden", t0, {k: v for k, v in cli_settings.items() if v is not None},

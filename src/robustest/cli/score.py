@@ -141,8 +141,8 @@ def run(args: argparse.Namespace) -> int:
     check_fits(model, inputs.data)
     train = _load_train(args) if metrics.info(args.metric).needs_train else None
     check_amp(args.amp, model_device(model))
-    # input gradients (fol, fol_gradnorm) and kept activations (coverage, surprise) hold about what a backward
-    # pass holds: they are probed with one
+    # input gradients (fol, fol_gradnorm) and kept activations (coverage, surprise) hold about what a backward pass
+    # holds: they are probed with one
     resolve_batch_size(args, model, inputs.data, default=256, amp=args.amp, grad=args.metric not in AMP_METRICS)
     out = out_dir(args)  # made once the inputs are known to fit: a refusal leaves nothing behind
     srun = score_pipeline(model, inputs, args.metric, out=out, train=train, layers=args.layers or None,

@@ -1,14 +1,15 @@
 """Robust early stopping (Rice et al. 2020) and the catastrophic-overfitting guard of adversarial training.
 
 With held-out labelled data (:func:`holdout_split` draws it class-stratified), every epoch ends with the clean
-and PGD accuracy of the model on it (:func:`validate`); ``keep="best"`` ends training with the weights of the
-epoch whose validation PGD accuracy was highest, ``keep="last"`` with the last epoch's. The guard
-(:func:`collapsed`): when an epoch's validation PGD accuracy falls below :data:`CO_RATIO` of the best so far and
-at least :data:`CO_MIN_DROP` under it (FGSM training has "collapsed": Wong et al. 2020 report the same
-signature), training stops and the best epoch's weights are restored. A collapse can also come before any robustness
-rose (single-step training from scratch at a large radius): the model resists its own training attack while PGD
-breaks it, so the guard also stops training when an epoch's training adversarial accuracy exceeds its validation
-PGD accuracy by :data:`CO_GAP` or more (:func:`masked`); the best epoch, if there was one, is restored.
+and robust accuracy of the model on it (:func:`validate`: PGD, or APGD-CE, which also sees masked gradients);
+``keep="best"`` ends training with the weights of the epoch whose validation robust accuracy was highest,
+``keep="last"`` with the last epoch's. The guard (:func:`collapsed`): when an epoch's validation robust accuracy
+falls below :data:`CO_RATIO` of the best so far and at least :data:`CO_MIN_DROP` under it (FGSM training has
+"collapsed": Wong et al. 2020 report the same signature), training stops and the best epoch's weights are restored.
+A collapse can also come before any robustness rose (single-step training from scratch at a large radius): the
+model resists its own training attack while PGD breaks it, so the guard also stops training when an epoch's
+training adversarial accuracy exceeds its validation robust accuracy by :data:`CO_GAP` or more (:func:`masked`);
+the best epoch, if there was one, is restored.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from robustest.core.errors import ConfigError
 from robustest.core.seeding import derive_seed, make_generator
 from robustest.core.validation import check_int
 
-__all__ = ["CO_GAP", "CO_MIN_DROP", "CO_RATIO", "DEFAULT_VAL_SIZE", "KEEP", "collapsed", "holdout_split", "masked",
-           "validate", "validation_split"]
+__all__ = ["CO_GAP", "CO_MIN_DROP", "CO_RATIO", "DEFAULT_VAL_SIZE", "KEEP", "VAL_ATTACKS", "collapsed", "holdout_split",
+           "masked", "validate", "validation_split"]
 
 KEEP = ("best", "last")
 #: the catastrophic-overfitting rule: validation PGD accuracy below this fraction of the best so far ...
@@ -34,6 +35,8 @@ CO_MIN_DROP = 0.1
 DEFAULT_VAL_SIZE = 1000
 #: the collapse that never rose: the training attack's accuracy at least this far (absolute) above validation PGD's
 CO_GAP = 0.5
+#: the validation attacks and the record key of each one's accuracy (the score of early stopping and the guard)
+VAL_ATTACKS = {"pgd": "val_pgd_accuracy", "apgd-ce": "val_apgd_accuracy"}
 
 
 def collapsed(score: float, best: float) -> bool:
@@ -49,14 +52,21 @@ def masked(train_adv_accuracy: float, val_pgd_accuracy: float) -> bool:
     return train_adv_accuracy - val_pgd_accuracy >= CO_GAP
 
 
-def validate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int, seed: int
-             ) -> dict[str, float]:
-    """Clean and PGD (``steps`` steps of eps/4, random start) accuracy on validation data x (N x C x H x W),
-    y (int64 [N]), in eval mode: ``{"val_clean_accuracy", "val_pgd_accuracy"}``."""
-    from robustest.attacks import attack
+def validate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int, seed: int,
+             attack: str = "pgd") -> dict[str, float]:
+    """Clean and robust accuracy on validation data x (N x C x H x W), y (int64 [N]), in eval mode:
+    ``{"val_clean_accuracy", VAL_ATTACKS[attack]}``. ``attack``: "pgd" (``steps`` steps of eps/4, random start) or
+    "apgd-ce" (APGD-CE with ``steps`` iterations, one restart: the same cost, and it sees the masked gradients
+    that fixed-step PGD reads as robustness, as single-step training from scratch can leave them)."""
+    from robustest.attacks import attack as run_attack
 
-    res = attack("pgd", model, (x, y), eps=eps, alpha=eps / 4, steps=steps, random_start=True, seed=seed)
-    return {"val_clean_accuracy": res.clean_accuracy, "val_pgd_accuracy": res.robust_accuracy}
+    if attack not in VAL_ATTACKS:
+        raise ConfigError(f"unknown validation attack {attack!r}: use one of {', '.join(VAL_ATTACKS)}")
+    if attack == "pgd":
+        res = run_attack("pgd", model, (x, y), eps=eps, alpha=eps / 4, steps=steps, random_start=True, seed=seed)
+    else:
+        res = run_attack("apgd", model, (x, y), eps=eps, steps=steps, seed=seed)
+    return {"val_clean_accuracy": res.clean_accuracy, VAL_ATTACKS[attack]: res.robust_accuracy}
 
 
 def holdout_split(labels: torch.Tensor, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -190,17 +190,17 @@ class HardenRun:
 
 
 def harden_pipeline(model: nn.Module, train: Any, test: Any, method: str, *, out: str | Path,
-                    measurement: Measurement, options: dict[str, Any], val: Any = None, val_steps: int = 10,
-                    resume: bool = False, device: str | None = None, progress: bool = False,
-                    metadata: dict[str, Any] | None = None) -> HardenRun:
+                    measurement: Measurement, options: dict[str, Any], val: Any = None, resume: bool = False,
+                    device: str | None = None, progress: bool = False, metadata: dict[str, Any] | None = None
+                    ) -> HardenRun:
     """Measure ``model`` on ``test``, harden it in place on ``train`` (robust early stopping on ``val``, None: none),
     measure it again, and write ``out/model.pt`` (the kept epoch's model) and ``out/last.pt`` (the last epoch's,
     when another was kept); the resumable state goes to ``out/state/``.
 
     ``options``: the keyword arguments of :func:`robustest.train.harden` (eps, epochs, its ``recipe``, the method's
-    options); ``metadata``: stored in the checkpoints under ``"hardened"`` beside the settings, compute and
-    kept epoch. ``resume``: continue the interrupted run in ``out`` (the measurement before is read back).
-    Raises what :func:`robustest.train.harden` raises."""
+    options, the validation's ``val_steps`` and ``val_attack``); ``metadata``: stored in the checkpoints under
+    ``"hardened"`` beside the settings, compute and kept epoch. ``resume``: continue the interrupted run in ``out``
+    (the measurement before is read back). Raises what :func:`robustest.train.harden` raises."""
     from robustest.core.batching import num_samples
     from robustest.models.checkpoints import source_of
 
@@ -216,7 +216,7 @@ def harden_pipeline(model: nn.Module, train: Any, test: Any, method: str, *, out
     t_before = time.perf_counter() - t1
 
     t2, cpu2 = time.perf_counter(), time.process_time()
-    res = harden(model, train, method, **options, device=device, progress=progress, val=val, val_steps=val_steps,
+    res = harden(model, train, method, **options, device=device, progress=progress, val=val,
                  state_dir=out / "state", resume=resume)
     t_harden, cpu_harden = time.perf_counter() - t2, time.process_time() - cpu2
 

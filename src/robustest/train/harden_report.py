@@ -7,15 +7,16 @@ from __future__ import annotations
 from typing import Any
 
 from robustest.report import HtmlReport
+from robustest.train.early_stopping import VAL_ATTACKS
 
 __all__ = ["GUARD_REASONS", "guard_reason", "harden_report", "summary_figures"]
 
 
 #: what each rule of the catastrophic-overfitting guard saw (robustest.train.early_stopping: collapsed, masked)
 GUARD_REASONS = {
-    "collapsed": "the validation PGD accuracy collapse",
-    "masked": "the training attack's accuracy at least 0.5 above the validation PGD accuracy (the model resists only "
-              "its own single-step attack: a collapse that robustness never rose before)",
+    "collapsed": "the validation robust accuracy collapse",
+    "masked": "the training attack's accuracy at least 0.5 above the validation robust accuracy (the model resists "
+              "only its own single-step attack: a collapse that robustness never rose before)",
 }
 
 
@@ -61,10 +62,12 @@ def harden_report(results: dict[str, Any]) -> HtmlReport:
                      f", {format_value(cpu, 'cpu_s')} CPU-seconds of training "
                      f"({format_value(results['timings']['harden_s'], 'harden_s')} s wall-clock)."))
     kept, guard = results.get("kept_epoch"), results.get("guard_epoch")
+    vattack = s.get("val_attack", "pgd")
+    vcol = f"validation {vattack.upper()}"
     if results["data"].get("num_val"):
-        rep.paragraph(f"Validation: {results['data']['num_val']} held-out training images, PGD-{s['val_steps']} after "
-                      f"every epoch. The model written (model.pt) is epoch {kept}'s ({s['keep']} "
-                      f"{'validation PGD accuracy' if s['keep'] == 'best' else 'epoch'})."
+        rep.paragraph(f"Validation: {results['data']['num_val']} held-out training images, {vattack.upper()}-"
+                      f"{s['val_steps']} after every epoch. The model written (model.pt) is epoch {kept}'s "
+                      f"({s['keep']} {f'{vcol} accuracy' if s['keep'] == 'best' else 'epoch'})."
                       + (f" Training stopped at epoch {guard}: the catastrophic-overfitting guard saw "
                          f"{GUARD_REASONS[_guard_of(results['epochs'], guard)]}." if guard is not None else ""))
     rep.heading("Robustness before and after")
@@ -83,30 +86,29 @@ def harden_report(results: dict[str, Any]) -> HtmlReport:
                       "attack evals / image": e["attack_evals_mean"], "stopped early": e["stopped_early"],
                       "passes": e["compute"]["passes"], "cumulative passes": cum,
                       "fosc c_t": e.get("fosc_c"), "validation clean": e.get("val_clean_accuracy"),
-                      "validation PGD": e.get("val_pgd_accuracy"), "seconds": e["seconds"]})
-    rep.table(erows, kinds={"adv. accuracy (train)": "fraction", "validation clean": "fraction",
-                            "validation PGD": "fraction"})
+                      vcol: e.get(VAL_ATTACKS[vattack]), "seconds": e["seconds"]})
+    rep.table(erows, kinds={"adv. accuracy (train)": "fraction", "validation clean": "fraction", vcol: "fraction"})
     if erows:
-        _epoch_chart(rep, erows, kept)
+        _epoch_chart(rep, erows, kept, vcol)
     return rep
 
 
-def _epoch_chart(rep: Any, erows: list[dict[str, Any]], kept: int | None) -> None:
+def _epoch_chart(rep: Any, erows: list[dict[str, Any]], kept: int | None, vcol: str) -> None:
     """Accuracy after every epoch against cumulative compute, the kept epoch (model.pt) ringed and labelled, also
-    after one epoch: the held-out validation images' PGD and clean accuracy, or, without validation, the training
-    batches' adversarial accuracy."""
+    after one epoch: the held-out validation images' robust (column ``vcol``) and clean accuracy, or, without
+    validation, the training batches' adversarial accuracy."""
     from robustest.report import save_lines
 
-    val = erows[0]["validation PGD"] is not None
+    val = erows[0][vcol] is not None
     xs = [r["cumulative passes"] for r in erows]
     if val:
-        series = {"validation PGD accuracy": (xs, [r["validation PGD"] for r in erows]),
+        series = {f"{vcol} accuracy": (xs, [r[vcol] for r in erows]),
                   "validation clean accuracy": (xs, [r["validation clean"] for r in erows])}
     else:
         series = {"adversarial accuracy (training batches)": (xs, [r["adv. accuracy (train)"] for r in erows])}
     k = next((r for r in erows if r["epoch"] == kept), None)
     marks = {} if k is None else {
-        f"kept: epoch {kept}": (k["cumulative passes"], k["validation PGD" if val else "adv. accuracy (train)"])}
+        f"kept: epoch {kept}": (k["cumulative passes"], k[vcol if val else "adv. accuracy (train)"])}
     title = "held-out validation images" if val else "training batches (no validation split)"
     what = "validation robustness and clean accuracy" if val else "adversarial accuracy of the training batches"
     rep.image(save_lines(series, None, title=f"{title} after every epoch", xlabel="cumulative forward+backward passes",
