@@ -104,6 +104,12 @@ def test_resume_refuses_another_validation_attack(split, tmp_path):
         harden(copy.deepcopy(model), train, "pgd-at", **kw, val_attack="apgd-ce", resume=True)
     res = harden(copy.deepcopy(model), train, "pgd-at", **kw, resume=True)
     assert res.resumed_epochs == 1 and len(res.epochs) == 2
+    # without validation data the validation settings do nothing, and a resume does not ask for them
+    kw = {**kw, "val": None, "state_dir": tmp_path / "noval"}
+    with pytest.raises(Stop):
+        harden(copy.deepcopy(model), train, "pgd-at", **kw, on_epoch_end=interrupt)
+    res = harden(copy.deepcopy(model), train, "pgd-at", **{**kw, "val_steps": 7}, val_attack="apgd-ce", resume=True)
+    assert res.resumed_epochs == 1 and len(res.epochs) == 2
 
 
 def test_cli_records_and_reports_the_validation_attack(mlp_digits_checkpoint, tmp_path):
