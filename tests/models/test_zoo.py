@@ -152,7 +152,8 @@ def test_from_spec_rebuilds_parameterised_models():
 def test_checkpoint_round_trip_keeps_options(tmp_path):
     torch.manual_seed(0)
     for name, kw in (("wrn-10-1", {"dropout": 0.3, "input_size": 16}), ("vit_tiny", {"input_size": 8, "patch": 2}),
-                     ("densenet_bc", {"depth": 10, "growth": 4, "input_size": 8})):
+                     ("densenet_bc", {"depth": 10, "growth": 4, "input_size": 8}),
+                     ("mnist_small", {"width": 2, "input_size": 28})):
         model = models.create(name, in_channels=3, mean=[0.5] * 3, std=[0.2] * 3, **kw).eval()
         path = save_checkpoint(tmp_path / f"{name}.pt", model)
         loaded = load_checkpoint(path)
@@ -435,6 +436,11 @@ def test_profile_counts_exactly():
     # MNIST challenge net (3,274,634), the MACs by hand (output pixels x channels x kernel taps, then FC)
     assert models.profile("mnist_small") == {"params": 166_406,
                                              "macs": 14 * 14 * 16 * 16 + 7 * 7 * 32 * 256 + 1568 * 100 + 1000}
+    # width 2 doubles every layer: conv 32 (544), conv 64 (32,832), FC 3136 -> 200 (627,400), FC 200 -> 10 (2,010)
+    assert models.profile("mnist_small", width=2) == {"params": 662_786, "macs": 14 * 14 * 32 * 16 + 7 * 7 * 64 * 512
+                                                      + 3136 * 200 + 2000}
+    with pytest.raises(ConfigError, match="width must be an integer >= 1, got 0"):
+        models.create("mnist_small", width=0)
     assert models.profile("madry_cnn") == {"params": 3_274_634,
                                            "macs": 28 * 28 * 32 * 25 + 14 * 14 * 64 * 800 + 3136 * 1024 + 10240}
     net = nn.Sequential(nn.Flatten(), nn.Linear(12, 5))

@@ -12,6 +12,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from robustest.core.validation import check_int
 from robustest.models.registry import register
 
 
@@ -76,16 +77,19 @@ def convnet(num_classes: int = 10, in_channels: int = 1, input_size: int = 28) -
     return _with_head(feats, head, in_channels, input_size, "fc1")
 
 
-@register("mnist_small", "small CNN of the adversarial-training literature: conv 16@4x4 s2, conv 32@4x4 s2, FC 100, K",
-          min_size=8)
-def mnist_small(num_classes: int = 10, in_channels: int = 1, input_size: int = 28) -> nn.Module:
+@register("mnist_small", "small CNN of the adversarial-training literature: conv 16@4x4 s2, conv 32@4x4 s2, FC 100, K "
+          "(each times width)", min_size=8)
+def mnist_small(num_classes: int = 10, in_channels: int = 1, input_size: int = 28, width: int = 1) -> nn.Module:
     """The MNIST network of Wong & Kolter (2018) and Wong et al. (2020): two stride-2 convolutions (4x4, padding 1)
-    and one hidden FC layer of 100; 166k parameters at 28x28."""
+    and one hidden FC layer of 100; 166k parameters at 28x28. ``width`` multiplies the channels and the hidden
+    units (2: 32, 64 and 200; 663k parameters)."""
+    w = check_int("width", width, lo=1)
     feats = OrderedDict([
-        ("conv1", nn.Conv2d(in_channels, 16, 4, stride=2, padding=1)), ("relu1", nn.ReLU()),
-        ("conv2", nn.Conv2d(16, 32, 4, stride=2, padding=1)), ("relu2", nn.ReLU()),
+        ("conv1", nn.Conv2d(in_channels, 16 * w, 4, stride=2, padding=1)), ("relu1", nn.ReLU()),
+        ("conv2", nn.Conv2d(16 * w, 32 * w, 4, stride=2, padding=1)), ("relu2", nn.ReLU()),
     ])
-    head = OrderedDict([("fc1", nn.Linear(1, 100)), ("relu3", nn.ReLU()), ("fc2", nn.Linear(100, num_classes))])
+    head = OrderedDict([("fc1", nn.Linear(1, 100 * w)), ("relu3", nn.ReLU()),
+                        ("fc2", nn.Linear(100 * w, num_classes))])
     return _with_head(feats, head, in_channels, input_size, "fc1")
 
 
