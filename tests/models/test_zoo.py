@@ -45,7 +45,8 @@ def test_new_models_are_registered_with_descriptions():
     names = models.names()
     for name in NEW:
         assert name in names and models.describe(name)
-    assert models.variants() == ["wrn-16-4", "wrn-28-10", "wrn-40-2"]
+    assert models.variants() == ["mnist_small-x2", "wrn-16-4", "wrn-28-10", "wrn-40-2"]
+    assert models.options("mnist_small-x3") == {"width": 3} and models.options("mnist_small") == {"width": 1}
     assert models.describe("wrn-40-2") == models.describe("wrn")
     assert models.native("resnet50") == (3, 224, 1000) and models.native("wrn-16-4") == (3, 32, 10)
     assert models.native("digits_cnn") == (1, 8, 10)

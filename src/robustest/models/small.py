@@ -78,11 +78,12 @@ def convnet(num_classes: int = 10, in_channels: int = 1, input_size: int = 28) -
 
 
 @register("mnist_small", "small CNN of the adversarial-training literature: conv 16@4x4 s2, conv 32@4x4 s2, FC 100, K "
-          "(each times width)", min_size=8)
+          "(each times the width W of mnist_small-xW)", min_size=8, pattern=r"mnist_small-x(?P<width>\d+)",
+          form="mnist_small-xW", variants=("mnist_small-x2",))
 def mnist_small(num_classes: int = 10, in_channels: int = 1, input_size: int = 28, width: int = 1) -> nn.Module:
     """The MNIST network of Wong & Kolter (2018) and Wong et al. (2020): two stride-2 convolutions (4x4, padding 1)
     and one hidden FC layer of 100; 166k parameters at 28x28. ``width`` multiplies the channels and the hidden
-    units (2: 32, 64 and 200; 663k parameters)."""
+    units (``mnist_small-x2``: 32, 64 and 200; 663k parameters)."""
     w = check_int("width", width, lo=1)
     feats = OrderedDict([
         ("conv1", nn.Conv2d(in_channels, 16 * w, 4, stride=2, padding=1)), ("relu1", nn.ReLU()),
