@@ -262,11 +262,11 @@ def test_single_step_remedies_run_from_the_cli(method, flags, key, value, checkp
 
 
 def test_the_report_names_the_guard_rule_that_fired(checkpoint, tmp_path, capsys, monkeypatch):
-    """A validation PGD accuracy of 0 under a training-attack accuracy of 0.5 or more: the 'masked' rule."""
+    """A validation robust accuracy of 0 under a training-attack accuracy of 0.5 or more: the 'masked' rule."""
     from robustest.train import early_stopping
 
     monkeypatch.setattr(early_stopping, "validate", lambda *a, **k: {"val_clean_accuracy": 0.9,
-                                                                      "val_pgd_accuracy": 0.0})
+                                                                      "val_apgd_accuracy": 0.0})  # n-fgsm: APGD-CE
     monkeypatch.setattr(early_stopping, "masked", lambda adv, pgd: True)
     i = TINY.index("--steps")
     tiny = TINY[:i] + TINY[i + 2:]

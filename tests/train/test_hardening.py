@@ -173,7 +173,7 @@ def test_eps_train_is_the_training_radius_and_validation_stays_at_eps(base_model
     (x, y), test = digits_split
     seen = []
     monkeypatch.setattr(early_stopping, "validate", lambda model, xv, yv, eps, *a, **k: seen.append(eps) or {
-        "val_clean_accuracy": 0.9, "val_pgd_accuracy": 0.5})
+        "val_clean_accuracy": 0.9, "val_apgd_accuracy": 0.5})  # fast-at validates with APGD-CE
     res = harden(copy.deepcopy(base_model), (x[:64], y[:64]), "fast-at", eps=EPS, eps_train=2 * EPS, epochs=2,
                  val=test, eps_warmup=0.0, batch_size=32)
     assert seen == [EPS, EPS] and [r["eps"] for r in res.epochs] == [2 * EPS, 2 * EPS]
@@ -320,10 +320,10 @@ def test_eps_schedule_ramps_linearly_then_holds():
 
 
 def _scripted_validation(monkeypatch, scores):
-    """Make harden's validation return ``scores`` (PGD accuracy, one per epoch)."""
+    """Make harden's validation return ``scores`` (the robust accuracy of the attack asked for, one per epoch)."""
     it = iter(scores)
-    monkeypatch.setattr(early_stopping, "validate", lambda *a, **k: {"val_clean_accuracy": 0.9,
-                                                                      "val_pgd_accuracy": next(it)})
+    monkeypatch.setattr(early_stopping, "validate", lambda *a, **k: {
+        "val_clean_accuracy": 0.9, early_stopping.VAL_ATTACKS[a[6] if len(a) > 6 else "pgd"]: next(it)})
 
 
 def _snapshots():
@@ -459,8 +459,9 @@ def test_validation_data_is_measured_every_epoch(base_model, digits_split):
     res = harden(copy.deepcopy(base_model), (x[:100], y[:100]), "fast-at", eps=EPS, epochs=2, val=test, val_steps=3,
                  on_epoch_end=snap)
     for r in res.epochs:  # each epoch's figures are those of that epoch's weights, with the run's validation seed
-        want = early_stopping.validate(weights[r["epoch"]], *test, EPS, 3, derive_seed(res.settings["seed"], "val"))
-        assert r["val_pgd_accuracy"] == want["val_pgd_accuracy"]
+        want = early_stopping.validate(weights[r["epoch"]], *test, EPS, 3, derive_seed(res.settings["seed"], "val"),
+                                       "apgd-ce")  # fast-at's default validation attack
+        assert r["val_apgd_accuracy"] == want["val_apgd_accuracy"] and "val_pgd_accuracy" not in r
         assert r["val_clean_accuracy"] == want["val_clean_accuracy"]
 
 

@@ -11,7 +11,7 @@ import pytest
 from robustest import attacks
 from robustest.cli import main
 from robustest.core.errors import ConfigError
-from robustest.train import early_stopping, harden
+from robustest.train import early_stopping, harden, harden_settings
 
 EPS = 0.15
 
@@ -42,6 +42,14 @@ def test_apgd_validation_is_no_weaker_than_pgd_on_a_digits_model(split):
     pgd = early_stopping.validate(model, xv, yv, EPS, 10, seed=0)["val_pgd_accuracy"]
     apgd = early_stopping.validate(model, xv, yv, EPS, 10, seed=0, attack="apgd-ce")["val_apgd_accuracy"]
     assert apgd <= pgd and apgd < 1.0
+
+
+@pytest.mark.parametrize("method, default", [("pgd-at", "pgd"), ("trades", "pgd"), ("fol-budget", "pgd"),
+                                             ("fast-at", "apgd-ce"), ("n-fgsm", "apgd-ce"), ("grad-align", "apgd-ce")])
+def test_single_step_methods_validate_with_apgd_by_default(method, default):
+    assert harden_settings(method)["val_attack"] == default
+    assert harden_settings(method, val_attack="pgd")["val_attack"] == "pgd"
+    assert harden_settings(method, val_attack="apgd-ce")["val_attack"] == "apgd-ce"
 
 
 def test_an_unknown_validation_attack_is_refused_before_any_work(split):
@@ -104,11 +112,11 @@ def test_resume_refuses_another_validation_attack(split, tmp_path):
         harden(copy.deepcopy(model), train, "pgd-at", **kw, val_attack="apgd-ce", resume=True)
     res = harden(copy.deepcopy(model), train, "pgd-at", **kw, resume=True)
     assert res.resumed_epochs == 1 and len(res.epochs) == 2
-    # without validation data the validation settings do nothing, and a resume does not ask for them
+    # without validation data the validation steps do nothing, and a resume does not ask for them
     kw = {**kw, "val": None, "state_dir": tmp_path / "noval"}
     with pytest.raises(Stop):
         harden(copy.deepcopy(model), train, "pgd-at", **kw, on_epoch_end=interrupt)
-    res = harden(copy.deepcopy(model), train, "pgd-at", **{**kw, "val_steps": 7}, val_attack="apgd-ce", resume=True)
+    res = harden(copy.deepcopy(model), train, "pgd-at", **{**kw, "val_steps": 7}, resume=True)
     assert res.resumed_epochs == 1 and len(res.epochs) == 2
 
 

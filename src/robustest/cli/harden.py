@@ -105,8 +105,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="hold out N training images (class-stratified, drawn with --seed) on which clean and "
                         "robust accuracy are measured after every epoch; at most a tenth of the training data; 0: none "
                         "(default: 1000, or a tenth of the training images when they are fewer than 10,000)")
-    v.add_argument("--val-attack", choices=VAL_ATTACKS, default="pgd", help="the validation's attack: PGD (step "
-                   "eps/4, random start) or APGD-CE, which also sees masked gradients, same cost (default: pgd)")
+    v.add_argument("--val-attack", choices=VAL_ATTACKS, help="the validation's attack: PGD (step eps/4, random "
+                   "start) or APGD-CE, which also sees masked gradients (default: apgd-ce for single-step methods)")
     v.add_argument("--val-steps", type=positive_int, default=10, help="steps of the validation attack (default: 10)")
     v.add_argument("--keep", choices=KEEP, default="best",
                    help="the model written to model.pt: the epoch of the best validation robust accuracy (robust "
@@ -164,7 +164,7 @@ def _method_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
               "recipe": Recipe(**{k: v for k, v in options_from_args(Recipe, args, RECIPE_FLAGS).items()
                                   if v is not None}),
               "eps_warmup": args.eps_warmup, "eps_train": args.eps_train, "steps": args.steps, "alpha": args.alpha,
-              "keep": args.keep, "seed": args.seed}
+              "keep": args.keep, "val_attack": args.val_attack, "seed": args.seed}
     return method_kw, common
 
 
@@ -193,16 +193,15 @@ def run(args: argparse.Namespace) -> int:
     out = claim_run_dir(out_dir(args), json.loads(json.dumps(_fingerprint_args(args), default=str)), args.resume)
     t_load = time.perf_counter() - t0
 
-    val_kw = {"val_steps": args.val_steps, "val_attack": args.val_attack}
     measurement = Measurement(eps=args.eps, seed=args.seed, certify=tuple(args.certify) if args.certify else None,
                               **options_from_args(Measurement, args))
     hrun = harden_pipeline(model, fit_data, test, args.method, out=out, measurement=measurement,
-                           options={**common, **method_kw, **val_kw}, val=val, resume=args.resume,
+                           options={**common, **method_kw, "val_steps": args.val_steps}, val=val, resume=args.resume,
                            device=args.device, progress=not args.no_progress,
                            metadata={"source": str(args.checkpoint or args.model_factory or args.weights),
                                      "dataset": args.dataset, "from_scratch": bool(args.random_init)})
     cli_settings = {**model_settings(args), **data_settings(args), **settings, "from_scratch": bool(args.random_init),
-                    "val_size": args.val_size, **val_kw, "test_split": args.test_split,
+                    "val_size": args.val_size, "val_steps": args.val_steps, "test_split": args.test_split,
                     "test_limit": args.test_limit, **option_settings(Measurement, args), "certify": args.certify,
                     "device": str(next(iter(model.parameters())).device)}
     doc = write_run(out, "harden", t0, {k: v for k, v in cli_settings.items() if v is not None},

@@ -122,8 +122,12 @@ class HardenResult:
 def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *, batch_size: int = 128,
                     recipe: Recipe | None = None, eps_warmup: float = EPS_WARMUP, eps_train: float | None = None,
                     steps: int | None = None, alpha: float | None = None, co_guard: bool | None = None,
-                    keep: str = "last", seed: int = 0, **options: Any) -> dict[str, Any]:
+                    keep: str = "last", val_attack: str | None = None, seed: int = 0, **options: Any
+                    ) -> dict[str, Any]:
     """The settings :func:`harden` would use for these arguments (defaults resolved), without doing any work.
+
+    ``val_attack`` (None): "apgd-ce" for the single-step methods (those with the catastrophic-overfitting guard:
+    their failure is masked gradients, which fixed-step PGD reads as robustness), "pgd" for the others.
 
     ``options``: the method-specific options of the registered objectives (None: the method's default).
     Raises :class:`ConfigError` with one line for an unknown method, eps outside (0, 1], a non-finite or
@@ -151,6 +155,12 @@ def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *
     if k not in KEEP:
         raise ConfigError(f"keep must be 'best' (robust early stopping on the validation data) or 'last', got {keep!r}")
     s["keep"] = k
+    if val_attack is None:
+        val_attack = "pgd" if objective.co_guard is None else "apgd-ce"
+    if val_attack not in early_stopping.VAL_ATTACKS:
+        raise ConfigError(f"unknown validation attack {val_attack!r}: use one of "
+                          f"{', '.join(early_stopping.VAL_ATTACKS)}")
+    s["val_attack"] = val_attack
     _check_owners(m, {**options, "co_guard": co_guard}, owners)
     if objective.co_guard is not None:
         s["co_guard"] = objective.co_guard if co_guard is None else bool(co_guard)
@@ -251,7 +261,6 @@ class _Run(EpochLoop):
     yv: torch.Tensor | None
     dev: torch.device
     val_steps: int
-    val_attack: str = "pgd"
     state: StateFile | None = None
     steps_per_epoch: int = 1
     opt: torch.optim.Optimizer | None = None
@@ -380,7 +389,7 @@ def harden(
     progress: bool = False,
     val: DataLike | None = None,
     val_steps: int = 10,
-    val_attack: str = "pgd",
+    val_attack: str | None = None,
     on_epoch_end: Callable[[int, nn.Module, dict[str, Any]], Any] | None = None,
     state_dir: str | Path | None = None,
     resume: bool = False,
@@ -408,7 +417,8 @@ def harden(
 
     ``val``: held-out labelled data measured after every epoch (clean accuracy and the robust accuracy under
     ``val_attack``: "pgd", ``val_steps`` steps of eps/4 with a random start, or "apgd-ce", APGD-CE with ``val_steps``
-    iterations, which also sees masked gradients; not counted as training compute). ``keep``: "best" (the default
+    iterations, which also sees masked gradients; None: apgd-ce for the single-step methods, else pgd; not counted
+    as training compute). ``keep``: "best" (the default
     with ``val``: robust early stopping, the model ends with the weights of the best validation robust accuracy) or
     "last" (the default without). ``on_epoch_end(epoch, model, record)`` is called after every epoch, after the epoch's
     state was written. ``state_dir``: write the state after every epoch (model, optimizer, schedule, best epoch,
@@ -421,10 +431,10 @@ def harden(
     if keep is None:
         keep = "best" if val is not None else "last"
     s = harden_settings(method, eps, epochs, batch_size=batch_size, recipe=recipe, eps_warmup=eps_warmup,
-                        eps_train=eps_train, steps=steps, alpha=alpha, co_guard=co_guard, keep=keep, seed=seed,
-                        **options)
-    run = _prepare(model, data, s, device=device, val=val, val_steps=val_steps, val_attack=val_attack,
-                   on_epoch_end=on_epoch_end, state_dir=state_dir, resume=resume)
+                        eps_train=eps_train, steps=steps, alpha=alpha, co_guard=co_guard, keep=keep,
+                        val_attack=val_attack, seed=seed, **options)
+    run = _prepare(model, data, s, device=device, val=val, val_steps=val_steps, on_epoch_end=on_epoch_end,
+                   state_dir=state_dir, resume=resume)
     _start(run)
     result = run.result
     assert result is not None
@@ -436,15 +446,12 @@ def harden(
 
 
 def _prepare(model: nn.Module, data: DataLike, s: dict[str, Any], *, device: torch.device | str | None,
-             val: DataLike | None, val_steps: int, val_attack: str, on_epoch_end: Any,
-             state_dir: str | Path | None, resume: bool) -> _Run:
+             val: DataLike | None, val_steps: int, on_epoch_end: Any, state_dir: str | Path | None,
+             resume: bool) -> _Run:
     """Check every argument of a harden call against the model and the data (before any work); the model moves to
     its device. Returns the run with its data, device and state file (and the state's fingerprint)."""
     check_trainable(model)
     val_steps = check_int("val_steps", val_steps, lo=1)
-    if val_attack not in early_stopping.VAL_ATTACKS:
-        raise ConfigError(f"unknown validation attack {val_attack!r}: use one of "
-                          f"{', '.join(early_stopping.VAL_ATTACKS)}")
     if on_epoch_end is not None and not callable(on_epoch_end):
         raise ConfigError("on_epoch_end must be callable (epoch, model, record) or None")
     if s["keep"] == "best" and val is None:
@@ -459,11 +466,11 @@ def _prepare(model: nn.Module, data: DataLike, s: dict[str, Any], *, device: tor
     check_labels(y, int(x.shape[0]), num_classes, name="training labels")
     if yv is not None:
         check_labels(yv, yv.shape[0], num_classes, name="validation labels")
-    run = _Run(model, s, x, y, xv, yv, dev, val_steps, val_attack)
+    run = _Run(model, s, x, y, xv, yv, dev, val_steps)
     digest = data_digest(x, y, *((xv, yv) if xv is not None and yv is not None else ())) if state_dir else ""
-    # a resumed run must validate as it began (its best epoch so far was scored that way)
-    validation = {"val_steps": val_steps, "val_attack": val_attack} if xv is not None else {}
-    run.state = in_state_dir("harden", state_dir, resume, {**s, **validation}, digest)
+    # a resumed run must validate as it began (its best epoch so far was scored that way; the attack is in s)
+    run.state = in_state_dir("harden", state_dir, resume, {**s, "val_steps": val_steps} if xv is not None else s,
+                             digest)
     return run
 
 
@@ -501,8 +508,8 @@ def _validate(run: _Run, epoch: int, record: dict[str, Any]) -> None:
     assert result is not None
     if run.xv is not None:
         record.update(early_stopping.validate(model, run.xv, run.yv, s["eps"], run.val_steps,
-                                              derive_seed(s["seed"], "val"), run.val_attack))
-        score = record[early_stopping.VAL_ATTACKS[run.val_attack]]
+                                              derive_seed(s["seed"], "val"), s["val_attack"]))
+        score = record[early_stopping.VAL_ATTACKS[s["val_attack"]]]
         guard = None
         if s.get("co_guard"):
             if run.best["epoch"] is not None and early_stopping.collapsed(score, run.best["score"]):
