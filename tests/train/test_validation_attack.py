@@ -33,7 +33,7 @@ def test_validate_runs_the_named_attack(name, key, kw, split):
     got = early_stopping.validate(model, xv, yv, EPS, 5, seed=3, attack=name)
     ref = attacks.attack("pgd" if name == "pgd" else "apgd", model, (xv, yv), eps=EPS, steps=5, seed=3, **kw)
     assert got == {"val_clean_accuracy": ref.clean_accuracy, key: ref.robust_accuracy}
-    assert early_stopping.VAL_ATTACKS[name] == key
+    assert early_stopping.VAL_ATTACKS[name] == early_stopping.val_key(name) == key
 
 
 def test_apgd_validation_is_no_weaker_than_pgd_on_a_digits_model(split):

@@ -24,32 +24,32 @@ from robustest.core.seeding import derive_seed, make_generator
 from robustest.core.validation import check_int
 
 __all__ = ["CO_GAP", "CO_MIN_DROP", "CO_RATIO", "DEFAULT_VAL_SIZE", "KEEP", "VAL_ATTACKS", "collapsed", "holdout_split",
-           "masked", "validate", "validation_split"]
+           "masked", "val_key", "validate", "validation_split"]
 
 KEEP = ("best", "last")
-#: the catastrophic-overfitting rule: validation PGD accuracy below this fraction of the best so far ...
+#: the catastrophic-overfitting rule: validation robust accuracy below this fraction of the best so far ...
 CO_RATIO = 0.5
 #: ... and at least this far (absolute) below it
 CO_MIN_DROP = 0.1
 #: held-out training images of robust early stopping by default (Rice et al. hold out 1,000), at most a tenth
 DEFAULT_VAL_SIZE = 1000
-#: the collapse that never rose: the training attack's accuracy at least this far (absolute) above validation PGD's
+#: the collapse that never rose: the training attack's accuracy at least this far (absolute) above the validation's
 CO_GAP = 0.5
 #: the validation attacks and the record key of each one's accuracy (the score of early stopping and the guard)
 VAL_ATTACKS = {"pgd": "val_pgd_accuracy", "apgd-ce": "val_apgd_accuracy"}
 
 
 def collapsed(score: float, best: float) -> bool:
-    """The catastrophic-overfitting rule: validation PGD accuracy under ``CO_RATIO`` of the best so far and at
+    """The catastrophic-overfitting rule: validation robust accuracy under ``CO_RATIO`` of the best so far and at
     least ``CO_MIN_DROP`` below it."""
     return score < CO_RATIO * best and best - score >= CO_MIN_DROP
 
 
-def masked(train_adv_accuracy: float, val_pgd_accuracy: float) -> bool:
+def masked(train_adv_accuracy: float, val_accuracy: float) -> bool:
     """A collapse whether or not robustness ever rose: the epoch's accuracy on its own (single-step) training
-    attack is at least :data:`CO_GAP` above the validation PGD accuracy (Fast-AT from scratch at MNIST eps 0.3:
-    about 0.9 against 0.05; a healthy single-step run stays within a few tenths)."""
-    return train_adv_accuracy - val_pgd_accuracy >= CO_GAP
+    attack is at least :data:`CO_GAP` above the validation robust accuracy (Fast-AT from scratch at MNIST eps 0.3:
+    about 0.9 against 0.05 under PGD; a healthy single-step run stays within a few tenths)."""
+    return train_adv_accuracy - val_accuracy >= CO_GAP
 
 
 def validate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int, seed: int,
@@ -60,13 +60,20 @@ def validate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, ste
     that fixed-step PGD reads as robustness, as single-step training from scratch can leave them)."""
     from robustest.attacks import attack as run_attack
 
-    if attack not in VAL_ATTACKS:
-        raise ConfigError(f"unknown validation attack {attack!r}: use one of {', '.join(VAL_ATTACKS)}")
+    key = val_key(attack)
     if attack == "pgd":
         res = run_attack("pgd", model, (x, y), eps=eps, alpha=eps / 4, steps=steps, random_start=True, seed=seed)
     else:
         res = run_attack("apgd", model, (x, y), eps=eps, steps=steps, seed=seed)
-    return {"val_clean_accuracy": res.clean_accuracy, VAL_ATTACKS[attack]: res.robust_accuracy}
+    return {"val_clean_accuracy": res.clean_accuracy, key: res.robust_accuracy}
+
+
+def val_key(attack: str) -> str:
+    """The epoch record's key of validation attack ``attack``'s accuracy (:data:`VAL_ATTACKS`); an unknown attack
+    is a one-line ConfigError naming the known ones."""
+    if attack not in VAL_ATTACKS:
+        raise ConfigError(f"unknown validation attack {attack!r}: use one of {', '.join(VAL_ATTACKS)}")
+    return VAL_ATTACKS[attack]
 
 
 def holdout_split(labels: torch.Tensor, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

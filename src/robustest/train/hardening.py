@@ -157,9 +157,7 @@ def harden_settings(method: str = "pgd-at", eps: float = 0.3, epochs: int = 5, *
     s["keep"] = k
     if val_attack is None:
         val_attack = "pgd" if objective.co_guard is None else "apgd-ce"
-    if val_attack not in early_stopping.VAL_ATTACKS:
-        raise ConfigError(f"unknown validation attack {val_attack!r}: use one of "
-                          f"{', '.join(early_stopping.VAL_ATTACKS)}")
+    early_stopping.val_key(val_attack)  # known, or a one-line error
     s["val_attack"] = val_attack
     _check_owners(m, {**options, "co_guard": co_guard}, owners)
     if objective.co_guard is not None:
@@ -509,7 +507,7 @@ def _validate(run: _Run, epoch: int, record: dict[str, Any]) -> None:
     if run.xv is not None:
         record.update(early_stopping.validate(model, run.xv, run.yv, s["eps"], run.val_steps,
                                               derive_seed(s["seed"], "val"), s["val_attack"]))
-        score = record[early_stopping.VAL_ATTACKS[s["val_attack"]]]
+        score = record[early_stopping.val_key(s["val_attack"])]
         guard = None
         if s.get("co_guard"):
             if run.best["epoch"] is not None and early_stopping.collapsed(score, run.best["score"]):
