@@ -106,7 +106,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "robust accuracy are measured after every epoch; at most a tenth of the training data; 0: none "
                         "(default: 1000, or a tenth of the training images when they are fewer than 10,000)")
     v.add_argument("--val-attack", choices=VAL_ATTACKS, help="the validation's attack: PGD (step eps/4, random "
-                   "start) or APGD-CE, which also sees masked gradients (default: apgd-ce for single-step methods)")
+                   "start) or APGD-CE, which sees masked gradients too (default: apgd-ce for single-step methods, "
+                   "else pgd)")
     v.add_argument("--val-steps", type=positive_int, default=10, help="steps of the validation attack (default: 10)")
     v.add_argument("--keep", choices=KEEP, default="best",
                    help="the model written to model.pt: the epoch of the best validation robust accuracy (robust "
