@@ -564,8 +564,11 @@ def test_holdout_split_bounds():
     assert train.tolist() == [] and val.tolist() == [0, 1, 2, 3]
     with pytest.raises(ConfigError, match="cannot hold out 5 of 4 samples"):
         early_stopping.holdout_split(labels, 5)
-    with pytest.raises(ConfigError, match="k"):
+    with pytest.raises(ConfigError, match="^k must be an integer >= 0, got -1$"):
         early_stopping.holdout_split(labels, -1)
+    many = torch.arange(40) % 3
+    assert all(torch.equal(a, b) for a, b in zip(early_stopping.holdout_split(many, 7),
+                                                 early_stopping.holdout_split(many, 7, seed=0)))  # the default seed
 
 
 def test_validation_split_holds_out_a_stratified_tenth_at_most():

@@ -30,9 +30,13 @@ def split(trained_digits_model, digits_train, digits_test):
 ])
 def test_validate_runs_the_named_attack(name, key, kw, split):
     model, _, (xv, yv) = split
-    got = early_stopping.validate(model, xv, yv, EPS, 5, seed=3, attack=name)
-    ref = attacks.attack("pgd" if name == "pgd" else "apgd", model, (xv, yv), eps=EPS, steps=5, seed=3, **kw)
+    got = early_stopping.validate(model, xv, yv, EPS, 1, seed=3, attack=name)
+    fn = "pgd" if name == "pgd" else "apgd"
+    ref = attacks.attack(fn, model, (xv, yv), eps=EPS, steps=1, seed=3, **kw)
     assert got == {"val_clean_accuracy": ref.clean_accuracy, key: ref.robust_accuracy}
+    # one step from seed 3 reads differently from 100 steps or from seed 0, so both arguments are seen to arrive
+    assert ref.robust_accuracy != attacks.attack(fn, model, (xv, yv), eps=EPS, steps=100, seed=3, **kw).robust_accuracy
+    assert ref.robust_accuracy != attacks.attack(fn, model, (xv, yv), eps=EPS, steps=1, seed=0, **kw).robust_accuracy
     assert early_stopping.VAL_ATTACKS[name] == early_stopping.val_key(name) == key
 
 
