@@ -416,12 +416,12 @@ def harden(
     ``val``: held-out labelled data measured after every epoch (clean accuracy and the robust accuracy under
     ``val_attack``: "pgd", ``val_steps`` steps of eps/4 with a random start, or "apgd-ce", APGD-CE with ``val_steps``
     iterations, which also sees masked gradients; None: apgd-ce for the single-step methods, else pgd; not counted
-    as training compute). ``keep``: "best" (the default
-    with ``val``: robust early stopping, the model ends with the weights of the best validation robust accuracy) or
-    "last" (the default without). ``on_epoch_end(epoch, model, record)`` is called after every epoch, after the epoch's
-    state was written. ``state_dir``: write the state after every epoch (model, optimizer, schedule, best epoch,
-    history) atomically to ``state_dir/harden_state.pt``; ``resume=True`` continues from it (same settings and
-    data required) and gives the same final weights as an uninterrupted run.
+    as training compute). ``keep``: "best" (the default with ``val``: robust early stopping, the model ends with the
+    weights of the best validation robust accuracy) or "last" (the default without). ``on_epoch_end(epoch, model,
+    record)`` is called after every epoch, after the epoch's state was written. ``state_dir``: write the state after
+    every epoch (model, optimizer, schedule, best epoch, history) atomically to ``state_dir/harden_state.pt``;
+    ``resume=True`` continues from it (same settings, validation attack and steps, and data required) and gives the
+    same final weights as an uninterrupted run.
 
     Every argument is checked before any work (ConfigError / DataError with one line). The model ends in eval
     mode. Returns a :class:`HardenResult` with per-epoch figures and compute.
