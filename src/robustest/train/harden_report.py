@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from robustest.report import HtmlReport
-from robustest.train.early_stopping import VAL_ATTACKS
+from robustest.train.early_stopping import val_key
 
 __all__ = ["GUARD_REASONS", "guard_reason", "harden_report", "summary_figures"]
 
@@ -63,7 +63,7 @@ def harden_report(results: dict[str, Any]) -> HtmlReport:
                      f"({format_value(results['timings']['harden_s'], 'harden_s')} s wall-clock)."))
     kept, guard = results.get("kept_epoch"), results.get("guard_epoch")
     vattack = s.get("val_attack", "pgd")
-    vcol = f"validation {vattack.upper()}"
+    vcol, vkey = f"validation {vattack.upper()}", val_key(vattack)
     if results["data"].get("num_val"):
         rep.paragraph(f"Validation: {results['data']['num_val']} held-out training images, {vattack.upper()}-"
                       f"{s['val_steps']} after every epoch. The model written (model.pt) is epoch {kept}'s "
@@ -86,7 +86,7 @@ def harden_report(results: dict[str, Any]) -> HtmlReport:
                       "attack evals / image": e["attack_evals_mean"], "stopped early": e["stopped_early"],
                       "passes": e["compute"]["passes"], "cumulative passes": cum,
                       "fosc c_t": e.get("fosc_c"), "validation clean": e.get("val_clean_accuracy"),
-                      vcol: e.get(VAL_ATTACKS[vattack]), "seconds": e["seconds"]})
+                      vcol: e.get(vkey), "seconds": e["seconds"]})
     rep.table(erows, kinds={"adv. accuracy (train)": "fraction", "validation clean": "fraction", vcol: "fraction"})
     if erows:
         _epoch_chart(rep, erows, kept, vcol)
