@@ -106,9 +106,8 @@ def run(args: argparse.Namespace) -> int:
                              source={"dataset": args.dataset, "split": args.split,
                                      "checkpoint": str(args.checkpoint or args.model_factory or args.weights)},
                              load_s=time.perf_counter() - t0)
-    settings = {**model_settings(args), **data_settings(args), **grun.settings}
-    if getattr(args, "batch_size_auto", False):
-        settings["batch_size_auto"] = True
+    settings = {**model_settings(args), **data_settings(args), **grun.settings,
+                **({"batch_size_auto": True} if args.batch_size_auto else {})}  # set by resolve_batch_size
     doc = write_run(out, "generate", t0, settings, grun.to_results(), grun.timings,
                     lambda doc: generate_report(doc, args.method, grun.grid, grun.fol))
     log.info(grun.summary_line(doc["timings"]["total_s"]))

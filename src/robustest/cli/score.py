@@ -163,8 +163,8 @@ def _settings(args: argparse.Namespace, options: ScoreOptions, device: Any, opts
     """The options in effect for this metric (options of other metrics left out; ``opts``: the metric's options
     as the library resolved them)."""
     d: dict[str, Any] = {**model_settings(args), **data_settings(args), "metric": args.metric,
-                         "batch_size": args.batch_size, **({"batch_size_auto": True} if getattr(
-                             args, "batch_size_auto", False) else {}), **options.settings(args.metric)}
+                         "batch_size": args.batch_size, **({"batch_size_auto": True} if args.batch_size_auto else {}),
+                         **options.settings(args.metric)}
     if _is_tests(args.dataset):
         d.pop("split", None)  # a tests file has no splits
         d.update(pick(args, ("seeds_dataset", "seeds_data_dir", "seeds_split")))
