@@ -527,3 +527,11 @@ def test_require_only_names_the_first_field_a_trainer_would_ignore():
     with pytest.raises(ConfigError, match=r"^loop does not take the recipe option amp \(it honours optimizer, lr\): "
                                           r"leave it unset$"):
         recipes.Recipe(lr=0.1, augment="crop-flip", amp="bf16").require_only(("optimizer", "lr"), "loop")
+
+def test_recipe_in_effect_keeps_set_options_and_sgd_momentum_only_with_sgd():
+    assert recipes.Recipe().check(2).in_effect() == {
+        "optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "warmup_epochs": 0.0, "label_smoothing": 0.0,
+        "decay_norm_bias": True, "compile": False}
+    sgd = recipes.Recipe(optimizer="sgd", lr=0.1, schedule="step", milestones=[2, 3]).check(4).in_effect()
+    assert sgd["momentum"] == 0.9 and sgd["nesterov"] is True and sgd["milestones"] == [2.0, 3.0]
+    assert sgd["schedule"] == "step" and "amp" not in sgd and "augment" not in sgd

@@ -11,7 +11,7 @@ from robustest.evaluate import loss_and_accuracy
 from robustest.models.checkpoints import load_model
 from robustest.report import format_value
 from robustest.train.recipes import Recipe
-from robustest.train.train_pipeline import options_in_effect, same_data, sized_zoo_model, train_pipeline
+from robustest.train.train_pipeline import same_data, sized_zoo_model, train_pipeline
 
 
 def _ds(n: int = 8, label: int = 0, value: float = 0.5) -> TensorDataset:
@@ -28,14 +28,6 @@ def test_same_data_compares_size_labels_and_images():
     assert not same_data(pair, (torch.zeros(2, 1, 2, 2), torch.zeros(2, dtype=torch.long)))
     assert same_data(pair, (pair[0].clone(), pair[1].clone()))
 
-
-def test_options_in_effect_keeps_set_options_and_sgd_momentum_only_with_sgd():
-    assert options_in_effect(Recipe().check(2)) == {
-        "optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "warmup_epochs": 0.0, "label_smoothing": 0.0,
-        "decay_norm_bias": True, "compile": False}
-    sgd = options_in_effect(Recipe(optimizer="sgd", lr=0.1, schedule="step", milestones=[2, 3]).check(4))
-    assert sgd["momentum"] == 0.9 and sgd["nesterov"] is True and sgd["milestones"] == [2.0, 3.0]
-    assert sgd["schedule"] == "step" and "amp" not in sgd and "augment" not in sgd
 
 
 def test_sized_zoo_model_takes_its_shape_classes_and_statistics_from_the_data(digits_train, digits_test):

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
     from robustest.models.checkpoints import load_model
     from robustest.train.fit_report import fit_report
-    from robustest.train.train_pipeline import options_in_effect, sized_zoo_model, train_pipeline
+    from robustest.train.train_pipeline import sized_zoo_model, train_pipeline
 
     if Path(args.out).exists():
         out_dir(args)  # a file in the way is a one-line error before any work; the folder is made after checks
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
                                                                 if args.model_args is not None else {}),
                 **({"model_options": model_opts} if model_opts else {}),
                 **({"recipe": args.recipe} if args.recipe else {}),
-                "epochs": epochs, "batch_size": batch_size, **options_in_effect(opts), "seed": args.seed,
+                "epochs": epochs, "batch_size": batch_size, **opts.in_effect(), "seed": args.seed,
                 "device": str(device), **({"resume": True} if args.resume else {}),
                 **({"normalize": not args.no_normalize} if ":" not in args.model else {})}
     doc = write_run(out, "train", t0, settings, trun.to_results(), {"load_data_s": t_data, **trun.timings},

@@ -164,6 +164,14 @@ class Recipe:
         d["nesterov"] = True if self.nesterov is None else self.nesterov
         return d
 
+    def in_effect(self) -> dict[str, Any]:
+        """The options that shape a run, as the train verb records them: the set fields of :meth:`to_dict` only,
+        and SGD's momentum and Nesterov only with SGD."""
+        d = self.to_dict()
+        if d["optimizer"] != "sgd":
+            del d["momentum"], d["nesterov"]
+        return {k: v for k, v in d.items() if v is not None}
+
 
 def as_recipe(recipe: Any) -> Recipe:
     """``recipe`` as a :class:`Recipe` (None: the defaults), unchecked; anything else is a one-line ConfigError."""

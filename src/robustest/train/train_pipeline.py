@@ -34,7 +34,7 @@ from robustest.core.memory import peak_rss_mib
 from robustest.train.fitting import History, fit
 from robustest.train.recipes import Recipe, as_recipe
 
-__all__ = ["TrainRun", "options_in_effect", "same_data", "sized_zoo_model", "train_pipeline"]
+__all__ = ["TrainRun", "same_data", "sized_zoo_model", "train_pipeline"]
 
 
 def same_data(a: Any, b: Any) -> bool:
@@ -54,15 +54,6 @@ def _labels(data: Any) -> torch.Tensor:
     """The labels [N] of ``data``: its label tensor, else read through the batches."""
     y = labels_of(data)
     return y if y is not None else take(data, torch.arange(num_samples(data)))[1]
-
-
-def options_in_effect(opts: Recipe) -> dict[str, Any]:
-    """The recipe options that shape a run: the set ones only, and SGD's momentum and Nesterov only with SGD."""
-    d = opts.to_dict()
-    if d.get("optimizer") != "sgd":
-        d.pop("momentum", None)
-        d.pop("nesterov", None)
-    return {k: v for k, v in d.items() if v is not None}
 
 
 def sized_zoo_model(name: str, train: Any, test: Any, *, num_classes: int | None = None, normalize: bool = True,
