@@ -1,0 +1,110 @@
+"""Experiment: does training against what Square finds remove the ``gradient-free-breaks`` flag of MNIST models?
+
+Runs ``robustest harden`` with pgd-at's inner maximisation or update loss changed in this process only (nothing here
+is part of the package), so that the verb's own evaluation (``--autoattack standard``) measures each variant:
+
+* ``--start uniform|vertex|stripes``: the PGD start, uniform in the ball (pgd-at's own PGD), a random vertex of the
+  ball (every pixel +-eps, as Square's perturbations), or Square's initialisation (vertical stripes of +-eps);
+* ``--search R``: after the PGD, R rounds of a Square-like random search (forward passes only): one random square
+  of side sqrt(p * H * W) (p from 0.33 down to 0.03) set to a random vertex per image and channel, kept where it
+  raises the margin loss max_{k != y} z_k - z_y;
+* ``--linearity L``: the update loss ``CE(x') + L * |CE(x') - CE(x) - <x' - x, grad_x CE(x)>|`` (a local-linearity
+  penalty at the PGD point, Qin et al. 2019, by double back-propagation) instead of ``CE(x')``.
+
+Everything after ``--`` goes to ``robustest harden``; e.g. (benchmarks/results/2026-12-05-frontier-cyclic-recipe.md)::
+
+    python benchmarks/square_aware_training.py --start vertex -- --dataset mnist --data-dir mnist.npz \\
+        --model mnist_small --from-scratch --method pgd-at --eps 0.3 --eps-train 0.4 --schedule cyclic --lr 5e-3 \\
+        --eps-warmup 0.5 --epochs 10 --batch-size 100 --threads 1 --limit 21000 --test-limit 1000 \\
+        --whitebox-limit 1000 --autoattack standard --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from robustest._entry import main
+from robustest.attacks import project
+from robustest.core.modelcall import forward
+from robustest.train.objectives import pgd_at
+from robustest.train.objectives.base import StepOutput
+from robustest.train.objectives.inner import attack_count
+
+
+def start(x: torch.Tensor, eps: float, gen: torch.Generator, law: str) -> torch.Tensor:
+    """The PGD start (B x C x H x W) around x under ``law``, in the ball and [0, 1]."""
+    b, c, _, w = x.shape
+    if law == "uniform":
+        d = (torch.rand(x.shape, generator=gen, device=x.device) * 2 - 1) * eps
+    else:
+        shape = x.shape if law == "vertex" else (b, c, 1, w)
+        d = (torch.randint(0, 2, shape, generator=gen, device=x.device).float() * 2 - 1) * eps
+    return (x + d).clamp(0, 1)
+
+
+def margin(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """max_{k != y} z_k - z_y per image ([B])."""
+    z = forward(model, x)
+    return z.scatter(1, y[:, None], float("-inf")).max(1).values - z.gather(1, y[:, None])[:, 0]
+
+
+@torch.no_grad()
+def search(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, adv: torch.Tensor, eps: float,
+           gen: torch.Generator, rounds: int) -> torch.Tensor:
+    """``rounds`` rounds of the Square-like random search from ``adv`` (see the module's docstring)."""
+    b, c, h, w = x.shape
+    best = margin(model, adv, y)
+    for r in range(rounds):
+        side = max(1, round(((0.3 * (1 - r / rounds) + 0.03) * h * w) ** 0.5))
+        i, j = (int(torch.randint(0, n - side + 1, (1,), generator=gen)) for n in (h, w))
+        sign = (torch.randint(0, 2, (b, c, 1, 1), generator=gen, device=x.device).float() * 2 - 1) * eps
+        cand = adv.clone()
+        cand[:, :, i:i + side, j:j + side] = (x[:, :, i:i + side, j:j + side] + sign).clamp(0, 1)
+        m = margin(model, cand, y)
+        better = m > best
+        adv, best = torch.where(better[:, None, None, None], cand, adv), torch.where(better, m, best)
+    return adv
+
+
+def patch(law: str, rounds: int, weight: float) -> None:
+    """Replace pgd-at's inner maximisation (and, with ``weight`` > 0, its update) in this process."""
+    def pgd(model, x, y, gen, *, eps, alpha, steps, **_):
+        adv, lo, hi = start(x, eps, gen, law), (x - eps).clamp(min=0), (x + eps).clamp(max=1)
+        for _ in range(steps):
+            adv.requires_grad_(True)
+            (g,) = torch.autograd.grad(F.cross_entropy(forward(model, adv), y, reduction="sum"), adv)
+            adv = project(adv.detach() + alpha * g.sign(), x, eps, "linf", lo, hi)
+        adv = search(model, x, y, adv.detach(), eps, gen, rounds) if rounds else adv.detach()
+        return adv, torch.full((x.shape[0],), steps, dtype=torch.long, device=x.device)
+
+    def update(model, x, y, adv, evals, mix=0.0, stopped=0):
+        count, b = attack_count(evals), x.shape[0]
+        model.train()
+        xr = x.clone().requires_grad_(True)
+        logits = forward(model, torch.cat([xr, adv]))
+        loss = F.cross_entropy(logits, torch.cat([y, y]), reduction="none")
+        (g,) = torch.autograd.grad(loss[:b].sum(), xr, create_graph=True)
+        gap = (loss[b:] - loss[:b] - ((adv - x) * g).flatten(1).sum(1)).abs()
+        count.train_forward = count.train_backward = 2 * b
+        return StepOutput(loss[b:].mean() + weight * gap.mean(), logits[b:], evals, count, stopped=stopped)
+
+    if law != "uniform" or rounds:  # else pgd-at's own PGD
+        pgd_at.pgd = pgd
+    if weight > 0:
+        pgd_at.adversarial_update = update
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--start", choices=("uniform", "vertex", "stripes"), default="uniform")
+    p.add_argument("--search", type=int, default=0, metavar="R")
+    p.add_argument("--linearity", type=float, default=0.0, metavar="L")
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = p.parse_args(argv[:cut])
+    patch(a.start, a.search, a.linearity)
+    sys.exit(main(["harden", *argv[cut + 1:]]))
