@@ -508,7 +508,6 @@ def test_layered_recipe_keeps_a_named_recipes_sgd_settings_and_refuses_stray_mil
         recipes.layered_recipe(None, 3, {"milestones": [1]})
 
 
-
 def test_recipe_check_boundaries():
     R = recipes.Recipe
     assert R(lr=10.0).check(1).lr == 10.0 and R(weight_decay=1.0).check(1).weight_decay == 1.0
@@ -527,6 +526,7 @@ def test_require_only_names_the_first_field_a_trainer_would_ignore():
     with pytest.raises(ConfigError, match=r"^loop does not take the recipe option amp \(it honours optimizer, lr\): "
                                           r"leave it unset$"):
         recipes.Recipe(lr=0.1, augment="crop-flip", amp="bf16").require_only(("optimizer", "lr"), "loop")
+
 
 def test_recipe_in_effect_keeps_set_options_and_sgd_momentum_only_with_sgd():
     assert recipes.Recipe().check(2).in_effect() == {

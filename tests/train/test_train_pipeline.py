@@ -29,7 +29,6 @@ def test_same_data_compares_size_labels_and_images():
     assert same_data(pair, (pair[0].clone(), pair[1].clone()))
 
 
-
 def test_sized_zoo_model_takes_its_shape_classes_and_statistics_from_the_data(digits_train, digits_test):
     model = sized_zoo_model("digits_cnn", digits_train, digits_test, seed=3)
     spec = model.robustest_spec
