@@ -11,7 +11,9 @@ is part of the package), so that the verb's own evaluation (``--autoattack stand
 * ``--linearity L``: the update loss ``CE(x') + L * |CE(x') - CE(x) - <x' - x, grad_x CE(x)>|`` (a local-linearity
   penalty at the PGD point, Qin et al. 2019, by double back-propagation) instead of ``CE(x')``.
 
-Everything after ``--`` goes to ``robustest harden``; e.g. (benchmarks/results/2026-12-05-frontier-cyclic-recipe.md)::
+harden's count of forward and backward passes leaves out the search's forward passes and the penalty's second
+backward pass; its ``training_cpu_s`` includes them. Everything after ``--`` goes to ``robustest harden``; e.g.
+(benchmarks/results/2026-12-05-frontier-cyclic-recipe.md)::
 
     python benchmarks/square_aware_training.py --start vertex -- --dataset mnist --data-dir mnist.npz \\
         --model mnist_small --from-scratch --method pgd-at --eps 0.3 --eps-train 0.4 --schedule cyclic --lr 5e-3 \\
