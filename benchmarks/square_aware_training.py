@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from robustest._entry import main
-from robustest.attacks import project
+from robustest.attacks import margin, project, random_point
 from robustest.core.modelcall import forward
 from robustest.train.objectives import pgd_at
 from robustest.train.objectives.base import StepOutput
@@ -39,19 +39,12 @@ from robustest.train.objectives.inner import attack_count
 
 def start(x: torch.Tensor, eps: float, gen: torch.Generator, law: str) -> torch.Tensor:
     """The PGD start (B x C x H x W) around x under ``law``, in the ball and [0, 1]."""
-    b, c, _, w = x.shape
     if law == "uniform":
-        d = (torch.rand(x.shape, generator=gen, device=x.device) * 2 - 1) * eps
-    else:
-        shape = x.shape if law == "vertex" else (b, c, 1, w)
-        d = (torch.randint(0, 2, shape, generator=gen, device=x.device).float() * 2 - 1) * eps
+        return random_point(x, eps, "linf", gen)
+    b, c, _, w = x.shape
+    shape = x.shape if law == "vertex" else (b, c, 1, w)
+    d = (torch.randint(0, 2, shape, generator=gen, device=x.device).float() * 2 - 1) * eps
     return (x + d).clamp(0, 1)
-
-
-def margin(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """max_{k != y} z_k - z_y per image ([B])."""
-    z = forward(model, x)
-    return z.scatter(1, y[:, None], float("-inf")).max(1).values - z.gather(1, y[:, None])[:, 0]
 
 
 @torch.no_grad()
@@ -59,14 +52,14 @@ def search(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, adv: torch.
            gen: torch.Generator, rounds: int) -> torch.Tensor:
     """``rounds`` rounds of the Square-like random search from ``adv`` (see the module's docstring)."""
     b, c, h, w = x.shape
-    best = margin(model, adv, y)
+    best = -margin(forward(model, adv), y)  # the margin loss max_{k != y} z_k - z_y
     for r in range(rounds):
         side = max(1, round(((0.3 * (1 - r / rounds) + 0.03) * h * w) ** 0.5))
         i, j = (int(torch.randint(0, n - side + 1, (1,), generator=gen)) for n in (h, w))
         sign = (torch.randint(0, 2, (b, c, 1, 1), generator=gen, device=x.device).float() * 2 - 1) * eps
         cand = adv.clone()
         cand[:, :, i:i + side, j:j + side] = (x[:, :, i:i + side, j:j + side] + sign).clamp(0, 1)
-        m = margin(model, cand, y)
+        m = -margin(forward(model, cand), y)
         better = m > best
         adv, best = torch.where(better[:, None, None, None], cand, adv), torch.where(better, m, best)
     return adv
