@@ -261,21 +261,29 @@ def test_single_step_remedies_run_from_the_cli(method, flags, key, value, checkp
     assert res["epochs"][0]["compute"]["passes"] == pytest.approx(per * n)
 
 
-def test_the_report_names_the_guard_rule_that_fired(checkpoint, tmp_path, capsys, monkeypatch):
-    """A validation robust accuracy of 0 under a training-attack accuracy of 0.5 or more: the 'masked' rule."""
+@pytest.mark.parametrize("rule, said, in_report", [
+    ("masked", "the training attack's accuracy at least 0.5 above the validation robust accuracy",
+     "the model resists only its own single-step attack"),
+    ("overstated", "APGD-CE with ten times the validation's iterations breaking at least 10 % more of 200 validation "
+     "images", "the short validation attack no longer sees what the training hides"),
+])
+def test_the_report_names_the_guard_rule_that_fired(rule, said, in_report, checkpoint, tmp_path, capsys, monkeypatch):
+    """A validation robust accuracy of 0 under a training-attack accuracy of 0.5 or more: the 'masked' rule; a long
+    APGD-CE 0.2 under the short one: the 'overstated' rule."""
     from robustest.train import early_stopping
 
     monkeypatch.setattr(early_stopping, "validate", lambda *a, **k: {"val_clean_accuracy": 0.9,
                                                                       "val_apgd_accuracy": 0.0})  # n-fgsm: APGD-CE
-    monkeypatch.setattr(early_stopping, "masked", lambda adv, pgd: True)
+    monkeypatch.setattr(early_stopping, "masked", lambda adv, pgd: rule == "masked")
+    monkeypatch.setattr(early_stopping, "short_long", lambda *a: {"val_short_accuracy": 0.3, "val_long_accuracy": 0.1})
     i = TINY.index("--steps")
     tiny = TINY[:i] + TINY[i + 2:]
     out = tmp_path / "g"
     assert main(["harden", "--checkpoint", checkpoint, *tiny, "--method", "n-fgsm", "--eps-warmup", "0",
                  "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
-    assert res["guard_epoch"] == 1 and res["epochs"][0]["guard"] == "masked" and len(res["epochs"]) == 1
+    assert res["guard_epoch"] == 1 and res["epochs"][0]["guard"] == rule and len(res["epochs"]) == 1
+    assert ("val_long_accuracy" in res["epochs"][0]) is (rule == "overstated")
     cap = capsys.readouterr()
-    assert "guard at epoch 1 (the training attack's accuracy at least 0.5 above the validation robust accuracy)" \
-        in cap.out + cap.err
-    assert "the model resists only its own single-step attack" in (out / "report.html").read_text()
+    assert f"guard at epoch 1 ({said})" in cap.out + cap.err
+    assert in_report in (out / "report.html").read_text()

@@ -12,11 +12,14 @@ from robustest.train.early_stopping import val_key
 __all__ = ["GUARD_REASONS", "guard_reason", "harden_report", "summary_figures"]
 
 
-#: what each rule of the catastrophic-overfitting guard saw (robustest.train.early_stopping: collapsed, masked)
+#: what each rule of the catastrophic-overfitting guard saw (robustest.train.early_stopping: collapsed, masked,
+#: overstated)
 GUARD_REASONS = {
     "collapsed": "the validation robust accuracy collapse",
     "masked": "the training attack's accuracy at least 0.5 above the validation robust accuracy (the model resists "
               "only its own single-step attack: a collapse that robustness never rose before)",
+    "overstated": "APGD-CE with ten times the validation's iterations breaking at least 10 % more of 200 validation "
+                  "images (the short validation attack no longer sees what the training hides: a slow failure)",
 }
 
 

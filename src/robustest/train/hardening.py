@@ -512,13 +512,25 @@ def _validate(run: _Run, epoch: int, record: dict[str, Any]) -> None:
         if s.get("co_guard"):
             if run.best["epoch"] is not None and early_stopping.collapsed(score, run.best["score"]):
                 guard = "collapsed"
-            elif _full_radius_epoch(run, epoch) and early_stopping.masked(record["adv_accuracy"], score):
-                guard = "masked"
+            elif _full_radius_epoch(run, epoch):
+                guard = _single_step_guard(run, record, score)
         if guard is not None:
             result.guard_epoch = epoch
             record["guard"] = guard
         elif score >= run.best["score"]:
             run.best = {"epoch": epoch, "score": score, "model": _cpu_state(model)}
+
+
+def _single_step_guard(run: _Run, record: dict[str, Any], score: float) -> str | None:
+    """The guard's rules for an epoch trained wholly at the full radius: "masked" (the training attack far above the
+    validation score), else "overstated" (a longer APGD-CE, whose figures go into ``record``, finds much less)."""
+    if early_stopping.masked(record["adv_accuracy"], score):
+        return "masked"
+    s = run.s
+    record.update(early_stopping.short_long(run.model, run.xv, run.yv, s["eps"], run.val_steps,
+                                            derive_seed(s["seed"], "val-long")))
+    return "overstated" if early_stopping.overstated(record["val_short_accuracy"], record["val_long_accuracy"]) \
+        else None
 
 
 def _full_radius_epoch(run: _Run, epoch: int) -> bool:
