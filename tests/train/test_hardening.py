@@ -320,10 +320,12 @@ def test_eps_schedule_ramps_linearly_then_holds():
 
 
 def _scripted_validation(monkeypatch, scores):
-    """Make harden's validation return ``scores`` (the robust accuracy of the attack asked for, one per epoch)."""
+    """Make harden's validation return ``scores`` (the robust accuracy of the attack asked for, one per epoch), and
+    the guard's short-long check no gap (tests/train/test_overstated_guard.py tests that rule)."""
     it = iter(scores)
     monkeypatch.setattr(early_stopping, "validate", lambda *a, **k: {
         "val_clean_accuracy": 0.9, early_stopping.VAL_ATTACKS[a[6] if len(a) > 6 else "pgd"]: next(it)})
+    monkeypatch.setattr(early_stopping, "short_long", lambda *a: {"val_short_accuracy": 0.5, "val_long_accuracy": 0.5})
 
 
 def _snapshots():
