@@ -9,11 +9,15 @@ is part of the package), so that the verb's own evaluation (``--autoattack stand
   of side sqrt(p * H * W) (p from 0.33 down to 0.03) set to a random vertex per image and channel, kept where it
   raises the margin loss max_{k != y} z_k - z_y;
 * ``--linearity L``: the update loss ``CE(x') + L * |CE(x') - CE(x) - <x' - x, grad_x CE(x)>|`` (a local-linearity
-  penalty at the PGD point, Qin et al. 2019, by double back-propagation) instead of ``CE(x')``.
+  penalty at the PGD point, Qin et al. 2019, by double back-propagation) instead of ``CE(x')``;
+* ``--ibp W --ibp-eps F``: the update loss ``CE(x') + W * CE(-m, y)``, m the interval bounds of the margins on the
+  L-inf ball around x of F times the batch's training radius (so it follows the eps warm-up; at a fixed radius the
+  bounds of the untrained network swamp the loss and training never starts) (``robustest.certify.margin_bounds``, as
+  ibp's objective trains them): certified training's bound as a regulariser of pgd-at.
 
-harden's count of forward and backward passes leaves out the search's forward passes and the penalty's second
-backward pass; its ``training_cpu_s`` includes them. Everything after ``--`` goes to ``robustest harden``; e.g.
-(benchmarks/results/2026-12-05-frontier-cyclic-recipe.md)::
+harden's count of forward and backward passes leaves out the search's forward passes, the penalty's second
+backward pass and the bounds' passes; its ``training_cpu_s`` includes them. Everything after ``--`` goes to
+``robustest harden``; e.g. (benchmarks/results/2026-12-05-frontier-cyclic-recipe.md)::
 
     python benchmarks/square_aware_training.py --start vertex -- --dataset mnist --data-dir mnist.npz \\
         --model mnist_small --from-scratch --method pgd-at --eps 0.3 --eps-train 0.4 --schedule cyclic --lr 5e-3 \\
@@ -24,6 +28,7 @@ backward pass; its ``training_cpu_s`` includes them. Everything after ``--`` goe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import torch
@@ -31,10 +36,12 @@ import torch.nn.functional as F
 
 from robustest._entry import main
 from robustest.attacks import margin, project, random_point
+from robustest.certify import margin_bounds
 from robustest.core.modelcall import forward
 from robustest.train.objectives import pgd_at
 from robustest.train.objectives.base import StepOutput
-from robustest.train.objectives.inner import attack_count
+from robustest.train.objectives.ibp import model_graph
+from robustest.train.objectives.inner import adversarial_update, attack_count
 
 
 def start(x: torch.Tensor, eps: float, gen: torch.Generator, law: str) -> torch.Tensor:
@@ -65,8 +72,10 @@ def search(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, adv: torch.
     return adv
 
 
-def patch(law: str, rounds: int, weight: float) -> None:
-    """Replace pgd-at's inner maximisation (and, with ``weight`` > 0, its update) in this process."""
+def patch(law: str, rounds: int, weight: float, ibp: float = 0.0, ibp_eps: float = 0.25) -> None:
+    """Replace pgd-at's inner maximisation (and, with ``weight`` or ``ibp`` > 0, its update) in this process."""
+    radius = {}  # the batch's training radius, as pgd-at's PGD receives it
+
     def pgd(model, x, y, gen, *, eps, alpha, steps, **_):
         adv, lo, hi = start(x, eps, gen, law), (x - eps).clamp(min=0), (x + eps).clamp(max=1)
         for _ in range(steps):
@@ -87,10 +96,24 @@ def patch(law: str, rounds: int, weight: float) -> None:
         count.train_forward = count.train_backward = 2 * b
         return StepOutput(loss[b:].mean() + weight * gap.mean(), logits[b:], evals, count, stopped=stopped)
 
+    def noting_pgd(model, x, y, gen, *, eps, **kw):
+        radius["eps"] = eps
+        return own_pgd(model, x, y, gen, eps=eps, **kw)
+
+    def bounded(model, x, y, adv, evals, mix=0.0, stopped=0):
+        out = adversarial_update(model, x, y, adv, evals, mix, stopped)  # CE(x'), the model in train mode
+        robust = -margin_bounds(model, x, y, ibp_eps * radius["eps"], "linf", "ibp", graph=model_graph(model, x))
+        return dataclasses.replace(out, loss=out.loss + ibp * F.cross_entropy(robust, y))
+
     if law != "uniform" or rounds:  # else pgd-at's own PGD
         pgd_at.pgd = pgd
+    if ibp > 0:  # the PGD in effect (pgd-at's own or the one above), noting the radius for the bounds
+        own_pgd = pgd_at.pgd
+        pgd_at.pgd = noting_pgd
     if weight > 0:
         pgd_at.adversarial_update = update
+    elif ibp > 0:
+        pgd_at.adversarial_update = bounded
 
 
 if __name__ == "__main__":
@@ -98,8 +121,12 @@ if __name__ == "__main__":
     p.add_argument("--start", choices=("uniform", "vertex", "stripes"), default="uniform")
     p.add_argument("--search", type=int, default=0, metavar="R")
     p.add_argument("--linearity", type=float, default=0.0, metavar="L")
+    p.add_argument("--ibp", type=float, default=0.0, metavar="W")
+    p.add_argument("--ibp-eps", type=float, default=0.25, metavar="F")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     a = p.parse_args(argv[:cut])
-    patch(a.start, a.search, a.linearity)
+    if a.ibp and a.linearity:
+        p.error("--ibp and --linearity each replace the update: give one")
+    patch(a.start, a.search, a.linearity, a.ibp, a.ibp_eps)
     sys.exit(main(["harden", *argv[cut + 1:]]))
