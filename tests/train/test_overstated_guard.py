@@ -50,9 +50,10 @@ def test_overstated_rule(short, long, fires):
     assert early_stopping.overstated(short, long) is fires
 
 
-def test_short_long_runs_apgd_ce_twice_on_the_first_images_and_takes_the_worse_per_image(model, monkeypatch):
-    """The long attack counts an image as broken if either run broke it: here the short run breaks image 0, the long
-    one images 1 and 2 (not 0): short 3/4, long 1/4 (the long run alone would say 2/4)."""
+def test_short_long_runs_apgd_ce_twice_on_evenly_spaced_images_and_takes_the_worse_per_image(model, monkeypatch):
+    """Four of six images, rows i * 6 // 4 = 0, 1, 3, 4 (data ordered by class keeps every class's share). The long
+    attack counts an image as broken if either run broke it: here the short run breaks the first, the long one the
+    second and third (not the first): short 3/4, long 1/4 (the long run alone would say 2/4)."""
     import robustest.attacks
 
     monkeypatch.setattr(early_stopping, "CO_LONG_SIZE", 4)
@@ -67,8 +68,11 @@ def test_short_long_runs_apgd_ce_twice_on_the_first_images_and_takes_the_worse_p
     x, y = torch.rand(6, 1, 8, 8), torch.arange(6)
     got = early_stopping.short_long(model, x, y, 0.2, 3, seed=7)
     assert got == {"val_short_accuracy": 0.75, "val_long_accuracy": 0.25}
-    assert calls == [("apgd", 4, [0, 1, 2, 3], {"eps": 0.2, "steps": 3, "seed": 7}),
-                     ("apgd", 4, [0, 1, 2, 3], {"eps": 0.2, "steps": 30, "seed": 7})]
+    assert calls == [("apgd", 4, [0, 1, 3, 4], {"eps": 0.2, "steps": 3, "seed": 7}),
+                     ("apgd", 4, [0, 1, 3, 4], {"eps": 0.2, "steps": 30, "seed": 7})]
+    calls.clear()
+    early_stopping.short_long(model, x[:3], y[:3], 0.2, 3, seed=7)  # fewer images than CO_LONG_SIZE: all of them
+    assert [c[2] for c in calls] == [[0, 1, 2]] * 2
 
 
 def test_short_long_on_a_real_model_is_deterministic_and_the_long_reads_no_higher(model, digits):

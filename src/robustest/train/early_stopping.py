@@ -12,7 +12,7 @@ training adversarial accuracy exceeds its validation robust accuracy by :data:`C
 the best epoch, if there was one, is restored. A single-step run can also go wrong slowly, robustness rising and then
 hidden from the short validation attack (its score wanders a few points under the best while a longer attack finds
 15 points less): in every epoch trained at the full radius, APGD-CE with :data:`CO_LONG_FACTOR` times the
-validation's iterations runs on the first :data:`CO_LONG_SIZE` validation images (:func:`short_long`), and the guard
+validation's iterations runs on :data:`CO_LONG_SIZE` validation images (:func:`short_long`), and the guard
 stops training when it finds :data:`CO_LONG_GAP` or more of them that the validation's own iterations did not break
 (:func:`overstated`).
 """
@@ -43,7 +43,7 @@ DEFAULT_VAL_SIZE = 1000
 CO_GAP = 0.5
 #: the slow failure: APGD-CE with this many times the validation's iterations ...
 CO_LONG_FACTOR = 10
-#: ... on the first this many validation images ...
+#: ... on this many validation images (evenly spaced through them) ...
 CO_LONG_SIZE = 200
 #: ... breaking at least this share of them more than the validation's iterations do (MNIST eps 0.3, fast-at: 12-16
 #: points on a failing run, at most 6 on six healthy ones)
@@ -74,13 +74,17 @@ def overstated(short_accuracy: float, long_accuracy: float) -> bool:
 
 def short_long(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int,
                seed: int) -> dict[str, float]:
-    """APGD-CE (one restart, seeded by ``seed``) with ``steps`` and with ``CO_LONG_FACTOR * steps`` iterations on the
-    first :data:`CO_LONG_SIZE` images of x (N x C x H x W), y (int64 [N]), in eval mode: ``{"val_short_accuracy",
+    """APGD-CE (one restart, seeded by ``seed``) with ``steps`` and with ``CO_LONG_FACTOR * steps`` iterations on
+    :data:`CO_LONG_SIZE` images of x (N x C x H x W), y (int64 [N]) evenly spaced through it (rows ``i * N // K``, so
+    that data ordered by class gives every class its share), in eval mode: ``{"val_short_accuracy",
     "val_long_accuracy"}``, the long one per sample the worse of the two (an image counts as robust only if neither
     broke it), so their difference is the share that only the long attack broke."""
     from robustest.attacks import attack as run_attack
 
-    xs, ys = x[:CO_LONG_SIZE], y[:CO_LONG_SIZE]
+    n = int(x.shape[0])
+    k = min(CO_LONG_SIZE, n)
+    rows = torch.arange(k) * n // k
+    xs, ys = x[rows], y[rows]
     short = run_attack("apgd", model, (xs, ys), eps=eps, steps=steps, seed=seed)
     long = run_attack("apgd", model, (xs, ys), eps=eps, steps=CO_LONG_FACTOR * steps, seed=seed)
     return {"val_short_accuracy": short.robust_accuracy,
