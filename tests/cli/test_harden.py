@@ -264,8 +264,8 @@ def test_single_step_remedies_run_from_the_cli(method, flags, key, value, checkp
 @pytest.mark.parametrize("rule, said, in_report", [
     ("masked", "the training attack's accuracy at least 0.5 above the validation robust accuracy",
      "the model resists only its own single-step attack"),
-    ("overstated", "APGD-CE with 10 times the validation's iterations breaking at least 10 % more of 200 validation "
-     "images", "the short validation attack no longer sees what the training hides"),
+    ("overstated", "APGD-CE with 10 times the validation's iterations breaking at least 10 % more of up to 200 "
+     "validation images", "the short validation attack no longer sees what the training hides"),
 ])
 def test_the_report_names_the_guard_rule_that_fired(rule, said, in_report, checkpoint, tmp_path, capsys, monkeypatch):
     """A validation robust accuracy of 0 under a training-attack accuracy of 0.5 or more: the 'masked' rule; a long

@@ -19,7 +19,7 @@ GUARD_REASONS = {
     "masked": "the training attack's accuracy at least 0.5 above the validation robust accuracy (the model resists "
               "only its own single-step attack: a collapse that robustness never rose before)",
     "overstated": f"APGD-CE with {CO_LONG_FACTOR} times the validation's iterations breaking at least "
-                  f"{CO_LONG_GAP * 100:.0f} % more of {CO_LONG_SIZE} validation images (the short validation "
+                  f"{CO_LONG_GAP * 100:.0f} % more of up to {CO_LONG_SIZE} validation images (the short validation "
                   "attack no longer sees what the training hides: a slow failure)",
 }
 
