@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from robustest.report import HtmlReport
-from robustest.train.early_stopping import CO_LONG_FACTOR, CO_LONG_GAP, CO_LONG_SIZE, val_key
+from robustest.train.early_stopping import CO_GAP, CO_LONG_FACTOR, CO_LONG_GAP, CO_LONG_SIZE, val_key
 
 __all__ = ["GUARD_REASONS", "guard_reason", "harden_report", "summary_figures"]
 
@@ -16,8 +16,8 @@ __all__ = ["GUARD_REASONS", "guard_reason", "harden_report", "summary_figures"]
 #: overstated)
 GUARD_REASONS = {
     "collapsed": "the validation robust accuracy collapse",
-    "masked": "the training attack's accuracy at least 0.5 above the validation robust accuracy (the model resists "
-              "only its own single-step attack: a collapse that robustness never rose before)",
+    "masked": f"the training attack's accuracy at least {CO_GAP} above the validation robust accuracy (the model "
+              "resists only its own single-step attack: a collapse that robustness never rose before)",
     "overstated": f"APGD-CE with {CO_LONG_FACTOR} times the validation's iterations breaking at least "
                   f"{CO_LONG_GAP * 100:.0f} % more of up to {CO_LONG_SIZE} validation images (the short validation "
                   "attack no longer sees what the training hides: a slow failure)",
