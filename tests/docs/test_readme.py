@@ -35,3 +35,16 @@ def test_the_readme_example_runs(heading, tmp_path, monkeypatch, capsys):
         assert (tmp_path / "digits-eval" / "results.json").is_file()
         accuracy, robust, passed, lines = capsys.readouterr().out.split(" ", 3)
         assert 0.8 < float(accuracy) <= 1 and passed in ("True", "False")
+
+
+def test_ci_runs_the_readme_test_command():
+    """The README's opening block holds the two commands (install and demo; install and tests), and `.ci/run`
+    runs the second line as written, so that the command the README promises is the one CI checks."""
+    opening = re.search(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+    assert opening is not None
+    install_demo, install_tests = opening.group(1).strip().splitlines()
+    assert install_demo.endswith("robustest demo")
+    assert install_tests.endswith("python -m pytest -q -n 2")
+    ci = (README.parent / ".ci" / "run").read_text().splitlines()
+    assert install_tests in ci
+    assert "python -m pytest -q -m slow -n 2 || rc=$?" in ci
