@@ -372,6 +372,19 @@ def test_fast_at_guard_stops_at_the_collapse_and_restores_the_best(base_model, d
         harden(copy.deepcopy(base_model), (x, y), "pgd-at", eps=EPS, epochs=1, co_guard=True)
 
 
+def test_the_guard_waits_for_the_full_radius(base_model, digits_split, monkeypatch):
+    """Regression: a drop in the eps warm-up (validation at a larger radius than training's) no longer stops a run:
+    with the warm-up over half of 10 epochs, epoch 6 is the first trained at the full radius."""
+    (x, y), test = digits_split
+    x, y = x[:128], y[:128]
+    for scores, stop, kept in (([0.2, 0.08, 0.3, 0.4, 0.45, 0.5, 0.2, 0.5, 0.5, 0.5], 7, 6),  # 0.08: noise, trains on
+                               ([0.3, 0.45, 0.1, 0.1, 0.1, 0.1, 0.5, 0.5, 0.5, 0.5], 6, 2)):  # a collapse that stays
+        _scripted_validation(monkeypatch, scores)
+        res = harden(copy.deepcopy(base_model), (x, y), "fast-at", eps=EPS, epochs=10, batch_size=64, val=test,
+                     eps_warmup=0.5)
+        assert res.guard_epoch == stop and res.epochs[-1]["guard"] == "collapsed" and res.kept_epoch == kept
+
+
 def _perfect_fast_at():
     """fast-at under another name whose training logits are always right: training adversarial accuracy 1.0."""
     import dataclasses

@@ -3,15 +3,17 @@
 With held-out labelled data (:func:`holdout_split` draws it class-stratified), every epoch ends with the clean
 and robust accuracy of the model on it (:func:`validate`: PGD, or APGD-CE, which also sees masked gradients);
 ``keep="best"`` ends training with the weights of the epoch whose validation robust accuracy was highest,
-``keep="last"`` with the last epoch's. The guard (:func:`collapsed`): when an epoch's validation robust accuracy
-falls below :data:`CO_RATIO` of the best so far and at least :data:`CO_MIN_DROP` under it (FGSM training has
-"collapsed": Wong et al. 2020 report the same signature), training stops and the best epoch's weights are restored.
+``keep="last"`` with the last epoch's. The guard looks at the epochs trained wholly at the full radius (in the
+eps warm-up, validation's radius is larger than training's, and the robust accuracy of a model still learning swings
+under it). :func:`collapsed`: when an epoch's validation robust accuracy falls below :data:`CO_RATIO` of the best so
+far and at least :data:`CO_MIN_DROP` under it (FGSM training has "collapsed": Wong et al. 2020 report the same
+signature), training stops and the best epoch's weights are restored.
 A collapse can also come before any robustness rose (single-step training from scratch at a large radius): the
 model resists its own training attack while PGD breaks it, so the guard also stops training when an epoch's
 training adversarial accuracy exceeds its validation robust accuracy by :data:`CO_GAP` or more (:func:`masked`);
 the best epoch, if there was one, is restored. A single-step run can also go wrong slowly, robustness rising and then
 hidden from the short validation attack (its score wanders a few points under the best while a longer attack finds
-15 points less): in every epoch trained at the full radius, APGD-CE with :data:`CO_LONG_FACTOR` times the
+15 points less): in every such epoch, APGD-CE with :data:`CO_LONG_FACTOR` times the
 validation's iterations runs on :data:`CO_LONG_SIZE` validation images (:func:`short_long`), and the guard
 stops training when it finds :data:`CO_LONG_GAP` or more of them that the validation's own iterations did not break
 (:func:`overstated`).

@@ -500,8 +500,10 @@ def _start(run: _Run) -> None:
 
 
 def _validate(run: _Run, epoch: int, record: dict[str, Any]) -> None:
-    """With validation data: its clean and PGD accuracy into ``record``, then the catastrophic-overfitting guard
-    (the collapsed epoch is recorded and training stops) or robust early stopping's best epoch so far."""
+    """With validation data: its clean and PGD accuracy into ``record``, then the catastrophic-overfitting guard on
+    an epoch trained wholly at the full radius (the collapsed epoch is recorded and training stops; in the eps warm-up
+    validation's radius is larger than training's, and a model still learning swings under it) or robust early
+    stopping's best epoch so far."""
     s, result, model = run.s, run.result, run.model
     assert result is not None
     if run.xv is not None:
@@ -509,10 +511,10 @@ def _validate(run: _Run, epoch: int, record: dict[str, Any]) -> None:
                                               derive_seed(s["seed"], "val"), s["val_attack"]))
         score = record[early_stopping.val_key(s["val_attack"])]
         guard = None
-        if s.get("co_guard"):
+        if s.get("co_guard") and _full_radius_epoch(run, epoch):
             if run.best["epoch"] is not None and early_stopping.collapsed(score, run.best["score"]):
                 guard = "collapsed"
-            elif _full_radius_epoch(run, epoch):
+            else:
                 guard = _single_step_guard(run, record, score)
         if guard is not None:
             result.guard_epoch = epoch
