@@ -4,7 +4,7 @@ model built with random weights (--model NAME --from-scratch), robustness measur
 The default recipe trains stably (docs/HARDEN.md has the sweeps): the radius grows linearly from 0 over the first
 30 % of the steps (--eps-warmup), Adam at a constant 1e-3, and robust early stopping: --val-size training
 images (class-stratified, seeded) are held out, PGD-10 accuracy on them is measured after every epoch, and the
-model of the best epoch is kept (--keep best). Fast-AT stops at a catastrophic collapse of that accuracy.
+model of the best epoch is kept (--keep best). The single-step methods stop at catastrophic overfitting.
 
 Writes OUT/model.pt (the kept model, a safe checkpoint), OUT/last.pt (the last epoch's, when another epoch was
 kept), OUT/results.json (settings in effect, per-epoch history with the validation curve and compute, clean,
@@ -88,8 +88,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _add_method_options(g)
     guarded = " / ".join(o.name for o in methods if o.co_guard is not None)
     g.add_argument("--no-co-guard", dest="co_guard", action="store_const", const=False, default=None,
-                   help=f"{guarded}: train on after a catastrophic collapse of the validation PGD accuracy (default: "
-                        "stop there and keep the best epoch)")
+                   help=f"{guarded}: train on when the catastrophic-overfitting guard fires in an epoch at the full "
+                        "radius (collapsed, masked, overstated; default: stop there and keep the best epoch)")
     g.add_argument("--eps-warmup", type=below_one, default=EPS_WARMUP, metavar="FRACTION",
                    help="the training radius grows linearly from 0 to --eps-train over this fraction of the training "
                         f"steps; 0 trains at --eps-train from the first step (default: {EPS_WARMUP})")

@@ -1,6 +1,6 @@
 """``fast-at``: Wong et al. (2020), one FGSM step of ``alpha = 1.25 eps`` from a uniform random start; ``2 N``
 passes per epoch. Prone to catastrophic overfitting, so the guard (``co_guard``) is on by default: with
-validation data, training stops when the validation PGD accuracy collapses and the best epoch is kept.
+validation data, training stops when a guard rule fires in an epoch at the full radius and the best epoch is kept.
 
 Where the FGSM gradient is taken: the authors' two codes differ. Their CIFAR-10 code clamps the random start
 ``x + delta`` into [0, 1] first (``clamp_start``, the default); their MNIST code (locuslab/fast_adversarial,
