@@ -4,7 +4,7 @@ model built with random weights (--model NAME --from-scratch), robustness measur
 The default recipe trains stably (docs/HARDEN.md has the sweeps): the radius grows linearly from 0 over the first
 30 % of the steps (--eps-warmup), Adam at a constant 1e-3, and robust early stopping: --val-size training
 images (class-stratified, seeded) are held out, PGD-10 accuracy on them is measured after every epoch, and the
-model of the best epoch is kept (--keep best). The single-step methods stop at catastrophic overfitting.
+model of the best epoch is kept (--keep best). Single-step methods: APGD-CE, stopping at catastrophic overfitting.
 
 Writes OUT/model.pt (the kept model, a safe checkpoint), OUT/last.pt (the last epoch's, when another epoch was
 kept), OUT/results.json (settings in effect, per-epoch history with the validation curve and compute, clean,

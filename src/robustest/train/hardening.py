@@ -500,10 +500,10 @@ def _start(run: _Run) -> None:
 
 
 def _validate(run: _Run, epoch: int, record: dict[str, Any]) -> None:
-    """With validation data: its clean and PGD accuracy into ``record``, then the catastrophic-overfitting guard on
-    an epoch trained wholly at the full radius (the collapsed epoch is recorded and training stops; in the eps warm-up
-    validation's radius is larger than training's, and a model still learning swings under it) or robust early
-    stopping's best epoch so far."""
+    """With validation data: its clean and robust accuracy into ``record``, then the catastrophic-overfitting guard
+    on an epoch trained wholly at the full radius (the epoch a rule fires in is recorded and training stops; in the
+    eps warm-up validation's radius is larger than training's, and a model still learning swings under it) or robust
+    early stopping's best epoch so far."""
     s, result, model = run.s, run.result, run.model
     assert result is not None
     if run.xv is not None:
@@ -512,10 +512,7 @@ def _validate(run: _Run, epoch: int, record: dict[str, Any]) -> None:
         score = record[early_stopping.val_key(s["val_attack"])]
         guard = None
         if s.get("co_guard") and _full_radius_epoch(run, epoch):
-            if run.best["epoch"] is not None and early_stopping.collapsed(score, run.best["score"]):
-                guard = "collapsed"
-            else:
-                guard = _single_step_guard(run, record, score)
+            guard = _single_step_guard(run, record, score)
         if guard is not None:
             result.guard_epoch = epoch
             record["guard"] = guard
@@ -524,8 +521,11 @@ def _validate(run: _Run, epoch: int, record: dict[str, Any]) -> None:
 
 
 def _single_step_guard(run: _Run, record: dict[str, Any], score: float) -> str | None:
-    """The guard's rules for an epoch trained wholly at the full radius: "masked" (the training attack far above the
-    validation score), else "overstated" (a longer APGD-CE, whose figures go into ``record``, finds much less)."""
+    """The guard's rules, in order, for an epoch trained wholly at the full radius: "collapsed" (the validation score
+    far under the best so far), "masked" (the training attack far above the validation score), "overstated" (a longer
+    APGD-CE, whose figures go into ``record``, finds much less); None when none fires."""
+    if run.best["epoch"] is not None and early_stopping.collapsed(score, run.best["score"]):
+        return "collapsed"
     if early_stopping.masked(record["adv_accuracy"], score):
         return "masked"
     s = run.s
